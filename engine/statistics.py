@@ -1,0 +1,51 @@
+"""Small statistics shared by experiments: degradation, classes, bootstrap intervals, rank correlation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.stats import spearmanr
+
+# Lower bounds of D% for each class, from the paper (A1): critical >= 100, important >= 30,
+# minor >= 10, redundant below.
+CLASS_BOUNDS = (("critical", 100.0), ("important", 30.0), ("minor", 10.0))
+CLASSES = ("critical", "important", "minor", "redundant")
+
+
+def degradation_pct(ppl: float, baseline: float) -> float:
+    return 100.0 * (ppl - baseline) / baseline
+
+
+def importance_class(degradation: float) -> str:
+    for name, bound in CLASS_BOUNDS:
+        if degradation >= bound:
+            return name
+    return "redundant"
+
+
+def bootstrap_degradation(
+    nll: np.ndarray, base_nll: np.ndarray, tokens: np.ndarray, n: int, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile interval of D% when the evaluation texts are resampled with replacement.
+
+    The same resample is applied to the ablated and the baseline scores (a paired bootstrap).
+    """
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(tokens), size=(n, len(tokens)))
+    tok = tokens[draws].sum(axis=1)
+    log_ratio = (nll[draws].sum(axis=1) - base_nll[draws].sum(axis=1)) / tok
+    values = 100.0 * np.expm1(np.minimum(log_ratio, 700.0))
+    low, high = np.percentile(values, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def spearman(a, b) -> float | None:
+    """Spearman rank correlation, or None when it is undefined (constant input, < 3 points)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    keep = np.isfinite(a) & np.isfinite(b)
+    if keep.sum() < 3 or np.ptp(a[keep]) == 0 or np.ptp(b[keep]) == 0:
+        return None
+    value = float(spearmanr(a[keep], b[keep]).statistic)
+    return value if math.isfinite(value) else None
+

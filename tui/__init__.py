@@ -1,0 +1,1 @@
+"""Front ends: the Textual console and the command line, both thin layers over the engine."""

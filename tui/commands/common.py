@@ -1,0 +1,103 @@
+"""What every `anatomy-tui run` command shares: model and session flags, the progress display,
+and writing the result document."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from engine.events import Event, Finished, Message, Progress, Result
+from sessions.atomic import atomic_write_json
+from sessions.jobs import run_job
+from sessions.store import Session, SessionStore
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="smollm2-135m (embedded default), a local HF folder, a .gguf file, or a hub id",
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="default auto"
+    )
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="allow a hub model's own code (off by default)"
+    )
+
+
+def add_session_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--session", default=None, help="session name (default: a new timestamped one)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the result here")
+
+
+def add_text_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--eval-file", type=Path, default=None, help="UTF-8 file, one evaluation text per line")
+    parser.add_argument("--train-file", type=Path, default=None, help="UTF-8 training text (default: built-in)")
+
+
+def open_session(args: argparse.Namespace, settings: dict[str, Any]) -> Session:
+    store = SessionStore()
+    model = getattr(args, "model", "")
+    return store.open_or_create(args.session, model=model, settings=settings)
+
+
+def load_model_from_args(args: argparse.Namespace):
+    """Loads the model named by the flags, with a one-line status on stderr."""
+    from engine.models import load_model
+
+    def report(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    loaded = load_model(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
+        report=report,
+    )
+    report(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
+    return loaded
+
+
+def drive(
+    session: Session,
+    experiment: str,
+    spec: dict[str, Any],
+    events: Iterable[Event],
+    json_path: Path | None,
+) -> Result | None:
+    """Runs the experiment into the session with a rich progress bar on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Bar(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=False,
+    ) as bar:
+        task = bar.add_task(experiment, total=None)
+
+        def show(event: Event) -> None:
+            if isinstance(event, Progress):
+                bar.update(task, completed=event.done, total=event.total, description=event.label or experiment)
+            elif isinstance(event, Message):
+                bar.console.print(f"[{event.level}] {event.text}", markup=False, highlight=False)
+            elif isinstance(event, Finished) and event.status != "done":
+                bar.console.print(f"{experiment} {event.status} {event.error}".rstrip(), markup=False)
+
+        result = run_job(session, experiment, spec, events, on_event=show)
+    if result is not None and json_path is not None:
+        atomic_write_json(json_path, result.data)
+        console.print(f"wrote {json_path}", highlight=False)
+    console.print(f"session {session.name}: {session.path}", highlight=False)
+    return result
+
+
+def print_json(doc: dict[str, Any]) -> None:
+    print(json.dumps(doc, indent=2))

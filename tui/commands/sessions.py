@@ -1,0 +1,43 @@
+"""`anatomy-tui sessions list|show`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from sessions.store import SessionStore
+from tui.commands.common import print_json
+
+
+def _when(stamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "-"
+
+
+def main(args: argparse.Namespace) -> int:
+    store = SessionStore()
+    if args.sessions_command == "list":
+        infos = store.list()
+        if not infos:
+            print(f"no sessions yet in {store.home}")
+        for info in infos:
+            if info.damaged:
+                print(f"{info.name:28} DAMAGED: {info.damaged}")
+                continue
+            jobs = "".join(
+                [f"  running: {','.join(info.running)}" if info.running else "",
+                 f"  interrupted: {','.join(info.interrupted)}" if info.interrupted else ""]
+            )
+            results = ",".join(info.results) or "-"
+            print(f"{info.name:28} {_when(info.updated):17} {info.model:20} results: {results}{jobs}")
+        return 0
+    session = store.open(args.name)
+    print_json(
+        {
+            "path": str(session.path),
+            "manifest": session.manifest,
+            "results": session.result_names(),
+            "jobs": {name: {k: doc.get(k) for k in ("experiment", "status", "pid", "error")}
+                     for name, doc in session.jobs().items()},
+        }
+    )
+    return 0
