@@ -55,7 +55,7 @@ def main() -> None:
     plain_s, plain = run(prefix_cache=False)
     cached_s, fast = run(prefix_cache=True)
     worst = max(
-        abs(a["ppl"] - b["ppl"]) / b["ppl"] for a, b in zip(fast["layers"], plain["layers"])
+        abs(a["ppl"] - b["ppl"]) / b["ppl"] for a, b in zip(fast["layers"], plain["layers"], strict=True)
     )
     assert worst < 1e-5, f"prefix cache changed a perplexity by {worst:.2e} (relative)"
     print(f"eval tokens: {fast['eval_tokens']} ({args.eval_set}); same perplexities (max rel diff {worst:.1e})")

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -120,11 +119,12 @@ class Session:
             handle.write(line)
             handle.flush()
 
-    def read_events(self, offset: int = 0) -> tuple[list[Event], int]:
-        """Events from byte `offset` on, and the offset to continue from.
+    def read_event_docs(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """Event JSON documents from byte `offset` on, and the offset to continue from.
 
         A last line still being written (no newline yet) is left for the next call; a line that
-        does not parse (a torn write after a crash) is skipped.
+        does not parse (a torn write after a crash) is skipped. Raw documents let a reader (the
+        console) follow kinds whose engine module it has not imported.
         """
         if not self.events_path.exists():
             return [], offset
@@ -132,13 +132,26 @@ class Session:
             handle.seek(offset)
             data = handle.read()
         end = data.rfind(b"\n") + 1
-        events = []
+        docs = []
         for raw in data[:end].splitlines():
             try:
-                events.append(event_from_json(json.loads(raw)))
+                doc = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                docs.append(doc)
+        return docs, offset + end
+
+    def read_events(self, offset: int = 0) -> tuple[list[Event], int]:
+        """Like `read_event_docs`, rebuilt as events; kinds not registered here are skipped."""
+        docs, end = self.read_event_docs(offset)
+        events = []
+        for doc in docs:
+            try:
+                events.append(event_from_json(doc))
             except (ValueError, TypeError):
                 continue
-        return events, offset + end
+        return events, end
 
     def events(self) -> list[Event]:
         return self.read_events(0)[0]

@@ -11,7 +11,7 @@ from tiny_models import tiny_model
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import CancelToken, Cancelled, Result
+from engine.events import Cancelled, CancelToken, Result
 from engine.experiments.ablation import AblationSettings, LayerAblated, neighbour_mean, run_ablation
 from engine.perplexity import Evaluator
 from engine.statistics import bootstrap_degradation, importance_class
@@ -54,7 +54,6 @@ def test_map_matches_direct_computation_and_restores(tokenizer, method):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     events, doc = run(model, tokenizer, method=method, eval_set="paper")
     texts = eval_texts(subset="paper")
-    stack = LayerStack(model)
     baseline = Evaluator(model, tokenizer, texts).perplexity()
     assert math.isclose(doc["baseline_ppl"], baseline, rel_tol=1e-6)
     for row in doc["layers"]:
@@ -104,17 +103,17 @@ def test_block_influence_matches_hidden_states(tiny_llama):
     texts = eval_texts(subset="paper")
     sums = np.zeros(4)
     count = 0
+    outputs = []
+    last_layer = LayerStack(model).layers[3]
     for text in texts:
         ids = torch.tensor([tokenizer(text)["input_ids"]])
         with torch.no_grad():
             hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
         # hidden_states[l] is the input of layer l for l < 4; the last entry is after the final norm,
         # so the last layer's output is taken from a hook instead
-        outputs = []
-        handle = LayerStack(model).layers[3].register_forward_hook(lambda m, a, o: outputs.append(o))
-        with torch.no_grad():
+        outputs.clear()
+        with torch.no_grad(), last_layer.register_forward_hook(lambda m, a, o: outputs.append(o)):
             model(input_ids=ids)
-        handle.remove()
         states = list(hidden[:4]) + [outputs[0]]
         for layer in range(4):
             cos = torch.nn.functional.cosine_similarity(states[layer][0], states[layer + 1][0], dim=-1)

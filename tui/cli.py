@@ -13,6 +13,13 @@ from sessions.store import SessionError
 # (name, module under tui.commands, one-line help). Each module has add_arguments and main.
 RUN_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("ablation", "ablation", "layer-importance map: ablate each layer, measure perplexity"),
+    ("recovery", "recovery", "recovery speed: noise one layer, fine-tune it alone, follow its PPL"),
+    ("growth", "growth", "grow a transformer phase by phase from an importance profile vs a uniform one"),
+    ("dynamics", "dynamics", "hidden-state angles per layer, PCA and clusters of token profiles"),
+    ("scaling-fit", "scaling_fit", "fit L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 to training runs (CSV)"),
+    ("toy-depth", "toy_depth", "teacher-student toy models: student loss against depth, fitted a_l"),
+    ("weights", "weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox"),
+    ("manipulate", "manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples"),
 )
 
 

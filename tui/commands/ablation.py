@@ -6,7 +6,11 @@ import argparse
 from dataclasses import asdict
 
 from tui.commands.common import (
-    add_model_arguments, add_session_arguments, drive, load_model_from_args, open_session,
+    add_model_arguments,
+    add_session_arguments,
+    drive,
+    load_model_from_args,
+    open_session,
 )
 
 

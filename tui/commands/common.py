@@ -74,7 +74,8 @@ def drive(
 ) -> Result | None:
     """Runs the experiment into the session with a rich progress bar on stderr."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
 
     console = Console(stderr=True)
     with Bar(
@@ -101,3 +102,15 @@ def drive(
 
 def print_json(doc: dict[str, Any]) -> None:
     print(json.dumps(doc, indent=2))
+
+
+def comma_list(kind: type, what: str):
+    """An argparse type for '1,3,9': a tuple of `kind`, with a one-line error naming the flag."""
+
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(part) for part in text.split(",") if part.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what}: expected comma-separated values, not {text!r}") from None
+
+    return parse

@@ -1,0 +1,102 @@
+"""Console startup on the embedded model: time from process start to the first painted screen, and
+to a complete layer map, cold (a new session: load the model, compute the map) and cached
+(reopening that session: the map comes from the store). The straightforward version imports torch
+and loads the model before the first paint; the ratio is its first paint over ours.
+
+    python benchmarks/startup.py [--model smollm2-135m]
+
+Each measurement is a fresh process running the console headless. Last line:
+`seconds first_paint: X`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def probe(mode: str, session: str, model: str, started: float) -> None:
+    """Runs inside the measured process; prints one JSON line of times (seconds since `started`)."""
+    if mode == "eager":  # the straightforward version: the model first, then the UI
+        from engine.models import load_model
+
+        load_model(model, device="cpu")
+    from tui.app import AnatomyApp, ModelOptions
+    from tui.widgets.layer_map import LayerMap
+
+    times: dict[str, float] = {}
+
+    class Probe(AnatomyApp):
+        def after_first_paint(self) -> None:
+            times["first_paint"] = time.time() - started
+            times["torch_at_paint"] = float("torch" in sys.modules)
+            super().after_first_paint()
+            if mode == "eager":
+                self.exit()
+
+        def load_model_work(self) -> None:
+            super().load_model_work()
+            times["model_loaded"] = time.time() - started
+            if mode == "cold":
+                self.call_from_thread(self.action_compute_map)
+
+        def poll(self) -> None:
+            super().poll()
+            screen = self._console()
+            if mode in ("cold", "cached") and screen is not None and "ablation" in self.state.results:
+                if screen.query_one(LayerMap).row_count == len(self.state.results["ablation"]["layers"]):
+                    times["map_complete"] = time.time() - started
+                    self.exit()
+
+    options = ModelOptions(model, "cpu", "auto")
+    app = Probe(session=session, options=options, load_model=mode != "eager")
+    app.run(headless=True, size=(120, 40))
+    print(json.dumps(times))
+
+
+def measure(mode: str, session: str, model: str, home: str) -> dict[str, float]:
+    env = {**os.environ, "ANATOMY_TUI_HOME": home, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, __file__, "--probe", mode, "--session", session, "--model", model,
+               "--started", repr(time.time())]
+    out = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise SystemExit(f"{mode} probe failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--session", default="startup", help=argparse.SUPPRESS)
+    parser.add_argument("--started", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe:
+        probe(args.probe, args.session, args.model, args.started)
+        return
+    with tempfile.TemporaryDirectory() as home:
+        eager = measure("eager", "eager", args.model, home)
+        cold = measure("cold", "startup", args.model, home)
+        cached = measure("cached", "startup", args.model, home)
+    print(f"model {args.model} on cpu, console headless at 120x40 (machine shared with other jobs)")
+    print(f"first paint, torch imported before it: {eager['first_paint']:.2f} s (straightforward version)")
+    print(f"first paint, lazy (ours), cold session:   {cold['first_paint']:.2f} s, torch imported then: "
+          f"{bool(cold['torch_at_paint'])}")
+    print(f"model loaded behind the console:           {cold['model_loaded']:.2f} s")
+    print(f"complete layer map, cold (computed):       {cold['map_complete']:.2f} s")
+    print(f"first paint, cached session:               {cached['first_paint']:.2f} s")
+    print(f"complete layer map, cached (from store):   {cached['map_complete']:.2f} s")
+    print(f"ratio first paint straightforward / ours: {eager['first_paint'] / cold['first_paint']:.1f}x")
+    print(f"seconds first_paint: {cold['first_paint']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,441 @@
+"""A5: recovery speed. Gaussian noise (sigma * std(W)) hits the weight matrices of one layer, that
+layer alone is fine-tuned with AdamW on training text, and the perplexity on held-out evaluation
+texts is followed step by step until the budget runs out. The weights are put back exactly after
+each run.
+
+Layers below l are frozen and unchanged, so both training and evaluation start at layer l from a
+prefix cache: the evaluation inputs of every layer come from `Evaluator.build_cache`, and the
+training blocks' inputs of layer l are captured the first time a block is drawn, then reused
+every time the pool cycles (and by every repeat).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from engine.anatomy import LayerStack
+from engine.errors import UserError
+from engine.events import CancelToken, Event, Message, Progress, Result, event_type, json_safe
+from engine.perplexity import Evaluator, token_nll
+from engine.statistics import spearman
+from engine.text import corpus, eval_texts, token_blocks
+
+PAPER_LAYERS = (11, 14, 17)
+THRESHOLDS = (2.0, 1.5, 1.1)
+DIFFICULTY_THRESHOLD = 1.1  # difficulty = steps to get below 1.1x the baseline
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    """Defaults follow the paper (A5): sigma 0.5, AdamW lr 1e-4, 200 steps, layers 11, 14, 17."""
+
+    layers: tuple[int, ...] | None = PAPER_LAYERS  # None: every layer
+    sigma: float = 0.5
+    steps: int = 200
+    lr: float = 1e-4
+    batch_size: int = 4  # training blocks per step
+    block_size: int = 128  # tokens per training block
+    train_blocks: int = 128  # size of the training pool, cycled in a seeded order
+    eval_every: int = 1
+    repeats: int = 1  # noise seeds per layer
+    seed: int = 0
+    eval_set: str = "full"
+    eval_file: str | None = None
+    train_file: str | None = None
+    eval_batch_size: int = 8
+    max_length: int = 256
+    prefix_cache: bool = True  # off only to measure the straightforward version
+
+    def validate(self) -> None:
+        checks = (
+            (self.sigma > 0 and math.isfinite(self.sigma), "--sigma must be a positive number, e.g. 0.5"),
+            (self.steps > 0, "--steps must be a positive number of training steps, e.g. 200"),
+            (self.lr > 0 and math.isfinite(self.lr), "--lr must be a positive learning rate, e.g. 1e-4"),
+            (self.batch_size >= 1, "--batch-size must be at least 1"),
+            (self.block_size >= 2, "--block-size must be at least 2 tokens"),
+            (self.train_blocks >= 1, "--train-blocks must be at least 1"),
+            (self.eval_every >= 1, "--eval-every must be at least 1"),
+            (self.repeats >= 1, "--repeats must be at least 1"),
+            (self.eval_batch_size >= 1, "--eval-batch-size must be at least 1"),
+            (self.layers is None or len(self.layers) > 0, "--layers needs at least one layer, or 'all'"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+
+    def resolve_layers(self, n_layers: int) -> tuple[int, ...]:
+        """The layers to sweep, in the order given, each checked against the model's depth."""
+        if self.layers is None:
+            return tuple(range(n_layers))
+        for index in self.layers:
+            if not 0 <= index < n_layers:
+                raise UserError(f"layer {index} is out of range; this model has layers 0 to {n_layers - 1}")
+        return tuple(dict.fromkeys(self.layers))
+
+    def resume_key(self) -> dict[str, Any]:
+        """The settings a finished layer's result depends on (the layer list is free to change)."""
+        key = asdict(self)
+        for free in ("layers", "prefix_cache", "eval_batch_size"):
+            key.pop(free)
+        return key
+
+
+@event_type
+@dataclass(frozen=True)
+class RecoveryStart(Event):
+    """Noise is in: the perplexity the layer starts recovering from."""
+
+    kind: ClassVar[str] = "recovery.start"
+    layer: int
+    repeat: int
+    ppl_after_noise: float
+    baseline_ppl: float
+    steps: int
+
+
+@event_type
+@dataclass(frozen=True)
+class RecoveryPoint(Event):
+    """One evaluated step of one layer's curve (step 0 is right after the noise, no training)."""
+
+    kind: ClassVar[str] = "recovery.point"
+    layer: int
+    repeat: int
+    step: int
+    train_loss: float | None
+    eval_ppl: float
+    ratio_to_baseline: float
+
+
+@event_type
+@dataclass(frozen=True)
+class RecoveryLayer(Event):
+    """A layer is finished (every repeat): its row of the result, ready to save for --resume."""
+
+    kind: ClassVar[str] = "recovery.layer"
+    index: int
+    result: dict[str, Any]
+
+
+def threshold_key(threshold: float) -> str:
+    return str(float(threshold))
+
+
+def steps_to_thresholds(
+    curve: Sequence[Sequence[float]], baseline: float, thresholds: Sequence[float] = THRESHOLDS
+) -> dict[str, int | None]:
+    """First evaluated step whose perplexity is below threshold x baseline (None: never)."""
+    found: dict[str, int | None] = {}
+    for threshold in thresholds:
+        hits = [int(step) for step, ppl in curve if ppl < threshold * baseline]
+        found[threshold_key(threshold)] = hits[0] if hits else None
+    return found
+
+
+def noise_seed(seed: int, layer: int, repeat: int) -> int:
+    """One seed per (run seed, layer, repeat), independent of the order layers are swept in."""
+    return (seed * 1_000_003 + layer * 1_009 + repeat) % 2**63
+
+
+def add_noise(stack: LayerStack, index: int, sigma: float, generator: torch.Generator) -> None:
+    """W += N(0, (sigma * std(W))^2) on each matrix of the layer, in canonical order."""
+    with torch.no_grad():
+        for param in stack.matrices(index).values():
+            scale = sigma * float(param.detach().float().std())
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32) * scale
+            param.add_(noise.to(param.device, param.dtype))
+
+
+@contextlib.contextmanager
+def trainable(stack: LayerStack, index: int) -> Iterator[list[torch.nn.Parameter]]:
+    """The layer's matrices require grad inside the block; every flag is put back after."""
+    params = list(stack.matrices(index).values())
+    before = [p.requires_grad for p in params]
+    try:
+        for param in params:
+            param.requires_grad_(True)
+        yield params
+    finally:
+        for param, flag in zip(params, before, strict=True):
+            param.requires_grad_(flag)
+            param.grad = None
+
+
+class _PrefixDone(Exception):
+    """Stops a forward once the wanted layer input is captured."""
+
+
+class _Sweep:
+    """Shared state of one sweep: model, evaluation cache, training pool, baseline, progress."""
+
+    def __init__(self, model, tokenizer, settings: RecoverySettings, cancel: CancelToken | None) -> None:
+        self.model = model
+        self.settings = settings
+        self.cancel = cancel
+        texts = eval_texts(Path(settings.eval_file) if settings.eval_file else None, settings.eval_set)
+        source = corpus(Path(settings.train_file) if settings.train_file else None)
+        self.train_source = source.source
+        self.evaluator = Evaluator(model, tokenizer, texts, settings.eval_batch_size, settings.max_length)
+        self.stack = self.evaluator.stack
+        device = next(model.parameters()).device
+        blocks = token_blocks(tokenizer, source.train, settings.block_size, settings.train_blocks)
+        self.blocks = blocks.to(device)
+        self.baseline = self.evaluator.build_cache().perplexity
+        if not settings.prefix_cache:
+            self.evaluator.drop_cache()
+        self.steps_done = 0
+        self.steps_total = 0
+
+    def _start(self, index: int) -> int:
+        return index if self.settings.prefix_cache else 0
+
+    def evaluate(self, index: int) -> float:
+        return self.evaluator.perplexity(self._start(index))
+
+    def layer_inputs(self, index: int, rows: list[int], prefix: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Input of layer `index` for these training blocks, captured once per block."""
+        missing = [r for r in dict.fromkeys(rows) if r not in prefix]
+        if missing:
+            got: list[torch.Tensor] = []
+
+            def keep(i: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
+                if i == index:
+                    got.append(layer_input.detach())
+                    raise _PrefixDone
+
+            with torch.no_grad(), self.stack.capture(keep), contextlib.suppress(_PrefixDone):
+                self.model(input_ids=self.blocks[missing], use_cache=False)
+            for k, row in enumerate(missing):
+                prefix[row] = got[0][k]
+        return torch.stack([prefix[r] for r in rows])
+
+    def train_loss(self, index: int, rows: list[int], prefix: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Mean next-token loss of these blocks, with the graph from layer `index` up."""
+        ids = self.blocks[rows]
+        start = self._start(index)
+        hidden = self.layer_inputs(index, rows, prefix) if start > 0 else None
+        with torch.enable_grad(), self.stack.starting_at(start, hidden):
+            logits = self.model(input_ids=ids, use_cache=False).logits
+        mask = torch.ones_like(ids)
+        return token_nll(logits, ids, mask).sum() / mask[:, 1:].sum()
+
+    def recover(self, index: int, repeat: int, prefix: dict[int, torch.Tensor]) -> Iterator[Event]:
+        """One noise seed on one layer: noise, fine-tune, curve. Returns the run's summary."""
+        settings, baseline = self.settings, self.baseline
+        seed = noise_seed(settings.seed, index, repeat)
+        generator = torch.Generator().manual_seed(seed)
+        order = torch.randperm(len(self.blocks), generator=generator).tolist()
+        started = time.perf_counter()
+        status, diverged_at = "done", None
+        losses: list[list[float]] = []
+        with self.stack.preserved([index]), trainable(self.stack, index) as params:
+            add_noise(self.stack, index, settings.sigma, generator)
+            after = self.evaluate(index)
+            curve = [[0, after]]
+            yield RecoveryStart(index, repeat, after, baseline, settings.steps)
+            yield RecoveryPoint(index, repeat, 0, None, after, after / baseline)
+            optimizer = torch.optim.AdamW(params, lr=settings.lr)
+            for step in range(1, settings.steps + 1):
+                if self.cancel is not None:
+                    self.cancel.check()
+                first = (step - 1) * settings.batch_size
+                rows = [order[(first + i) % len(order)] for i in range(settings.batch_size)]
+                loss = self.train_loss(index, rows, prefix)
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    status, diverged_at = "diverged", step
+                    self.steps_done += settings.steps - step + 1  # the progress bar still ends full
+                    yield Message(f"layer {index}: training loss {value} at step {step}; stopped", "warning")
+                    break
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                losses.append([step, value])
+                self.steps_done += 1
+                if step % settings.eval_every == 0 or step == settings.steps:
+                    ppl = self.evaluate(index)
+                    curve.append([step, ppl])
+                    yield RecoveryPoint(index, repeat, step, value, ppl, ppl / baseline)
+                yield Progress(self.steps_done, self.steps_total, f"recovery layer {index}")
+        seconds = time.perf_counter() - started
+        return summarise_run(curve, baseline, status) | {
+            "repeat": repeat,
+            "noise_seed": seed,
+            "diverged_at": diverged_at,
+            "steps_run": len(losses),
+            "seconds": seconds,
+            "seconds_per_step": seconds / len(losses) if losses else None,
+            "train_loss": losses,
+        }
+
+
+def summarise_run(curve: Sequence[Sequence[float]], baseline: float, status: str) -> dict[str, Any]:
+    """What one run's curve says: thresholds, best and final perplexity, anti-layer signature."""
+    ppls = [ppl if math.isfinite(ppl) else math.inf for _, ppl in curve]
+    best = int(np.argmin(ppls))
+    final = curve[-1][1]
+    return {
+        "status": status,
+        "ppl_after_noise": curve[0][1],
+        "ratio_after_noise": curve[0][1] / baseline,
+        "steps_to": steps_to_thresholds(curve, baseline),
+        "best_ppl": curve[best][1],
+        "best_step": int(curve[best][0]),
+        "final_ppl": final,
+        "final_ratio": final / baseline,
+        "improved_over_baseline": bool(final < baseline),
+        "curve": [[int(step), ppl] for step, ppl in curve],
+    }
+
+
+def difficulty(run: dict[str, Any], budget: int) -> int:
+    """Steps to get below 1.1x the baseline; never reached (or diverged first) counts as the budget."""
+    steps = run["steps_to"][threshold_key(DIFFICULTY_THRESHOLD)]
+    return budget if steps is None else int(steps)
+
+
+def layer_row(index: int, runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    """The layer's result: run 0 at the top, every run under `repeats`, spread over repeats.
+    Non-finite numbers become null here, so the row can be saved as it is."""
+    top = {k: v for k, v in runs[0].items() if k not in ("repeat", "noise_seed")}
+    mean, sd, reached = {}, {}, {}
+    for threshold in THRESHOLDS:
+        key = threshold_key(threshold)
+        hits = [run["steps_to"][key] for run in runs if run["steps_to"][key] is not None]
+        reached[key] = len(hits)
+        mean[key] = float(np.mean(hits)) if hits else None
+        sd[key] = float(np.std(hits, ddof=1)) if len(hits) > 1 else None
+    return json_safe({
+        "index": index,
+        **top,
+        "difficulty": float(np.mean([difficulty(run, budget) for run in runs])),
+        "mean_final_ratio": float(np.mean([run["final_ratio"] for run in runs])),
+        "steps_to_mean": mean,
+        "steps_to_sd": sd,
+        "steps_to_reached": reached,
+        "repeats": runs,
+    })
+
+
+def training_budget(rows: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """The paper's Table 10 idea: a uniform budget against steps sized by measured difficulty.
+
+    `proposed_steps` gives each layer the steps it needed to get below 1.1x the baseline (the full
+    budget when it never did); `reallocated_steps` splits the uniform total in proportion to
+    difficulty instead (same cost, more steps for the hard layers).
+    """
+    uniform_total = steps * len(rows)
+    total_difficulty = sum(row["difficulty"] for row in rows)
+    per_layer = []
+    for row in rows:
+        share = row["difficulty"] / total_difficulty if total_difficulty else 1 / len(rows)
+        per_layer.append(
+            {
+                "index": row["index"],
+                "difficulty": row["difficulty"],
+                "uniform_steps": steps,
+                "proposed_steps": min(steps, math.ceil(row["difficulty"])),
+                "reallocated_steps": round(uniform_total * share),
+            }
+        )
+    proposed_total = sum(item["proposed_steps"] for item in per_layer)
+    return {
+        "rule": "proposed: steps to get below 1.1x baseline (never reached = the full budget); "
+        "reallocated: the uniform total split in proportion to that difficulty",
+        "uniform_total": uniform_total,
+        "proposed_total": proposed_total,
+        "saving_steps": uniform_total - proposed_total,
+        "saving_pct": 100.0 * (uniform_total - proposed_total) / uniform_total if uniform_total else 0.0,
+        "per_layer": per_layer,
+    }
+
+
+def versus_ablation(rows: list[dict[str, Any]], ablation: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Spearman of recovery measures against the ablation map's D%, over the layers both have."""
+    if not ablation:
+        return None
+    degradation = {row["index"]: row["degradation_pct"] for row in ablation.get("layers", [])}
+    shared = [row for row in rows if row["index"] in degradation]
+    d = [degradation[row["index"]] for row in shared]
+    return {
+        "layers": len(shared),
+        "ablation_method": ablation.get("method"),
+        "difficulty": spearman([row["difficulty"] for row in shared], d),
+        "final_ratio": spearman([row["mean_final_ratio"] for row in shared], d),
+        "ratio_after_noise": spearman([row["ratio_after_noise"] for row in shared], d),
+    }
+
+
+def ranking(rows: list[dict[str, Any]]) -> list[int]:
+    """Layer indices from hardest to easiest: difficulty, then how far from baseline they ended."""
+    def key(row: dict[str, Any]) -> tuple[float, float]:
+        ratio = row["mean_final_ratio"]
+        return row["difficulty"], ratio if ratio is not None and math.isfinite(ratio) else math.inf
+
+    return [row["index"] for row in sorted(rows, key=key, reverse=True)]
+
+
+def run_recovery(
+    model,
+    tokenizer,
+    settings: RecoverySettings,
+    cancel: CancelToken | None = None,
+    model_name: str = "",
+    done_layers: Sequence[dict[str, Any]] = (),
+    ablation: dict[str, Any] | None = None,
+) -> Iterator[Event]:
+    """The sweep. `done_layers` are rows finished earlier with the same settings (--resume): those
+    layers are not run again. `ablation` is an ablation result document for the Spearman."""
+    settings.validate()
+    layers = settings.resolve_layers(len(LayerStack(model)))
+    started = time.perf_counter()
+    sweep = _Sweep(model, tokenizer, settings, cancel)
+    rows = {row["index"]: row for row in done_layers if row["index"] in layers}
+    todo = [index for index in layers if index not in rows]
+    sweep.steps_total = len(todo) * settings.repeats * settings.steps
+    if rows:
+        yield Message(f"resuming: layers {', '.join(map(str, rows))} already finished, skipped")
+    if ablation and model_name and ablation.get("model") not in (None, "", model_name):
+        yield Message(f"the session's ablation map is for {ablation.get('model')}, not {model_name}; "
+                      "no Spearman", "warning")
+        ablation = None
+    yield Progress(0, sweep.steps_total, "recovery")
+    for index in todo:
+        prefix: dict[int, torch.Tensor] = {}
+        runs = []
+        for repeat in range(settings.repeats):
+            run = yield from sweep.recover(index, repeat, prefix)
+            runs.append(run)
+        rows[index] = layer_row(index, runs, settings.steps)
+        yield RecoveryLayer(index, rows[index])
+    ordered = [rows[index] for index in layers]
+    vs_ablation = versus_ablation(ordered, ablation)
+    runs = [run for row in ordered for run in row["repeats"]]
+    run_seconds = [run["seconds_per_step"] for run in runs if run["seconds_per_step"]]
+    doc = {
+        "model": model_name,
+        "baseline_ppl": sweep.baseline,
+        "eval_tokens": sweep.evaluator.n_tokens,
+        "eval_texts": len(sweep.evaluator.texts),
+        "train_source": sweep.train_source,
+        "train_blocks": len(sweep.blocks),
+        "settings": asdict(settings),
+        "layers": ordered,
+        "ranking": ranking(ordered),
+        "spearman_vs_ablation": vs_ablation["difficulty"] if vs_ablation else None,
+        "versus_ablation": vs_ablation,
+        "budget": training_budget(ordered, settings.steps),
+        "resumed_layers": [index for index in layers if index not in todo],
+        "seconds": time.perf_counter() - started,
+        "seconds_per_step": float(np.mean(run_seconds)) if run_seconds else None,
+    }
+    yield Result("recovery", json_safe(doc))

@@ -1,0 +1,426 @@
+"""A2-A3: how predictable each weight matrix is from its layer index (Ridge on polynomial and
+trigonometric features), how consecutive weight changes correlate, the same statistics under two
+null models, and the R²-perplexity paradox (predicted weights put into the model).
+
+Every statistic here is a function of one component's Gram matrix G[a, b] = <W_a, W_b> over the
+layers and of each layer's element mean: Ridge predictions are Ŷ = H Y with the n x n hat matrix H
+(it does not depend on the weights), so residual norms, cosines and leave-one-layer-out residuals
+(e_i = r_i / (1 - H_ii), exact for ridge) are quadratic forms in G. A component is therefore read
+once, in column chunks accumulated in float64, and never stacked whole. The nulls are cheap too: a
+shuffled layer order permutes G, and independent Gaussian layers with each layer's own mean and std
+have a Gram matrix that is drawn exactly (one Wishart draw plus one normal per layer), which has the
+same distribution as generating the matrices element by element.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from engine.anatomy import LayerStack
+from engine.errors import UserError
+from engine.events import CancelToken, Event, Message, Progress, Result, event_type, json_safe
+from engine.perplexity import Evaluator
+from engine.statistics import degradation_pct
+from engine.text import eval_texts
+
+PREDICTIONS = ("in_sample", "loo")
+SUMMARY_KEYS = ("r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean", "delta_corr_sd")
+
+
+@dataclass(frozen=True)
+class WeightsSettings:
+    """Defaults: cubic polynomial plus sine/cosine at 1 and 2 cycles over the depth, alpha 1, the
+    paper's predicted layers 2 to last, 5 draws of each null, paradox with 1, 3, 9 and all layers."""
+
+    components: tuple[str, ...] = ()  # empty: every matrix of the family
+    degree: int = 3
+    frequencies: tuple[float, ...] = (1.0, 2.0)
+    alpha: float = 1.0
+    first_layer: int = 2
+    null_draws: int = 5
+    seed: int = 0
+    paradox: bool = True
+    paradox_counts: tuple[int, ...] = (1, 3, 9, 0)  # 0: every predicted layer
+    paradox_layers: tuple[int, ...] = ()  # replacement order; empty: best-predicted layers first
+    paradox_prediction: str = "in_sample"
+    eval_set: str = "full"
+    eval_file: str | None = None
+    batch_size: int = 8
+    max_length: int = 256
+    chunk: int = 1 << 14  # elements per layer per Gram accumulation step (a few MB)
+
+    def validate(self) -> None:
+        if self.degree < 0:
+            raise UserError("--degree must be 0 or more")
+        if self.degree == 0 and not self.frequencies:
+            raise UserError("no features: give --degree 1 or more, or at least one --frequencies value")
+        if any(f <= 0 for f in self.frequencies):
+            raise UserError("--frequencies must be positive numbers of cycles over the depth, e.g. 1,2")
+        if not self.alpha > 0:
+            raise UserError("--alpha must be a positive ridge penalty, e.g. 1.0")
+        if self.null_draws < 1:
+            raise UserError("--null-draws must be at least 1")
+        if any(c < 0 for c in self.paradox_counts):
+            raise UserError("--paradox-counts must be positive layer counts or 'all'")
+        if self.paradox_prediction not in PREDICTIONS:
+            raise UserError(f"--paradox-prediction must be one of {', '.join(PREDICTIONS)}")
+        if self.batch_size < 1 or self.chunk < 1:
+            raise UserError("--batch-size must be at least 1")
+
+    def validate_for(self, stack: LayerStack) -> tuple[str, ...]:
+        """Checks what depends on the model; returns the components to analyse."""
+        n = len(stack)
+        if not 0 <= self.first_layer <= n - 3:
+            raise UserError(f"--first-layer must be between 0 and {n - 3} (at least 3 layers to predict)")
+        for index in self.paradox_layers:
+            stack.check_index(index)
+            if index < self.first_layer:
+                raise UserError(f"--paradox-layers: layer {index} is not predicted (from {self.first_layer})")
+        return stack.check_matrix_names(self.components) if self.components else stack.matrix_names
+
+
+# --- features and the hat matrix ---------------------------------------------------------------
+def index_features(n_layers: int, degree: int, frequencies: Sequence[float]) -> np.ndarray:
+    """Columns x, x², ..., x^degree, sin(2πfx), cos(2πfx) of the normalised index x = l / (n-1)."""
+    x = np.arange(n_layers) / max(n_layers - 1, 1)
+    columns = [x**k for k in range(1, degree + 1)]
+    for f in frequencies:
+        columns += [np.sin(2 * np.pi * f * x), np.cos(2 * np.pi * f * x)]
+    return np.stack(columns, axis=1)
+
+
+def hat_matrix(features: np.ndarray, alpha: float) -> np.ndarray:
+    """H with Ŷ = H Y for sklearn's Ridge (unpenalised intercept): fitting the identity as targets
+    gives H itself, because the predictions are linear in the targets."""
+    from sklearn.linear_model import Ridge
+
+    n = len(features)
+    return Ridge(alpha=alpha, fit_intercept=True).fit(features, np.eye(n)).predict(features)
+
+
+# --- Gram matrices ------------------------------------------------------------------------------
+@dataclass
+class Gram:
+    """Inner products between the flattened layers of one component, and each layer's element mean."""
+
+    gram: np.ndarray  # (n, n) float64
+    means: np.ndarray  # (n,)
+    size: int  # elements per layer
+
+    def permuted(self, order: np.ndarray) -> Gram:
+        return Gram(self.gram[np.ix_(order, order)], self.means[order], self.size)
+
+    def stds(self) -> np.ndarray:
+        return np.sqrt(np.maximum(np.diag(self.gram) / self.size - self.means**2, 0.0))
+
+
+def gram_of(tensors: Sequence[torch.Tensor], chunk: int = 1 << 14) -> Gram:
+    """Reads the layers in column chunks (float64), so the extra memory is one chunk per layer."""
+    shapes = {tuple(t.shape) for t in tensors}
+    if len(shapes) != 1:
+        raise UserError(f"this component's shape differs across layers ({sorted(shapes)}); pick others")
+    flat = [t.detach().reshape(-1) for t in tensors]
+    size = flat[0].numel()
+    gram = np.zeros((len(flat), len(flat)))
+    sums = np.zeros(len(flat))
+    for start in range(0, size, chunk):
+        block = torch.stack([f[start : start + chunk] for f in flat]).double()
+        gram += (block @ block.T).cpu().numpy()
+        sums += block.sum(dim=1).cpu().numpy()
+    return Gram(gram, sums / size, size)
+
+
+def independent_gram(means: np.ndarray, stds: np.ndarray, size: int, rng: np.random.Generator) -> Gram:
+    """An exact draw of the Gram matrix of layers Y_a = mean_a + std_a * z_a, z_a ~ N(0, I_size)
+    independent. Split each z_a along the all-ones direction u: z_a·u ~ N(0, 1) and the rest's Gram
+    matrix is Wishart(size - 1, I), independent of it."""
+    from scipy.stats import wishart
+
+    n = len(means)
+    if size <= n:
+        raise UserError(f"a component of {size} elements is too small for the independent null ({n} layers)")
+    s = rng.standard_normal(n)
+    w = np.atleast_2d(wishart(df=size - 1, scale=np.eye(n)).rvs(random_state=rng))
+    zz = np.outer(s, s) + w
+    zsum = math.sqrt(size) * s
+    gram = (
+        size * np.outer(means, means)
+        + np.outer(means, stds * zsum)
+        + np.outer(stds * zsum, means)
+        + np.outer(stds, stds) * zz
+    )
+    return Gram(gram, means + stds * zsum / size, size)
+
+
+# --- statistics ---------------------------------------------------------------------------------
+@dataclass
+class Fit:
+    """Per-layer Ridge results over the fitted rows (in-sample and leave-one-layer-out)."""
+
+    rows: np.ndarray
+    r2_in_sample: float
+    r2_loo: float
+    layer_r2_in: np.ndarray
+    layer_r2_loo: np.ndarray
+    layer_cos_in: np.ndarray
+    layer_cos_loo: np.ndarray
+
+
+def ridge_fit(g: Gram, hat: np.ndarray, rows: np.ndarray) -> Fit:
+    """R² = 1 - Σ residual² / Σ ||W_l - mean over fitted layers||² (the multi-output regression R²,
+    variance-weighted), in-sample and with each layer predicted by a fit that never saw it."""
+    gram = g.gram[np.ix_(rows, rows)]
+    k = len(rows)
+    resid = np.eye(k) - hat
+    res_sq = np.einsum("ij,jk,ik->i", resid, gram, resid)  # ||W_i - Ŵ_i||²
+    own = np.diag(gram)
+    pred_dot = (hat * gram).sum(axis=1)  # <Ŵ_i, W_i> (gram symmetric)
+    pred_sq = np.einsum("ij,jk,ik->i", hat, gram, hat)
+    lever = 1.0 - np.diag(hat)
+    loo_res_sq = res_sq / lever**2
+    loo_dot = own - (own - pred_dot) / lever  # Ŵ_loo = W - r / (1 - H_ii)
+    loo_sq = own - 2 * (own - pred_dot) / lever + loo_res_sq
+    center = np.eye(k) - 1.0 / k
+    total = np.einsum("ij,jk,ik->i", center, gram, center)
+    return Fit(
+        rows=rows,
+        r2_in_sample=float(1 - res_sq.sum() / total.sum()),
+        r2_loo=float(1 - loo_res_sq.sum() / total.sum()),
+        layer_r2_in=1 - res_sq / total,
+        layer_r2_loo=1 - loo_res_sq / total,
+        layer_cos_in=pred_dot / np.sqrt(pred_sq * own),
+        layer_cos_loo=loo_dot / np.sqrt(np.maximum(loo_sq, 0.0) * own),
+    )
+
+
+def delta_correlations(g: Gram) -> np.ndarray:
+    """Pearson r over elements of Δ_l = W_{l+1} - W_l and Δ_{l+1}, for l = 0 .. n-3."""
+    n = len(g.means)
+    diff = np.eye(n, k=1)[: n - 1] - np.eye(n)[: n - 1]
+    cov = diff @ g.gram @ diff.T - g.size * np.outer(diff @ g.means, diff @ g.means)
+    var = np.diag(cov)
+    return np.array([cov[i, i + 1] / math.sqrt(var[i] * var[i + 1]) for i in range(n - 2)])
+
+
+class Analysis:
+    """The fixed parts of the analysis (features, hat matrices) applied to any Gram matrix."""
+
+    def __init__(self, n_layers: int, settings: WeightsSettings) -> None:
+        features = index_features(n_layers, settings.degree, settings.frequencies)
+        self.predicted = np.arange(settings.first_layer, n_layers)
+        self.every = np.arange(n_layers)
+        self.hat_predicted = hat_matrix(features[self.predicted], settings.alpha)
+        self.hat_every = hat_matrix(features, settings.alpha)
+
+    def summary(self, g: Gram) -> tuple[dict[str, float], Fit, np.ndarray]:
+        fit = ridge_fit(g, self.hat_predicted, self.predicted)
+        deltas = delta_correlations(g)
+        values = {
+            "r2_in_sample": fit.r2_in_sample,
+            "r2_loo": fit.r2_loo,
+            "cosine_loo": float(np.mean(fit.layer_cos_loo)),
+            "delta_corr_mean": float(np.mean(deltas)),
+            "delta_corr_sd": float(np.std(deltas, ddof=1)) if len(deltas) > 1 else 0.0,
+        }
+        return values, fit, deltas
+
+    def null(self, draws: list[Gram]) -> dict:
+        """Mean of each statistic over the null draws, with its [min, max] range."""
+        values = [self.summary(g)[0] for g in draws]
+        doc: dict = {key: float(np.mean([v[key] for v in values])) for key in SUMMARY_KEYS}
+        doc["range"] = {k: [min(v[k] for v in values), max(v[k] for v in values)] for k in SUMMARY_KEYS}
+        doc["draws"] = len(values)
+        return doc
+
+
+def reading(real: float, shuffled: dict, independent: dict, key: str) -> str:
+    """One line: where the real value sits against the two nulls' ranges."""
+    low, high = independent["range"][key]
+    if low <= real <= high:
+        return "indistinguishable from independent layers"
+    s_low, s_high = shuffled["range"][key]
+    if s_low <= real <= s_high:
+        return "indistinguishable from a shuffled layer order (depth order adds nothing)"
+    side = "above" if real > max(high, s_high) else "below" if real < min(low, s_low) else "between"
+    return f"{side} both nulls (independent [{low:.3g}, {high:.3g}], shuffled [{s_low:.3g}, {s_high:.3g}])"
+
+
+# --- the paradox --------------------------------------------------------------------------------
+def predicted_weights(
+    tensors: Sequence[torch.Tensor], hat: np.ndarray, rows: np.ndarray, targets: Sequence[int], loo: bool
+) -> dict[int, torch.Tensor]:
+    """Ridge predictions Ŵ_t = Σ_j H[t, j] W_j (or the leave-one-out ones) for the target layers."""
+    position = {int(layer): i for i, layer in enumerate(rows)}
+    out = {}
+    for layer in targets:
+        i = position[layer]
+        pred = sum(float(hat[i, j]) * tensors[int(r)].detach() for j, r in enumerate(rows))
+        if loo:
+            own = tensors[layer].detach()
+            pred = own - (own - pred) / (1.0 - float(hat[i, i]))
+        out[layer] = pred
+    return out
+
+
+@event_type
+@dataclass(frozen=True)
+class ComponentAnalysed(Event):
+    """One component's headline numbers, real beside the independent null."""
+
+    kind: ClassVar[str] = "weights.component"
+    component: str
+    r2_in_sample: float
+    r2_loo: float
+    delta_corr_mean: float
+    null_delta_corr_mean: float
+
+
+@event_type
+@dataclass(frozen=True)
+class ParadoxTrial(Event):
+    kind: ClassVar[str] = "weights.paradox"
+    layers_replaced: tuple[int, ...]
+    ppl: float
+    baseline_ppl: float
+    r2_in_sample_mean: float
+    r2_loo_mean: float
+
+
+def _fit_doc(fit: Fit, position: int) -> dict[str, float]:
+    return {
+        "r2_in_sample": fit.layer_r2_in[position],
+        "r2_loo": fit.layer_r2_loo[position],
+        "cosine_in_sample": fit.layer_cos_in[position],
+        "cosine_loo": fit.layer_cos_loo[position],
+    }
+
+
+def run_weights(
+    model, tokenizer, settings: WeightsSettings, cancel: CancelToken | None = None, model_name: str = ""
+) -> Iterator[Event]:
+    settings.validate()
+    started = time.perf_counter()
+    stack = LayerStack(model)
+    names = settings.validate_for(stack)
+    n = len(stack)
+    analysis = Analysis(n, settings)
+    rng = np.random.default_rng(settings.seed)
+    components: dict[str, dict] = {}
+    fits: dict[str, Fit] = {}
+    steps = len(names) + (1 if settings.paradox else 0)
+    yield Progress(0, steps, "weights")
+    for step, name in enumerate(names):
+        if cancel is not None:
+            cancel.check()
+        tensors = [stack.matrices(i)[name] for i in range(n)]
+        g = gram_of(tensors, settings.chunk)
+        values, fit, deltas = analysis.summary(g)
+        every = ridge_fit(g, analysis.hat_every, analysis.every)
+        shuffled = analysis.null([g.permuted(rng.permutation(n)) for _ in range(settings.null_draws)])
+        means, stds = g.means, g.stds()
+        independent = analysis.null(
+            [independent_gram(means, stds, g.size, rng) for _ in range(settings.null_draws)]
+        )
+        per_layer = []
+        for layer in range(n):
+            in_predicted = layer >= settings.first_layer
+            per_layer.append({
+                "index": layer,
+                "predicted": _fit_doc(fit, layer - settings.first_layer) if in_predicted else None,
+                "all_layers": _fit_doc(every, layer),
+                "delta_corr": deltas[layer] if layer < n - 2 else None,
+                "mean": means[layer],
+                "std": stds[layer],
+            })
+        components[name] = {
+            **values,
+            "shape": list(tensors[0].shape),
+            "all_layers": {
+                "r2_in_sample": every.r2_in_sample,
+                "r2_loo": every.r2_loo,
+                "cosine_loo": float(np.mean(every.layer_cos_loo)),
+            },
+            "null_shuffled": shuffled,
+            "null_independent": independent,
+            "reading": {key: reading(values[key], shuffled, independent, key) for key in SUMMARY_KEYS},
+            "per_layer": per_layer,
+        }
+        fits[name] = fit
+        yield ComponentAnalysed(name, fit.r2_in_sample, fit.r2_loo, values["delta_corr_mean"],
+                                independent["delta_corr_mean"])
+        yield Progress(step + 1, steps, "weights")
+
+    doc = {
+        "model": model_name,
+        "family": stack.family,
+        "n_layers": n,
+        "predicted_layers": [settings.first_layer, n - 1],
+        "settings": asdict(settings),
+        "components": components,
+        "paradox": [],
+        "baseline_ppl": None,
+    }
+    if settings.paradox:
+        yield Message("paradox: putting predicted weights into the model")
+        rows, baseline = yield from _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel)
+        doc["paradox"], doc["baseline_ppl"] = rows, baseline
+        yield Progress(steps, steps, "weights")
+    doc["seconds"] = time.perf_counter() - started
+    yield Result("weights", json_safe(doc))
+
+
+def paradox_order(fits: dict[str, Fit], settings: WeightsSettings) -> list[int]:
+    """The replacement order: the user's, or the best-predicted layers first (mean R² over components
+    of the prediction being used), the case most favourable to the regression."""
+    if settings.paradox_layers:
+        return list(dict.fromkeys(settings.paradox_layers))
+    fit = next(iter(fits.values()))
+    attr = "layer_r2_in" if settings.paradox_prediction == "in_sample" else "layer_r2_loo"
+    score = np.mean([getattr(f, attr) for f in fits.values()], axis=0)
+    return [int(fit.rows[i]) for i in np.argsort(-score, kind="stable")]
+
+
+def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
+    texts = eval_texts(settings.eval_file, settings.eval_set)
+    evaluator = Evaluator(model, tokenizer, texts, settings.batch_size, settings.max_length)
+    baseline = evaluator.build_cache().perplexity
+    order = paradox_order(fits, settings)
+    counts = sorted({len(order) if c == 0 else min(c, len(order)) for c in settings.paradox_counts})
+    loo = settings.paradox_prediction == "loo"
+    rows = []
+    for count in counts:
+        if cancel is not None:
+            cancel.check()
+        layers = sorted(order[:count])
+        with stack.preserved(layers):
+            for name in names:  # one component at a time: components do not feed each other's predictions
+                tensors = [stack.matrices(i)[name] for i in range(len(stack))]
+                predicted = predicted_weights(tensors, analysis.hat_predicted, analysis.predicted, layers,
+                                              loo)
+                with torch.no_grad():
+                    for layer, weight in predicted.items():
+                        tensors[layer].copy_(weight)
+                del predicted
+            ppl = evaluator.perplexity(min(layers))
+        positions = [layer - settings.first_layer for layer in layers]
+        r2_in = float(np.mean([fits[c].layer_r2_in[positions] for c in names]))
+        r2_loo = float(np.mean([fits[c].layer_r2_loo[positions] for c in names]))
+        cos_attr = "layer_cos_loo" if loo else "layer_cos_in"
+        rows.append({
+            "layers_replaced": layers,
+            "ppl": ppl,
+            "degradation_pct": degradation_pct(ppl, baseline),
+            "r2_in_sample_mean": r2_in,
+            "r2_loo_mean": r2_loo,
+            "cosine_mean": float(np.mean([getattr(fits[c], cos_attr)[positions] for c in names])),
+            "prediction": settings.paradox_prediction,
+        })
+        yield ParadoxTrial(tuple(layers), ppl, baseline, r2_in, r2_loo)
+    return rows, baseline

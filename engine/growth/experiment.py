@@ -1,0 +1,407 @@
+"""The growth experiment: settings, presets, and `run_growth`, which trains every arm for every
+seed, generates from the final models and assembles the result document.
+
+Arms: growth_100 (the phase table at the full budget), growth_50 (every phase scaled to half the
+steps), uniform_100 (the uniform baseline, all layers, the full budget). The budget is optimizer
+steps x batch tokens; every arm uses the same batch, so equal steps mean equal tokens, and the
+growth arms count their steps over all phases. Each seed fixes the initialisation and the data
+order, which is the same for every arm of that seed.
+
+Paper preset dimensions (the paper's are not public, these are ours): 12 layers, hidden 256,
+8 heads of 32, SwiGLU FFN with base width 345 (critical 1380, important and minor 690, redundant
+345), character vocabulary (~104), untied embeddings, context 128, batch 32 (4096 tokens a step),
+656 steps, AdamW lr 2e-3, betas (0.9, 0.95), weight decay 0.01, 5 % warm-up then cosine to 10 %,
+gradient clip 1.0: 9.56 M parameters; the uniform baseline solves to FFN width 690 (same count).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import UserError
+from engine.events import CancelToken, Event, Message, Progress, Result
+from engine.growth.architecture import growth_widths, param_count, solve_uniform_width
+from engine.growth.checkpoint import load_checkpoint, save_checkpoint
+from engine.growth.data import load_corpus, val_batches
+from engine.growth.events import GrowthArmDone, GrowthPlan, GrowthStep
+from engine.growth.profile import (
+    DEFAULT_MULTIPLIERS,
+    PAPER_PROFILE,
+    check_profile,
+    kept_layers,
+    multipliers_dict,
+)
+from engine.growth.protocol import (
+    Phase,
+    derive_phases,
+    layer_steps,
+    phase_from_dict,
+    phase_to_dict,
+    resolve_steps,
+    scale_phases,
+    validate_phases,
+)
+from engine.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
+
+ARMS = ("growth_100", "growth_50", "uniform_100")
+PROMPTS = (
+    "The for statement is used to",
+    "A class definition is",
+    "The return statement",
+    "Exceptions are raised by",
+    "The value of a list",
+    "If the condition is true,",
+    "A function call",
+    "The import statement",
+    "Strings are immutable",
+    "The while loop",
+    "A dictionary maps",
+    "When an object is deleted,",
+)
+PAPER_RESULTS = {
+    "growth_val_loss": 0.127, "uniform_val_loss": 0.599, "growth_seconds": 52.0, "uniform_seconds": 59.6,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GrowthSettings:
+    """Every number of a growth run; the defaults are the paper preset (module doc)."""
+
+    preset: str = "paper"
+    profile: tuple[str, ...] = PAPER_PROFILE
+    multipliers: tuple[tuple[str, float], ...] = DEFAULT_MULTIPLIERS
+    phases: tuple[Phase, ...] | None = None  # None: derived from the profile (the paper's six)
+    steps: int = 656  # full budget in steps; 0: use the phase table's own lengths
+    half_fraction: float = 0.5
+    hidden_size: int = 256
+    heads: int = 8
+    base_ffn: int = 345
+    seq_len: int = 128
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup_frac: float = 0.05
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    eval_every: int = 50
+    eval_batches: int = 8
+    checkpoint_every: int = 100
+    seeds: tuple[int, ...] = (0,)
+    arms: tuple[str, ...] = ARMS
+    gen_tokens: int = 80
+    train_file: str | None = None
+    threads: int = 0  # torch CPU threads for the run; 0 leaves torch's default
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "tiny": {
+        "preset": "tiny", "hidden_size": 64, "heads": 4, "base_ffn": 64, "seq_len": 128, "batch_size": 8,
+        "steps": 400, "lr": 3e-3, "eval_every": 50, "eval_batches": 4, "checkpoint_every": 100,
+        "gen_tokens": 60, "threads": 1,
+    },
+}  # fmt: skip
+
+
+def preset_settings(name: str, **overrides: Any) -> GrowthSettings:
+    if name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}; use {', '.join(PRESETS)}")
+    return dataclasses.replace(GrowthSettings(), **{**PRESETS[name], **overrides})
+
+
+def settings_to_dict(settings: GrowthSettings) -> dict[str, Any]:
+    doc = dataclasses.asdict(settings)
+    doc["phases"] = None if settings.phases is None else [phase_to_dict(p) for p in settings.phases]
+    return json.loads(json.dumps(doc))
+
+
+def settings_from_dict(doc: dict[str, Any]) -> GrowthSettings:
+    fields = {f.name for f in dataclasses.fields(GrowthSettings)}
+    doc = {k: v for k, v in doc.items() if k in fields}
+    phases = doc.get("phases")
+    doc["phases"] = None if phases is None else tuple(phase_from_dict(p, n) for n, p in enumerate(phases))
+    doc["profile"] = tuple(doc.get("profile", PAPER_PROFILE))
+    doc["multipliers"] = tuple((c, float(v)) for c, v in doc.get("multipliers", DEFAULT_MULTIPLIERS))
+    doc["seeds"] = tuple(doc.get("seeds", (0,)))
+    doc["arms"] = tuple(doc.get("arms", ARMS))
+    return GrowthSettings(**doc)
+
+
+def saved_settings(checkpoint_dir: Path) -> GrowthSettings | None:
+    """The settings of the run checkpointed in `checkpoint_dir`, for --resume."""
+    found = load_checkpoint(checkpoint_dir)
+    return None if found is None else settings_from_dict(found[0]["settings"])
+
+
+@dataclass(frozen=True)
+class Design:
+    """What the settings resolve to: the arms, sizes and data."""
+
+    arms: dict[str, ArmPlan]
+    kept: list[int]
+    params: dict[str, int]
+    train_config: TrainConfig
+    steps_per_epoch: float
+
+
+def design(settings: GrowthSettings, vocab_size: int, train_tokens: int) -> Design:
+    """Resolves profile, phases and widths into the three arms; checks everything first."""
+    profile = check_profile(settings.profile)
+    multipliers = multipliers_dict(settings.multipliers)
+    unknown = [a for a in settings.arms if a not in ARMS]
+    if unknown or not settings.arms:
+        raise UserError(f"unknown arm {unknown[0] if unknown else '(none)'}; use {', '.join(ARMS)}")
+    if not 0 < settings.half_fraction <= 1:
+        raise UserError(f"half fraction must be in (0, 1], not {settings.half_fraction}")
+    kept = kept_layers(profile)
+    table = derive_phases(profile) if settings.phases is None else validate_phases(settings.phases, profile)
+    batch_tokens = settings.batch_size * settings.seq_len
+    per_epoch = train_tokens / batch_tokens
+    if settings.steps:
+        full = scale_phases(table, settings.steps, per_epoch)
+    else:
+        full = resolve_steps(table, per_epoch)
+    total = sum(p.steps for p in full)
+    half = scale_phases(full, max(len(full), round(total * settings.half_fraction)))
+    widths = tuple(growth_widths(profile, settings.base_ffn, multipliers))
+    growth_params = param_count(vocab_size, settings.hidden_size, widths)
+    uniform_width = solve_uniform_width(vocab_size, settings.hidden_size, len(kept), growth_params)
+    uniform_params = param_count(vocab_size, settings.hidden_size, [uniform_width] * len(kept))
+    uniform = (Phase("uniform", tuple(kept), steps=total),)
+    arms = {
+        "growth_100": ArmPlan("growth_100", full, widths, False),
+        "growth_50": ArmPlan("growth_50", half, widths, False),
+        "uniform_100": ArmPlan("uniform_100", uniform, (uniform_width,) * len(kept), True),
+    }
+    config = TrainConfig(
+        vocab_size=vocab_size, hidden_size=settings.hidden_size, heads=settings.heads,
+        seq_len=settings.seq_len, batch_size=settings.batch_size, lr=settings.lr,
+        warmup_frac=settings.warmup_frac, weight_decay=settings.weight_decay, grad_clip=settings.grad_clip,
+        eval_every=max(1, settings.eval_every), checkpoint_every=max(0, settings.checkpoint_every),
+    )  # fmt: skip
+    return Design(
+        arms={a: arms[a] for a in ARMS if a in settings.arms},
+        kept=kept,
+        params={"growth": growth_params, "uniform": uniform_params},
+        train_config=config,
+        steps_per_epoch=per_epoch,
+    )
+
+
+def greedy(model: Any, tokenizer: Any, prompt: str, n_tokens: int, context: int) -> str:
+    """The greedy continuation of `prompt` (not included), kept within the trained `context`."""
+    import torch
+
+    ids = torch.tensor([tokenizer.encode(prompt)[-context + 1 :]])
+    n_new = max(1, min(n_tokens, context - ids.shape[1]))
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new, do_sample=False, pad_token_id=0
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :].tolist())
+
+
+def _plan_doc(plan: ArmPlan) -> dict[str, Any]:
+    return {
+        "steps": plan.total_steps,
+        "phases": [
+            {"name": p.name, "start": s, "steps": p.steps, "layers": list(p.layers),
+             "clone_from": {str(k): v for k, v in p.clone_from}, "ffn_scale": p.ffn_scale}
+            for p, s in zip(plan.phases, plan.starts(), strict=True)
+        ],
+    }  # fmt: skip
+
+
+def _sd(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def run_growth(
+    settings: GrowthSettings,
+    cancel: CancelToken | None = None,
+    checkpoint_dir: Path | None = None,
+    model_dir: Path | None = None,
+    resume: bool = False,
+) -> Iterator[Event]:
+    """Every arm for every seed; checkpoints go to `checkpoint_dir`, final models (first seed) to
+    `model_dir/<arm>` with `save_pretrained`. `resume` continues the run checkpointed there."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if settings.threads > 0:
+        torch.set_num_threads(settings.threads)
+    try:
+        yield from _run(settings, cancel, checkpoint_dir, model_dir, resume)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run(
+    settings: GrowthSettings,
+    cancel: CancelToken | None,
+    checkpoint_dir: Path | None,
+    model_dir: Path | None,
+    resume: bool,
+) -> Iterator[Event]:
+    corpus = load_corpus(settings.train_file)
+    plan = design(settings, corpus.tokenizer.vocab_size, len(corpus.train))
+    spec = settings_to_dict(settings)
+    val_set = val_batches(corpus.val, settings.eval_batches, settings.batch_size, settings.seq_len)
+    completed: dict[str, dict[str, Any]] = {}
+    in_progress: tuple[dict[str, Any], dict] | None = None
+    if resume:
+        found = load_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
+        if found is None:
+            raise UserError(f"nothing to resume: no checkpoint in {checkpoint_dir}")
+        state, tensors = found
+        if state["settings"] != spec:
+            raise UserError("the checkpoint was made with other settings; resume without changing flags")
+        completed = state["completed"]
+        if state.get("arm") is not None:
+            in_progress = (state["arm"], tensors)
+    yield Message(
+        f"parameters: growth {plan.params['growth']:,}, uniform {plan.params['uniform']:,} "
+        f"({100 * (plan.params['uniform'] / plan.params['growth'] - 1):+.3f} %); data {corpus.source}, "
+        f"{len(corpus.train):,} train / {len(corpus.val):,} val characters, "
+        f"vocabulary {corpus.tokenizer.vocab_size}"
+    )
+    yield GrowthPlan(
+        arms={name: _plan_doc(arm) for name, arm in plan.arms.items()},
+        seeds=list(settings.seeds),
+        params=plan.params,
+        profile=list(settings.profile),
+        batch_tokens=settings.batch_size * settings.seq_len,
+    )
+    total_steps = len(settings.seeds) * sum(a.total_steps for a in plan.arms.values())
+    done_steps = sum(r["steps"] for r in completed.values())
+    if in_progress is not None:
+        done_steps += in_progress[0].get("step", 0)
+
+    def save(key: str | None, arm_state: dict[str, Any] | None, tensors: dict) -> None:
+        if checkpoint_dir is not None:
+            doc = {"settings": spec, "completed": completed, "arm": None}
+            if key is not None:
+                doc["arm"] = {"key": key, **(arm_state or {})}
+            tag = f"{(key or 'done').replace('/', '-')}-{(arm_state or {}).get('step', 0)}"
+            save_checkpoint(checkpoint_dir, tag, tensors, doc)
+
+    for seed in settings.seeds:
+        for name, arm in plan.arms.items():
+            key = f"{name}/{seed}"
+            if key in completed:
+                continue
+            resume_arm = None
+            if in_progress is not None and in_progress[0]["key"] == key:
+                resume_arm = in_progress
+            run = train_arm(
+                arm, seed, plan.train_config, plan.kept, corpus.train, val_set, cancel,
+                save=lambda arm_state, tensors, key=key: save(key, arm_state, tensors), resume=resume_arm,
+            )  # fmt: skip
+            outcome: ArmOutcome
+            while True:
+                try:
+                    event = next(run)
+                except StopIteration as stop:
+                    outcome = stop.value
+                    break
+                yield event
+                if isinstance(event, GrowthStep):
+                    done_steps += 1
+                    if event.step % 10 == 0 or event.step == event.total_steps:
+                        yield Progress(done_steps, total_steps, f"{name} seed {seed} {event.phase}")
+            record = {
+                "arm": name, "seed": seed, "val_loss": outcome.val_loss, "seconds": outcome.seconds,
+                "tokens_per_s": outcome.tokens_per_s, "steps": outcome.steps, "phases": outcome.phase_stats,
+                "generations": [],
+            }  # fmt: skip
+            if seed == settings.seeds[0]:
+                model = outcome.model.model
+                model.eval()
+                record["generations"] = [
+                    greedy(model, corpus.tokenizer, p, settings.gen_tokens, settings.seq_len) for p in PROMPTS
+                ]
+                if model_dir is not None:
+                    outcome.model.save(Path(model_dir) / name)
+                    corpus.tokenizer.save(Path(model_dir) / name)
+            completed[key] = record
+            save(None, None, {})
+            yield GrowthArmDone(
+                arm=name, seed=seed, val_loss=outcome.val_loss, seconds=outcome.seconds,
+                tokens_per_s=outcome.tokens_per_s, steps=outcome.steps,
+            )  # fmt: skip
+    yield Result(name="growth", data=result_doc(settings, plan, completed, corpus, model_dir))
+
+
+def budget_table(settings: GrowthSettings, plan: Design) -> list[dict[str, Any]]:
+    """Effective steps and epochs each layer receives in each arm."""
+    counts = {name: layer_steps(arm.phases) for name, arm in plan.arms.items()}
+    rows = []
+    for layer in plan.kept:
+        steps = {name: counts[name].get(layer, 0) for name in plan.arms}
+        epochs = {name: round(n / plan.steps_per_epoch, 3) for name, n in steps.items()}
+        rows.append({"layer": layer, "class": settings.profile[layer], "steps": steps, "epochs": epochs})
+    return rows
+
+
+def result_doc(
+    settings: GrowthSettings,
+    plan: Design,
+    completed: dict[str, dict[str, Any]],
+    corpus: Any,
+    model_dir: Path | None,
+) -> dict[str, Any]:
+    arms: dict[str, Any] = {}
+    for name, arm in plan.arms.items():
+        records = [completed[f"{name}/{seed}"] for seed in settings.seeds]
+        losses = [r["val_loss"] for r in records]
+        arms[name] = {
+            "val_loss": losses,
+            "mean": statistics.fmean(losses),
+            "sd": _sd(losses),
+            "seconds": statistics.fmean(r["seconds"] for r in records),
+            "seconds_sd": _sd([r["seconds"] for r in records]),
+            "tokens_per_s": statistics.fmean(r["tokens_per_s"] for r in records),
+            "tokens_per_s_sd": _sd([r["tokens_per_s"] for r in records]),
+            "steps": arm.total_steps,
+            "tokens": arm.total_steps * settings.batch_size * settings.seq_len,
+            "phases": records[0]["phases"],
+            "model": str(Path(model_dir) / name) if model_dir is not None else None,
+        }
+    first = settings.seeds[0]
+    generations = [
+        {"prompt": prompt, **{name: completed[f"{name}/{first}"]["generations"][i] for name in plan.arms}}
+        for i, prompt in enumerate(PROMPTS)
+    ]
+    growth = plan.arms.get("growth_100")
+    phases = []
+    if growth is not None:
+        for phase, start, stats in zip(
+            growth.phases, growth.starts(), arms["growth_100"]["phases"], strict=True
+        ):
+            phases.append({**phase_to_dict(phase), "start": start, "seconds": stats["seconds"],
+                           "tokens_per_s": stats["tokens_per_s"]})  # fmt: skip
+    ratio = None
+    if "growth_100" in arms and "uniform_100" in arms and arms["growth_100"]["seconds"] > 0:
+        ratio = arms["uniform_100"]["seconds"] / arms["growth_100"]["seconds"]
+    return {
+        "preset": settings.preset,
+        "params": plan.params,
+        "arms": arms,
+        "phases": phases,
+        "generations": generations,
+        "budget_table": budget_table(settings, plan),
+        "ratio_uniform_over_growth_seconds": ratio,
+        "profile": list(settings.profile),
+        "widths": {"growth": list(plan.arms[next(iter(plan.arms))].widths) if growth else None,
+                   "uniform": plan.arms["uniform_100"].widths[0] if "uniform_100" in plan.arms else None},
+        "data": {"source": corpus.source, "tokenizer": "character", "vocab_size": corpus.tokenizer.vocab_size,
+                 "train_tokens": len(corpus.train), "val_tokens": len(corpus.val),
+                 "batch_tokens": settings.batch_size * settings.seq_len},
+        "settings": settings_to_dict(settings),
+        "paper": PAPER_RESULTS,
+    }  # fmt: skip

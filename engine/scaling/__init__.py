@@ -1,0 +1,1 @@
+"""Scaling analyses: the loss-decomposition fit and the teacher-student depth toy models."""

@@ -1,0 +1,304 @@
+"""The loss decomposition of paper B: L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 over training runs.
+
+Fitted in log space with many random restarts (the landscape is multi-modal), least squares or Huber;
+bootstrap intervals and held-out error come from the same batched solver, every resample or split
+being one more row of the batch (see engine/scaling/powerfit.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from engine.errors import UserError
+from engine.events import CancelToken, Event, Message, Progress, Result, event_type
+from engine.scaling import powerfit
+
+TERMS = ("m", "l", "D")
+PARAM_KEYS = ("alpha_m", "alpha_l", "alpha_D", "c_m", "c_l", "c_D", "L0")
+CHINCHILLA_RELATIVE = Path("chinchilla") / "chinchilla_reconstructed.csv"
+
+
+def shared_data_dir() -> Path:
+    """The public data folder, ../shared/data relative to the repository root."""
+    return Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def default_csv() -> Path:
+    return shared_data_dir() / CHINCHILLA_RELATIVE
+
+
+@dataclass(frozen=True)
+class ScalingFitSettings:
+    """Defaults reproduce the paper: the Chinchilla columns, the 40 highest losses dropped."""
+
+    loss_column: str = "loss"
+    width_column: str = "d_model"
+    depth_column: str = "n_layers"
+    tokens_column: str = "num_tokens"
+    exclude_highest: int = 40
+    restarts: int = 512
+    huber_delta: float | None = None  # None: least squares on log residuals; else Huber threshold
+    bootstrap: int = 200
+    bootstrap_restarts: int = 8  # per resample: the full-data optimum plus random starts
+    heldout_splits: int = 20
+    heldout_fraction: float = 0.2
+    seed: int = 0
+    budgets: tuple[float, ...] = (1e8, 1e9, 1e10, 1e11)  # parameter budgets for the width/depth table
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Training runs: width m, depth l, tokens D and final loss, one entry per run."""
+
+    width: np.ndarray
+    depth: np.ndarray
+    tokens: np.ndarray
+    loss: np.ndarray
+    source: str = ""
+    n_rows: int = 0  # rows read before cleaning and exclusion
+
+
+@event_type
+@dataclass(frozen=True)
+class FitStage(Event):
+    """A stage of the fit finished. stage "fit": `values` are the best parameters; stage "bootstrap":
+    their bootstrap standard errors."""
+
+    kind: ClassVar[str] = "scaling-fit-stage"
+    stage: str
+    values: dict[str, float]
+    seconds: float
+
+
+def load_runs(path: Path, settings: ScalingFitSettings) -> Runs:
+    """Reads the four columns from a CSV; rows with missing or non-positive values are dropped."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"no CSV file at {path}; pass --csv FILE")
+    names = (settings.width_column, settings.depth_column, settings.tokens_column, settings.loss_column)
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        missing = [n for n in names if n not in (reader.fieldnames or [])]
+        if missing:
+            raise UserError(
+                f"{path} has no column(s) {', '.join(missing)} "
+                f"(it has {', '.join(reader.fieldnames or [])}); "
+                "name them with --loss-col, --width-col, --depth-col, --tokens-col"
+            )
+        rows = list(reader)
+    values = np.full((len(rows), 4), np.nan)
+    for i, row in enumerate(rows):
+        for j, name in enumerate(names):
+            try:
+                values[i, j] = float(row[name])
+            except (TypeError, ValueError):
+                continue
+    keep = np.all(np.isfinite(values) & (values > 0), axis=1)
+    v = values[keep]
+    return Runs(v[:, 0], v[:, 1], v[:, 2], v[:, 3], source=str(path), n_rows=len(rows))
+
+
+def exclude_highest(runs: Runs, k: int) -> Runs:
+    """Drops the k runs with the highest loss (the paper drops 40 early, unconverged runs)."""
+    if k < 0:
+        raise UserError("--exclude-highest must be 0 or more")
+    keep = np.sort(np.argsort(runs.loss, kind="stable")[: max(len(runs.loss) - k, 0)])
+    r = runs
+    return Runs(r.width[keep], r.depth[keep], r.tokens[keep], r.loss[keep], r.source, r.n_rows)
+
+
+def named_params(theta: np.ndarray, centre: np.ndarray) -> list[dict[str, float]]:
+    """Rows of theta -> {alpha_m, ..., c_m, ..., L0} in natural units."""
+    nat = powerfit.to_natural(theta, centre)
+    out = []
+    for i in range(nat["alpha"].shape[0]):
+        doc = {f"alpha_{t}": float(nat["alpha"][i, j]) for j, t in enumerate(TERMS)}
+        doc.update({f"c_{t}": float(np.exp(nat["log_c"][i, j])) for j, t in enumerate(TERMS)})
+        doc["L0"] = float(nat["L0"][i])
+        out.append(doc)
+    return out
+
+
+def optimal_shape(params: dict[str, float], budgets: tuple[float, ...]) -> dict[str, Any]:
+    """Width and depth that minimise c_m/m^a_m + c_l/l^a_l at a fixed budget N = 12 l m^2.
+
+    Setting the derivative along the constraint to zero gives a_m T_m = 2 a_l T_l, so
+    m = K l^(a_l/a_m) with K = (a_m c_m / (2 a_l c_l))^(1/a_m); then l ~ N^(1/(1+2 a_l/a_m)).
+    """
+    am, al, cm, cl = params["alpha_m"], params["alpha_l"], params["c_m"], params["c_l"]
+    if am <= 0 or al <= 0:
+        return {"width_depth_exponent": None, "note": "an exponent is 0: no interior optimum"}
+    q = al / am
+    log_k = (math.log(am * cm) - math.log(2 * al * cl)) / am
+    table = []
+    for n in budgets:
+        log_l = (math.log(n / 12.0) - 2 * log_k) / (1 + 2 * q)
+        log_m = log_k + q * log_l
+        table.append({
+            "N": n,
+            "depth": math.exp(log_l),
+            "width": math.exp(log_m),
+            "width_over_depth": math.exp(log_m - log_l),
+        })
+    return {
+        "param_formula": "N = 12 * depth * width^2",
+        "width_depth_exponent": q,
+        "prefactor": math.exp(log_k),
+        "depth_budget_exponent": 1 / (1 + 2 * q),
+        "width_budget_exponent": q / (1 + 2 * q),
+        "table": table,
+    }
+
+
+def check_settings(settings: ScalingFitSettings) -> None:
+    """Raises UserError on settings no fit can use; called before a session is opened."""
+    if settings.restarts < 1 or settings.bootstrap < 0 or settings.heldout_splits < 0:
+        raise UserError("--restarts must be 1 or more, --bootstrap and --heldout-splits 0 or more")
+    if not 0.0 < settings.heldout_fraction < 1.0:
+        raise UserError("--heldout-fraction must lie strictly between 0 and 1")
+    if settings.huber_delta is not None and settings.huber_delta <= 0:
+        raise UserError("--huber must be a positive threshold (e.g. 1e-3)")
+
+
+def run_scaling_fit(
+    runs: Runs, settings: ScalingFitSettings, cancel: CancelToken | None = None
+) -> Iterator[Event]:
+    """Fits the decomposition, then bootstrap intervals and held-out error; ends with the Result."""
+    started = time.perf_counter()
+    check_settings(settings)
+    data = exclude_highest(runs, settings.exclude_highest)
+    n = len(data.loss)
+    p = powerfit.n_params(len(TERMS))
+    if n < p + 2:
+        raise UserError(
+            f"only {n} runs left after --exclude-highest {settings.exclude_highest}; need at least {p + 2}"
+        )
+    x = np.log(np.stack([data.width, data.depth, data.tokens], axis=1))
+    centre = x.mean(axis=0)
+    u, y = x - centre, np.log(data.loss)
+    rng = np.random.default_rng(settings.seed)
+    delta = settings.huber_delta
+    yield Message(f"fitting {n} runs ({data.n_rows} read, {settings.exclude_highest} highest losses dropped)")
+
+    # 1. the fit itself: many random restarts in one batch
+    yield Progress(0, 3, "restarts")
+    fit = powerfit.fit_batched(u, y, np.ones(n), powerfit.random_starts(rng, settings.restarts, 3, y),
+                               delta=delta, cancel=cancel)
+    best_theta, best_obj = powerfit.best_per_group(fit, 1)
+    best = named_params(best_theta, centre)[0]
+    near = int(np.sum(fit.objective <= best_obj[0] * (1 + 1e-3) + 1e-12))
+    resid = powerfit.log_predict(best_theta, u)[0] - y
+    yield FitStage(stage="fit", values=best, seconds=time.perf_counter() - started)
+    yield Message(f"best of {settings.restarts} restarts: alpha_l={best['alpha_l']:.3f}, "
+                  f"{near} restarts reach it")
+
+    # 2. bootstrap: resample runs with replacement (multiplicity weights), restart from the optimum + random
+    yield Progress(1, 3, "bootstrap")
+    t0 = time.perf_counter()
+    boot_params, boot_valid = _bootstrap(u, y, centre, best_theta, settings, rng, cancel)
+    boot_seconds = time.perf_counter() - t0
+    ci95, se = _intervals(boot_params)
+    yield FitStage(stage="bootstrap", values={k: v for k, v in se.items() if v is not None},
+                   seconds=boot_seconds)
+
+    # 3. held-out error over random splits
+    yield Progress(2, 3, "held-out splits")
+    heldout = _heldout(u, y, best_theta, settings, rng, cancel)
+    yield Progress(3, 3, "done")
+
+    shape = optimal_shape(best, settings.budgets)
+    ratios = [b["alpha_l"] / b["alpha_m"] for b in boot_params if b["alpha_m"] > 0]
+    shape["width_depth_exponent_ci95"] = _percentiles(ratios)
+    doc: dict[str, Any] = {
+        "source": data.source,
+        "columns": {"loss": settings.loss_column, "width": settings.width_column,
+                    "depth": settings.depth_column, "tokens": settings.tokens_column},
+        "n_rows": data.n_rows,
+        "n_excluded": settings.exclude_highest,
+        "n_points": n,
+        "objective": "huber" if delta is not None else "least_squares",
+        "huber_delta": delta,
+        "params": best,
+        "ci95": ci95,
+        "se": se,
+        "train_rmse": float(np.sqrt(np.mean((data.loss * (np.exp(resid) - 1)) ** 2))),
+        "train_rmse_log": float(np.sqrt(np.mean(resid**2))),
+        "restarts": {"n": settings.restarts, "reaching_best": near, "best_objective": float(best_obj[0])},
+        "bootstrap": {"n": settings.bootstrap, "n_valid": boot_valid, "restarts": settings.bootstrap_restarts,
+                      "seconds": boot_seconds},
+        **heldout,
+        "optimal_shape": shape,
+        "settings": asdict(settings),
+        "seconds": time.perf_counter() - started,
+    }
+    yield Result(name="scaling-fit", data=doc)
+
+
+def _starts_around(best_theta: np.ndarray, groups: int, per_group: int, y: np.ndarray,
+                   rng: np.random.Generator) -> np.ndarray:
+    """Per group: the full-data optimum first, then random starts; laid out group-major."""
+    starts = powerfit.random_starts(rng, groups * per_group, 3, y).reshape(groups, per_group, -1)
+    starts[:, 0] = best_theta[0]
+    return starts.reshape(groups * per_group, -1)
+
+
+def _bootstrap(u: np.ndarray, y: np.ndarray, centre: np.ndarray, best_theta: np.ndarray,
+               settings: ScalingFitSettings, rng: np.random.Generator,
+               cancel: CancelToken | None) -> tuple[list[dict[str, float]], int]:
+    """Each resample is a row of multiplicities over the runs; all resamples are solved in one batch."""
+    b, k = settings.bootstrap, max(settings.bootstrap_restarts, 1)
+    if b == 0:
+        return [], 0
+    n = len(y)
+    counts = np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(b)]).astype(float)
+    fit = powerfit.fit_batched(u, y, np.repeat(counts, k, axis=0), _starts_around(best_theta, b, k, y, rng),
+                               delta=settings.huber_delta, cancel=cancel)
+    theta, obj = powerfit.best_per_group(fit, b)
+    ok = np.isfinite(obj)
+    return named_params(theta[ok], centre), int(ok.sum())
+
+
+def _heldout(u: np.ndarray, y: np.ndarray, best_theta: np.ndarray, settings: ScalingFitSettings,
+             rng: np.random.Generator, cancel: CancelToken | None) -> dict[str, Any]:
+    """Fits on a random (1 - fraction) of the runs, scores the rest; pooled over splits."""
+    s, k, n = settings.heldout_splits, max(settings.bootstrap_restarts, 1), len(y)
+    n_test = max(1, int(round(settings.heldout_fraction * n)))
+    if s == 0:
+        return {"heldout_rmse": None, "heldout_rmse_log": None, "heldout_splits": 0, "heldout_n_test": n_test}
+    test = np.zeros((s, n), dtype=bool)
+    for i in range(s):
+        test[i, rng.choice(n, n_test, replace=False)] = True
+    fit = powerfit.fit_batched(u, y, np.repeat((~test).astype(float), k, axis=0),
+                               _starts_around(best_theta, s, k, y, rng), delta=settings.huber_delta,
+                               cancel=cancel)
+    theta, _ = powerfit.best_per_group(fit, s)
+    err_log = (powerfit.log_predict(theta, u) - y)[test]
+    err = np.exp(y)[np.nonzero(test)[1]] * (np.exp(err_log) - 1)
+    return {
+        "heldout_rmse": float(np.sqrt(np.mean(err**2))),
+        "heldout_rmse_log": float(np.sqrt(np.mean(err_log**2))),
+        "heldout_splits": s,
+        "heldout_n_test": n_test,
+    }
+
+
+def _percentiles(values: list[float]) -> list[float] | None:
+    if len(values) < 2:
+        return None
+    low, high = np.percentile(np.asarray(values), [2.5, 97.5])
+    return [float(low), float(high)]
+
+
+def _intervals(rows: list[dict[str, float]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Percentile 95 % intervals and standard errors of each parameter over bootstrap fits."""
+    ci95 = {key: _percentiles([r[key] for r in rows]) for key in PARAM_KEYS}
+    se = {k: (float(np.std([r[k] for r in rows], ddof=1)) if len(rows) > 1 else None) for k in PARAM_KEYS}
+    return ci95, se

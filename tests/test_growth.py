@@ -1,0 +1,274 @@
+"""Growth training: parameter matching, cloning, the phase table, growth, resume, saved models."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from engine.errors import UserError
+from engine.events import Cancelled, CancelToken, event_from_json
+from engine.growth.architecture import (
+    GrowingModel,
+    build_model,
+    clone_layer,
+    growth_widths,
+    load_growth_model,
+    param_count,
+)
+from engine.growth.data import CharTokenizer, load_corpus, train_batch
+from engine.growth.events import GrowthPhase, GrowthStep
+from engine.growth.experiment import (
+    design,
+    greedy,
+    preset_settings,
+    run_growth,
+    settings_from_dict,
+    settings_to_dict,
+)
+from engine.growth.profile import PAPER_PROFILE, multipliers_dict, parse_profile, profile_from_ablation
+from engine.growth.protocol import (
+    Phase,
+    derive_phases,
+    layer_steps,
+    load_phases,
+    scale_phases,
+    validate_phases,
+)
+
+# six layers: one anti (omitted), a critical core wider than its clones, a redundant layer cloned x0.5
+SMALL_PROFILE = ("redundant", "important", "critical", "minor", "anti", "redundant")
+
+
+def small_settings(**changes):
+    base = dict(
+        preset="test", profile=SMALL_PROFILE, hidden_size=16, heads=2, base_ffn=8, seq_len=16, batch_size=2,
+        steps=24, lr=3e-3, eval_every=6, eval_batches=1, checkpoint_every=5, gen_tokens=4, threads=1,
+    )  # fmt: skip
+    base.update(changes)
+    return preset_settings("tiny", **base)
+
+
+@pytest.fixture(scope="module")
+def vocab() -> int:
+    return load_corpus().tokenizer.vocab_size
+
+
+# --- parameter matching -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", ["paper", "tiny"])
+def test_uniform_baseline_matches_parameter_count(preset, vocab):
+    settings = preset_settings(preset)
+    plan = design(settings, vocab, 400_000)
+    growth, uniform = plan.params["growth"], plan.params["uniform"]
+    assert abs(uniform - growth) / growth < 0.01
+    assert len(plan.arms["uniform_100"].widths) == len(plan.arms["growth_100"].widths) == 12
+    if preset == "paper":
+        assert 9.4e6 < growth < 9.7e6  # the paper's 9.57 M
+
+
+def test_param_count_formula_is_the_real_count(vocab):
+    widths = growth_widths(SMALL_PROFILE, 8, multipliers_dict((("critical", 4), ("important", 2),
+                                                              ("minor", 2), ("redundant", 1))))  # fmt: skip
+    assert widths == [8, 16, 32, 16, 8]  # anti omitted
+    for uniform, w in ((False, widths), (True, [13] * 5)):
+        model = build_model(vocab, 16, 2, w, 16, 0, uniform)
+        assert sum(p.numel() for p in model.parameters()) == param_count(vocab, 16, w)
+
+
+# --- cloning ----------------------------------------------------------------------------------
+
+
+def _layers(widths):
+    model = build_model(50, 16, 2, widths, 16, 0, False)
+    with torch.no_grad():  # distinct, non-trivial norms so a copy is visible
+        for p in model.parameters():
+            p.normal_()
+    return list(model.model.layers)
+
+
+def test_clone_copies_exactly_and_scales_the_ffn():
+    src, dst = _layers([12, 12])
+    clone_layer(src, dst, 1.0)
+    for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    src, dst = _layers([12, 12])
+    clone_layer(src, dst, 0.5)
+    assert torch.equal(dst.mlp.down_proj.weight, src.mlp.down_proj.weight * 0.5)
+    assert torch.equal(dst.mlp.up_proj.weight, src.mlp.up_proj.weight)
+    assert torch.equal(dst.self_attn.q_proj.weight, src.self_attn.q_proj.weight)
+    assert torch.equal(dst.input_layernorm.weight, src.input_layernorm.weight)
+
+
+def test_clone_to_other_widths_keeps_the_function():
+    x = torch.randn(3, 5, 16)
+    src, narrow, wide = _layers([12, 6, 20])
+    with torch.no_grad():  # only neurons 0..5 of the source matter, so a 6-wide clone is exact
+        src.mlp.down_proj.weight[:, 6:] = 0
+    clone_layer(src, narrow, 0.5)
+    clone_layer(src, wide, 0.5)
+    assert torch.equal(narrow.mlp.gate_proj.weight, src.mlp.gate_proj.weight[:6])
+    expected = src.mlp(x) * 0.5
+    assert torch.allclose(narrow.mlp(x), expected, atol=1e-5)
+    assert torch.allclose(wide.mlp(x), expected, atol=1e-5)
+
+
+# --- the phase table --------------------------------------------------------------------------
+
+
+def test_paper_phases_and_budgets():
+    phases = scale_phases(derive_phases(PAPER_PROFILE), 656)
+    assert [p.name for p in phases] == [
+        "gastrulation", "neurulation", "organogenesis", "growth", "connective", "maturation",
+    ]  # fmt: skip
+    assert [p.steps for p in phases] == [191, 127, 127, 77, 38, 96]
+    assert [sorted(set(p.layers) - set(q.layers)) for p, q in zip(phases[1:], phases, strict=False)] == [
+        [1, 2], [8, 9], [7, 10], [0, 3, 6, 11], [],
+    ]  # fmt: skip
+    assert phases[0].layers == (4, 5) and phases[4].ffn_scale == 0.5
+    assert dict(phases[1].clone_from) == {1: 4, 2: 4}
+    steps = layer_steps(phases)
+    assert steps[4] == 656 and steps[0] == 38 + 96
+    assert sum(p.steps for p in scale_phases(phases, 328)) == 328
+
+
+@pytest.mark.parametrize(
+    "phases, message",
+    [
+        ([Phase("a", (4, 5), steps=1), Phase("b", (4, 5, 12), steps=1)], "unknown layer 12"),
+        ([Phase("a", (4,), steps=1), Phase("b", (4, 1), clone_from=((1, 7),), steps=1)], "not trained yet"),
+        ([Phase("a", (), steps=1)], "is empty"),
+        ([Phase("a", (4, 5))], "zero length"),
+        ([Phase("a", (4, 5), steps=2), Phase("b", (5, 6), steps=2)], "drops layer 4"),
+        ([Phase("a", (4, 5), steps=2)], "never trained"),
+    ],
+)
+def test_phase_validation_errors(phases, message):
+    with pytest.raises(UserError, match=message) as info:
+        validate_phases(phases, PAPER_PROFILE)
+    assert "\n" not in str(info.value)
+
+
+def test_phase_tables_load_from_toml_and_json(tmp_path):
+    toml = tmp_path / "p.toml"
+    toml.write_text(
+        '[[phases]]\nname = "core"\nlayers = [2]\nepochs = 2\n\n'
+        '[[phases]]\nname = "all"\nlayers = [0, 1, 2, 3, 5]\nclone_from = {"0" = 2}\n'
+        "ffn_scale = 0.5\nsteps = 3\n"
+    )
+    phases = validate_phases(load_phases(toml), SMALL_PROFILE)
+    assert phases[1].sources() == {0: 2, 1: 2, 3: 2, 5: 2}  # named, else nearest trained (only 2)
+    as_json = tmp_path / "p.json"
+    as_json.write_text(json.dumps({"phases": [{"name": "x", "layers": [2], "steps": 1, "bogus": 1}]}))
+    with pytest.raises(UserError, match="unknown key 'bogus'"):
+        load_phases(as_json)
+
+
+def test_profile_from_ablation_compresses_by_the_documented_rule():
+    classes = ["redundant", "critical", "minor", "minor", "important", "redundant"]
+    rows = [
+        {"index": i, "degradation_pct": 1.0, "class": c, "anti": i in (2, 3)} for i, c in enumerate(classes)
+    ]
+    assert profile_from_ablation({"layers": rows}, 3) == ("critical", "anti", "important")
+    six = ("redundant", "critical", "anti", "anti", "important", "redundant")
+    assert profile_from_ablation({"layers": rows}, 6) == six
+    with pytest.raises(UserError):
+        parse_profile("critical,bogus")
+
+
+# --- training ---------------------------------------------------------------------------------
+
+
+def test_the_network_grows():
+    settings = small_settings(arms=("growth_100",))
+    plan = design(settings, 104, 400_000)
+    assert [len(p.layers) for p in plan.arms["growth_100"].phases] == [1, 2, 3, 5, 5]
+    events = list(run_growth(settings))
+    steps = [e for e in events if isinstance(e, GrowthStep)]
+    assert [e.step for e in steps] == list(range(1, 25))
+    sizes = [e.n_layers for e in steps]
+    assert sizes == sorted(sizes) and sizes[0] == 1 and sizes[-1] == 5
+    added = [[a["layer"] for a in e.added] for e in events if isinstance(e, GrowthPhase)]
+    assert added == [[], [1], [3], [0, 5], []]
+
+
+def test_only_existing_layers_train():
+    model = build_model(30, 16, 2, [8, 8, 8], 16, 0, False)
+    grow = GrowingModel(model, [0, 1, 2])
+    before = {n: p.detach().clone() for n, p in grow.named.items()}
+    grow.set_active([1])
+    optimizer = torch.optim.AdamW(list(grow.named.values()), lr=1e-2)
+    batch = train_batch(torch.randint(0, 30, (200,)), 0, 0, 2, 16)
+    model(batch[:, :-1]).logits.sum().backward()
+    optimizer.step()
+    changed = {
+        n.split(".")[2] for n, p in grow.named.items() if "layers" in n and not torch.equal(p, before[n])
+    }
+    assert changed == {"1"}
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    settings = small_settings()
+    whole = list(run_growth(settings, checkpoint_dir=tmp_path / "a", model_dir=tmp_path / "ma"))
+    expected = next(e.data for e in whole if e.kind == "result")
+
+    cancel = CancelToken()
+    seen = []
+    with pytest.raises(Cancelled):
+        for event in run_growth(settings, cancel, checkpoint_dir=tmp_path / "b", model_dir=tmp_path / "mb"):
+            seen.append(event)
+            if isinstance(event, GrowthStep) and event.arm == "growth_50" and event.step == 7:
+                cancel.cancel()
+    assert not any(e.kind == "result" for e in seen)
+    resumed = list(
+        run_growth(settings, checkpoint_dir=tmp_path / "b", model_dir=tmp_path / "mb", resume=True)
+    )
+    got = next(e.data for e in resumed if e.kind == "result")
+    first = next(e for e in resumed if isinstance(e, GrowthStep))
+    assert first.arm == "growth_50" and 1 < first.step <= 8  # from its last checkpoint, not from 0
+    for arm in ("growth_100", "growth_50", "uniform_100"):
+        assert got["arms"][arm]["val_loss"] == pytest.approx(expected["arms"][arm]["val_loss"], abs=1e-6)
+    assert got["generations"] == expected["generations"]
+    with pytest.raises(UserError, match="other settings"):
+        list(run_growth(dataclasses.replace(settings, lr=1e-3), checkpoint_dir=tmp_path / "b", resume=True))
+
+
+def test_saved_models_load_with_automodel(tmp_path):
+    settings = small_settings(steps=6, arms=("growth_100", "uniform_100"), checkpoint_every=0)
+    doc = next(e.data for e in run_growth(settings, model_dir=tmp_path) if e.kind == "result")
+    assert set(doc) >= {"preset", "params", "arms", "phases", "generations", "budget_table"}
+    assert len(doc["generations"]) == 12
+    for arm in ("growth_100", "uniform_100"):
+        model, tokenizer = load_growth_model(tmp_path / arm)
+        assert isinstance(tokenizer, CharTokenizer)
+        assert (
+            sum(p.numel() for p in model.parameters())
+            == doc["params"]["growth" if arm[0] == "g" else "uniform"]
+        )
+        row = doc["generations"][0]
+        assert greedy(model, tokenizer, row["prompt"], settings.gen_tokens, settings.seq_len) == row[arm]
+    widths = [
+        layer.mlp.gate_proj.out_features
+        for layer in load_growth_model(tmp_path / "growth_100")[0].model.layers
+    ]
+    assert widths == [8, 16, 32, 16, 8]
+
+
+def test_settings_and_events_round_trip():
+    settings = small_settings(phases=(Phase("a", (0, 1, 2, 3, 5), steps=3),))
+    assert settings_from_dict(json.loads(json.dumps(settings_to_dict(settings)))) == settings
+    event = GrowthPhase(arm="growth_100", seed=0, phase="a", index=0, start_step=0, steps=3, layers=[1],
+                        added=[{"layer": 1, "source": 2, "ffn_scale": 0.5}])  # fmt: skip
+    assert event_from_json(json.loads(json.dumps(event.to_json()))) == event
+
+
+def test_cli_parses_growth_flags():
+    from tui.cli import build_parser
+    from tui.commands.growth import settings_from_args
+
+    args = build_parser().parse_args(["run", "growth", "--preset", "tiny", "--seeds", "3", "--steps", "50"])
+    settings = settings_from_args(args)
+    assert settings.seeds == (0, 1, 2) and settings.steps == 50 and settings.hidden_size == 64

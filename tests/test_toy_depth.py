@@ -1,0 +1,151 @@
+"""Teacher-student toy models: the two teachers differ as built, students start uniform, the depth
+fit recovers known exponents, and a micro run speaks the documented events and JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from engine.errors import UserError
+from engine.events import Cancelled, CancelToken, Result
+from engine.scaling.toy_depth import (
+    StudentDone,
+    Students,
+    StudentStep,
+    Teacher,
+    ToyDepthSettings,
+    fit_depth_law,
+    kl,
+    preset_settings,
+    run_toy_depth,
+    torch_threads,
+)
+
+MICRO = ToyDepthSettings(width=8, outputs=8, teacher_depth=6, student_depths=(1, 2, 4), temperatures=(1.0,),
+                         steps=12, batch_size=16, lr=1e-2, seeds=2, eval_size=64, bootstrap=40, log_every=4)
+
+
+def teacher(regime: str, depth: int = 64) -> Teacher:
+    settings = ToyDepthSettings(width=32, outputs=16, teacher_depth=depth)
+    return Teacher(regime, settings, torch.Generator().manual_seed(0))
+
+
+def test_tied_teacher_shares_one_block_and_independent_does_not() -> None:
+    tied, independent = teacher("tied"), teacher("independent")
+    assert all(w is tied.w1[0] for w in tied.w1) and all(w is tied.w2[0] for w in tied.w2)
+    assert all(b is tied.b1[0] for b in tied.b1)
+    assert len({id(w) for w in independent.w1}) == 64
+    assert not torch.equal(independent.w1[0], independent.w1[1])
+    # the update scale is 1/sqrt(L) in both: the output projections have the same spread
+    assert tied.w2[0].std() == pytest.approx(float(torch.stack(independent.w2).std()), rel=0.1)
+
+
+def test_tied_updates_are_aligned_and_independent_ones_nearly_orthogonal() -> None:
+    """The signature of the two regimes (paper B1): consecutive updates of a smooth flow point the same
+    way; those of independent random layers are close to orthogonal."""
+    x = torch.randn(256, 32, generator=torch.Generator().manual_seed(1))
+
+    def mean_cos(t: Teacher) -> float:
+        states = t.hidden_states(x)
+        deltas = [b - a for a, b in zip(states[:-1], states[1:], strict=True)]
+        pairs = zip(deltas[:-1], deltas[1:], strict=True)
+        cos = [torch.nn.functional.cosine_similarity(a, b, dim=-1).mean() for a, b in pairs]
+        return float(torch.stack(cos).mean())
+
+    assert mean_cos(teacher("tied")) > 0.9
+    assert abs(mean_cos(teacher("independent"))) < 0.3
+
+
+def test_students_start_uniform_so_the_first_loss_is_log_k_minus_entropy() -> None:
+    settings = ToyDepthSettings(width=32, outputs=16)
+    students = Students(3, 2, settings, torch.Generator().manual_seed(0))
+    x = torch.randn(32, 32)
+    logq = students(x)
+    assert torch.allclose(logq, torch.full_like(logq, -math.log(16)))
+    logp = teacher("independent").log_probs(x, 0.5)
+    entropy = -(logp.exp() * logp).sum(-1)
+    assert torch.allclose(kl(logp, logq[0]), math.log(16) - entropy, atol=1e-5)
+
+
+def test_depth_fit_recovers_a_known_exponent_exactly_and_with_a_floor() -> None:
+    depths = [2, 3, 4, 6, 8, 12, 16]
+    exact = [[0.5 / d**1.7] * 2 for d in depths]
+    doc = fit_depth_law(depths, exact, floor=False, bootstrap=50, seed=0)
+    assert doc["alpha_l"] == pytest.approx(1.7, abs=1e-6)
+    assert doc["c"] == pytest.approx(0.5, rel=1e-5)
+    assert doc["ci95"][0] == pytest.approx(1.7, abs=1e-4) and doc["ci95"][1] == pytest.approx(1.7, abs=1e-4)
+    floored = [[0.5 / d**1.7 + 0.01] * 2 for d in depths]
+    doc = fit_depth_law(depths, floored, floor=True, bootstrap=0, seed=0)
+    assert doc["alpha_l"] == pytest.approx(1.7, abs=1e-3)
+    assert doc["L0"] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_depth_fit_interval_widens_with_seed_noise() -> None:
+    rng = np.random.default_rng(0)
+    depths = [2, 4, 8, 16]
+    noisy = [[0.5 / d * math.exp(rng.normal(0, 0.1)) for _ in range(3)] for d in depths]
+    doc = fit_depth_law(depths, noisy, floor=False, bootstrap=200, seed=0)
+    assert doc["ci95"][0] < doc["alpha_l"] < doc["ci95"][1]
+    assert 0.7 < doc["alpha_l"] < 1.3
+    assert doc["ci95"][1] - doc["ci95"][0] > 0.01
+
+
+def test_micro_run_emits_student_events_and_the_documented_result() -> None:
+    events = list(run_toy_depth(MICRO, preset="micro"))
+    steps = [e for e in events if isinstance(e, StudentStep)]
+    expected = {(r, d) for r in ("tied", "independent") for d in (1, 2, 4)}
+    assert {(e.regime, e.depth) for e in steps} == expected
+    assert {e.step for e in steps} == {4, 8, 12}
+    assert len([e for e in events if isinstance(e, StudentDone)]) == 6
+    result = events[-1]
+    assert isinstance(result, Result) and result.name == "toy-depth"
+    doc = json.loads(json.dumps(result.data))
+    assert doc["preset"] == "micro"
+    for regime in ("tied", "independent"):
+        entry = doc["regimes"][regime]
+        assert entry["depths"] == [1, 2, 4] and len(entry["loss"]) == 3
+        assert all(v > 0 for v in entry["loss"])
+        assert isinstance(entry["alpha_l"], float)
+        assert entry["ci95"] is None or len(entry["ci95"]) == 2
+    assert doc["by_temperature"]["1"] == doc["regimes"]
+
+
+def test_cancel_stops_the_run_and_threads_are_restored() -> None:
+    token = CancelToken()
+    before = torch.get_num_threads()
+    run = run_toy_depth(MICRO, cancel=token)
+    next(run)
+    token.cancel()
+    with pytest.raises(Cancelled):
+        list(run)
+    assert torch.get_num_threads() == before
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def test_bad_settings_are_user_errors() -> None:
+    with pytest.raises(UserError, match="--regimes"):
+        next(run_toy_depth(preset_settings("tiny", regimes=("smooth",))))
+    with pytest.raises(UserError, match="preset"):
+        preset_settings("huge")
+    assert preset_settings("paper").teacher_depth == 128 and preset_settings("paper").width == 32
+
+
+def test_cli_runs_a_micro_config(tmp_path, monkeypatch) -> None:
+    from tui.cli import main
+
+    monkeypatch.setenv("ANATOMY_TUI_HOME", str(tmp_path / "home"))
+    out = tmp_path / "toy.json"
+    code = main(["run", "toy-depth", "--preset", "tiny", "--width", "8", "--outputs", "8",
+                 "--teacher-depth", "4", "--student-depths", "1,2", "--steps", "5", "--batch-size", "8",
+                 "--eval-size", "16",
+                 "--regimes", "independent", "--bootstrap", "5", "--session", "toy", "--json", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["preset"] == "tiny" and list(doc["regimes"]) == ["independent"]
+    assert doc["settings"]["steps"] == 5 and doc["regimes"]["independent"]["depths"] == [1, 2]

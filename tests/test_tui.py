@@ -1,0 +1,375 @@
+"""The console's main flows with Textual's Pilot, on a tiny model saved to a folder (no download)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from tiny_models import save_tiny
+from tui_fixtures import BASELINE, CURVE, MAP, demo_session
+
+from sessions.store import SessionStore, pid_alive
+from tui import app as app_module
+from tui.app import ACTIONS, AnatomyApp, ModelOptions
+from tui.jobs import BackgroundJob
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.help import HelpScreen
+from tui.screens.layer_detail import LayerDetailScreen
+from tui.state import SessionState, thin
+from tui.widgets.growth_timeline import comparison_table, timeline_text
+from tui.widgets.layer_map import LayerMap, log_bar
+from tui.widgets.prompt_column import PromptColumn
+
+SIZE = (120, 36)
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+def tiny_app(folder: Path, session: str = "s", load_model: bool = True) -> AnatomyApp:
+    return AnatomyApp(
+        session=session, options=ModelOptions(str(folder), "cpu", "float32"), load_model=load_model
+    )
+
+
+async def until(pilot, predicate, limit: float = 120.0) -> None:
+    """Lets the app run until `predicate()` holds (a job in another process gives no worker to await)."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        await pilot.pause(0.1)
+
+
+def plain(renderable) -> str:
+    console = Console(width=120, file=io.StringIO(), record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
+async def loaded(pilot) -> None:
+    await until(pilot, lambda: pilot.app.loaded is not None, 60)
+    await until(pilot, lambda: pilot.app.screen.query_one(LayerMap).row_count > 0, 10)
+
+
+# pure parts ---------------------------------------------------------------------------------------
+def test_log_bar_is_log_scaled() -> None:
+    assert log_bar(0.1, width=12).plain == "█" + "·" * 11  # the floor of the scale: one cell
+    assert log_bar(1e5, width=12).plain == "█" * 12  # the top: full
+    assert log_bar(100.0, width=12).plain.count("█") == 6  # 10^2 is half way from 10^-1 to 10^5
+    assert log_bar(-100.0, width=12).plain.count("◂") == 6  # a negative D points the other way
+    assert log_bar(None, width=4).plain == "····"
+
+
+def test_state_replays_the_stored_session(isolated_home) -> None:
+    session = demo_session(SessionStore())
+    state = SessionState()
+    state.set_result("ablation", session.load_result("ablation"))
+    for doc in session.read_event_docs(0)[0]:
+        state.apply(doc)
+    assert [state.ablation[i]["degradation_pct"] for i in range(6)] == [d for d, _, _ in MAP]
+    (run,) = state.recovery
+    assert (run.layer, run.sigma, run.baseline_ppl) == (1, 0.5, BASELINE)
+    assert run.points == [(float(s), p) for s, p in CURVE]
+    assert state.growth.step["growth_100"] == 14
+    assert state.growth.current["growth_100"]["phase"] == "minor"
+    text = timeline_text(state.growth).plain
+    assert "core" in text and "minor" in text and "full" in text
+    assert "■■■··■" in text  # the minor phase: layers 0, 1, 2 and 5 exist
+
+
+def test_thin_keeps_the_newest_points_exact() -> None:
+    points = [(float(i), float(i)) for i in range(10)]
+    thinned = thin(points, limit=6)
+    assert thinned[-5:] == points[-5:] and len(thinned) < len(points)
+    assert thin(points, limit=10) == points
+
+
+# panels over a stored session -------------------------------------------------------------------------
+async def test_layer_map_select_and_detail(isolated_home) -> None:
+    demo_session(SessionStore())
+    app = AnatomyApp(session="demo", load_model=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(LayerMap)
+        assert table.row_count == len(MAP)
+        assert [str(table.get_cell_at((i, 1))) for i in range(6)] == [
+            "critical",
+            "important",
+            "minor",
+            "redundant",
+            "anti",
+            "critical",
+        ]
+        await pilot.press("down", "down")
+        assert app.selected_layer == 2
+        await until(pilot, lambda: "Layer 2" in str(app.screen.query_one("#detail").render()), 5)
+        await pilot.press("d")
+        assert isinstance(app.screen, LayerDetailScreen)
+        await pilot.press("escape")
+        await pilot.press("f3")
+        assert app.screen.active_tab == "recovery"
+        assert app.state.recovery[0].points[-1] == (40.0, 21.5)
+
+
+async def test_help_lists_every_key_and_the_palette_every_action(isolated_home) -> None:
+    demo_session(SessionStore())
+    app = AnatomyApp(session="demo", load_model=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        titles = {command.title for command in app.get_system_commands(app.screen)}
+        assert {title for _, action, title, _ in ACTIONS if action != "quit"} <= titles
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        assert len(app.screen.keys) == len(ACTIONS)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_picker_lists_sessions_and_opens_one(isolated_home) -> None:
+    demo_session(SessionStore())
+    app = AnatomyApp(load_model=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.session_name == "demo"
+        assert app.screen.query_one(LayerMap).row_count == len(MAP)
+
+
+# work in the console ------------------------------------------------------------------------------
+async def test_map_in_console_then_reopen_shows_the_same(isolated_home, tiny_folder) -> None:
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: len(app.state.ablation) == 4 and "ablation" in app.state.results)
+        first = {i: row["degradation_pct"] for i, row in app.state.ablation.items()}
+        assert app.screen.query_one(LayerMap).row_count == 4
+    again = tiny_app(tiny_folder, load_model=False)
+    async with again.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert {i: row["degradation_pct"] for i, row in again.state.ablation.items()} == first
+        assert again.screen.query_one(LayerMap).row_count == 4
+        assert not again.state.running_jobs()
+
+
+async def test_an_engine_error_becomes_a_notification(isolated_home, tiny_folder, monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom from the engine")
+        yield  # pragma: no cover - a generator that fails on its first step
+
+    monkeypatch.setattr("engine.experiments.ablation.run_ablation", broken)
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("a")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert any("boom from the engine" in text for _, text in app.state.log)
+        assert any("boom from the engine" in n.message for n in app._notifications)
+        assert app.is_running
+        await pilot.press("down")  # still answering keys
+        assert app.selected_layer == 1
+    log_text = (isolated_home / "s" / "app.log").read_text()
+    assert "boom from the engine" in log_text
+
+
+async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
+    isolated_home, tiny_folder, monkeypatch
+) -> None:
+    release = threading.Event()
+
+    def slow(model, tokenizer, settings, cancel=None, model_name=""):
+        while not release.wait(0.02):
+            cancel.check()
+        yield from ()
+
+    monkeypatch.setattr("engine.experiments.ablation.run_ablation", slow)
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("a")
+        await until(pilot, lambda: "ablation" in app.cancels and app.state.running_jobs())
+        await pilot.press("down", "down", "f4")
+        assert app.selected_layer == 2 and app.screen.active_tab == "growth"
+        await pilot.press("q")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert app.is_running and not isinstance(app.screen, ConfirmScreen)
+        await pilot.press("f2", "c")  # cancel from the job's tab
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: not app.state.running_jobs())
+        assert [job.status for job in app.state.jobs.values()] == ["cancelled"]
+        assert not release.is_set()
+
+
+# the prompt pane ------------------------------------------------------------------------------------------
+async def test_generation_streams_the_greedy_text(isolated_home, tiny_folder) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
+    ids = torch.tensor([tokenizer.encode("The layer")])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=app_module.GENERATE_TOKENS,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=None,
+    )
+    expected = tokenizer.decode(out[0, ids.shape[1] :].tolist())
+
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("f5")
+        app.screen.query_one("#prompt-input").focus()
+        await pilot.press(*"The layer", "enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.3)
+        left, right = app.screen.query(PromptColumn)
+        assert left.text == expected
+        assert right.text == expected  # nothing marked: the modified model is the original
+
+
+async def test_stop_generation(isolated_home, tiny_folder, monkeypatch) -> None:
+    def endless(model, tokenizer, prompt, max_new_tokens, stop):
+        while not stop():
+            time.sleep(0.01)
+            yield "x"
+
+    monkeypatch.setattr("tui.generation.stream_greedy", endless)
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("f5")
+        app.screen.query_one("#prompt-input").focus()
+        await pilot.press("h", "i", "enter")
+        left, right = app.screen.query(PromptColumn)
+        await until(pilot, lambda: len(left.text) >= 3)
+        await pilot.press("f9")
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.3)
+        assert "stopped" in str(left.query_one(".generated").render())
+        assert right.text == ""  # the second model never started
+
+
+# jobs in their own process ---------------------------------------------------------------------------
+async def test_jobs_run_live_cancel_and_survive_the_console(isolated_home, tiny_folder) -> None:
+    """From the console: a recovery run whose points arrive live and that a key cancels, and a growth
+    run that keeps going after the console quits; reopening shows both from the store."""
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.screen.query_one(
+            "#growth-flags"
+        ).value = "--preset tiny --steps 8 --eval-every 4 --arms growth_100,uniform_100 --gen-tokens 4"
+        await pilot.press("g")
+        assert app.screen.active_tab == "growth"
+        await pilot.press("f2", "down")
+        app.screen.query_one("#steps").value = "5000"
+        await pilot.press("i")
+        assert app.screen.active_tab == "recovery"
+        await until(pilot, lambda: app.state.recovery and len(app.state.recovery[-1].points) >= 2, 180)
+        assert app.state.recovery[-1].layer == 1
+        await pilot.press("c")
+        await until(pilot, lambda: app.state.recovery[-1].status == "cancelled", 60)
+        growth, recovery = app.background
+        assert (growth.experiment, recovery.experiment) == ("growth", "recovery")
+    recovery.process.wait(30)
+    deadline = time.monotonic() + 240
+    while pid_alive(growth.pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    growth.process.wait(5)
+    assert growth.process.returncode == 0, growth.log_path.read_text()[-2000:]
+
+    again = tiny_app(tiny_folder, load_model=False)
+    async with again.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        (run,) = again.state.recovery
+        assert run.layer == 1 and run.status == "cancelled" and len(run.points) >= 2
+        state = again.state.growth
+        assert set(state.arm_done) == {"growth_100", "uniform_100"} and state.status == "done"
+        assert len({e["phase"] for e in state.phase_done["growth_100"]}) > 1  # it grew phase by phase
+        table = plain(comparison_table(again.state.results["growth"]))
+        assert "growth_100" in table and "uniform_100" in table
+        statuses = {job.experiment: job.status for job in again.state.jobs.values()}
+        assert statuses == {"growth": "done", "recovery": "cancelled"}
+
+
+# sessions, resume, colour, serving ------------------------------------------------------------------------
+async def test_an_interrupted_job_offers_to_resume(isolated_home, monkeypatch) -> None:
+    session = demo_session(SessionStore())
+    argv = ["/x/tui/cli.py", "run", "growth", "--preset", "tiny", "--session", "demo"]
+    session.write_job("growth-1", {"id": "growth-1", "experiment": "growth", "pid": 2**22 + 7, "argv": argv,
+                                   "status": "running", "started": 1.0})  # fmt: skip
+    started = []
+
+    def fake_start(session, experiment, args):
+        started.append((experiment, args))
+        return BackgroundJob(experiment, 1, Path("fake.log"), args)
+
+    monkeypatch.setattr(app_module, "start_job", fake_start)
+    app = AnatomyApp(session="demo", load_model=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10)
+        assert "growth-1" in app.screen.question
+        await pilot.press("y")
+        await pilot.pause()
+    assert started == [("growth", ["--preset", "tiny", "--resume"])]
+
+
+async def test_no_color_keeps_the_classes_readable(isolated_home, monkeypatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    demo_session(SessionStore())
+    app = AnatomyApp(session="demo", load_model=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.no_color
+        table = app.screen.query_one(LayerMap)
+        assert str(table.get_cell_at((4, 1))) == "anti"  # the class is a word, not only a colour
+
+
+def test_serve_command_runs_the_same_console() -> None:
+    import argparse
+    import shlex
+
+    from tui.launch import serve_command
+
+    args = argparse.Namespace(model="m", device="cpu", dtype="auto", trust_remote_code=False, session="s",
+                              resume=False)  # fmt: skip
+    parts = shlex.split(serve_command(args))
+    assert parts[1:] == ["-m", "tui.cli", "--model", "m", "--device", "cpu", "--dtype", "auto",
+                         "--session", "s"]  # fmt: skip
+
+
+def test_only_the_latest_interrupted_job_with_resume_is_offered() -> None:
+    from tui.app import resumable_job
+
+    dead = {"status": "interrupted", "argv": []}
+    jobs = {
+        "growth-old": {**dead, "experiment": "growth", "started": 1.0},
+        "growth-new": {"status": "done", "experiment": "growth", "started": 2.0},  # resumed since
+        "ablation-1": {**dead, "experiment": "ablation", "started": 3.0},  # no --resume flag
+        "recovery-1": {**dead, "experiment": "recovery", "started": 0.5},
+    }
+    assert resumable_job(jobs)[0] == "recovery-1"
+    del jobs["recovery-1"]
+    assert resumable_job(jobs) is None

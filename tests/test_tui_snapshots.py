@@ -1,0 +1,42 @@
+"""Snapshots of the main screens at 80x24 and 160x48 over a stored session (no model, no clock on
+screen, no notifications), so they are stable. Update with `pytest --snapshot-update` after a
+deliberate change of the look, and review the SVGs in tests/__snapshots__/."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from tui_fixtures import demo_session
+
+from sessions.store import SessionStore
+from tui.app import AnatomyApp
+
+SIZES = [(80, 24), (160, 48)]
+
+
+@pytest.fixture
+def demo(isolated_home) -> None:
+    demo_session(SessionStore())
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("tab", ["f2", "f3", "f4", "f5"], ids=["layers", "recovery", "growth", "prompt"])
+def test_console_tabs(snap_compare, demo, tab: str, size: tuple[int, int]) -> None:
+    assert snap_compare(AnatomyApp(session="demo", load_model=False), press=[tab, "_"], terminal_size=size)
+
+
+def test_help_screen(snap_compare, demo) -> None:
+    app = AnatomyApp(session="demo", load_model=False)
+    assert snap_compare(app, press=["f1", "_"], terminal_size=(80, 24))
+
+
+def test_session_picker(snap_compare, demo, monkeypatch) -> None:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+
+    async def settle(pilot) -> None:
+        pilot.app.screen.query_one("#picker-home").update("in HOME")  # the temporary folder differs per run
+        await pilot.pause()
+
+    assert snap_compare(AnatomyApp(load_model=False), run_before=settle, terminal_size=(80, 24))

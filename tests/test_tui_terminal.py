@@ -1,0 +1,86 @@
+"""The console in real processes: the first screen paints before torch is imported, and the app
+runs in a real terminal (tmux: send-keys, capture-pane) and draws the layer map."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tiny_models import save_tiny
+from tui_fixtures import demo_session
+
+from sessions.store import SessionStore
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = """
+import sys
+from tui.app import AnatomyApp
+
+class Probe(AnatomyApp):
+    def after_first_paint(self):
+        self.heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+        super().after_first_paint()
+        self.exit()
+
+app = Probe(session="demo", load_model=False)
+app.run(headless=True, size=(80, 24))
+print("heavy at first paint:", app.heavy)
+"""
+
+
+def test_first_paint_comes_before_torch(isolated_home, tmp_path) -> None:
+    demo_session(SessionStore())
+    probe = tmp_path / "probe.py"  # a file: Textual finds app.tcss through the app class's source
+    probe.write_text(PROBE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(probe)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "heavy at first paint: []" in out.stdout
+
+
+def _pane(name: str) -> str:
+    return subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+
+
+def _wait_for(name: str, *needles: str, limit: float = 60.0) -> str:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        screen = _pane(name)
+        if all(needle in screen for needle in needles):
+            return screen
+        time.sleep(0.3)
+    raise AssertionError(f"{needles} never appeared; the pane shows:\n{_pane(name)}")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
+def test_console_in_a_real_terminal(isolated_home, tmp_path) -> None:
+    demo_session(SessionStore())
+    folder = save_tiny(tmp_path / "tiny")
+    name = f"anatomy-tui-smoke-{os.getpid()}"
+    command = (
+        f"cd {ROOT} && ANATOMY_TUI_HOME={isolated_home} TERM=xterm-256color {sys.executable} -m tui.cli "
+        f"--session demo --model {folder} --device cpu --dtype float32"
+    )
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "100", "-y", "30", command], check=True)
+    try:
+        _wait_for(name, "D% (log)", "critical", "important", "anti")
+        screen = _wait_for(name, "tiny · cpu")  # the model loaded behind the console
+        assert "Loading" not in screen and "Warning" not in screen  # nothing printed over the UI
+        subprocess.run(["tmux", "send-keys", "-t", name, "Down", "Down", "d"], check=True)
+        _wait_for(name, "Layer 2", "minor", "Block Influence")  # the detail view of the selected layer
+        subprocess.run(["tmux", "send-keys", "-t", name, "Escape"], check=True)
+        time.sleep(0.5)
+        subprocess.run(["tmux", "send-keys", "-t", name, "q"], check=True)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["tmux", "has-session", "-t", name], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, "the console did not quit on q"
+            time.sleep(0.3)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)

@@ -1,0 +1,162 @@
+"""A stored session with known contents for the console tests and snapshots: an ablation map of
+six layers (one of each class), a recovery run with a known curve, and a growth run mid-way.
+Times are fixed so that nothing on screen depends on the clock."""
+
+from __future__ import annotations
+
+import json
+
+from sessions.atomic import atomic_write_json
+from sessions.store import Session, SessionStore
+
+T0 = 1_700_000_000.0
+BASELINE = 20.0
+# (D %, class, anti) for layers 0..5
+MAP = [
+    (9000.0, "critical", False),
+    (45.0, "important", False),
+    (12.0, "minor", False),
+    (3.0, "redundant", False),
+    (-8.0, "redundant", True),
+    (150.0, "critical", False),
+]
+CURVE = [(0, 80.0), (5, 50.0), (10, 35.0), (20, 25.0), (40, 21.5)]
+
+
+def ablation_doc() -> dict:
+    layers = []
+    for index, (d, name, anti) in enumerate(MAP):
+        layers.append({
+            "index": index, "ppl": BASELINE * (1 + d / 100), "degradation_pct": d, "class": name,
+            "anti": anti,
+            "anti_within_noise": False, "ci_low": d - 1.0, "ci_high": d + 1.0,
+            "block_influence": 0.01 * (index + 1), "angular_distance": 0.02 * (index + 1),
+        })  # fmt: skip
+    return {
+        "model": "tiny",
+        "method": "mean",
+        "baseline_ppl": BASELINE,
+        "eval_tokens": 100,
+        "seconds": 1.0,
+        "layers": layers,
+        "spearman": {"block_influence": 0.5, "angular_distance": 0.5},
+    }
+
+
+def _event(kind: str, job: str, t: float, **body) -> dict:
+    return {"v": 1, "kind": kind, "job": job, "t": t, **body}
+
+
+def recovery_events(job: str = "recovery-1", layer: int = 1) -> list[dict]:
+    events = [
+        _event("started", job, T0, experiment="recovery", spec={"sigma": 0.5, "lr": 1e-4, "steps": 40}),
+        _event(
+            "recovery.start",
+            job,
+            T0 + 1,
+            layer=layer,
+            repeat=0,
+            ppl_after_noise=90.0,
+            baseline_ppl=BASELINE,
+            steps=40,
+        ),
+    ]
+    for step, ppl in CURVE:
+        events.append(
+            _event(
+                "recovery.point",
+                job,
+                T0 + 2 + step,
+                layer=layer,
+                repeat=0,
+                step=step,
+                train_loss=3.0,
+                eval_ppl=ppl,
+                ratio_to_baseline=ppl / BASELINE,
+            )
+        )
+    return events
+
+
+def _phase(name: str, start: int, steps: int, layers: list[int]) -> dict:
+    return {"name": name, "start": start, "steps": steps, "layers": layers, "clone_from": {},
+            "ffn_scale": 1.0}
+
+
+GROWTH_PLAN = {
+    "growth_100": {
+        "steps": 30,
+        "phases": [_phase("core", 0, 10, [0, 5]), _phase("minor", 10, 10, [0, 1, 2, 5]),
+                   _phase("full", 20, 10, [0, 1, 2, 3, 4, 5])],
+    },
+    "uniform_100": {"steps": 30, "phases": [_phase("uniform", 0, 30, [0, 1, 2, 3, 4, 5])]},
+}  # fmt: skip
+
+
+def growth_events(job: str = "growth-1", upto: int = 14) -> list[dict]:
+    events = [
+        _event("started", job, T0, experiment="growth", spec={}),
+        _event(
+            "growth.plan",
+            job,
+            T0,
+            arms=GROWTH_PLAN,
+            seeds=[0],
+            params={"growth": 1, "uniform": 1},
+            profile=["C", "I", "M", "R", "A", "C"],
+            batch_tokens=64,
+        ),
+    ]
+    phases = GROWTH_PLAN["growth_100"]["phases"]
+    for step in range(1, upto + 1):
+        for index, phase in enumerate(phases):
+            if step == phase["start"] + 1:
+                events.append(
+                    _event(
+                        "growth.phase",
+                        job,
+                        T0 + step,
+                        arm="growth_100",
+                        seed=0,
+                        phase=phase["name"],
+                        index=index,
+                        start_step=phase["start"],
+                        steps=phase["steps"],
+                        layers=phase["layers"],
+                        added=[],
+                    )
+                )
+        events.append(
+            _event(
+                "growth.step",
+                job,
+                T0 + step,
+                arm="growth_100",
+                seed=0,
+                phase="x",
+                step=step,
+                total_steps=30,
+                train_loss=5.0 - 0.1 * step,
+                tokens_per_s=1000.0,
+                lr=1e-3,
+                n_layers=2,
+            )
+        )
+    return events
+
+
+def write_events(session: Session, events: list[dict]) -> None:
+    with open(session.events_path, "a", encoding="utf-8") as handle:
+        for doc in events:
+            handle.write(json.dumps(doc) + "\n")
+
+
+def demo_session(store: SessionStore, name: str = "demo", model: str = "tiny") -> Session:
+    """The stored session, with its manifest times pinned."""
+    session = store.create(name, model=model)
+    session.save_result("ablation", ablation_doc())
+    write_events(session, recovery_events() + growth_events())
+    manifest = {**session.manifest, "created": T0, "updated": T0}
+    atomic_write_json(session.path / "manifest.json", manifest)
+    session.manifest = manifest
+    return session

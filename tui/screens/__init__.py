@@ -1,0 +1,1 @@
+"""The console's screens: session picker, main console, layer detail, help, confirmation."""

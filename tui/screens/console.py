@@ -1,0 +1,208 @@
+"""The console screen: status line, then the panels as tabs (Layers, Recovery, Growth, Prompt,
+Analyses, Log). Wide terminals show the layer detail and the recovery form beside their panels."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Input, Label, RichLog, Static, TabbedContent, TabPane, Tabs
+
+from tui.widgets.curve_plot import Curve, CurvePlot
+from tui.widgets.growth_timeline import GrowthTable, GrowthTimeline
+from tui.widgets.layer_detail import LayerDetail
+from tui.widgets.layer_map import LayerMap
+from tui.widgets.prompt_column import PromptColumn
+from tui.widgets.result_view import ResultView
+from tui.widgets.status_line import StatusLine
+
+if TYPE_CHECKING:
+    from tui.app import AnatomyApp
+
+RATIO_LINES = (("2x", 2.0), ("1.5x", 1.5), ("1.1x", 1.1))
+CURVE_COLOURS = ("cyan", "magenta", "yellow", "green", "blue", "red")
+ARM_COLOURS = {"growth_100": "green", "growth_50": "cyan", "uniform_100": "magenta"}
+ANALYSES = (
+    ("weights", "Weight statistics and their null models", "anatomy-tui run weights --session {s}"),
+    ("manipulate", "Weight manipulation strategies", "anatomy-tui run manipulate --session {s}"),
+    ("dynamics", "Angle profiles (layer dynamics)", "anatomy-tui run dynamics --session {s}"),
+    ("scaling-fit", "Scaling fit (loss decomposition)", "anatomy-tui run scaling-fit --session {s}"),
+    ("toy-depth", "Toy depth models", "anatomy-tui run toy-depth --session {s}"),
+)
+TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")
+
+
+class ConsoleScreen(Screen[None]):
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(id="status")
+        with TabbedContent(id="tabs", initial="layers"):
+            with TabPane("Layers", id="layers"):
+                with Horizontal():
+                    yield LayerMap(id="map")
+                    yield LayerDetail(id="detail")
+            with TabPane("Recovery", id="recovery"):
+                with Horizontal():
+                    with Vertical(id="recovery-form"):
+                        yield Label("", id="recovery-layer")
+                        yield Label("sigma (x std of W)")
+                        yield Input("0.5", id="sigma", type="number")
+                        yield Label("steps")
+                        yield Input("200", id="steps", type="integer")
+                        yield Label("lr")
+                        yield Input("1e-4", id="lr")
+                        yield Static("", id="recovery-info")
+                    yield CurvePlot(id="recovery-plot")
+            with TabPane("Growth", id="growth"):
+                with Horizontal():
+                    with VerticalScroll(id="growth-left"):
+                        yield Label("g starts: anatomy-tui run growth FLAGS")
+                        yield Input("--preset tiny", id="growth-flags")
+                        yield GrowthTimeline(id="timeline")
+                        yield GrowthTable(id="growth-table")
+                    yield CurvePlot(id="growth-plot")
+            with TabPane("Prompt", id="prompt"):
+                yield Input(placeholder="type a prompt and press Enter (F9 stops)", id="prompt-input")
+                with Horizontal(id="prompt-columns"):
+                    yield PromptColumn("original", id="left")
+                    yield PromptColumn("modified", id="right")
+            with TabPane("Analyses", id="analyses"):
+                with VerticalScroll():
+                    for name, title, _ in ANALYSES:
+                        yield Static(Text(title, style="bold"), classes="analysis-title")
+                        if name == "dynamics":
+                            yield CurvePlot(id="angle-plot")
+                        yield ResultView(id=f"result-{name}")
+            with TabPane("Log", id="log"):
+                yield RichLog(id="log-view", wrap=True, markup=False, max_lines=2000)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(LayerMap).focus()
+        self.call_after_refresh(self.app.after_first_paint)  # type: ignore[attr-defined]
+
+    # redraws, each from the state alone ------------------------------------------------------
+    def redraw(self, app: AnatomyApp, dirty: set[str]) -> None:
+        state = app.state
+        with self.app.batch_update():
+            if dirty & {"layers", "recovery", "results"}:
+                self.query_one(LayerMap).show(state, app.n_layers)
+                self.query_one(LayerDetail).show(state, app.selected_layer)
+            if dirty & {"recovery", "layers", "selection"}:
+                self.redraw_recovery(app)
+            if dirty & {"growth", "results"}:
+                self.query_one(GrowthTimeline).show(state.growth)
+                self.query_one(GrowthTable).show(state.results.get("growth"))
+                self.redraw_growth_plot(app)
+            if "results" in dirty:
+                self.redraw_angles(state.results.get("dynamics"))
+                for name, _, command in ANALYSES:
+                    self.query_one(f"#result-{name}", ResultView).show(
+                        name,
+                        state.results.get(name),
+                        command.format(s=app.session_name),
+                        app.has_experiment(name),
+                    )
+            if "selection" in dirty:
+                self.query_one(LayerDetail).show(state, app.selected_layer)
+
+    def redraw_recovery(self, app: AnatomyApp) -> None:
+        layer = app.selected_layer
+        label = self.query_one("#recovery-layer", Label)
+        info = self.query_one("#recovery-info", Static)
+        plot = self.query_one("#recovery-plot", CurvePlot)
+        label.update(Text(f"layer {layer if layer is not None else '-'}\ni inject · c cancel", style="bold"))
+        if not app.has_experiment("recovery"):
+            info.update(Text("The recovery experiment is not in this version yet.", style="dim"))
+            plot.draw([], title="recovery: not available")
+            return
+        runs = app.state.recovery
+        curves = [
+            Curve(
+                run.label + ("" if run.status in ("running", "done") else f" {run.status}"),
+                run.points,
+                CURVE_COLOURS[i % len(CURVE_COLOURS)],
+            )
+            for i, run in enumerate(runs[-6:])
+        ]
+        base = next((run.baseline_ppl for run in reversed(runs) if run.baseline_ppl), None)
+        if base is None:
+            base = app.state.ablation_meta.get("baseline_ppl")
+        refs = [("baseline", base)] if isinstance(base, (int, float)) else []
+        refs += [(name, base * k) for name, k in RATIO_LINES] if refs else []
+        plot.draw(
+            curves,
+            refs,
+            title="eval perplexity while the layer recovers",
+            xlabel="step",
+            ylabel="ppl",
+            log_y=True,
+        )
+        current = runs[-1] if runs else None
+        if current is None:
+            info.update(Text("no run yet: set sigma, steps, lr and press i", style="dim"))
+        else:
+            last = current.points[-1] if current.points else None
+            now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else "waiting for the first point"
+            info.update(f"{current.label} {current.status}\n{now}")
+
+    def redraw_angles(self, doc: dict | None) -> None:
+        """The angle profiles: per layer, the median angle between the state and its update, and
+        between consecutive states (degrees)."""
+        plot = self.query_one("#angle-plot", CurvePlot)
+        plot.display = doc is not None
+        if doc is None:
+            return
+        rows = doc.get("layers", [])
+
+        def series(key: str) -> list[tuple[float, float]]:
+            points = [(r.get("index"), (r.get(key) or {}).get("median")) for r in rows]
+            known = [(x, y) for x, y in points if isinstance(x, int) and isinstance(y, (int, float))]
+            return [(float(x), float(y)) for x, y in known]
+
+        plot.draw(
+            [
+                Curve("angle(state, update)", series("angle_update"), "cyan"),
+                Curve("angle(state in, state out)", series("angle_state"), "magenta"),
+            ],
+            [("90°", 90.0)],
+            title="angle profiles (median over tokens)",
+            xlabel="layer",
+            ylabel="degrees",
+        )
+
+    def redraw_growth_plot(self, app: AnatomyApp) -> None:
+        growth = app.state.growth
+        curves = [
+            Curve(f"{arm} train", pts, ARM_COLOURS.get(arm.split("/")[0]))
+            for arm, pts in growth.train.items()
+        ]
+        curves += [Curve(f"{arm} val", pts, "white") for arm, pts in growth.val.items()]
+        self.query_one("#growth-plot", CurvePlot).draw(
+            curves, title="loss: growth against uniform", xlabel="step", ylabel="loss"
+        )
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        """Focus follows the tab, and never lands in a form field, so letter keys stay commands."""
+        tab = str(event.pane.id)
+        if tab == "layers":
+            self.query_one(LayerMap).focus()
+        elif tab == "prompt":
+            self.query_one("#prompt-input", Input).focus()
+        elif tab in ("analyses", "log"):
+            self.query_one(f"#{tab} VerticalScroll, #{tab} RichLog").focus()  # arrows and pgup/pgdn scroll
+        else:
+            self.query_one(Tabs).focus()
+        if tab in ("recovery", "growth"):
+            self.app.state.dirty.add(tab)  # type: ignore[attr-defined]
+
+    def show_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    @property
+    def active_tab(self) -> str:
+        return str(self.query_one(TabbedContent).active)

@@ -1,0 +1,97 @@
+"""The session picker shown on start: every session with its model, date, contents and jobs."""
+
+from __future__ import annotations
+
+import time
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Input, Static
+
+from sessions.store import SessionInfo, SessionStore
+
+
+def _when(stamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "-"
+
+
+def _jobs(info: SessionInfo) -> str:
+    parts = []
+    if info.running:
+        parts.append(f"running: {len(info.running)}")
+    if info.interrupted:
+        parts.append(f"interrupted: {len(info.interrupted)}")
+    return ", ".join(parts) or "-"
+
+
+class SessionPicker(Screen[str]):
+    """Dismisses with the chosen (or newly named) session; a damaged session cannot be opened."""
+
+    BINDINGS = [
+        Binding("enter", "open", "Open", priority=False),
+        Binding("n", "new", "New session"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self, store: SessionStore) -> None:
+        super().__init__()
+        self.store = store
+        self.infos: list[SessionInfo] = []
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="picker"):
+            yield Static("Sessions: Enter opens, n starts a new one, q quits", id="picker-title")
+            yield Static(f"in {self.store.home}", id="picker-home", classes="dim")
+            yield DataTable(id="sessions", cursor_type="row")
+            yield Input(placeholder="new session name (Enter; empty for a timestamp)", id="new-name")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#sessions", DataTable)
+        table.add_columns("session", "model", "updated", "results", "jobs")
+        self.infos = self.store.list()
+        for info in self.infos:
+            if info.damaged:
+                table.add_row(info.name, "DAMAGED", "", info.damaged[:60], "", key=info.name)
+            else:
+                table.add_row(
+                    info.name,
+                    info.model[-28:],
+                    _when(info.updated),
+                    ",".join(info.results) or "-",
+                    _jobs(info),
+                    key=info.name,
+                )
+        self.query_one("#new-name", Input).display = not self.infos
+        if self.infos:
+            table.focus()
+        else:
+            self.query_one("#new-name", Input).focus()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self._choose(str(event.row_key.value))
+
+    def action_open(self) -> None:
+        table = self.query_one("#sessions", DataTable)
+        if table.row_count:
+            self._choose(str(table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value))
+
+    def _choose(self, name: str) -> None:
+        info = next((i for i in self.infos if i.name == name), None)
+        if info is not None and info.damaged:
+            self.notify(info.damaged, severity="error", title="damaged session")
+            return
+        self.dismiss(name)
+
+    def action_new(self) -> None:
+        field = self.query_one("#new-name", Input)
+        field.display = True
+        field.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        name = event.value.strip() or time.strftime("%Y%m%d-%H%M%S")
+        if self.store.exists(name):
+            self.notify(f"session {name!r} exists: opening it")
+        self.dismiss(name)

@@ -1,0 +1,62 @@
+"""A textual-plotext plot of a few named curves plus horizontal reference lines, redrawn from
+scratch each time (clear, replot, refresh) so a live curve never accumulates stale points."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from textual_plotext import PlotextPlot
+
+REFERENCE_COLOURS = ["white", "red", "orange", "yellow"]  # baseline, then the 2x / 1.5x / 1.1x lines
+
+
+@dataclass
+class Curve:
+    label: str
+    points: Sequence[tuple[float, float]]
+    colour: str | int | None = None
+
+
+class CurvePlot(PlotextPlot):
+    """Curves and reference lines; `log_y` plots log10(y) on a linear axis (plotext's log scale is
+    buggy) with ticks labelled in the original units."""
+
+    def draw(
+        self,
+        curves: Sequence[Curve],
+        references: Sequence[tuple[str, float]] = (),
+        title: str = "",
+        xlabel: str = "",
+        ylabel: str = "",
+        log_y: bool = False,
+    ) -> None:
+        import math
+
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(title)
+        plt.xlabel(xlabel)
+        plt.ylabel(f"{ylabel} (log)" if log_y and ylabel else ylabel)
+
+        def y(value: float) -> float:
+            return math.log10(value) if log_y and value > 0 else value
+
+        xs_all = [x for curve in curves for x, _ in curve.points]
+        for curve in curves:
+            if not curve.points:
+                continue
+            xs = [x for x, _ in curve.points]
+            ys = [y(v) for _, v in curve.points]
+            plt.plot(xs, ys, label=curve.label, color=curve.colour, marker="braille")
+        ys_all = [y(v) for curve in curves for _, v in curve.points] + [y(v) for _, v in references]
+        if log_y and ys_all:
+            low, high = min(ys_all), max(ys_all)
+            ticks = [low + (high - low) * i / 4 for i in range(5)] if high > low else [low]
+            plt.yticks(ticks, [f"{10**t:,.3g}" for t in ticks])
+        if xs_all:
+            span = (min(xs_all), max(max(xs_all), min(xs_all) + 1))
+            for (label, value), colour in zip(references, REFERENCE_COLOURS * len(references), strict=False):
+                plt.plot(list(span), [y(value)] * 2, label=label, color=colour, marker="dot")
+        self.refresh()

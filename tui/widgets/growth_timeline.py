@@ -1,0 +1,71 @@
+"""The growth timeline: each arm's phases in order with the current one highlighted, per-phase
+progress, the network drawn growing (which layers exist in each phase), and the final table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.state import GrowthView
+from tui.widgets.status_line import text_bar
+
+
+def _phase_progress(phase: dict[str, Any], step: int) -> float:
+    start, steps = int(phase.get("start", 0)), max(1, int(phase.get("steps", 1)))
+    return min(1.0, max(0.0, (step - start) / steps))
+
+
+def timeline_text(growth: GrowthView) -> Text:
+    arms: dict[str, Any] = growth.plan.get("arms", {})
+    if not arms:
+        return Text("no growth run in this session yet (key g starts a tiny one)", style="dim")
+    positions = sorted({layer for arm in arms.values() for p in arm["phases"] for layer in p["layers"]})
+    text = Text()
+    for name, arm in arms.items():
+        step = growth.step.get(name, 0)
+        done = name in growth.arm_done
+        text.append(f"{name}", style="bold")
+        text.append(f"  step {step}/{arm['steps']}{'  done' if done else ''}\n", style="dim")
+        current = growth.current.get(name, {}).get("phase")
+        for phase in arm["phases"]:
+            share = 1.0 if done else _phase_progress(phase, step)
+            active = phase["name"] == current and not done
+            style = "reverse bold" if active else ("" if share >= 1.0 else "dim")
+            layers = set(phase["layers"])
+            network = "".join("■" if p in layers else "·" for p in positions)
+            text.append(f"  {phase['name']:<10}", style=style)
+            filled = round(share * phase["steps"])
+            text.append(f" {text_bar(filled, phase['steps'], 8)} {network} {len(layers)}L\n")
+    return text
+
+
+def comparison_table(doc: dict[str, Any] | None) -> Table | Text:
+    """The final growth-against-uniform table from results/growth.json."""
+    if not doc:
+        return Text("final comparison: when the run finishes", style="dim")
+    table = Table(title="final comparison", expand=False)
+    for column in ("arm", "val loss", "± sd", "seconds", "tok/s", "steps"):
+        table.add_column(column, justify="right")
+    for name, arm in doc.get("arms", {}).items():
+        table.add_row(
+            name,
+            f"{arm['mean']:.4f}",
+            f"{arm['sd']:.4f}",
+            f"{arm['seconds']:.1f}",
+            f"{arm['tokens_per_s']:,.0f}",
+            str(arm["steps"]),
+        )
+    return table
+
+
+class GrowthTimeline(Static):
+    def show(self, growth: GrowthView) -> None:
+        self.update(timeline_text(growth))
+
+
+class GrowthTable(Static):
+    def show(self, doc: dict[str, Any] | None) -> None:
+        self.update(comparison_table(doc))

@@ -1,0 +1,92 @@
+"""The layer map: one row per layer, coloured by class, D% on a log-scale bar with its interval,
+Block Influence, and recovery difficulty once known. Arrows or the mouse select a layer."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from tui.state import SessionState, layer_class
+from tui.widgets.palette import class_style
+
+BAR_WIDTH = 16
+LOG_LOW, LOG_HIGH = -1.0, 5.0  # the bar spans |D| from 0.1 % to 100,000 %
+
+
+def log_bar(degradation: float | None, width: int = BAR_WIDTH, style: str = "") -> Text:
+    """|D| on a log10 scale (0.1 % .. 1e5 %); a negative D (ablation helps) draws leftward arrows."""
+    if degradation is None or not math.isfinite(degradation):
+        return Text("·" * width, style="dim")
+    magnitude = max(abs(degradation), 10**LOG_LOW)
+    share = (math.log10(magnitude) - LOG_LOW) / (LOG_HIGH - LOG_LOW)
+    filled = max(1, min(width, round(share * width)))
+    char = "◂" if degradation < 0 else "█"
+    bar = Text(char * filled, style=style)
+    bar.append("·" * (width - filled), style="dim")
+    return bar
+
+
+def difficulty_text(summary: dict[str, Any] | None) -> str:
+    """A short reading of a recovery row: difficulty (steps-like, higher is harder), else the final ratio."""
+    if not summary:
+        return ""
+    value = summary.get("difficulty")
+    if isinstance(value, (int, float)):
+        return f"{value:,.0f}"
+    ratio = summary.get("mean_final_ratio")
+    return f"{ratio:.2f}x" if isinstance(ratio, (int, float)) else "done"
+
+
+def pct(value: Any) -> str:
+    return "" if not isinstance(value, (int, float)) else f"{value:+,.1f}"
+
+
+class LayerMap(DataTable):
+    """A DataTable with one row per layer; the row key is the layer index."""
+
+    COLUMNS = ("L", "class", "D% (log)", "D %", "95% CI", "BI", "recov")
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = False
+        for name in self.COLUMNS:
+            self.add_column(name, key=name)
+
+    def show(self, state: SessionState, n_layers: int) -> None:
+        """Redraws every row from the state. Cells are updated in place while the layers stay the
+        same, so the cursor (the selected layer) never jumps when new numbers arrive."""
+        count = max(n_layers, state.n_layers)
+        rows = [self._cells(state, index) for index in range(count)]
+        if self.row_count == count:
+            for index, cells in enumerate(rows):
+                for column, value in zip(self.COLUMNS, cells, strict=True):
+                    self.update_cell(str(index), column, value)
+            return
+        row = self.cursor_row
+        self.clear()
+        for index, cells in enumerate(rows):
+            self.add_row(*cells, key=str(index))
+        if count:
+            self.move_cursor(row=min(row, count - 1), animate=False)
+
+    @staticmethod
+    def _cells(state: SessionState, index: int) -> list[Text | str]:
+        info = state.ablation.get(index, {})
+        name = layer_class(info) if info else ""
+        style = class_style(name)
+        d = info.get("degradation_pct")
+        low, high = info.get("ci_low"), info.get("ci_high")
+        known = isinstance(low, (int, float)) and isinstance(high, (int, float))
+        bi = info.get("block_influence")
+        return [
+            Text(str(index), style=style),
+            Text(name or "?", style=style),
+            log_bar(d, style=style),
+            Text(pct(d), style=style, justify="right"),
+            f"{low:,.0f}..{high:,.0f}" if known else "",
+            "" if not isinstance(bi, (int, float)) else f"{bi:.3f}",
+            difficulty_text(state.difficulty.get(index)),
+        ]
