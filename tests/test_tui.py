@@ -159,7 +159,11 @@ async def test_map_in_console_then_reopen_shows_the_same(isolated_home, tiny_fol
         await app.workers.wait_for_complete()
         await until(pilot, lambda: len(app.state.ablation) == 4 and "ablation" in app.state.results)
         first = {i: row["degradation_pct"] for i, row in app.state.ablation.items()}
-        assert app.screen.query_one(LayerMap).row_count == 4
+        table = app.screen.query_one(LayerMap)
+        assert table.row_count == 4
+        # columns widened as the numbers arrived: every D % value is shown whole
+        widest = max(len(str(table.get_cell(str(i), "D %"))) for i in range(4))
+        assert table.columns["D %"].content_width >= widest
     again = tiny_app(tiny_folder, load_model=False)
     async with again.run_test(size=SIZE) as pilot:
         await pilot.pause()

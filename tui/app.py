@@ -593,7 +593,11 @@ class AnatomyApp(App[None]):
                 continue
             with ExitStack() as held:
                 if choice in ("original", "modified"):
-                    held.enter_context(self.model_lock)
+                    if not self.model_lock.acquire(blocking=False):
+                        generation.add(column, note="waiting for the job running in the console")
+                        self.model_lock.acquire()
+                        generation.add(column, note="")
+                    held.callback(self.model_lock.release)
                 if choice == "modified":
                     stack = LayerStack(model)
                     for index in sorted(self.modified_layers):

@@ -63,7 +63,7 @@ class LayerMap(DataTable):
         if self.row_count == count:
             for index, cells in enumerate(rows):
                 for column, value in zip(self.COLUMNS, cells, strict=True):
-                    self.update_cell(str(index), column, value)
+                    self.update_cell(str(index), column, value, update_width=True)
             return
         row = self.cursor_row
         self.clear()
