@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 
 from tui.commands.common import (
     add_model_arguments,
     add_session_arguments,
     drive,
-    load_model_from_args,
-    open_session,
+    prepare_run,
 )
 
 
@@ -31,18 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from engine.experiments.ablation import AblationSettings, run_ablation
-    from engine.text import read_lines
 
     settings = AblationSettings(
         method=args.method, eval_set=args.eval_set, eval_file=args.eval_file, bootstrap=args.bootstrap,
         batch_size=args.batch_size, max_length=args.max_length, seed=args.seed,
     )
-    settings.validate()
-    if args.eval_file:
-        read_lines(args.eval_file, "evaluation file")  # fail before loading the model
-    session = open_session(args, asdict(settings))
-    loaded = load_model_from_args(args)
-    spec = {**asdict(settings), "model": loaded.describe()}
+    session, loaded, spec = prepare_run(args, settings, [(args.eval_file, "evaluation file")])
     events = run_ablation(loaded.model, loaded.tokenizer, settings, model_name=loaded.name)
     result = drive(session, "ablation", spec, events, args.json)
     if result is not None:

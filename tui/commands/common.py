@@ -65,6 +65,24 @@ def load_model_from_args(args: argparse.Namespace):
     return loaded
 
 
+def prepare_run(
+    args: argparse.Namespace, settings: Any, files: Iterable[tuple[Any, str]] = ()
+) -> tuple[Session, Any, dict[str, Any]]:
+    """Checks what can fail fast (settings, input files, the session name) before the slow model
+    load, then loads the model; returns the session, the loaded model and the job's spec."""
+    from dataclasses import asdict
+
+    from engine.text import read_lines
+
+    settings.validate()
+    for path, what in files:
+        if path:
+            read_lines(path, what)
+    session = open_session(args, asdict(settings))
+    loaded = load_model_from_args(args)
+    return session, loaded, {**asdict(settings), "model": loaded.describe()}
+
+
 def drive(
     session: Session,
     experiment: str,

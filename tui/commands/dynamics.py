@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 
 from tui.commands.common import (
     add_model_arguments,
     add_session_arguments,
     drive,
-    load_model_from_args,
-    open_session,
+    prepare_run,
 )
 
 
@@ -37,7 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from engine.experiments.dynamics import DynamicsSettings, run_dynamics
-    from engine.text import read_lines
 
     settings = DynamicsSettings(
         text_file=args.text_file, max_tokens=args.max_tokens, batch_size=args.batch_size,
@@ -45,12 +42,7 @@ def main(args: argparse.Namespace) -> int:
         clusters=args.clusters, components=args.components, examples=args.examples,
         logit_lens=args.logit_lens, seed=args.seed,
     )
-    settings.validate()
-    if args.text_file:
-        read_lines(args.text_file, "text file")  # fail before loading the model
-    loaded = load_model_from_args(args)
-    spec = {**asdict(settings), "model": loaded.describe()}
-    session = open_session(args, spec)
+    session, loaded, spec = prepare_run(args, settings, [(args.text_file, "text file")])
     events = run_dynamics(loaded.model, loaded.tokenizer, settings, model_name=loaded.name)
     result = drive(session, "dynamics", spec, events, args.json)
     if result is not None:

@@ -11,8 +11,7 @@ from tui.commands.common import (
     add_session_arguments,
     comma_list,
     drive,
-    load_model_from_args,
-    open_session,
+    prepare_run,
 )
 
 STRATEGIES = ("zero", "clone", "blend", "svd", "scale")  # engine.experiments.manipulation.STRATEGIES
@@ -55,7 +54,6 @@ def default_layers(session, model_name: str) -> tuple[tuple[int, ...], str]:
 
 def main(args: argparse.Namespace) -> int:
     from engine.experiments.manipulation import ManipulationSettings, run_manipulation
-    from engine.text import read_lines
 
     explicit = None if args.layers in (None, "all") else comma_list(int, "--layers")(args.layers)
     settings = ManipulationSettings(
@@ -63,12 +61,7 @@ def main(args: argparse.Namespace) -> int:
         together=args.together, prompt=args.prompt, sample_tokens=args.sample_tokens, eval_set=args.eval_set,
         eval_file=args.eval_file, batch_size=args.batch_size, max_length=args.max_length,
     )
-    settings.validate()
-    if args.eval_file:
-        read_lines(args.eval_file, "evaluation file")
-    loaded = load_model_from_args(args)
-    spec = {**asdict(settings), "model": loaded.describe()}
-    session = open_session(args, spec)
+    session, loaded, spec = prepare_run(args, settings, [(args.eval_file, "evaluation file")])
     if args.layers is None:
         chosen, why = default_layers(session, loaded.name)
         print(f"layers: {why}", file=sys.stderr)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
 from typing import Any
 
 from engine.errors import UserError
@@ -19,8 +18,7 @@ from tui.commands.common import (
     add_session_arguments,
     add_text_arguments,
     drive,
-    load_model_from_args,
-    open_session,
+    prepare_run,
 )
 
 CHECKPOINT_JOB = "recovery"
@@ -110,7 +108,6 @@ def checkpointed(events: Iterable[Event], session: Session, state: dict[str, Any
 
 def main(args: argparse.Namespace) -> int:
     from engine.experiments.recovery import RecoverySettings, run_recovery
-    from engine.text import read_lines
 
     settings = RecoverySettings(
         layers=parse_layers(args.layers), sigma=args.sigma, steps=args.steps, lr=args.lr,
@@ -120,16 +117,12 @@ def main(args: argparse.Namespace) -> int:
         train_file=str(args.train_file) if args.train_file else None,
         eval_batch_size=args.eval_batch_size, max_length=args.max_length,
     )
-    settings.validate()
     if args.resume and args.session is None:
         raise UserError("--resume needs --session NAME, the session of the interrupted sweep")
-    for path, what in ((args.eval_file, "evaluation file"), (args.train_file, "training file")):
-        if path:
-            read_lines(path, what)  # fail before loading the model
-    loaded = load_model_from_args(args)
+    session, loaded, spec = prepare_run(
+        args, settings, [(args.eval_file, "evaluation file"), (args.train_file, "training file")]
+    )
     settings.resolve_layers(loaded.n_layers)  # layer range errors before a job is started
-    spec = {**asdict(settings), "model": loaded.describe()}
-    session = open_session(args, spec)
     if args.resume:
         state = load_finished(session, settings, loaded.name)
     else:

@@ -4,15 +4,13 @@ R²-perplexity paradox, headless."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 
 from tui.commands.common import (
     add_model_arguments,
     add_session_arguments,
     comma_list,
     drive,
-    load_model_from_args,
-    open_session,
+    prepare_run,
 )
 
 
@@ -53,7 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from engine.experiments.weights import WeightsSettings, run_weights
-    from engine.text import read_lines
 
     settings = WeightsSettings(
         components=args.components, degree=args.degree, frequencies=args.frequencies, alpha=args.alpha,
@@ -62,12 +59,7 @@ def main(args: argparse.Namespace) -> int:
         paradox_prediction=args.paradox_prediction, eval_set=args.eval_set, eval_file=args.eval_file,
         batch_size=args.batch_size, max_length=args.max_length,
     )
-    settings.validate()
-    if args.eval_file:
-        read_lines(args.eval_file, "evaluation file")
-    loaded = load_model_from_args(args)
-    spec = {**asdict(settings), "model": loaded.describe()}
-    session = open_session(args, spec)
+    session, loaded, spec = prepare_run(args, settings, [(args.eval_file, "evaluation file")])
     events = run_weights(loaded.model, loaded.tokenizer, settings, model_name=loaded.name)
     result = drive(session, "weights", spec, events, args.json)
     if result is not None:
