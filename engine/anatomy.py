@@ -129,6 +129,17 @@ class LayerStack:
                         param.copy_(tensors[name])
 
     @contextlib.contextmanager
+    def holding(self, weights: dict[int, dict[str, torch.Tensor]]) -> Iterator[None]:
+        """These layers take the given matrices (e.g. a recovered layer) for the block, then the
+        originals come back bit for bit."""
+        with self.preserved(list(weights)):
+            with torch.no_grad():
+                for index, tensors in weights.items():
+                    for name, param in self.matrices(index).items():
+                        param.copy_(tensors[name])
+            yield
+
+    @contextlib.contextmanager
     def skipped(self, indices: Sequence[int]) -> Iterator[None]:
         """These layers pass their input through unchanged (the `skip` ablation)."""
 

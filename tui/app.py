@@ -43,6 +43,7 @@ log = logging.getLogger("anatomy_tui.console")
 POLL_SECONDS = 0.25  # the event log is read and the panels redrawn at most 4 times a second
 RECONCILE_EVERY = 8  # polls between checks of job processes that died without a word
 GENERATE_TOKENS = 64
+ON_LOADED_MODEL = ("original", "modified", "noised", "recovered")  # the rest are the session's growth models
 
 # (key, action, title, description): one table drives the bindings, the help screen and the palette.
 ACTIONS: tuple[tuple[str, str, str, str], ...] = (
@@ -580,7 +581,6 @@ class AnatomyApp(App[None]):
 
     def generate_work(self, generation: Generation, columns: dict[str, str]) -> None:
         from engine.anatomy import LayerStack
-        from engine.experiments.ablation import ablated
         from tui.generation import stream_greedy
 
         for column, choice in columns.items():
@@ -592,25 +592,59 @@ class AnatomyApp(App[None]):
                 generation.add(column, note=tokenizer)
                 continue
             with ExitStack() as held:
-                if choice in ("original", "modified"):
+                if choice in ON_LOADED_MODEL:
                     if not self.model_lock.acquire(blocking=False):
                         generation.add(column, note="waiting for the job running in the console")
                         self.model_lock.acquire()
                         generation.add(column, note="")
                     held.callback(self.model_lock.release)
-                if choice == "modified":
-                    stack = LayerStack(model)
-                    for index in sorted(self.modified_layers):
-                        held.enter_context(ablated(stack, index, "mean"))
+                if choice in ON_LOADED_MODEL and choice != "original":
+                    held.enter_context(self.changed_layers(LayerStack(model), choice))
                 for piece in stream_greedy(
                     model, tokenizer, generation.prompt, GENERATE_TOKENS, self.stop_event.is_set
                 ):
                     generation.add(column, piece)
             generation.add(column, note="stopped" if self.stop_event.is_set() else "")
 
+    def changed_layers(self, stack: Any, choice: str) -> ExitStack:
+        """The loaded model as `choice` sees it, for one generation; every change is undone exactly
+        on exit. modified: x-marked layers ablated by neighbour mean; noised: x-marked layers with
+        Gaussian noise of the recovery form's sigma (seed 0); recovered: the layers the session's
+        recovery runs fine-tuned, as they ended."""
+        import torch
+
+        from engine.experiments.ablation import ablated
+        from engine.experiments.recovery import add_noise
+        from sessions.layer_weights import load_layers
+
+        held = ExitStack()
+        marked = sorted(self.modified_layers)
+        if choice == "modified":
+            for index in marked:
+                held.enter_context(ablated(stack, index, "mean"))
+        elif choice == "noised":
+            held.enter_context(stack.preserved(marked))
+            generator = torch.Generator().manual_seed(0)
+            for index in marked:
+                add_noise(stack, index, self.noise_sigma(), generator)
+        elif choice == "recovered":
+            held.enter_context(stack.holding(load_layers(self.session, "recovery", self.loaded.name)))
+        return held
+
+    def noise_sigma(self) -> float:
+        try:
+            value = float(self.screen.query_one("#sigma", Input).value)
+        except (ValueError, LookupError):
+            return 0.5
+        return value if value > 0 else 0.5
+
     def model_for(self, choice: str) -> tuple[Any, Any]:
         """(model, tokenizer), or (None, why) when the session has no such model."""
-        if choice in ("original", "modified"):
+        from sessions.layer_weights import saved_layers
+
+        if choice in ON_LOADED_MODEL:
+            if choice == "recovered" and not saved_layers(self.session, "recovery"):
+                return None, "no recovered layer in this session yet (inject noise: key i)"
             return self.loaded.model, self.loaded.tokenizer
         if choice not in self.extra_models:
             arm = {"growth": "growth_100", "uniform": "uniform_100"}[choice]

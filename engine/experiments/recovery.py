@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -174,13 +174,18 @@ class _PrefixDone(Exception):
     """Stops a forward once the wanted layer input is captured."""
 
 
+KeepWeights = Callable[[int, dict[str, torch.Tensor]], None] | None
+
 class _Sweep:
     """Shared state of one sweep: model, evaluation cache, training pool, baseline, progress."""
 
-    def __init__(self, model, tokenizer, settings: RecoverySettings, cancel: CancelToken | None) -> None:
+    def __init__(
+        self, model, tokenizer, settings: RecoverySettings, cancel: CancelToken | None, keep_weights: KeepWeights
+    ) -> None:
         self.model = model
         self.settings = settings
         self.cancel = cancel
+        self.keep_weights = keep_weights
         texts = eval_texts(Path(settings.eval_file) if settings.eval_file else None, settings.eval_set)
         source = corpus(Path(settings.train_file) if settings.train_file else None)
         self.train_source = source.source
@@ -266,6 +271,8 @@ class _Sweep:
                     curve.append([step, ppl])
                     yield RecoveryPoint(index, repeat, step, value, ppl, ppl / baseline)
                 yield Progress(self.steps_done, self.steps_total, f"recovery layer {index}")
+            if repeat == 0 and self.keep_weights is not None:
+                self.keep_weights(index, {n: p.detach().cpu().clone() for n, p in self.stack.matrices(index).items()})
         seconds = time.perf_counter() - started
         return summarise_run(curve, baseline, status) | {
             "repeat": repeat,
@@ -392,13 +399,16 @@ def run_recovery(
     model_name: str = "",
     done_layers: Sequence[dict[str, Any]] = (),
     ablation: dict[str, Any] | None = None,
+    keep_weights: KeepWeights = None,
 ) -> Iterator[Event]:
     """The sweep. `done_layers` are rows finished earlier with the same settings (--resume): those
-    layers are not run again. `ablation` is an ablation result document for the Spearman."""
+    layers are not run again. `ablation` is an ablation result document for the Spearman.
+    `keep_weights(index, matrices)` receives each layer's recovered matrices (first repeat) before
+    the original weights are restored, so a front end can save them (the console's prompt pane)."""
     settings.validate()
     layers = settings.resolve_layers(len(LayerStack(model)))
     started = time.perf_counter()
-    sweep = _Sweep(model, tokenizer, settings, cancel)
+    sweep = _Sweep(model, tokenizer, settings, cancel, keep_weights)
     rows = {row["index"]: row for row in done_layers if row["index"] in layers}
     todo = [index for index in layers if index not in rows]
     sweep.steps_total = len(todo) * settings.repeats * settings.steps

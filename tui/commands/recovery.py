@@ -127,9 +127,12 @@ def main(args: argparse.Namespace) -> int:
         state = load_finished(session, settings, loaded.name)
     else:
         state = {"model": loaded.name, "settings": settings.resume_key(), "layers": {}}
+    from sessions.layer_weights import save_layer
+
     events = run_recovery(
         loaded.model, loaded.tokenizer, settings, model_name=loaded.name,
         done_layers=list(state["layers"].values()), ablation=session.load_result("ablation"),
+        keep_weights=lambda index, tensors: save_layer(session, CHECKPOINT_JOB, index, tensors, loaded.name),
     )
     result = drive(session, "recovery", spec, checkpointed(events, session, state), args.json)
     if result is not None:

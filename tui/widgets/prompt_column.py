@@ -9,6 +9,8 @@ from textual.widgets import Select, Static
 MODEL_CHOICES = (
     ("original", "original"),
     ("modified", "modified (x-marked layers)"),
+    ("noised", "noised (x-marked layers, sigma)"),
+    ("recovered", "recovered (session's recovery)"),
     ("growth", "growth (session)"),
     ("uniform", "uniform (session)"),
 )

@@ -1,0 +1,52 @@
+"""Layer weights kept in a session (safetensors, written atomically), e.g. each layer a recovery
+sweep fine-tuned, so the console's prompt pane can generate with the recovered model later."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from sessions.atomic import atomic_write
+from sessions.store import Session
+
+_FILE = re.compile(r"^layer-(\d+)\.safetensors$")
+
+
+def _folder(session: Session, job: str) -> Path:
+    return session.path / "checkpoints" / job / "weights"
+
+
+def save_layer(session: Session, job: str, index: int, tensors: dict[str, Any], model: str) -> Path:
+    from safetensors.torch import save_file
+
+    path = _folder(session, job) / f"layer-{index}.safetensors"
+    contiguous = {name: tensor.contiguous() for name, tensor in tensors.items()}
+    atomic_write(path, lambda tmp: save_file(contiguous, str(tmp), metadata={"model": model}))
+    return path
+
+
+def saved_layers(session: Session, job: str) -> list[int]:
+    folder = _folder(session, job)
+    names = (_FILE.match(path.name) for path in folder.glob("layer-*.safetensors")) if folder.exists() else ()
+    return sorted(int(match.group(1)) for match in names if match)
+
+
+def load_layers(session: Session, job: str, model: str) -> dict[int, dict[str, Any]]:
+    """Every saved layer of `job` made for `model` (files for another model are ignored)."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = _folder(session, job)
+    found: dict[int, dict[str, Any]] = {}
+    for path in sorted(folder.glob("layer-*.safetensors")) if folder.exists() else []:
+        match = _FILE.match(path.name)
+        if match is None:
+            continue
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                if (handle.metadata() or {}).get("model") != model:
+                    continue
+                found[int(match.group(1))] = {name: handle.get_tensor(name) for name in handle.keys()}
+        except (OSError, ValueError, SafetensorError):
+            continue  # a damaged file: that layer is simply not offered
+    return found
