@@ -84,6 +84,14 @@ class Evaluator:
             self.tokens[batch.text_index] = batch.attention_mask[:, 1:].sum(dim=1).cpu().numpy()
         self._layer_inputs: list[list[torch.Tensor]] | None = None
 
+    @classmethod
+    def for_settings(cls, model, tokenizer, settings) -> Evaluator:
+        """The evaluator an experiment's settings ask for (eval_file or eval_set, batch_size, max_length)."""
+        from engine.text import eval_texts
+
+        texts = eval_texts(settings.eval_file, settings.eval_set)
+        return cls(model, tokenizer, texts, settings.batch_size, settings.max_length)
+
     @property
     def n_tokens(self) -> int:
         return int(self.tokens.sum())

@@ -18,7 +18,6 @@ from engine.errors import UserError
 from engine.events import CancelToken, Event, Progress, Result, event_type
 from engine.perplexity import Batch, Evaluator
 from engine.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
-from engine.text import eval_texts
 
 METHODS = ("mean", "skip", "zero")
 
@@ -112,8 +111,7 @@ def run_ablation(
 ) -> Iterator[Event]:
     settings.validate()
     started = time.perf_counter()
-    texts = eval_texts(settings.eval_file, settings.eval_set)
-    evaluator = Evaluator(model, tokenizer, texts, settings.batch_size, settings.max_length)
+    evaluator = Evaluator.for_settings(model, tokenizer, settings)
     stack = evaluator.stack
     n = len(stack)
     meter = InfluenceMeter(n)
@@ -165,7 +163,7 @@ def run_ablation(
         "method": settings.method,
         "baseline_ppl": baseline,
         "eval_tokens": evaluator.n_tokens,
-        "eval_texts": len(texts),
+        "eval_texts": len(evaluator.texts),
         "seconds": time.perf_counter() - started,
         "settings": asdict(settings),
         "layers": layers,

@@ -22,7 +22,6 @@ from engine.errors import UserError
 from engine.events import CancelToken, Event, Progress, Result, event_type, json_safe
 from engine.perplexity import Evaluator
 from engine.statistics import degradation_pct
-from engine.text import eval_texts
 
 STRATEGIES = ("zero", "clone", "blend", "svd", "scale")
 PAPER_ALPHAS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
@@ -177,8 +176,7 @@ def run_manipulation(
 ) -> Iterator[Event]:
     settings.validate()
     started = time.perf_counter()
-    texts = eval_texts(settings.eval_file, settings.eval_set)
-    evaluator = Evaluator(model, tokenizer, texts, settings.batch_size, settings.max_length)
+    evaluator = Evaluator.for_settings(model, tokenizer, settings)
     stack = evaluator.stack
     layers = sorted({stack.check_index(i) for i in settings.layers or range(len(stack))})
     needs_neighbours = any(s in ("clone", "blend", "svd") for s in settings.strategies)

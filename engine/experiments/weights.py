@@ -28,7 +28,6 @@ from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, event_type, json_safe
 from engine.perplexity import Evaluator
 from engine.statistics import degradation_pct
-from engine.text import eval_texts
 
 PREDICTIONS = ("in_sample", "loo")
 SUMMARY_KEYS = ("r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean", "delta_corr_sd")
@@ -388,8 +387,7 @@ def paradox_order(fits: dict[str, Fit], settings: WeightsSettings) -> list[int]:
 
 
 def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
-    texts = eval_texts(settings.eval_file, settings.eval_set)
-    evaluator = Evaluator(model, tokenizer, texts, settings.batch_size, settings.max_length)
+    evaluator = Evaluator.for_settings(model, tokenizer, settings)
     baseline = evaluator.build_cache().perplexity
     order = paradox_order(fits, settings)
     counts = sorted({len(order) if c == 0 else min(c, len(order)) for c in settings.paradox_counts})
