@@ -15,8 +15,8 @@ import numpy as np
 from scipy.optimize import minimize
 
 from engine.events import Result
-from engine.scaling import powerfit
-from engine.scaling.decomposition import (
+from engine import powerfit
+from engine.experiments.scaling_fit import (
     Runs,
     ScalingFitSettings,
     default_csv,

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sessions.atomic import atomic_write
+from engine.atomic import atomic_write
 from sessions.store import Session
 
 _FILE = re.compile(r"^layer-(\d+)\.safetensors$")

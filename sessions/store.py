@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.events import Event, event_from_json
-from sessions.atomic import atomic_write_json
+from engine.atomic import atomic_write_json
 
 MANIFEST_SCHEMA_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

@@ -10,7 +10,7 @@ import torch
 
 from engine.errors import UserError
 from engine.events import Cancelled, CancelToken, event_from_json
-from engine.growth.architecture import (
+from engine.experiments.growth.architecture import (
     GrowingModel,
     build_model,
     clone_layer,
@@ -18,9 +18,9 @@ from engine.growth.architecture import (
     load_growth_model,
     param_count,
 )
-from engine.growth.data import CharTokenizer, load_corpus, train_batch
-from engine.growth.events import GrowthPhase, GrowthStep
-from engine.growth.experiment import (
+from engine.experiments.growth.data import CharTokenizer, load_corpus, train_batch
+from engine.experiments.growth.events import GrowthPhase, GrowthStep
+from engine.experiments.growth.experiment import (
     design,
     greedy,
     preset_settings,
@@ -28,8 +28,8 @@ from engine.growth.experiment import (
     settings_from_dict,
     settings_to_dict,
 )
-from engine.growth.profile import PAPER_PROFILE, multipliers_dict, parse_profile, profile_from_ablation
-from engine.growth.protocol import (
+from engine.experiments.growth.profile import PAPER_PROFILE, multipliers_dict, parse_profile, profile_from_ablation
+from engine.experiments.growth.protocol import (
     Phase,
     derive_phases,
     layer_steps,

@@ -12,8 +12,8 @@ from scipy.optimize import minimize
 
 from engine.errors import UserError
 from engine.events import Result
-from engine.scaling import powerfit
-from engine.scaling.decomposition import (
+from engine import powerfit
+from engine.experiments.scaling_fit import (
     Runs,
     ScalingFitSettings,
     default_csv,

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from engine.events import Message, Progress, Result
-from sessions.atomic import atomic_write_json
+from engine.atomic import atomic_write_json
 from sessions.jobs import run_job
 from sessions.store import SessionError, SessionStore
 

@@ -12,7 +12,7 @@ import torch
 
 from engine.errors import UserError
 from engine.events import Cancelled, CancelToken, Result
-from engine.scaling.toy_depth import (
+from engine.experiments.toy_depth import (
     StudentDone,
     Students,
     StudentStep,

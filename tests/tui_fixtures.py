@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from sessions.atomic import atomic_write_json
+from engine.atomic import atomic_write_json
 from sessions.store import Session, SessionStore
 
 T0 = 1_700_000_000.0

@@ -651,7 +651,7 @@ class AnatomyApp(App[None]):
             path = ((self.state.results.get("growth") or {}).get("arms", {}).get(arm) or {}).get("model")
             if not path or not Path(path).exists():
                 return None, f"no {choice} model in this session yet (run growth: key g)"
-            from engine.growth.architecture import load_growth_model
+            from engine.experiments.growth.architecture import load_growth_model
 
             self.extra_models[choice] = load_growth_model(path)
         return self.extra_models[choice]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.events import Event, Finished, Message, Progress, Result
-from sessions.atomic import atomic_write_json
+from engine.atomic import atomic_write_json
 from sessions.jobs import run_job
 from sessions.store import Session, SessionStore
 

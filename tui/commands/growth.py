@@ -94,9 +94,9 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 def settings_from_args(args: argparse.Namespace):
-    from engine.growth.experiment import preset_settings
-    from engine.growth.profile import parse_multipliers, parse_profile, profile_from_ablation
-    from engine.growth.protocol import load_phases, validate_phases
+    from engine.experiments.growth.experiment import preset_settings
+    from engine.experiments.growth.profile import parse_multipliers, parse_profile, profile_from_ablation
+    from engine.experiments.growth.protocol import load_phases, validate_phases
     from sessions.store import SessionStore
 
     changes: dict[str, Any] = {}
@@ -131,7 +131,7 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    from engine.growth.experiment import run_growth, saved_settings, settings_to_dict
+    from engine.experiments.growth.experiment import run_growth, saved_settings, settings_to_dict
 
     if args.resume:
         if args.session is None:

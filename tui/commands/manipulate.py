@@ -14,7 +14,7 @@ from tui.commands.common import (
     prepare_run,
 )
 
-STRATEGIES = ("zero", "clone", "blend", "svd", "scale")  # engine.experiments.manipulation.STRATEGIES
+STRATEGIES = ("zero", "clone", "blend", "svd", "scale")  # engine.experiments.manipulate.STRATEGIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def default_layers(session, model_name: str) -> tuple[tuple[int, ...], str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from engine.experiments.manipulation import ManipulationSettings, run_manipulation
+    from engine.experiments.manipulate import ManipulationSettings, run_manipulation
 
     explicit = None if args.layers in (None, "all") else comma_list(int, "--layers")(args.layers)
     settings = ManipulationSettings(

@@ -96,7 +96,7 @@ def checkpointed(events: Iterable[Event], session: Session, state: dict[str, Any
     """Passes events through; each finished layer is added to the session's checkpoint at once."""
     from engine.events import json_safe
     from engine.experiments.recovery import RecoveryLayer
-    from sessions.atomic import atomic_write_json
+    from engine.atomic import atomic_write_json
 
     path = checkpoint_path(session)
     for event in events:

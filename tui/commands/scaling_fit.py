@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
     from dataclasses import asdict, replace
 
     from engine.errors import UserError
-    from engine.scaling.decomposition import (
+    from engine.experiments.scaling_fit import (
         ScalingFitSettings,
         check_settings,
         default_csv,

@@ -1,7 +1,7 @@
 """`anatomy-tui run toy-depth`: students of several depths imitate a deeper teacher; fitted a_l.
 
 Flags default to None: only the given ones replace fields of the chosen preset, so the values live
-in one place (engine/scaling/toy_depth.py) and this module imports nothing heavy until main().
+in one place (engine/experiments/toy_depth.py) and this module imports nothing heavy until main().
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from engine.scaling.toy_depth import check_settings, preset_settings, run_toy_depth
+    from engine.experiments.toy_depth import check_settings, preset_settings, run_toy_depth
 
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in _FLAGS}
     overrides["fit_floor"] = args.fit_floor

@@ -26,18 +26,18 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result
-from engine.growth.architecture import growth_widths, param_count, solve_uniform_width
-from engine.growth.checkpoint import load_checkpoint, save_checkpoint
-from engine.growth.data import load_corpus, val_batches
-from engine.growth.events import GrowthArmDone, GrowthPlan, GrowthStep
-from engine.growth.profile import (
+from engine.experiments.growth.architecture import growth_widths, param_count, solve_uniform_width
+from engine.experiments.growth.checkpoint import load_checkpoint, save_checkpoint
+from engine.experiments.growth.data import load_corpus, val_batches
+from engine.experiments.growth.events import GrowthArmDone, GrowthPlan, GrowthStep
+from engine.experiments.growth.profile import (
     DEFAULT_MULTIPLIERS,
     PAPER_PROFILE,
     check_profile,
     kept_layers,
     multipliers_dict,
 )
-from engine.growth.protocol import (
+from engine.experiments.growth.protocol import (
     Phase,
     derive_phases,
     layer_steps,
@@ -47,7 +47,7 @@ from engine.growth.protocol import (
     scale_phases,
     validate_phases,
 )
-from engine.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
+from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
 
 ARMS = ("growth_100", "growth_50", "uniform_100")
 PROMPTS = (

@@ -51,7 +51,7 @@ class CharTokenizer:
         return "".join(self.chars[i - 1] if 0 < i <= len(self.chars) else "\ufffd" for i in ids)
 
     def save(self, folder: Path) -> None:
-        from sessions.atomic import atomic_write_json
+        from engine.atomic import atomic_write_json
 
         atomic_write_json(Path(folder) / TOKENIZER_FILE, {"type": "char", "unk_id": UNK, "chars": self.chars})
 

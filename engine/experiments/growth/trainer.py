@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.events import CancelToken, Event
-from engine.growth.architecture import GrowingModel, build_model
-from engine.growth.checkpoint import optimizer_tensors, restore_optimizer
-from engine.growth.data import train_batch
-from engine.growth.events import GrowthEval, GrowthPhase, GrowthPhaseEnd, GrowthStep
-from engine.growth.protocol import Phase
+from engine.experiments.growth.architecture import GrowingModel, build_model
+from engine.experiments.growth.checkpoint import optimizer_tensors, restore_optimizer
+from engine.experiments.growth.data import train_batch
+from engine.experiments.growth.events import GrowthEval, GrowthPhase, GrowthPhaseEnd, GrowthStep
+from engine.experiments.growth.protocol import Phase
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import torch
 
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, event_type
-from engine.scaling import powerfit
+from engine import powerfit
 
 REGIMES = ("tied", "independent")
 

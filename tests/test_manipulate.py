@@ -13,7 +13,7 @@ from engine.anatomy import LayerStack
 from engine.errors import UserError
 from engine.events import Result
 from engine.experiments.ablation import neighbour_mean
-from engine.experiments.manipulation import (
+from engine.experiments.manipulate import (
     ManipulationSettings,
     blend_weights,
     clone_source,

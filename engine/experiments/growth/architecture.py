@@ -5,7 +5,7 @@ Why Llama classes and not a compact model of our own: the final models must load
 has one FFN width for all layers, so `GrowthLlamaConfig` (model_type "growth_llama") adds
 `intermediate_sizes`, one width per layer, and `GrowthLlamaForCausalLM` swaps each layer's MLP for
 one of its width. Both are registered with AutoConfig / AutoModelForCausalLM when this module is
-imported, so `import engine.growth.architecture` (or `load_growth_model`) before loading a saved
+imported, so `import engine.experiments.growth.architecture` (or `load_growth_model`) before loading a saved
 growth model. The uniform baseline is a plain `LlamaForCausalLM` and loads anywhere.
 
 Growing: the model is built with every final layer; `GrowingModel` keeps them all and puts only
@@ -204,7 +204,7 @@ def no_progress_bars() -> Iterator[None]:
 
 def load_growth_model(path: str | Path):
     """(model, tokenizer) for a saved growth or uniform model folder; the tokenizer has encode/decode."""
-    from engine.growth.data import CharTokenizer
+    from engine.experiments.growth.data import CharTokenizer
 
     folder = Path(path)
     tokenizer = CharTokenizer.load(folder)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
-from engine.growth.profile import CLASSES, kept_layers
+from engine.experiments.growth.profile import CLASSES, kept_layers
 
 PAPER_WEIGHTS = (
     ("gastrulation", 30), ("neurulation", 20), ("organogenesis", 20),

@@ -2,7 +2,7 @@
 
 Fitted in log space with many random restarts (the landscape is multi-modal), least squares or Huber;
 bootstrap intervals and held-out error come from the same batched solver, every resample or split
-being one more row of the batch (see engine/scaling/powerfit.py).
+being one more row of the batch (see engine/powerfit.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, event_type
-from engine.scaling import powerfit
+from engine import powerfit
 
 TERMS = ("m", "l", "D")
 PARAM_KEYS = ("alpha_m", "alpha_l", "alpha_D", "c_m", "c_l", "c_D", "L0")

@@ -1,0 +1,103 @@
+"""The experiments anatomy-tui knows: one record per command, read by the CLI, the console, jobs
+and tests alike.
+
+Adding an experiment means one module under `engine/experiments/` (its Settings dataclass, its
+`run(settings, context)` generator) and one record here. This module imports no torch: the record
+names its module, which is imported only when the experiment's settings or run are wanted, so the
+console paints and `anatomy-tui --help` answers before torch loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import UserError
+from engine.events import CancelToken, Event
+
+if TYPE_CHECKING:
+    from engine.models import LoadedModel
+    from engine.settings import Settings
+
+
+@dataclass
+class RunContext:
+    """What a front end hands an experiment besides its settings.
+
+    `checkpoint_dir` is the experiment's own folder in the session (checkpoints, saved layers);
+    `resume` asks it to continue from what is there; `inputs` holds earlier results of the session
+    the experiment reads (the ablation map, say), by result name."""
+
+    model: LoadedModel | None = None
+    cancel: CancelToken = field(default_factory=CancelToken)
+    checkpoint_dir: Path | None = None
+    resume: bool = False
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One command: `anatomy-tui run NAME`."""
+
+    name: str
+    help: str
+    module: str  # defines `settings_class` (below) and `run(settings, context) -> Iterator[Event]`
+    settings_name: str
+    needs_model: bool = True
+    resumable: bool = False
+    writes: str = ""  # the result file, results/<writes>.json
+    reads: tuple[str, ...] = ()  # session results handed over in RunContext.inputs
+    long: bool = False  # the console runs it as its own process rather than in a thread
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module)
+
+    @property
+    def settings_class(self) -> type[Settings]:
+        return getattr(self.load(), self.settings_name)
+
+    @property
+    def presets(self) -> dict[str, Settings]:
+        """Named Settings instances (`--preset NAME`), if the experiment has any."""
+        return dict(getattr(self.load(), "PRESETS", {}))
+
+    def run(self, settings: Settings, context: RunContext) -> Iterator[Event]:
+        runner: Callable[[Any, RunContext], Iterator[Event]] = self.load().run
+        return runner(settings, context)
+
+
+EXPERIMENTS: tuple[Experiment, ...] = (
+    Experiment("ablation", "layer-importance map: ablate each layer, measure perplexity",
+               "engine.experiments.ablation", "AblationSettings", writes="ablation"),
+    Experiment("recovery", "recovery speed: noise one layer, fine-tune it alone, follow its PPL",
+               "engine.experiments.recovery", "RecoverySettings", resumable=True, writes="recovery",
+               reads=("ablation",), long=True),
+    Experiment("growth", "grow a transformer phase by phase from an importance profile vs a uniform one",
+               "engine.experiments.growth", "GrowthSettings", needs_model=False, resumable=True,
+               writes="growth", reads=("ablation",), long=True),
+    Experiment("dynamics", "hidden-state angles per layer, PCA and clusters of token profiles",
+               "engine.experiments.dynamics", "DynamicsSettings", writes="dynamics"),
+    Experiment("scaling-fit", "fit L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 to training runs (CSV)",
+               "engine.experiments.scaling_fit", "ScalingFitSettings", needs_model=False, writes="scaling-fit"),
+    Experiment("toy-depth", "teacher-student toy models: student loss against depth, fitted a_l",
+               "engine.experiments.toy_depth", "ToyDepthSettings", needs_model=False, writes="toy-depth",
+               long=True),
+    Experiment("weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox",
+               "engine.experiments.weights", "WeightsSettings", writes="weights"),
+    Experiment("manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples",
+               "engine.experiments.manipulate", "ManipulationSettings", writes="manipulate",
+               reads=("ablation",)),
+)
+
+BY_NAME: dict[str, Experiment] = {experiment.name: experiment for experiment in EXPERIMENTS}
+
+
+def experiment(name: str) -> Experiment:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise UserError(f"unknown experiment {name!r}; use one of {', '.join(BY_NAME)}") from None

@@ -1,1 +1,0 @@
-"""Scaling analyses: the loss-decomposition fit and the teacher-student depth toy models."""
