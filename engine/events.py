@@ -1,22 +1,40 @@
-"""The events and results every experiment speaks.
+"""The events and results every experiment speaks: the project's one vocabulary.
 
 An experiment is a generator of `Event`s that ends by yielding a `Result`. Events are JSON lines
 with a schema version, and each one carries enough to redraw the UI from it alone, so a console
-that reopens a session replays the log instead of recomputing.
+that reopens a session replays the log instead of recomputing. Every event class lives here, in a
+module that imports neither torch nor numpy, so the console and the store can decode them all.
+
+Spelling: a kind is `<command>.<what>` with the command as typed (`scaling-fit.stage`), and the
+generic ones are `job.*`. The same thing has the same field name everywhere, in events and in
+result documents: a layer index is `layer`, an importance class is `layer_class`.
+
+Result documents the console reads have frozen dataclasses here too (`AblationMap`, `RecoveryRow`,
+`GrowthArm`...): the engine builds them and the console decodes them with `from_doc`, so a renamed
+field breaks the tests on both sides.
+
+Version 1 (anatomy-tui 0.1) spelled some kinds with hyphens or without a command, and said `index`
+and `class`; `upgrade_event` and `upgrade_result` rewrite such documents on reading, so a 0.1
+session still opens.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import threading
 import time
+import types
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-EVENT_SCHEMA_VERSION = 1
+EVENT_SCHEMA_VERSION = 2
 
 _EVENT_TYPES: dict[str, type[Event]] = {}
+T = TypeVar("T")
 
 
 class Cancelled(Exception):
@@ -49,6 +67,11 @@ def event_type(cls: type[Event]) -> type[Event]:
     return cls
 
 
+def event_types() -> dict[str, type[Event]]:
+    """Every registered kind and its class, in the order they are declared here."""
+    return dict(_EVENT_TYPES)
+
+
 def json_safe(value: Any) -> Any:
     """NaN and inf are not JSON: they become null, which every reader handles."""
     if isinstance(value, float):
@@ -62,6 +85,101 @@ def json_safe(value: Any) -> Any:
     if hasattr(value, "item") and callable(value.item):  # numpy or torch scalar
         return json_safe(value.item())
     return value
+
+
+# --- typed decoding -----------------------------------------------------------------------------
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _decode(hint: Any, value: Any) -> Any:
+    """A JSON value as the annotated type: nested dataclasses rebuilt, lists to tuples where declared."""
+    if value is None:
+        return None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _decode(next(a for a in args if a is not type(None)), value)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return from_doc(hint, value)
+    if origin is list:
+        return [_decode(args[0], v) for v in value]
+    if origin is tuple:
+        item = args[0] if len(args) == 2 and args[1] is Ellipsis else Any
+        return tuple(_decode(item, v) for v in value)
+    if origin is dict:
+        return {k: _decode(args[1], v) for k, v in value.items()}
+    return value
+
+
+def from_doc(cls: type[T], doc: Mapping[str, Any]) -> T:
+    """Rebuilds dataclass `cls` from its JSON document. Keys it does not declare are ignored (a newer
+    writer may add some); a missing field raises TypeError, so a rename cannot pass unnoticed."""
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    return cls(**{k: _decode(hints[k], v) for k, v in doc.items() if k in names})
+
+
+# --- version 1 --------------------------------------------------------------------------------
+
+_V1_KINDS = {
+    "started": "job.started", "progress": "job.progress", "message": "job.message",
+    "result": "job.result", "finished": "job.finished",
+    "toy-depth-step": "toy-depth.step", "toy-depth-student": "toy-depth.student",
+    "scaling-fit-stage": "scaling-fit.stage",
+}  # fmt: skip
+_V1_FIELDS = {"index": "layer", "class": "layer_class"}
+_V1_EVENT_FIELDS = {
+    "ablation.layer": {"index": "layer"},
+    "dynamics.layer": {"index": "layer"},
+    "recovery.layer": {"index": "layer"},
+    "growth.phase": {"index": "phase_index"},
+    "growth.phase_end": {"index": "phase_index"},
+}
+
+
+def _renamed(row: Any, names: Mapping[str, str] = _V1_FIELDS) -> Any:
+    return {names.get(k, k): v for k, v in row.items()} if isinstance(row, dict) else row
+
+
+def upgrade_result(name: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """A result document of version 1 with its rows in version 2's names (`index` -> `layer`,
+    `class` -> `layer_class`); a version 2 document comes back as it is."""
+    doc = dict(doc)
+    if name in ("ablation", "recovery", "dynamics") and isinstance(doc.get("layers"), list):
+        doc["layers"] = [_renamed(row) for row in doc["layers"]]
+    if name == "recovery" and isinstance(doc.get("budget"), dict):
+        budget = dict(doc["budget"])
+        budget["per_layer"] = [_renamed(row) for row in budget.get("per_layer", [])]
+        doc["budget"] = budget
+    if name == "weights" and isinstance(doc.get("components"), dict):
+        doc["components"] = {
+            key: {**comp, "per_layer": [_renamed(row) for row in comp.get("per_layer", [])]}
+            for key, comp in doc["components"].items()
+        }
+    if name == "growth" and isinstance(doc.get("budget_table"), list):
+        doc["budget_table"] = [_renamed(row) for row in doc["budget_table"]]
+    return doc
+
+
+def upgrade_event(doc: dict[str, Any]) -> dict[str, Any]:
+    """An event document of any version in version 2's spelling: v1 kinds renamed (`started` ->
+    `job.started`, `toy-depth-step` -> `toy-depth.step`...), `index` -> `layer` (or `phase_index`
+    in growth's phase events), and the rows inside v1 results and recovery layers renamed too."""
+    if doc.get("v", 1) >= 2:
+        return doc
+    kind = _V1_KINDS.get(doc.get("kind"), doc.get("kind"))  # type: ignore[arg-type]
+    out = _renamed(doc, _V1_EVENT_FIELDS.get(kind, {})) | {"v": EVENT_SCHEMA_VERSION, "kind": kind}
+    if kind == "job.result" and isinstance(out.get("data"), dict):
+        out["data"] = upgrade_result(str(out.get("name")), out["data"])
+    if kind == "recovery.layer":
+        out["result"] = _renamed(out.get("result"))
+    return out
+
+
+# --- events -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -78,13 +196,13 @@ class Event:
 
 
 def event_from_json(doc: dict[str, Any]) -> Event:
-    """Rebuilds an event written by `Event.to_json`; unknown kinds raise ValueError."""
-    kind = doc.get("kind")
-    cls = _EVENT_TYPES.get(kind)  # type: ignore[arg-type]
+    """Rebuilds an event written by `Event.to_json` (any schema version, see `upgrade_event`);
+    an unknown kind raises ValueError, a document missing a field TypeError."""
+    doc = upgrade_event(doc)
+    cls = _EVENT_TYPES.get(doc.get("kind"))  # type: ignore[arg-type]
     if cls is None:
-        raise ValueError(f"unknown event kind {kind!r}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in doc.items() if k in names})
+        raise ValueError(f"unknown event kind {doc.get('kind')!r}")
+    return from_doc(cls, doc)
 
 
 @event_type
@@ -92,7 +210,7 @@ def event_from_json(doc: dict[str, Any]) -> Event:
 class Started(Event):
     """A job began; `spec` is its full settings, so it can be resumed from the log alone."""
 
-    kind: ClassVar[str] = "started"
+    kind: ClassVar[str] = "job.started"
     experiment: str
     spec: dict[str, Any]
 
@@ -102,7 +220,7 @@ class Started(Event):
 class Progress(Event):
     """Generic progress of a long job: `done` of `total` units, with a short label."""
 
-    kind: ClassVar[str] = "progress"
+    kind: ClassVar[str] = "job.progress"
     done: int
     total: int
     label: str = ""
@@ -113,7 +231,7 @@ class Progress(Event):
 class Message(Event):
     """A line for the log panel (level: info, warning, error)."""
 
-    kind: ClassVar[str] = "message"
+    kind: ClassVar[str] = "job.message"
     text: str
     level: str = "info"
 
@@ -123,7 +241,7 @@ class Message(Event):
 class Result(Event):
     """The last event of an experiment: `name` is the result file, `data` its JSON document."""
 
-    kind: ClassVar[str] = "result"
+    kind: ClassVar[str] = "job.result"
     name: str
     data: dict[str, Any]
 
@@ -133,6 +251,383 @@ class Result(Event):
 class Finished(Event):
     """Written by the job runner when a job ends: status is done, cancelled or failed."""
 
-    kind: ClassVar[str] = "finished"
+    kind: ClassVar[str] = "job.finished"
     status: str
     error: str = ""
+
+
+# ablation ---------------------------------------------------------------------------------------
+
+
+@event_type
+@dataclass(frozen=True)
+class LayerAblated(Event):
+    """One row of the map, as soon as it is known (before any bootstrap)."""
+
+    kind: ClassVar[str] = "ablation.layer"
+    layer: int
+    n_layers: int
+    ppl: float
+    baseline_ppl: float
+    degradation_pct: float
+    layer_class: str
+
+
+# recovery ---------------------------------------------------------------------------------------
+
+
+@event_type
+@dataclass(frozen=True)
+class RecoveryStart(Event):
+    """Noise is in: the perplexity the layer starts recovering from."""
+
+    kind: ClassVar[str] = "recovery.start"
+    layer: int
+    repeat: int
+    ppl_after_noise: float
+    baseline_ppl: float
+    steps: int
+
+
+@event_type
+@dataclass(frozen=True)
+class RecoveryPoint(Event):
+    """One evaluated step of one layer's curve (step 0 is right after the noise, no training)."""
+
+    kind: ClassVar[str] = "recovery.point"
+    layer: int
+    repeat: int
+    step: int
+    train_loss: float | None
+    eval_ppl: float
+    ratio_to_baseline: float
+
+
+@event_type
+@dataclass(frozen=True)
+class RecoveryLayer(Event):
+    """A layer is finished (every repeat): its row of the result, ready to save for --resume."""
+
+    kind: ClassVar[str] = "recovery.layer"
+    layer: int
+    result: RecoveryRow
+
+
+# growth: every event names its arm and seed; steps count the arm's optimizer steps from 1 --------
+
+
+@event_type
+@dataclass(frozen=True)
+class GrowthPlan(Event):
+    """Sent first: every arm's phases (name, start step, steps, layers, clones) and the model sizes,
+    so the whole timeline can be drawn before training starts."""
+
+    kind: ClassVar[str] = "growth.plan"
+    arms: dict[str, Any]
+    seeds: list[int]
+    params: dict[str, int]
+    profile: list[str]
+    batch_tokens: int
+
+
+@event_type
+@dataclass(frozen=True)
+class GrowthPhase(Event):
+    """A phase begins: `added` lists the layers that joined, each with its clone source and FFN scale."""
+
+    kind: ClassVar[str] = "growth.phase"
+    arm: str
+    seed: int
+    phase: str
+    phase_index: int
+    start_step: int
+    steps: int
+    layers: list[int]
+    added: list[dict[str, Any]]
+
+
+@event_type
+@dataclass(frozen=True)
+class GrowthStep(Event):
+    """One optimizer step: training loss on its batch, throughput of that step, learning rate."""
+
+    kind: ClassVar[str] = "growth.step"
+    arm: str
+    seed: int
+    phase: str
+    step: int
+    total_steps: int
+    train_loss: float
+    tokens_per_s: float
+    lr: float
+    n_layers: int
+
+
+@event_type
+@dataclass(frozen=True)
+class GrowthEval(Event):
+    """Validation loss (mean cross-entropy per token, nats) after `step`."""
+
+    kind: ClassVar[str] = "growth.eval"
+    arm: str
+    seed: int
+    phase: str
+    step: int
+    val_loss: float
+
+
+@event_type
+@dataclass(frozen=True)
+class GrowthPhaseEnd(Event):
+    """A phase finished: its training seconds and tokens per second (evaluation excluded)."""
+
+    kind: ClassVar[str] = "growth.phase_end"
+    arm: str
+    seed: int
+    phase: str
+    phase_index: int
+    steps: int
+    seconds: float
+    tokens_per_s: float
+
+
+@event_type
+@dataclass(frozen=True)
+class GrowthArmDone(Event):
+    """An arm finished for one seed: final validation loss, training seconds, tokens per second."""
+
+    kind: ClassVar[str] = "growth.arm_done"
+    arm: str
+    seed: int
+    val_loss: float
+    seconds: float
+    tokens_per_s: float
+    steps: int
+
+
+# dynamics, weights, manipulate, scaling-fit, toy-depth --------------------------------------------
+
+
+@event_type
+@dataclass(frozen=True)
+class DynamicsLayer(Event):
+    """Per-layer medians over the tokens seen so far, sent once all batches are in."""
+
+    kind: ClassVar[str] = "dynamics.layer"
+    layer: int
+    n_layers: int
+    angle_state: float | None
+    angle_update: float | None
+    norm: float | None
+
+
+@event_type
+@dataclass(frozen=True)
+class ComponentAnalysed(Event):
+    """One component's headline numbers, real beside the independent null."""
+
+    kind: ClassVar[str] = "weights.component"
+    component: str
+    r2_in_sample: float
+    r2_loo: float
+    delta_corr_mean: float
+    null_delta_corr_mean: float
+
+
+@event_type
+@dataclass(frozen=True)
+class ParadoxTrial(Event):
+    """Predicted weights put into `layers_replaced`: the perplexity they give."""
+
+    kind: ClassVar[str] = "weights.paradox"
+    layers_replaced: tuple[int, ...]
+    ppl: float
+    baseline_ppl: float
+    r2_in_sample_mean: float
+    r2_loo_mean: float
+
+
+@event_type
+@dataclass(frozen=True)
+class TrialDone(Event):
+    """One manipulation trial: a strategy (with its parameter) on some layers, and what it gave."""
+
+    kind: ClassVar[str] = "manipulate.trial"
+    layers: tuple[int, ...]
+    strategy: str
+    param: float | None
+    ppl: float
+    baseline_ppl: float
+    degradation_pct: float
+    sample: str
+
+
+@event_type
+@dataclass(frozen=True)
+class FitStage(Event):
+    """A stage of the fit finished. stage "fit": `values` are the best parameters; stage "bootstrap":
+    their bootstrap standard errors."""
+
+    kind: ClassVar[str] = "scaling-fit.stage"
+    stage: str
+    values: dict[str, float]
+    seconds: float
+
+
+@event_type
+@dataclass(frozen=True)
+class StudentStep(Event):
+    """Training loss (KL, mean over the seeds) of the students of one depth at one step."""
+
+    kind: ClassVar[str] = "toy-depth.step"
+    regime: str
+    temperature: float
+    depth: int
+    step: int
+    steps: int
+    loss: float
+
+
+@event_type
+@dataclass(frozen=True)
+class StudentDone(Event):
+    """Held-out KL of each seed's student of one depth after training."""
+
+    kind: ClassVar[str] = "toy-depth.student"
+    regime: str
+    temperature: float
+    depth: int
+    losses: list[float]
+    loss: float
+    seconds: float
+
+
+# --- result documents ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AblationRow:
+    """One layer of the importance map. A live row (from `LayerAblated`) has only the first four;
+    the saved map fills in the rest."""
+
+    layer: int
+    ppl: float | None
+    degradation_pct: float | None
+    layer_class: str
+    anti: bool = False
+    anti_within_noise: bool = False
+    ci_low: float | None = None
+    ci_high: float | None = None
+    block_influence: float | None = None
+    angular_distance: float | None = None
+
+
+@dataclass(frozen=True)
+class AblationMap:
+    """results/ablation.json."""
+
+    model: str
+    method: str
+    baseline_ppl: float
+    eval_tokens: int
+    eval_texts: int
+    seconds: float
+    settings: dict[str, Any]
+    layers: list[AblationRow]
+    spearman: dict[str, float | None]
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> AblationMap:
+        return from_doc(cls, upgrade_result("ablation", dict(doc)))
+
+
+@dataclass(frozen=True)
+class RecoveryRepeat:
+    """One noise seed on one layer: its curve [[step, ppl]...] and what the curve says."""
+
+    status: str  # done or diverged
+    ppl_after_noise: float | None
+    ratio_after_noise: float | None
+    steps_to: dict[str, int | None]  # threshold (x baseline) -> first step below it
+    best_ppl: float | None
+    best_step: int
+    final_ppl: float | None
+    final_ratio: float | None
+    improved_over_baseline: bool
+    curve: list[list[float | None]]
+    repeat: int
+    noise_seed: int
+    diverged_at: int | None
+    steps_run: int
+    seconds: float
+    seconds_per_step: float | None
+    train_loss: list[list[float]]
+
+
+@dataclass(frozen=True)
+class RecoveryRow:
+    """One layer of results/recovery.json: its first repeat's numbers at the top level, the spread
+    over every repeat beside them, and every repeat under `repeats`."""
+
+    layer: int
+    status: str
+    ppl_after_noise: float | None
+    ratio_after_noise: float | None
+    steps_to: dict[str, int | None]
+    best_ppl: float | None
+    best_step: int
+    final_ppl: float | None
+    final_ratio: float | None
+    improved_over_baseline: bool
+    curve: list[list[float | None]]
+    diverged_at: int | None
+    steps_run: int
+    seconds: float
+    seconds_per_step: float | None
+    train_loss: list[list[float]]
+    difficulty: float  # steps to get below 1.1x the baseline (never: the budget), mean over repeats
+    mean_final_ratio: float | None
+    steps_to_mean: dict[str, float | None]
+    steps_to_sd: dict[str, float | None]
+    steps_to_reached: dict[str, int]
+    repeats: list[RecoveryRepeat]
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> RecoveryRow:
+        return from_doc(cls, _renamed(dict(doc)))
+
+
+@dataclass(frozen=True)
+class GrowthArm:
+    """One arm of results/growth.json: losses per seed and their spread, time and throughput."""
+
+    val_loss: list[float]
+    mean: float
+    sd: float
+    seconds: float
+    seconds_sd: float
+    tokens_per_s: float
+    tokens_per_s_sd: float
+    steps: int
+    tokens: int
+    phases: list[dict[str, Any]]
+    model: str | None
+
+    @classmethod
+    def arms_of(cls, doc: Mapping[str, Any]) -> dict[str, GrowthArm]:
+        """The arms of a growth result document, by name."""
+        return {name: from_doc(cls, arm) for name, arm in doc["arms"].items()}
+
+
+def events_markdown() -> str:
+    """The README's table of live events, generated from the classes above (a test compares)."""
+    lines = ["| kind | fields | meaning |", "|---|---|---|"]
+    for kind, cls in _EVENT_TYPES.items():
+        names = ", ".join(f.name for f in dataclasses.fields(cls) if f.name not in ("job", "t"))
+        doc = " ".join((cls.__doc__ or "").split())
+        lines.append(f"| `{kind}` | {names} | {doc} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(events_markdown())

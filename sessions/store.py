@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -19,10 +20,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine.events import Event, event_from_json
 from engine.atomic import atomic_write_json
+from engine.events import Event, event_from_json, upgrade_result
 
 MANIFEST_SCHEMA_VERSION = 1
+log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _VERSIONED_PACKAGES = ("anatomy-tui", "torch", "transformers", "textual", "numpy", "scikit-learn")
 
@@ -123,8 +125,8 @@ class Session:
         """Event JSON documents from byte `offset` on, and the offset to continue from.
 
         A last line still being written (no newline yet) is left for the next call; a line that
-        does not parse (a torn write after a crash) is skipped. Raw documents let a reader (the
-        console) follow kinds whose engine module it has not imported.
+        does not parse (a torn write after a crash) is skipped. The documents are as written (any
+        schema version); `read_events` decodes them.
         """
         if not self.events_path.exists():
             return [], offset
@@ -143,14 +145,15 @@ class Session:
         return docs, offset + end
 
     def read_events(self, offset: int = 0) -> tuple[list[Event], int]:
-        """Like `read_event_docs`, rebuilt as events; kinds not registered here are skipped."""
+        """Like `read_event_docs`, rebuilt as typed events (version 1 lines upgraded); a kind this
+        version does not know, or a line that does not fit its class, is logged and skipped."""
         docs, end = self.read_event_docs(offset)
         events = []
         for doc in docs:
             try:
                 events.append(event_from_json(doc))
-            except (ValueError, TypeError):
-                continue
+            except (ValueError, TypeError) as exc:
+                log.warning("skipped an event in %s: %s", self.events_path, exc)
         return events, end
 
     def events(self) -> list[Event]:
@@ -164,13 +167,15 @@ class Session:
         return path
 
     def load_result(self, name: str) -> dict[str, Any] | None:
+        """The saved document, its rows in the current field names (a 0.1 session's are upgraded)."""
         path = self.results_dir / f"{_checked_name(name)}.json"
         if not path.exists():
             return None
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise SessionError(f"result {path} is damaged ({exc}); delete it and run again") from exc
+        return upgrade_result(name, doc) if isinstance(doc, dict) else doc
 
     def result_names(self) -> list[str]:
         if not self.results_dir.exists():

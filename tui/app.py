@@ -261,9 +261,9 @@ class AnatomyApp(App[None]):
     def poll(self) -> None:
         if self.session is None:
             return
-        docs, self.offset = self.session.read_event_docs(self.offset)
-        for doc in docs:
-            self.state.apply(doc)
+        events, self.offset = self.session.read_events(self.offset)
+        for event in events:
+            self.state.apply(event)
         if self.polls % RECONCILE_EVERY == 0:
             self.reconcile_jobs()
         self.polls += 1

@@ -1,17 +1,43 @@
 """What the console knows about a session, rebuilt from its event log and results alone.
 
-The console never recomputes on reopen: it replays `events.jsonl` as raw JSON documents (so it can
-follow event kinds whose engine module it has not imported, and torch stays unimported) and reads
-`results/*.json`. Each panel asks only for the part it draws; `dirty` says which parts changed.
+The console never recomputes on reopen: it replays `events.jsonl`, decoded into the typed events of
+`engine.events` (torch-free, so torch stays unimported), and reads `results/*.json` into the result
+types there. Each panel asks only for the part it draws; `dirty` says which parts changed.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.events import (
+    AblationMap,
+    AblationRow,
+    Event,
+    Finished,
+    GrowthArm,
+    GrowthArmDone,
+    GrowthEval,
+    GrowthPhase,
+    GrowthPhaseEnd,
+    GrowthPlan,
+    GrowthStep,
+    LayerAblated,
+    Message,
+    Progress,
+    RecoveryLayer,
+    RecoveryPoint,
+    RecoveryRow,
+    RecoveryStart,
+    Result,
+    Started,
+)
+
+log = logging.getLogger(__name__)
 CLASSES = ("critical", "important", "minor", "redundant", "anti")
 MAX_POINTS = 400  # per curve: about twice the widest plot, older points are thinned
 
@@ -24,9 +50,9 @@ def thin(points: list[tuple[float, float]], limit: int = MAX_POINTS) -> list[tup
     return points[:half:2] + points[half:]
 
 
-def layer_class(row: dict[str, Any]) -> str:
+def layer_class(row: AblationRow) -> str:
     """'anti' when ablating the layer measurably helps; otherwise the engine's class."""
-    return "anti" if row.get("anti") else str(row.get("class") or row.get("layer_class") or "")
+    return "anti" if row.anti else row.layer_class
 
 
 @dataclass
@@ -57,7 +83,7 @@ class RecoveryRun:
     noised_ppl: float | None = None
     points: list[tuple[float, float]] = field(default_factory=list)
     status: str = "running"
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: RecoveryRow | None = None
 
     @property
     def label(self) -> str:
@@ -71,25 +97,28 @@ class GrowthView:
     """A growth run: the plan, where each arm is, and its loss curves."""
 
     job: str = ""
-    plan: dict[str, Any] = field(default_factory=dict)
-    current: dict[str, dict[str, Any]] = field(default_factory=dict)  # arm -> phase event
+    plan: GrowthPlan | None = None
+    current: dict[str, GrowthPhase] = field(default_factory=dict)  # arm -> the phase it is in
     step: dict[str, int] = field(default_factory=dict)
     train: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     val: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    phase_done: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    arm_done: dict[str, dict[str, Any]] = field(default_factory=dict)
+    phase_done: dict[str, list[GrowthPhaseEnd]] = field(default_factory=dict)
+    arm_done: dict[str, GrowthArmDone] = field(default_factory=dict)
     status: str = ""
 
 
 class SessionState:
-    """Folds event documents and result files into what the panels draw."""
+    """Folds events and result files into what the panels draw."""
 
     def __init__(self) -> None:
-        self.ablation: dict[int, dict[str, Any]] = {}
-        self.ablation_meta: dict[str, Any] = {}
+        self.ablation: dict[int, AblationRow] = {}
+        self.ablation_map: AblationMap | None = None
+        self.ablation_baseline: float | None = None
+        self.ablation_layers: int | None = None  # depth told by the live events
         self.recovery: list[RecoveryRun] = []
-        self.difficulty: dict[int, dict[str, Any]] = {}
+        self.difficulty: dict[int, RecoveryRow] = {}
         self.growth = GrowthView()
+        self.growth_arms: dict[str, GrowthArm] = {}
         self.results: dict[str, dict[str, Any]] = {}
         self.jobs: dict[str, JobView] = {}
         self.specs: dict[str, dict[str, Any]] = {}
@@ -101,59 +130,62 @@ class SessionState:
     def set_result(self, name: str, doc: dict[str, Any]) -> None:
         self.results[name] = doc
         self.dirty.add("results")
+        try:
+            self._decode_result(name, doc)
+        except (KeyError, TypeError) as exc:  # written by another version: shown raw, not drawn
+            log.warning("result %s does not fit this version (%s); its panels stay empty", name, exc)
+
+    def _decode_result(self, name: str, doc: dict[str, Any]) -> None:
         if name == "ablation":
-            self.ablation = {int(row["index"]): dict(row) for row in doc.get("layers", [])}
-            self.ablation_meta = {k: v for k, v in doc.items() if k != "layers"}
+            self.ablation_map = AblationMap.from_json(doc)
+            self.ablation = {row.layer: row for row in self.ablation_map.layers}
+            self.ablation_baseline = self.ablation_map.baseline_ppl
             self.dirty.add("layers")
         elif name == "recovery":
-            for row in doc.get("layers", []):
-                if "index" in row:
-                    self.difficulty[int(row["index"])] = dict(row)
+            for row in doc["layers"]:
+                summary = RecoveryRow.from_json(row)
+                self.difficulty[summary.layer] = summary
             self.dirty.add("layers")
         elif name == "growth":
+            self.growth_arms = GrowthArm.arms_of(doc)
             self.dirty.add("growth")
 
     # events ---------------------------------------------------------------------------------
-    def apply(self, doc: dict[str, Any]) -> None:
-        kind = str(doc.get("kind", ""))
-        job = str(doc.get("job", ""))
-        handler = _HANDLERS.get(kind)
-        if handler is not None:
-            handler(self, job, doc)
-        elif kind.startswith(("recovery.", "growth.")):
-            self.dirty.add(kind.split(".")[0])
+    def apply(self, event: Event) -> None:
+        """Folds one event in; a kind the console does not draw is logged and skipped."""
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            log.debug("no panel draws %s events; skipped", event.kind)
+            return
+        handler(self, event)
 
-    def _started(self, job: str, doc: dict[str, Any]) -> None:
-        self.jobs[job] = JobView(job, str(doc.get("experiment", "")))
-        spec = doc.get("spec")
-        self.specs[job] = spec if isinstance(spec, dict) else {}
+    def _started(self, event: Started) -> None:
+        self.jobs[event.job] = JobView(event.job, event.experiment)
+        self.specs[event.job] = event.spec
         self.dirty.add("jobs")
-        if doc.get("experiment") == "growth":
-            self.growth = GrowthView(job=job, status="running")
+        if event.experiment == "growth":
+            self.growth = GrowthView(job=event.job, status="running")
             self.dirty.add("growth")
 
-    def _progress(self, job: str, doc: dict[str, Any]) -> None:
-        view = self.jobs.get(job)
+    def _progress(self, event: Progress) -> None:
+        view = self.jobs.get(event.job)
         if view is not None:
-            view.done, view.total, view.label = int(doc["done"]), int(doc["total"]), str(doc.get("label", ""))
+            view.done, view.total, view.label = event.done, event.total, event.label
             self.dirty.add("jobs")
 
-    def _message(self, job: str, doc: dict[str, Any]) -> None:
-        self.add_log(
-            str(doc.get("level", "info")), f"{job}: {doc.get('text', '')}" if job else str(doc["text"])
-        )
+    def _message(self, event: Message) -> None:
+        self.add_log(event.level, f"{event.job}: {event.text}" if event.job else event.text)
 
-    def _result(self, job: str, doc: dict[str, Any]) -> None:
-        if isinstance(doc.get("data"), dict):
-            self.set_result(str(doc.get("name")), doc["data"])
+    def _result(self, event: Result) -> None:
+        self.set_result(event.name, event.data)
 
-    def _finished(self, job: str, doc: dict[str, Any]) -> None:
-        status = str(doc.get("status", "done"))
+    def _finished(self, event: Finished) -> None:
+        job = event.job
         view = self.jobs.setdefault(job, JobView(job, job.split("-")[0]))
-        view.error = str(doc.get("error", ""))
-        level = "info" if status == "done" else "error" if status == "failed" else "warning"
-        self.add_log(level, f"{job} {status} {view.error}".rstrip())
-        self.mark_job(job, status)
+        view.error = event.error
+        level = "info" if event.status == "done" else "error" if event.status == "failed" else "warning"
+        self.add_log(level, f"{job} {event.status} {view.error}".rstrip())
+        self.mark_job(job, event.status)
 
     def mark_job(self, job: str, status: str) -> None:
         """A job ended (its own word, or its process is gone): so did its runs."""
@@ -168,21 +200,17 @@ class SessionState:
             self.growth.status = status
             self.dirty.add("growth")
 
-    def _ablation_layer(self, job: str, doc: dict[str, Any]) -> None:
-        index = int(doc["index"])
-        row = self.ablation.get(index, {})
-        row.update(
-            index=index,
-            ppl=doc["ppl"],
-            degradation_pct=doc["degradation_pct"],
-            **{"class": doc["layer_class"]},
-        )
-        self.ablation[index] = row
-        self.ablation_meta.setdefault("baseline_ppl", doc.get("baseline_ppl"))
-        self.ablation_meta["n_layers"] = doc.get("n_layers")
+    def _ablation_layer(self, event: LayerAblated) -> None:
+        self.ablation[event.layer] = AblationRow(
+            layer=event.layer, ppl=event.ppl, degradation_pct=event.degradation_pct,
+            layer_class=event.layer_class,
+        )  # fmt: skip
+        if self.ablation_baseline is None:
+            self.ablation_baseline = event.baseline_ppl
+        self.ablation_layers = event.n_layers
         self.dirty.add("layers")
 
-    # recovery: fields are read defensively, the engine module may add or rename some ---------
+    # recovery -------------------------------------------------------------------------------
     def _run_for(self, job: str, layer: int, repeat: int) -> RecoveryRun:
         for run in reversed(self.recovery):
             if (run.job, run.layer, run.repeat) == (job, layer, repeat):
@@ -193,63 +221,60 @@ class SessionState:
         self.recovery.append(run)
         return run
 
-    def _recovery_start(self, job: str, doc: dict[str, Any]) -> None:
-        run = self._run_for(job, int(doc.get("layer", 0)), int(doc.get("repeat", 0)))
-        run.baseline_ppl = _number(doc.get("baseline_ppl"))
-        run.noised_ppl = _number(doc.get("ppl_after_noise"))
-        if isinstance(doc.get("steps"), int):
-            run.steps = doc["steps"]
+    def _recovery_start(self, event: RecoveryStart) -> None:
+        run = self._run_for(event.job, event.layer, event.repeat)
+        run.baseline_ppl = _number(event.baseline_ppl)
+        run.noised_ppl = _number(event.ppl_after_noise)
+        run.steps = event.steps
         self.dirty.add("recovery")
 
-    def _recovery_point(self, job: str, doc: dict[str, Any]) -> None:
-        run = self._run_for(job, int(doc.get("layer", 0)), int(doc.get("repeat", 0)))
-        ppl = _number(doc.get("eval_ppl"))
+    def _recovery_point(self, event: RecoveryPoint) -> None:
+        run = self._run_for(event.job, event.layer, event.repeat)
+        ppl = _number(event.eval_ppl)
         if ppl is not None:
-            run.points = thin([*run.points, (float(doc.get("step", len(run.points))), ppl)])
+            run.points = thin([*run.points, (float(event.step), ppl)])
         self.dirty.add("recovery")
 
-    def _recovery_layer(self, job: str, doc: dict[str, Any]) -> None:
-        index = int(doc.get("index", 0))
-        summary = doc.get("result") if isinstance(doc.get("result"), dict) else {}
+    def _recovery_layer(self, event: RecoveryLayer) -> None:
         for run in self.recovery:
-            if run.job == job and run.layer == index:
+            if run.job == event.job and run.layer == event.layer:
                 run.status = "done"
-                run.summary = summary
-        self.difficulty[index] = summary
+                run.summary = event.result
+        self.difficulty[event.layer] = event.result
         self.dirty.update({"recovery", "layers"})
 
     # growth -----------------------------------------------------------------------------------
-    def _growth_plan(self, job: str, doc: dict[str, Any]) -> None:
-        if self.growth.job != job:
-            self.growth = GrowthView(job=job, status="running")
-        self.growth.plan = {k: doc[k] for k in ("arms", "seeds", "params", "profile") if k in doc}
+    def _growth_plan(self, event: GrowthPlan) -> None:
+        if self.growth.job != event.job:
+            self.growth = GrowthView(job=event.job, status="running")
+        self.growth.plan = event
         self.dirty.add("growth")
 
-    def _growth_phase(self, job: str, doc: dict[str, Any]) -> None:
-        self.growth.current[str(doc["arm"])] = doc
+    def _growth_phase(self, event: GrowthPhase) -> None:
+        self.growth.current[event.arm] = event
         self.dirty.add("growth")
 
-    def _growth_step(self, job: str, doc: dict[str, Any]) -> None:
-        arm = _arm_key(doc)
-        self.growth.step[arm] = int(doc["step"])
-        loss = _number(doc.get("train_loss"))
+    def _growth_step(self, event: GrowthStep) -> None:
+        arm = _arm_key(event.arm, event.seed)
+        self.growth.step[arm] = event.step
+        loss = _number(event.train_loss)
         if loss is not None:
-            self.growth.train[arm] = thin([*self.growth.train.get(arm, []), (float(doc["step"]), loss)])
+            self.growth.train[arm] = thin([*self.growth.train.get(arm, []), (float(event.step), loss)])
         self.dirty.add("growth")
 
-    def _growth_eval(self, job: str, doc: dict[str, Any]) -> None:
-        arm = _arm_key(doc)
-        loss = _number(doc.get("val_loss"))
+    def _growth_eval(self, event: GrowthEval) -> None:
+        arm = _arm_key(event.arm, event.seed)
+        loss = _number(event.val_loss)
         if loss is not None:
-            self.growth.val[arm] = thin([*self.growth.val.get(arm, []), (float(doc["step"]), loss)])
+            self.growth.val[arm] = thin([*self.growth.val.get(arm, []), (float(event.step), loss)])
         self.dirty.add("growth")
 
-    def _growth_phase_end(self, job: str, doc: dict[str, Any]) -> None:
-        self.growth.phase_done.setdefault(str(doc["arm"]), []).append(doc)
+    def _growth_phase_end(self, event: GrowthPhaseEnd) -> None:
+        self.growth.phase_done.setdefault(event.arm, []).append(event)
         self.dirty.add("growth")
 
-    def _growth_arm_done(self, job: str, doc: dict[str, Any]) -> None:
-        self.growth.arm_done[_arm_key(doc)] = doc
+    def _growth_arm_done(self, event: GrowthArmDone) -> None:
+        self.growth.arm_done[_arm_key(event.arm, event.seed)] = event
         self.dirty.add("growth")
 
     def add_log(self, level: str, text: str) -> None:
@@ -265,9 +290,8 @@ class SessionState:
     # queries ----------------------------------------------------------------------------------
     @property
     def n_layers(self) -> int:
-        known = self.ablation_meta.get("n_layers")
-        if isinstance(known, int):
-            return known
+        if self.ablation_layers is not None:
+            return self.ablation_layers
         return max(self.ablation, default=-1) + 1
 
     def running_jobs(self) -> list[JobView]:
@@ -278,9 +302,8 @@ class SessionState:
         return dirty
 
 
-def _arm_key(doc: dict[str, Any]) -> str:
-    seed = doc.get("seed")
-    return f"{doc['arm']}" if seed in (None, 0) else f"{doc['arm']}/{seed}"
+def _arm_key(arm: str, seed: int) -> str:
+    return arm if seed == 0 else f"{arm}/{seed}"
 
 
 def _number(value: Any) -> float | None:
@@ -289,20 +312,20 @@ def _number(value: Any) -> float | None:
     return None
 
 
-_HANDLERS = {
-    "started": SessionState._started,
-    "progress": SessionState._progress,
-    "message": SessionState._message,
-    "result": SessionState._result,
-    "finished": SessionState._finished,
-    "ablation.layer": SessionState._ablation_layer,
-    "recovery.start": SessionState._recovery_start,
-    "recovery.point": SessionState._recovery_point,
-    "recovery.layer": SessionState._recovery_layer,
-    "growth.plan": SessionState._growth_plan,
-    "growth.phase": SessionState._growth_phase,
-    "growth.step": SessionState._growth_step,
-    "growth.eval": SessionState._growth_eval,
-    "growth.phase_end": SessionState._growth_phase_end,
-    "growth.arm_done": SessionState._growth_arm_done,
+_HANDLERS: dict[type[Event], Callable[[SessionState, Any], None]] = {
+    Started: SessionState._started,
+    Progress: SessionState._progress,
+    Message: SessionState._message,
+    Result: SessionState._result,
+    Finished: SessionState._finished,
+    LayerAblated: SessionState._ablation_layer,
+    RecoveryStart: SessionState._recovery_start,
+    RecoveryPoint: SessionState._recovery_point,
+    RecoveryLayer: SessionState._recovery_layer,
+    GrowthPlan: SessionState._growth_plan,
+    GrowthPhase: SessionState._growth_phase,
+    GrowthStep: SessionState._growth_step,
+    GrowthEval: SessionState._growth_eval,
+    GrowthPhaseEnd: SessionState._growth_phase_end,
+    GrowthArmDone: SessionState._growth_arm_done,
 }

@@ -8,14 +8,13 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import ClassVar
 
 import numpy as np
 import torch
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import CancelToken, Event, Progress, Result, event_type
+from engine.events import AblationMap, AblationRow, CancelToken, Event, LayerAblated, Progress, Result, json_safe
 from engine.perplexity import Batch, Evaluator
 from engine.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
 
@@ -42,20 +41,6 @@ class AblationSettings:
             raise UserError("--bootstrap must be 0 (off) or a positive number of resamples, e.g. 1000")
         if self.batch_size < 1:
             raise UserError("--batch-size must be at least 1")
-
-
-@event_type
-@dataclass(frozen=True)
-class LayerAblated(Event):
-    """One row of the map, as soon as it is known (before any bootstrap)."""
-
-    kind: ClassVar[str] = "ablation.layer"
-    index: int
-    n_layers: int
-    ppl: float
-    baseline_ppl: float
-    degradation_pct: float
-    layer_class: str
 
 
 def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:
@@ -144,32 +129,32 @@ def run_ablation(
             )
         anti = d < 0 and (high is None or high < 0)
         layers.append(
-            {
-                "index": index,
-                "ppl": ppl,
-                "degradation_pct": d,
-                "class": importance_class(d),
-                "anti": anti,
-                "anti_within_noise": d < 0 and not anti,
-                "ci_low": low,
-                "ci_high": high,
-                "block_influence": float(influence[index]),
-                "angular_distance": float(angular[index]),
-            }
+            AblationRow(
+                layer=index,
+                ppl=ppl,
+                degradation_pct=d,
+                layer_class=importance_class(d),
+                anti=anti,
+                anti_within_noise=d < 0 and not anti,
+                ci_low=low,
+                ci_high=high,
+                block_influence=float(influence[index]),
+                angular_distance=float(angular[index]),
+            )
         )
-    degradations = [row["degradation_pct"] for row in layers]
-    doc = {
-        "model": model_name,
-        "method": settings.method,
-        "baseline_ppl": baseline,
-        "eval_tokens": evaluator.n_tokens,
-        "eval_texts": len(evaluator.texts),
-        "seconds": time.perf_counter() - started,
-        "settings": asdict(settings),
-        "layers": layers,
-        "spearman": {
+    degradations = [row.degradation_pct for row in layers]
+    doc = AblationMap(
+        model=model_name,
+        method=settings.method,
+        baseline_ppl=baseline,
+        eval_tokens=evaluator.n_tokens,
+        eval_texts=len(evaluator.texts),
+        seconds=time.perf_counter() - started,
+        settings=asdict(settings),
+        layers=layers,
+        spearman={
             "block_influence": spearman(influence, degradations),
             "angular_distance": spearman(angular, degradations),
         },
-    }
-    yield Result("ablation", doc)
+    )
+    yield Result("ablation", json_safe(doc))

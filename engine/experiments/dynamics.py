@@ -14,14 +14,13 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import ClassVar
 
 import numpy as np
 import torch
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import CancelToken, Event, Message, Progress, Result, event_type
+from engine.events import CancelToken, DynamicsLayer, Event, Message, Progress, Result
 from engine.perplexity import Batch, token_nll, tokenize_batches
 from engine.text import corpus, heldout_texts, read_lines
 
@@ -69,19 +68,6 @@ class DynamicsSettings:
             raise UserError("--components must be at least 1")
         if self.examples < 0:
             raise UserError("--examples must be 0 or more")
-
-
-@event_type
-@dataclass(frozen=True)
-class DynamicsLayer(Event):
-    """Per-layer medians over the tokens seen so far, sent once all batches are in."""
-
-    kind: ClassVar[str] = "dynamics.layer"
-    index: int
-    n_layers: int
-    angle_state: float
-    angle_update: float | None
-    norm: float
 
 
 # --- angles ----------------------------------------------------------------------------------------
@@ -287,7 +273,7 @@ def layer_rows(p: Profiles, lens_losses: list[float] | None) -> list[dict]:
     for index in range(n_layers):
         update = p.angle_update[:, index] if index < n_layers - 1 else np.array([])
         row = {
-            "index": index,
+            "layer": index,
             "angle_state": quartiles(p.angle_state[:, index]),
             "angle_update": quartiles(update),
             "norm": quartiles(p.norm[:, index]),
@@ -447,7 +433,7 @@ def run_dynamics(
     lens_losses = lens.losses() if lens is not None else None
     layers = layer_rows(profiles, lens_losses)
     for row in layers:
-        yield DynamicsLayer(row["index"], n_layers, row["angle_state"]["median"],
+        yield DynamicsLayer(row["layer"], n_layers, row["angle_state"]["median"],
                             row["angle_update"]["median"], row["norm"]["median"])
     if cancel is not None:
         cancel.check()

@@ -13,13 +13,12 @@ import contextlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import ClassVar
 
 import torch
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import CancelToken, Event, Progress, Result, event_type, json_safe
+from engine.events import CancelToken, Event, Progress, Result, TrialDone, json_safe
 from engine.perplexity import Evaluator
 from engine.statistics import degradation_pct
 
@@ -141,19 +140,6 @@ def greedy_sample(model, tokenizer, prompt: str, tokens: int) -> str:
         out = model.generate(**encoded, max_new_tokens=tokens, do_sample=False, pad_token_id=pad,
                              temperature=None, top_p=None, top_k=None)
     return tokenizer.decode(out[0, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-
-
-@event_type
-@dataclass(frozen=True)
-class TrialDone(Event):
-    kind: ClassVar[str] = "manipulate.trial"
-    layers: tuple[int, ...]
-    strategy: str
-    param: float | None
-    ppl: float
-    baseline_ppl: float
-    degradation_pct: float
-    sample: str
 
 
 Trial = tuple[tuple[int, ...], str, float | None]

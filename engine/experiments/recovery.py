@@ -14,17 +14,30 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import CancelToken, Event, Message, Progress, Result, event_type, json_safe
+from engine.events import (
+    AblationMap,
+    CancelToken,
+    Event,
+    Message,
+    Progress,
+    RecoveryLayer,
+    RecoveryPoint,
+    RecoveryRepeat,
+    RecoveryRow,
+    RecoveryStart,
+    Result,
+    json_safe,
+)
 from engine.perplexity import Evaluator, token_nll
 from engine.statistics import spearman
 from engine.text import corpus, eval_texts, token_blocks
@@ -87,43 +100,6 @@ class RecoverySettings:
         for free in ("layers", "prefix_cache", "eval_batch_size"):
             key.pop(free)
         return key
-
-
-@event_type
-@dataclass(frozen=True)
-class RecoveryStart(Event):
-    """Noise is in: the perplexity the layer starts recovering from."""
-
-    kind: ClassVar[str] = "recovery.start"
-    layer: int
-    repeat: int
-    ppl_after_noise: float
-    baseline_ppl: float
-    steps: int
-
-
-@event_type
-@dataclass(frozen=True)
-class RecoveryPoint(Event):
-    """One evaluated step of one layer's curve (step 0 is right after the noise, no training)."""
-
-    kind: ClassVar[str] = "recovery.point"
-    layer: int
-    repeat: int
-    step: int
-    train_loss: float | None
-    eval_ppl: float
-    ratio_to_baseline: float
-
-
-@event_type
-@dataclass(frozen=True)
-class RecoveryLayer(Event):
-    """A layer is finished (every repeat): its row of the result, ready to save for --resume."""
-
-    kind: ClassVar[str] = "recovery.layer"
-    index: int
-    result: dict[str, Any]
 
 
 def threshold_key(threshold: float) -> str:
@@ -233,7 +209,9 @@ class _Sweep:
         mask = torch.ones_like(ids)
         return token_nll(logits, ids, mask).sum() / mask[:, 1:].sum()
 
-    def recover(self, index: int, repeat: int, prefix: dict[int, torch.Tensor]) -> Iterator[Event]:
+    def recover(
+        self, index: int, repeat: int, prefix: dict[int, torch.Tensor]
+    ) -> Generator[Event, None, RecoveryRepeat]:
         """One noise seed on one layer: noise, fine-tune, curve. Returns the run's summary."""
         settings, baseline = self.settings, self.baseline
         seed = noise_seed(settings.seed, index, repeat)
@@ -274,15 +252,16 @@ class _Sweep:
             if repeat == 0 and self.keep_weights is not None:
                 self.keep_weights(index, {n: p.detach().cpu().clone() for n, p in self.stack.matrices(index).items()})
         seconds = time.perf_counter() - started
-        return summarise_run(curve, baseline, status) | {
-            "repeat": repeat,
-            "noise_seed": seed,
-            "diverged_at": diverged_at,
-            "steps_run": len(losses),
-            "seconds": seconds,
-            "seconds_per_step": seconds / len(losses) if losses else None,
-            "train_loss": losses,
-        }
+        return RecoveryRepeat(
+            **summarise_run(curve, baseline, status),
+            repeat=repeat,
+            noise_seed=seed,
+            diverged_at=diverged_at,
+            steps_run=len(losses),
+            seconds=seconds,
+            seconds_per_step=seconds / len(losses) if losses else None,
+            train_loss=losses,
+        )
 
 
 def summarise_run(curve: Sequence[Sequence[float]], baseline: float, status: str) -> dict[str, Any]:
@@ -304,36 +283,37 @@ def summarise_run(curve: Sequence[Sequence[float]], baseline: float, status: str
     }
 
 
-def difficulty(run: dict[str, Any], budget: int) -> int:
+def difficulty(run: RecoveryRepeat, budget: int) -> int:
     """Steps to get below 1.1x the baseline; never reached (or diverged first) counts as the budget."""
-    steps = run["steps_to"][threshold_key(DIFFICULTY_THRESHOLD)]
+    steps = run.steps_to[threshold_key(DIFFICULTY_THRESHOLD)]
     return budget if steps is None else int(steps)
 
 
-def layer_row(index: int, runs: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+def layer_row(index: int, runs: list[RecoveryRepeat], budget: int) -> RecoveryRow:
     """The layer's result: run 0 at the top, every run under `repeats`, spread over repeats.
     Non-finite numbers become null here, so the row can be saved as it is."""
-    top = {k: v for k, v in runs[0].items() if k not in ("repeat", "noise_seed")}
+    shared = {f.name for f in fields(RecoveryRow)}
+    top = {k: v for k, v in asdict(runs[0]).items() if k in shared}
     mean, sd, reached = {}, {}, {}
     for threshold in THRESHOLDS:
         key = threshold_key(threshold)
-        hits = [run["steps_to"][key] for run in runs if run["steps_to"][key] is not None]
+        hits = [run.steps_to[key] for run in runs if run.steps_to[key] is not None]
         reached[key] = len(hits)
         mean[key] = float(np.mean(hits)) if hits else None
         sd[key] = float(np.std(hits, ddof=1)) if len(hits) > 1 else None
-    return json_safe({
-        "index": index,
+    return RecoveryRow.from_json(json_safe({
+        "layer": index,
         **top,
         "difficulty": float(np.mean([difficulty(run, budget) for run in runs])),
-        "mean_final_ratio": float(np.mean([run["final_ratio"] for run in runs])),
+        "mean_final_ratio": float(np.mean([run.final_ratio for run in runs])),
         "steps_to_mean": mean,
         "steps_to_sd": sd,
         "steps_to_reached": reached,
         "repeats": runs,
-    })
+    }))
 
 
-def training_budget(rows: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+def training_budget(rows: list[RecoveryRow], steps: int) -> dict[str, Any]:
     """The paper's Table 10 idea: a uniform budget against steps sized by measured difficulty.
 
     `proposed_steps` gives each layer the steps it needed to get below 1.1x the baseline (the full
@@ -341,16 +321,16 @@ def training_budget(rows: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     difficulty instead (same cost, more steps for the hard layers).
     """
     uniform_total = steps * len(rows)
-    total_difficulty = sum(row["difficulty"] for row in rows)
+    total_difficulty = sum(row.difficulty for row in rows)
     per_layer = []
     for row in rows:
-        share = row["difficulty"] / total_difficulty if total_difficulty else 1 / len(rows)
+        share = row.difficulty / total_difficulty if total_difficulty else 1 / len(rows)
         per_layer.append(
             {
-                "index": row["index"],
-                "difficulty": row["difficulty"],
+                "layer": row.layer,
+                "difficulty": row.difficulty,
                 "uniform_steps": steps,
-                "proposed_steps": min(steps, math.ceil(row["difficulty"])),
+                "proposed_steps": min(steps, math.ceil(row.difficulty)),
                 "reallocated_steps": round(uniform_total * share),
             }
         )
@@ -366,29 +346,29 @@ def training_budget(rows: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     }
 
 
-def versus_ablation(rows: list[dict[str, Any]], ablation: dict[str, Any] | None) -> dict[str, Any] | None:
+def versus_ablation(rows: list[RecoveryRow], ablation: AblationMap | None) -> dict[str, Any] | None:
     """Spearman of recovery measures against the ablation map's D%, over the layers both have."""
-    if not ablation:
+    if ablation is None:
         return None
-    degradation = {row["index"]: row["degradation_pct"] for row in ablation.get("layers", [])}
-    shared = [row for row in rows if row["index"] in degradation]
-    d = [degradation[row["index"]] for row in shared]
+    degradation = {row.layer: row.degradation_pct for row in ablation.layers}
+    shared = [row for row in rows if row.layer in degradation]
+    d = [degradation[row.layer] for row in shared]
     return {
         "layers": len(shared),
-        "ablation_method": ablation.get("method"),
-        "difficulty": spearman([row["difficulty"] for row in shared], d),
-        "final_ratio": spearman([row["mean_final_ratio"] for row in shared], d),
-        "ratio_after_noise": spearman([row["ratio_after_noise"] for row in shared], d),
+        "ablation_method": ablation.method,
+        "difficulty": spearman([row.difficulty for row in shared], d),
+        "final_ratio": spearman([row.mean_final_ratio for row in shared], d),
+        "ratio_after_noise": spearman([row.ratio_after_noise for row in shared], d),
     }
 
 
-def ranking(rows: list[dict[str, Any]]) -> list[int]:
+def ranking(rows: list[RecoveryRow]) -> list[int]:
     """Layer indices from hardest to easiest: difficulty, then how far from baseline they ended."""
-    def key(row: dict[str, Any]) -> tuple[float, float]:
-        ratio = row["mean_final_ratio"]
-        return row["difficulty"], ratio if ratio is not None and math.isfinite(ratio) else math.inf
+    def key(row: RecoveryRow) -> tuple[float, float]:
+        ratio = row.mean_final_ratio
+        return row.difficulty, ratio if ratio is not None and math.isfinite(ratio) else math.inf
 
-    return [row["index"] for row in sorted(rows, key=key, reverse=True)]
+    return [row.layer for row in sorted(rows, key=key, reverse=True)]
 
 
 def run_recovery(
@@ -401,23 +381,26 @@ def run_recovery(
     ablation: dict[str, Any] | None = None,
     keep_weights: KeepWeights = None,
 ) -> Iterator[Event]:
-    """The sweep. `done_layers` are rows finished earlier with the same settings (--resume): those
-    layers are not run again. `ablation` is an ablation result document for the Spearman.
+    """The sweep. `done_layers` are rows finished earlier with the same settings (--resume), as
+    saved (JSON): those layers are not run again. `ablation` is an ablation result document for the
+    Spearman.
     `keep_weights(index, matrices)` receives each layer's recovered matrices (first repeat) before
     the original weights are restored, so a front end can save them (the console's prompt pane)."""
     settings.validate()
     layers = settings.resolve_layers(len(LayerStack(model)))
     started = time.perf_counter()
     sweep = _Sweep(model, tokenizer, settings, cancel, keep_weights)
-    rows = {row["index"]: row for row in done_layers if row["index"] in layers}
+    done = [RecoveryRow.from_json(row) for row in done_layers]
+    rows = {row.layer: row for row in done if row.layer in layers}
     todo = [index for index in layers if index not in rows]
     sweep.steps_total = len(todo) * settings.repeats * settings.steps
     if rows:
         yield Message(f"resuming: layers {', '.join(map(str, rows))} already finished, skipped")
-    if ablation and model_name and ablation.get("model") not in (None, "", model_name):
-        yield Message(f"the session's ablation map is for {ablation.get('model')}, not {model_name}; "
+    ablation_map = AblationMap.from_json(ablation) if ablation else None
+    if ablation_map is not None and model_name and ablation_map.model not in ("", model_name):
+        yield Message(f"the session's ablation map is for {ablation_map.model}, not {model_name}; "
                       "no Spearman", "warning")
-        ablation = None
+        ablation_map = None
     yield Progress(0, sweep.steps_total, "recovery")
     for index in todo:
         prefix: dict[int, torch.Tensor] = {}
@@ -428,9 +411,9 @@ def run_recovery(
         rows[index] = layer_row(index, runs, settings.steps)
         yield RecoveryLayer(index, rows[index])
     ordered = [rows[index] for index in layers]
-    vs_ablation = versus_ablation(ordered, ablation)
-    runs = [run for row in ordered for run in row["repeats"]]
-    run_seconds = [run["seconds_per_step"] for run in runs if run["seconds_per_step"]]
+    vs_ablation = versus_ablation(ordered, ablation_map)
+    runs = [run for row in ordered for run in row.repeats]
+    run_seconds = [run.seconds_per_step for run in runs if run.seconds_per_step]
     doc = {
         "model": model_name,
         "baseline_ppl": sweep.baseline,

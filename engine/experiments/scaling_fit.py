@@ -13,13 +13,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from engine.errors import UserError
-from engine.events import CancelToken, Event, Message, Progress, Result, event_type
 from engine import powerfit
+from engine.errors import UserError
+from engine.events import CancelToken, Event, FitStage, Message, Progress, Result
 
 TERMS = ("m", "l", "D")
 PARAM_KEYS = ("alpha_m", "alpha_l", "alpha_D", "c_m", "c_l", "c_D", "L0")
@@ -64,18 +64,6 @@ class Runs:
     loss: np.ndarray
     source: str = ""
     n_rows: int = 0  # rows read before cleaning and exclusion
-
-
-@event_type
-@dataclass(frozen=True)
-class FitStage(Event):
-    """A stage of the fit finished. stage "fit": `values` are the best parameters; stage "bootstrap":
-    their bootstrap standard errors."""
-
-    kind: ClassVar[str] = "scaling-fit-stage"
-    stage: str
-    values: dict[str, float]
-    seconds: float
 
 
 def load_runs(path: Path, settings: ScalingFitSettings) -> Runs:

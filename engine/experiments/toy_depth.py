@@ -22,14 +22,14 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
-from engine.errors import UserError
-from engine.events import CancelToken, Event, Message, Progress, Result, event_type
 from engine import powerfit
+from engine.errors import UserError
+from engine.events import CancelToken, Event, Message, Progress, Result, StudentDone, StudentStep
 
 REGIMES = ("tied", "independent")
 
@@ -69,34 +69,6 @@ PRESETS: dict[str, ToyDepthSettings] = {
         eval_size=4096,
     ),
 }
-
-
-@event_type
-@dataclass(frozen=True)
-class StudentStep(Event):
-    """Training loss (KL, mean over the seeds) of the students of one depth at one step."""
-
-    kind: ClassVar[str] = "toy-depth-step"
-    regime: str
-    temperature: float
-    depth: int
-    step: int
-    steps: int
-    loss: float
-
-
-@event_type
-@dataclass(frozen=True)
-class StudentDone(Event):
-    """Held-out KL of each seed's student of one depth after training."""
-
-    kind: ClassVar[str] = "toy-depth-student"
-    regime: str
-    temperature: float
-    depth: int
-    losses: list[float]
-    loss: float
-    seconds: float
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:

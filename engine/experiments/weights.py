@@ -18,14 +18,22 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import ClassVar
 
 import numpy as np
 import torch
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import CancelToken, Event, Message, Progress, Result, event_type, json_safe
+from engine.events import (
+    CancelToken,
+    ComponentAnalysed,
+    Event,
+    Message,
+    ParadoxTrial,
+    Progress,
+    Result,
+    json_safe,
+)
 from engine.perplexity import Evaluator
 from engine.statistics import degradation_pct
 
@@ -268,30 +276,6 @@ def predicted_weights(
     return out
 
 
-@event_type
-@dataclass(frozen=True)
-class ComponentAnalysed(Event):
-    """One component's headline numbers, real beside the independent null."""
-
-    kind: ClassVar[str] = "weights.component"
-    component: str
-    r2_in_sample: float
-    r2_loo: float
-    delta_corr_mean: float
-    null_delta_corr_mean: float
-
-
-@event_type
-@dataclass(frozen=True)
-class ParadoxTrial(Event):
-    kind: ClassVar[str] = "weights.paradox"
-    layers_replaced: tuple[int, ...]
-    ppl: float
-    baseline_ppl: float
-    r2_in_sample_mean: float
-    r2_loo_mean: float
-
-
 def _fit_doc(fit: Fit, position: int) -> dict[str, float]:
     return {
         "r2_in_sample": fit.layer_r2_in[position],
@@ -331,7 +315,7 @@ def run_weights(
         for layer in range(n):
             in_predicted = layer >= settings.first_layer
             per_layer.append({
-                "index": layer,
+                "layer": layer,
                 "predicted": _fit_doc(fit, layer - settings.first_layer) if in_predicted else None,
                 "all_layers": _fit_doc(every, layer),
                 "delta_corr": deltas[layer] if layer < n - 2 else None,

@@ -51,8 +51,8 @@ def print_map(doc: dict) -> None:
         table.add_column(column, justify="right")
     for row in doc["layers"]:
         ci = "" if row["ci_low"] is None else f"[{row['ci_low']:.1f}, {row['ci_high']:.1f}]"
-        label = row["class"] + (" anti" if row["anti"] else " anti?" if row["anti_within_noise"] else "")
-        table.add_row(str(row["index"]), f"{row['ppl']:.2f}", f"{row['degradation_pct']:.1f}", ci, label,
+        label = row["layer_class"] + (" anti" if row["anti"] else " anti?" if row["anti_within_noise"] else "")
+        table.add_row(str(row["layer"]), f"{row['ppl']:.2f}", f"{row['degradation_pct']:.1f}", ci, label,
                       f"{row['block_influence']:.3f}", f"{row['angular_distance']:.3f}")
     Console().print(table)
     rho = doc["spearman"]

@@ -75,7 +75,7 @@ def print_dynamics(doc: dict) -> None:
         table.add_column(column, justify="right")
     for row in doc["layers"]:
         cells = [
-            str(row["index"]),
+            str(row["layer"]),
             _spread(row["angle_state"]),
             _spread(row["angle_update"]),
             _cell(row["norm"]["median"]),

@@ -191,7 +191,7 @@ def show(doc: dict[str, Any]) -> None:
         budget.add_column(name, justify="right")
     for row in doc["budget_table"]:
         cells = [f"{row['steps'][a]} ({row['epochs'][a]:.2f})" for a in doc["arms"]]
-        budget.add_row(str(row["layer"]), row["class"], *cells)
+        budget.add_row(str(row["layer"]), row["layer_class"], *cells)
     console.print(budget)
     gens = Table(title="greedy generations", show_lines=True)
     gens.add_column("prompt")

@@ -46,7 +46,7 @@ def default_layers(session, model_name: str) -> tuple[tuple[int, ...], str]:
     doc = session.load_result("ablation")
     if doc is None or doc.get("model") != model_name:
         return (), "no ablation map of this model in the session: every layer"
-    chosen = tuple(row["index"] for row in doc["layers"] if row["class"] == "redundant" or row["anti"])
+    chosen = tuple(row["layer"] for row in doc["layers"] if row["layer_class"] == "redundant" or row["anti"])
     if not chosen:
         return (), "the ablation map has no redundant or anti layers: every layer"
     return chosen, f"redundant and anti layers of the session's ablation map: {','.join(map(str, chosen))}"

@@ -101,7 +101,7 @@ def checkpointed(events: Iterable[Event], session: Session, state: dict[str, Any
     path = checkpoint_path(session)
     for event in events:
         if isinstance(event, RecoveryLayer):
-            state["layers"][str(event.index)] = event.result
+            state["layers"][str(event.layer)] = event.result
             atomic_write_json(path, json_safe(state))
         yield event
 
@@ -165,7 +165,7 @@ def print_summary(doc: dict) -> None:
     for row in doc["layers"]:
         steps = row["steps_to"]
         table.add_row(
-            str(row["index"]), row["status"], _number(row["ppl_after_noise"], ".1f"),
+            str(row["layer"]), row["status"], _number(row["ppl_after_noise"], ".1f"),
             _steps(steps["2.0"]), _steps(steps["1.5"]), _steps(steps["1.1"]),
             _number(row["best_ppl"], ".2f"), _number(row["final_ppl"], ".2f"),
             _number(row["final_ratio"], ".2f"), "yes" if row["improved_over_baseline"] else "no",

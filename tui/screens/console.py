@@ -96,7 +96,7 @@ class ConsoleScreen(Screen[None]):
                 self.redraw_recovery(app)
             if dirty & {"growth", "results"}:
                 self.query_one(GrowthTimeline).show(state.growth)
-                self.query_one(GrowthTable).show(state.results.get("growth"))
+                self.query_one(GrowthTable).show(state.growth_arms)
                 self.redraw_growth_plot(app)
             if "results" in dirty:
                 self.redraw_angles(state.results.get("dynamics"))
@@ -131,7 +131,7 @@ class ConsoleScreen(Screen[None]):
         ]
         base = next((run.baseline_ppl for run in reversed(runs) if run.baseline_ppl), None)
         if base is None:
-            base = app.state.ablation_meta.get("baseline_ppl")
+            base = app.state.ablation_baseline
         refs = [("baseline", base)] if isinstance(base, (int, float)) else []
         refs += [(name, base * k) for name, k in RATIO_LINES] if refs else []
         plot.draw(
@@ -160,7 +160,7 @@ class ConsoleScreen(Screen[None]):
         rows = doc.get("layers", [])
 
         def series(key: str) -> list[tuple[float, float]]:
-            points = [(r.get("index"), (r.get(key) or {}).get("median")) for r in rows]
+            points = [(r.get("layer"), (r.get(key) or {}).get("median")) for r in rows]
             known = [(x, y) for x, y in points if isinstance(x, int) and isinstance(y, (int, float))]
             return [(float(x), float(y)) for x, y in known]
 

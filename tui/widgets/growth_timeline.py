@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from engine.events import GrowthArm
 from tui.state import GrowthView
 from tui.widgets.status_line import text_bar
 
@@ -19,7 +20,7 @@ def _phase_progress(phase: dict[str, Any], step: int) -> float:
 
 
 def timeline_text(growth: GrowthView) -> Text:
-    arms: dict[str, Any] = growth.plan.get("arms", {})
+    arms: dict[str, Any] = growth.plan.arms if growth.plan else {}
     if not arms:
         return Text("no growth run in this session yet (key g starts a tiny one)", style="dim")
     positions = sorted({layer for arm in arms.values() for p in arm["phases"] for layer in p["layers"]})
@@ -29,7 +30,7 @@ def timeline_text(growth: GrowthView) -> Text:
         done = name in growth.arm_done
         text.append(f"{name}", style="bold")
         text.append(f"  step {step}/{arm['steps']}{'  done' if done else ''}\n", style="dim")
-        current = growth.current.get(name, {}).get("phase")
+        current = growth.current[name].phase if name in growth.current else None
         for phase in arm["phases"]:
             share = 1.0 if done else _phase_progress(phase, step)
             active = phase["name"] == current and not done
@@ -42,21 +43,21 @@ def timeline_text(growth: GrowthView) -> Text:
     return text
 
 
-def comparison_table(doc: dict[str, Any] | None) -> Table | Text:
+def comparison_table(arms: dict[str, GrowthArm]) -> Table | Text:
     """The final growth-against-uniform table from results/growth.json."""
-    if not doc:
+    if not arms:
         return Text("final comparison: when the run finishes", style="dim")
     table = Table(title="final comparison", expand=False)
     for column in ("arm", "val loss", "± sd", "seconds", "tok/s", "steps"):
         table.add_column(column, justify="right")
-    for name, arm in doc.get("arms", {}).items():
+    for name, arm in arms.items():
         table.add_row(
             name,
-            f"{arm['mean']:.4f}",
-            f"{arm['sd']:.4f}",
-            f"{arm['seconds']:.1f}",
-            f"{arm['tokens_per_s']:,.0f}",
-            str(arm["steps"]),
+            f"{arm.mean:.4f}",
+            f"{arm.sd:.4f}",
+            f"{arm.seconds:.1f}",
+            f"{arm.tokens_per_s:,.0f}",
+            str(arm.steps),
         )
     return table
 
@@ -67,5 +68,5 @@ class GrowthTimeline(Static):
 
 
 class GrowthTable(Static):
-    def show(self, doc: dict[str, Any] | None) -> None:
-        self.update(comparison_table(doc))
+    def show(self, arms: dict[str, GrowthArm]) -> None:
+        self.update(comparison_table(arms))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from rich.text import Text
 from textual.widgets import Static
 
@@ -27,19 +29,19 @@ def layer_detail_text(state: SessionState, index: int | None) -> Text:
     text.append(f"Layer {index}", style="bold")
     if name:
         text.append(f"  {name}", style=class_style(name))
-        if row.get("anti_within_noise"):
+        if row.anti_within_noise:
             text.append("  (negative D within noise)", style="dim")
     text.append("\n")
     if row is None:
         text.append("ablation: not measured yet (press a to compute the map)\n", style="dim")
     else:
-        method = state.ablation_meta.get("method", "")
-        base = state.ablation_meta.get("baseline_ppl")
-        if isinstance(base, (int, float)):
+        method = state.ablation_map.method if state.ablation_map else ""
+        base = state.ablation_baseline
+        if base is not None:
             text.append(f"baseline perplexity {base:,.2f}  method {method}\n")
         for key, label, fmt in _ROW_FIELDS:
-            value = row.get(key)
-            if isinstance(value, (int, float)):
+            value = getattr(row, key)
+            if value is not None:
                 text.append(f"{label:>20}  {fmt.format(value)}\n")
     runs = [run for run in state.recovery if run.layer == index]
     if not runs:
@@ -48,8 +50,9 @@ def layer_detail_text(state: SessionState, index: int | None) -> Text:
         last = run.points[-1] if run.points else None
         reading = f" last step {last[0]:g}: ppl {last[1]:,.2f}" if last else ""
         text.append(f"recovery {run.label} lr={run.lr} {run.status}{reading}\n")
-        for key, value in run.summary.items():
-            if key not in ("layer",) and isinstance(value, (int, float, str)):
+        summary = run.summary
+        for key, value in ((f.name, getattr(summary, f.name)) for f in fields(summary) if summary):
+            if key != "layer" and isinstance(value, (int, float, str)):
                 text.append(
                     f"{key:>20}  {value if not isinstance(value, float) else f'{value:.4g}'}\n", style="dim"
                 )

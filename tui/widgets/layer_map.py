@@ -9,6 +9,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
+from engine.events import RecoveryRow
 from tui.state import SessionState, layer_class
 from tui.widgets.palette import class_style
 
@@ -29,15 +30,9 @@ def log_bar(degradation: float | None, width: int = BAR_WIDTH, style: str = "") 
     return bar
 
 
-def difficulty_text(summary: dict[str, Any] | None) -> str:
-    """A short reading of a recovery row: difficulty (steps-like, higher is harder), else the final ratio."""
-    if not summary:
-        return ""
-    value = summary.get("difficulty")
-    if isinstance(value, (int, float)):
-        return f"{value:,.0f}"
-    ratio = summary.get("mean_final_ratio")
-    return f"{ratio:.2f}x" if isinstance(ratio, (int, float)) else "done"
+def difficulty_text(summary: RecoveryRow | None) -> str:
+    """A short reading of a recovery row: difficulty (steps-like, higher is harder)."""
+    return "" if summary is None else f"{summary.difficulty:,.0f}"
 
 
 def pct(value: Any) -> str:
@@ -74,19 +69,19 @@ class LayerMap(DataTable):
 
     @staticmethod
     def _cells(state: SessionState, index: int) -> list[Text | str]:
-        info = state.ablation.get(index, {})
+        info = state.ablation.get(index)
         name = layer_class(info) if info else ""
         style = class_style(name)
-        d = info.get("degradation_pct")
-        low, high = info.get("ci_low"), info.get("ci_high")
-        known = isinstance(low, (int, float)) and isinstance(high, (int, float))
-        bi = info.get("block_influence")
+        d = info.degradation_pct if info else None
+        low, high = (info.ci_low, info.ci_high) if info else (None, None)
+        known = low is not None and high is not None
+        bi = info.block_influence if info else None
         return [
             Text(str(index), style=style),
             Text(name or "?", style=style),
             log_bar(d, style=style),
             Text(pct(d), style=style, justify="right"),
             f"{low:,.0f}..{high:,.0f}" if known else "",
-            "" if not isinstance(bi, (int, float)) else f"{bi:.3f}",
+            "" if bi is None else f"{bi:.3f}",
             difficulty_text(state.difficulty.get(index)),
         ]

@@ -8,5 +8,4 @@ data.py          the corpus, the character tokenizer, deterministic batches
 checkpoint.py    atomic safetensors + JSON checkpoints of a run in progress
 trainer.py       one arm: grow, train, evaluate, checkpoint, yield events
 experiment.py    settings, presets and `run_growth`: every arm and seed, generations, the result
-events.py        the events a console needs to draw the phase timeline and loss curves live
 """

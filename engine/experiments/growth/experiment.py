@@ -25,11 +25,21 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
-from engine.events import CancelToken, Event, Message, Progress, Result
+from engine.events import (
+    CancelToken,
+    Event,
+    GrowthArm,
+    GrowthArmDone,
+    GrowthPlan,
+    GrowthStep,
+    Message,
+    Progress,
+    Result,
+    json_safe,
+)
 from engine.experiments.growth.architecture import growth_widths, param_count, solve_uniform_width
 from engine.experiments.growth.checkpoint import load_checkpoint, save_checkpoint
 from engine.experiments.growth.data import load_corpus, val_batches
-from engine.experiments.growth.events import GrowthArmDone, GrowthPlan, GrowthStep
 from engine.experiments.growth.profile import (
     DEFAULT_MULTIPLIERS,
     PAPER_PROFILE,
@@ -344,7 +354,7 @@ def budget_table(settings: GrowthSettings, plan: Design) -> list[dict[str, Any]]
     for layer in plan.kept:
         steps = {name: counts[name].get(layer, 0) for name in plan.arms}
         epochs = {name: round(n / plan.steps_per_epoch, 3) for name, n in steps.items()}
-        rows.append({"layer": layer, "class": settings.profile[layer], "steps": steps, "epochs": epochs})
+        rows.append({"layer": layer, "layer_class": settings.profile[layer], "steps": steps, "epochs": epochs})
     return rows
 
 
@@ -355,23 +365,23 @@ def result_doc(
     corpus: Any,
     model_dir: Path | None,
 ) -> dict[str, Any]:
-    arms: dict[str, Any] = {}
+    arms: dict[str, GrowthArm] = {}
     for name, arm in plan.arms.items():
         records = [completed[f"{name}/{seed}"] for seed in settings.seeds]
         losses = [r["val_loss"] for r in records]
-        arms[name] = {
-            "val_loss": losses,
-            "mean": statistics.fmean(losses),
-            "sd": _sd(losses),
-            "seconds": statistics.fmean(r["seconds"] for r in records),
-            "seconds_sd": _sd([r["seconds"] for r in records]),
-            "tokens_per_s": statistics.fmean(r["tokens_per_s"] for r in records),
-            "tokens_per_s_sd": _sd([r["tokens_per_s"] for r in records]),
-            "steps": arm.total_steps,
-            "tokens": arm.total_steps * settings.batch_size * settings.seq_len,
-            "phases": records[0]["phases"],
-            "model": str(Path(model_dir) / name) if model_dir is not None else None,
-        }
+        arms[name] = GrowthArm(
+            val_loss=losses,
+            mean=statistics.fmean(losses),
+            sd=_sd(losses),
+            seconds=statistics.fmean(r["seconds"] for r in records),
+            seconds_sd=_sd([r["seconds"] for r in records]),
+            tokens_per_s=statistics.fmean(r["tokens_per_s"] for r in records),
+            tokens_per_s_sd=_sd([r["tokens_per_s"] for r in records]),
+            steps=arm.total_steps,
+            tokens=arm.total_steps * settings.batch_size * settings.seq_len,
+            phases=records[0]["phases"],
+            model=str(Path(model_dir) / name) if model_dir is not None else None,
+        )
     first = settings.seeds[0]
     generations = [
         {"prompt": prompt, **{name: completed[f"{name}/{first}"]["generations"][i] for name in plan.arms}}
@@ -381,14 +391,14 @@ def result_doc(
     phases = []
     if growth is not None:
         for phase, start, stats in zip(
-            growth.phases, growth.starts(), arms["growth_100"]["phases"], strict=True
+            growth.phases, growth.starts(), arms["growth_100"].phases, strict=True
         ):
             phases.append({**phase_to_dict(phase), "start": start, "seconds": stats["seconds"],
                            "tokens_per_s": stats["tokens_per_s"]})  # fmt: skip
     ratio = None
-    if "growth_100" in arms and "uniform_100" in arms and arms["growth_100"]["seconds"] > 0:
-        ratio = arms["uniform_100"]["seconds"] / arms["growth_100"]["seconds"]
-    return {
+    if "growth_100" in arms and "uniform_100" in arms and arms["growth_100"].seconds > 0:
+        ratio = arms["uniform_100"].seconds / arms["growth_100"].seconds
+    return json_safe({
         "preset": settings.preset,
         "params": plan.params,
         "arms": arms,
@@ -404,4 +414,4 @@ def result_doc(
                  "batch_tokens": settings.batch_size * settings.seq_len},
         "settings": settings_to_dict(settings),
         "paper": PAPER_RESULTS,
-    }  # fmt: skip
+    })  # fmt: skip

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.errors import UserError
+from engine.events import AblationMap
 
 CLASSES = ("critical", "important", "minor", "redundant")
 ANTI = "anti"
@@ -51,12 +52,12 @@ def kept_layers(profile: Sequence[str]) -> list[int]:
 
 def profile_from_ablation(doc: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
     """Compresses a results/ablation.json document to `n_layers` classes (rule in the module doc)."""
-    rows = sorted(doc.get("layers") or [], key=lambda row: row.get("index", 0))
+    rows = sorted(AblationMap.from_json(doc).layers, key=lambda row: row.layer)
     if not rows:
         raise UserError("the ablation result has no layers; run `anatomy-tui run ablation` first")
     if n_layers < 1:
         raise UserError(f"--layers must be at least 1, not {n_layers}")
-    source = [ANTI if row.get("anti") else str(row.get("class", "")).lower() for row in rows]
+    source = [ANTI if row.anti else row.layer_class.lower() for row in rows]
     for i, c in enumerate(source):
         if c not in (*CLASSES, ANTI):
             raise UserError(f"ablation layer {i} has unknown class {c!r}; rerun the ablation")

@@ -18,11 +18,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.events import CancelToken, Event
+from engine.events import CancelToken, Event, GrowthEval, GrowthPhase, GrowthPhaseEnd, GrowthStep
 from engine.experiments.growth.architecture import GrowingModel, build_model
 from engine.experiments.growth.checkpoint import optimizer_tensors, restore_optimizer
 from engine.experiments.growth.data import train_batch
-from engine.experiments.growth.events import GrowthEval, GrowthPhase, GrowthPhaseEnd, GrowthStep
 from engine.experiments.growth.protocol import Phase
 
 
@@ -156,7 +155,7 @@ def train_arm(
                 grow.clone(layer, source, phase.ffn_scale)
             added = [{"layer": t, "source": s, "ffn_scale": phase.ffn_scale} for t, s in phase.clone_from]
             yield GrowthPhase(
-                arm=plan.name, seed=seed, phase=phase.name, index=index, start_step=start,
+                arm=plan.name, seed=seed, phase=phase.name, phase_index=index, start_step=start,
                 steps=phase.steps, layers=list(phase.layers), added=added,
             )  # fmt: skip
         grow.set_active(phase.layers)
@@ -189,7 +188,7 @@ def train_arm(
                 checkpoint()
         rate = phase.steps * tokens_per_step / max(phase_seconds[index], 1e-9)
         yield GrowthPhaseEnd(
-            arm=plan.name, seed=seed, phase=phase.name, index=index, steps=phase.steps,
+            arm=plan.name, seed=seed, phase=phase.name, phase_index=index, steps=phase.steps,
             seconds=phase_seconds[index], tokens_per_s=rate,
         )  # fmt: skip
     stats = [
