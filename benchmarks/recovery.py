@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from engine.events import Result
-from engine.experiments.recovery import RecoveryPoint, RecoverySettings, run_recovery
+from engine.events import RecoveryPoint, Result
+from engine.experiments.recovery import RecoverySettings, run_recovery
 from engine.models import load_model
 
 

@@ -12,7 +12,8 @@ from tiny_models import tiny_model
 from engine.anatomy import LayerStack
 from engine.errors import UserError
 from engine.events import Cancelled, CancelToken, Result
-from engine.experiments.ablation import AblationSettings, LayerAblated, neighbour_mean, run_ablation
+from engine.events import LayerAblated
+from engine.experiments.ablation import AblationSettings, neighbour_mean, run_ablation
 from engine.perplexity import Evaluator
 from engine.statistics import bootstrap_degradation, importance_class
 from engine.text import eval_texts
@@ -57,7 +58,7 @@ def test_map_matches_direct_computation_and_restores(tokenizer, method):
     baseline = Evaluator(model, tokenizer, texts).perplexity()
     assert math.isclose(doc["baseline_ppl"], baseline, rel_tol=1e-6)
     for row in doc["layers"]:
-        index = row["index"]
+        index = row["layer"]
         # the straightforward way: a fresh copy of the model with the layer changed, full forward
         direct = tiny_model("llama", seed=3)
         direct_stack = LayerStack(direct)
@@ -76,12 +77,12 @@ def test_map_matches_direct_computation_and_restores(tokenizer, method):
         assert math.isclose(row["ppl"], expected, rel_tol=1e-5)
         d = 100 * (expected - baseline) / baseline
         assert math.isclose(row["degradation_pct"], d, rel_tol=1e-4, abs_tol=1e-6)
-        assert row["class"] == importance_class(d)
+        assert row["layer_class"] == importance_class(d)
         assert row["anti"] == (d < 0)
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
     live = [e for e in events if isinstance(e, LayerAblated)]
-    assert [e.index for e in live] == list(range(4))
+    assert [e.layer for e in live] == list(range(4))
 
 
 def test_json_document_shape(tiny_llama):
@@ -89,7 +90,7 @@ def test_json_document_shape(tiny_llama):
     _, doc = run(model, tokenizer, eval_set="paper", bootstrap=200)
     assert set(doc) >= {"model", "method", "baseline_ppl", "eval_tokens", "seconds", "layers", "spearman"}
     for row in doc["layers"]:
-        assert set(row) >= {"index", "ppl", "degradation_pct", "class", "anti", "ci_low", "ci_high",
+        assert set(row) >= {"layer", "ppl", "degradation_pct", "layer_class", "anti", "ci_low", "ci_high",
                             "block_influence", "angular_distance"}
         assert row["ci_low"] <= row["degradation_pct"] <= row["ci_high"]
         assert row["anti"] == (row["ci_high"] < 0)
@@ -165,7 +166,7 @@ def test_embedded_map_has_30_layers_and_restores_exactly(embedded):
     model, tokenizer = embedded.model, embedded.tokenizer
     before = {k: v.clone() for k, v in model.state_dict().items()}
     _, doc = run(model, tokenizer, eval_set="paper")
-    assert [row["index"] for row in doc["layers"]] == list(range(30))
+    assert [row["layer"] for row in doc["layers"]] == list(range(30))
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
     # the cached value of one middle layer equals a plain full forward with the same swap

@@ -19,7 +19,6 @@ from engine.experiments.growth.architecture import (
     param_count,
 )
 from engine.experiments.growth.data import CharTokenizer, load_corpus, train_batch
-from engine.experiments.growth.events import GrowthPhase, GrowthStep
 from engine.experiments.growth.experiment import (
     design,
     greedy,

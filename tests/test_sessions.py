@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from engine.events import Message, Progress, Result
+from engine.events import Finished, Message, Progress, Result, Started
 from engine.atomic import atomic_write_json
 from sessions.jobs import run_job
 from sessions.store import SessionError, SessionStore
@@ -91,8 +91,7 @@ def test_run_job_saves_result_and_status():
     assert result.data == {"answer": 42}
     assert session.load_result("thing") == {"answer": 42}
     assert session.jobs()["job1"]["status"] == "done"
-    kinds = [e.kind for e in session.events()]
-    assert kinds == ["started", "progress", "result", "finished"]
+    assert [type(e) for e in session.events()] == [Started, Progress, Result, Finished]
     assert all(e.job == "job1" for e in session.events())
 
 

@@ -11,11 +11,9 @@ import pytest
 import torch
 
 from engine.errors import UserError
-from engine.events import Cancelled, CancelToken, Result
+from engine.events import Cancelled, CancelToken, Result, StudentDone, StudentStep
 from engine.experiments.toy_depth import (
-    StudentDone,
     Students,
-    StudentStep,
     Teacher,
     ToyDepthSettings,
     fit_depth_law,

@@ -78,14 +78,14 @@ def test_state_replays_the_stored_session(isolated_home) -> None:
     session = demo_session(SessionStore())
     state = SessionState()
     state.set_result("ablation", session.load_result("ablation"))
-    for doc in session.read_event_docs(0)[0]:
-        state.apply(doc)
-    assert [state.ablation[i]["degradation_pct"] for i in range(6)] == [d for d, _, _ in MAP]
+    for event in session.read_events(0)[0]:
+        state.apply(event)
+    assert [state.ablation[i].degradation_pct for i in range(6)] == [d for d, _, _ in MAP]
     (run,) = state.recovery
     assert (run.layer, run.sigma, run.baseline_ppl) == (1, 0.5, BASELINE)
     assert run.points == [(float(s), p) for s, p in CURVE]
     assert state.growth.step["growth_100"] == 14
-    assert state.growth.current["growth_100"]["phase"] == "minor"
+    assert state.growth.current["growth_100"].phase == "minor"
     text = timeline_text(state.growth).plain
     assert "core" in text and "minor" in text and "full" in text
     assert "■■■··■" in text  # the minor phase: layers 0, 1, 2 and 5 exist
@@ -158,7 +158,7 @@ async def test_map_in_console_then_reopen_shows_the_same(isolated_home, tiny_fol
         await pilot.press("a")
         await app.workers.wait_for_complete()
         await until(pilot, lambda: len(app.state.ablation) == 4 and "ablation" in app.state.results)
-        first = {i: row["degradation_pct"] for i, row in app.state.ablation.items()}
+        first = {i: row.degradation_pct for i, row in app.state.ablation.items()}
         table = app.screen.query_one(LayerMap)
         assert table.row_count == 4
         # columns widened as the numbers arrived: every D % value is shown whole
@@ -167,7 +167,7 @@ async def test_map_in_console_then_reopen_shows_the_same(isolated_home, tiny_fol
     again = tiny_app(tiny_folder, load_model=False)
     async with again.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        assert {i: row["degradation_pct"] for i, row in again.state.ablation.items()} == first
+        assert {i: row.degradation_pct for i, row in again.state.ablation.items()} == first
         assert again.screen.query_one(LayerMap).row_count == 4
         assert not again.state.running_jobs()
 
@@ -311,8 +311,8 @@ async def test_jobs_run_live_cancel_and_survive_the_console(isolated_home, tiny_
         assert run.layer == 1 and run.status == "cancelled" and len(run.points) >= 2
         state = again.state.growth
         assert set(state.arm_done) == {"growth_100", "uniform_100"} and state.status == "done"
-        assert len({e["phase"] for e in state.phase_done["growth_100"]}) > 1  # it grew phase by phase
-        table = plain(comparison_table(again.state.results["growth"]))
+        assert len({e.phase for e in state.phase_done["growth_100"]}) > 1  # it grew phase by phase
+        table = plain(comparison_table(again.state.growth_arms))
         assert "growth_100" in table and "uniform_100" in table
         statuses = {job.experiment: job.status for job in again.state.jobs.values()}
         assert statuses == {"growth": "done", "recovery": "cancelled"}

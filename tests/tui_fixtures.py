@@ -7,6 +7,18 @@ from __future__ import annotations
 import json
 
 from engine.atomic import atomic_write_json
+from engine.events import (
+    AblationMap,
+    AblationRow,
+    Event,
+    GrowthPhase,
+    GrowthPlan,
+    GrowthStep,
+    RecoveryPoint,
+    RecoveryStart,
+    Started,
+    json_safe,
+)
 from sessions.store import Session, SessionStore
 
 T0 = 1_700_000_000.0
@@ -23,58 +35,34 @@ MAP = [
 CURVE = [(0, 80.0), (5, 50.0), (10, 35.0), (20, 25.0), (40, 21.5)]
 
 
+def ablation_map(rows: list[AblationRow], model: str = "tiny") -> dict:
+    """An ablation result document with these rows, as the engine writes it."""
+    return json_safe(AblationMap(
+        model=model, method="mean", baseline_ppl=BASELINE, eval_tokens=100, eval_texts=4, seconds=1.0,
+        settings={}, layers=rows, spearman={"block_influence": 0.5, "angular_distance": 0.5},
+    ))  # fmt: skip
+
+
 def ablation_doc() -> dict:
-    layers = []
-    for index, (d, name, anti) in enumerate(MAP):
-        layers.append({
-            "index": index, "ppl": BASELINE * (1 + d / 100), "degradation_pct": d, "class": name,
-            "anti": anti,
-            "anti_within_noise": False, "ci_low": d - 1.0, "ci_high": d + 1.0,
-            "block_influence": 0.01 * (index + 1), "angular_distance": 0.02 * (index + 1),
-        })  # fmt: skip
-    return {
-        "model": "tiny",
-        "method": "mean",
-        "baseline_ppl": BASELINE,
-        "eval_tokens": 100,
-        "seconds": 1.0,
-        "layers": layers,
-        "spearman": {"block_influence": 0.5, "angular_distance": 0.5},
-    }
+    return ablation_map([
+        AblationRow(
+            layer=index, ppl=BASELINE * (1 + d / 100), degradation_pct=d, layer_class=name, anti=anti,
+            anti_within_noise=False, ci_low=d - 1.0, ci_high=d + 1.0,
+            block_influence=0.01 * (index + 1), angular_distance=0.02 * (index + 1),
+        )
+        for index, (d, name, anti) in enumerate(MAP)
+    ])  # fmt: skip
 
 
-def _event(kind: str, job: str, t: float, **body) -> dict:
-    return {"v": 1, "kind": kind, "job": job, "t": t, **body}
-
-
-def recovery_events(job: str = "recovery-1", layer: int = 1) -> list[dict]:
-    events = [
-        _event("started", job, T0, experiment="recovery", spec={"sigma": 0.5, "lr": 1e-4, "steps": 40}),
-        _event(
-            "recovery.start",
-            job,
-            T0 + 1,
-            layer=layer,
-            repeat=0,
-            ppl_after_noise=90.0,
-            baseline_ppl=BASELINE,
-            steps=40,
-        ),
+def recovery_events(job: str = "recovery-1", layer: int = 1) -> list[Event]:
+    events: list[Event] = [
+        Started("recovery", {"sigma": 0.5, "lr": 1e-4, "steps": 40}, job=job, t=T0),
+        RecoveryStart(layer=layer, repeat=0, ppl_after_noise=90.0, baseline_ppl=BASELINE, steps=40,
+                      job=job, t=T0 + 1),
     ]
     for step, ppl in CURVE:
-        events.append(
-            _event(
-                "recovery.point",
-                job,
-                T0 + 2 + step,
-                layer=layer,
-                repeat=0,
-                step=step,
-                train_loss=3.0,
-                eval_ppl=ppl,
-                ratio_to_baseline=ppl / BASELINE,
-            )
-        )
+        events.append(RecoveryPoint(layer=layer, repeat=0, step=step, train_loss=3.0, eval_ppl=ppl,
+                                    ratio_to_baseline=ppl / BASELINE, job=job, t=T0 + 2 + step))
     return events
 
 
@@ -93,62 +81,32 @@ GROWTH_PLAN = {
 }  # fmt: skip
 
 
-def growth_events(job: str = "growth-1", upto: int = 14) -> list[dict]:
-    events = [
-        _event("started", job, T0, experiment="growth", spec={}),
-        _event(
-            "growth.plan",
-            job,
-            T0,
-            arms=GROWTH_PLAN,
-            seeds=[0],
-            params={"growth": 1, "uniform": 1},
-            profile=["C", "I", "M", "R", "A", "C"],
-            batch_tokens=64,
-        ),
+def growth_events(job: str = "growth-1", upto: int = 14) -> list[Event]:
+    events: list[Event] = [
+        Started("growth", {}, job=job, t=T0),
+        GrowthPlan(arms=GROWTH_PLAN, seeds=[0], params={"growth": 1, "uniform": 1},
+                   profile=["C", "I", "M", "R", "A", "C"], batch_tokens=64, job=job, t=T0),
     ]
     phases = GROWTH_PLAN["growth_100"]["phases"]
     for step in range(1, upto + 1):
         for index, phase in enumerate(phases):
             if step == phase["start"] + 1:
-                events.append(
-                    _event(
-                        "growth.phase",
-                        job,
-                        T0 + step,
-                        arm="growth_100",
-                        seed=0,
-                        phase=phase["name"],
-                        index=index,
-                        start_step=phase["start"],
-                        steps=phase["steps"],
-                        layers=phase["layers"],
-                        added=[],
-                    )
-                )
-        events.append(
-            _event(
-                "growth.step",
-                job,
-                T0 + step,
-                arm="growth_100",
-                seed=0,
-                phase="x",
-                step=step,
-                total_steps=30,
-                train_loss=5.0 - 0.1 * step,
-                tokens_per_s=1000.0,
-                lr=1e-3,
-                n_layers=2,
-            )
-        )
+                events.append(GrowthPhase(
+                    arm="growth_100", seed=0, phase=phase["name"], phase_index=index,
+                    start_step=phase["start"], steps=phase["steps"], layers=phase["layers"], added=[],
+                    job=job, t=T0 + step,
+                ))  # fmt: skip
+        events.append(GrowthStep(
+            arm="growth_100", seed=0, phase="x", step=step, total_steps=30, train_loss=5.0 - 0.1 * step,
+            tokens_per_s=1000.0, lr=1e-3, n_layers=2, job=job, t=T0 + step,
+        ))  # fmt: skip
     return events
 
 
-def write_events(session: Session, events: list[dict]) -> None:
+def write_events(session: Session, events: list[Event]) -> None:
     with open(session.events_path, "a", encoding="utf-8") as handle:
-        for doc in events:
-            handle.write(json.dumps(doc) + "\n")
+        for event in events:
+            handle.write(json.dumps(event.to_json()) + "\n")
 
 
 def demo_session(store: SessionStore, name: str = "demo", model: str = "tiny") -> Session:
