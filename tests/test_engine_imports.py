@@ -33,3 +33,16 @@ def test_no_ui_imports(package):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "", f"UI modules imported by {package}: {done.stdout.strip()}"
+
+
+@pytest.mark.parametrize("module", ["engine.events", "engine.registry", "sessions.store", "tui.state"])
+def test_torch_free(module):
+    """The vocabulary, the registry, the store and the console's state load without torch or numpy,
+    so the console decodes every event before (or without) the engine's heavy imports."""
+    code = (
+        f"import importlib, sys\nimportlib.import_module({module!r})\n"
+        "print(','.join(sorted(m for m in ('torch', 'numpy', 'transformers') if m in sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "", f"{module} imported {done.stdout.strip()}"

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from engine.events import Finished, Message, Progress, Result, Started
 from engine.atomic import atomic_write_json
+from engine.events import Finished, Message, Progress, Result, Started
 from sessions.jobs import run_job
 from sessions.store import SessionError, SessionStore
 

@@ -1,0 +1,190 @@
+"""The one vocabulary: every kind spelled one way, every event and result type round-tripping through
+JSON, version 1 logs and results upgraded on reading, and the README's event table in step."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.events import (
+    AblationMap,
+    AblationRow,
+    GrowthArm,
+    GrowthPhase,
+    LayerAblated,
+    RecoveryLayer,
+    RecoveryRow,
+    Started,
+    StudentStep,
+    event_from_json,
+    event_types,
+    events_markdown,
+    from_doc,
+    json_safe,
+    upgrade_event,
+    upgrade_result,
+)
+from sessions.store import SessionStore
+from tui.state import SessionState
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+COMMANDS = ("job", "ablation", "recovery", "growth", "dynamics", "weights", "manipulate", "scaling-fit",
+            "toy-depth", "prune")  # fmt: skip
+
+
+def sample(hint: Any) -> Any:
+    """A value of the annotated type, with every container non-empty, to round-trip."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return sample(next(a for a in args if a is not type(None)))
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return build(hint)
+    if origin is list:
+        return [sample(args[0])]
+    if origin is tuple:
+        return (sample(args[0]),)
+    if origin is dict:
+        return {"k": sample(args[1])}
+    return {bool: True, int: 3, float: 1.5, str: "x"}.get(hint, "any")
+
+
+def build(cls: type) -> Any:
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: sample(hints[f.name]) for f in dataclasses.fields(cls) if f.init and f.name != "t"})
+
+
+@pytest.mark.parametrize("kind", list(event_types()))
+def test_every_event_round_trips_through_json(kind):
+    event = build(event_types()[kind])
+    line = json.dumps(event.to_json(), allow_nan=False)
+    assert event_from_json(json.loads(line)) == event
+
+
+def test_kinds_are_command_dot_what_and_fields_say_layer():
+    pattern = re.compile(rf"^({'|'.join(map(re.escape, COMMANDS))})\.[a-z_]+$")
+    for kind, cls in event_types().items():
+        assert pattern.match(kind), kind
+        assert cls.kind == kind
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert not names & {"index", "class"}, (kind, names)
+
+
+def test_a_missing_field_is_an_error_not_a_default():
+    doc = LayerAblated(layer=2, n_layers=4, ppl=1.0, baseline_ppl=1.0, degradation_pct=0.0,
+                       layer_class="minor").to_json()
+    del doc["layer"]
+    with pytest.raises(TypeError):
+        event_from_json(doc)
+    with pytest.raises(ValueError, match="unknown event kind"):
+        event_from_json({"v": 2, "kind": "nobody.knows"})
+
+
+@pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm])
+def test_result_types_round_trip(cls):
+    value = build(cls)
+    assert from_doc(cls, json.loads(json.dumps(json_safe(value)))) == value
+
+
+def test_version_2_documents_pass_the_upgrade_unchanged():
+    for cls in event_types().values():
+        doc = build(cls).to_json()
+        assert upgrade_event(doc) == doc
+    doc = json_safe(build(AblationMap))
+    assert upgrade_result("ablation", doc) == doc
+
+
+# --- a session written by 0.1 (schema 1), in the shapes it wrote ---------------------------------
+V1_ROW = {"index": 1, "ppl": 30.0, "degradation_pct": 50.0, "class": "important", "anti": False,
+          "anti_within_noise": False, "ci_low": None, "ci_high": None, "block_influence": 0.1,
+          "angular_distance": 0.2}  # fmt: skip
+V1_RECOVERY_ROW = {
+    "index": 1, "status": "done", "ppl_after_noise": 90.0, "ratio_after_noise": 4.5,
+    "steps_to": {"2.0": 5, "1.5": 10, "1.1": None}, "best_ppl": 21.0, "best_step": 40, "final_ppl": 21.0,
+    "final_ratio": 1.05, "improved_over_baseline": False, "curve": [[0, 90.0], [40, 21.0]],
+    "diverged_at": None, "steps_run": 40, "seconds": 2.0, "seconds_per_step": 0.05,
+    "train_loss": [[1, 3.0]], "difficulty": 40.0, "mean_final_ratio": 1.05,
+    "steps_to_mean": {"2.0": 5.0}, "steps_to_sd": {"2.0": None}, "steps_to_reached": {"2.0": 1},
+    "repeats": [],
+}  # fmt: skip
+V1_LOG = [
+    {"v": 1, "kind": "started", "job": "ablation-1", "t": 1.0, "experiment": "ablation", "spec": {}},
+    {"v": 1, "kind": "ablation.layer", "job": "ablation-1", "t": 2.0, "index": 0, "n_layers": 2,
+     "ppl": 40.0, "baseline_ppl": 20.0, "degradation_pct": 100.0, "layer_class": "critical"},
+    {"v": 1, "kind": "progress", "job": "ablation-1", "t": 2.0, "done": 1, "total": 2, "label": "ablation"},
+    {"v": 1, "kind": "result", "job": "ablation-1", "t": 3.0, "name": "ablation",
+     "data": {"model": "tiny", "method": "mean", "baseline_ppl": 20.0, "eval_tokens": 10, "eval_texts": 2,
+              "seconds": 1.0, "settings": {}, "spearman": {}, "layers": [{**V1_ROW, "index": 0}, V1_ROW]}},
+    {"v": 1, "kind": "finished", "job": "ablation-1", "t": 3.0, "status": "done", "error": ""},
+    {"v": 1, "kind": "recovery.layer", "job": "recovery-1", "t": 4.0, "index": 1, "result": V1_RECOVERY_ROW},
+    {"v": 1, "kind": "growth.phase", "job": "growth-1", "t": 5.0, "arm": "growth_100", "seed": 0,
+     "phase": "core", "index": 0, "start_step": 0, "steps": 3, "layers": [1], "added": []},
+    {"v": 1, "kind": "toy-depth-step", "job": "toy-depth-1", "t": 6.0, "regime": "tied",
+     "temperature": 1.0, "depth": 2, "step": 10, "steps": 20, "loss": 0.5},
+]  # fmt: skip
+
+
+def test_a_version_1_session_still_opens(isolated_home):
+    session = SessionStore().create("old")
+    (session.results_dir / "ablation.json").write_text(json.dumps(V1_LOG[3]["data"]))
+    with open(session.events_path, "w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(doc) + "\n" for doc in V1_LOG)
+    events, _ = session.read_events()
+    assert [e.kind for e in events] == [
+        "job.started", "ablation.layer", "job.progress", "job.result", "job.finished", "recovery.layer",
+        "growth.phase", "toy-depth.step",
+    ]  # fmt: skip
+    assert isinstance(events[0], Started) and events[1].layer == 0
+    assert isinstance(events[5], RecoveryLayer) and events[5].layer == 1 and events[5].result.layer == 1
+    assert isinstance(events[6], GrowthPhase) and events[6].phase_index == 0
+    assert isinstance(events[7], StudentStep) and events[7].loss == 0.5
+    saved = session.load_result("ablation")
+    assert [(row["layer"], row["layer_class"]) for row in saved["layers"]] == [(0, "important"), (1, "important")]
+    state = SessionState()
+    state.set_result("ablation", saved)
+    for event in events:
+        state.apply(event)
+    renamed = {("layer" if k == "index" else "layer_class" if k == "class" else k): v for k, v in V1_ROW.items()}
+    assert state.ablation[1] == AblationRow(**renamed)
+    assert state.difficulty[1].difficulty == 40.0
+    assert state.growth.current["growth_100"].phase_index == 0
+
+
+def test_version_1_result_rows_are_renamed_everywhere():
+    recovery = upgrade_result("recovery", {"layers": [V1_RECOVERY_ROW],
+                                           "budget": {"per_layer": [{"index": 1, "difficulty": 40.0}]}})
+    assert recovery["layers"][0]["layer"] == 1 and recovery["budget"]["per_layer"][0]["layer"] == 1
+    assert RecoveryRow.from_json(V1_RECOVERY_ROW).layer == 1  # a 0.1 resume checkpoint row
+    weights = upgrade_result("weights", {"components": {"q": {"per_layer": [{"index": 2}]}}})
+    assert weights["components"]["q"]["per_layer"] == [{"layer": 2}]
+    growth = upgrade_result("growth", {"budget_table": [{"layer": 0, "class": "critical"}]})
+    assert growth["budget_table"] == [{"layer": 0, "layer_class": "critical"}]
+    assert upgrade_result("dynamics", {"layers": [{"index": 4}]})["layers"] == [{"layer": 4}]
+
+
+# --- the README ---------------------------------------------------------------------------------
+def test_readme_event_table_is_generated_from_the_classes():
+    text = README.read_text(encoding="utf-8")
+    table = text.split("<!-- events:begin -->\n", 1)[1].split("\n<!-- events:end -->", 1)[0]
+    assert table == events_markdown(), "README's event table is stale: paste `python3 -m engine.events`"
+
+
+def test_readme_mentions_only_real_kinds_with_their_fields():
+    text = README.read_text(encoding="utf-8")
+    commands = "|".join(map(re.escape, COMMANDS))
+    mentions = re.findall(rf"`((?:{commands})[.-][a-z_]+)`([^`{{]{{0,30}}?\{{([^}}]*)\}})?", text)
+    assert len(mentions) > 10
+    kinds = event_types()
+    for kind, braces, fields in mentions:
+        if kind.endswith("json"):
+            continue
+        assert kind in kinds, f"README names `{kind}`, which engine/events.py does not declare"
+        if braces:
+            declared = [f.name for f in dataclasses.fields(kinds[kind]) if f.name not in ("job", "t")]
+            assert [name.strip() for name in fields.split(",")] == declared, kind
