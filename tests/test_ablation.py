@@ -11,8 +11,7 @@ from tiny_models import tiny_model
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import Cancelled, CancelToken, Result
-from engine.events import LayerAblated
+from engine.events import Cancelled, CancelToken, LayerAblated, Result
 from engine.experiments.ablation import AblationSettings, neighbour_mean, run_ablation
 from engine.perplexity import Evaluator
 from engine.statistics import bootstrap_degradation, importance_class

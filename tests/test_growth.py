@@ -7,9 +7,10 @@ import json
 
 import pytest
 import torch
+from tui_fixtures import ablation_map
 
 from engine.errors import UserError
-from engine.events import Cancelled, CancelToken, event_from_json
+from engine.events import AblationRow, Cancelled, CancelToken, GrowthPhase, GrowthStep, event_from_json
 from engine.experiments.growth.architecture import (
     GrowingModel,
     build_model,
@@ -168,12 +169,10 @@ def test_phase_tables_load_from_toml_and_json(tmp_path):
 
 def test_profile_from_ablation_compresses_by_the_documented_rule():
     classes = ["redundant", "critical", "minor", "minor", "important", "redundant"]
-    rows = [
-        {"index": i, "degradation_pct": 1.0, "class": c, "anti": i in (2, 3)} for i, c in enumerate(classes)
-    ]
-    assert profile_from_ablation({"layers": rows}, 3) == ("critical", "anti", "important")
+    doc = ablation_map([AblationRow(i, 1.0, 1.0, c, anti=i in (2, 3)) for i, c in enumerate(classes)])
+    assert profile_from_ablation(doc, 3) == ("critical", "anti", "important")
     six = ("redundant", "critical", "anti", "anti", "important", "redundant")
-    assert profile_from_ablation({"layers": rows}, 6) == six
+    assert profile_from_ablation(doc, 6) == six
     with pytest.raises(UserError):
         parse_profile("critical,bogus")
 
@@ -259,7 +258,7 @@ def test_saved_models_load_with_automodel(tmp_path):
 def test_settings_and_events_round_trip():
     settings = small_settings(phases=(Phase("a", (0, 1, 2, 3, 5), steps=3),))
     assert settings_from_dict(json.loads(json.dumps(settings_to_dict(settings)))) == settings
-    event = GrowthPhase(arm="growth_100", seed=0, phase="a", index=0, start_step=0, steps=3, layers=[1],
+    event = GrowthPhase(arm="growth_100", seed=0, phase="a", phase_index=0, start_step=0, steps=3, layers=[1],
                         added=[{"layer": 1, "source": 2, "ffn_scale": 0.5}])  # fmt: skip
     assert event_from_json(json.loads(json.dumps(event.to_json()))) == event
 

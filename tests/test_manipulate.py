@@ -8,10 +8,11 @@ import dataclasses
 
 import pytest
 import torch
+from tui_fixtures import ablation_map
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import Result
+from engine.events import AblationRow, Result
 from engine.experiments.ablation import neighbour_mean
 from engine.experiments.manipulate import (
     ManipulationSettings,
@@ -204,9 +205,9 @@ def test_default_layers_come_from_the_sessions_ablation_map():
 
     session = SessionStore().create("manip")
     assert default_layers(session, "m")[0] == ()
-    rows = [{"index": i, "class": c, "anti": a} for i, (c, a) in
+    rows = [AblationRow(i, 1.0, 1.0, c, anti=a) for i, (c, a) in
             enumerate([("critical", False), ("redundant", False), ("minor", True), ("minor", False)])]
-    session.save_result("ablation", {"model": "m", "layers": rows})
+    session.save_result("ablation", ablation_map(rows, model="m"))
     assert default_layers(session, "m")[0] == (1, 2)
     assert default_layers(session, "other")[0] == ()
 

@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import pytest
 import torch
 from tiny_models import save_tiny
+from tui_fixtures import ablation_map
 
 from engine.errors import UserError
-from engine.events import Cancelled, CancelToken, Result
-from engine.experiments.recovery import (
+from engine.events import (
+    AblationMap,
+    AblationRow,
+    Cancelled,
+    CancelToken,
     RecoveryLayer,
     RecoveryPoint,
-    RecoverySettings,
+    RecoveryRepeat,
+    RecoveryRow,
     RecoveryStart,
+    Result,
+)
+from engine.experiments.recovery import (
+    RecoverySettings,
     difficulty,
+    layer_row,
     run_recovery,
     steps_to_thresholds,
     summarise_run,
@@ -107,25 +118,28 @@ def test_summary_of_an_anti_layer_and_difficulty():
     assert run["best_ppl"] == 18.0 and run["best_step"] == 2
     assert run["final_ppl"] == 19.0 and run["improved_over_baseline"] is True
     assert run["steps_to"] == {"2.0": 0, "1.5": 0, "1.1": 1}
-    assert difficulty(run, budget=200) == 1
+    assert difficulty(run["steps_to"], budget=200) == 1
     never = summarise_run([[0, 300.0], [200, 176.0]], baseline=22.6, status="done")
-    assert never["improved_over_baseline"] is False and difficulty(never, budget=200) == 200
+    assert never["improved_over_baseline"] is False and difficulty(never["steps_to"], budget=200) == 200
+
+
+def hand_row(layer: int, hardness: float, final_ratio: float, after_noise: float) -> RecoveryRow:
+    """A layer's row as the engine builds it, with the three numbers the budget and Spearman read."""
+    curve = [[0, after_noise * 20.0], [200, final_ratio * 20.0]]
+    run = RecoveryRepeat(**summarise_run(curve, 20.0, "done"), repeat=0, noise_seed=0, diverged_at=None,
+                         steps_run=200, seconds=1.0, seconds_per_step=0.005, train_loss=[])
+    return dataclasses.replace(layer_row(layer, [run], 200), difficulty=hardness, mean_final_ratio=final_ratio)
 
 
 def test_budget_and_spearman_on_hand_rows():
-    rows = [
-        {"index": 11, "difficulty": 200.0, "mean_final_ratio": 7.8, "ratio_after_noise": 40.0},
-        {"index": 14, "difficulty": 10.0, "mean_final_ratio": 0.8, "ratio_after_noise": 1.2},
-        {"index": 17, "difficulty": 50.0, "mean_final_ratio": 0.9, "ratio_after_noise": 1.5},
-    ]
+    rows = [hand_row(11, 200.0, 7.8, 40.0), hand_row(14, 10.0, 0.8, 1.2), hand_row(17, 50.0, 0.9, 1.5)]
     budget = training_budget(rows, steps=200)
     assert budget["uniform_total"] == 600 and budget["proposed_total"] == 260
     assert budget["saving_steps"] == 340 and budget["saving_pct"] == pytest.approx(100 * 340 / 600)
     assert [item["reallocated_steps"] for item in budget["per_layer"]] == [462, 23, 115]
-    ablation = {"model": "m", "method": "mean", "layers": [
-        {"index": 11, "degradation_pct": 7946.0}, {"index": 14, "degradation_pct": 1.0},
-        {"index": 17, "degradation_pct": 20.0}, {"index": 20, "degradation_pct": 5.0},
-    ]}
+    ablation = AblationMap.from_json(ablation_map([
+        AblationRow(layer, 1.0, d, "minor") for layer, d in ((11, 7946.0), (14, 1.0), (17, 20.0), (20, 5.0))
+    ]))
     result = versus_ablation(rows, ablation)
     assert result["layers"] == 3 and result["difficulty"] == pytest.approx(1.0)
     assert versus_ablation(rows, None) is None
@@ -144,7 +158,7 @@ def test_noise_hurts_training_heals_and_weights_come_back(trained, texts):
     before = snapshot(model)
     events, doc = drain(run_recovery(model, tokenizer, settings_for(texts, eval_every=4), model_name="tiny"))
     assert_same_weights(model, before)
-    assert [row["index"] for row in doc["layers"]] == [1, 2]
+    assert [row["layer"] for row in doc["layers"]] == [1, 2]
     for row in doc["layers"]:
         assert row["status"] == "done"
         assert row["ppl_after_noise"] > doc["baseline_ppl"]  # noise raises the loss
@@ -261,9 +275,9 @@ def test_cancelled_sweep_resumes_at_the_next_layer(tmp_path, texts):
     assert resumed["resumed_layers"] == [1]
     _, fresh = drain(run_recovery(loaded.model, loaded.tokenizer, settings, model_name=loaded.name))
     for a, b in zip(resumed["layers"], fresh["layers"], strict=True):
-        assert a["index"] == b["index"] and a["steps_to"] == b["steps_to"]
+        assert a["layer"] == b["layer"] and a["steps_to"] == b["steps_to"]
         assert [p for _, p in a["curve"]] == pytest.approx([p for _, p in b["curve"]], rel=1e-6)
-    assert SessionStore().open("sweep").load_result("recovery")["layers"][1]["index"] == 2
+    assert SessionStore().open("sweep").load_result("recovery")["layers"][1]["layer"] == 2
 
 
 def test_resume_refuses_other_settings(tmp_path, texts, capsys):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
+from engine import powerfit
 from engine.errors import UserError
 from engine.events import Result
-from engine import powerfit
 from engine.experiments.scaling_fit import (
     Runs,
     ScalingFitSettings,

@@ -283,9 +283,9 @@ def summarise_run(curve: Sequence[Sequence[float]], baseline: float, status: str
     }
 
 
-def difficulty(run: RecoveryRepeat, budget: int) -> int:
+def difficulty(steps_to: dict[str, int | None], budget: int) -> int:
     """Steps to get below 1.1x the baseline; never reached (or diverged first) counts as the budget."""
-    steps = run.steps_to[threshold_key(DIFFICULTY_THRESHOLD)]
+    steps = steps_to[threshold_key(DIFFICULTY_THRESHOLD)]
     return budget if steps is None else int(steps)
 
 
@@ -304,7 +304,7 @@ def layer_row(index: int, runs: list[RecoveryRepeat], budget: int) -> RecoveryRo
     return RecoveryRow.from_json(json_safe({
         "layer": index,
         **top,
-        "difficulty": float(np.mean([difficulty(run, budget) for run in runs])),
+        "difficulty": float(np.mean([difficulty(run.steps_to, budget) for run in runs])),
         "mean_final_ratio": float(np.mean([run.final_ratio for run in runs])),
         "steps_to_mean": mean,
         "steps_to_sd": sd,
