@@ -598,6 +598,33 @@ class RecoveryRow:
 
 
 @dataclass(frozen=True)
+class Quartiles:
+    """Median and quartiles over tokens; null where no token had a value."""
+
+    median: float | None
+    q1: float | None
+    q3: float | None
+
+
+@dataclass(frozen=True)
+class DynamicsRow:
+    """One layer of results/dynamics.json: angles (degrees) and norms over tokens."""
+
+    layer: int
+    angle_state: Quartiles  # theta(h_l, h_l+1)
+    angle_update: Quartiles  # theta(dh_l, dh_l+1); null on the last layer
+    norm: Quartiles  # |h_l+1|
+    update_norm: Quartiles  # |dh_l|
+    relative_update: Quartiles  # |dh_l| / |h_l|
+    lens_loss: float | None = None  # with --logit-lens
+
+    @classmethod
+    def rows_of(cls, doc: Mapping[str, Any]) -> list[DynamicsRow]:
+        """The layer rows of a dynamics result document."""
+        return [from_doc(cls, row) for row in upgrade_result("dynamics", dict(doc))["layers"]]
+
+
+@dataclass(frozen=True)
 class GrowthArm:
     """One arm of results/growth.json: losses per seed and their spread, time and throughput."""
 

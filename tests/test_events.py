@@ -16,6 +16,7 @@ import pytest
 from engine.events import (
     AblationMap,
     AblationRow,
+    DynamicsRow,
     GrowthArm,
     GrowthPhase,
     LayerAblated,
@@ -86,7 +87,7 @@ def test_a_missing_field_is_an_error_not_a_default():
         event_from_json({"v": 2, "kind": "nobody.knows"})
 
 
-@pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm])
+@pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow])
 def test_result_types_round_trip(cls):
     value = build(cls)
     assert from_doc(cls, json.loads(json.dumps(json_safe(value)))) == value

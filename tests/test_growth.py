@@ -10,7 +10,7 @@ import torch
 from tui_fixtures import ablation_map
 
 from engine.errors import UserError
-from engine.events import AblationRow, Cancelled, CancelToken, GrowthPhase, GrowthStep, event_from_json
+from engine.events import AblationRow, Cancelled, CancelToken, GrowthPhase, GrowthStep, Result, event_from_json
 from engine.experiments.growth.architecture import (
     GrowingModel,
     build_model,
@@ -211,7 +211,7 @@ def test_only_existing_layers_train():
 def test_resume_equals_uninterrupted(tmp_path):
     settings = small_settings()
     whole = list(run_growth(settings, checkpoint_dir=tmp_path / "a", model_dir=tmp_path / "ma"))
-    expected = next(e.data for e in whole if e.kind == "result")
+    expected = next(e.data for e in whole if isinstance(e, Result))
 
     cancel = CancelToken()
     seen = []
@@ -220,11 +220,11 @@ def test_resume_equals_uninterrupted(tmp_path):
             seen.append(event)
             if isinstance(event, GrowthStep) and event.arm == "growth_50" and event.step == 7:
                 cancel.cancel()
-    assert not any(e.kind == "result" for e in seen)
+    assert not any(isinstance(e, Result) for e in seen)
     resumed = list(
         run_growth(settings, checkpoint_dir=tmp_path / "b", model_dir=tmp_path / "mb", resume=True)
     )
-    got = next(e.data for e in resumed if e.kind == "result")
+    got = next(e.data for e in resumed if isinstance(e, Result))
     first = next(e for e in resumed if isinstance(e, GrowthStep))
     assert first.arm == "growth_50" and 1 < first.step <= 8  # from its last checkpoint, not from 0
     for arm in ("growth_100", "growth_50", "uniform_100"):
@@ -236,7 +236,7 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 def test_saved_models_load_with_automodel(tmp_path):
     settings = small_settings(steps=6, arms=("growth_100", "uniform_100"), checkpoint_every=0)
-    doc = next(e.data for e in run_growth(settings, model_dir=tmp_path) if e.kind == "result")
+    doc = next(e.data for e in run_growth(settings, model_dir=tmp_path) if isinstance(e, Result))
     assert set(doc) >= {"preset", "params", "arms", "phases", "generations", "budget_table"}
     assert len(doc["generations"]) == 12
     for arm in ("growth_100", "uniform_100"):

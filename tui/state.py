@@ -17,6 +17,7 @@ from typing import Any
 from engine.events import (
     AblationMap,
     AblationRow,
+    DynamicsRow,
     Event,
     Finished,
     GrowthArm,
@@ -119,6 +120,7 @@ class SessionState:
         self.difficulty: dict[int, RecoveryRow] = {}
         self.growth = GrowthView()
         self.growth_arms: dict[str, GrowthArm] = {}
+        self.dynamics: list[DynamicsRow] = []
         self.results: dict[str, dict[str, Any]] = {}
         self.jobs: dict[str, JobView] = {}
         self.specs: dict[str, dict[str, Any]] = {}
@@ -149,6 +151,8 @@ class SessionState:
         elif name == "growth":
             self.growth_arms = GrowthArm.arms_of(doc)
             self.dirty.add("growth")
+        elif name == "dynamics":
+            self.dynamics = DynamicsRow.rows_of(doc)
 
     # events ---------------------------------------------------------------------------------
     def apply(self, event: Event) -> None:

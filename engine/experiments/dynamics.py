@@ -20,7 +20,17 @@ import torch
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import CancelToken, DynamicsLayer, Event, Message, Progress, Result
+from engine.events import (
+    CancelToken,
+    DynamicsLayer,
+    DynamicsRow,
+    Event,
+    Message,
+    Progress,
+    Quartiles,
+    Result,
+    json_safe,
+)
 from engine.perplexity import Batch, token_nll, tokenize_batches
 from engine.text import corpus, heldout_texts, read_lines
 
@@ -257,32 +267,30 @@ def stream_profiles(
 # --- reduction, PCA and clusters -------------------------------------------------------------------
 
 
-def quartiles(values: np.ndarray) -> dict[str, float | None]:
+def quartiles(values: np.ndarray) -> Quartiles:
     """Median and quartiles over tokens, NaN (zero vectors) ignored; null where nothing is left."""
     values = values[np.isfinite(values)]
     if values.size == 0:
-        return {"median": None, "q1": None, "q3": None}
+        return Quartiles(median=None, q1=None, q3=None)
     q1, median, q3 = np.percentile(values, [25, 50, 75])
-    return {"median": float(median), "q1": float(q1), "q3": float(q3)}
+    return Quartiles(median=float(median), q1=float(q1), q3=float(q3))
 
 
-def layer_rows(p: Profiles, lens_losses: list[float] | None) -> list[dict]:
+def layer_rows(p: Profiles, lens_losses: list[float] | None) -> list[DynamicsRow]:
     n_layers = p.angle_state.shape[1]
     relative = p.relative_update()
     rows = []
     for index in range(n_layers):
         update = p.angle_update[:, index] if index < n_layers - 1 else np.array([])
-        row = {
-            "layer": index,
-            "angle_state": quartiles(p.angle_state[:, index]),
-            "angle_update": quartiles(update),
-            "norm": quartiles(p.norm[:, index]),
-            "update_norm": quartiles(p.update_norm[:, index]),
-            "relative_update": quartiles(relative[:, index]),
-        }
-        if lens_losses is not None:
-            row["lens_loss"] = lens_losses[index]
-        rows.append(row)
+        rows.append(DynamicsRow(
+            layer=index,
+            angle_state=quartiles(p.angle_state[:, index]),
+            angle_update=quartiles(update),
+            norm=quartiles(p.norm[:, index]),
+            update_norm=quartiles(p.update_norm[:, index]),
+            relative_update=quartiles(relative[:, index]),
+            lens_loss=None if lens_losses is None else lens_losses[index],
+        ))
     return rows
 
 
@@ -392,9 +400,9 @@ def core_summary(p: Profiles) -> dict:
     update = p.angle_update[:, low : min(high, p.angle_update.shape[1])]
     return {
         "layers": [low, high - 1],
-        "angle_update_median": quartiles(update.ravel())["median"],
-        "angle_state_median": quartiles(p.angle_state[:, low:high].ravel())["median"],
-        "relative_update_median": quartiles(p.relative_update()[:, low:high].ravel())["median"],
+        "angle_update_median": quartiles(update.ravel()).median,
+        "angle_state_median": quartiles(p.angle_state[:, low:high].ravel()).median,
+        "relative_update_median": quartiles(p.relative_update()[:, low:high].ravel()).median,
     }
 
 
@@ -433,8 +441,8 @@ def run_dynamics(
     lens_losses = lens.losses() if lens is not None else None
     layers = layer_rows(profiles, lens_losses)
     for row in layers:
-        yield DynamicsLayer(row["layer"], n_layers, row["angle_state"]["median"],
-                            row["angle_update"]["median"], row["norm"]["median"])
+        yield DynamicsLayer(row.layer, n_layers, row.angle_state.median, row.angle_update.median,
+                            row.norm.median)
     if cancel is not None:
         cancel.check()
     yield Message("PCA and clustering of the per-token angle profiles")
@@ -473,4 +481,4 @@ def run_dynamics(
             "predicted_tokens": int(lens.count),
         },
     }
-    yield Result("dynamics", doc)
+    yield Result("dynamics", json_safe(doc))

@@ -20,6 +20,7 @@ from tui.widgets.result_view import ResultView
 from tui.widgets.status_line import StatusLine
 
 if TYPE_CHECKING:
+    from engine.events import DynamicsRow
     from tui.app import AnatomyApp
 
 RATIO_LINES = (("2x", 2.0), ("1.5x", 1.5), ("1.1x", 1.1))
@@ -99,7 +100,7 @@ class ConsoleScreen(Screen[None]):
                 self.query_one(GrowthTable).show(state.growth_arms)
                 self.redraw_growth_plot(app)
             if "results" in dirty:
-                self.redraw_angles(state.results.get("dynamics"))
+                self.redraw_angles(state.dynamics)
                 for name, _, command in ANALYSES:
                     self.query_one(f"#result-{name}", ResultView).show(
                         name,
@@ -150,19 +151,17 @@ class ConsoleScreen(Screen[None]):
             now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else "waiting for the first point"
             info.update(f"{current.label} {current.status}\n{now}")
 
-    def redraw_angles(self, doc: dict | None) -> None:
+    def redraw_angles(self, rows: list[DynamicsRow]) -> None:
         """The angle profiles: per layer, the median angle between the state and its update, and
         between consecutive states (degrees)."""
         plot = self.query_one("#angle-plot", CurvePlot)
-        plot.display = doc is not None
-        if doc is None:
+        plot.display = bool(rows)
+        if not rows:
             return
-        rows = doc.get("layers", [])
 
         def series(key: str) -> list[tuple[float, float]]:
-            points = [(r.get("layer"), (r.get(key) or {}).get("median")) for r in rows]
-            known = [(x, y) for x, y in points if isinstance(x, int) and isinstance(y, (int, float))]
-            return [(float(x), float(y)) for x, y in known]
+            points = [(row.layer, getattr(row, key).median) for row in rows]
+            return [(float(x), y) for x, y in points if y is not None]
 
         plot.draw(
             [
