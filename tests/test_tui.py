@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 from tiny_models import save_tiny
-from tui_fixtures import BASELINE, CURVE, MAP, demo_session
+from tui_fixtures import BASELINE, CURVE, MAP, demo_session, recovery_row
 
+from engine.events import RecoveryLayer
 from sessions.store import SessionStore, pid_alive
 from tui import app as app_module
 from tui.app import ACTIONS, AnatomyApp, ModelOptions
@@ -22,6 +23,7 @@ from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
 from tui.state import SessionState, thin
 from tui.widgets.growth_timeline import comparison_table, timeline_text
+from tui.widgets.layer_detail import layer_detail_text
 from tui.widgets.layer_map import LayerMap, log_bar
 from tui.widgets.prompt_column import PromptColumn
 
@@ -89,6 +91,23 @@ def test_state_replays_the_stored_session(isolated_home) -> None:
     text = timeline_text(state.growth).plain
     assert "core" in text and "minor" in text and "full" in text
     assert "■■■··■" in text  # the minor phase: layers 0, 1, 2 and 5 exist
+
+
+def test_layer_views_read_the_typed_rows(isolated_home) -> None:
+    """The map and the detail draw from the ablation rows and recovery rows as the engine types them."""
+    session = demo_session(SessionStore())
+    state = SessionState()
+    state.set_result("ablation", session.load_result("ablation"))
+    for event in session.read_events(0)[0]:
+        state.apply(event)
+    detail = layer_detail_text(state, 1).plain
+    assert "Layer 1  important" in detail and "recovery L1 σ=0.5" in detail and "difficulty" not in detail
+    assert "Layer 4  anti" in layer_detail_text(state, 4).plain
+    state.apply(RecoveryLayer(layer=1, result=recovery_row(difficulty=40.0), job="recovery-1"))
+    assert "difficulty  40" in layer_detail_text(state, 1).plain
+    cells = [str(cell) for cell in LayerMap._cells(state, 1)]
+    assert cells[1] == "important" and cells[-1] == "40"
+    assert state.recovery[0].status == "done"
 
 
 def test_thin_keeps_the_newest_points_exact() -> None:

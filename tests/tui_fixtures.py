@@ -15,6 +15,7 @@ from engine.events import (
     GrowthPlan,
     GrowthStep,
     RecoveryPoint,
+    RecoveryRow,
     RecoveryStart,
     Started,
     json_safe,
@@ -52,6 +53,19 @@ def ablation_doc() -> dict:
         )
         for index, (d, name, anti) in enumerate(MAP)
     ])  # fmt: skip
+
+
+def recovery_row(layer: int = 1, difficulty: float = 40.0) -> RecoveryRow:
+    """A finished layer's row of the recovery result, as `recovery.layer` carries it."""
+    curve = [[float(step), ppl] for step, ppl in CURVE]
+    return RecoveryRow(
+        layer=layer, status="done", ppl_after_noise=CURVE[0][1], ratio_after_noise=CURVE[0][1] / BASELINE,
+        steps_to={"2.0": 10, "1.5": 20, "1.1": None}, best_ppl=CURVE[-1][1], best_step=CURVE[-1][0],
+        final_ppl=CURVE[-1][1], final_ratio=CURVE[-1][1] / BASELINE, improved_over_baseline=False,
+        curve=curve, diverged_at=None, steps_run=40, seconds=2.0, seconds_per_step=0.05, train_loss=[[1, 3.0]],
+        difficulty=difficulty, mean_final_ratio=CURVE[-1][1] / BASELINE, steps_to_mean={"2.0": 10.0},
+        steps_to_sd={"2.0": None}, steps_to_reached={"2.0": 1}, repeats=[],
+    )  # fmt: skip
 
 
 def recovery_events(job: str = "recovery-1", layer: int = 1) -> list[Event]:

@@ -50,8 +50,8 @@ def layer_detail_text(state: SessionState, index: int | None) -> Text:
         last = run.points[-1] if run.points else None
         reading = f" last step {last[0]:g}: ppl {last[1]:,.2f}" if last else ""
         text.append(f"recovery {run.label} lr={run.lr} {run.status}{reading}\n")
-        summary = run.summary
-        for key, value in ((f.name, getattr(summary, f.name)) for f in fields(summary) if summary):
+        shown = [] if run.summary is None else fields(run.summary)
+        for key, value in ((f.name, getattr(run.summary, f.name)) for f in shown):
             if key != "layer" and isinstance(value, (int, float, str)):
                 text.append(
                     f"{key:>20}  {value if not isinstance(value, float) else f'{value:.4g}'}\n", style="dim"
