@@ -598,6 +598,32 @@ class RecoveryRow:
 
 
 @dataclass(frozen=True)
+class ManipulateRow:
+    """One trial of results/manipulate.json (`results[]`)."""
+
+    layers: list[int]
+    strategy: str
+    param: float | None  # alpha for scale, rank for svd
+    ppl: float | None
+    degradation_pct: float | None
+    sample: str
+    together: bool
+
+
+@dataclass(frozen=True)
+class ParadoxRow:
+    """One row of results/weights.json's `paradox`: predicted weights in `layers_replaced`."""
+
+    layers_replaced: list[int]
+    ppl: float | None
+    degradation_pct: float | None
+    r2_in_sample_mean: float
+    r2_loo_mean: float
+    cosine_mean: float
+    prediction: str  # in_sample or loo
+
+
+@dataclass(frozen=True)
 class Quartiles:
     """Median and quartiles over tokens; null where no token had a value."""
 

@@ -20,6 +20,8 @@ from engine.events import (
     GrowthArm,
     GrowthPhase,
     LayerAblated,
+    ManipulateRow,
+    ParadoxRow,
     RecoveryLayer,
     RecoveryRow,
     Started,
@@ -87,7 +89,7 @@ def test_a_missing_field_is_an_error_not_a_default():
         event_from_json({"v": 2, "kind": "nobody.knows"})
 
 
-@pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow])
+@pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow, ManipulateRow, ParadoxRow])
 def test_result_types_round_trip(cls):
     value = build(cls)
     assert from_doc(cls, json.loads(json.dumps(json_safe(value)))) == value

@@ -18,7 +18,7 @@ import torch
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import CancelToken, Event, Progress, Result, TrialDone, json_safe
+from engine.events import CancelToken, Event, ManipulateRow, Progress, Result, TrialDone, json_safe
 from engine.perplexity import Evaluator
 from engine.statistics import degradation_pct
 
@@ -181,8 +181,8 @@ def run_manipulation(
             ppl = evaluator.perplexity(min(group))
             sample = greedy_sample(model, tokenizer, settings.prompt, settings.sample_tokens)
         d = degradation_pct(ppl, baseline)
-        rows.append({"layers": list(group), "strategy": strategy, "param": param, "ppl": ppl,
-                     "degradation_pct": d, "sample": sample, "together": len(group) > 1})
+        rows.append(ManipulateRow(layers=list(group), strategy=strategy, param=param, ppl=ppl,
+                                  degradation_pct=d, sample=sample, together=len(group) > 1))
         yield TrialDone(group, strategy, param, ppl, baseline, d, sample)
         yield Progress(done, len(plan), "manipulate")
     doc = {

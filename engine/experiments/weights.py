@@ -29,6 +29,7 @@ from engine.events import (
     ComponentAnalysed,
     Event,
     Message,
+    ParadoxRow,
     ParadoxTrial,
     Progress,
     Result,
@@ -395,14 +396,14 @@ def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
         r2_in = float(np.mean([fits[c].layer_r2_in[positions] for c in names]))
         r2_loo = float(np.mean([fits[c].layer_r2_loo[positions] for c in names]))
         cos_attr = "layer_cos_loo" if loo else "layer_cos_in"
-        rows.append({
-            "layers_replaced": layers,
-            "ppl": ppl,
-            "degradation_pct": degradation_pct(ppl, baseline),
-            "r2_in_sample_mean": r2_in,
-            "r2_loo_mean": r2_loo,
-            "cosine_mean": float(np.mean([getattr(fits[c], cos_attr)[positions] for c in names])),
-            "prediction": settings.paradox_prediction,
-        })
+        rows.append(ParadoxRow(
+            layers_replaced=layers,
+            ppl=ppl,
+            degradation_pct=degradation_pct(ppl, baseline),
+            r2_in_sample_mean=r2_in,
+            r2_loo_mean=r2_loo,
+            cosine_mean=float(np.mean([getattr(fits[c], cos_attr)[positions] for c in names])),
+            prediction=settings.paradox_prediction,
+        ))
         yield ParadoxTrial(tuple(layers), ppl, baseline, r2_in, r2_loo)
     return rows, baseline
