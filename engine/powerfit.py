@@ -193,20 +193,25 @@ def fit_adam(
     steps: int,
     record: tuple[int, ...] = (),
     scale: float = 100.0,
+    dtype: type = np.float32,
     cancel: CancelToken | None = None,
 ) -> AdamFit:
     """Minimises scale * mean((log L_pred - y)^2), L_pred = sum_k exp(log c_k) x_k^-a_k + L0, by Adam.
 
     The parametrisation (log c_k, a_k, L0 with x the raw log features), the per-parameter learning
     rates `lr` and torch's Adam (betas 0.9/0.999, eps 1e-8, bias-corrected) are those of paper B's
-    notebook, so the result depends on `steps` exactly as that procedure does. x: (N, K) logs of the
-    features; y: (N,) log losses; start and lr: (2K+1,)."""
+    notebook, so the result depends on `steps` exactly as that procedure does. The arithmetic is in
+    `dtype`, float32 by default as in torch: along the nearly flat valley of a_l even the rounding
+    moves the answer (at 50,000 steps on Chinchilla a_l is 1.202 in float32, 1.196 in float64).
+    x: (N, K) logs of the features; y: (N,) log losses; start and lr: (2K+1,)."""
     k = x.shape[1]
-    p = np.asarray(start, dtype=float).copy()
-    lr = np.asarray(lr, dtype=float)
+    x, y = np.asarray(x, dtype=dtype), np.asarray(y, dtype=dtype)
+    p = np.asarray(start, dtype=dtype).copy()
+    lr = np.asarray(lr, dtype=dtype)
     m1, m2 = np.zeros_like(p), np.zeros_like(p)
-    b1, b2, eps = 0.9, 0.999, 1e-8
+    b1, b2, eps = dtype(0.9), dtype(0.999), dtype(1e-8)
     n = len(y)
+    g_scale = dtype(2.0 * scale / n)
     wanted = set(record)
     snapshots = []
     for t in range(1, steps + 1):
@@ -214,12 +219,12 @@ def fit_adam(
             cancel.check()
         terms = np.exp(p[:k] - p[k : 2 * k] * x)
         pred = terms.sum(axis=1) + p[2 * k]
-        g_pred = (2.0 * scale / n) * (np.log(pred) - y) / pred
+        g_pred = g_scale * (np.log(pred) - y) / pred
         g_terms = g_pred[:, None] * terms
-        grad = np.concatenate([g_terms.sum(axis=0), -(g_terms * x).sum(axis=0), [g_pred.sum()]])
+        grad = np.concatenate([g_terms.sum(axis=0), -(g_terms * x).sum(axis=0), g_pred.sum(keepdims=True)])
         m1 = b1 * m1 + (1 - b1) * grad
         m2 = b2 * m2 + (1 - b2) * grad * grad
-        p = p - lr * (m1 / (1 - b1**t)) / (np.sqrt(m2 / (1 - b2**t)) + eps)
+        p = p - lr * (m1 / dtype(1 - 0.9**t)) / (np.sqrt(m2 / dtype(1 - 0.999**t)) + eps)
         if t in wanted:
-            snapshots.append((t, p.copy()))
-    return AdamFit(params=p, snapshots=tuple(snapshots))
+            snapshots.append((t, p.astype(float)))
+    return AdamFit(params=p.astype(float), snapshots=tuple(snapshots))
