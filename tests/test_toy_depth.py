@@ -208,3 +208,21 @@ def test_a_damaged_student_checkpoint_is_trained_again(tmp_path) -> None:
     retrained = {(e.regime, e.depth) for e in events if isinstance(e, StudentStep)}
     assert retrained == {("independent", 2), ("tied", 4)}
     assert _result(events) == first
+
+
+def test_cli_resume_continues_a_session_and_refuses_changed_flags(tmp_path, monkeypatch, capsys) -> None:
+    from tui.cli import main
+
+    monkeypatch.setenv("ANATOMY_TUI_HOME", str(tmp_path / "home"))
+    flags = ["run", "toy-depth", "--preset", "tiny", "--width", "8", "--outputs", "8", "--teacher-depth", "4",
+             "--student-depths", "1,2", "--steps", "5", "--batch-size", "8", "--eval-size", "16",
+             "--regimes", "independent", "--bootstrap", "5", "--session", "toy"]
+    assert main([*flags, "--json", str(tmp_path / "a.json")]) == 0
+    checkpoints = tmp_path / "home" / "toy" / "checkpoints" / "toy-depth"
+    assert (checkpoints / "student-independent-T1.0-d2.json").is_file()
+    assert main([*flags, "--resume", "--json", str(tmp_path / "b.json")]) == 0
+    a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
+    assert a["regimes"] == b["regimes"]
+    capsys.readouterr()
+    assert main([*flags[:-2], "--steps", "6", "--session", "toy", "--resume"]) == 2
+    assert "other settings" in capsys.readouterr().err
