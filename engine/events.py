@@ -642,7 +642,9 @@ class DynamicsRow:
     norm: Quartiles  # |h_l+1|
     update_norm: Quartiles  # |dh_l|
     relative_update: Quartiles  # |dh_l| / |h_l|
-    lens_loss: float | None = None  # with --logit-lens
+    angle_final: Quartiles | None = None  # theta(h_l+1, h_L); absent in 0.1 sessions
+    progress: Quartiles | None = None  # <h_l+1 - h_0, h_L - h_0> / |h_L - h_0|^2; absent in 0.1 sessions
+    lens_loss: float | None = None  # with --logit-lens or --lens
 
     @classmethod
     def rows_of(cls, doc: Mapping[str, Any]) -> list[DynamicsRow]:

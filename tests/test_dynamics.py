@@ -17,6 +17,7 @@ from engine.errors import UserError
 from engine.events import Result
 from engine.experiments.dynamics import (
     DynamicsSettings,
+    LastBlockLens,
     LogitLens,
     Profiles,
     angle_degrees,
@@ -25,6 +26,7 @@ from engine.experiments.dynamics import (
     profiles_from_states,
     run_dynamics,
     stream_profiles,
+    trajectory,
 )
 from engine.perplexity import Evaluator, tokenize_batches
 
@@ -102,6 +104,28 @@ def test_keep_mask_drops_padding_and_optionally_the_first_position():
     assert keep_mask(mask, include_first=True).tolist() == mask.bool().tolist()
     without = [[False, True, True, False], [False, True, False, False]]
     assert keep_mask(mask, include_first=False).tolist() == without
+
+
+def test_trajectory_by_hand():
+    """h_0 = (1, 0), h_1 = (1, 1), h_2 = (0, 2): h_2 - h_0 = (-1, 2), |.|^2 = 5, so
+    s = 0, <(0, 1), (-1, 2)> / 5 = 0.4, 1; angles to h_2: 90, 45, 0 degrees."""
+    states = [torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0]), torch.tensor([0.0, 2.0])]
+    got = profiles_from_states([h.view(1, 1, 2) for h in states], torch.ones(1, 1, dtype=torch.bool))
+    assert got["progress"][0].tolist() == pytest.approx([0.0, 0.4, 1.0], abs=1e-7)
+    assert got["angle_final"][0].tolist() == pytest.approx([90.0, 45.0, 0.0], abs=1e-4)
+
+
+def test_trajectory_ends_exactly_at_0_and_1():
+    g = torch.Generator().manual_seed(3)
+    states = [torch.randn(50, 16, generator=g) * (i + 1) for i in range(7)]
+    got = trajectory(states)
+    assert got["progress"].shape == (50, 7) and got["angle_final"].shape == (50, 7)
+    assert (got["progress"][:, 0] == 0.0).all() and (got["progress"][:, -1] == 1.0).all()
+    assert (got["angle_final"][:, -1] == 0.0).all()
+    # s_l is the projection of h_l - h_0 onto the h_0 -> h_L direction, in units of its length
+    d = states[-1] - states[0]
+    manual = ((states[3] - states[0]) * d).sum(-1) / (d.norm(dim=-1) ** 2)
+    torch.testing.assert_close(got["progress"][:, 3], manual, rtol=1e-5, atol=1e-6)
 
 
 # --- streaming on a real (tiny) model ----------------------------------------------------------------
@@ -185,6 +209,28 @@ def test_logit_lens_last_layer_is_the_model_loss(family, tokenizer):
     assert lens.count == scores.tokens.sum()
 
 
+@pytest.mark.parametrize("family", sorted(set(TINY_CONFIGS) - {"opt"}))
+def test_last_block_lens_is_the_model_with_the_layers_between_skipped(family, tokenizer):
+    """Layer l's input through the last block, the final norm and head is exactly what the model
+    computes when layers l..L-2 pass their input through: then the last block receives h_l. For
+    the last layer nothing is skipped, so that entry is the model's own loss."""
+    model = tiny_model(family)
+    stack = LayerStack(model)
+    n = len(stack)
+    batches = tokenize_batches(tokenizer, TEXTS, 2, 64, "cpu")
+    lens = LastBlockLens(model, n)
+    list(stream_profiles(model, batches, False, lens))
+    plain = LogitLens(model, n)
+    list(stream_profiles(model, batches, False, plain))
+    for layer in range(n):
+        with stack.skipped(range(layer, n - 1)):
+            scores = Evaluator(model, tokenizer, TEXTS, batch_size=2, max_length=64).scores()
+        expected = float(scores.nll.sum() / scores.tokens.sum())
+        assert lens.losses()[layer] == pytest.approx(expected, rel=1e-4), layer
+    assert lens.losses()[-1] == pytest.approx(plain.losses()[-1], rel=1e-5)
+    assert lens.count == plain.count
+
+
 def test_logit_lens_refuses_unclear_family():
     with pytest.raises(UserError, match="logit lens"):
         LogitLens(tiny_model("opt"), 4)
@@ -209,12 +255,23 @@ def test_run_dynamics_document(tiny_llama, tmp_path):
     assert clusters[0]["bulk"] and clusters[0]["fraction"] == doc["pca"]["bulk_fraction"]
     assert [c["size"] for c in clusters] == sorted((c["size"] for c in clusters), reverse=True)
     assert all("[[" in example for c in clusters for example in c["examples"])
-    assert len(doc["logit_lens"]["loss"]) == 4
+    assert len(doc["logit_lens"]["loss"]) == 4 and doc["logit_lens"]["lens"] == "plain"
+    last = doc["layers"][-1]
+    assert last["progress"] == {"median": 1.0, "q1": 1.0, "q3": 1.0}
+    assert last["angle_final"] == {"median": 0.0, "q1": 0.0, "q3": 0.0}
+    for row in doc["layers"]:
+        q = row["angle_final"]
+        assert 0 <= q["q1"] <= q["median"] <= q["q3"] <= 180
     json.dumps(doc, allow_nan=False)
+    last_block = result_of(run_dynamics(model, tokenizer, DynamicsSettings(
+        text_file=str(text_file), max_tokens=200, max_length=64, lens="last-block"), model_name="tiny"))
+    assert last_block["logit_lens"]["lens"] == "last-block"
+    assert last_block["logit_lens"]["final_loss"] == pytest.approx(doc["logit_lens"]["final_loss"], rel=1e-5)
+    assert last_block["logit_lens"]["loss"][:-1] != pytest.approx(doc["logit_lens"]["loss"][:-1], rel=1e-3)
 
 
 def test_bad_settings_are_user_errors():
-    for bad in (dict(max_tokens=0), dict(profile="x"), dict(clusters=-1), dict(batch_size=0)):
+    for bad in (dict(max_tokens=0), dict(profile="x"), dict(clusters=-1), dict(batch_size=0), dict(lens="x")):
         with pytest.raises(UserError):
             DynamicsSettings(**bad).validate()
 

@@ -20,6 +20,7 @@ from engine.experiments.scaling_fit import (
     exclude_highest,
     load_runs,
     optimal_shape,
+    profile_interval,
     run_scaling_fit,
 )
 
@@ -74,7 +75,7 @@ def test_huber_resists_outliers() -> None:
     settings = ScalingFitSettings(exclude_highest=0, restarts=64, bootstrap=0, heldout_splits=0,
                                   huber_delta=1e-3)
     doc = fit(bad, settings)
-    assert doc["objective"] == "huber"
+    assert doc["loss_function"] == "huber"
     assert doc["params"]["alpha_l"] == pytest.approx(TRUE["alpha_l"], abs=0.05)
     assert doc["params"]["L0"] == pytest.approx(TRUE["L0"], rel=0.02)
 
@@ -102,6 +103,10 @@ def test_exclude_highest_drops_the_largest_losses_and_keeps_order() -> None:
     kept = exclude_highest(runs, 2)
     assert kept.loss.tolist() == [3.0, 1.0, 2.0]
     assert kept.width.tolist() == [1.0, 3.0, 5.0]
+    tied = Runs(np.arange(1.0, 6.0), np.ones(5), np.ones(5), np.array([3.0, 9.0, 3.0, 7.0, 2.0]))
+    assert exclude_highest(tied, 3).loss.tolist() == [2.0]  # both 3.0s go: row order must not decide
+    assert exclude_highest(tied, 0).loss.tolist() == tied.loss.tolist()
+    assert exclude_highest(tied, 5).loss.tolist() == []
     with pytest.raises(UserError):
         exclude_highest(runs, -1)
 
@@ -161,6 +166,91 @@ def test_chinchilla_data_gives_a_finite_depth_exponent() -> None:
     runs = load_runs(path, settings)
     assert runs.n_rows == 245
     doc = fit(runs, settings)
-    assert doc["n_points"] == 205
+    assert doc["n_points"] == 203  # the 40 highest losses and the 2 runs tied with the 40th
     assert math.isfinite(doc["params"]["alpha_l"]) and 0.3 < doc["params"]["alpha_l"] < 3.0
     assert doc["params"]["L0"] < runs.loss.min()
+
+
+def _msle(params: dict, runs: Runs) -> float:
+    """The mean squared log residual, written out again from the formula."""
+    total = 0.0
+    for m, depth, d, loss in zip(runs.width, runs.depth, runs.tokens, runs.loss, strict=True):
+        pred = (params["c_m"] * m ** -params["alpha_m"] + params["c_l"] * depth ** -params["alpha_l"]
+                + params["c_D"] * d ** -params["alpha_D"] + params["L0"])
+        total += (math.log(pred) - math.log(loss)) ** 2
+    return total / len(runs.loss)
+
+
+def test_objective_is_the_same_quantity_in_every_mode() -> None:
+    runs = synthetic_runs(noise=0.003, seed=5, n=80)
+    modes = {
+        "lm": ScalingFitSettings(exclude_highest=0, restarts=32, bootstrap=0, heldout_splits=0),
+        "huber": ScalingFitSettings(exclude_highest=0, restarts=32, bootstrap=0, heldout_splits=0, huber_delta=1e-3),
+        "paper": ScalingFitSettings(exclude_highest=0, optimizer="paper", steps=3000),
+    }
+    docs = {name: fit(runs, settings) for name, settings in modes.items()}
+    for doc in docs.values():
+        assert doc["objective"] == pytest.approx(_msle(doc["params"], runs), rel=1e-9)
+    # least squares minimises exactly this quantity: no other mode can beat it
+    assert docs["lm"]["objective"] <= min(docs["huber"]["objective"], docs["paper"]["objective"])
+    assert docs["paper"]["optimizer"] == "paper" and docs["paper"]["paper"]["steps"] == 3000
+    last = docs["paper"]["paper"]["trajectory"][-1]
+    assert last["step"] == 3000 and last["alpha_l"] == docs["paper"]["params"]["alpha_l"]
+
+
+def test_alpha_l_profile_bottoms_out_at_the_free_fit_and_its_interval_covers_it() -> None:
+    runs = synthetic_runs(noise=0.003, seed=1)
+    doc = fit(runs, ScalingFitSettings(exclude_highest=0, restarts=64, bootstrap=0, heldout_splits=0))
+    profile = doc["profile"]["alpha_l"]
+    assert len(profile) >= 20
+    assert [p["alpha_l"] for p in profile] == sorted(p["alpha_l"] for p in profile)
+    assert profile[0]["alpha_l"] <= 0.5 and profile[-1]["alpha_l"] >= 3.0
+    objectives = [p["objective"] for p in profile]
+    # refitting with a_l held at the free estimate gives back the free fit; nowhere is it lower
+    assert min(objectives) == pytest.approx(doc["objective"], rel=1e-6)
+    assert all(o >= doc["objective"] * (1 - 1e-9) for o in objectives)
+    low, high = doc["alpha_l_profile_ci95"]
+    assert low is not None and high is not None
+    assert low < doc["params"]["alpha_l"] < high
+
+
+def test_profile_interval_solves_the_likelihood_ratio_condition() -> None:
+    n, best = 100, 2e-4
+    grid = np.round(np.linspace(0.5, 2.0, 16), 3)
+    # n ln(obj / best) = 3.84 ((a - 1.2) / 0.3)^2: the interval is exactly 1.2 -+ 0.3
+    profile = [{"alpha_l": float(a), "objective": best * math.exp(3.841458820694124 * ((a - 1.2) / 0.3) ** 2 / n)}
+               for a in grid]
+    low, high = profile_interval(profile, best, n)
+    assert low == pytest.approx(0.9, abs=1e-9) and high == pytest.approx(1.5, abs=1e-9)
+    flat = [{"alpha_l": float(a), "objective": best * (1 + 1e-4 * a)} for a in grid]
+    assert profile_interval(flat, best, n) == [None, None]  # never rejected inside the profiled range
+
+
+def test_paper_optimizer_reproduces_the_notebooks_alpha_l_on_chinchilla() -> None:
+    path = default_csv()
+    if not path.is_file():
+        pytest.skip(f"Chinchilla data not found at {path} (../shared/data relative to the repository root)")
+    runs = load_runs(path, ScalingFitSettings())
+    doc = fit(runs, ScalingFitSettings(optimizer="paper"))
+    assert doc["n_points"] == 203 and doc["paper"]["steps"] == 50000
+    assert doc["params"]["alpha_l"] == pytest.approx(1.20, abs=0.01)
+    assert doc["params"]["alpha_m"] == pytest.approx(0.977, abs=0.01)
+    assert doc["params"]["L0"] == pytest.approx(1.750, abs=0.01)
+
+
+def test_cli_optimizer_paper_and_a_bad_optimizer(tmp_path, monkeypatch, capsys) -> None:
+    from tui.cli import main
+
+    monkeypatch.setenv("ANATOMY_TUI_HOME", str(tmp_path / "home"))
+    runs = synthetic_runs(noise=0.002, seed=4, n=60)
+    csv = tmp_path / "runs.csv"
+    csv.write_text("loss,d_model,n_layers,num_tokens\n" + "".join(
+        f"{a},{b},{c},{d}\n" for a, b, c, d in zip(runs.loss, runs.width, runs.depth, runs.tokens, strict=True)))
+    out = tmp_path / "fit.json"
+    assert main(["run", "scaling-fit", "--csv", str(csv), "--exclude-highest", "0", "--optimizer", "paper",
+                 "--steps", "500", "--session", "fit", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["optimizer"] == "paper" and doc["settings"]["steps"] == 500
+    assert "alpha_l" in capsys.readouterr().out
+    assert main(["run", "scaling-fit", "--csv", str(csv), "--optimizer", "adam", "--session", "bad"]) == 2
+    assert "--optimizer adam" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -147,3 +148,79 @@ def test_cli_runs_a_micro_config(tmp_path, monkeypatch) -> None:
     doc = json.loads(out.read_text())
     assert doc["preset"] == "tiny" and list(doc["regimes"]) == ["independent"]
     assert doc["settings"]["steps"] == 5 and doc["regimes"]["independent"]["depths"] == [1, 2]
+
+
+def _result(events) -> dict:
+    last = list(events)[-1]
+    assert isinstance(last, Result)
+    return {k: v for k, v in last.data.items() if k != "seconds"}
+
+
+def test_a_run_killed_after_its_first_student_resumes_to_the_uninterrupted_numbers(tmp_path) -> None:
+    straight = _result(run_toy_depth(MICRO, preset="micro"))
+    folder = tmp_path / "checkpoints"
+    token = CancelToken()
+    trained = []
+    with pytest.raises(Cancelled):
+        for event in run_toy_depth(MICRO, preset="micro", cancel=token, checkpoint_dir=folder):
+            if isinstance(event, StudentDone):
+                trained.append(event)
+                token.cancel()
+    assert len(trained) == 1
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("student-")) == [
+        "student-tied-T1.0-d1.json", "student-tied-T1.0-d1.safetensors"]
+    from safetensors.torch import load_file
+
+    weights = load_file(folder / "student-tied-T1.0-d1.safetensors")
+    assert weights["w1"].shape == (1, MICRO.seeds, MICRO.width, 4 * MICRO.width)
+
+    events = list(run_toy_depth(MICRO, preset="micro", checkpoint_dir=folder, resume=True))
+    retrained = {(e.regime, e.depth) for e in events if isinstance(e, StudentStep)}
+    assert ("tied", 1) not in retrained and len(retrained) == 5  # the finished student was restored
+    assert _result(events) == straight
+
+
+def test_resume_refuses_other_settings_and_a_missing_checkpoint_in_one_line(tmp_path) -> None:
+    folder = tmp_path / "checkpoints"
+    with pytest.raises(UserError, match="nothing to resume"):
+        next(run_toy_depth(MICRO, checkpoint_dir=folder, resume=True))
+    with pytest.raises(UserError, match="--session"):
+        next(run_toy_depth(MICRO, resume=True))
+    list(run_toy_depth(MICRO, checkpoint_dir=folder))
+    with pytest.raises(UserError, match=r"steps: 12 there, 13 now") as caught:
+        next(run_toy_depth(replace(MICRO, steps=13), checkpoint_dir=folder, resume=True))
+    assert "\n" not in str(caught.value)
+    # threads and log_every change no number: a resume may change them
+    events = list(run_toy_depth(replace(MICRO, log_every=6), checkpoint_dir=folder, resume=True))
+    assert not [e for e in events if isinstance(e, StudentStep)]
+
+
+def test_a_damaged_student_checkpoint_is_trained_again(tmp_path) -> None:
+    folder = tmp_path / "checkpoints"
+    first = _result(run_toy_depth(MICRO, checkpoint_dir=folder))
+    (folder / "student-independent-T1.0-d2.json").write_text('{"losses": "many"}')
+    record = json.loads((folder / "student-tied-T1.0-d4.json").read_text())
+    record["losses"] = [float("nan")] * MICRO.seeds
+    (folder / "student-tied-T1.0-d4.json").write_text(json.dumps(record))
+    events = list(run_toy_depth(MICRO, checkpoint_dir=folder, resume=True))
+    retrained = {(e.regime, e.depth) for e in events if isinstance(e, StudentStep)}
+    assert retrained == {("independent", 2), ("tied", 4)}
+    assert _result(events) == first
+
+
+def test_cli_resume_continues_a_session_and_refuses_changed_flags(tmp_path, monkeypatch, capsys) -> None:
+    from tui.cli import main
+
+    monkeypatch.setenv("ANATOMY_TUI_HOME", str(tmp_path / "home"))
+    flags = ["run", "toy-depth", "--preset", "tiny", "--width", "8", "--outputs", "8", "--teacher-depth", "4",
+             "--student-depths", "1,2", "--steps", "5", "--batch-size", "8", "--eval-size", "16",
+             "--regimes", "independent", "--bootstrap", "5", "--session", "toy"]
+    assert main([*flags, "--json", str(tmp_path / "a.json")]) == 0
+    checkpoints = tmp_path / "home" / "toy" / "checkpoints" / "toy-depth"
+    assert (checkpoints / "student-independent-T1.0-d2.json").is_file()
+    assert main([*flags, "--resume", "--json", str(tmp_path / "b.json")]) == 0
+    a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
+    assert a["regimes"] == b["regimes"]
+    capsys.readouterr()
+    assert main([*flags[:-2], "--steps", "6", "--session", "toy", "--resume"]) == 2
+    assert "other settings" in capsys.readouterr().err

@@ -9,6 +9,7 @@ per-token profile matrix (tokens x layers floats, which PCA needs), never the hi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import Counter
@@ -32,9 +33,11 @@ from engine.events import (
     json_safe,
 )
 from engine.perplexity import Batch, token_nll, tokenize_batches
+from engine.settings import setting
 from engine.text import corpus, heldout_texts, read_lines
 
 PROFILES = ("both", "state", "update")
+LENSES = ("plain", "last-block")
 CLUSTER_K = (2, 6)  # silhouette picks k in this range unless --clusters fixes it
 SILHOUETTE_SAMPLE = 4000  # tokens the silhouette score is computed on (a random sample)
 SILHOUETTE_WORKING_MB = 8  # scikit-learn's chunk size for the pairwise distances
@@ -62,6 +65,13 @@ class DynamicsSettings:
     examples: int = 3
     logit_lens: bool = False
     seed: int = 0
+    lens: str = setting("plain", "how --logit-lens reads layer l: plain (its output through the final norm and "
+                        "head) or last-block (its input through the last block, the final norm and head, as "
+                        "paper B's scripts); last-block turns the lens on", choices=LENSES)
+
+    @property
+    def lens_on(self) -> bool:
+        return self.logit_lens or self.lens != "plain"
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -78,6 +88,8 @@ class DynamicsSettings:
             raise UserError("--components must be at least 1")
         if self.examples < 0:
             raise UserError("--examples must be 0 or more")
+        if self.lens not in LENSES:
+            raise UserError(f"--lens {self.lens}: must be one of {', '.join(LENSES)}")
 
 
 # --- angles ----------------------------------------------------------------------------------------
@@ -107,6 +119,8 @@ class Profiles:
     update_norm: np.ndarray  # |dh_l|
     embedding_norm: np.ndarray  # |h_0|, one per token
     where: np.ndarray  # (text index, position) per token, int64
+    angle_final: np.ndarray  # theta(h_l, h_L), states l = 0..L (L+1 columns)
+    progress: np.ndarray  # s_l = <h_l - h_0, h_L - h_0> / |h_L - h_0|^2, states l = 0..L
 
     @property
     def n_tokens(self) -> int:
@@ -144,6 +158,7 @@ class _BatchMeter:
         self.norm: list[torch.Tensor] = []
         self.update_norm: list[torch.Tensor] = []
         self.embedding_norm: torch.Tensor | None = None
+        self.states: list[torch.Tensor] = []  # h_0 .. h_L of the kept tokens, for trajectory()
 
     def __call__(self, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
         if index != len(self.state):
@@ -152,6 +167,8 @@ class _BatchMeter:
         delta = y - x
         if index == 0:
             self.embedding_norm = x.norm(dim=-1)
+            self.states.append(x)
+        self.states.append(y)
         self.state.append(angle_degrees(x, y))
         self.norm.append(y.norm(dim=-1))
         self.update_norm.append(delta.norm(dim=-1))
@@ -168,7 +185,22 @@ class _BatchMeter:
             "norm": torch.stack(self.norm, dim=1),
             "update_norm": torch.stack(self.update_norm, dim=1),
             "embedding_norm": self.embedding_norm,
+            **trajectory(self.states),
         }
+
+
+def trajectory(states: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Where each state h_0..h_L ([N, H] each) sits on the way from h_0 to the final state h_L:
+    the angle theta(h_l, h_L) and the progress s_l = <h_l - h_0, h_L - h_0> / |h_L - h_0|^2 (paper B's
+    scripts). Both [N, L+1]; s_0 = 0 and s_L = 1 exactly (NaN where h_L = h_0), theta(h_L, h_L) = 0."""
+    final, start = states[-1], states[0]
+    span = final - start
+    scale = (span * span).sum(dim=-1)
+    progress = [((h - start) * span).sum(dim=-1) / scale for h in states]
+    return {
+        "angle_final": torch.stack([angle_degrees(h, final) for h in states], dim=1),
+        "progress": torch.stack(progress, dim=1),
+    }
 
 
 # --- logit lens ------------------------------------------------------------------------------------
@@ -197,10 +229,18 @@ class LogitLens:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def observe(self, batch: Batch, index: int, layer_output: torch.Tensor) -> None:
+    def attached(self) -> contextlib.AbstractContextManager:
+        """Hooks this lens needs during a forward (none for the plain lens)."""
+        return contextlib.nullcontext()
+
+    def observe(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
+        """Reads layer `index`'s output."""
+        self._score(batch, index, layer_output)
+
+    def _score(self, batch: Batch, index: int, hidden: torch.Tensor) -> None:
         """One row at a time, so the logits held are [S, vocab], not [B, S, vocab]."""
-        for row in range(layer_output.shape[0]):
-            logits = self.logits(layer_output[row : row + 1])
+        for row in range(hidden.shape[0]):
+            logits = self.logits(hidden[row : row + 1])
             ids, mask = batch.input_ids[row : row + 1], batch.attention_mask[row : row + 1]
             self.nll[index] += float(token_nll(logits, ids, mask).sum())
             if index == 0:
@@ -208,6 +248,48 @@ class LogitLens:
 
     def losses(self) -> list[float]:
         return [float(x) for x in self.nll / max(self.count, 1.0)]
+
+
+class LastBlockLens(LogitLens):
+    """Paper B's lens: layer l's input h_l passed through the LAST decoder block, then the final
+    norm and head. The last layer's entry is the model's own loss, and layer l's equals the loss of
+    the model with layers l..L-2 skipped (the last block then receives h_l), which the tests check.
+
+    The last block is re-run with the exact arguments the model gave it in this forward (masks,
+    rotary tables), recorded by a pre-hook, so every family's attention set-up is reproduced."""
+
+    def __init__(self, model, n_layers: int) -> None:
+        super().__init__(model, n_layers)
+        self.block = LayerStack(model).layers[-1]
+        self.n_layers = n_layers
+        self.inputs: list[torch.Tensor] = []
+        self.call: tuple[tuple, dict] | None = None
+
+    def attached(self) -> contextlib.AbstractContextManager:
+        def record(module, args, kwargs):
+            self.call = (args, kwargs)
+
+        return self.block.register_forward_pre_hook(record, with_kwargs=True)
+
+    def observe(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
+        """Holds the layer inputs of this batch; once the last layer has run, scores them all."""
+        self.inputs.append(layer_input)
+        if index < self.n_layers - 1:
+            return
+        assert self.call is not None, "the last block's arguments were not recorded"
+        args, kwargs = self.call
+        for layer, hidden in enumerate(self.inputs):
+            # .forward, not the module call: the capture hooks on this block must not fire again
+            if args:
+                out = self.block.forward(hidden, *args[1:], **kwargs)
+            else:
+                out = self.block.forward(**{**kwargs, "hidden_states": hidden})
+            self._score(batch, layer, out[0] if isinstance(out, tuple) else out)
+        self.inputs, self.call = [], None
+
+
+def make_lens(model, n_layers: int, kind: str) -> LogitLens:
+    return LastBlockLens(model, n_layers) if kind == "last-block" else LogitLens(model, n_layers)
 
 
 # --- streaming -------------------------------------------------------------------------------------
@@ -250,9 +332,9 @@ def stream_profiles(
         def observe(index, layer_input, layer_output, meter=meter, batch=batch):
             meter(index, layer_input, layer_output)
             if lens is not None:
-                lens.observe(batch, index, layer_output)
+                lens.observe(batch, index, layer_input, layer_output)
 
-        with torch.no_grad(), stack.capture(observe):
+        with torch.no_grad(), stack.capture(observe), (lens.attached() if lens else contextlib.nullcontext()):
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
                   logits_to_keep=1)
         for name, value in meter.finish().items():
@@ -289,6 +371,8 @@ def layer_rows(p: Profiles, lens_losses: list[float] | None) -> list[DynamicsRow
             norm=quartiles(p.norm[:, index]),
             update_norm=quartiles(p.update_norm[:, index]),
             relative_update=quartiles(relative[:, index]),
+            angle_final=quartiles(p.angle_final[:, index + 1]),
+            progress=quartiles(p.progress[:, index + 1]),
             lens_loss=None if lens_losses is None else lens_losses[index],
         ))
     return rows
@@ -426,7 +510,7 @@ def run_dynamics(
     device = next(model.parameters()).device
     batches = tokenize_batches(tokenizer, texts, settings.batch_size, settings.max_length, device)
     n_layers = len(LayerStack(model))
-    lens = LogitLens(model, n_layers) if settings.logit_lens else None
+    lens = make_lens(model, n_layers, settings.lens) if settings.lens_on else None
     yield Message(f"{len(texts)} texts from {source}; first position "
                   f"{'included' if settings.include_first else 'excluded'}")
     profiles: Profiles | None = None
@@ -476,6 +560,7 @@ def run_dynamics(
             "clusters": clusters,
         },
         "logit_lens": None if lens_losses is None else {
+            "lens": settings.lens,
             "loss": lens_losses,
             "final_loss": lens_losses[-1],
             "predicted_tokens": int(lens.count),

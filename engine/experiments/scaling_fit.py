@@ -20,10 +20,22 @@ import numpy as np
 from engine import powerfit
 from engine.errors import UserError
 from engine.events import CancelToken, Event, FitStage, Message, Progress, Result
+from engine.settings import setting
 
 TERMS = ("m", "l", "D")
 PARAM_KEYS = ("alpha_m", "alpha_l", "alpha_D", "c_m", "c_l", "c_D", "L0")
 CHINCHILLA_RELATIVE = Path("chinchilla") / "chinchilla_reconstructed.csv"
+OPTIMIZERS = ("lm", "paper")
+# Paper B's notebook: features in its units (width, 100 x layers, tokens in millions), the start
+# (ln c_m, ln c_l, ln c_D, a_m, a_l, a_D, L0) and Adam's learning rate for each of those parameters.
+PAPER_UNITS = np.array([1.0, 100.0, 1e-6])
+PAPER_START = np.array([math.log(200.0), math.log(200.0), math.log(10.0), 1.0, 1.0, 0.33, 1.69])
+PAPER_LR = np.array([0.005, 0.005, 0.005, 0.0005, 0.0005, 0.0005, 0.005])
+PAPER_LOSS_SCALE = 100.0  # the notebook minimises 100 x the mean squared log residual
+# a_l values at which the least-squares fit is profiled (the others refitted at each)
+PROFILE_ALPHA_L = tuple(float(v) for v in np.round(np.linspace(0.5, 3.0, 26), 3))
+PROFILE_RESTARTS = 16
+CHI2_1_95 = 3.841458820694124  # 95 % quantile of chi-square with one degree of freedom
 
 
 def shared_data_dir() -> Path:
@@ -52,6 +64,10 @@ class ScalingFitSettings:
     heldout_fraction: float = 0.2
     seed: int = 0
     budgets: tuple[float, ...] = (1e8, 1e9, 1e10, 1e11)  # parameter budgets for the width/depth table
+    optimizer: str = setting("lm", "lm: least squares from many starts (Levenberg-Marquardt); paper: paper B's "
+                             "notebook procedure (Adam from its fixed start for --steps steps)",
+                             choices=OPTIMIZERS)
+    steps: int = setting(50000, "Adam steps of --optimizer paper (the notebook runs 50000)", low=1)
 
 
 @dataclass(frozen=True)
@@ -95,10 +111,18 @@ def load_runs(path: Path, settings: ScalingFitSettings) -> Runs:
 
 
 def exclude_highest(runs: Runs, k: int) -> Runs:
-    """Drops the k runs with the highest loss (the paper drops 40 early, unconverged runs)."""
+    """Drops the k runs with the highest loss (the paper drops 40 early, unconverged runs), and every
+    run tied with the k-th highest: which of equal losses to keep would otherwise depend on the file's
+    row order. The reconstructed Chinchilla losses take about 99 distinct values, so k = 40 drops 42
+    runs; dropping the ties is what reproduces the paper's printed fit (a_m 0.977, a_D 0.299, L0 1.750)."""
     if k < 0:
         raise UserError("--exclude-highest must be 0 or more")
-    keep = np.sort(np.argsort(runs.loss, kind="stable")[: max(len(runs.loss) - k, 0)])
+    if k == 0:
+        keep = np.arange(len(runs.loss))
+    elif k >= len(runs.loss):
+        keep = np.arange(0)
+    else:
+        keep = np.flatnonzero(runs.loss < np.sort(runs.loss)[::-1][k - 1])
     r = runs
     return Runs(r.width[keep], r.depth[keep], r.tokens[keep], r.loss[keep], r.source, r.n_rows)
 
@@ -154,6 +178,12 @@ def check_settings(settings: ScalingFitSettings) -> None:
         raise UserError("--heldout-fraction must lie strictly between 0 and 1")
     if settings.huber_delta is not None and settings.huber_delta <= 0:
         raise UserError("--huber must be a positive threshold (e.g. 1e-3)")
+    if settings.optimizer not in OPTIMIZERS:
+        raise UserError(f"--optimizer {settings.optimizer}: must be one of {', '.join(OPTIMIZERS)}")
+    if settings.steps < 1:
+        raise UserError(f"--steps {settings.steps}: must be 1 or more")
+    if settings.optimizer == "paper" and settings.huber_delta is not None:
+        raise UserError("--optimizer paper minimises squared log residuals: drop --huber")
 
 
 def run_scaling_fit(
@@ -174,7 +204,11 @@ def run_scaling_fit(
     u, y = x - centre, np.log(data.loss)
     rng = np.random.default_rng(settings.seed)
     delta = settings.huber_delta
-    yield Message(f"fitting {n} runs ({data.n_rows} read, {settings.exclude_highest} highest losses dropped)")
+    n_excluded = len(runs.loss) - n
+    yield Message(f"fitting {n} runs ({data.n_rows} read, {n_excluded} highest losses dropped)")
+    if settings.optimizer == "paper":
+        yield from _run_paper(data, x, y, settings, n_excluded, started, cancel)
+        return
 
     # 1. the fit itself: many random restarts in one batch
     yield Progress(0, 3, "restarts")
@@ -200,6 +234,11 @@ def run_scaling_fit(
     # 3. held-out error over random splits
     yield Progress(2, 3, "held-out splits")
     heldout = _heldout(u, y, best_theta, settings, rng, cancel)
+    objective = mean_squared_log_residual(best, data)
+    profile, profile_ci = None, None
+    if delta is None:
+        profile = profile_alpha_l(u, y, best_theta, rng, cancel)
+        profile_ci = profile_interval(profile, objective, n)
     yield Progress(3, 3, "done")
 
     shape = optimal_shape(best, settings.budgets)
@@ -210,11 +249,15 @@ def run_scaling_fit(
         "columns": {"loss": settings.loss_column, "width": settings.width_column,
                     "depth": settings.depth_column, "tokens": settings.tokens_column},
         "n_rows": data.n_rows,
-        "n_excluded": settings.exclude_highest,
+        "n_excluded": n_excluded,
         "n_points": n,
-        "objective": "huber" if delta is not None else "least_squares",
+        "optimizer": "lm",
+        "loss_function": "huber" if delta is not None else "least_squares",
         "huber_delta": delta,
         "params": best,
+        "objective": objective,
+        "profile": {"alpha_l": profile},
+        "alpha_l_profile_ci95": profile_ci,
         "ci95": ci95,
         "se": se,
         "train_rmse": float(np.sqrt(np.mean((data.loss * (np.exp(resid) - 1)) ** 2))),
@@ -224,6 +267,113 @@ def run_scaling_fit(
                       "seconds": boot_seconds},
         **heldout,
         "optimal_shape": shape,
+        "settings": asdict(settings),
+        "seconds": time.perf_counter() - started,
+    }
+    yield Result(name="scaling-fit", data=doc)
+
+
+def mean_squared_log_residual(params: dict[str, float], runs: Runs) -> float:
+    """mean((log L_pred - log L)^2) over the runs, in natural units: the one objective every optimizer
+    reports, so fits made differently can be compared on the same runs."""
+    pred = (params["c_m"] / runs.width ** params["alpha_m"] + params["c_l"] / runs.depth ** params["alpha_l"]
+            + params["c_D"] / runs.tokens ** params["alpha_D"] + params["L0"])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = np.log(pred) - np.log(runs.loss)
+    return float(np.mean(r**2)) if np.all(np.isfinite(r)) else math.inf
+
+
+def profile_alpha_l(u: np.ndarray, y: np.ndarray, best_theta: np.ndarray, rng: np.random.Generator,
+                    cancel: CancelToken | None = None) -> list[dict[str, float]]:
+    """The least-squares profile of a_l: at each value (PROFILE_ALPHA_L and the free estimate) a_l is
+    held fixed and the other parameters refitted from the optimum and random starts. A flat profile
+    means the runs barely pin a_l down."""
+    k = len(TERMS)
+    slot = k + TERMS.index("l")
+    values = sorted(set(PROFILE_ALPHA_L) | {float(best_theta[0, slot])})
+    g, per = len(values), PROFILE_RESTARTS
+    starts = _starts_around(best_theta, g, per, y, rng).reshape(g, per, -1)
+    starts[:, :, slot] = np.asarray(values)[:, None]
+    fixed = np.zeros(powerfit.n_params(k), dtype=bool)
+    fixed[slot] = True
+    fit = powerfit.fit_batched(u, y, np.ones(len(y)), starts.reshape(g * per, -1), fixed=fixed, cancel=cancel)
+    _, obj = powerfit.best_per_group(fit, g)
+    return [{"alpha_l": a, "objective": float(2.0 * o / len(y))} for a, o in zip(values, obj, strict=True)]
+
+
+def profile_interval(profile: list[dict[str, float]], objective: float, n: int) -> list[float | None]:
+    """The likelihood-ratio 95 % interval of a_l: with Gaussian log residuals of unknown variance,
+    -2 log LR = n ln(obj(a_l) / obj_min), below 3.84 inside. Linear interpolation between profile
+    points; None on a side where the profile stays below 3.84 up to the end of the profiled range."""
+    a = np.array([p["alpha_l"] for p in profile])
+    objectives = np.array([p["objective"] for p in profile])
+    stat = n * np.log(objectives / min(objective, float(objectives.min())))
+    i = int(np.argmin(stat))
+    bounds: list[float | None] = []
+    for side in (range(i, 0, -1), range(i, len(a) - 1)):
+        bound = None
+        for j in side:
+            nxt = j - 1 if side.step < 0 else j + 1
+            if stat[nxt] > CHI2_1_95:
+                t = (CHI2_1_95 - stat[j]) / (stat[nxt] - stat[j])
+                bound = float(a[j] + t * (a[nxt] - a[j]))
+                break
+        bounds.append(bound)
+    return bounds
+
+
+def _run_paper(data: Runs, x: np.ndarray, y: np.ndarray, settings: ScalingFitSettings, n_excluded: int,
+               started: float, cancel: CancelToken | None) -> Iterator[Event]:
+    """Paper B's notebook procedure: Adam from its fixed start for `steps` steps, features in its
+    units. Its answer depends on `steps` (the objective is nearly flat along a_l), so snapshots along
+    the way are reported too."""
+    yield Progress(0, 1, f"Adam, {settings.steps} steps")
+    record = tuple(sorted({s for s in (1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000, 500000)
+                           if s < settings.steps} | {settings.steps}))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        fit = powerfit.fit_adam(x + np.log(PAPER_UNITS), y, PAPER_START, PAPER_LR, settings.steps,
+                                record=record, scale=PAPER_LOSS_SCALE, cancel=cancel)
+    if not np.all(np.isfinite(fit.params)):
+        raise UserError("the paper's Adam procedure diverged on these runs (a prediction went negative); "
+                        "use --optimizer lm")
+    k = len(TERMS)
+
+    def natural(p: np.ndarray) -> dict[str, float]:
+        # c (x s)^-a = (c s^-a) x^-a: coefficients back in the CSV's own units
+        doc = {f"alpha_{t}": float(p[k + j]) for j, t in enumerate(TERMS)}
+        doc.update({f"c_{t}": float(np.exp(p[j] - p[k + j] * math.log(PAPER_UNITS[j]))) for j, t in enumerate(TERMS)})
+        doc["L0"] = float(p[2 * k])
+        return doc
+
+    best = natural(fit.params)
+    objective = mean_squared_log_residual(best, data)
+    trajectory = []
+    for step, p in fit.snapshots:
+        doc = natural(p)
+        trajectory.append({"step": step, **{key: doc[key] for key in ("alpha_m", "alpha_l", "alpha_D", "L0")},
+                           "objective": mean_squared_log_residual(doc, data)})
+    yield FitStage(stage="fit", values=best, seconds=time.perf_counter() - started)
+    yield Progress(1, 1, "done")
+    doc: dict[str, Any] = {
+        "source": data.source,
+        "columns": {"loss": settings.loss_column, "width": settings.width_column,
+                    "depth": settings.depth_column, "tokens": settings.tokens_column},
+        "n_rows": data.n_rows,
+        "n_excluded": n_excluded,
+        "n_points": len(y),
+        "optimizer": "paper",
+        "loss_function": "least_squares",
+        "huber_delta": None,
+        "params": best,
+        "objective": objective,
+        "paper": {
+            "steps": settings.steps,
+            "units": {"width": 1.0, "depth": float(PAPER_UNITS[1]), "tokens": float(PAPER_UNITS[2])},
+            "log_c": {f"c_{t}": float(fit.params[j]) for j, t in enumerate(TERMS)},
+            "loss": PAPER_LOSS_SCALE * objective,
+            "trajectory": trajectory,
+        },
+        "optimal_shape": optimal_shape(best, settings.budgets),
         "settings": asdict(settings),
         "seconds": time.perf_counter() - started,
     }

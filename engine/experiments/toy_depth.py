@@ -18,16 +18,19 @@ inputs for every seed), which costs little more than one seed on a small CPU.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from engine import powerfit
+from engine.atomic import atomic_write_bytes, atomic_write_json
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, StudentDone, StudentStep
 
@@ -155,8 +158,10 @@ def train_students(
     generator: torch.Generator,
     eval_x: torch.Tensor,
     cancel: CancelToken | None = None,
+    on_trained: Callable[[Students], None] | None = None,
 ) -> Iterator[StudentStep | list[float]]:
-    """Trains `settings.seeds` students of one depth; yields StudentStep events, then the held-out KLs."""
+    """Trains `settings.seeds` students of one depth; yields StudentStep events, then the held-out KLs.
+    `on_trained` receives the trained students (for a checkpoint) before the KLs are yielded."""
     students = Students(depth, settings.seeds, settings, generator)
     optimiser = torch.optim.Adam(students.parameters(), lr=settings.lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -174,6 +179,8 @@ def train_students(
         if step % settings.log_every == 0 or step == settings.steps:
             yield StudentStep(regime=teacher.regime, temperature=temperature, depth=depth, step=step,
                               steps=settings.steps, loss=float(per_seed.detach().mean()))
+    if on_trained is not None:
+        on_trained(students)
     with torch.no_grad():
         yield [float(v) for v in kl(teacher.log_probs(eval_x, temperature), students(eval_x)).mean(dim=1)]
 
@@ -258,15 +265,109 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def run_toy_depth(settings: ToyDepthSettings, preset: str = "", cancel: CancelToken | None = None
-                  ) -> Iterator[Event]:
-    """Trains every (regime, temperature, depth) group of students, then fits a_l per regime."""
+# --- checkpoints: one per trained group of students -----------------------------------------------
+# Every student's result depends only on (regime, temperature, depth) and the settings: the teacher
+# and held-out inputs are rebuilt from the seed, and each depth has its own generator. So a resumed
+# run restores the finished students from their files and trains the rest, giving exactly the numbers
+# of an uninterrupted run. A student's JSON is written after its weights: it marks the student done.
+
+RUN_FILE = "toy-depth-run.json"
+RESUME_FREE = ("threads", "log_every")  # settings that cannot change any number
+
+
+def _resume_key(settings: ToyDepthSettings) -> dict[str, Any]:
+    doc = json.loads(json.dumps(asdict(settings)))
+    return {k: v for k, v in doc.items() if k not in RESUME_FREE}
+
+
+def student_name(regime: str, temperature: float, depth: int) -> str:
+    return f"student-{regime}-T{temperature!r}-d{depth}"
+
+
+def _student_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("student-*") if p.suffix in (".json", ".safetensors"))
+
+
+def prepare_checkpoints(folder: Path, settings: ToyDepthSettings, resume: bool) -> None:
+    """A fresh run clears the folder's student checkpoints and records its settings; a resume checks
+    that the recorded settings are these, and refuses in one line otherwise."""
+    folder = Path(folder)
+    run_file = folder / RUN_FILE
+    if resume:
+        if not run_file.is_file():
+            raise UserError(f"nothing to resume: no toy-depth checkpoint in {folder}; run without --resume")
+        try:
+            saved = json.loads(run_file.read_text(encoding="utf-8"))["settings"]
+            if not isinstance(saved, dict):
+                raise TypeError("settings is not an object")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"the toy-depth checkpoint {run_file} is damaged ({exc}); run without --resume") from None
+        now = _resume_key(settings)
+        differ = sorted(k for k in set(now) | set(saved) if k not in RESUME_FREE and saved.get(k) != now.get(k))
+        if differ:
+            k = differ[0]
+            raise UserError(f"the checkpoint was made with other settings ({k}: {saved.get(k)} there, "
+                            f"{now.get(k)} now); resume with the same settings or run without --resume")
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in _student_files(folder):
+        path.unlink()
+    atomic_write_json(run_file, {"experiment": "toy-depth", "settings": _resume_key(settings)})
+
+
+def save_student(folder: Path, name: str, students: Students) -> None:
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().contiguous().clone() for k, v in students.state_dict().items()}
+    atomic_write_bytes(Path(folder) / f"{name}.safetensors", save(tensors))
+
+
+def finish_student(folder: Path, name: str, record: dict[str, Any]) -> None:
+    atomic_write_json(Path(folder) / f"{name}.json", record)
+
+
+def load_student(folder: Path, name: str, regime: str, temperature: float, depth: int, seeds: int
+                 ) -> tuple[dict[str, Any] | None, str]:
+    """A finished student's record, checked field by field; (None, why) if absent or damaged."""
+    path = Path(folder) / f"{name}.json"
+    if not path.is_file():
+        return None, "absent"
+    if not (Path(folder) / f"{name}.safetensors").is_file():
+        return None, "its weights are missing"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable ({exc})"
+    if not isinstance(record, dict):
+        return None, "not a JSON object"
+    if (record.get("regime"), record.get("temperature"), record.get("depth")) != (regime, temperature, depth):
+        return None, "it belongs to another student"
+    losses, seconds = record.get("losses"), record.get("seconds")
+    if (not isinstance(losses, list) or len(losses) != seeds
+            or not all(isinstance(v, float) and math.isfinite(v) for v in losses)):
+        return None, f"its losses are not {seeds} finite numbers"
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds):
+        return None, "its seconds are not a number"
+    return record, ""
+
+
+def run_toy_depth(settings: ToyDepthSettings, preset: str = "", cancel: CancelToken | None = None,
+                  checkpoint_dir: Path | None = None, resume: bool = False) -> Iterator[Event]:
+    """Trains every (regime, temperature, depth) group of students, then fits a_l per regime.
+
+    With `checkpoint_dir`, each finished group is saved there (weights as safetensors, held-out
+    losses as JSON); `resume` continues a run saved there, refusing other settings."""
     check_settings(settings)
+    if resume and checkpoint_dir is None:
+        raise UserError("--resume needs the session whose toy-depth run to continue (--session NAME)")
+    if checkpoint_dir is not None:
+        prepare_checkpoints(checkpoint_dir, settings, resume)
     with torch_threads(settings.threads):
-        yield from _run(settings, preset, cancel)
+        yield from _run(settings, preset, cancel, checkpoint_dir)
 
 
-def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None) -> Iterator[Event]:
+def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
+         checkpoint_dir: Path | None = None) -> Iterator[Event]:
     started = time.perf_counter()
     depths = sorted(set(settings.student_depths))
     total = len(settings.regimes) * len(settings.temperatures) * len(depths)
@@ -282,16 +383,37 @@ def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None) ->
             losses = []
             for depth in depths:
                 t0 = time.perf_counter()
+                name = student_name(regime, temperature, depth)
+                record, why = (None, "") if checkpoint_dir is None else load_student(
+                    checkpoint_dir, name, regime, temperature, depth, settings.seeds)
+                if record is not None:
+                    losses.append(record["losses"])
+                    done += 1
+                    yield Message(f"{regime} T={temperature:g} depth {depth}: restored from its checkpoint")
+                    yield StudentDone(regime=regime, temperature=temperature, depth=depth, losses=losses[-1],
+                                      loss=float(np.mean(losses[-1])), seconds=float(record["seconds"]))
+                    yield Progress(done, total, f"{regime} T={temperature:g} depth {depth}")
+                    continue
+                if why not in ("", "absent"):
+                    yield Message(f"{regime} T={temperature:g} depth {depth}: checkpoint not used ({why}); "
+                                  "training it again")
+                save = None if checkpoint_dir is None else (
+                    lambda students, name=name: save_student(checkpoint_dir, name, students))
                 student_gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + depth)
                 for item in train_students(teacher, depth, temperature, settings, student_gen, eval_x,
-                                           cancel):
+                                           cancel, on_trained=save):
                     if isinstance(item, StudentStep):
                         yield item
                     else:
                         losses.append(item)
                 done += 1
+                seconds = time.perf_counter() - t0
+                if checkpoint_dir is not None:
+                    finish_student(checkpoint_dir, name, {"regime": regime, "temperature": temperature,
+                                                          "depth": depth, "losses": losses[-1],
+                                                          "seconds": seconds})
                 yield StudentDone(regime=regime, temperature=temperature, depth=depth, losses=losses[-1],
-                                  loss=float(np.mean(losses[-1])), seconds=time.perf_counter() - t0)
+                                  loss=float(np.mean(losses[-1])), seconds=seconds)
                 yield Progress(done, total, f"{regime} T={temperature:g} depth {depth}")
             fit = fit_depth_law(depths, losses, settings.fit_floor, settings.bootstrap, settings.seed)
             by_temperature.setdefault(f"{temperature:g}", {})[regime] = {

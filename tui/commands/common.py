@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from engine.events import Event, Finished, Message, Progress, Result
 from engine.atomic import atomic_write_json
+from engine.events import Event, Finished, Message, Progress, Result
 from sessions.jobs import run_job
 from sessions.store import Session, SessionStore
 

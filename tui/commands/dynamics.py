@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples", type=int, default=3, help="example tokens per cluster (default 3)")
     parser.add_argument("--logit-lens", action="store_true",
                         help="also the next-token loss of every layer through the final norm and head")
+    parser.add_argument("--lens", default="plain", choices=["plain", "last-block"],
+                        help="how the lens reads layer l: plain (its output through the final norm and head) "
+                             "or last-block (its input through the last block first, as paper B); "
+                             "last-block turns the lens on")
     parser.add_argument("--seed", type=int, default=0, help="PCA/KMeans seed")
 
 
@@ -40,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
         text_file=args.text_file, max_tokens=args.max_tokens, batch_size=args.batch_size,
         max_length=args.max_length, include_first=args.include_first, profile=args.profile,
         clusters=args.clusters, components=args.components, examples=args.examples,
-        logit_lens=args.logit_lens, seed=args.seed,
+        logit_lens=args.logit_lens, seed=args.seed, lens=args.lens,
     )
     session, loaded, spec = prepare_run(args, settings, [(args.text_file, "text file")])
     events = run_dynamics(loaded.model, loaded.tokenizer, settings, model_name=loaded.name)
@@ -67,10 +71,10 @@ def print_dynamics(doc: dict) -> None:
     console = Console()
     table = Table(title=Text(f"{doc['model']}  {doc['tokens']} tokens, first position {doc['first_token']}  "
                         "(degrees: median [q1-q3])"))
-    columns = ["layer", "theta(h, h')", "theta(dh, dh')", "|h'|", "|dh|/|h|"]
+    columns = ["layer", "theta(h, h')", "theta(dh, dh')", "|h'|", "|dh|/|h|", "theta(h', h_L)", "s"]
     lens = doc.get("logit_lens")
     if lens:
-        columns.append("lens loss")
+        columns.append("lens loss" if lens.get("lens", "plain") == "plain" else "last-block loss")
     for column in columns:
         table.add_column(column, justify="right")
     for row in doc["layers"]:
@@ -80,6 +84,8 @@ def print_dynamics(doc: dict) -> None:
             _spread(row["angle_update"]),
             _cell(row["norm"]["median"]),
             f"{row['relative_update']['median']:.3f}",
+            _cell(row["angle_final"]["median"]),
+            "" if row["progress"]["median"] is None else f"{row['progress']['median']:.2f}",
         ]
         if lens:
             cells.append(f"{row['lens_loss']:.3f}")

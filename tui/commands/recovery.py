@@ -94,9 +94,9 @@ def load_finished(session: Session, settings, model_name: str) -> dict[str, Any]
 
 def checkpointed(events: Iterable[Event], session: Session, state: dict[str, Any]) -> Iterator[Event]:
     """Passes events through; each finished layer is added to the session's checkpoint at once."""
+    from engine.atomic import atomic_write_json
     from engine.events import json_safe
     from engine.experiments.recovery import RecoveryLayer
-    from engine.atomic import atomic_write_json
 
     path = checkpoint_path(session)
     for event in events:

@@ -27,6 +27,9 @@ _FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--heldout-splits", "heldout_splits", int, "random train/test splits for held-out error (default 20)"),
     ("--heldout-fraction", "heldout_fraction", float, "share of runs held out per split (default 0.2)"),
     ("--seed", "seed", int, "random seed (default 0)"),
+    ("--optimizer", "optimizer", str,
+     "lm (default): least squares from many starts; paper: paper B's notebook (Adam from its fixed start)"),
+    ("--steps", "steps", int, "Adam steps of --optimizer paper (default 50000, as the notebook)"),
 )
 
 
@@ -72,9 +75,14 @@ def main(args: argparse.Namespace) -> int:
     result = drive(session, "scaling-fit", spec, run_scaling_fit(runs, settings), args.json)
     if result is None:
         return 1
-    params, ci95 = result.data["params"], result.data["ci95"]
+    params, ci95 = result.data["params"], result.data.get("ci95", {})
     for key in ("alpha_m", "alpha_l", "alpha_D", "L0"):
         interval = f"[{ci95[key][0]:.3f}, {ci95[key][1]:.3f}]" if ci95.get(key) else "n/a"
         print(f"{key:8s} {params[key]:.3f}  95% {interval}")
-    print(f"n_points {result.data['n_points']}  heldout_rmse {result.data['heldout_rmse']}")
+    profile_ci = result.data.get("alpha_l_profile_ci95")
+    if profile_ci:
+        low, high = (f"{v:.3f}" if v is not None else "open" for v in profile_ci)
+        print(f"alpha_l  profile-likelihood 95% [{low}, {high}]")
+    print(f"n_points {result.data['n_points']}  objective {result.data['objective']:.6g} "
+          f"(mean squared log residual)  heldout_rmse {result.data.get('heldout_rmse')}")
     return 0

@@ -7,6 +7,7 @@ in one place (engine/experiments/toy_depth.py) and this module imports nothing h
 from __future__ import annotations
 
 import argparse
+import sys
 
 from tui.commands.common import add_session_arguments, comma_list, drive, open_session
 
@@ -39,22 +40,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=dest, type=kind, default=None, help=f"{help_text}; default: preset")
     parser.add_argument("--fit-floor", action=argparse.BooleanOptionalAction, default=None,
                         help="fit L = c/l^a + L0 instead of L = c/l^a (default: the preset's, off)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run checkpointed in --session: finished students are restored "
+                             "(give the same preset and flags)")
     add_session_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from engine.errors import UserError
     from engine.experiments.toy_depth import check_settings, preset_settings, run_toy_depth
 
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in _FLAGS}
     overrides["fit_floor"] = args.fit_floor
     settings = preset_settings(args.preset, **overrides)
     check_settings(settings)
+    if args.resume and args.session is None:
+        raise UserError("--resume needs --session NAME: the session whose toy-depth run to continue")
     spec = {"preset": args.preset, **asdict(settings)}
     session = open_session(args, spec)
-    result = drive(session, "toy-depth", spec, run_toy_depth(settings, preset=args.preset), args.json)
+    events = run_toy_depth(settings, preset=args.preset, checkpoint_dir=session.checkpoint_dir("toy-depth"),
+                           resume=args.resume)
+    result = drive(session, "toy-depth", {**spec, "resume": args.resume}, events, args.json)
     if result is None:
+        print(f"stopped; continue with the same flags and: --session {session.name} --resume", file=sys.stderr)
         return 1
     for regime, doc in result.data["regimes"].items():
         ci = doc["ci95"]
