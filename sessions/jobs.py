@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from engine.events import Cancelled, Event, Finished, Result, Started
+from sessions.process import process_identity
 from sessions.store import Session
 
 
@@ -36,7 +37,7 @@ def run_job(
         "id": job_id,
         "experiment": experiment,
         "spec": spec,
-        "pid": os.getpid(),
+        **process_identity(),  # pid, pgid, start time, command line: the proof a signal needs
         "argv": sys.argv,
         "status": "running",
         "started": time.time(),
