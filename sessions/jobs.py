@@ -55,10 +55,10 @@ def run_job(
     status, error = "done", ""
     try:
         for event in events:
+            emit(event)  # first: a result that cannot be saved below is still in the event log
             if isinstance(event, Result):
                 session.save_result(event.name, event.data)
                 result = event
-            emit(event)
     except (Cancelled, KeyboardInterrupt):
         status = "cancelled"
     except Exception as exc:

@@ -212,6 +212,16 @@ class Session:
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
+    def writable_part(self, name: str) -> Path | None:
+        """`path/name` when a file can be written there, else None with the reason in `damage`."""
+        from engine.atomic import check_writable_path
+
+        try:
+            return check_writable_path(self._part(name), name)
+        except (UserError, SessionError) as exc:
+            self._note(str(exc))
+            return None
+
     def check_writable(self, result: str | None = None) -> None:
         """Raises a one-line UserError unless the event log, the jobs folder and the result file
         `result` can be written: called before a run, so no computation is lost at its end."""
