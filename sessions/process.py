@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-PID_MAX = 4_194_304  # the largest pid_max Linux allows; a bigger pid cannot be a process
+PID_LIMIT = 2**31 - 1  # the largest value a pid_t holds; os.kill overflows beyond it
 
 
 def valid_pid(pid: Any) -> bool:
-    """A real int in the range of process ids (bool is not a pid)."""
-    return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= PID_MAX
+    """A real int in the range a pid_t holds (bool is not a pid)."""
+    return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= PID_LIMIT
 
 
 def start_time(pid: int) -> int | None:

@@ -116,7 +116,7 @@ _JOB_FIELDS: dict[str, tuple[Any, str]] = {
 def _field_problem(doc: Any, fields: dict[str, tuple[Any, str]], required: tuple[str, ...]) -> str:
     """The first field of `doc` that is missing or of the wrong type or range, as a phrase."""
     if not isinstance(doc, dict):
-        return f"is {type(doc).__name__}, not a JSON object"
+        return f"is {_json_type(doc)}, not a JSON object"
     for key in required:
         if key not in doc:
             return f"has no {key!r}"
@@ -135,11 +135,16 @@ def result_problem(doc: Any) -> str:
     """Why a result document cannot be shown ("" when its shape is fine): an object whose
     per-layer rows, where it has them, are a list of objects."""
     if not isinstance(doc, dict):
-        return f"is {type(doc).__name__}, not a JSON object"
+        return f"it is {_json_type(doc)}, not a JSON object"
     rows = doc.get("layers")
     if rows is not None and not (isinstance(rows, list) and all(isinstance(row, dict) for row in rows)):
-        return "field 'layers' must be a list of objects"
+        return "its 'layers' is not a list of objects"
     return ""
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
 
 
 def _link_problem(path: Path, parts: tuple[str, ...] = SESSION_PARTS) -> str:
@@ -335,8 +340,18 @@ class Session:
             raise SessionError(f"result {path} is damaged ({_reason(exc)}); delete it and run again") from None
         problem = result_problem(doc)
         if problem:
-            raise SessionError(f"result {path} is damaged (it {problem}); delete it and run again")
+            raise SessionError(f"result {path} is damaged: {problem}; delete it and run again")
         return doc
+
+    def check(self) -> list[str]:
+        """Reads every part (jobs, results, the event log) and returns `damage`: one line for each
+        thing that cannot be used, so a front end can open the session and say what is missing."""
+        self.jobs()
+        self.results()
+        events = self.path / "events.jsonl"
+        if events.exists() and not events.is_file():
+            self._note("events.jsonl is not a regular file; move it away to log new events")
+        return self.damage
 
     def results(self) -> dict[str, dict[str, Any]]:
         """Every readable result by name; each one that is not readable is noted in `damage`."""
@@ -502,9 +517,7 @@ class SessionStore:
     def _info(self, session: Session) -> SessionInfo:
         jobs = session.jobs()
         results = session.results()
-        events = session.path / "events.jsonl"
-        if events.exists() and not events.is_file():
-            session._note("events.jsonl is not a regular file; move it away to log new events")
+        session.check()
         return SessionInfo(
             name=session.name,
             path=session.path,

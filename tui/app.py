@@ -205,7 +205,7 @@ class AnatomyApp(App[None]):
                 self.state.set_result(result, doc)
             except (KeyError, TypeError, ValueError) as exc:
                 self.session.damage.append(f"result {result} cannot be shown ({type(exc).__name__}: {exc})")
-        for reason in self.session.damage:  # the session opens with what is readable; say what is not
+        for reason in self.session.check():  # the session opens with what is readable; say what is not
             self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
         self.push_screen(ConsoleScreen())
 
