@@ -184,7 +184,7 @@ class Session:
     def name(self) -> str:
         return self.path.name
 
-    def _part(self, *names: str) -> Path:
+    def part(self, *names: str) -> Path:
         """`path/names...`, refusing any link on the way: writes never leave the session folder."""
         path = self.path
         for name in names:
@@ -202,18 +202,18 @@ class Session:
 
     @property
     def results_dir(self) -> Path:
-        return self._part("results")
+        return self.part("results")
 
     @property
     def events_path(self) -> Path:
-        return self._part("events.jsonl")
+        return self.part("events.jsonl")
 
     @property
     def logs_dir(self) -> Path:
-        return self._part("logs")
+        return self.part("logs")
 
     def checkpoint_dir(self, job: str) -> Path:
-        folder = self._part("checkpoints", _checked_name(job))
+        folder = self.part("checkpoints", _checked_name(job))
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
@@ -222,7 +222,7 @@ class Session:
         from engine.atomic import check_writable_path
 
         try:
-            return check_writable_path(self._part(name), name)
+            return check_writable_path(self.part(name), name)
         except (UserError, SessionError) as exc:
             self._note(str(exc))
             return None
@@ -233,9 +233,10 @@ class Session:
         from engine.atomic import check_writable_path
 
         check_writable_path(self.events_path, f"session {self.name!r}: events.jsonl")
-        jobs = self._part("jobs")
-        if jobs.exists() and not jobs.is_dir():
-            raise UserError(f"session {self.name!r}: {jobs} is not a folder; move it away")
+        for name in ("results", "jobs", "checkpoints", "logs", "growth_models"):
+            folder = self.part(name)
+            if folder.exists() and not folder.is_dir():
+                raise UserError(f"session {self.name!r}: {folder} is not a folder; move it away")
         if result is not None:
             check_writable_path(self.results_dir / f"{_checked_name(result)}.json", f"session {self.name!r}: result")
 
@@ -243,7 +244,7 @@ class Session:
     def update_manifest(self, **changes: Any) -> None:
         self.manifest.update(changes)
         self.manifest["updated"] = time.time()
-        atomic_write_json(self._part("manifest.json"), self.manifest, "manifest")
+        atomic_write_json(self.part("manifest.json"), self.manifest, "manifest")
 
     # events -------------------------------------------------------------------------------
     def append_event(self, event: Event) -> None:
@@ -276,6 +277,8 @@ class Session:
             path = self.events_path
             if not path.exists():
                 return [], offset
+            if not path.is_file():  # a directory, or a FIFO that would block the reader for ever
+                raise OSError(0, "not a regular file")
             with open(path, "rb") as handle:
                 handle.seek(offset)
                 data = handle.read()
@@ -330,7 +333,7 @@ class Session:
         it cannot be used (unreadable, not JSON, or the wrong shape)."""
         path = self.path / "results" / f"{_checked_name(name)}.json"
         try:
-            path = self._part("results", path.name)
+            path = self.part("results", path.name)
             if not path.exists():
                 return None
             if path.is_symlink() or not path.is_file():
@@ -378,7 +381,7 @@ class Session:
 
     # jobs ---------------------------------------------------------------------------------
     def write_job(self, job_id: str, doc: dict[str, Any]) -> None:
-        atomic_write_json(self._part("jobs", f"{_checked_name(job_id)}.json"), doc, "job file")
+        atomic_write_json(self.part("jobs", f"{_checked_name(job_id)}.json"), doc, "job file")
 
     def jobs(self) -> dict[str, dict[str, Any]]:
         """Every valid job with its status. A 'running' job whose process is gone reads
@@ -387,7 +390,7 @@ class Session:
         file that does not parse or has a bad field is left out and noted in `damage`."""
         found: dict[str, dict[str, Any]] = {}
         try:
-            folder = self._part("jobs")
+            folder = self.part("jobs")
             paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
         except (OSError, SessionError) as exc:
             self._note(f"jobs cannot be listed ({_reason(exc)})")
@@ -480,6 +483,8 @@ class SessionStore:
         if linked:
             raise SessionError(f"session {name!r} is refused: {linked}")
         try:
+            if not manifest_path.is_file():  # a FIFO would block every reader
+                raise OSError(0, "not a regular file")
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise SessionError(

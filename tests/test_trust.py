@@ -232,6 +232,28 @@ def test_a_linked_part_of_a_session_is_refused(tmp_path, part, capsys):
     assert main(["sessions", "list"]) == 0
 
 
+def test_a_linked_weights_folder_is_neither_read_nor_written(tmp_path):
+    import torch
+
+    from sessions.layer_weights import load_layers, save_layer, saved_layers
+
+    session = SessionStore().create("w")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    save_layer(session, "recovery", 1, {"w": torch.zeros(2)}, "m")
+    (outside / "layer-3.safetensors").write_bytes((session.checkpoint_dir("recovery") / "weights" /
+                                                   "layer-1.safetensors").read_bytes())  # fmt: skip
+    folder = session.path / "checkpoints" / "recovery" / "weights"
+    for path in folder.iterdir():
+        path.unlink()
+    folder.rmdir()
+    folder.symlink_to(outside)
+    assert saved_layers(session, "recovery") == [] and load_layers(session, "recovery", "m") == {}
+    with pytest.raises(SessionError, match="symbolic link"):
+        save_layer(session, "recovery", 2, {"w": torch.zeros(2)}, "m")
+    assert sorted(p.name for p in outside.iterdir()) == ["layer-3.safetensors"]
+
+
 # one damaged file never hides the rest ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     "change, fragment",
@@ -311,6 +333,22 @@ def test_session_that_escapes_is_one_line_before_the_console(capsys, monkeypatch
     (bad.path / "manifest.json").write_text('{"schema_version": 1, "na')
     assert main(["--session", "trunc"]) == 2
     assert "manifest.json does not parse" in one_error_line(capsys)
+
+
+def test_fifos_in_a_session_never_block_a_reader():
+    store = SessionStore()
+    session = store.create("fifos")
+    os.mkfifo(session.results_dir / "ablation.json")
+    os.mkfifo(session.path / "events.jsonl")
+    (session.path / "jobs").mkdir()
+    os.mkfifo(session.path / "jobs" / "j.json")
+    assert session.check() and session.read_event_docs() == ([], 0) and session.results() == {}
+    other = store.create("fifo-manifest")
+    (other.path / "manifest.json").unlink()
+    os.mkfifo(other.path / "manifest.json")
+    infos = {info.name: info for info in store.list()}
+    assert "not a regular file" in infos["fifo-manifest"].damaged and not infos["fifo-manifest"].openable
+    assert infos["fifos"].openable and infos["fifos"].damaged.count("not a regular file") == 3
 
 
 # the console: a damaged part is a notification, not a traceback ---------------------------------------------
