@@ -336,7 +336,7 @@ class Session:
             path = self.part("results", path.name)
             if not path.exists():
                 return None
-            if path.is_symlink() or not path.is_file():
+            if not path.is_file():
                 raise SessionError("it is not a regular file")
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError, SessionError) as exc:
@@ -351,10 +351,13 @@ class Session:
         thing that cannot be used, so a front end can open the session and say what is missing."""
         self.jobs()
         self.results()
+        self._check_events()
+        return self.damage
+
+    def _check_events(self) -> None:
         events = self.path / "events.jsonl"
         if events.exists() and not events.is_file():
             self._note("events.jsonl is not a regular file; move it away to log new events")
-        return self.damage
 
     def results(self) -> dict[str, dict[str, Any]]:
         """Every readable result by name; each one that is not readable is noted in `damage`."""
@@ -410,8 +413,8 @@ class Session:
             if doc["status"] == "running":
                 if not pid_alive(doc.get("pid")):
                     doc["status"] = "interrupted"
-                elif identity_problem(doc):
-                    doc["status"], doc["stale"] = "stale", identity_problem(doc)
+                elif stale := identity_problem(doc):
+                    doc["status"], doc["stale"] = "stale", stale
             found[path.stem] = doc
         return found
 
@@ -522,7 +525,7 @@ class SessionStore:
     def _info(self, session: Session) -> SessionInfo:
         jobs = session.jobs()
         results = session.results()
-        session.check()
+        session._check_events()
         return SessionInfo(
             name=session.name,
             path=session.path,
