@@ -168,6 +168,7 @@ class SessionInfo:
     results: list[str] = field(default_factory=list)
     running: list[str] = field(default_factory=list)
     interrupted: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)  # 'running' in a file, but no process proves it
     damaged: str = ""
     openable: bool = True
 
@@ -535,6 +536,7 @@ class SessionStore:
             results=sorted(results),
             running=[j for j, d in jobs.items() if d.get("status") == "running"],
             interrupted=[j for j, d in jobs.items() if d.get("status") == "interrupted"],
+            stale=[j for j, d in jobs.items() if d.get("status") == "stale"],
             damaged="; ".join(session.damage),
         )
 

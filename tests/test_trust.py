@@ -165,6 +165,8 @@ def test_a_reused_pid_reads_stale_and_pid_one_is_never_running():
     assert jobs["reused"]["status"] == "stale" and "another program" in jobs["reused"]["stale"]
     assert jobs["init"]["status"] in ("stale", "interrupted")
     assert jobs["mine"]["status"] == "running"
+    info = SessionStore().list()[0]
+    assert info.running == ["mine"] and "reused" in info.stale
 
 
 def test_a_proven_job_gets_the_signal_for_its_group(tmp_path):

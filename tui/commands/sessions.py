@@ -25,7 +25,8 @@ def main(args: argparse.Namespace) -> int:
                 continue
             jobs = "".join(
                 [f"  running: {','.join(info.running)}" if info.running else "",
-                 f"  interrupted: {','.join(info.interrupted)}" if info.interrupted else ""]
+                 f"  interrupted: {','.join(info.interrupted)}" if info.interrupted else "",
+                 f"  stale: {','.join(info.stale)}" if info.stale else ""]
             )
             results = ",".join(info.results) or "-"
             damage = f"  damaged: {info.damaged}" if info.damaged else ""
