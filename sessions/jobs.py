@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from engine.events import Cancelled, Event, Finished, Result, Started
+from sessions.process import process_identity
 from sessions.store import Session
 
 
@@ -36,7 +37,7 @@ def run_job(
         "id": job_id,
         "experiment": experiment,
         "spec": spec,
-        "pid": os.getpid(),
+        **process_identity(),  # pid, pgid, start time, command line: the proof a signal needs
         "argv": sys.argv,
         "status": "running",
         "started": time.time(),
@@ -54,10 +55,10 @@ def run_job(
     status, error = "done", ""
     try:
         for event in events:
+            emit(event)  # first: a result that cannot be saved below is still in the event log
             if isinstance(event, Result):
                 session.save_result(event.name, event.data)
                 result = event
-            emit(event)
     except (Cancelled, KeyboardInterrupt):
         status = "cancelled"
     except Exception as exc:

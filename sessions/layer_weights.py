@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import atomic_write
-from sessions.store import Session
+from sessions.store import Session, SessionError
 
 _FILE = re.compile(r"^layer-(\d+)\.safetensors$")
 
 
 def _folder(session: Session, job: str) -> Path:
-    return session.path / "checkpoints" / job / "weights"
+    return session.part("checkpoints", job, "weights")  # refuses a linked folder on the way
 
 
 def save_layer(session: Session, job: str, index: int, tensors: dict[str, Any], model: str) -> Path:
@@ -27,7 +27,10 @@ def save_layer(session: Session, job: str, index: int, tensors: dict[str, Any], 
 
 
 def saved_layers(session: Session, job: str) -> list[int]:
-    folder = _folder(session, job)
+    try:
+        folder = _folder(session, job)
+    except SessionError:  # a linked folder: its layers are not offered
+        return []
     names = (_FILE.match(path.name) for path in folder.glob("layer-*.safetensors")) if folder.exists() else ()
     return sorted(int(match.group(1)) for match in names if match)
 
@@ -36,7 +39,10 @@ def load_layers(session: Session, job: str, model: str) -> dict[int, dict[str, A
     """Every saved layer of `job` made for `model` (files for another model are ignored)."""
     from safetensors import SafetensorError, safe_open
 
-    folder = _folder(session, job)
+    try:
+        folder = _folder(session, job)
+    except SessionError:
+        return {}
     found: dict[int, dict[str, Any]] = {}
     for path in sorted(folder.glob("layer-*.safetensors")) if folder.exists() else []:
         match = _FILE.match(path.name)

@@ -5,15 +5,23 @@
                             results/<x>.json one document per finished experiment
                             jobs/<id>.json   each job's command, pid and status
                             checkpoints/     whatever a resumable job needs (safetensors + JSON)
+                            logs/            the output of jobs the console started
                             app.log          the console's log file
+
+Nothing in a session folder is trusted: every field read is checked (a bad one is reported as
+the session's damage, one line each, and the rest stays usable), none of its parts may be a
+symbolic link (writes would land outside the sessions folder), and a pid is signalled only with
+proof that it still is the job that wrote it (sessions.process).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -21,12 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import atomic_write_json
+from engine.errors import UserError
 from engine.events import Event, event_from_json, upgrade_result
+from sessions.process import identity_problem, valid_pid
 
 MANIFEST_SCHEMA_VERSION = 1
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _VERSIONED_PACKAGES = ("anatomy-tui", "torch", "transformers", "textual", "numpy", "scikit-learn")
+# Every part of a session folder the app reads or writes; none may be a symbolic link.
+SESSION_PARTS = (
+    "manifest.json", "events.jsonl", "results", "jobs", "checkpoints", "logs", "app.log", "growth_models"
+)
+JOB_STATUSES = frozenset({"running", "done", "failed", "cancelled"})
 
 
 class SessionError(Exception):
@@ -53,7 +68,7 @@ def package_versions() -> dict[str, str]:
 
 
 def pid_alive(pid: int | None) -> bool:
-    if not pid:
+    if not valid_pid(pid):
         return False
     try:
         os.kill(pid, 0)
@@ -68,9 +83,84 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _string_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+_MANIFEST_FIELDS: dict[str, tuple[Any, str]] = {
+    "name": (lambda v: isinstance(v, str), "a string"),
+    "model": (lambda v: isinstance(v, str), "a string"),
+    "created": (lambda v: _number(v) and v >= 0, "a time in seconds"),
+    "updated": (lambda v: _number(v) and v >= 0, "a time in seconds"),
+    "settings": (lambda v: isinstance(v, dict), "an object"),
+    "versions": (lambda v: isinstance(v, dict), "an object"),
+}
+_JOB_FIELDS: dict[str, tuple[Any, str]] = {
+    "id": (lambda v: isinstance(v, str), "a string"),
+    "experiment": (lambda v: isinstance(v, str), "a string"),
+    "status": (lambda v: v in JOB_STATUSES, f"one of {', '.join(sorted(JOB_STATUSES))}"),
+    "pid": (valid_pid, "a process id"),
+    "pgid": (valid_pid, "a process group id"),
+    "start_time": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a tick count"),
+    "cmdline": (_string_list, "a list of strings"),
+    "argv": (_string_list, "a list of strings"),
+    "spec": (lambda v: isinstance(v, dict), "an object"),
+    "started": (lambda v: _number(v) and v >= 0, "a time in seconds"),
+    "ended": (lambda v: _number(v) and v >= 0, "a time in seconds"),
+    "error": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def _field_problem(doc: Any, fields: dict[str, tuple[Any, str]], required: tuple[str, ...]) -> str:
+    """The first field of `doc` that is missing or of the wrong type or range, as a phrase."""
+    if not isinstance(doc, dict):
+        return f"is {_json_type(doc)}, not a JSON object"
+    for key in required:
+        if key not in doc:
+            return f"has no {key!r}"
+    for key, (check, what) in fields.items():
+        if key in doc and not check(doc[key]):
+            return f"field {key!r} must be {what}, not {_short(doc[key])}"
+    return ""
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def result_problem(doc: Any) -> str:
+    """Why a result document cannot be shown ("" when its shape is fine): an object whose
+    per-layer rows, where it has them, are a list of objects."""
+    if not isinstance(doc, dict):
+        return f"it is {_json_type(doc)}, not a JSON object"
+    rows = doc.get("layers")
+    if rows is not None and not (isinstance(rows, list) and all(isinstance(row, dict) for row in rows)):
+        return "its 'layers' is not a list of objects"
+    return ""
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _link_problem(path: Path, parts: tuple[str, ...] = SESSION_PARTS) -> str:
+    for part in parts:
+        if (path / part).is_symlink():
+            return f"{part} is a symbolic link (sessions never follow links; replace it with a real one)"
+    return ""
+
+
 @dataclass
 class SessionInfo:
-    """One row of `sessions list`; `damaged` holds the reason when the session cannot be read."""
+    """One row of `sessions list`. `damaged` holds the reasons (one line) when anything in the
+    session cannot be read; `openable` is False when the session itself cannot be opened (bad
+    manifest, linked parts), True when it opens with what is readable."""
 
     name: str
     path: Path
@@ -80,7 +170,9 @@ class SessionInfo:
     results: list[str] = field(default_factory=list)
     running: list[str] = field(default_factory=list)
     interrupted: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)  # 'running' in a file, but no process proves it
     damaged: str = ""
+    openable: bool = True
 
 
 class Session:
@@ -89,35 +181,90 @@ class Session:
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
         self.path = path
         self.manifest = manifest
+        self.damage: list[str] = []  # one line per part that could not be read, for front ends to show
 
     @property
     def name(self) -> str:
         return self.path.name
 
+    def part(self, *names: str) -> Path:
+        """`path/names...`, refusing any link on the way: writes never leave the session folder."""
+        path = self.path
+        for name in names:
+            path = path / name
+            if path.is_symlink():
+                raise SessionError(
+                    f"session {self.name!r}: {path.relative_to(self.path)} is a symbolic link; "
+                    "sessions never follow links (replace it with a real file or folder)"
+                )
+        return path
+
+    def _note(self, reason: str) -> None:
+        if reason not in self.damage:
+            self.damage.append(reason)
+
     @property
     def results_dir(self) -> Path:
-        return self.path / "results"
+        return self.part("results")
 
     @property
     def events_path(self) -> Path:
-        return self.path / "events.jsonl"
+        return self.part("events.jsonl")
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.part("logs")
 
     def checkpoint_dir(self, job: str) -> Path:
-        folder = self.path / "checkpoints" / _checked_name(job)
+        folder = self.part("checkpoints", _checked_name(job))
         folder.mkdir(parents=True, exist_ok=True)
         return folder
+
+    def writable_part(self, name: str) -> Path | None:
+        """`path/name` when a file can be written there, else None with the reason in `damage`."""
+        from engine.atomic import check_writable_path
+
+        try:
+            return check_writable_path(self.part(name), name)
+        except (UserError, SessionError) as exc:
+            self._note(str(exc))
+            return None
+
+    def check_writable(self, result: str | None = None) -> None:
+        """Raises a one-line UserError unless the event log, the jobs folder and the result file
+        `result` can be written: called before a run, so no computation is lost at its end."""
+        from engine.atomic import check_writable_path
+
+        check_writable_path(self.events_path, f"session {self.name!r}: events.jsonl")
+        for name in ("results", "jobs", "checkpoints", "logs", "growth_models"):
+            folder = self.part(name)
+            if folder.exists() and not folder.is_dir():
+                raise UserError(f"session {self.name!r}: {folder} is not a folder; move it away")
+        if result is not None:
+            check_writable_path(self.results_dir / f"{_checked_name(result)}.json", f"session {self.name!r}: result")
 
     # manifest -----------------------------------------------------------------------------
     def update_manifest(self, **changes: Any) -> None:
         self.manifest.update(changes)
         self.manifest["updated"] = time.time()
-        atomic_write_json(self.path / "manifest.json", self.manifest)
+        atomic_write_json(self.part("manifest.json"), self.manifest, "manifest")
 
     # events -------------------------------------------------------------------------------
     def append_event(self, event: Event) -> None:
-        """Appends one JSON line and flushes it, so a reader tailing the file sees it at once."""
-        line = json.dumps(event.to_json(), allow_nan=False) + "\n"
-        with open(self.events_path, "a", encoding="utf-8") as handle:
+        """Appends one JSON line and flushes it, so a reader tailing the file sees it at once.
+
+        The line starts on a fresh line: if a killed writer left a torn last line (no newline),
+        a newline ends it first, so the fragment stays alone and this event stays whole.
+        """
+        line = (json.dumps(event.to_json(), allow_nan=False) + "\n").encode("utf-8")
+        path = self.events_path
+        if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+            raise UserError(f"session {self.name!r}: {path} is not a regular file; move it away")
+        with open(path, "ab+") as handle:
+            if handle.seek(0, os.SEEK_END) > 0:
+                handle.seek(-1, os.SEEK_END)
+                if handle.read(1) != b"\n":
+                    line = b"\n" + line
             handle.write(line)
             handle.flush()
 
@@ -126,13 +273,21 @@ class Session:
 
         A last line still being written (no newline yet) is left for the next call; a line that
         does not parse (a torn write after a crash) is skipped. The documents are as written (any
-        schema version); `read_events` decodes them.
+        schema version); `read_events` decodes them. A log that cannot be read
+        (a directory, a link) reads as empty and is noted in `damage`.
         """
-        if not self.events_path.exists():
+        try:
+            path = self.events_path
+            if not path.exists():
+                return [], offset
+            if not path.is_file():  # a directory, or a FIFO that would block the reader for ever
+                raise OSError(0, "not a regular file")
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read()
+        except (OSError, SessionError) as exc:
+            self._note(f"events.jsonl cannot be read ({_reason(exc)}); move it away to log new events")
             return [], offset
-        with open(self.events_path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
         end = data.rfind(b"\n") + 1
         docs = []
         for raw in data[:end].splitlines():
@@ -161,44 +316,119 @@ class Session:
 
     # results ------------------------------------------------------------------------------
     def save_result(self, name: str, doc: dict[str, Any]) -> Path:
-        path = self.results_dir / f"{_checked_name(name)}.json"
-        atomic_write_json(path, doc)
+        """Writes results/<name>.json. If that cannot be written (it became a directory, the
+        folder a link...), the result goes to a spare file in the session folder and the
+        one-line error says where: a finished computation is never lost."""
+        path = self.path / "results" / f"{_checked_name(name)}.json"
+        try:
+            path = self.results_dir / path.name
+            atomic_write_json(path, doc, f"result {name!r}")
+        except (OSError, UserError, SessionError) as exc:
+            spare = self.path / f"unsaved-{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+            atomic_write_json(spare, doc, "spare result")
+            raise UserError(
+                f"could not write {path} ({_reason(exc)}); the result is kept in {spare}"
+            ) from None
         self.update_manifest()
         return path
 
     def load_result(self, name: str) -> dict[str, Any] | None:
-        """The saved document, its rows in the current field names (a 0.1 session's are upgraded)."""
-        path = self.results_dir / f"{_checked_name(name)}.json"
-        if not path.exists():
-            return None
+        """The result document, None when there is none, or a one-line SessionError saying why
+        it cannot be used (unreadable, not JSON, or the wrong shape). A 0.1 session's rows come back
+        in the current field names."""
+        path = self.path / "results" / f"{_checked_name(name)}.json"
         try:
+            path = self.part("results", path.name)
+            if not path.exists():
+                return None
+            if not path.is_file():
+                raise SessionError("it is not a regular file")
             doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise SessionError(f"result {path} is damaged ({exc}); delete it and run again") from exc
-        return upgrade_result(name, doc) if isinstance(doc, dict) else doc
+        except (OSError, ValueError, SessionError) as exc:
+            raise SessionError(f"result {path} is damaged ({_reason(exc)}); delete it and run again") from None
+        problem = result_problem(doc)
+        if problem:
+            raise SessionError(f"result {path} is damaged: {problem}; delete it and run again")
+        return upgrade_result(name, doc)
+
+    def check(self) -> list[str]:
+        """Reads every part (jobs, results, the event log) and returns `damage`: one line for each
+        thing that cannot be used, so a front end can open the session and say what is missing."""
+        self.jobs()
+        self.results()
+        self._check_events()
+        return self.damage
+
+    def _check_events(self) -> None:
+        events = self.path / "events.jsonl"
+        if events.exists() and not events.is_file():
+            self._note("events.jsonl is not a regular file; move it away to log new events")
+
+    def results(self) -> dict[str, dict[str, Any]]:
+        """Every readable result by name; each one that is not readable is noted in `damage`."""
+        found = {}
+        for name in self.result_names():
+            try:
+                doc = self.load_result(name)
+            except SessionError as exc:
+                self._note(str(exc))
+                continue
+            if doc is not None:
+                found[name] = doc
+        return found
 
     def result_names(self) -> list[str]:
-        if not self.results_dir.exists():
+        try:
+            folder = self.results_dir
+            if not folder.is_dir():
+                return []
+            return sorted(p.stem for p in folder.glob("*.json") if _NAME.match(p.stem))
+        except (OSError, SessionError) as exc:
+            self._note(f"results cannot be listed ({_reason(exc)})")
             return []
-        return sorted(p.stem for p in self.results_dir.glob("*.json"))
 
     # jobs ---------------------------------------------------------------------------------
     def write_job(self, job_id: str, doc: dict[str, Any]) -> None:
-        atomic_write_json(self.path / "jobs" / f"{_checked_name(job_id)}.json", doc)
+        atomic_write_json(self.part("jobs", f"{_checked_name(job_id)}.json"), doc, "job file")
 
     def jobs(self) -> dict[str, dict[str, Any]]:
-        """Every job with its status; a 'running' job whose process is gone reads 'interrupted'."""
-        folder = self.path / "jobs"
+        """Every valid job with its status. A 'running' job whose process is gone reads
+        'interrupted'; one whose pid is alive but cannot be proven to be that job (pid reused,
+        or the file does not record its identity) reads 'stale' and is never signalled. A job
+        file that does not parse or has a bad field is left out and noted in `damage`."""
         found: dict[str, dict[str, Any]] = {}
-        for path in sorted(folder.glob("*.json")) if folder.exists() else []:
+        try:
+            folder = self.part("jobs")
+            paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        except (OSError, SessionError) as exc:
+            self._note(f"jobs cannot be listed ({_reason(exc)})")
+            return found
+        for path in paths:
             try:
+                if path.is_symlink() or not path.is_file():
+                    raise ValueError("it is not a regular file")
                 doc = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+            except (OSError, ValueError) as exc:
+                self._note(f"job file jobs/{path.name} is damaged ({_reason(exc)}); it is ignored")
                 continue
-            if doc.get("status") == "running" and not pid_alive(doc.get("pid")):
-                doc["status"] = "interrupted"
+            problem = _field_problem(doc, _JOB_FIELDS, ("status",))
+            if problem:
+                self._note(f"job file jobs/{path.name} {problem}; it is ignored")
+                continue
+            if doc["status"] == "running":
+                if not pid_alive(doc.get("pid")):
+                    doc["status"] = "interrupted"
+                elif stale := identity_problem(doc):
+                    doc["status"], doc["stale"] = "stale", stale
             found[path.stem] = doc
         return found
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as a short phrase for a one-line message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _checked_name(name: str) -> str:
@@ -251,16 +481,28 @@ class SessionStore:
         return Session(path, manifest)
 
     def open(self, name: str) -> Session:
+        """The session, or a one-line SessionError when it cannot be opened: no manifest, one that
+        does not parse or has a bad field, or a part of the folder that is a symbolic link."""
         path = self._path(name)
         manifest_path = path / "manifest.json"
-        if not manifest_path.exists():
+        if not manifest_path.exists() and not manifest_path.is_symlink():
             raise SessionError(f"no session {name!r} in {self.home}; see `anatomy-tui sessions list`")
+        linked = _link_problem(path)
+        if linked:
+            raise SessionError(f"session {name!r} is refused: {linked}")
         try:
+            if not manifest_path.is_file():  # a FIFO would block every reader
+                raise OSError(0, "not a regular file")
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise SessionError(f"session {name!r} is damaged: manifest.json does not parse ({exc})") from exc
+            raise SessionError(
+                f"session {name!r} is damaged: manifest.json does not parse ({_reason(exc)})"
+            ) from None
         if not isinstance(manifest, dict) or manifest.get("schema_version") != MANIFEST_SCHEMA_VERSION:
             raise SessionError(f"session {name!r} is damaged: manifest.json has no schema_version 1")
+        problem = _field_problem(manifest, _MANIFEST_FIELDS, ())
+        if problem:
+            raise SessionError(f"session {name!r} is damaged: manifest.json {problem}; fix or delete it")
         return Session(path, manifest)
 
     def open_or_create(self, name: str | None, model: str = "", settings: dict | None = None) -> Session:
@@ -279,33 +521,32 @@ class SessionStore:
             try:
                 session = self.open(path.name)
             except SessionError as exc:
-                infos.append(SessionInfo(path.name, path, damaged=str(exc)))
+                infos.append(SessionInfo(path.name, path, damaged=str(exc), openable=False))
                 continue
-            jobs = session.jobs()
-            damaged = ""
-            for result in session.result_names():
-                try:
-                    session.load_result(result)
-                except SessionError as exc:
-                    damaged = str(exc)
-            infos.append(
-                SessionInfo(
-                    name=path.name,
-                    path=path,
-                    model=str(session.manifest.get("model", "")),
-                    created=float(session.manifest.get("created", 0.0)),
-                    updated=float(session.manifest.get("updated", 0.0)),
-                    results=session.result_names(),
-                    running=[j for j, d in jobs.items() if d.get("status") == "running"],
-                    interrupted=[j for j, d in jobs.items() if d.get("status") == "interrupted"],
-                    damaged=damaged,
-                )
-            )
+            infos.append(self._info(session))
         infos.sort(key=lambda info: info.updated, reverse=True)
         return infos
 
+    def _info(self, session: Session) -> SessionInfo:
+        jobs = session.jobs()
+        results = session.results()
+        session._check_events()
+        return SessionInfo(
+            name=session.name,
+            path=session.path,
+            model=str(session.manifest.get("model", "")),
+            created=float(session.manifest.get("created", 0.0)),
+            updated=float(session.manifest.get("updated", 0.0)),
+            results=sorted(results),
+            running=[j for j, d in jobs.items() if d.get("status") == "running"],
+            interrupted=[j for j, d in jobs.items() if d.get("status") == "interrupted"],
+            stale=[j for j, d in jobs.items() if d.get("status") == "stale"],
+            damaged="; ".join(session.damage),
+        )
+
     def most_recent(self) -> Session | None:
+        """The newest session that opens (one with damaged parts opens with the rest)."""
         for info in self.list():
-            if not info.damaged:
+            if info.openable:
                 return self.open(info.name)
         return None

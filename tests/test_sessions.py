@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 from engine.atomic import atomic_write_json
 from engine.events import Finished, Message, Progress, Result, Started
 from sessions.jobs import run_job
+from sessions.process import process_identity
 from sessions.store import SessionError, SessionStore
 
 
@@ -113,7 +113,7 @@ def test_job_whose_process_died_reads_interrupted():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     session.write_job("j", {"status": "running", "pid": child.pid})
-    session.write_job("k", {"status": "running", "pid": os.getpid()})
+    session.write_job("k", {"status": "running", **process_identity()})  # this process: provably alive
     jobs = session.jobs()
     assert jobs["j"]["status"] == "interrupted"
     assert jobs["k"]["status"] == "running"

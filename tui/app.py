@@ -26,7 +26,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Input, RichLog
 from textual.worker import Worker, WorkerState
 
-from sessions.store import Session, SessionStore
+from sessions.store import Session, SessionError, SessionStore
 from tui.jobs import BackgroundJob, reap, start_job, stop_job
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.console import TABS, ConsoleScreen
@@ -187,16 +187,26 @@ class AnatomyApp(App[None]):
         if not name:
             self.exit()
             return
-        self.session = self.store.open_or_create(name, model=self.options.model)
+        try:
+            self.session = self.store.open_or_create(name, model=self.options.model)
+        except SessionError as exc:  # a damaged or refused session: say why and pick again
+            self.notify(str(exc), severity="error", title="cannot open the session", timeout=20)
+            self.push_screen(SessionPicker(self.store), callback=self.open_session)
+            return
         saved_model = self.session.manifest.get("model")
         if saved_model and saved_model != self.options.model and not self.options.explicit:
             self.options = replace(self.options, model=saved_model)
-        self._log_to_file(self.session.path / "app.log")
+        app_log = self.session.writable_part("app.log")
+        if app_log is not None:
+            self._log_to_file(app_log)
         log.info("opened session %s (%s)", self.session.name, self.session.path)
-        for result in self.session.result_names():
-            doc = self.session.load_result(result)
-            if doc is not None:
+        for result, doc in self.session.results().items():
+            try:
                 self.state.set_result(result, doc)
+            except (KeyError, TypeError, ValueError) as exc:
+                self.session.damage.append(f"result {result} cannot be shown ({type(exc).__name__}: {exc})")
+        for reason in self.session.check():  # the session opens with what is readable; say what is not
+            self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
         self.push_screen(ConsoleScreen())
 
     def after_first_paint(self) -> None:
@@ -506,7 +516,7 @@ class AnatomyApp(App[None]):
             cancelled.append(wanted)
         for job_id, doc in self.session.jobs().items():
             mine = doc.get("experiment") == wanted and doc.get("status") == "running"
-            if mine and doc.get("pid") != os.getpid() and stop_job(int(doc["pid"])):
+            if mine and doc.get("pid") != os.getpid() and stop_job(doc):
                 cancelled.append(job_id)
         self.say(f"cancelling {', '.join(cancelled)}" if cancelled else f"no {wanted} job is running")
 

@@ -35,6 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="open the most recent session")
     parser.add_argument("--serve", action="store_true", help="serve the console to a browser (textual-serve)")
     parser.add_argument("--port", type=int, default=8000, help="port for --serve (default 8000)")
+    parser.add_argument(
+        "--serve-token",
+        action="store_true",
+        help="with --serve: require a random token (printed at start, in the URL); without it anyone "
+        "who can reach the port gets the console",
+    )
     commands = parser.add_subparsers(dest="command", metavar="{run,sessions}")
 
     run = commands.add_parser("run", help="run an experiment headless into a session")

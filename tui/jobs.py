@@ -15,7 +15,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from sessions.process import job_identity_matches
 from sessions.store import Session, pid_alive
 
 
@@ -43,7 +45,7 @@ def job_command(experiment: str, session: Session, args: Sequence[str]) -> list[
 def start_job(session: Session, experiment: str, args: Sequence[str]) -> BackgroundJob:
     """Starts `anatomy-tui run EXPERIMENT ARGS --session S` detached from the console."""
     argv = job_command(experiment, session, args)
-    logs = session.path / "logs"
+    logs = session.logs_dir
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     env = {**os.environ, "ANATOMY_TUI_HOME": str(session.path.parent)}
@@ -62,15 +64,18 @@ def start_job(session: Session, experiment: str, args: Sequence[str]) -> Backgro
     return BackgroundJob(experiment, process.pid, log_path, argv, process)
 
 
-def stop_job(pid: int, sig: int = signal.SIGINT) -> bool:
-    """Asks a job's whole process group to stop (SIGINT: the job records itself as cancelled)."""
+def stop_job(doc: dict[str, Any], sig: int = signal.SIGINT) -> bool:
+    """Asks the job of job file `doc` to stop (SIGINT: it records itself as cancelled), only while
+    its pid provably still is that job (start time, command line and process group as recorded;
+    never pid 1). A group leader gets the signal for its whole group, any other process alone."""
+    if not job_identity_matches(doc):
+        return False
+    pid = int(doc["pid"])
     try:
-        os.killpg(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:  # a job started from a shell is not a group leader: signal the process alone
-        os.kill(pid, sig)
+        if doc.get("pgid") == pid:
+            os.killpg(pid, sig)
+        else:  # a job started from a shell without job control: not its group to stop
+            os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         return False
     return True

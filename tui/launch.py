@@ -30,21 +30,44 @@ def serve_command(args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
+def check_session(name: str | None) -> None:
+    """A one-line SessionError, before any screen, for a session name that escapes the sessions
+    folder or names a session that cannot be opened (the console would only say it later)."""
+    if name is None:
+        return
+    from sessions.store import SessionStore
+
+    store = SessionStore()
+    if store.exists(name):
+        store.open(name)
+
+
 def launch(args: argparse.Namespace) -> int:
+    check_session(args.session)
+    if args.serve_token and not args.serve:
+        print("anatomy-tui: error: --serve-token goes with --serve", file=sys.stderr)
+        return 2
     if args.serve:
         try:
-            from textual_serve.server import Server
+            from tui.serve import TokenServer
         except ImportError:
             print(
                 "anatomy-tui: --serve needs textual-serve: pip install 'anatomy-tui[serve]'", file=sys.stderr
             )
             return 2
+        server = TokenServer(serve_command(args), port=args.port, token=args.serve_token)
         print(
-            f"serving the console on http://localhost:{args.port} (over ssh: ssh -L {args.port}:localhost:"
+            f"serving the console on {server.entry_url} (over ssh: ssh -L {args.port}:localhost:"
             f"{args.port} HOST); Ctrl+C stops",
             file=sys.stderr,
         )
-        Server(serve_command(args), host="localhost", port=args.port, title="anatomy-tui").serve()
+        if not args.serve_token:
+            print(
+                "anatomy-tui: no authentication: anyone who can reach this port on this machine gets the "
+                "console; use --serve-token on a shared machine",
+                file=sys.stderr,
+            )
+        server.serve()
         return 0
     from tui.app import AnatomyApp, ModelOptions
 

@@ -10,7 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import atomic_write_json
+from engine.atomic import atomic_write_json, check_writable_path
+from engine.errors import UserError
 from engine.events import Event, Finished, Message, Progress, Result
 from sessions.jobs import run_job
 from sessions.store import Session, SessionStore
@@ -42,9 +43,23 @@ def add_text_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def open_session(args: argparse.Namespace, settings: dict[str, Any]) -> Session:
+    """The run's session, once every path the run will write is known to be writable (--json, the
+    event log, the result file): a bad one costs one line now, not the result at the end."""
+    check_outputs(args)
     store = SessionStore()
     model = getattr(args, "model", "")
-    return store.open_or_create(args.session, model=model, settings=settings)
+    session = store.open_or_create(args.session, model=model, settings=settings)
+    check_outputs(args, session)
+    return session
+
+
+def check_outputs(args: argparse.Namespace, session: Session | None = None) -> None:
+    """Raises a one-line UserError for an output path that cannot be written (a device, directory,
+    FIFO or socket; a missing or read-only folder): --json, and the session's files when given."""
+    if getattr(args, "json", None) is not None:
+        check_writable_path(args.json, "--json")
+    if session is not None:
+        session.check_writable(getattr(args, "experiment", None))
 
 
 def load_model_from_args(args: argparse.Namespace):
@@ -112,7 +127,10 @@ def drive(
 
         result = run_job(session, experiment, spec, events, on_event=show)
     if result is not None and json_path is not None:
-        atomic_write_json(json_path, result.data)
+        try:
+            atomic_write_json(json_path, result.data, "--json")
+        except (OSError, UserError) as exc:
+            raise UserError(f"{exc}; the result is kept in session {session.name} ({session.path})") from None
         console.print(f"wrote {json_path}", highlight=False)
     console.print(f"session {session.name}: {session.path}", highlight=False)
     return result

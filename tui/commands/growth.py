@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
-from tui.commands.common import add_session_arguments, drive, open_session
+from tui.commands.common import add_session_arguments, check_outputs, drive, open_session
 
 CHECKPOINT_JOB = "growth"
 
@@ -139,6 +139,7 @@ def main(args: argparse.Namespace) -> int:
         from sessions.store import SessionStore
 
         session = SessionStore().open(args.session)
+        check_outputs(args, session)
         settings = saved_settings(session.checkpoint_dir(CHECKPOINT_JOB))
         if settings is None:
             raise UserError(

@@ -20,24 +20,27 @@ def main(args: argparse.Namespace) -> int:
         if not infos:
             print(f"no sessions yet in {store.home}")
         for info in infos:
-            if info.damaged:
+            if not info.openable:
                 print(f"{info.name:28} DAMAGED: {info.damaged}")
                 continue
             jobs = "".join(
                 [f"  running: {','.join(info.running)}" if info.running else "",
-                 f"  interrupted: {','.join(info.interrupted)}" if info.interrupted else ""]
+                 f"  interrupted: {','.join(info.interrupted)}" if info.interrupted else "",
+                 f"  stale: {','.join(info.stale)}" if info.stale else ""]
             )
             results = ",".join(info.results) or "-"
-            print(f"{info.name:28} {_when(info.updated):17} {info.model:20} results: {results}{jobs}")
+            damage = f"  damaged: {info.damaged}" if info.damaged else ""
+            print(f"{info.name:28} {_when(info.updated):17} {info.model:20} results: {results}{jobs}{damage}")
         return 0
     session = store.open(args.name)
     print_json(
         {
             "path": str(session.path),
             "manifest": session.manifest,
-            "results": session.result_names(),
+            "results": sorted(session.results()),
             "jobs": {name: {k: doc.get(k) for k in ("experiment", "status", "pid", "error")}
                      for name, doc in session.jobs().items()},
+            "damage": session.damage,
         }
     )
     return 0

@@ -53,7 +53,7 @@ class SessionPicker(Screen[str]):
         table.add_columns("session", "model", "updated", "results", "jobs")
         self.infos = self.store.list()
         for info in self.infos:
-            if info.damaged:
+            if not info.openable:
                 table.add_row(info.name, "DAMAGED", "", info.damaged[:60], "", key=info.name)
             else:
                 table.add_row(
@@ -61,7 +61,7 @@ class SessionPicker(Screen[str]):
                     info.model[-28:],
                     _when(info.updated),
                     ",".join(info.results) or "-",
-                    _jobs(info),
+                    f"{_jobs(info)} (damaged parts)" if info.damaged else _jobs(info),
                     key=info.name,
                 )
         self.query_one("#new-name", Input).display = not self.infos
@@ -80,7 +80,7 @@ class SessionPicker(Screen[str]):
 
     def _choose(self, name: str) -> None:
         info = next((i for i in self.infos if i.name == name), None)
-        if info is not None and info.damaged:
+        if info is not None and not info.openable:
             self.notify(info.damaged, severity="error", title="damaged session")
             return
         self.dismiss(name)

@@ -1,0 +1,466 @@
+"""Nothing a session file says is trusted, one damaged file never hides the rest, and no finished
+work is lost to a bad output path (issue 14's probe cases, one test each)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+from tiny_models import save_tiny
+
+from engine.atomic import atomic_write_json, check_writable_path
+from engine.errors import UserError
+from engine.events import Message, Progress, Result
+from sessions.jobs import run_job
+from sessions.process import job_identity_matches, process_identity
+from sessions.store import SessionError, SessionStore
+from tui import jobs as jobs_module
+from tui.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def one_error_line(capsys, after_a_run: bool = False) -> str:
+    """The error, one line; after a run, the last line of stderr (progress comes before it)."""
+    err = capsys.readouterr().err.strip().splitlines()
+    if after_a_run:
+        assert not any("Traceback" in line for line in err), err
+        err = err[-1:]
+    assert len(err) == 1 and err[0].startswith("anatomy-tui: error: "), err
+    return err[0]
+
+
+# atomic writes: only over regular files or new paths -------------------------------------------------------
+@pytest.mark.parametrize("kind", ["fifo", "directory", "link-to-fifo", "link-to-directory"])
+def test_atomic_write_refuses_what_is_not_a_regular_file(tmp_path, kind):
+    target = tmp_path / "special"
+    if kind.endswith("fifo"):
+        os.mkfifo(target)
+    else:
+        target.mkdir()
+    path = target if not kind.startswith("link") else tmp_path / "link"
+    if path != target:
+        path.symlink_to(target)
+    with pytest.raises(UserError, match="regular file") as caught:
+        atomic_write_json(path, {"v": 1})
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+    mode = os.lstat(target).st_mode
+    assert stat.S_ISFIFO(mode) if kind.endswith("fifo") else stat.S_ISDIR(mode)  # left as it was
+    assert not path.is_file()
+
+
+def test_atomic_write_through_a_link_updates_the_file_it_names(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    atomic_write_json(link, {"v": 2})
+    assert link.is_symlink() and json.loads(real.read_text()) == {"v": 2}
+    assert check_writable_path(tmp_path / "new" / "deep.json") == tmp_path / "new" / "deep.json"
+
+
+def test_json_to_a_fifo_fails_before_the_run_with_one_line(tiny_folder, tmp_path, capsys, monkeypatch):
+    fifo = tmp_path / "null"
+    os.mkfifo(fifo)  # like --json /dev/null: not a file to replace
+    monkeypatch.setattr("tui.commands.common.load_model_from_args", lambda args: pytest.fail("model loaded"))
+    code = main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--session", "j",
+                 "--json", str(fifo)])  # fmt: skip
+    line = one_error_line(capsys)
+    assert code == 2 and "--json" in line and "FIFO" in line
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert not SessionStore().exists("j")  # refused before the session was even made
+
+
+def test_json_to_a_directory_fails_before_the_run(tiny_folder, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("tui.commands.common.load_model_from_args", lambda args: pytest.fail("model loaded"))
+    code = main(["run", "ablation", "--model", str(tiny_folder), "--json", str(tmp_path)])
+    assert code == 2 and "is a directory" in one_error_line(capsys)
+
+
+def test_result_file_that_is_a_directory_fails_before_the_run(tiny_folder, capsys, monkeypatch):
+    session = SessionStore().create("r")
+    (session.results_dir / "ablation.json").mkdir()
+    monkeypatch.setattr("tui.commands.common.load_model_from_args", lambda args: pytest.fail("model loaded"))
+    code = main(["run", "ablation", "--model", str(tiny_folder), "--session", "r"])
+    assert code == 2 and "ablation.json" in one_error_line(capsys, after_a_run=True)
+
+
+def test_a_result_that_cannot_be_written_at_the_end_is_kept(capsys):
+    session = SessionStore().create("late")
+
+    def experiment():
+        yield Progress(1, 1)
+        (session.results_dir / "thing.json").mkdir()  # becomes a directory while the run goes on
+        yield Result("thing", {"answer": 42})
+
+    with pytest.raises(UserError, match="the result is kept in") as caught:
+        run_job(session, "thing", {}, experiment(), job_id="j1")
+    spare = str(caught.value).rsplit("kept in ", 1)[1]
+    assert json.loads(open(spare).read()) == {"answer": 42}
+    assert [e.data for e in session.events() if isinstance(e, Result)] == [{"answer": 42}]  # and in the log
+
+
+def test_json_that_fails_at_the_end_says_where_the_result_is(tiny_folder, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "later"
+    out.mkdir()  # as if it became a directory during the run: the check before it is skipped
+    monkeypatch.setattr("tui.commands.common.check_writable_path", lambda path, what: path)
+    code = main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--session", "late2",
+                 "--json", str(out), "--bootstrap", "20"])  # fmt: skip
+    line = one_error_line(capsys, after_a_run=True)
+    assert code == 2 and "kept in session late2" in line
+    assert SessionStore().open("late2").load_result("ablation")["layers"]
+
+
+# signals: only to a process proven to be the job -----------------------------------------------------------
+@pytest.fixture
+def signals(monkeypatch):
+    sent = []
+    monkeypatch.setattr(jobs_module.os, "kill", lambda pid, sig: sent.append(("kill", pid, sig)))
+    monkeypatch.setattr(jobs_module.os, "killpg", lambda pid, sig: sent.append(("killpg", pid, sig)))
+    return sent
+
+
+def _me() -> dict:
+    return {"status": "running", "experiment": "growth", **process_identity()}
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"status": "running", "pid": 1, "pgid": 1, "start_time": 1, "cmdline": ["init"]},
+        {**_me(), "start_time": _me()["start_time"] - 1},  # our pid, but not the process that wrote it
+        {**_me(), "cmdline": ["something", "else"]},
+        {k: v for k, v in _me().items() if k != "start_time"},  # a file that does not prove anything
+        {"status": "running", "pid": os.getpid()},  # the 0.1 job file
+        {**_me(), "pid": "abc"},
+        {**_me(), "pid": [1]},
+        {**_me(), "pid": 99999999999},
+        {**_me(), "pid": 0},
+        {**_me(), "pid": -1},
+        {**_me(), "pid": True},
+    ],
+)
+def test_an_unproven_pid_is_never_signalled(doc, signals):
+    assert jobs_module.stop_job(doc) is False
+    assert signals == []
+    assert not job_identity_matches(doc)
+
+
+def test_a_reused_pid_reads_stale_and_pid_one_is_never_running():
+    session = SessionStore().create("stale")
+    session.write_job("reused", {**_me(), "start_time": _me()["start_time"] - 1})
+    session.write_job("init", {"status": "running", "pid": 1})
+    session.write_job("mine", _me())
+    jobs = session.jobs()
+    assert jobs["reused"]["status"] == "stale" and "another program" in jobs["reused"]["stale"]
+    assert jobs["init"]["status"] in ("stale", "interrupted")
+    assert jobs["mine"]["status"] == "running"
+    info = SessionStore().list()[0]
+    assert info.running == ["mine"] and "reused" in info.stale
+
+
+def test_a_proven_job_gets_the_signal_for_its_group(tmp_path):
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        for _ in range(200):  # until the child has exec'd python
+            doc = {"status": "running", **process_identity(child.pid)}
+            if doc["cmdline"] and doc["cmdline"][-1] == "import time; time.sleep(60)":
+                break
+            time.sleep(0.05)
+        assert doc["pgid"] == child.pid and job_identity_matches(doc)
+        assert jobs_module.stop_job(doc, signal.SIGTERM) is True
+        assert child.wait(10) == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def test_run_job_records_the_identity_of_its_process():
+    session = SessionStore().create("ident")
+    run_job(session, "x", {}, iter([Message("hi")]), job_id="j")
+    doc = json.loads((session.path / "jobs" / "j.json").read_text())
+    assert doc["pid"] == os.getpid() and doc["pgid"] == os.getpgid(0)
+    assert doc["start_time"] == process_identity()["start_time"] and doc["cmdline"]
+
+
+# symbolic links in a session are refused -----------------------------------------------------------------
+@pytest.mark.parametrize("part", ["results", "jobs", "checkpoints", "logs", "events.jsonl"])
+def test_a_linked_part_of_a_session_is_refused(tmp_path, part, capsys):
+    store = SessionStore()
+    store.create("good")
+    session = store.create("linked")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / part
+    if part == "events.jsonl":
+        target.write_text("")
+    else:
+        target.mkdir()
+    if (session.path / part).is_dir():
+        (session.path / part).rmdir()
+    (session.path / part).symlink_to(target)
+    with pytest.raises(SessionError, match="symbolic link"):
+        store.open("linked")
+    infos = {info.name: info for info in store.list()}
+    assert not infos["linked"].openable and part in infos["linked"].damaged
+    assert infos["good"].openable and infos["good"].damaged == ""
+    assert store.most_recent().name == "good"
+    # a Session object opened before the link appeared never writes through it either
+    with pytest.raises((SessionError, UserError)):
+        if part == "results":
+            session.save_result("ablation", {"layers": []})
+        elif part == "jobs":
+            session.write_job("j", {"status": "done"})
+        elif part == "checkpoints":
+            session.checkpoint_dir("growth")
+        elif part == "logs":
+            session.logs_dir.mkdir()
+        else:
+            session.append_event(Message("x"))
+    assert [p for p in outside.rglob("*") if p.is_file() and p.stat().st_size] == []
+    assert main(["sessions", "list"]) == 0
+
+
+def test_a_linked_weights_folder_is_neither_read_nor_written(tmp_path):
+    import torch
+
+    from sessions.layer_weights import load_layers, save_layer, saved_layers
+
+    session = SessionStore().create("w")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    save_layer(session, "recovery", 1, {"w": torch.zeros(2)}, "m")
+    (outside / "layer-3.safetensors").write_bytes((session.checkpoint_dir("recovery") / "weights" /
+                                                   "layer-1.safetensors").read_bytes())  # fmt: skip
+    folder = session.path / "checkpoints" / "recovery" / "weights"
+    for path in folder.iterdir():
+        path.unlink()
+    folder.rmdir()
+    folder.symlink_to(outside)
+    assert saved_layers(session, "recovery") == [] and load_layers(session, "recovery", "m") == {}
+    with pytest.raises(SessionError, match="symbolic link"):
+        save_layer(session, "recovery", 2, {"w": torch.zeros(2)}, "m")
+    assert sorted(p.name for p in outside.iterdir()) == ["layer-3.safetensors"]
+
+
+# one damaged file never hides the rest ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"updated": "yesterday"}, "'updated'"),
+        ({"created": float("inf")}, "'created'"),
+        ({"model": 7}, "'model'"),
+        ({"settings": []}, "'settings'"),
+    ],
+)
+def test_a_bad_manifest_field_damages_only_that_session(change, fragment, capsys):
+    store = SessionStore()
+    store.create("good")
+    bad = store.create("bad")
+    text = json.dumps({**bad.manifest, **change}).replace("Infinity", "1e999")
+    (bad.path / "manifest.json").write_text(text)
+    infos = {info.name: info for info in store.list()}
+    assert not infos["bad"].openable and fragment in infos["bad"].damaged
+    assert store.most_recent().name == "good"
+    assert main(["sessions", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "bad" in listing and "DAMAGED" in listing and "good" in listing
+    assert main(["sessions", "show", "bad"]) == 2
+
+
+@pytest.mark.parametrize("pid", ["abc", [1], 99999999999, None, 2.5])
+def test_a_bad_job_file_is_reported_and_the_session_still_opens(pid, capsys):
+    store = SessionStore()
+    session = store.create("jobs")
+    session.save_result("ablation", {"layers": [{"layer": 0}]})
+    session.write_job("bad", {"status": "running", "pid": pid, "experiment": "growth", "started": 1.0})
+    session.write_job("done", {"status": "done", "pid": 12, "experiment": "ablation", "started": 1.0})
+    (session.path / "jobs" / "torn.json").write_text('{"status": "run')
+    session.write_job("odd", {"status": "exploded"})
+    session.write_job("time", {"status": "done", "started": "yesterday"})
+    opened = store.open("jobs")
+    assert list(opened.jobs()) == ["done"]
+    assert len(opened.damage) == 4 and all("\n" not in line for line in opened.damage)
+    info = store.list()[0]
+    assert info.openable and info.results == ["ablation"] and "jobs/bad.json" in info.damaged
+    assert store.most_recent().name == "jobs"
+    assert main(["sessions", "list"]) == 0 and "damaged: " in capsys.readouterr().out
+    assert main(["sessions", "show", "jobs"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert list(shown["jobs"]) == ["done"] and len(shown["damage"]) == 4
+
+
+def test_damaged_results_are_reported_and_the_rest_is_read():
+    session = SessionStore().create("results")
+    session.save_result("recovery", {"layers": [{"layer": 1}]})
+    (session.results_dir / "ablation.json").write_text('{"layers": 5}')  # valid JSON, wrong shape
+    (session.results_dir / "weights.json").write_text("{not json")
+    (session.results_dir / "dynamics.json").mkdir()
+    (session.results_dir / "growth.json").write_text("[1, 2]")
+    results = session.results()
+    assert list(results) == ["recovery"]
+    assert len(session.damage) == 4
+    assert any("ablation.json" in line and "'layers'" in line for line in session.damage)
+    with pytest.raises(SessionError, match="damaged"):
+        session.load_result("ablation")
+
+
+def test_manipulate_on_a_map_of_the_wrong_shape_is_one_line(tiny_folder, capsys):
+    session = SessionStore().create("m")
+    (session.results_dir / "ablation.json").write_text('{"layers": {"0": 1}}')
+    code = main(["run", "manipulate", "--model", str(tiny_folder), "--session", "m", "--eval-set", "paper"])
+    assert code == 2 and "ablation.json" in one_error_line(capsys, after_a_run=True)
+
+
+def test_session_that_escapes_is_one_line_before_the_console(capsys, monkeypatch):
+    from tui.app import AnatomyApp
+
+    monkeypatch.setattr(AnatomyApp, "run", lambda self: pytest.fail("the console started"))
+    assert main(["--session", "../x"]) == 2
+    assert "bad name" in one_error_line(capsys)
+    bad = SessionStore().create("trunc")
+    (bad.path / "manifest.json").write_text('{"schema_version": 1, "na')
+    assert main(["--session", "trunc"]) == 2
+    assert "manifest.json does not parse" in one_error_line(capsys)
+
+
+def test_fifos_in_a_session_never_block_a_reader():
+    store = SessionStore()
+    session = store.create("fifos")
+    os.mkfifo(session.results_dir / "ablation.json")
+    os.mkfifo(session.path / "events.jsonl")
+    (session.path / "jobs").mkdir()
+    os.mkfifo(session.path / "jobs" / "j.json")
+    assert session.check() and session.read_event_docs() == ([], 0) and session.results() == {}
+    other = store.create("fifo-manifest")
+    (other.path / "manifest.json").unlink()
+    os.mkfifo(other.path / "manifest.json")
+    infos = {info.name: info for info in store.list()}
+    assert "not a regular file" in infos["fifo-manifest"].damaged and not infos["fifo-manifest"].openable
+    assert infos["fifos"].openable and infos["fifos"].damaged.count("not a regular file") == 3
+
+
+# the console: a damaged part is a notification, not a traceback ---------------------------------------------
+def test_console_opens_a_damaged_session_with_a_notification(isolated_home):
+    from tui.app import AnatomyApp
+
+    session = SessionStore().create("dmg")
+    session.save_result("recovery", {"layers": [{"layer": 1, "tau": 3.0}]})
+    (session.results_dir / "ablation.json").write_text('{"layers": 5}')
+    (session.results_dir / "weights.json").mkdir()
+    session.write_job("bad", {"status": "running", "pid": "abc"})
+
+    async def scenario() -> list[str]:
+        app = AnatomyApp(session="dmg", load_model=False)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause()
+            assert app.session is not None and app.session.name == "dmg"
+            return [str(n.message) for n in app._notifications]
+
+    messages = asyncio.run(scenario())
+    assert any("ablation.json" in m for m in messages)
+    assert any("weights.json" in m for m in messages)
+    assert any("jobs/bad.json" in m for m in messages)
+
+
+def test_picker_offers_a_session_with_damaged_parts_and_refuses_a_broken_one(isolated_home):
+    from tui.app import AnatomyApp
+
+    store = SessionStore()
+    broken = store.create("broken")
+    (broken.path / "manifest.json").write_text(json.dumps({**broken.manifest, "updated": "yesterday"}))
+    partly = store.create("partly")
+    (partly.results_dir / "ablation.json").write_text("{not json")
+
+    async def scenario() -> tuple[str, list[str]]:
+        app = AnatomyApp(load_model=False)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause()
+            names = [info.name for info in app.screen.infos]
+            assert set(names) == {"broken", "partly"}
+            table = app.screen.query_one("DataTable")
+            table.move_cursor(row=names.index("broken"))
+            await pilot.press("enter")
+            await pilot.pause()
+            assert app.session is None  # refused, with the reason
+            table.move_cursor(row=names.index("partly"))
+            await pilot.press("enter")
+            await pilot.pause()
+            return app.session_name, [str(n.message) for n in app._notifications]
+
+    name, messages = asyncio.run(scenario())
+    assert name == "partly"
+    assert any("'updated'" in m for m in messages) and any("ablation.json" in m for m in messages)
+
+
+# the event log ---------------------------------------------------------------------------------------------
+def test_a_torn_last_line_does_not_swallow_the_next_jobs_events():
+    session = SessionStore().create("torn")
+    run_job(session, "first", {}, iter([Progress(1, 2)]), job_id="a")
+    with open(session.events_path, "a") as handle:  # a writer killed in the middle of a line
+        handle.write('{"v": 1, "kind": "job.progress", "job": "a", "do')
+    run_job(session, "second", {}, iter([Message("hello")]), job_id="b")
+    events = session.events()
+    assert [(e.job, e.kind) for e in events if e.job == "b"][0][1].endswith("started")
+    assert [e.text for e in events if isinstance(e, Message)] == ["hello"]
+    assert len([e for e in events if e.job == "b"]) == 3  # started, message, finished: none lost
+    lines = session.events_path.read_text().splitlines()
+    assert sum(1 for line in lines if line.startswith('{"v": 1, "kind": "job.progress", "job": "a", "do')) == 1
+
+
+def test_events_log_that_is_a_directory_is_one_line_and_loses_nothing(tiny_folder, capsys, monkeypatch):
+    session = SessionStore().create("evdir")
+    session.save_result("recovery", {"layers": []})
+    session.events_path.mkdir()
+    assert session.read_event_docs() == ([], 0)
+    assert any("events.jsonl" in line for line in session.damage)
+    with pytest.raises(UserError, match="events.jsonl"):
+        session.append_event(Message("x"))
+    assert SessionStore().open("evdir").load_result("recovery") == {"layers": []}
+    monkeypatch.setattr("tui.commands.common.load_model_from_args", lambda args: pytest.fail("model loaded"))
+    assert main(["run", "ablation", "--model", str(tiny_folder), "--session", "evdir"]) == 2
+    assert "events.jsonl" in one_error_line(capsys)
+
+
+# --serve-token ---------------------------------------------------------------------------------------------
+def test_serve_token_is_required():
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from tui.serve import TokenServer
+
+    server = TokenServer("true", port=8123, token=True)
+    assert server.host == "localhost" and server.token in server.entry_url
+
+    async def scenario() -> list[int]:
+        client = TestClient(TestServer(await server._make_app()))
+        await client.start_server()
+        try:
+            codes = [(await client.get("/")).status, (await client.get("/?token=wrong")).status,
+                     (await client.get("/ws")).status]  # fmt: skip
+            codes.append((await client.get(f"/?token={server.token}")).status)
+            codes.append((await client.get("/")).status)  # the cookie the first visit set
+            return codes
+        finally:
+            await client.close()
+
+    assert asyncio.run(scenario()) == [403, 403, 403, 200, 200]
+
+
+def test_serve_without_token_stays_open_on_localhost():
+    from tui.serve import TokenServer
+
+    server = TokenServer("true", port=8124, token=False)
+    assert server.token == "" and server.entry_url == "http://localhost:8124"
