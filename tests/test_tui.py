@@ -254,12 +254,12 @@ async def test_generation_streams_the_greedy_text(isolated_home, tiny_folder) ->
 
 
 async def test_stop_generation(isolated_home, tiny_folder, monkeypatch) -> None:
-    def endless(model, tokenizer, prompt, max_new_tokens, stop):
+    def endless(model, tokenizer, prompt, max_new_tokens, *, stop, on_text):
         while not stop():
             time.sleep(0.01)
-            yield "x"
+            on_text("x")
 
-    monkeypatch.setattr("tui.generation.stream_greedy", endless)
+    monkeypatch.setattr("engine.generation.generate_text", endless)
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
