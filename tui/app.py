@@ -193,6 +193,9 @@ class AnatomyApp(App[None]):
         self.push_screen(ConsoleScreen())
 
     @on(ConsoleReady)
+    def console_ready(self) -> None:
+        self.after_first_paint()
+
     def after_first_paint(self) -> None:
         """The console screen has painted: now the slow things may start."""
         self.first_paint = time.perf_counter()
