@@ -22,9 +22,7 @@ log = logging.getLogger("anatomy_tui.console")
 Post = Callable[[Message], Any]
 
 
-def load_model_work(
-    post: Post, model: str, device: str, dtype: str, trust_remote_code: bool
-) -> None:
+def load_model_work(post: Post, model: str, device: str, dtype: str, trust_remote_code: bool) -> None:
     """Loads the model; posts ModelLoaded, or ModelFailed with the reason."""
     from tui.logging_setup import route_transformers_logs
 
@@ -32,9 +30,7 @@ def load_model_work(
     from engine.models import load_model
 
     try:
-        loaded = load_model(
-            model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, report=log.info
-        )
+        loaded = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, report=log.info)
     except Exception as exc:
         log.exception("loading %s failed", model)
         post(ModelFailed(f"{type(exc).__name__}: {exc}"))
