@@ -91,6 +91,15 @@ def test_state_replays_the_stored_session(isolated_home) -> None:
     assert "■■■··■" in text  # the minor phase: layers 0, 1, 2 and 5 exist
 
 
+def test_generated_text_replaces_only_its_own_column_of_its_own_run() -> None:
+    from tui.messages import TextGenerated
+
+    newer = TextGenerated(2, "left", "The layer is")
+    assert newer.can_replace(TextGenerated(2, "left", "The layer"))  # the whole text: nothing is lost
+    assert not newer.can_replace(TextGenerated(2, "right", "The layer"))
+    assert not newer.can_replace(TextGenerated(1, "left", "The layer"))
+
+
 def test_thin_keeps_the_newest_points_exact() -> None:
     points = [(float(i), float(i)) for i in range(10)]
     thinned = thin(points, limit=6)

@@ -14,6 +14,8 @@ from typing import Any
 
 from textual.message import Message
 
+from engine.models import LoadedModel
+from engine.variants import SavedModels, Variant
 from sessions.store import Session
 from tui.messages import ExperimentFinished, GenerationDone, ModelFailed, ModelLoaded, TextGenerated
 
@@ -38,7 +40,7 @@ def load_model_work(post: Post, model: str, device: str, dtype: str, trust_remot
     post(ModelLoaded(loaded))
 
 
-def ablation_work(post: Post, session: Session, loaded: Any, lock: threading.Lock, token: Any) -> None:
+def ablation_work(post: Post, session: Session, loaded: LoadedModel, lock: threading.Lock, token: Any) -> None:
     """The layer map in the console, written into the session like a job of its own."""
     from dataclasses import asdict
 
@@ -60,7 +62,7 @@ class Column:
     """One prompt column: the variant it generates with, or why it cannot (`problem`)."""
 
     id: str
-    variant: Any = None  # an engine.variants.Variant
+    variant: Variant | None = None
     problem: str = ""
 
 
@@ -72,11 +74,11 @@ class GenerationPlan:
     prompt: str
     columns: tuple[Column, ...]
     tokens: int
-    loaded: Any  # engine.models.LoadedModel
+    loaded: LoadedModel
     lock: threading.Lock  # held while the loaded model's weights are changed and used
     stop: threading.Event
     session: Session
-    saved_models: Any  # engine.variants.SavedModels
+    saved_models: SavedModels
 
 
 def generate_work(post: Post, plan: GenerationPlan) -> None:
@@ -99,6 +101,7 @@ def _generate_column(post: Post, plan: GenerationPlan, column: Column) -> None:
     from sessions.layer_weights import load_layers
 
     variant = column.variant
+    assert variant is not None  # a column without a variant has a problem instead
     text = ""
 
     def show(piece: str = "", note: str = "") -> None:
