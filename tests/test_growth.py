@@ -22,7 +22,6 @@ from engine.experiments.growth.architecture import (
 from engine.experiments.growth.data import CharTokenizer, load_corpus, train_batch
 from engine.experiments.growth.experiment import (
     design,
-    greedy,
     preset_settings,
     run_growth,
     settings_from_dict,
@@ -37,6 +36,7 @@ from engine.experiments.growth.protocol import (
     scale_phases,
     validate_phases,
 )
+from engine.generation import generate_text
 
 # six layers: one anti (omitted), a critical core wider than its clones, a redundant layer cloned x0.5
 SMALL_PROFILE = ("redundant", "important", "critical", "minor", "anti", "redundant")
@@ -247,7 +247,8 @@ def test_saved_models_load_with_automodel(tmp_path):
             == doc["params"]["growth" if arm[0] == "g" else "uniform"]
         )
         row = doc["generations"][0]
-        assert greedy(model, tokenizer, row["prompt"], settings.gen_tokens, settings.seq_len) == row[arm]
+        again = generate_text(model, tokenizer, row["prompt"], settings.gen_tokens, context=settings.seq_len)
+        assert again == row[arm]
     widths = [
         layer.mlp.gate_proj.out_features
         for layer in load_growth_model(tmp_path / "growth_100")[0].model.layers

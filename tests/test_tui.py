@@ -110,6 +110,15 @@ def test_layer_views_read_the_typed_rows(isolated_home) -> None:
     assert state.recovery[0].status == "done"
 
 
+def test_generated_text_replaces_only_its_own_column_of_its_own_run() -> None:
+    from tui.messages import TextGenerated
+
+    newer = TextGenerated(2, "left", "The layer is")
+    assert newer.can_replace(TextGenerated(2, "left", "The layer"))  # the whole text: nothing is lost
+    assert not newer.can_replace(TextGenerated(2, "right", "The layer"))
+    assert not newer.can_replace(TextGenerated(1, "left", "The layer"))
+
+
 def test_thin_keeps_the_newest_points_exact() -> None:
     points = [(float(i), float(i)) for i in range(10)]
     thinned = thin(points, limit=6)
@@ -273,12 +282,12 @@ async def test_generation_streams_the_greedy_text(isolated_home, tiny_folder) ->
 
 
 async def test_stop_generation(isolated_home, tiny_folder, monkeypatch) -> None:
-    def endless(model, tokenizer, prompt, max_new_tokens, stop):
+    def endless(model, tokenizer, prompt, max_new_tokens, *, stop, on_text):
         while not stop():
             time.sleep(0.01)
-            yield "x"
+            on_text("x")
 
-    monkeypatch.setattr("tui.generation.stream_greedy", endless)
+    monkeypatch.setattr("engine.generation.generate_text", endless)
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
@@ -431,3 +440,110 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
             assert original and changed and original != changed, choice
         for key, value in app.loaded.model.state_dict().items():
             assert torch.equal(value, before[key]), key
+
+
+# messages up from the workers ------------------------------------------------------------------------------
+async def test_the_model_worker_posts_model_loaded_and_the_status_line_shows_it(isolated_home, monkeypatch) -> None:
+    from engine.models import LoadedModel
+    from tui.messages import ModelLoaded
+    from tui.widgets.status_line import StatusLine
+
+    stub = LoadedModel(None, None, "stub-model", "here", "cpu", "float32", "llama", 6)
+    asked = []
+
+    def fake_load(name, **kwargs):
+        asked.append((name, kwargs["device"], kwargs["dtype"]))
+        return stub
+
+    monkeypatch.setattr("engine.models.load_model", fake_load)
+    demo_session(SessionStore())
+    seen = []
+    app = AnatomyApp(session="demo", options=ModelOptions("stub-model", "cpu", "float32"))
+    async with app.run_test(size=SIZE, message_hook=seen.append) as pilot:
+        await until(pilot, lambda: app.loaded is stub, 10)
+        await pilot.pause()
+        status = str(app.screen.query_one(StatusLine).render())
+        assert "stub-model · cpu · float32 · 6 layers" in status
+    assert asked == [("stub-model", "cpu", "float32")]
+    assert [m.loaded for m in seen if isinstance(m, ModelLoaded)] == [stub]
+
+
+async def test_a_failed_load_is_a_message_not_a_crash(isolated_home, monkeypatch) -> None:
+    from tui.widgets.status_line import StatusLine
+
+    def broken(name, **kwargs):
+        raise OSError("no such model folder")
+
+    monkeypatch.setattr("engine.models.load_model", broken)
+    demo_session(SessionStore())
+    app = AnatomyApp(session="demo", options=ModelOptions("nowhere", "cpu", "float32"))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: any("no such model folder" in text for _, text in app.state.log), 10)
+        await pilot.pause()
+        assert "failed to load" in str(app.screen.query_one(StatusLine).render())
+        assert app.is_running and app.loaded is None
+
+
+async def test_generation_streams_through_messages(isolated_home, tiny_folder) -> None:
+    """Every TextGenerated carries the column's whole text so far (so a newer one may replace an
+    older one in the queue); the last one is the column's text, and GenerationDone closes the run."""
+    from tui.messages import GenerationDone, TextGenerated
+
+    seen = []
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE, message_hook=seen.append) as pilot:
+        await loaded(pilot)
+        await pilot.press("f5")
+        app.screen.query_one("#prompt-input").focus()
+        await pilot.press(*"The layer", "enter")
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: app.generation is None, 10)
+        left, right = app.screen.query(PromptColumn)
+    texts = [m.text for m in seen if isinstance(m, TextGenerated) and m.column == "left"]
+    assert len(texts) > 1 and texts[-1] == left.text and left.text
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False))
+    assert [m.run for m in seen if isinstance(m, GenerationDone)] == [1]
+
+
+async def test_the_noised_model_uses_the_sigma_of_the_request(isolated_home, tiny_folder, monkeypatch) -> None:
+    """The sigma is read when Enter is pressed: a modal on top, or the form edited while the first
+    column generates, does not change the noise of the second."""
+    from textual.widgets import Select
+
+    import engine.variants
+
+    release = threading.Event()
+    used = []
+    real_applied = engine.variants.applied
+
+    def recording(model, variant):
+        used.append((variant.name, variant.sigma, variant.layers))
+        return real_applied(model, variant)
+
+    def held(model, tokenizer, prompt, max_new_tokens, *, stop, on_text):
+        release.wait(30)  # the first column waits until the test has changed the form
+        on_text("x")
+        return "x"
+
+    monkeypatch.setattr("engine.variants.applied", recording)
+    monkeypatch.setattr("engine.generation.generate_text", held)
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        app.modified_layers = {1}
+        app.screen.query_one("#sigma").value = "1.5"
+        await pilot.press("f5")
+        right = app.screen.query(PromptColumn).last()
+        right.query_one(Select).value = "noised"
+        await pilot.pause()
+        app.screen.query_one("#prompt-input").focus()
+        await pilot.press("h", "i", "enter")
+        await until(pilot, lambda: used, 10)  # the first column is generating
+        await pilot.press("f1")  # a modal on top
+        assert isinstance(app.screen, HelpScreen)
+        app.screen_stack[-2].query_one("#sigma").value = "3.0"  # and the form changed meanwhile
+        release.set()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+    assert [(name, sigma) for name, sigma, _ in used] == [("original", 1.5), ("noised", 1.5)]
+    assert used[1][2] == (1,)  # the x-marked layer

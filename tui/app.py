@@ -10,40 +10,54 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import threading
 import time
 from collections.abc import Iterable
-from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from textual import on
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Input, RichLog
+from textual.widgets import DataTable
 from textual.worker import Worker, WorkerState
 
+from engine.registry import BY_NAME, EXPERIMENTS
+from engine.variants import SavedModels, Variant, saved_model_path
+from sessions.layer_weights import saved_layers
 from sessions.store import Session, SessionError, SessionStore
 from tui.jobs import BackgroundJob, reap, start_job, stop_job
+from tui.logging_setup import log_to_file
+from tui.messages import (
+    ConsoleReady,
+    ExperimentFinished,
+    GenerateRequested,
+    GenerationDone,
+    GrowthRequested,
+    InjectRequested,
+    ModelFailed,
+    ModelLoaded,
+    Notice,
+    TabShown,
+    TextGenerated,
+)
 from tui.screens.confirm import ConfirmScreen
-from tui.screens.console import TABS, ConsoleScreen
+from tui.screens.console import TABS, ConsoleScreen, PanelData
 from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
 from tui.screens.picker import SessionPicker
 from tui.state import SessionState
 from tui.widgets.layer_map import LayerMap
-from tui.widgets.prompt_column import PromptColumn
-from tui.widgets.status_line import StatusLine
+from tui.workers import Column, GenerationPlan, ablation_work, generate_work, load_model_work
 
 log = logging.getLogger("anatomy_tui.console")
 
 POLL_SECONDS = 0.25  # the event log is read and the panels redrawn at most 4 times a second
 RECONCILE_EVERY = 8  # polls between checks of job processes that died without a word
 GENERATE_TOKENS = 64
-ON_LOADED_MODEL = ("original", "modified", "noised", "recovered")  # the rest are the session's growth models
 
 # (key, action, title, description): one table drives the bindings, the help screen and the palette.
 ACTIONS: tuple[tuple[str, str, str, str], ...] = (
@@ -83,47 +97,22 @@ class ModelOptions:
         return args + (["--trust-remote-code"] if self.trust_remote_code else [])
 
 
-@dataclass
+@dataclass(frozen=True)
 class Generation:
-    """Text a generation worker produced that the UI has not shown yet (flushed on each poll)."""
+    """The generation in progress: its number (messages of an older one are dropped) and its own
+    stop flag."""
 
-    prompt: str
-    pending: dict[str, list[str]] = field(default_factory=dict)
-    notes: dict[str, str] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, column: str, piece: str = "", note: str | None = None) -> None:
-        with self.lock:
-            self.pending.setdefault(column, []).append(piece)
-            if note is not None:
-                self.notes[column] = note
-
-    def take(self) -> tuple[dict[str, str], dict[str, str]]:
-        with self.lock:
-            pieces = {column: "".join(parts) for column, parts in self.pending.items()}
-            self.pending.clear()
-            return pieces, dict(self.notes)
+    run: int
+    stop: threading.Event
 
 
 def available_experiments() -> set[str]:
-    from tui.cli import RUN_COMMANDS
-
-    return {name for name, _, _ in RUN_COMMANDS}
+    return {experiment.name for experiment in EXPERIMENTS}
 
 
 def accepts_resume(experiment: str) -> bool:
-    """Whether `anatomy-tui run EXPERIMENT` has a --resume flag (its command module says)."""
-    import argparse
-    import importlib
-
-    from tui.cli import RUN_COMMANDS
-
-    for name, module_name, _ in RUN_COMMANDS:
-        if name == experiment:
-            parser = argparse.ArgumentParser(add_help=False)
-            importlib.import_module(f"tui.commands.{module_name}").add_arguments(parser)
-            return "--resume" in parser._option_string_actions
-    return False
+    """Whether `anatomy-tui run EXPERIMENT` can resume (the registry says)."""
+    return experiment in BY_NAME and BY_NAME[experiment].resumable
 
 
 def resumable_job(jobs: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
@@ -138,7 +127,11 @@ def resumable_job(jobs: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]]
 
 
 class AnatomyApp(App[None]):
-    """The console. `load_model=False` keeps the model out (tests, snapshots of stored sessions)."""
+    """The console. `load_model=False` keeps the model out (tests, snapshots of stored sessions).
+
+    Calls go down (the app calls the screen's methods), messages come up: the screen posts
+    requests (tui/messages.py) and the workers (tui/workers.py) post what they did; both are
+    answered here, on the UI thread."""
 
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses elsewhere find it too
     TITLE = "anatomy-tui"
@@ -164,13 +157,13 @@ class AnatomyApp(App[None]):
         self.polls = 0
         self.loaded: Any = None
         self.model_status = "model: not loaded"
-        self.model_lock = threading.Lock()
-        self.extra_models: dict[str, Any] = {}
+        self.model_lock = threading.Lock()  # a worker holds it while it uses the loaded model
+        self.saved_models = SavedModels()
         self.cancels: dict[str, Any] = {}
         self.background: list[BackgroundJob] = []
         self.modified_layers: set[int] = set()
         self.generation: Generation | None = None
-        self.stop_event = threading.Event()
+        self.generations = 0
         self.experiments = available_experiments()
         self.first_paint: float | None = None
 
@@ -198,7 +191,7 @@ class AnatomyApp(App[None]):
             self.options = replace(self.options, model=saved_model)
         app_log = self.session.writable_part("app.log")
         if app_log is not None:
-            self._log_to_file(app_log)
+            log_to_file(app_log)
         log.info("opened session %s (%s)", self.session.name, self.session.path)
         for result, doc in self.session.results().items():
             try:
@@ -209,21 +202,31 @@ class AnatomyApp(App[None]):
             self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
         self.push_screen(ConsoleScreen())
 
+    @on(ConsoleReady)
+    def console_ready(self) -> None:
+        self.after_first_paint()
+
     def after_first_paint(self) -> None:
-        """Called by the console screen once it has painted: now the slow things may start."""
+        """The console screen has painted: now the slow things may start."""
         self.first_paint = time.perf_counter()
         self.state.dirty.update({"layers", "recovery", "growth", "results", "jobs", "selection"})
         self.poll()
         self.set_interval(POLL_SECONDS, self.poll)
         if self.autoload:
+            options = self.options
+            self.model_status = f"model: loading {options.model}…"
             self.run_worker(
-                self.load_model_work,
+                partial(
+                    load_model_work, self.post_message, options.model, options.device, options.dtype,
+                    options.trust_remote_code,
+                ),
                 name="load model",
                 group="model",
                 thread=True,
                 exit_on_error=False,
-                description=f"loading {self.options.model}",
-            )
+                description=f"loading {options.model}",
+            )  # fmt: skip
+            self.update_status()
         interrupted = resumable_job(self.session.jobs())
         if interrupted is not None:
             job = interrupted[0]
@@ -232,40 +235,19 @@ class AnatomyApp(App[None]):
                 callback=lambda yes: self.action_resume_job() if yes else None,
             )
 
-    def _log_to_file(self, path: Path) -> None:
-        """Every log record (ours, libraries', warnings) goes to app.log in the session, none to the tty."""
-        root = logging.getLogger()
-        for handler in list(root.handlers):
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                root.removeHandler(handler)
-        handler = logging.FileHandler(path, encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
-        root.setLevel(logging.INFO)
-        logging.captureWarnings(True)
-
-    def load_model_work(self) -> None:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_default_handler()
-        hf_logging.enable_propagation()
-        hf_logging.disable_progress_bar()
-        from engine.models import load_model
-
-        self.model_status = f"model: loading {self.options.model}…"
-        loaded = load_model(
-            self.options.model,
-            device=self.options.device,
-            dtype=self.options.dtype,
-            trust_remote_code=self.options.trust_remote_code,
-            report=log.info,
-        )
-        self.loaded = loaded
-        self.model_status = (
-            f"{loaded.name} · {loaded.device} · {loaded.dtype_name} · {loaded.n_layers} layers"
-        )
+    @on(ModelLoaded)
+    def model_loaded(self, message: ModelLoaded) -> None:
+        loaded = self.loaded = message.loaded
+        self.model_status = f"{loaded.name} · {loaded.device} · {loaded.dtype_name} · {loaded.n_layers} layers"
         log.info("model loaded: %s", self.model_status)
         self.state.dirty.update({"layers", "jobs"})
+        self.update_status()
+
+    @on(ModelFailed)
+    def model_failed(self, message: ModelFailed) -> None:
+        self.model_status = "model: failed to load (see Log)"
+        self.say(f"loading {self.options.model} failed: {message.error}", "error")
+        self.update_status()
 
     # the event log, a few times a second ---------------------------------------------------------
     def poll(self) -> None:
@@ -277,7 +259,6 @@ class AnatomyApp(App[None]):
         if self.polls % RECONCILE_EVERY == 0:
             self.reconcile_jobs()
         self.polls += 1
-        self.flush_generation()
         dirty = self.state.take_dirty()
         if dirty:
             self.redraw(dirty)
@@ -300,16 +281,17 @@ class AnatomyApp(App[None]):
         if screen is None:
             return
         try:
-            screen.redraw(self, dirty)
+            screen.redraw(self.panel_data(), dirty)
         except Exception as exc:  # a damaged or unexpected result must not take the console down
             self.say(f"could not draw {', '.join(sorted(dirty))}: {type(exc).__name__}: {exc}", "error")
             log.exception("redraw failed")
         if dirty & {"jobs", "layers"}:
             self.update_status()
         if "log" in dirty:
-            view = screen.query_one("#log-view", RichLog)
-            for level, text in self.state.take_new_log():
-                view.write(f"[{level}] {text}")
+            screen.write_log(self.state.take_new_log())
+
+    def panel_data(self) -> PanelData:
+        return PanelData(self.state, self.n_layers, self.session_name, frozenset(self.experiments))
 
     def update_status(self) -> None:
         screen = self._console()
@@ -320,7 +302,7 @@ class AnatomyApp(App[None]):
             (job, "in console" if job.pid in (None, me) else "own process")
             for job in self.state.running_jobs()
         ]
-        screen.query_one(StatusLine).show(self.session_name, self.model_status, jobs)
+        screen.show_status(self.session_name, self.model_status, jobs)
 
     def _console(self) -> ConsoleScreen | None:
         for screen in reversed(self.screen_stack):
@@ -337,10 +319,7 @@ class AnatomyApp(App[None]):
         """The layer under the map's cursor, read at the moment of use (keys typed ahead of the
         highlight messages still act on the right layer)."""
         screen = self._console()
-        if screen is None:
-            return None
-        table = screen.query_one(LayerMap)
-        return table.cursor_row if table.row_count else None
+        return screen.selected_layer if screen is not None else None
 
     @property
     def n_layers(self) -> int:
@@ -356,6 +335,15 @@ class AnatomyApp(App[None]):
         self.state.add_log(level, text)
         log.log(logging.ERROR if level == "error" else logging.INFO, text)
 
+    @on(Notice)
+    def notice(self, message: Notice) -> None:
+        self.say(message.text, message.level)
+
+    @on(TabShown)
+    def tab_shown(self, message: TabShown) -> None:
+        if message.tab in ("recovery", "growth"):
+            self.state.dirty.add(message.tab)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Until a session is open (the picker), only help and quit apply."""
         return self.session is not None or action in ("help", "quit", "command_palette")
@@ -367,16 +355,10 @@ class AnatomyApp(App[None]):
             error = worker.error
             self.say(f"{worker.description or worker.name} failed: {type(error).__name__}: {error}", "error")
             log.error("worker %s failed", worker.name, exc_info=error)
-        if worker.group == "model" and event.state in (WorkerState.SUCCESS, WorkerState.ERROR):
-            if event.state == WorkerState.ERROR:
-                self.model_status = "model: failed to load (see Log)"
-            self.update_status()
-        if worker.group == "experiment" and event.state in (
-            WorkerState.SUCCESS,
-            WorkerState.ERROR,
-            WorkerState.CANCELLED,
-        ):
-            self.cancels.pop(worker.name, None)
+
+    @on(ExperimentFinished)
+    def experiment_finished(self, message: ExperimentFinished) -> None:
+        self.cancels.pop(message.name, None)
 
     # layer selection -------------------------------------------------------------------------------
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -409,7 +391,8 @@ class AnatomyApp(App[None]):
         return True
 
     def run_experiment(self, name: str, work: Any, description: str) -> Worker | None:
-        """An experiment in a thread worker of the console, writing into the session like a job."""
+        """An experiment in a thread worker of the console, writing into the session like a job.
+        `work(token)` posts ExperimentFinished(name) when it ends."""
         if name in self.cancels:
             self.say(f"{name} is already running in the console", "warning")
             return None
@@ -429,19 +412,8 @@ class AnatomyApp(App[None]):
     def action_compute_map(self) -> None:
         if self.session is None or not self._need_model():
             return
-        self.run_experiment("ablation", self.ablation_work, "layer map (ablation)")
-
-    def ablation_work(self, token: Any) -> None:
-        from dataclasses import asdict
-
-        from engine.experiments.ablation import AblationSettings, run_ablation
-        from sessions.jobs import run_job
-
-        settings = AblationSettings()
-        with self.model_lock:
-            spec = {**asdict(settings), "model": self.loaded.describe()}
-            events = run_ablation(self.loaded.model, self.loaded.tokenizer, settings, token, self.loaded.name)
-            run_job(self.session, "ablation", spec, events)
+        work = partial(ablation_work, self.post_message, self.session, self.loaded, self.model_lock)
+        self.run_experiment("ablation", work, "layer map (ablation)")
 
     def start_background(self, experiment: str, args: list[str]) -> BackgroundJob | None:
         if self.session is None:
@@ -459,43 +431,35 @@ class AnatomyApp(App[None]):
 
     def action_inject(self) -> None:
         screen = self._console()
-        if screen is None:
-            return
-        if self.selected_layer is None:
-            self.say("select a layer first (Layers tab, arrows)", "warning")
-            return
-        values = {}
-        for name in ("sigma", "steps", "lr"):
-            raw = screen.query_one(f"#{name}", Input).value.strip()
-            try:
-                values[name] = int(raw) if name == "steps" else float(raw)
-            except ValueError:
-                self.say(f"{name} must be a number, not {raw!r}", "error")
-                return
+        if screen is not None:
+            screen.request_inject()  # the form answers with InjectRequested (or a Notice)
+
+    @on(InjectRequested)
+    def inject(self, request: InjectRequested) -> None:
         args = [
             "--layers",
-            str(self.selected_layer),
+            str(request.layer),
             "--sigma",
-            str(values["sigma"]),
+            str(request.sigma),
             "--steps",
-            str(values["steps"]),
+            str(request.steps),
             "--lr",
-            str(values["lr"]),
+            str(request.lr),
             *self.options.job_args(),
         ]
-        if self.start_background("recovery", args) is not None:
+        screen = self._console()
+        if self.start_background("recovery", args) is not None and screen is not None:
             screen.show_tab("recovery")
 
     def action_growth(self) -> None:
         screen = self._console()
-        if screen is None:
-            return
-        try:
-            flags = shlex.split(screen.query_one("#growth-flags", Input).value)
-        except ValueError as exc:
-            self.say(f"growth flags: {exc}", "error")
-            return
-        if self.start_background("growth", flags) is not None:
+        if screen is not None:
+            screen.request_growth()  # answered with GrowthRequested (or a Notice)
+
+    @on(GrowthRequested)
+    def growth(self, request: GrowthRequested) -> None:
+        screen = self._console()
+        if self.start_background("growth", list(request.flags)) is not None and screen is not None:
             screen.show_tab("growth")
 
     def action_cancel(self) -> None:
@@ -562,122 +526,65 @@ class AnatomyApp(App[None]):
             return
         if self.state.running_jobs():
             log.info("quitting; jobs in their own process keep running")
-        self.stop_event.set()  # a generation in progress ends at its next token
+        self.action_stop_generation()  # a generation in progress ends at its next token
         self.exit()
 
     # the prompt pane -------------------------------------------------------------------------------
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id == "prompt-input" and event.value.strip():
-            self.generate(event.value)
-
-    def generate(self, prompt: str) -> None:
+    @on(GenerateRequested)
+    def generate(self, request: GenerateRequested) -> None:
+        """Starts a generation with what the request captured; a running one is stopped first."""
         screen = self._console()
-        if screen is None or not self._need_model():
+        if screen is None or self.session is None or not self._need_model():
             return
-        columns = {column.id: column.model_choice for column in screen.query(PromptColumn)}
-        for column in screen.query(PromptColumn):
-            column.begin(prompt)
-        self.generation = Generation(prompt)
-        self.stop_event.clear()
+        self.action_stop_generation()
+        layers = tuple(sorted(self.modified_layers))
+        columns = []
+        for column, choice in request.columns.items():
+            problem, path = "", None
+            if choice == "recovered" and not saved_layers(self.session, "recovery"):
+                problem = "no recovered layer in this session yet (inject noise: key i)"
+            elif choice in ("growth", "uniform"):
+                path = saved_model_path(self.state.results.get("growth"), choice)
+                problem = "" if path else f"no {choice} model in this session yet (run growth: key g)"
+            variant = None if problem else Variant(choice, layers=layers, sigma=request.sigma, path=path)
+            columns.append(Column(column, variant, problem))
+        self.generations += 1
+        self.generation = Generation(self.generations, threading.Event())
+        plan = GenerationPlan(
+            run=self.generation.run,
+            prompt=request.prompt,
+            columns=tuple(columns),
+            tokens=GENERATE_TOKENS,
+            loaded=self.loaded,
+            lock=self.model_lock,
+            stop=self.generation.stop,
+            session=self.session,
+            saved_models=self.saved_models,
+        )
+        screen.begin_generation(request.prompt)
         self.run_worker(
-            partial(self.generate_work, self.generation, columns),
+            partial(generate_work, self.post_message, plan),
             name="generate",
             group="generate",
             thread=True,
-            exclusive=True,
             exit_on_error=False,
             description="generation",
         )
 
-    def generate_work(self, generation: Generation, columns: dict[str, str]) -> None:
-        from engine.anatomy import LayerStack
-        from tui.generation import stream_greedy
-
-        for column, choice in columns.items():
-            if self.stop_event.is_set():
-                generation.add(column, note="stopped")
-                continue
-            model, tokenizer = self.model_for(choice)
-            if model is None:
-                generation.add(column, note=tokenizer)
-                continue
-            with ExitStack() as held:
-                if choice in ON_LOADED_MODEL:
-                    if not self.model_lock.acquire(blocking=False):
-                        generation.add(column, note="waiting for the job running in the console")
-                        self.model_lock.acquire()
-                        generation.add(column, note="")
-                    held.callback(self.model_lock.release)
-                if choice in ON_LOADED_MODEL and choice != "original":
-                    held.enter_context(self.changed_layers(LayerStack(model), choice))
-                for piece in stream_greedy(
-                    model, tokenizer, generation.prompt, GENERATE_TOKENS, self.stop_event.is_set
-                ):
-                    generation.add(column, piece)
-            generation.add(column, note="stopped" if self.stop_event.is_set() else "")
-
-    def changed_layers(self, stack: Any, choice: str) -> ExitStack:
-        """The loaded model as `choice` sees it, for one generation; every change is undone exactly
-        on exit. modified: x-marked layers ablated by neighbour mean; noised: x-marked layers with
-        Gaussian noise of the recovery form's sigma (seed 0); recovered: the layers the session's
-        recovery runs fine-tuned, as they ended."""
-        import torch
-
-        from engine.experiments.ablation import ablated
-        from engine.experiments.recovery import add_noise
-        from sessions.layer_weights import load_layers
-
-        held = ExitStack()
-        marked = sorted(self.modified_layers)
-        if choice == "modified":
-            for index in marked:
-                held.enter_context(ablated(stack, index, "mean"))
-        elif choice == "noised":
-            held.enter_context(stack.preserved(marked))
-            generator = torch.Generator().manual_seed(0)
-            for index in marked:
-                add_noise(stack, index, self.noise_sigma(), generator)
-        elif choice == "recovered":
-            held.enter_context(stack.holding(load_layers(self.session, "recovery", self.loaded.name)))
-        return held
-
-    def noise_sigma(self) -> float:
-        try:
-            value = float(self.screen.query_one("#sigma", Input).value)
-        except (ValueError, LookupError):
-            return 0.5
-        return value if value > 0 else 0.5
-
-    def model_for(self, choice: str) -> tuple[Any, Any]:
-        """(model, tokenizer), or (None, why) when the session has no such model."""
-        from sessions.layer_weights import saved_layers
-
-        if choice in ON_LOADED_MODEL:
-            if choice == "recovered" and not saved_layers(self.session, "recovery"):
-                return None, "no recovered layer in this session yet (inject noise: key i)"
-            return self.loaded.model, self.loaded.tokenizer
-        if choice not in self.extra_models:
-            arm = {"growth": "growth_100", "uniform": "uniform_100"}[choice]
-            path = ((self.state.results.get("growth") or {}).get("arms", {}).get(arm) or {}).get("model")
-            if not path or not Path(path).exists():
-                return None, f"no {choice} model in this session yet (run growth: key g)"
-            from engine.experiments.growth.architecture import load_growth_model
-
-            self.extra_models[choice] = load_growth_model(path)
-        return self.extra_models[choice]
-
-    def flush_generation(self) -> None:
-        generation = self.generation
+    @on(TextGenerated)
+    def text_generated(self, message: TextGenerated) -> None:
         screen = self._console()
-        if generation is None or screen is None:
-            return
-        pieces, notes = generation.take()
-        for column in screen.query(PromptColumn):
-            if column.id in pieces or column.id in notes:
-                column.append(generation.prompt, pieces.get(column.id, ""), notes.get(column.id, ""))
+        if screen is not None and self.generation is not None and message.run == self.generation.run:
+            screen.show_generated(message.column, message.text, message.note)
+
+    @on(GenerationDone)
+    def generation_done(self, message: GenerationDone) -> None:
+        if self.generation is not None and message.run == self.generation.run:
+            self.generation = None
 
     def action_stop_generation(self) -> None:
-        self.stop_event.set()
+        if self.generation is not None:
+            self.generation.stop.set()
 
     # the command palette ---------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

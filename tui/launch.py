@@ -70,6 +70,9 @@ def launch(args: argparse.Namespace) -> int:
         server.serve()
         return 0
     from tui.app import AnatomyApp, ModelOptions
+    from tui.logging_setup import setup_logging
+
+    setup_logging()  # nothing logs to the terminal the console draws on
 
     explicit = any(arg == "--model" or arg.startswith("--model=") for arg in sys.argv[1:])
     options = ModelOptions(args.model, args.device, args.dtype, args.trust_remote_code, explicit)

@@ -19,6 +19,7 @@ import torch
 from engine.anatomy import LayerStack
 from engine.errors import UserError
 from engine.events import CancelToken, Event, ManipulateRow, Progress, Result, TrialDone, json_safe
+from engine.generation import generate_text
 from engine.perplexity import Evaluator
 from engine.statistics import degradation_pct
 
@@ -129,17 +130,6 @@ def manipulated(
         yield
 
 
-def greedy_sample(model, tokenizer, prompt: str, tokens: int) -> str:
-    """A short greedy continuation, so the user can read what a perplexity means."""
-    if tokens == 0:
-        return ""
-    device = next(model.parameters()).device
-    encoded = tokenizer(prompt, return_tensors="pt").to(device)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    with torch.no_grad():
-        out = model.generate(**encoded, max_new_tokens=tokens, do_sample=False, pad_token_id=pad,
-                             temperature=None, top_p=None, top_k=None)
-    return tokenizer.decode(out[0, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 Trial = tuple[tuple[int, ...], str, float | None]
@@ -171,7 +161,7 @@ def run_manipulation(
                         "(or drop --together), or use --strategies zero,scale")
     plan = trials(settings, layers)
     baseline = evaluator.build_cache().perplexity
-    baseline_sample = greedy_sample(model, tokenizer, settings.prompt, settings.sample_tokens)
+    baseline_sample = generate_text(model, tokenizer, settings.prompt, settings.sample_tokens)
     yield Progress(0, len(plan), "manipulate")
     rows = []
     for done, (group, strategy, param) in enumerate(plan, start=1):
@@ -179,7 +169,7 @@ def run_manipulation(
             cancel.check()
         with manipulated(stack, group, strategy, param):
             ppl = evaluator.perplexity(min(group))
-            sample = greedy_sample(model, tokenizer, settings.prompt, settings.sample_tokens)
+            sample = generate_text(model, tokenizer, settings.prompt, settings.sample_tokens)
         d = degradation_pct(ppl, baseline)
         rows.append(ManipulateRow(layers=list(group), strategy=strategy, param=param, ppl=ppl,
                                   degradation_pct=d, sample=sample, together=len(group) > 1))

@@ -1,16 +1,24 @@
 """The console screen: status line, then the panels as tabs (Layers, Recovery, Growth, Prompt,
-Analyses, Log). Wide terminals show the layer detail and the recovery form beside their panels."""
+Analyses, Log). Wide terminals show the layer detail and the recovery form beside their panels.
+
+It owns its forms: what they hold goes up to the app as a request (tui/messages.py), read and
+checked here on the UI thread; the app calls down to redraw the panels from the session state."""
 
 from __future__ import annotations
 
+import shlex
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rich.text import Text
+from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, RichLog, Static, TabbedContent, TabPane, Tabs
 
+from tui.messages import ConsoleReady, GenerateRequested, GrowthRequested, InjectRequested, Notice, TabShown
+from tui.state import JobView, SessionState
 from tui.widgets.curve_plot import Curve, CurvePlot
 from tui.widgets.growth_timeline import GrowthTable, GrowthTimeline
 from tui.widgets.layer_detail import LayerDetail
@@ -21,7 +29,6 @@ from tui.widgets.status_line import StatusLine
 
 if TYPE_CHECKING:
     from engine.events import DynamicsRow
-    from tui.app import AnatomyApp
 
 RATIO_LINES = (("2x", 2.0), ("1.5x", 1.5), ("1.1x", 1.1))
 CURVE_COLOURS = ("cyan", "magenta", "yellow", "green", "blue", "red")
@@ -34,6 +41,17 @@ ANALYSES = (
     ("toy-depth", "Toy depth models", "anatomy-tui run toy-depth --session {s}"),
 )
 TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")
+DEFAULT_SIGMA = 0.5  # the noised model's sigma while the recovery form holds no usable number
+
+
+@dataclass(frozen=True)
+class PanelData:
+    """What the panels are drawn from, handed down by the app."""
+
+    state: SessionState
+    n_layers: int
+    session_name: str
+    experiments: frozenset[str]
 
 
 class ConsoleScreen(Screen[None]):
@@ -84,44 +102,49 @@ class ConsoleScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one(LayerMap).focus()
-        self.call_after_refresh(self.app.after_first_paint)  # type: ignore[attr-defined]
+        self.call_after_refresh(self.post_message, ConsoleReady())
+
+    @property
+    def selected_layer(self) -> int | None:
+        table = self.query_one(LayerMap)
+        return table.cursor_row if table.row_count else None
 
     # redraws, each from the state alone ------------------------------------------------------
-    def redraw(self, app: AnatomyApp, dirty: set[str]) -> None:
-        state = app.state
+    def redraw(self, data: PanelData, dirty: set[str]) -> None:
+        state = data.state
         with self.app.batch_update():
             if dirty & {"layers", "recovery", "results"}:
-                self.query_one(LayerMap).show(state, app.n_layers)
-                self.query_one(LayerDetail).show(state, app.selected_layer)
+                self.query_one(LayerMap).show(state, data.n_layers)
+                self.query_one(LayerDetail).show(state, self.selected_layer)
             if dirty & {"recovery", "layers", "selection"}:
-                self.redraw_recovery(app)
+                self.redraw_recovery(data)
             if dirty & {"growth", "results"}:
                 self.query_one(GrowthTimeline).show(state.growth)
                 self.query_one(GrowthTable).show(state.growth_arms)
-                self.redraw_growth_plot(app)
+                self.redraw_growth_plot(state)
             if "results" in dirty:
                 self.redraw_angles(state.dynamics)
                 for name, _, command in ANALYSES:
                     self.query_one(f"#result-{name}", ResultView).show(
                         name,
                         state.results.get(name),
-                        command.format(s=app.session_name),
-                        app.has_experiment(name),
+                        command.format(s=data.session_name),
+                        name in data.experiments,
                     )
             if "selection" in dirty:
-                self.query_one(LayerDetail).show(state, app.selected_layer)
+                self.query_one(LayerDetail).show(state, self.selected_layer)
 
-    def redraw_recovery(self, app: AnatomyApp) -> None:
-        layer = app.selected_layer
+    def redraw_recovery(self, data: PanelData) -> None:
+        layer = self.selected_layer
         label = self.query_one("#recovery-layer", Label)
         info = self.query_one("#recovery-info", Static)
         plot = self.query_one("#recovery-plot", CurvePlot)
         label.update(Text(f"layer {layer if layer is not None else '-'}\ni inject · c cancel", style="bold"))
-        if not app.has_experiment("recovery"):
+        if "recovery" not in data.experiments:
             info.update(Text("The recovery experiment is not in this version yet.", style="dim"))
             plot.draw([], title="recovery: not available")
             return
-        runs = app.state.recovery
+        runs = data.state.recovery
         curves = [
             Curve(
                 run.label + ("" if run.status in ("running", "done") else f" {run.status}"),
@@ -132,7 +155,7 @@ class ConsoleScreen(Screen[None]):
         ]
         base = next((run.baseline_ppl for run in reversed(runs) if run.baseline_ppl), None)
         if base is None:
-            base = app.state.ablation_baseline
+            base = data.state.ablation_baseline
         refs = [("baseline", base)] if isinstance(base, (int, float)) else []
         refs += [(name, base * k) for name, k in RATIO_LINES] if refs else []
         plot.draw(
@@ -174,8 +197,8 @@ class ConsoleScreen(Screen[None]):
             ylabel="degrees",
         )
 
-    def redraw_growth_plot(self, app: AnatomyApp) -> None:
-        growth = app.state.growth
+    def redraw_growth_plot(self, state: SessionState) -> None:
+        growth = state.growth
         curves = [
             Curve(f"{arm} train", pts, ARM_COLOURS.get(arm.split("/")[0]))
             for arm, pts in growth.train.items()
@@ -196,8 +219,7 @@ class ConsoleScreen(Screen[None]):
             self.query_one(f"#{tab} VerticalScroll, #{tab} RichLog").focus()  # arrows and pgup/pgdn scroll
         else:
             self.query_one(Tabs).focus()
-        if tab in ("recovery", "growth"):
-            self.app.state.dirty.add(tab)  # type: ignore[attr-defined]
+        self.post_message(TabShown(tab))
 
     def show_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
@@ -205,3 +227,62 @@ class ConsoleScreen(Screen[None]):
     @property
     def active_tab(self) -> str:
         return str(self.query_one(TabbedContent).active)
+
+    def show_status(self, session: str, model: str, jobs: list[tuple[JobView, str]]) -> None:
+        self.query_one(StatusLine).show(session, model, jobs)
+
+    def write_log(self, lines: list[tuple[str, str]]) -> None:
+        view = self.query_one("#log-view", RichLog)
+        for level, text in lines:
+            view.write(f"[{level}] {text}")
+
+    # the forms: requests up to the app ---------------------------------------------------------
+    def request_inject(self) -> None:
+        """InjectRequested for the selected layer with the recovery form's numbers."""
+        if self.selected_layer is None:
+            self.post_message(Notice("select a layer first (Layers tab, arrows)", "warning"))
+            return
+        values: dict[str, float] = {}
+        for name in ("sigma", "steps", "lr"):
+            raw = self.query_one(f"#{name}", Input).value.strip()
+            try:
+                values[name] = int(raw) if name == "steps" else float(raw)
+            except ValueError:
+                self.post_message(Notice(f"{name} must be a number, not {raw!r}", "error"))
+                return
+        self.post_message(
+            InjectRequested(self.selected_layer, values["sigma"], int(values["steps"]), values["lr"])
+        )
+
+    def request_growth(self) -> None:
+        """GrowthRequested with the growth form's flags."""
+        try:
+            flags = shlex.split(self.query_one("#growth-flags", Input).value)
+        except ValueError as exc:
+            self.post_message(Notice(f"growth flags: {exc}", "error"))
+            return
+        self.post_message(GrowthRequested(tuple(flags)))
+
+    @on(Input.Submitted, "#prompt-input")
+    def request_generation(self, event: Input.Submitted) -> None:
+        """GenerateRequested with each column's model and the noise sigma as they are now."""
+        event.stop()
+        if event.value.strip():
+            columns = {str(column.id): column.model_choice for column in self.query(PromptColumn)}
+            self.post_message(GenerateRequested(event.value, columns, self.noise_sigma()))
+
+    def noise_sigma(self) -> float:
+        try:
+            value = float(self.query_one("#sigma", Input).value)
+        except ValueError:
+            return DEFAULT_SIGMA
+        return value if value > 0 else DEFAULT_SIGMA
+
+    # the prompt pane, drawn as the app hears from its worker -------------------------------------
+    def begin_generation(self, prompt: str) -> None:
+        for column in self.query(PromptColumn):
+            column.begin(prompt)
+
+    def show_generated(self, column: str, text: str, note: str) -> None:
+        for found in self.query(f"#{column}").results(PromptColumn):
+            found.show(text, note)

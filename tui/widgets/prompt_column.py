@@ -17,11 +17,12 @@ MODEL_CHOICES = (
 
 
 class PromptColumn(Vertical):
-    """`begin` clears the output for a new prompt; `append` adds streamed text."""
+    """`begin` clears the output for a new prompt; `show` draws the text generated so far."""
 
     def __init__(self, default: str, id: str) -> None:  # noqa: A002 - Textual's own argument name
         super().__init__(id=id, classes="prompt-column")
         self.default = default
+        self.prompt = ""
         self.text = ""
 
     def compose(self) -> ComposeResult:
@@ -39,13 +40,13 @@ class PromptColumn(Vertical):
         return str(self.query_one(Select).value)
 
     def begin(self, prompt: str) -> None:
-        self.text = ""
+        self.prompt, self.text = prompt, ""
         self._show(f"[b]{_escape(prompt)}[/b]")
 
-    def append(self, prompt: str, piece: str, note: str = "") -> None:
-        self.text += piece
+    def show(self, text: str, note: str = "") -> None:
+        self.text = text
         tail = f"\n[dim]{_escape(note)}[/dim]" if note else ""
-        self._show(f"[b]{_escape(prompt)}[/b]{_escape(self.text)}{tail}")
+        self._show(f"[b]{_escape(self.prompt)}[/b]{_escape(text)}{tail}")
 
     def _show(self, markup: str) -> None:
         for output in self.query(".generated").results(Static):  # none while the app shuts down

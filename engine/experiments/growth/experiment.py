@@ -58,6 +58,7 @@ from engine.experiments.growth.protocol import (
     validate_phases,
 )
 from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
+from engine.generation import generate_text
 
 ARMS = ("growth_100", "growth_50", "uniform_100")
 PROMPTS = (
@@ -203,19 +204,6 @@ def design(settings: GrowthSettings, vocab_size: int, train_tokens: int) -> Desi
     )
 
 
-def greedy(model: Any, tokenizer: Any, prompt: str, n_tokens: int, context: int) -> str:
-    """The greedy continuation of `prompt` (not included), kept within the trained `context`."""
-    import torch
-
-    ids = torch.tensor([tokenizer.encode(prompt)[-context + 1 :]])
-    n_new = max(1, min(n_tokens, context - ids.shape[1]))
-    with torch.no_grad():
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new, do_sample=False, pad_token_id=0
-        )
-    return tokenizer.decode(out[0, ids.shape[1] :].tolist())
-
-
 def _plan_doc(plan: ArmPlan) -> dict[str, Any]:
     return {
         "steps": plan.total_steps,
@@ -333,7 +321,8 @@ def _run(
                 model = outcome.model.model
                 model.eval()
                 record["generations"] = [
-                    greedy(model, corpus.tokenizer, p, settings.gen_tokens, settings.seq_len) for p in PROMPTS
+                    generate_text(model, corpus.tokenizer, p, settings.gen_tokens, context=settings.seq_len)
+                    for p in PROMPTS
                 ]
                 if model_dir is not None:
                     outcome.model.save(Path(model_dir) / name)

@@ -1,0 +1,100 @@
+"""The prompt pane's model variants, without a terminal: each is what its experiment defines, and
+the loaded model comes back bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_model
+
+from engine.anatomy import LayerStack
+from engine.errors import UserError
+from engine.experiments.ablation import neighbour_mean
+from engine.variants import Variant, applied, modified, noised, recovered, saved_model_path
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    return {name: value.clone() for name, value in model.state_dict().items()}
+
+
+def assert_same(model, before: dict[str, torch.Tensor]) -> None:
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_every_variant_restores_the_model_bit_for_bit() -> None:
+    model = tiny_model("llama")
+    before = snapshot(model)
+    stack = LayerStack(model)
+    weights = {2: {name: torch.randn_like(p) for name, p in stack.matrices(2).items()}}
+    for variant in (
+        Variant("original"),
+        Variant("modified", layers=(1, 2)),
+        Variant("noised", layers=(0, 3), sigma=0.7),
+        Variant("recovered", weights=weights),
+    ):
+        with pytest.raises(KeyError), applied(model, variant):
+            if variant.name != "original":
+                assert any(not torch.equal(v, before[k]) for k, v in model.state_dict().items())
+            raise KeyError("an error inside the block")  # the weights come back all the same
+        assert_same(model, before)
+
+
+def test_modified_is_the_ablation_neighbour_mean_of_the_original_weights() -> None:
+    model = tiny_model("llama")
+    before = snapshot(model)
+    stack = LayerStack(model)
+    expected = {i: neighbour_mean(stack, i) for i in (0, 1, 2)}  # adjacent layers: original neighbours
+    with modified(model, [2, 1, 0]):
+        for index, tensors in expected.items():
+            for name, param in stack.matrices(index).items():
+                assert torch.equal(param, tensors[name]), (index, name)
+        for name, param in stack.matrices(3).items():
+            assert torch.equal(param, before[f"model.layers.3.{dict(stack.spec.matrices)[name]}.weight"])
+    assert_same(model, before)
+
+
+def test_noised_is_reproducible_and_scaled_by_sigma() -> None:
+    model = tiny_model("llama")
+    before = snapshot(model)
+    stack = LayerStack(model)
+    original = {name: p.clone() for name, p in stack.matrices(1).items()}
+    with noised(model, [1], 0.5):
+        first = {name: p.clone() for name, p in stack.matrices(1).items()}
+    with noised(model, [1], 0.5):
+        again = {name: p.clone() for name, p in stack.matrices(1).items()}
+    with noised(model, [1], 1.0):
+        double = {name: p.clone() for name, p in stack.matrices(1).items()}
+    for name, weight in original.items():
+        assert torch.equal(first[name], again[name])  # seed 0 each time
+        assert not torch.equal(first[name], weight)
+        # the same draw, twice the scale
+        torch.testing.assert_close(double[name] - weight, 2 * (first[name] - weight))
+        assert float((first[name] - weight).std()) == pytest.approx(0.5 * float(weight.std()), rel=0.2)
+    assert_same(model, before)
+
+
+def test_recovered_holds_the_saved_layers() -> None:
+    model = tiny_model("llama")
+    before = snapshot(model)
+    stack = LayerStack(model)
+    weights = {3: {name: torch.randn_like(p) for name, p in stack.matrices(3).items()}}
+    with recovered(model, weights):
+        for name, param in stack.matrices(3).items():
+            assert torch.equal(param, weights[3][name])
+    assert_same(model, before)
+
+
+def test_variant_checks_what_it_is_given(tmp_path) -> None:
+    with pytest.raises(UserError, match="unknown model variant"):
+        Variant("pruned")
+    with pytest.raises(UserError, match="sigma"):
+        Variant("noised", layers=(1,), sigma=0.0)
+    with pytest.raises(UserError, match="out of range"), modified(tiny_model("llama"), [9]):
+        pass
+    folder = tmp_path / "growth_100"
+    result = {"arms": {"growth_100": {"model": str(folder)}, "uniform_100": {"model": str(tmp_path / "gone")}}}
+    assert saved_model_path(result, "growth") is None  # not saved yet
+    folder.mkdir()
+    assert saved_model_path(result, "growth") == folder
+    assert saved_model_path(result, "uniform") is None and saved_model_path(None, "growth") is None

@@ -1,0 +1,47 @@
+"""Where the console's log records go: to app.log in the open session, never to the terminal the
+console draws on. Set up where the process starts (`setup_logging`, from tui/launch.py); the session
+file is known only once a session is opened (`log_to_file`), and transformers' own handler only once
+transformers is imported (`route_transformers_logs`, before the model loads)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_session_file: list[logging.FileHandler] = []  # the handler log_to_file installed, if any
+
+
+def setup_logging() -> None:
+    """No record reaches the terminal; warnings become records; INFO and above are kept."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            root.removeHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+
+
+def log_to_file(path: Path) -> None:
+    """Every record (ours, libraries', warnings) goes to `path` from now on, instead of the file of
+    a session opened earlier."""
+    setup_logging()
+    root = logging.getLogger()
+    while _session_file:
+        earlier = _session_file.pop()
+        root.removeHandler(earlier)
+        earlier.close()
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(FORMAT))
+    root.addHandler(handler)
+    _session_file.append(handler)
+
+
+def route_transformers_logs() -> None:
+    """transformers logs to stderr through a handler of its own and draws progress bars there:
+    its records go to the root logger (so to app.log) and the bars stay off."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
+    hf_logging.disable_progress_bar()

@@ -1,0 +1,126 @@
+"""The console's thread workers. Each takes everything it needs as arguments, captured on the UI
+thread when it was started, and reports through `post` (the app's thread-safe `post_message`):
+none of them reads or writes a widget or an attribute of the app. torch loads here, after the
+first paint."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from typing import Any
+
+from textual.message import Message
+
+from engine.models import LoadedModel
+from engine.variants import SavedModels, Variant
+from sessions.store import Session
+from tui.messages import ExperimentFinished, GenerationDone, ModelFailed, ModelLoaded, TextGenerated
+
+log = logging.getLogger("anatomy_tui.console")
+
+Post = Callable[[Message], Any]
+
+
+def load_model_work(post: Post, model: str, device: str, dtype: str, trust_remote_code: bool) -> None:
+    """Loads the model; posts ModelLoaded, or ModelFailed with the reason."""
+    from tui.logging_setup import route_transformers_logs
+
+    route_transformers_logs()
+    from engine.models import load_model
+
+    try:
+        loaded = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, report=log.info)
+    except Exception as exc:
+        log.exception("loading %s failed", model)
+        post(ModelFailed(f"{type(exc).__name__}: {exc}"))
+        return
+    post(ModelLoaded(loaded))
+
+
+def ablation_work(post: Post, session: Session, loaded: LoadedModel, lock: threading.Lock, token: Any) -> None:
+    """The layer map in the console, written into the session like a job of its own."""
+    from dataclasses import asdict
+
+    from engine.experiments.ablation import AblationSettings, run_ablation
+    from sessions.jobs import run_job
+
+    try:
+        settings = AblationSettings()
+        with lock:
+            spec = {**asdict(settings), "model": loaded.describe()}
+            events = run_ablation(loaded.model, loaded.tokenizer, settings, token, loaded.name)
+            run_job(session, "ablation", spec, events)
+    finally:
+        post(ExperimentFinished("ablation"))
+
+
+@dataclass(frozen=True)
+class Column:
+    """One prompt column: the variant it generates with, or why it cannot (`problem`)."""
+
+    id: str
+    variant: Variant | None = None
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """One prompt, every column, and what the worker needs, all captured on the UI thread."""
+
+    run: int
+    prompt: str
+    columns: tuple[Column, ...]
+    tokens: int
+    loaded: LoadedModel
+    lock: threading.Lock  # held while the loaded model's weights are changed and used
+    stop: threading.Event
+    session: Session
+    saved_models: SavedModels
+
+
+def generate_work(post: Post, plan: GenerationPlan) -> None:
+    """Each column in turn, its text streamed through TextGenerated; GenerationDone at the end."""
+    try:
+        for column in plan.columns:
+            if plan.stop.is_set():
+                post(TextGenerated(plan.run, column.id, "", "stopped"))
+            elif column.problem:
+                post(TextGenerated(plan.run, column.id, "", column.problem))
+            else:
+                _generate_column(post, plan, column)
+    finally:
+        post(GenerationDone(plan.run))
+
+
+def _generate_column(post: Post, plan: GenerationPlan, column: Column) -> None:
+    from engine.generation import generate_text
+    from engine.variants import ON_LOADED_MODEL, applied
+    from sessions.layer_weights import load_layers
+
+    variant = column.variant
+    assert variant is not None  # a column without a variant has a problem instead
+    text = ""
+
+    def show(piece: str = "", note: str = "") -> None:
+        nonlocal text
+        text += piece
+        post(TextGenerated(plan.run, column.id, text, note))
+
+    with ExitStack() as held:
+        if variant.name in ON_LOADED_MODEL:
+            if not plan.lock.acquire(blocking=False):
+                show(note="waiting for the job running in the console")
+                plan.lock.acquire()
+                show()
+            held.callback(plan.lock.release)
+            if variant.name == "recovered":
+                variant = replace(variant, weights=load_layers(plan.session, "recovery", plan.loaded.name))
+            model = held.enter_context(applied(plan.loaded.model, variant))
+            tokenizer = plan.loaded.tokenizer
+        else:
+            model, tokenizer = plan.saved_models.get(variant.path)
+        generate_text(model, tokenizer, plan.prompt, plan.tokens, stop=plan.stop.is_set, on_text=show)
+    show(note="stopped" if plan.stop.is_set() else "")
