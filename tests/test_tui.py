@@ -386,7 +386,7 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
     from textual.widgets import Select
 
     from engine.anatomy import LayerStack
-    from sessions.layer_weights import save_layer
+    from engine.experiments.recovery import save_layer_weights
 
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
@@ -394,7 +394,7 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
         before = {k: v.clone() for k, v in app.loaded.model.state_dict().items()}
         stack = LayerStack(app.loaded.model)
         scrambled = {name: torch.randn_like(param) for name, param in stack.matrices(2).items()}
-        save_layer(app.session, "recovery", 2, scrambled, app.loaded.name)
+        save_layer_weights(app.session.checkpoint_dir("recovery") / "weights", 2, scrambled, app.loaded.name)
         app.modified_layers = {1}
         await pilot.press("f5")
         left, right = app.screen.query(PromptColumn)
