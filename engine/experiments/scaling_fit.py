@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from engine import powerfit
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, event_type
-from engine import powerfit
 from engine.registry import RunContext
 from engine.settings import Settings, setting
 
