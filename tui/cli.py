@@ -38,10 +38,11 @@ def _default_text(spec: FieldSpec, value: Any) -> str:
 def add_settings_arguments(parser: argparse.ArgumentParser, defaults: Settings, taken: set[str]) -> None:
     """One flag per settings field (its aliases too, where no other flag has the name). Flags
     default to SUPPRESS, so the namespace holds exactly the values given on the command line."""
+    primary = {spec.flag for spec in defaults.fields()}
     for spec in defaults.fields():
         if not spec.meta.get("cli", True):
             continue
-        names = [spec.flag, *(a for a in spec.meta.get("aliases", ()) if a not in taken)]
+        names = [spec.flag, *(a for a in spec.meta.get("aliases", ()) if a not in taken | primary)]
         taken.update(names)
         default = _default_text(spec, getattr(defaults, spec.name))
         if spec.base is bool and not spec.is_tuple:
