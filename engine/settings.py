@@ -207,9 +207,10 @@ class FieldSpec:
         parse = self.meta.get("parse")
         if parse is not None:
             try:
-                return self.coerce(parse(text))
+                value = parse(text)
             except ValueError:
                 raise self.fail(text) from None
+            return self._typed(value, text)
         text = text.strip()
         if self.optional and self.meta.get("none_word") and text.lower() == self.meta["none_word"]:
             return None
@@ -232,7 +233,14 @@ class FieldSpec:
                     values.append(part)
             except ValueError:
                 raise self.fail(text) from None
-        return self.coerce(tuple(values) if self.is_tuple else values[0])
+        return self._typed(tuple(values) if self.is_tuple else values[0], text)
+
+    def _typed(self, value: Any, text: str) -> Any:
+        """`coerce`, with an error that repeats what was typed."""
+        try:
+            return self.coerce(value)
+        except UserError:
+            raise self.fail(text.strip()) from None
 
 
 def _spec_of(name: str, hint: Any, f: dataclasses.Field) -> FieldSpec:

@@ -364,21 +364,6 @@ def test_serve_command_runs_the_same_console() -> None:
                          "--session", "s"]  # fmt: skip
 
 
-def test_only_the_latest_interrupted_job_with_resume_is_offered() -> None:
-    from tui.app import resumable_job
-
-    dead = {"status": "interrupted", "argv": []}
-    jobs = {
-        "growth-old": {**dead, "experiment": "growth", "started": 1.0},
-        "growth-new": {"status": "done", "experiment": "growth", "started": 2.0},  # resumed since
-        "ablation-1": {**dead, "experiment": "ablation", "started": 3.0},  # no --resume flag
-        "recovery-1": {**dead, "experiment": "recovery", "started": 0.5},
-    }
-    assert resumable_job(jobs)[0] == "recovery-1"
-    del jobs["recovery-1"]
-    assert resumable_job(jobs) is None
-
-
 async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tiny_folder) -> None:
     """noised: the marked layer with Gaussian noise; recovered: the layer a recovery run saved.
     Both differ from the original, and the loaded model is bit-identical afterwards."""
