@@ -25,13 +25,12 @@ class ModelOptions(Settings):
     dtype: str = setting("auto", "weights' precision", choices=DTYPES)
     trust_remote_code: bool = setting(False, "allow a hub model's own code (off by default)")
 
-    def load(self, report: Callable[[str], None] | None = None) -> Any:
+    def load(self, report: Callable[[str], None] = lambda _: None) -> Any:
         """The loaded model (engine.models.LoadedModel); imports torch."""
         from engine.models import load_model
 
-        kwargs = {} if report is None else {"report": report}
         return load_model(self.model, device=self.device, dtype=self.dtype,
-                          trust_remote_code=self.trust_remote_code, **kwargs)
+                          trust_remote_code=self.trust_remote_code, report=report)
 
     def untrusted(self) -> ModelOptions:
         """These options as read from a file someone may have sent: never running a model's code."""
