@@ -86,11 +86,11 @@ class Evaluator:
 
     @classmethod
     def for_settings(cls, model, tokenizer, settings) -> Evaluator:
-        """The evaluator an experiment's settings ask for (eval_file or eval_set, batch_size, max_length)."""
+        """The evaluator an experiment's settings ask for (its evaluation-text group)."""
         from engine.text import eval_texts
 
         texts = eval_texts(settings.eval_file, settings.eval_set)
-        return cls(model, tokenizer, texts, settings.batch_size, settings.max_length)
+        return cls(model, tokenizer, texts, settings.eval_batch_size, settings.max_length)
 
     @property
     def n_tokens(self) -> int:

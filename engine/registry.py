@@ -29,12 +29,14 @@ class RunContext:
     """What a front end hands an experiment besides its settings.
 
     `checkpoint_dir` is the experiment's own folder in the session (checkpoints, saved layers);
+    `output_dir` the session folder, for files a run leaves for later (growth's final models);
     `resume` asks it to continue from what is there; `inputs` holds earlier results of the session
     the experiment reads (the ablation map, say), by result name."""
 
     model: LoadedModel | None = None
     cancel: CancelToken = field(default_factory=CancelToken)
     checkpoint_dir: Path | None = None
+    output_dir: Path | None = None
     resume: bool = False
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -52,6 +54,7 @@ class Experiment:
     writes: str = ""  # the result file, results/<writes>.json
     reads: tuple[str, ...] = ()  # session results handed over in RunContext.inputs
     long: bool = False  # the console runs it as its own process rather than in a thread
+    preset: str = ""  # the preset `--preset` starts from when not given (experiments with PRESETS)
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -64,6 +67,10 @@ class Experiment:
     def presets(self) -> dict[str, Settings]:
         """Named Settings instances (`--preset NAME`), if the experiment has any."""
         return dict(getattr(self.load(), "PRESETS", {}))
+
+    def defaults(self) -> Settings:
+        """The settings a run starts from before any flag: the default preset, or the field defaults."""
+        return self.presets[self.preset] if self.preset else self.settings_class()
 
     def run(self, settings: Settings, context: RunContext) -> Iterator[Event]:
         runner: Callable[[Any, RunContext], Iterator[Event]] = self.load().run
@@ -78,14 +85,15 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                reads=("ablation",), long=True),
     Experiment("growth", "grow a transformer phase by phase from an importance profile vs a uniform one",
                "engine.experiments.growth", "GrowthSettings", needs_model=False, resumable=True,
-               writes="growth", reads=("ablation",), long=True),
+               writes="growth", reads=("ablation",), long=True, preset="paper"),
     Experiment("dynamics", "hidden-state angles per layer, PCA and clusters of token profiles",
                "engine.experiments.dynamics", "DynamicsSettings", writes="dynamics"),
     Experiment("scaling-fit", "fit L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 to training runs (CSV)",
                "engine.experiments.scaling_fit", "ScalingFitSettings", needs_model=False, writes="scaling-fit"),
     Experiment("toy-depth", "teacher-student toy models: student loss against depth, fitted a_l",
-               "engine.experiments.toy_depth", "ToyDepthSettings", needs_model=False, writes="toy-depth",
-               long=True),
+               "engine.experiments.toy_depth", "ToyDepthSettings", needs_model=False, resumable=True,
+               writes="toy-depth",
+               long=True, preset="tiny"),
     Experiment("weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox",
                "engine.experiments.weights", "WeightsSettings", writes="weights"),
     Experiment("manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -31,21 +31,32 @@ def setting(
     low: float | None = None,
     high: float | None = None,
     above: float | None = None,
+    below: float | None = None,
     flag: str | None = None,
     aliases: tuple[str, ...] = (),
     words: Mapping[str, Any] | None = None,
     none_word: str | None = None,
     cli: bool = True,
     resume_free: bool = False,
+    file: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    show: Callable[[Any], str] | None = None,
+    encode: Callable[[Any], Any] | None = None,
+    decode: Callable[[Any], Any] | None = None,
 ) -> Any:
-    """A settings field. `low`/`high` are inclusive bounds and `above` an exclusive lower bound,
+    """A settings field. `low`/`high` are inclusive bounds and `above`/`below` exclusive ones,
     applied to a number or to each element of a tuple; floats must also be finite. `words` maps
     words a user may type for an element ('all' -> 0); `none_word` is the word that means None for
-    an optional field ('all' layers). `resume_free` marks settings a resumed run may change."""
+    an optional field ('all' layers). `resume_free` marks settings a resumed run may change.
+    `file` names what the path in this field is ("evaluation file"): it is read before a model
+    loads. Structured fields (a phase table, pairs) bring their own `parse` (flag text -> value),
+    `show` (value -> flag text), `encode` (value -> JSON) and `decode` (JSON -> value, raising
+    UserError or ValueError on a bad document)."""
     meta = {
-        "help": help, "choices": choices, "low": low, "high": high, "above": above, "flag": flag,
+        "help": help, "choices": choices, "low": low, "high": high, "above": above, "below": below, "flag": flag,
         "aliases": aliases, "words": dict(words or {}), "none_word": none_word, "cli": cli,
-        "resume_free": resume_free,
+        "resume_free": resume_free, "file": file, "parse": parse, "show": show, "encode": encode,
+        "decode": decode,
     }  # fmt: skip
     if isinstance(default, (list, dict, set)):
         raise TypeError("settings are immutable: use a tuple default")
@@ -87,6 +98,8 @@ class FieldSpec:
                 bounds.append(f"at least {meta['low']:g}")
             if meta.get("high") is not None:
                 bounds.append(f"at most {meta['high']:g}")
+            if meta.get("below") is not None:
+                bounds.append(f"below {meta['below']:g}")
             text = kind + (" " + " and ".join(bounds) if bounds else "")
         if self.is_tuple:
             text = "a comma-separated list, each " + text
@@ -153,10 +166,51 @@ class FieldSpec:
                 raise self.fail(whole)
             if meta.get("above") is not None and converted <= meta["above"]:
                 raise self.fail(whole)
+            if meta.get("below") is not None and converted >= meta["below"]:
+                raise self.fail(whole)
         return converted
+
+    def from_json(self, value: Any) -> Any:
+        """A value read from a JSON document (a job file, a checkpoint): decoded, then checked."""
+        decode = self.meta.get("decode")
+        if decode is not None and value is not None:
+            try:
+                value = decode(value)
+            except (TypeError, ValueError, KeyError):
+                raise self.fail(value) from None
+        return self.coerce(value)
+
+    def to_json(self, value: Any) -> Any:
+        encode = self.meta.get("encode")
+        if encode is not None and value is not None:
+            return encode(value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = dataclasses.asdict(value)
+        return _plain(value)
+
+    def show_text(self, value: Any) -> str:
+        """The flag text that parses back to `value` (how a job's command is rebuilt from data)."""
+        show = self.meta.get("show")
+        if show is not None:
+            return show(value)
+        if value is None:
+            if not self.meta.get("none_word"):
+                raise ValueError(f"{self.flag} has no text for 'none'")
+            return self.meta["none_word"]
+        names = {v: k for k, v in self.meta.get("words", {}).items()}
+        items = value if self.is_tuple else (value,)
+        text = ",".join(names.get(item, repr(item) if isinstance(item, float) else str(item)) for item in items)
+        return text
 
     def parse_text(self, text: str) -> Any:
         """A value typed on the command line; errors name the flag."""
+        parse = self.meta.get("parse")
+        if parse is not None:
+            try:
+                value = parse(text)
+            except ValueError:
+                raise self.fail(text) from None
+            return self._typed(value, text)
         text = text.strip()
         if self.optional and self.meta.get("none_word") and text.lower() == self.meta["none_word"]:
             return None
@@ -179,7 +233,14 @@ class FieldSpec:
                     values.append(part)
             except ValueError:
                 raise self.fail(text) from None
-        return self.coerce(tuple(values) if self.is_tuple else values[0])
+        return self._typed(tuple(values) if self.is_tuple else values[0], text)
+
+    def _typed(self, value: Any, text: str) -> Any:
+        """`coerce`, with an error that repeats what was typed."""
+        try:
+            return self.coerce(value)
+        except UserError:
+            raise self.fail(text.strip()) from None
 
 
 def _spec_of(name: str, hint: Any, f: dataclasses.Field) -> FieldSpec:
@@ -218,8 +279,28 @@ class Settings:
     def check(self) -> None:
         """Rules that involve several fields; experiments override it."""
 
+    def check_inputs(self) -> None:
+        """Every input file the run will read, read once now: a wrong path or a binary file is one
+        line before any slow step (a model load, a session)."""
+        from engine.text import read_lines
+
+        for spec in self.fields():
+            value = getattr(self, spec.name)
+            if spec.meta.get("file") and value is not None:
+                read_lines(value, spec.meta["file"])
+
+    def inputs_from(self) -> str | None:
+        """The session whose results the run reads (RunContext.inputs); None: the run's own."""
+        return None
+
+    def override(self: S, changes: Mapping[str, Any]) -> S:
+        """These settings with `changes` (explicit flags over a preset) applied, then validated."""
+        made = dataclasses.replace(self, **changes)  # type: ignore[type-var]
+        made.validate()
+        return made
+
     def to_dict(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))  # type: ignore[call-overload]
+        return {spec.name: spec.to_json(getattr(self, spec.name)) for spec in self.fields()}
 
     @classmethod
     def from_dict(cls: type[S], doc: Mapping[str, Any], *, base: S | None = None) -> S:
@@ -230,7 +311,7 @@ class Settings:
         unknown = sorted(set(doc) - set(specs))
         if unknown:
             raise UserError(f"unknown setting {unknown[0]!r}; known: {', '.join(specs)}")
-        values = {name: specs[name].coerce(value) for name, value in doc.items()}
+        values = {name: specs[name].from_json(value) for name, value in doc.items()}
         made = dataclasses.replace(base, **values) if base is not None else cls(**values)  # type: ignore[type-var]
         made.validate()
         return made
@@ -255,7 +336,8 @@ class EvalTextSettings(Settings):
 
     eval_set: str = setting("full", "built-in evaluation texts: full (48 sentences) or paper (a 10-sentence subset)",
                             choices=("full", "paper"))
-    eval_file: str | None = setting(None, "UTF-8 file, one evaluation text per line (instead of --eval-set)")
+    eval_file: str | None = setting(None, "UTF-8 file, one evaluation text per line (instead of --eval-set)",
+                                     file="evaluation file")
     eval_batch_size: int = setting(8, "evaluation texts per forward pass", low=1, aliases=("--batch-size",),
                                    resume_free=True)
     max_length: int = setting(256, "tokens per evaluation text at most", low=2)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -26,9 +25,15 @@ def run_job(
     events: Iterable[Event],
     job_id: str | None = None,
     on_event: Callable[[Event], None] | None = None,
+    *,
+    settings: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
+    resume: bool = False,
 ) -> Result | None:
     """Drains `events` into the session and returns the final Result (None if cancelled).
 
+    The job file records the experiment's `settings` (Settings.to_dict()) and `model` options
+    (ModelOptions.to_dict()) as data: a resume rebuilds its command from them, never from an argv.
     Exceptions from the experiment are logged as a `Finished(status="failed")` event and
     re-raised, so the caller decides how to show them.
     """
@@ -37,8 +42,10 @@ def run_job(
         "id": job_id,
         "experiment": experiment,
         "spec": spec,
+        "settings": settings,
+        "model": model,
+        "resume": resume,
         **process_identity(),  # pid, pgid, start time, command line: the proof a signal needs
-        "argv": sys.argv,
         "status": "running",
         "started": time.time(),
     }

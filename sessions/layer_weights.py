@@ -1,5 +1,6 @@
-"""Layer weights kept in a session (safetensors, written atomically), e.g. each layer a recovery
-sweep fine-tuned, so the console's prompt pane can generate with the recovered model later."""
+"""Layer weights kept in a session, e.g. each layer a recovery sweep fine-tuned (the engine writes
+them into its checkpoint folder: engine.experiments.recovery.save_layer_weights), read back so the
+console's prompt pane can generate with the recovered model later."""
 
 from __future__ import annotations
 
@@ -7,23 +8,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import atomic_write
 from sessions.store import Session, SessionError
 
 _FILE = re.compile(r"^layer-(\d+)\.safetensors$")
 
 
 def _folder(session: Session, job: str) -> Path:
-    return session.part("checkpoints", job, "weights")  # refuses a linked folder on the way
-
-
-def save_layer(session: Session, job: str, index: int, tensors: dict[str, Any], model: str) -> Path:
-    from safetensors.torch import save_file
-
-    path = _folder(session, job) / f"layer-{index}.safetensors"
-    contiguous = {name: tensor.contiguous() for name, tensor in tensors.items()}
-    atomic_write(path, lambda tmp: save_file(contiguous, str(tmp), metadata={"model": model}))
-    return path
+    # engine.experiments.recovery.WEIGHTS_FOLDER; part() refuses a linked folder on the way
+    return session.part("checkpoints", job, "weights")
 
 
 def saved_layers(session: Session, job: str) -> list[int]:

@@ -150,7 +150,7 @@ def test_cancel_stops_between_layers(tiny_llama):
 
 def test_bad_settings_are_one_line_errors(tiny_llama, tmp_path):
     model, tokenizer = tiny_llama
-    with pytest.raises(UserError, match="unknown method"):
+    with pytest.raises(UserError, match="--method drop"):
         list(run_ablation(model, tokenizer, AblationSettings(method="drop")))
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")

@@ -3,7 +3,6 @@ reference, clustering of synthetic profiles with known clusters, the logit lens 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
@@ -271,23 +270,21 @@ def test_run_dynamics_document(tiny_llama, tmp_path):
 
 
 def test_bad_settings_are_user_errors():
-    for bad in (dict(max_tokens=0), dict(profile="x"), dict(clusters=-1), dict(batch_size=0), dict(lens="x")):
+    for bad in (dict(max_tokens=0), dict(profile="x"), dict(clusters=-1), dict(eval_batch_size=0),
+                dict(lens="x")):
         with pytest.raises(UserError):
             DynamicsSettings(**bad).validate()
 
 
 def test_command_writes_json(tmp_path, capsys):
-    from tui.commands import dynamics
+    from tui.cli import main
 
     folder = save_tiny(tmp_path / "tiny")
     text_file = tmp_path / "texts.txt"
     text_file.write_text("\n".join(TEXTS * 3), encoding="utf-8")
-    parser = argparse.ArgumentParser()
-    dynamics.add_arguments(parser)
     out = tmp_path / "dyn.json"
-    args = parser.parse_args(["--model", str(folder), "--device", "cpu", "--text-file", str(text_file),
-                              "--max-tokens", "150", "--json", str(out), "--clusters", "2"])
-    assert dynamics.main(args) == 0
+    assert main(["run", "dynamics", "--model", str(folder), "--device", "cpu", "--text-file", str(text_file),
+                 "--max-tokens", "150", "--json", str(out), "--clusters", "2"]) == 0
     doc = json.loads(out.read_text())
     assert doc["pca"]["k"] == 2 and len(doc["pca"]["clusters"]) == 2
     assert "bulk fraction" in capsys.readouterr().out

@@ -21,11 +21,10 @@ from engine.experiments.growth.architecture import (
 )
 from engine.experiments.growth.data import CharTokenizer, load_corpus, train_batch
 from engine.experiments.growth.experiment import (
+    GrowthSettings,
     design,
     preset_settings,
     run_growth,
-    settings_from_dict,
-    settings_to_dict,
 )
 from engine.experiments.growth.profile import PAPER_PROFILE, multipliers_dict, parse_profile, profile_from_ablation
 from engine.experiments.growth.protocol import (
@@ -258,16 +257,23 @@ def test_saved_models_load_with_automodel(tmp_path):
 
 def test_settings_and_events_round_trip():
     settings = small_settings(phases=(Phase("a", (0, 1, 2, 3, 5), steps=3),))
-    assert settings_from_dict(json.loads(json.dumps(settings_to_dict(settings)))) == settings
+    assert GrowthSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
     event = GrowthPhase(arm="growth_100", seed=0, phase="a", phase_index=0, start_step=0, steps=3, layers=[1],
                         added=[{"layer": 1, "source": 2, "ffn_scale": 0.5}])  # fmt: skip
     assert event_from_json(json.loads(json.dumps(event.to_json()))) == event
 
 
-def test_cli_parses_growth_flags():
-    from tui.cli import build_parser
-    from tui.commands.growth import settings_from_args
+def test_cli_parses_growth_flags(tmp_path):
+    from engine.registry import experiment
+    from tui.cli import build_parser, settings_from_args
 
-    args = build_parser().parse_args(["run", "growth", "--preset", "tiny", "--seeds", "3", "--steps", "50"])
-    settings = settings_from_args(args)
+    def parsed(*flags):
+        return settings_from_args(experiment("growth"), build_parser("growth").parse_args(["run", "growth", *flags]))
+
+    settings = parsed("--preset", "tiny", "--seeds", "3", "--steps", "50")
     assert settings.seeds == (0, 1, 2) and settings.steps == 50 and settings.hidden_size == 64
+    assert parsed("--seeds", "4,").seeds == (4,) and parsed().preset == "paper"
+    table = tmp_path / "p.json"
+    table.write_text(json.dumps([{"name": "all", "layers": list(range(12)), "epochs": 1}]))
+    assert parsed("--phases", str(table)).steps == 0  # a table without --steps runs at its own lengths
+    assert parsed("--phases", str(table), "--steps", "9").steps == 9

@@ -7,16 +7,17 @@ from test_recovery import settings_for, texts  # noqa: F401  (texts is a fixture
 from tiny_models import tiny_model
 
 from engine.anatomy import LayerStack
-from engine.experiments.recovery import run_recovery
-from sessions.layer_weights import load_layers, save_layer, saved_layers
+from engine.experiments.recovery import run_recovery, save_layer_weights
+from sessions.layer_weights import load_layers, saved_layers
 from sessions.store import SessionStore
 
 
 def test_round_trip_other_model_and_damaged_file():
     session = SessionStore().create("w")
     tensors = {"q": torch.randn(4, 4), "down": torch.randn(4, 8)}
-    save_layer(session, "recovery", 3, tensors, "tiny")
-    save_layer(session, "recovery", 5, tensors, "another-model")
+    folder = session.checkpoint_dir("recovery") / "weights"
+    save_layer_weights(folder, 3, tensors, "tiny")
+    save_layer_weights(folder, 5, tensors, "another-model")
     damaged = session.path / "checkpoints" / "recovery" / "weights" / "layer-7.safetensors"
     damaged.write_bytes(b"not safetensors")
     assert saved_layers(session, "recovery") == [3, 5, 7]

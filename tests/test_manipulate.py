@@ -182,8 +182,8 @@ def test_trial_plan_counts():
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"strategies": ("melt",)}, "unknown strategy"),
-        ({"strategies": ()}, "unknown strategy"),
+        ({"strategies": ("melt",)}, "--strategies melt"),
+        ({"strategies": ()}, "--strategies is empty"),
         ({"layers": (9,)}, "out of range"),
         ({"rank": 0}, "--rank"),
         ({"alphas": ()}, "--alphas"),
@@ -200,16 +200,14 @@ def test_bad_input_gets_one_line_error(tiny_llama, short_texts, changes, message
 
 
 def test_default_layers_come_from_the_sessions_ablation_map():
-    from sessions.store import SessionStore
-    from tui.commands.manipulate import default_layers
+    from engine.experiments.manipulate import default_layers
 
-    session = SessionStore().create("manip")
-    assert default_layers(session, "m")[0] == ()
+    assert default_layers(None, "m")[0] == ()
     rows = [AblationRow(i, 1.0, 1.0, c, anti=a) for i, (c, a) in
             enumerate([("critical", False), ("redundant", False), ("minor", True), ("minor", False)])]
-    session.save_result("ablation", ablation_map(rows, model="m"))
-    assert default_layers(session, "m")[0] == (1, 2)
-    assert default_layers(session, "other")[0] == ()
+    ablation = ablation_map(rows, model="m")
+    assert default_layers(ablation, "m")[0] == (1, 2)
+    assert default_layers(ablation, "other")[0] == ()
 
 
 def test_cli_runs_into_the_session(tmp_path, isolated_home, short_texts):

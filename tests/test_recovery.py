@@ -28,16 +28,17 @@ from engine.experiments.recovery import (
     RecoverySettings,
     difficulty,
     layer_row,
+    run,
     run_recovery,
     steps_to_thresholds,
     summarise_run,
     training_budget,
     versus_ablation,
 )
+from engine.registry import RunContext
 from sessions.jobs import run_job
 from sessions.store import SessionStore
 from tui import cli
-from tui.commands.recovery import checkpointed, parse_layers
 
 TRAIN = "\n".join(f"The cat number {i} sat on the mat and looked at the dog for a while." for i in range(40))
 EVAL = ["The dog sat on the mat.", "A cat looked at the dog.", "Number seven sat for a while."]
@@ -146,10 +147,11 @@ def test_budget_and_spearman_on_hand_rows():
 
 
 def test_parse_layers():
-    assert parse_layers("11, 14,17") == (11, 14, 17)
-    assert parse_layers("all") is None
-    with pytest.raises(UserError):
-        parse_layers("11,x")
+    (layers,) = [spec for spec in RecoverySettings.fields() if spec.name == "layers"]
+    assert layers.parse_text("11, 14,17") == (11, 14, 17)
+    assert layers.parse_text("all") is None
+    with pytest.raises(UserError, match="--layers"):
+        layers.parse_text("11,x")
 
 
 # --- the experiment on a tiny model ---------------------------------------------------------------
@@ -247,6 +249,13 @@ def cli_args(folder, texts, *extra) -> list[str]:
             "--eval-every", "2", "--train-file", str(train), "--eval-file", str(evaluation), *extra]
 
 
+def cancel_after_first_layer(events, cancel):
+    for event in events:
+        yield event
+        if isinstance(event, RecoveryLayer):
+            cancel.cancel()
+
+
 def test_cancelled_sweep_resumes_at_the_next_layer(tmp_path, texts):
     from engine.models import load_model
 
@@ -254,20 +263,12 @@ def test_cancelled_sweep_resumes_at_the_next_layer(tmp_path, texts):
     loaded = load_model(str(folder), device="cpu")
     settings = settings_for(texts, steps=4, eval_every=2)
     session = SessionStore().create("sweep")
-    state = {"model": loaded.name, "settings": settings.resume_key(), "layers": {}}
     cancel = CancelToken()
-
-    def cancel_after_first_layer(events):
-        for event in events:
-            yield event
-            if isinstance(event, RecoveryLayer):
-                cancel.cancel()
-
-    engine_events = run_recovery(loaded.model, loaded.tokenizer, settings, cancel, model_name=loaded.name)
-    stream = cancel_after_first_layer(checkpointed(engine_events, session, state))
-    assert run_job(session, "recovery", {}, stream) is None
+    context = RunContext(model=loaded, cancel=cancel, checkpoint_dir=session.checkpoint_dir("recovery"))
+    assert run_job(session, "recovery", {}, cancel_after_first_layer(run(settings, context), cancel)) is None
     saved = json.loads((session.path / "checkpoints/recovery/layers.json").read_text())
-    assert list(saved["layers"]) == ["1"]
+    assert list(saved["layers"]) == ["1"] and saved["key"]["dtype"] == "float32"
+    assert (session.path / "checkpoints/recovery/weights/layer-1.safetensors").exists()
 
     out = tmp_path / "resumed.json"
     assert cli.main(cli_args(folder, texts, "--session", "sweep", "--resume", "--json", str(out))) == 0
@@ -278,6 +279,38 @@ def test_cancelled_sweep_resumes_at_the_next_layer(tmp_path, texts):
         assert a["layer"] == b["layer"] and a["steps_to"] == b["steps_to"]
         assert [p for _, p in a["curve"]] == pytest.approx([p for _, p in b["curve"]], rel=1e-6)
     assert SessionStore().open("sweep").load_result("recovery")["layers"][1]["layer"] == 2
+
+
+def test_sweep_killed_in_its_first_layer_resumes_from_the_start(tmp_path, texts):
+    """A checkpoint with no finished layer (or none at all) is a sweep to start again, not an error."""
+    folder = save_tiny(tmp_path / "tiny")
+    SessionStore().create("fresh")  # killed before the checkpoint was written
+    assert cli.main(cli_args(folder, texts, "--session", "fresh", "--resume", "--layers", "1",
+                             "--steps", "2")) == 0
+    session = SessionStore().open("fresh")
+    assert session.load_result("recovery")["resumed_layers"] == []
+    path = session.path / "checkpoints/recovery/layers.json"
+    state = json.loads(path.read_text())
+    state["layers"] = {}
+    path.write_text(json.dumps(state))
+    assert cli.main(cli_args(folder, texts, "--session", "fresh", "--resume", "--layers", "1",
+                             "--steps", "2")) == 0
+
+
+def test_resume_refuses_another_dtype(tmp_path, texts):
+    """A float16 sweep never continues a float32 one (the key holds model, dtype and device)."""
+    from engine.experiments.recovery import load_finished, sweep_key
+
+    class Loaded:
+        name, dtype_name, device = "m", "float32", "cpu"
+
+    path = tmp_path / "layers.json"
+    settings = settings_for(texts)
+    path.write_text(json.dumps({"key": sweep_key(settings, Loaded()), "layers": {}}))
+    assert load_finished(path, sweep_key(settings, Loaded())) is not None
+    Loaded.dtype_name = "float16"
+    with pytest.raises(UserError, match="dtype float32, not float16"):
+        load_finished(path, sweep_key(settings, Loaded()))
 
 
 def test_resume_refuses_other_settings(tmp_path, texts, capsys):

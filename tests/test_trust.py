@@ -72,7 +72,7 @@ def test_atomic_write_through_a_link_updates_the_file_it_names(tmp_path):
 def test_json_to_a_fifo_fails_before_the_run_with_one_line(tiny_folder, tmp_path, capsys, monkeypatch):
     fifo = tmp_path / "null"
     os.mkfifo(fifo)  # like --json /dev/null: not a file to replace
-    monkeypatch.setattr("tui.commands.common.load_model_from_args", lambda args: pytest.fail("model loaded"))
+    monkeypatch.setattr("engine.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
     code = main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--session", "j",
                  "--json", str(fifo)])  # fmt: skip
     line = one_error_line(capsys)
@@ -82,7 +82,7 @@ def test_json_to_a_fifo_fails_before_the_run_with_one_line(tiny_folder, tmp_path
 
 
 def test_json_to_a_directory_fails_before_the_run(tiny_folder, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("tui.commands.common.load_model_from_args", lambda args: pytest.fail("model loaded"))
+    monkeypatch.setattr("engine.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
     code = main(["run", "ablation", "--model", str(tiny_folder), "--json", str(tmp_path)])
     assert code == 2 and "is a directory" in one_error_line(capsys)
 
@@ -90,7 +90,7 @@ def test_json_to_a_directory_fails_before_the_run(tiny_folder, tmp_path, capsys,
 def test_result_file_that_is_a_directory_fails_before_the_run(tiny_folder, capsys, monkeypatch):
     session = SessionStore().create("r")
     (session.results_dir / "ablation.json").mkdir()
-    monkeypatch.setattr("tui.commands.common.load_model_from_args", lambda args: pytest.fail("model loaded"))
+    monkeypatch.setattr("engine.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
     code = main(["run", "ablation", "--model", str(tiny_folder), "--session", "r"])
     assert code == 2 and "ablation.json" in one_error_line(capsys, after_a_run=True)
 
@@ -113,7 +113,7 @@ def test_a_result_that_cannot_be_written_at_the_end_is_kept(capsys):
 def test_json_that_fails_at_the_end_says_where_the_result_is(tiny_folder, tmp_path, capsys, monkeypatch):
     out = tmp_path / "later"
     out.mkdir()  # as if it became a directory during the run: the check before it is skipped
-    monkeypatch.setattr("tui.commands.common.check_writable_path", lambda path, what: path)
+    monkeypatch.setattr("tui.runner.check_writable_path", lambda path, what: path)
     code = main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--session", "late2",
                  "--json", str(out), "--bootstrap", "20"])  # fmt: skip
     line = one_error_line(capsys, after_a_run=True)
@@ -237,12 +237,14 @@ def test_a_linked_part_of_a_session_is_refused(tmp_path, part, capsys):
 def test_a_linked_weights_folder_is_neither_read_nor_written(tmp_path):
     import torch
 
-    from sessions.layer_weights import load_layers, save_layer, saved_layers
+    from engine.experiments.recovery import save_layer_weights
+    from sessions.layer_weights import load_layers, saved_layers
 
     session = SessionStore().create("w")
     outside = tmp_path / "outside"
     outside.mkdir()
-    save_layer(session, "recovery", 1, {"w": torch.zeros(2)}, "m")
+    weights = session.checkpoint_dir("recovery") / "weights"
+    save_layer_weights(weights, 1, {"w": torch.zeros(2)}, "m")
     (outside / "layer-3.safetensors").write_bytes((session.checkpoint_dir("recovery") / "weights" /
                                                    "layer-1.safetensors").read_bytes())  # fmt: skip
     folder = session.path / "checkpoints" / "recovery" / "weights"
@@ -251,8 +253,8 @@ def test_a_linked_weights_folder_is_neither_read_nor_written(tmp_path):
     folder.rmdir()
     folder.symlink_to(outside)
     assert saved_layers(session, "recovery") == [] and load_layers(session, "recovery", "m") == {}
-    with pytest.raises(SessionError, match="symbolic link"):
-        save_layer(session, "recovery", 2, {"w": torch.zeros(2)}, "m")
+    with pytest.raises(UserError, match="symbolic link"):
+        save_layer_weights(weights, 2, {"w": torch.zeros(2)}, "m")
     assert sorted(p.name for p in outside.iterdir()) == ["layer-3.safetensors"]
 
 
@@ -430,7 +432,7 @@ def test_events_log_that_is_a_directory_is_one_line_and_loses_nothing(tiny_folde
     with pytest.raises(UserError, match="events.jsonl"):
         session.append_event(Message("x"))
     assert SessionStore().open("evdir").load_result("recovery") == {"layers": []}
-    monkeypatch.setattr("tui.commands.common.load_model_from_args", lambda args: pytest.fail("model loaded"))
+    monkeypatch.setattr("engine.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
     assert main(["run", "ablation", "--model", str(tiny_folder), "--session", "evdir"]) == 2
     assert "events.jsonl" in one_error_line(capsys)
 

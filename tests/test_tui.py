@@ -348,24 +348,32 @@ async def test_jobs_run_live_cancel_and_survive_the_console(isolated_home, tiny_
 
 # sessions, resume, colour, serving ------------------------------------------------------------------------
 async def test_an_interrupted_job_offers_to_resume(isolated_home, monkeypatch) -> None:
+    """The resume is rebuilt from the job's recorded experiment and settings; the argv a (possibly
+    hostile) job file carries is never run, and --trust-remote-code never comes from it."""
+    from engine.experiments.growth import PRESETS
+
     session = demo_session(SessionStore())
-    argv = ["/x/tui/cli.py", "run", "growth", "--preset", "tiny", "--session", "demo"]
-    session.write_job("growth-1", {"id": "growth-1", "experiment": "growth", "pid": 2**22 + 7, "argv": argv,
+    hostile = ["/x/tui/cli.py", "run", "growth", "--model", "/evil", "--trust-remote-code"]
+    session.write_job("growth-1", {"id": "growth-1", "experiment": "growth", "pid": 2**22 + 7, "argv": hostile,
+                                   "settings": PRESETS["tiny"].to_dict(), "model": None,
                                    "status": "running", "started": 1.0})  # fmt: skip
     started = []
 
-    def fake_start(session, experiment, args):
-        started.append((experiment, args))
-        return BackgroundJob(experiment, 1, Path("fake.log"), args)
+    def fake_launch(session, experiment, argv):
+        started.append((experiment, argv))
+        return BackgroundJob(experiment, 1, Path("fake.log"), argv)
 
-    monkeypatch.setattr(app_module, "start_job", fake_start)
+    monkeypatch.setattr(app_module, "launch_job", fake_launch)
     app = AnatomyApp(session="demo", load_model=False)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10)
-        assert "growth-1" in app.screen.question
+        assert "growth-1" in app.screen.question and "--preset=tiny" in app.screen.question
         await pilot.press("y")
         await pilot.pause()
-    assert started == [("growth", ["--preset", "tiny", "--resume"])]
+    [(experiment, argv)] = started
+    assert experiment == "growth" and argv[3:5] == ["run", "growth"]
+    assert argv[-3:] == ["--session", "demo", "--resume"] and "--preset=tiny" in argv
+    assert "--trust-remote-code" not in argv and "/evil" not in argv
 
 
 async def test_no_color_keeps_the_classes_readable(isolated_home, monkeypatch) -> None:
@@ -392,21 +400,6 @@ def test_serve_command_runs_the_same_console() -> None:
                          "--session", "s"]  # fmt: skip
 
 
-def test_only_the_latest_interrupted_job_with_resume_is_offered() -> None:
-    from tui.app import resumable_job
-
-    dead = {"status": "interrupted", "argv": []}
-    jobs = {
-        "growth-old": {**dead, "experiment": "growth", "started": 1.0},
-        "growth-new": {"status": "done", "experiment": "growth", "started": 2.0},  # resumed since
-        "ablation-1": {**dead, "experiment": "ablation", "started": 3.0},  # no --resume flag
-        "recovery-1": {**dead, "experiment": "recovery", "started": 0.5},
-    }
-    assert resumable_job(jobs)[0] == "recovery-1"
-    del jobs["recovery-1"]
-    assert resumable_job(jobs) is None
-
-
 async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tiny_folder) -> None:
     """noised: the marked layer with Gaussian noise; recovered: the layer a recovery run saved.
     Both differ from the original, and the loaded model is bit-identical afterwards."""
@@ -414,7 +407,7 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
     from textual.widgets import Select
 
     from engine.anatomy import LayerStack
-    from sessions.layer_weights import save_layer
+    from engine.experiments.recovery import save_layer_weights
 
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
@@ -422,7 +415,7 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
         before = {k: v.clone() for k, v in app.loaded.model.state_dict().items()}
         stack = LayerStack(app.loaded.model)
         scrambled = {name: torch.randn_like(param) for name, param in stack.matrices(2).items()}
-        save_layer(app.session, "recovery", 2, scrambled, app.loaded.name)
+        save_layer_weights(app.session.checkpoint_dir("recovery") / "weights", 2, scrambled, app.loaded.name)
         app.modified_layers = {1}
         await pilot.press("f5")
         left, right = app.screen.query(PromptColumn)

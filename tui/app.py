@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import threading
 import time
 from collections.abc import Iterable
@@ -25,11 +26,14 @@ from textual.screen import Screen
 from textual.widgets import DataTable
 from textual.worker import Worker, WorkerState
 
-from engine.registry import BY_NAME, EXPERIMENTS
+from engine.errors import UserError
+from engine.options import ModelOptions
+from engine.registry import BY_NAME
+from engine.settings import Settings
 from engine.variants import SavedModels, Variant, saved_model_path
 from sessions.layer_weights import saved_layers
 from sessions.store import Session, SessionError, SessionStore
-from tui.jobs import BackgroundJob, reap, start_job, stop_job
+from tui.jobs import BackgroundJob, job_argv, launch_job, reap, resumable_job, resume_argv, stop_job
 from tui.logging_setup import log_to_file
 from tui.messages import (
     ConsoleReady,
@@ -51,7 +55,7 @@ from tui.screens.layer_detail import LayerDetailScreen
 from tui.screens.picker import SessionPicker
 from tui.state import SessionState
 from tui.widgets.layer_map import LayerMap
-from tui.workers import Column, GenerationPlan, ablation_work, generate_work, load_model_work
+from tui.workers import Column, GenerationPlan, experiment_work, generate_work, load_model_work
 
 log = logging.getLogger("anatomy_tui.console")
 
@@ -83,47 +87,12 @@ FOOTER = {"help", "compute_map", "detail", "inject", "cancel", "growth", "quit"}
 
 
 @dataclass(frozen=True)
-class ModelOptions:
-    """The model flags of `anatomy-tui` (also passed on to jobs the console starts)."""
-
-    model: str = "smollm2-135m"
-    device: str = "auto"
-    dtype: str = "auto"
-    trust_remote_code: bool = False
-    explicit: bool = True  # False: --model was left at its default, so a session's own model wins
-
-    def job_args(self) -> list[str]:
-        args = ["--model", self.model, "--device", self.device, "--dtype", self.dtype]
-        return args + (["--trust-remote-code"] if self.trust_remote_code else [])
-
-
-@dataclass(frozen=True)
 class Generation:
     """The generation in progress: its number (messages of an older one are dropped) and its own
     stop flag."""
 
     run: int
     stop: threading.Event
-
-
-def available_experiments() -> set[str]:
-    return {experiment.name for experiment in EXPERIMENTS}
-
-
-def accepts_resume(experiment: str) -> bool:
-    """Whether `anatomy-tui run EXPERIMENT` can resume (the registry says)."""
-    return experiment in BY_NAME and BY_NAME[experiment].resumable
-
-
-def resumable_job(jobs: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
-    """The newest interrupted job that is the latest of its experiment (not resumed since) and
-    whose command can resume, or None."""
-    latest: dict[str, tuple[str, dict[str, Any]]] = {}
-    for job_id, doc in sorted(jobs.items(), key=lambda item: float(item[1].get("started") or 0)):
-        latest[str(doc.get("experiment"))] = (job_id, doc)
-    found = [(job_id, doc) for job_id, doc in latest.values() if doc.get("status") == "interrupted"]
-    found = [(job_id, doc) for job_id, doc in found if accepts_resume(str(doc.get("experiment")))]
-    return max(found, key=lambda item: float(item[1].get("started") or 0), default=None)
 
 
 class AnatomyApp(App[None]):
@@ -143,13 +112,16 @@ class AnatomyApp(App[None]):
         session: str | None = None,
         resume: bool = False,
         options: ModelOptions | None = None,
+        model_explicit: bool | None = None,
         load_model: bool = True,
     ) -> None:
         super().__init__()
         self.store = store or SessionStore()
         self.requested = session
         self.resume = resume
-        self.options = options or ModelOptions(explicit=False)
+        self.options = options or ModelOptions()
+        # False: --model was left at its default, so a session's own model wins (given options are explicit)
+        self.model_explicit = options is not None if model_explicit is None else model_explicit
         self.autoload = load_model
         self.session: Session | None = None
         self.state = SessionState()
@@ -164,7 +136,7 @@ class AnatomyApp(App[None]):
         self.modified_layers: set[int] = set()
         self.generation: Generation | None = None
         self.generations = 0
-        self.experiments = available_experiments()
+        self.experiments = set(BY_NAME)
         self.first_paint: float | None = None
 
     # startup -----------------------------------------------------------------------------------
@@ -187,7 +159,7 @@ class AnatomyApp(App[None]):
             self.push_screen(SessionPicker(self.store), callback=self.open_session)
             return
         saved_model = self.session.manifest.get("model")
-        if saved_model and saved_model != self.options.model and not self.options.explicit:
+        if saved_model and saved_model != self.options.model and not self.model_explicit:
             self.options = replace(self.options, model=saved_model)
         app_log = self.session.writable_part("app.log")
         if app_log is not None:
@@ -227,13 +199,8 @@ class AnatomyApp(App[None]):
                 description=f"loading {options.model}",
             )  # fmt: skip
             self.update_status()
-        interrupted = resumable_job(self.session.jobs())
-        if interrupted is not None:
-            job = interrupted[0]
-            self.push_screen(
-                ConfirmScreen(f"Job {job} was interrupted. Resume it from its checkpoint?"),
-                callback=lambda yes: self.action_resume_job() if yes else None,
-            )
+        if resumable_job(self.session.jobs()) is not None:
+            self.action_resume_job()
 
     @on(ModelLoaded)
     def model_loaded(self, message: ModelLoaded) -> None:
@@ -412,22 +379,52 @@ class AnatomyApp(App[None]):
     def action_compute_map(self) -> None:
         if self.session is None or not self._need_model():
             return
-        work = partial(ablation_work, self.post_message, self.session, self.loaded, self.model_lock)
+        settings = self.settings_for("ablation")
+        if settings is None:
+            return
+        work = partial(
+            experiment_work, self.post_message, self.session, self.loaded, self.options, self.model_lock,
+            "ablation", settings,
+        )
         self.run_experiment("ablation", work, "layer map (ablation)")
 
-    def start_background(self, experiment: str, args: list[str]) -> BackgroundJob | None:
+    def start_background(self, experiment: str, settings: Settings, resume: bool = False) -> BackgroundJob | None:
+        """`anatomy-tui run EXPERIMENT ... --session S` as its own process, built from the settings
+        (the same command a user would type; it outlives the console)."""
         if self.session is None:
             return None
-        if not self.has_experiment(experiment):
+        entry = BY_NAME.get(experiment)
+        if entry is None:
             self.say(f"the {experiment} experiment is not in this version of anatomy-tui yet", "warning")
             return None
-        job = start_job(self.session, experiment, args)
+        options = self.options if entry.needs_model else None
+        try:
+            argv = job_argv(experiment, settings, options, self.session.name, resume)
+        except UserError as exc:
+            self.say(str(exc), "error")
+            return None
+        return self.launch(experiment, argv)
+
+    def launch(self, experiment: str, argv: list[str]) -> BackgroundJob | None:
+        if self.session is None:
+            return None
+        job = launch_job(self.session, experiment, argv)
         self.background.append(job)
         self.say(f"started {experiment} as its own process (pid {job.pid}); log: {job.log_path.name}")
         return job
 
+    def settings_for(self, experiment: str, **changes: Any) -> Settings | None:
+        """The experiment's default settings with `changes`, validated; a bad value is said, not raised."""
+        try:
+            return BY_NAME[experiment].defaults().override(changes)
+        except UserError as exc:
+            self.say(str(exc), "error")
+            return None
+
     def action_map_job(self) -> None:
-        self.start_background("ablation", self.options.job_args())
+        settings = self.settings_for("ablation")
+        if settings is not None:
+            self.start_background("ablation", settings)
 
     def action_inject(self) -> None:
         screen = self._console()
@@ -436,19 +433,11 @@ class AnatomyApp(App[None]):
 
     @on(InjectRequested)
     def inject(self, request: InjectRequested) -> None:
-        args = [
-            "--layers",
-            str(request.layer),
-            "--sigma",
-            str(request.sigma),
-            "--steps",
-            str(request.steps),
-            "--lr",
-            str(request.lr),
-            *self.options.job_args(),
-        ]
+        settings = self.settings_for(
+            "recovery", layers=(request.layer,), sigma=request.sigma, steps=request.steps, lr=request.lr
+        )
         screen = self._console()
-        if self.start_background("recovery", args) is not None and screen is not None:
+        if settings is not None and self.start_background("recovery", settings) is not None and screen is not None:
             screen.show_tab("recovery")
 
     def action_growth(self) -> None:
@@ -458,8 +447,15 @@ class AnatomyApp(App[None]):
 
     @on(GrowthRequested)
     def growth(self, request: GrowthRequested) -> None:
+        from tui.flags import settings_from_flags
+
+        try:
+            settings = settings_from_flags(BY_NAME["growth"], request.flags)
+        except UserError as exc:
+            self.say(f"growth flags: {exc}", "error")
+            return
         screen = self._console()
-        if self.start_background("growth", list(request.flags)) is not None and screen is not None:
+        if self.start_background("growth", settings) is not None and screen is not None:
             screen.show_tab("growth")
 
     def action_cancel(self) -> None:
@@ -492,21 +488,25 @@ class AnatomyApp(App[None]):
         self.say(f"modified model: layers ablated (neighbour mean): {marked}")
 
     def action_resume_job(self) -> None:
+        """Offers the newest interrupted job for resume, showing exactly the command that will run:
+        rebuilt from the job's recorded experiment and settings, never from an argv in the file."""
         if self.session is None:
             return
         interrupted = resumable_job(self.session.jobs())
         if interrupted is None:
             self.say("no interrupted job to resume in this session")
             return
-        argv = [str(a) for a in interrupted[1].get("argv", [])]
-        if len(argv) < 3 or argv[1] != "run":
-            self.say("the interrupted job did not record its command; start it again by hand", "warning")
+        job_id, doc = interrupted
+        try:
+            argv = resume_argv(doc, self.session)
+        except UserError as exc:
+            self.say(f"job {job_id} cannot be resumed: {exc}", "error")
             return
-        args = [a for a in argv[3:] if a != "--resume"]
-        if "--session" in args:  # start_job adds the session itself
-            at = args.index("--session")
-            del args[at : at + 2]
-        self.start_background(argv[2], [*args, "--resume"])
+        shown = shlex.join(["anatomy-tui", *argv[3:]])
+        self.push_screen(
+            ConfirmScreen(f"Job {job_id} was interrupted. Resume it from its checkpoint?\n{shown}"),
+            callback=lambda yes: self.launch(str(doc["experiment"]), argv) if yes else None,
+        )
 
     async def action_quit(self) -> None:
         if self.cancels:

@@ -1,36 +1,38 @@
-"""The `anatomy-tui` command: the console by default, `run EXPERIMENT` headless, `sessions`."""
+"""The `anatomy-tui` command: the console by default, `run EXPERIMENT` headless, `sessions`.
+
+Every `run` sub-command comes from the experiment registry (engine/registry.py): its flags are the
+fields of its Settings (type, default, help and range declared once, on the field), plus the model
+flags (engine/options.py) and the session flags. Only the chosen experiment's flags are built, so
+`anatomy-tui --help` and the console start import no torch.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
 from engine.errors import UserError
+from engine.options import ModelOptions
+from engine.registry import BY_NAME, EXPERIMENTS
 from sessions.store import SessionError
-
-# (name, module under tui.commands, one-line help). Each module has add_arguments and main.
-RUN_COMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("ablation", "ablation", "layer-importance map: ablate each layer, measure perplexity"),
-    ("recovery", "recovery", "recovery speed: noise one layer, fine-tune it alone, follow its PPL"),
-    ("growth", "growth", "grow a transformer phase by phase from an importance profile vs a uniform one"),
-    ("dynamics", "dynamics", "hidden-state angles per layer, PCA and clusters of token profiles"),
-    ("scaling-fit", "scaling_fit", "fit L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 to training runs (CSV)"),
-    ("toy-depth", "toy_depth", "teacher-student toy models: student loss against depth, fitted a_l"),
-    ("weights", "weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox"),
-    ("manipulate", "manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples"),
-)
+from tui.flags import add_settings_arguments, experiment_flags
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from tui.commands.common import add_model_arguments
+def chosen_experiment(argv: Sequence[str]) -> str | None:
+    """The experiment named after `run`, if any (only its flags are built)."""
+    if "run" not in argv:
+        return None
+    return next((word for word in argv[list(argv).index("run") + 1 :] if word in BY_NAME), None)
 
+
+def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="anatomy-tui",
         description="A terminal lab console for the anatomy of transformer language models.",
     )
-    add_model_arguments(parser)
+    add_settings_arguments(parser, ModelOptions(), set())
+    parser.set_defaults(**ModelOptions().to_dict())  # the console reads them all
     parser.add_argument("--session", default=None, help="open this session in the console")
     parser.add_argument("--resume", action="store_true", help="open the most recent session")
     parser.add_argument("--serve", action="store_true", help="serve the console to a browser (textual-serve)")
@@ -45,11 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run an experiment headless into a session")
     experiments = run.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
-    for name, module_name, help_text in RUN_COMMANDS:
-        module = importlib.import_module(f"tui.commands.{module_name}")
-        sub = experiments.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(sub)
-        sub.set_defaults(handler=module.main)
+    for entry in EXPERIMENTS:
+        sub = experiments.add_parser(entry.name, help=entry.help, description=entry.help)
+        if entry.name == experiment:
+            experiment_flags(sub, entry)
 
     sessions = commands.add_parser("sessions", help="list or show saved sessions")
     which = sessions.add_subparsers(dest="sessions_command", required=True, metavar="{list,show}")
@@ -60,11 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        args = build_parser(chosen_experiment(argv)).parse_args(argv)
         if args.command == "run":
-            return int(args.handler(args) or 0)
+            from tui.runner import run_command
+
+            return run_command(BY_NAME[args.experiment], args)
         if args.command == "sessions":
             from tui.commands.sessions import main as sessions_main
 

@@ -1,4 +1,5 @@
-"""Long jobs as their own process: the same `anatomy-tui run ... --session S` a user would type.
+"""Long jobs as their own process: the same `anatomy-tui run ... --session S` a user would type,
+rebuilt from data (the experiment, its settings, the model options), never from a recorded argv.
 
 Each job starts in a new process session (its own process group, no controlling terminal), with
 its output going to a log file in the session, so closing the console, a dropped SSH connection
@@ -12,11 +13,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.errors import UserError
+from engine.options import ModelOptions
+from engine.registry import BY_NAME
+from engine.registry import experiment as find_experiment
+from engine.settings import FieldSpec, Settings
 from sessions.process import job_identity_matches
 from sessions.store import Session, pid_alive
 
@@ -37,14 +43,81 @@ class BackgroundJob:
         return pid_alive(self.pid)
 
 
-def job_command(experiment: str, session: Session, args: Sequence[str]) -> list[str]:
-    """The command line for one experiment into `session` (store home passed through the env)."""
-    return [sys.executable, "-m", "tui.cli", "run", experiment, *args, "--session", session.name]
+def _flag(spec: FieldSpec, value: Any) -> str:
+    if spec.base is bool and not spec.is_tuple:
+        return spec.flag if value else "--no-" + spec.flag[2:]
+    return f"{spec.flag}={spec.show_text(value)}"
 
 
-def start_job(session: Session, experiment: str, args: Sequence[str]) -> BackgroundJob:
-    """Starts `anatomy-tui run EXPERIMENT ARGS --session S` detached from the console."""
-    argv = job_command(experiment, session, args)
+def job_argv(
+    experiment: str, settings: Settings, options: ModelOptions | None, session: str, resume: bool
+) -> list[str]:
+    """The exact `anatomy-tui run` command for these settings: `--preset` where the experiment has
+    presets, then one flag for every setting that differs from where it starts. `--trust-remote-code`
+    appears only if `options` asks for it (options read from a file never do: `untrusted()`)."""
+    entry = find_experiment(experiment)
+    argv = [sys.executable, "-m", "tui.cli", "run", experiment]
+    base = entry.defaults()
+    presets = entry.presets
+    preset = getattr(settings, "preset", None)
+    if presets and preset in presets:
+        argv.append(f"--preset={preset}")
+        base = presets[preset]
+    for spec in settings.fields():
+        value = getattr(settings, spec.name)
+        if value == getattr(base, spec.name) or (presets and spec.name == "preset"):
+            continue
+        if not spec.meta.get("cli", True):
+            raise UserError(f"setting {spec.name} has no flag, so this {experiment} run cannot be started as a job")
+        argv.append(_flag(spec, value))
+    if options is not None:
+        default = ModelOptions()
+        argv += [_flag(spec, getattr(options, spec.name)) for spec in options.fields()
+                 if getattr(options, spec.name) != getattr(default, spec.name)]
+    return [*argv, "--session", session, *(["--resume"] if resume else [])]
+
+
+def resume_argv(doc: Mapping[str, Any], session: Session) -> list[str]:
+    """The command that resumes the job recorded in `doc` (a jobs/<id>.json someone may have
+    sent): its settings are checked as untrusted data, the model must be the session's own, and
+    a model's own code is never allowed."""
+    name = str(doc.get("experiment"))
+    entry = BY_NAME.get(name)
+    if entry is None or not entry.resumable:
+        raise UserError(f"job experiment {name!r} cannot be resumed")
+    settings = entry.settings_class.from_dict(doc.get("settings") or {}, base=entry.defaults())
+    options = None
+    if entry.needs_model:
+        options = ModelOptions.from_dict(doc.get("model") or {}).untrusted()
+        recorded = session.manifest.get("model")
+        if recorded and options.model != recorded:
+            raise UserError(f"the job names model {options.model}, not the session's {recorded}; not resumed")
+    return job_argv(name, settings, options, session.name, resume=True)
+
+
+def resumable_job(jobs: Mapping[str, Mapping[str, Any]]) -> tuple[str, Mapping[str, Any]] | None:
+    """The newest interrupted job that is the latest of its experiment (not resumed since) and
+    whose experiment resumes (the registry says), or None."""
+    latest: dict[str, tuple[str, Mapping[str, Any]]] = {}
+    for job_id, doc in sorted(jobs.items(), key=lambda item: _started(item[1])):
+        latest[str(doc.get("experiment"))] = (job_id, doc)
+    found = [
+        (job_id, doc) for name, (job_id, doc) in latest.items()
+        if doc.get("status") == "interrupted" and name in BY_NAME and BY_NAME[name].resumable
+    ]  # fmt: skip
+    return max(found, key=lambda item: _started(item[1]), default=None)
+
+
+def _started(doc: Mapping[str, Any]) -> float:
+    try:
+        return float(doc.get("started") or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def launch_job(session: Session, experiment: str, argv: Sequence[str]) -> BackgroundJob:
+    """Starts `argv` (from `job_argv`) detached from the console, its output to the session's logs."""
+    argv = list(argv)
     logs = session.logs_dir
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}.log"

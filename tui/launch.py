@@ -69,13 +69,14 @@ def launch(args: argparse.Namespace) -> int:
             )
         server.serve()
         return 0
-    from tui.app import AnatomyApp, ModelOptions
+    from tui.app import AnatomyApp
+    from tui.flags import model_options_from_args
     from tui.logging_setup import setup_logging
 
     setup_logging()  # nothing logs to the terminal the console draws on
 
     explicit = any(arg == "--model" or arg.startswith("--model=") for arg in sys.argv[1:])
-    options = ModelOptions(args.model, args.device, args.dtype, args.trust_remote_code, explicit)
-    app = AnatomyApp(session=args.session, resume=args.resume, options=options)
+    options = model_options_from_args(args)
+    app = AnatomyApp(session=args.session, resume=args.resume, options=options, model_explicit=explicit)
     app.run()
     return int(app.return_code or 0)

@@ -14,7 +14,10 @@ from typing import Any
 
 from textual.message import Message
 
+from engine.events import CancelToken
 from engine.models import LoadedModel
+from engine.options import ModelOptions
+from engine.settings import Settings
 from engine.variants import SavedModels, Variant
 from sessions.store import Session
 from tui.messages import ExperimentFinished, GenerationDone, ModelFailed, ModelLoaded, TextGenerated
@@ -40,21 +43,22 @@ def load_model_work(post: Post, model: str, device: str, dtype: str, trust_remot
     post(ModelLoaded(loaded))
 
 
-def ablation_work(post: Post, session: Session, loaded: LoadedModel, lock: threading.Lock, token: Any) -> None:
-    """The layer map in the console, written into the session like a job of its own."""
-    from dataclasses import asdict
-
-    from engine.experiments.ablation import AblationSettings, run_ablation
+def experiment_work(
+    post: Post, session: Session, loaded: LoadedModel, options: ModelOptions, lock: threading.Lock,
+    name: str, settings: Settings, token: CancelToken,
+) -> None:
+    """An experiment of the registry in the console (the layer map), written into the session like a
+    job of its own, with its settings and model recorded as data."""
+    from engine.registry import RunContext, experiment
     from sessions.jobs import run_job
 
     try:
-        settings = AblationSettings()
         with lock:
-            spec = {**asdict(settings), "model": loaded.describe()}
-            events = run_ablation(loaded.model, loaded.tokenizer, settings, token, loaded.name)
-            run_job(session, "ablation", spec, events)
+            spec = {**settings.to_dict(), "model": loaded.describe()}
+            events = experiment(name).run(settings, RunContext(model=loaded, cancel=token))
+            run_job(session, name, spec, events, settings=settings.to_dict(), model=options.to_dict())
     finally:
-        post(ExperimentFinished("ablation"))
+        post(ExperimentFinished(name))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,31 +16,23 @@ from engine.anatomy import LayerStack
 from engine.errors import UserError
 from engine.events import AblationMap, AblationRow, CancelToken, Event, LayerAblated, Progress, Result, json_safe
 from engine.perplexity import Batch, Evaluator
+from engine.registry import RunContext
+from engine.settings import EvalTextSettings, setting
 from engine.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
 
 METHODS = ("mean", "skip", "zero")
 
 
 @dataclass(frozen=True)
-class AblationSettings:
+class AblationSettings(EvalTextSettings):
     """Defaults follow the paper: neighbour mean, norms untouched."""
 
-    method: str = "mean"
-    eval_set: str = "full"
-    eval_file: str | None = None
-    bootstrap: int = 0
-    batch_size: int = 8
-    max_length: int = 256
-    seed: int = 0
-    prefix_cache: bool = True  # off only to measure the straightforward version
-
-    def validate(self) -> None:
-        if self.method not in METHODS:
-            raise UserError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
-        if self.bootstrap < 0:
-            raise UserError("--bootstrap must be 0 (off) or a positive number of resamples, e.g. 1000")
-        if self.batch_size < 1:
-            raise UserError("--batch-size must be at least 1")
+    method: str = setting("mean", "mean: neighbours' mean (paper); skip: pass the input through; "
+                          "zero: zero matrices", choices=METHODS)
+    bootstrap: int = setting(0, "resample the texts N times for 95% intervals of D (e.g. 1000; 0: off)", low=0)
+    seed: int = setting(0, "bootstrap seed", low=0)
+    prefix_cache: bool = setting(True, "reuse the layers below the ablated one (off only to measure the "
+                                 "straightforward version)", cli=False)
 
 
 def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:
@@ -150,7 +142,7 @@ def run_ablation(
         eval_tokens=evaluator.n_tokens,
         eval_texts=len(evaluator.texts),
         seconds=time.perf_counter() - started,
-        settings=asdict(settings),
+        settings=settings.to_dict(),
         layers=layers,
         spearman={
             "block_influence": spearman(influence, degradations),
@@ -158,3 +150,9 @@ def run_ablation(
         },
     )
     yield Result("ablation", json_safe(doc))
+
+
+def run(settings: AblationSettings, context: RunContext) -> Iterator[Event]:
+    """The registry's entry: the map of the context's model."""
+    loaded = context.model
+    yield from run_ablation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name)

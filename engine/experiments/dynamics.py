@@ -14,7 +14,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,7 +33,8 @@ from engine.events import (
     json_safe,
 )
 from engine.perplexity import Batch, token_nll, tokenize_batches
-from engine.settings import setting
+from engine.registry import RunContext
+from engine.settings import Settings, setting
 from engine.text import corpus, heldout_texts, read_lines
 
 PROFILES = ("both", "state", "update")
@@ -51,21 +52,23 @@ FINAL_NORMS = {
 
 
 @dataclass(frozen=True)
-class DynamicsSettings:
+class DynamicsSettings(Settings):
     """Defaults: the embedded held-out corpus, first position of each text excluded (attention sink)."""
 
-    text_file: str | None = None
-    max_tokens: int = 8192
-    batch_size: int = 8
-    max_length: int = 256
-    include_first: bool = False
-    profile: str = "both"
-    clusters: int = 0  # 0: choose k by silhouette over CLUSTER_K
-    components: int = 10
-    examples: int = 3
-    logit_lens: bool = False
-    seed: int = 0
-    lens: str = setting("plain", "how --logit-lens reads layer l: plain (its output through the final norm and "
+    text_file: str | None = setting(None, "UTF-8 file, one text per line (default: the built-in held-out "
+                                    "corpus)", file="text file")
+    max_tokens: int = setting(8192, "tokens to read at most", low=1)
+    eval_batch_size: int = setting(8, "texts per forward pass", low=1, aliases=("--batch-size",))
+    max_length: int = setting(256, "tokens per text at most", low=2)
+    include_first: bool = setting(False, "keep each text's first position (the attention sink); excluded by "
+                                  "default")
+    profile: str = setting("both", "what PCA sees per token: both angle profiles, or one", choices=PROFILES)
+    clusters: int = setting(0, "number of clusters; 0 picks k=2..6 by silhouette", low=0, high=20)
+    components: int = setting(10, "PCA components kept", low=1)
+    examples: int = setting(3, "example tokens per cluster", low=0)
+    logit_lens: bool = setting(False, "also the next-token loss of every layer through the final norm and head")
+    seed: int = setting(0, "PCA/KMeans seed", low=0)
+    lens: str = setting("plain", "how the lens reads layer l: plain (its output through the final norm and "
                         "head) or last-block (its input through the last block, the final norm and head, as "
                         "paper B's scripts); last-block turns the lens on", choices=LENSES)
 
@@ -73,23 +76,7 @@ class DynamicsSettings:
     def lens_on(self) -> bool:
         return self.logit_lens or self.lens != "plain"
 
-    def validate(self) -> None:
-        if self.max_tokens < 1:
-            raise UserError("--max-tokens must be at least 1, e.g. 8192")
-        if self.batch_size < 1:
-            raise UserError("--batch-size must be at least 1")
-        if self.max_length < 2:
-            raise UserError("--max-length must be at least 2 tokens")
-        if self.profile not in PROFILES:
-            raise UserError(f"unknown profile {self.profile!r}; use one of {', '.join(PROFILES)}")
-        if self.clusters != 0 and not 1 <= self.clusters <= 20:
-            raise UserError("--clusters must be 0 (choose by silhouette) or 1 to 20")
-        if self.components < 1:
-            raise UserError("--components must be at least 1")
-        if self.examples < 0:
-            raise UserError("--examples must be 0 or more")
-        if self.lens not in LENSES:
-            raise UserError(f"--lens {self.lens}: must be one of {', '.join(LENSES)}")
+
 
 
 # --- angles ----------------------------------------------------------------------------------------
@@ -508,7 +495,7 @@ def run_dynamics(
     all_texts, source = dynamics_texts(settings)
     texts = select_texts(tokenizer, all_texts, settings.max_tokens, settings.max_length)
     device = next(model.parameters()).device
-    batches = tokenize_batches(tokenizer, texts, settings.batch_size, settings.max_length, device)
+    batches = tokenize_batches(tokenizer, texts, settings.eval_batch_size, settings.max_length, device)
     n_layers = len(LayerStack(model))
     lens = make_lens(model, n_layers, settings.lens) if settings.lens_on else None
     yield Message(f"{len(texts)} texts from {source}; first position "
@@ -545,7 +532,7 @@ def run_dynamics(
         "first_token": "included" if settings.include_first else "excluded",
         "n_layers": n_layers,
         "seconds": time.perf_counter() - started,
-        "settings": asdict(settings),
+        "settings": settings.to_dict(),
         "embedding_norm": quartiles(profiles.embedding_norm),
         "core": core_summary(profiles),
         "layers": layers,
@@ -567,3 +554,9 @@ def run_dynamics(
         },
     }
     yield Result("dynamics", json_safe(doc))
+
+
+def run(settings: DynamicsSettings, context: RunContext) -> Iterator[Event]:
+    """The registry's entry: the context's model."""
+    loaded = context.model
+    yield from run_dynamics(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name)

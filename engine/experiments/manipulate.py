@@ -12,50 +12,72 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import CancelToken, Event, ManipulateRow, Progress, Result, TrialDone, json_safe
+from engine.events import (
+    AblationMap,
+    CancelToken,
+    Event,
+    ManipulateRow,
+    Message,
+    Progress,
+    Result,
+    TrialDone,
+    json_safe,
+)
 from engine.generation import generate_text
 from engine.perplexity import Evaluator
+from engine.registry import RunContext
+from engine.settings import EvalTextSettings, setting
 from engine.statistics import degradation_pct
 
 STRATEGIES = ("zero", "clone", "blend", "svd", "scale")
 PAPER_ALPHAS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
 
 
+def _layers_text(text: str) -> tuple[int, ...]:
+    """'3,5' -> (3, 5); 'all' -> () (every layer)."""
+    if text.strip().lower() == "all":
+        return ()
+    return tuple(int(part) for part in text.split(",") if part.strip())
+
+
 @dataclass(frozen=True)
-class ManipulationSettings:
+class ManipulationSettings(EvalTextSettings):
     """Defaults follow the paper: the five strategies, alpha grid 0-0.9, one layer at a time."""
 
-    layers: tuple[int, ...] = ()  # empty: every layer (the CLI fills in the session's redundant/anti layers)
-    strategies: tuple[str, ...] = STRATEGIES
-    alphas: tuple[float, ...] = PAPER_ALPHAS
-    rank: int = 8
-    together: bool = False
-    prompt: str = "The capital of France is"
-    sample_tokens: int = 20
-    eval_set: str = "full"
-    eval_file: str | None = None
-    batch_size: int = 8
-    max_length: int = 256
+    layers: tuple[int, ...] | None = setting(
+        None, "layers to manipulate, or 'all'; default: the redundant and anti layers of the session's "
+        "ablation map of this model, else all", low=0, parse=_layers_text,
+        show=lambda layers: ",".join(map(str, layers)) or "all",
+    )  # (): every layer
+    strategies: tuple[str, ...] = setting(STRATEGIES, "strategies to try", choices=STRATEGIES)
+    alphas: tuple[float, ...] = setting(PAPER_ALPHAS, "scale factors for 'scale'")
+    rank: int = setting(8, "svd: rank kept of the layer's own difference from the blend", low=1)
+    together: bool = setting(False, "also apply each strategy to all chosen layers at once")
+    prompt: str = setting("The capital of France is", "prompt of the greedy samples")
+    sample_tokens: int = setting(20, "tokens per greedy sample (0: none)", low=0)
 
-    def validate(self) -> None:
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
-        if unknown or not self.strategies:
-            name = unknown[0] if unknown else ""
-            raise UserError(f"unknown strategy {name!r}; use {', '.join(STRATEGIES)}")
-        if self.rank <= 0:
-            raise UserError("--rank must be a positive number of singular directions, e.g. 8")
+    def check(self) -> None:
+        if not self.strategies:
+            raise UserError(f"--strategies is empty; use some of {', '.join(STRATEGIES)}")
         if "scale" in self.strategies and not self.alphas:
             raise UserError("--alphas is empty; give at least one scale factor, e.g. 0.9")
-        if self.sample_tokens < 0:
-            raise UserError("--sample-tokens must be 0 (no samples) or more")
-        if self.batch_size < 1:
-            raise UserError("--batch-size must be at least 1")
+
+
+def default_layers(ablation: dict | None, model_name: str) -> tuple[tuple[int, ...], str]:
+    """The redundant and anti layers of an ablation map of this model, else () for all."""
+    if ablation is None or ablation.get("model") != model_name:
+        return (), "no ablation map of this model in the session: every layer"
+    rows = AblationMap.from_json(ablation).layers
+    chosen = tuple(row.layer for row in rows if row.layer_class == "redundant" or row.anti)
+    if not chosen:
+        return (), "the ablation map has no redundant or anti layers: every layer"
+    return chosen, f"redundant and anti layers of the session's ablation map: {','.join(map(str, chosen))}"
 
 
 def nearest_kept(n_layers: int, index: int, changed: set[int]) -> tuple[int | None, int | None]:
@@ -183,7 +205,18 @@ def run_manipulation(
         "layers": layers,
         "eval_tokens": evaluator.n_tokens,
         "seconds": time.perf_counter() - started,
-        "settings": asdict(settings),
+        "settings": settings.to_dict(),
         "results": rows,
     }
     yield Result("manipulate", json_safe(doc))
+
+
+def run(settings: ManipulationSettings, context: RunContext) -> Iterator[Event]:
+    """The registry's entry: without --layers, the layers the session's ablation map calls
+    redundant or anti."""
+    loaded = context.model
+    if settings.layers is None:
+        chosen, why = default_layers(context.inputs.get("ablation"), loaded.name)
+        yield Message(f"layers: {why}")
+        settings = replace(settings, layers=chosen)
+    yield from run_manipulation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name)

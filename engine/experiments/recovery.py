@@ -39,6 +39,8 @@ from engine.events import (
     json_safe,
 )
 from engine.perplexity import Evaluator, token_nll
+from engine.registry import RunContext
+from engine.settings import EvalTextSettings, setting
 from engine.statistics import spearman
 from engine.text import corpus, eval_texts, token_blocks
 
@@ -48,42 +50,27 @@ DIFFICULTY_THRESHOLD = 1.1  # difficulty = steps to get below 1.1x the baseline
 
 
 @dataclass(frozen=True)
-class RecoverySettings:
+class RecoverySettings(EvalTextSettings):
     """Defaults follow the paper (A5): sigma 0.5, AdamW lr 1e-4, 200 steps, layers 11, 14, 17."""
 
-    layers: tuple[int, ...] | None = PAPER_LAYERS  # None: every layer
-    sigma: float = 0.5
-    steps: int = 200
-    lr: float = 1e-4
-    batch_size: int = 4  # training blocks per step
-    block_size: int = 128  # tokens per training block
-    train_blocks: int = 128  # size of the training pool, cycled in a seeded order
-    eval_every: int = 1
-    repeats: int = 1  # noise seeds per layer
-    seed: int = 0
-    eval_set: str = "full"
-    eval_file: str | None = None
-    train_file: str | None = None
-    eval_batch_size: int = 8
-    max_length: int = 256
-    prefix_cache: bool = True  # off only to measure the straightforward version
+    layers: tuple[int, ...] | None = setting(PAPER_LAYERS, "layers to noise and recover, in this order",
+                                             low=0, none_word="all", resume_free=True)
+    sigma: float = setting(0.5, "noise = sigma * std(W) per matrix", above=0)
+    steps: int = setting(200, "fine-tuning steps per layer", low=1)
+    lr: float = setting(1e-4, "AdamW learning rate", above=0)
+    batch_size: int = setting(4, "training blocks per step", low=1)
+    block_size: int = setting(128, "tokens per training block", low=2)
+    train_blocks: int = setting(128, "training pool size in blocks, cycled in a seeded order", low=1)
+    eval_every: int = setting(1, "evaluate every N steps", low=1)
+    repeats: int = setting(1, "noise seeds per layer", low=1)
+    seed: int = setting(0, "seed for noise and batch order", low=0)
+    train_file: str | None = setting(None, "UTF-8 training text (default: built-in)", file="training file")
+    prefix_cache: bool = setting(True, "start at the noised layer from cached inputs (off only to measure "
+                                 "the straightforward version)", cli=False, resume_free=True)
 
-    def validate(self) -> None:
-        checks = (
-            (self.sigma > 0 and math.isfinite(self.sigma), "--sigma must be a positive number, e.g. 0.5"),
-            (self.steps > 0, "--steps must be a positive number of training steps, e.g. 200"),
-            (self.lr > 0 and math.isfinite(self.lr), "--lr must be a positive learning rate, e.g. 1e-4"),
-            (self.batch_size >= 1, "--batch-size must be at least 1"),
-            (self.block_size >= 2, "--block-size must be at least 2 tokens"),
-            (self.train_blocks >= 1, "--train-blocks must be at least 1"),
-            (self.eval_every >= 1, "--eval-every must be at least 1"),
-            (self.repeats >= 1, "--repeats must be at least 1"),
-            (self.eval_batch_size >= 1, "--eval-batch-size must be at least 1"),
-            (self.layers is None or len(self.layers) > 0, "--layers needs at least one layer, or 'all'"),
-        )
-        for ok, message in checks:
-            if not ok:
-                raise UserError(message)
+    def check(self) -> None:
+        if self.layers is not None and not self.layers:
+            raise UserError("--layers needs at least one layer number, or 'all'")
 
     def resolve_layers(self, n_layers: int) -> tuple[int, ...]:
         """The layers to sweep, in the order given, each checked against the model's depth."""
@@ -93,13 +80,6 @@ class RecoverySettings:
             if not 0 <= index < n_layers:
                 raise UserError(f"layer {index} is out of range; this model has layers 0 to {n_layers - 1}")
         return tuple(dict.fromkeys(self.layers))
-
-    def resume_key(self) -> dict[str, Any]:
-        """The settings a finished layer's result depends on (the layer list is free to change)."""
-        key = asdict(self)
-        for free in ("layers", "prefix_cache", "eval_batch_size"):
-            key.pop(free)
-        return key
 
 
 def threshold_key(threshold: float) -> str:
@@ -421,7 +401,7 @@ def run_recovery(
         "eval_texts": len(sweep.evaluator.texts),
         "train_source": sweep.train_source,
         "train_blocks": len(sweep.blocks),
-        "settings": asdict(settings),
+        "settings": settings.to_dict(),
         "layers": ordered,
         "ranking": ranking(ordered),
         "spearman_vs_ablation": vs_ablation["difficulty"] if vs_ablation else None,
@@ -432,3 +412,97 @@ def run_recovery(
         "seconds_per_step": float(np.mean(run_seconds)) if run_seconds else None,
     }
     yield Result("recovery", json_safe(doc))
+
+
+# --- the registry's entry: checkpoints after every layer, --resume ---------------------------------
+CHECKPOINT_FILE = "layers.json"
+WEIGHTS_FOLDER = "weights"  # each recovered layer, for the console's prompt pane (sessions/layer_weights.py)
+
+
+def sweep_key(settings: RecoverySettings, loaded: Any) -> dict[str, Any]:
+    """What a finished layer's numbers depend on: the settings that are not free to change on
+    resume, and the model with its precision and device (a float16 sweep never continues a float32
+    one)."""
+    return {"model": loaded.name, "dtype": loaded.dtype_name, "device": loaded.device,
+            "settings": settings.resume_key()}  # fmt: skip
+
+
+def load_finished(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint of an earlier sweep, checked against `key`; None when there is none (a sweep
+    killed before its first checkpoint resumes from the start)."""
+    import json
+
+    if not path.exists():
+        return None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        saved, layers = state["key"], state["layers"]
+        if not isinstance(saved, dict) or not isinstance(layers, dict):
+            raise ValueError("not a recovery checkpoint")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path} is damaged ({exc}); run without --resume to start over") from exc
+    for name in ("model", "dtype", "device"):
+        if saved.get(name) != key[name]:
+            raise UserError(f"the saved sweep used {name} {saved.get(name)}, not {key[name]}; "
+                            f"resume with --{name} {saved.get(name)} or run without --resume")
+    wanted, had = key["settings"], saved.get("settings") or {}
+    changed = [name for name in wanted if had.get(name) != wanted[name]]
+    if changed:
+        name = changed[0]
+        raise UserError(f"the saved sweep used {name}={had.get(name)!r}, not {wanted[name]!r}; "
+                        "resume with the same settings or run without --resume")
+    return state
+
+
+def checkpointed(events: Iterator[Event], path: Path, state: dict[str, Any]) -> Iterator[Event]:
+    """Passes events through; each finished layer is added to the checkpoint at once."""
+    from engine.atomic import atomic_write_json
+
+    atomic_write_json(path, json_safe(state))
+    for event in events:
+        if isinstance(event, RecoveryLayer):
+            state["layers"][str(event.layer)] = event.result
+            atomic_write_json(path, json_safe(state))
+        yield event
+
+
+def save_layer_weights(folder: Path, index: int, tensors: dict[str, torch.Tensor], model: str) -> Path:
+    """One recovered layer as safetensors (written atomically), tagged with the model's name."""
+    from safetensors.torch import save_file
+
+    from engine.atomic import atomic_write
+
+    if Path(folder).is_symlink():  # a session folder from elsewhere must not lead writes outside it
+        raise UserError(f"{folder} is a symbolic link; recovered layers are not written through it")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    path = Path(folder) / f"layer-{index}.safetensors"
+    contiguous = {name: tensor.contiguous() for name, tensor in tensors.items()}
+    atomic_write(path, lambda tmp: save_file(contiguous, str(tmp), metadata={"model": model}))
+    return path
+
+
+def run(settings: RecoverySettings, context: RunContext) -> Iterator[Event]:
+    """The sweep on the context's model; with a checkpoint folder every finished layer is kept
+    there, and `context.resume` skips the layers an earlier sweep with the same key finished."""
+    loaded = context.model
+    settings.resolve_layers(loaded.n_layers)  # layer range errors before anything runs
+    key = sweep_key(settings, loaded)
+    state: dict[str, Any] = {"key": key, "layers": {}}
+    keep: KeepWeights = None
+    folder = context.checkpoint_dir
+    if folder is not None:
+        path = Path(folder) / CHECKPOINT_FILE
+        found = load_finished(path, key) if context.resume else None
+        if context.resume and found is None:
+            yield Message("no finished layer to resume from: the sweep starts from its first layer")
+        state = found or state
+        weights = Path(folder) / WEIGHTS_FOLDER
+
+        def keep(index: int, tensors: dict[str, torch.Tensor]) -> None:
+            save_layer_weights(weights, index, tensors, loaded.name)
+
+    events = run_recovery(
+        loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name,
+        done_layers=list(state["layers"].values()), ablation=context.inputs.get("ablation"), keep_weights=keep,
+    )  # fmt: skip
+    yield from events if folder is None else checkpointed(events, Path(folder) / CHECKPOINT_FILE, state)

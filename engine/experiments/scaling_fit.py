@@ -11,7 +11,7 @@ import csv
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ import numpy as np
 from engine import powerfit
 from engine.errors import UserError
 from engine.events import CancelToken, Event, FitStage, Message, Progress, Result
-from engine.settings import setting
+from engine.registry import RunContext
+from engine.settings import Settings, setting
 
 TERMS = ("m", "l", "D")
 PARAM_KEYS = ("alpha_m", "alpha_l", "alpha_D", "c_m", "c_l", "c_D", "L0")
@@ -48,26 +49,49 @@ def default_csv() -> Path:
 
 
 @dataclass(frozen=True)
-class ScalingFitSettings:
+class ScalingFitSettings(Settings):
     """Defaults reproduce the paper: the Chinchilla columns, the 40 highest losses dropped."""
 
-    loss_column: str = "loss"
-    width_column: str = "d_model"
-    depth_column: str = "n_layers"
-    tokens_column: str = "num_tokens"
-    exclude_highest: int = 40
-    restarts: int = 512
-    huber_delta: float | None = None  # None: least squares on log residuals; else Huber threshold
-    bootstrap: int = 200
-    bootstrap_restarts: int = 8  # per resample: the full-data optimum plus random starts
-    heldout_splits: int = 20
-    heldout_fraction: float = 0.2
-    seed: int = 0
-    budgets: tuple[float, ...] = (1e8, 1e9, 1e10, 1e11)  # parameter budgets for the width/depth table
+    csv: str | None = setting(None, "runs as CSV (default ../shared/data/chinchilla/chinchilla_reconstructed.csv)",
+                              file="CSV file")
+    loss_column: str = setting("loss", "loss column", flag="--loss-col")
+    width_column: str = setting("d_model", "width column", flag="--width-col")
+    depth_column: str = setting("n_layers", "depth column", flag="--depth-col")
+    tokens_column: str = setting("num_tokens", "training-tokens column", flag="--tokens-col")
+    exclude_highest: int = setting(40, "drop the K highest losses (as the paper)", low=0)
+    restarts: int = setting(512, "random restarts of the full fit", low=1)
+    huber_delta: float | None = setting(None, "Huber on log residuals with this threshold (e.g. 1e-3 as "
+                                        "Hoffmann et al.); 'none': least squares", above=0, flag="--huber",
+                                        none_word="none")
+    bootstrap: int = setting(200, "bootstrap resamples for the 95% intervals (0 skips)", low=0)
+    bootstrap_restarts: int = setting(8, "starts per resample or split: the full-data optimum plus random ones",
+                                      low=1)
+    heldout_splits: int = setting(20, "random train/test splits for held-out error", low=0)
+    heldout_fraction: float = setting(0.2, "share of runs held out per split", above=0, below=1)
+    seed: int = setting(0, "random seed", low=0)
+    budgets: tuple[float, ...] = setting((1e8, 1e9, 1e10, 1e11), "parameter budgets N for the optimal "
+                                         "width/depth table", above=0)
     optimizer: str = setting("lm", "lm: least squares from many starts (Levenberg-Marquardt); paper: paper B's "
                              "notebook procedure (Adam from its fixed start for --steps steps)",
                              choices=OPTIMIZERS)
     steps: int = setting(50000, "Adam steps of --optimizer paper (the notebook runs 50000)", low=1)
+
+    def csv_path(self) -> Path:
+        """The CSV to fit: --csv, else the Chinchilla reconstruction."""
+        if self.csv is not None:
+            return Path(self.csv)
+        path = default_csv()
+        if not path.is_file():
+            raise UserError(f"no --csv given and the Chinchilla data is not at {path}; pass --csv FILE")
+        return path
+
+    def check(self) -> None:
+        if self.optimizer == "paper" and self.huber_delta is not None:
+            raise UserError("--optimizer paper minimises squared log residuals: drop --huber")
+
+    def check_inputs(self) -> None:
+        super().check_inputs()  # a missing, binary or empty file: one line
+        load_runs(self.csv_path(), self)
 
 
 @dataclass(frozen=True)
@@ -170,28 +194,12 @@ def optimal_shape(params: dict[str, float], budgets: tuple[float, ...]) -> dict[
     }
 
 
-def check_settings(settings: ScalingFitSettings) -> None:
-    """Raises UserError on settings no fit can use; called before a session is opened."""
-    if settings.restarts < 1 or settings.bootstrap < 0 or settings.heldout_splits < 0:
-        raise UserError("--restarts must be 1 or more, --bootstrap and --heldout-splits 0 or more")
-    if not 0.0 < settings.heldout_fraction < 1.0:
-        raise UserError("--heldout-fraction must lie strictly between 0 and 1")
-    if settings.huber_delta is not None and settings.huber_delta <= 0:
-        raise UserError("--huber must be a positive threshold (e.g. 1e-3)")
-    if settings.optimizer not in OPTIMIZERS:
-        raise UserError(f"--optimizer {settings.optimizer}: must be one of {', '.join(OPTIMIZERS)}")
-    if settings.steps < 1:
-        raise UserError(f"--steps {settings.steps}: must be 1 or more")
-    if settings.optimizer == "paper" and settings.huber_delta is not None:
-        raise UserError("--optimizer paper minimises squared log residuals: drop --huber")
-
-
 def run_scaling_fit(
     runs: Runs, settings: ScalingFitSettings, cancel: CancelToken | None = None
 ) -> Iterator[Event]:
     """Fits the decomposition, then bootstrap intervals and held-out error; ends with the Result."""
     started = time.perf_counter()
-    check_settings(settings)
+    settings.validate()
     data = exclude_highest(runs, settings.exclude_highest)
     n = len(data.loss)
     p = powerfit.n_params(len(TERMS))
@@ -267,7 +275,7 @@ def run_scaling_fit(
                       "seconds": boot_seconds},
         **heldout,
         "optimal_shape": shape,
-        "settings": asdict(settings),
+        "settings": settings.to_dict(),
         "seconds": time.perf_counter() - started,
     }
     yield Result(name="scaling-fit", data=doc)
@@ -374,7 +382,7 @@ def _run_paper(data: Runs, x: np.ndarray, y: np.ndarray, settings: ScalingFitSet
             "trajectory": trajectory,
         },
         "optimal_shape": optimal_shape(best, settings.budgets),
-        "settings": asdict(settings),
+        "settings": settings.to_dict(),
         "seconds": time.perf_counter() - started,
     }
     yield Result(name="scaling-fit", data=doc)
@@ -440,3 +448,8 @@ def _intervals(rows: list[dict[str, float]]) -> tuple[dict[str, Any], dict[str, 
     ci95 = {key: _percentiles([r[key] for r in rows]) for key in PARAM_KEYS}
     se = {k: (float(np.std([r[k] for r in rows], ddof=1)) if len(rows) > 1 else None) for k in PARAM_KEYS}
     return ci95, se
+
+
+def run(settings: ScalingFitSettings, context: RunContext) -> Iterator[Event]:
+    """The registry's entry: the fit of the settings' CSV."""
+    yield from run_scaling_fit(load_runs(settings.csv_path(), settings), settings, context.cancel)

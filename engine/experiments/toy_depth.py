@@ -22,7 +22,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,35 +33,47 @@ from engine import powerfit
 from engine.atomic import atomic_write_bytes, atomic_write_json
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, StudentDone, StudentStep
+from engine.registry import RunContext
+from engine.settings import Settings, setting
 
 REGIMES = ("tied", "independent")
 
 
 @dataclass(frozen=True)
-class ToyDepthSettings:
+class ToyDepthSettings(Settings):
     """Defaults are the paper's reference settings (`--preset paper`)."""
 
-    width: int = 32
-    outputs: int = 128
-    teacher_depth: int = 128
-    student_depths: tuple[int, ...] = (6, 12, 16, 24, 32, 48)
-    regimes: tuple[str, ...] = REGIMES
-    temperatures: tuple[float, ...] = tuple(float(f"{10 ** (-2 + 2 * i / 15):.4g}") for i in range(16))
-    steps: int = 40000
-    batch_size: int = 1024
-    lr: float = 6e-4  # Adam, cosine decay to zero over `steps`
-    seeds: int = 3  # students per depth (independent inits, shared inputs)
-    eval_size: int = 8192
-    fit_floor: bool = False  # fit L = c/l^a + L0 instead of c/l^a
-    bootstrap: int = 1000
-    log_every: int = 50
-    seed: int = 0
-    threads: int = 1  # torch CPU threads while training: one is fastest for these small matrices
+    preset: str = setting("paper", "the preset these settings started from", choices=("paper", "tiny"), cli=False)
+    width: int = setting(32, "residual width (paper 32)", low=1)
+    outputs: int = setting(128, "number of output classes (paper 128)", low=2)
+    teacher_depth: int = setting(128, "teacher layers (paper 128, tiny 32)", low=1)
+    student_depths: tuple[int, ...] = setting((6, 12, 16, 24, 32, 48), "student depths (paper 6,12,16,24,32,48)",
+                                              low=1)
+    regimes: tuple[str, ...] = setting(REGIMES, "teachers to run", choices=REGIMES)
+    temperatures: tuple[float, ...] = setting(
+        tuple(float(f"{10 ** (-2 + 2 * i / 15):.4g}") for i in range(16)),
+        "target temperatures; the first is the primary one", above=0,
+    )
+    steps: int = setting(40000, "training steps per student", low=1)
+    batch_size: int = setting(1024, "fresh Gaussian inputs per step (shared by the seeds)", low=1)
+    lr: float = setting(6e-4, "Adam learning rate (cosine decay to zero)", above=0)
+    seeds: int = setting(3, "students per depth (trained together, independent inits, shared inputs)", low=1)
+    eval_size: int = setting(8192, "held-out inputs for the final loss", low=1)
+    fit_floor: bool = setting(False, "fit L = c/l^a + L0 instead of L = c/l^a")
+    bootstrap: int = setting(1000, "bootstrap resamples for the a_l interval", low=0)
+    log_every: int = setting(50, "emit a training-loss event every N steps", low=1)
+    seed: int = setting(0, "random seed of teachers, students and data", low=0)
+    threads: int = setting(1, "torch CPU threads while training (one is fastest for these small matrices)", low=1)
+
+    def check(self) -> None:
+        if not self.student_depths or not self.temperatures or not self.regimes:
+            raise UserError("--student-depths, --temperatures and --regimes each need at least one value")
 
 
 PRESETS: dict[str, ToyDepthSettings] = {
     "paper": ToyDepthSettings(),
     "tiny": ToyDepthSettings(
+        preset="tiny",
         teacher_depth=32,
         student_depths=(2, 3, 4, 6, 8, 12, 16),
         temperatures=(1.0,),
@@ -237,23 +249,6 @@ def fit_depth_law(
     return doc
 
 
-def check_settings(settings: ToyDepthSettings) -> None:
-    """Raises UserError on settings no run can use; called before a session is opened."""
-    if settings.width < 1 or settings.outputs < 2 or settings.teacher_depth < 1:
-        raise UserError("--width must be 1 or more, --outputs 2 or more, --teacher-depth 1 or more")
-    if not settings.student_depths or min(settings.student_depths) < 1:
-        raise UserError("--student-depths must list depths of 1 or more, e.g. 2,4,8")
-    if not settings.temperatures or min(settings.temperatures) <= 0:
-        raise UserError("--temperatures must list positive temperatures, e.g. 1.0")
-    unknown = [r for r in settings.regimes if r not in REGIMES]
-    if unknown or not settings.regimes:
-        raise UserError(f"--regimes takes {','.join(REGIMES)} (got {','.join(settings.regimes)})")
-    if settings.steps < 1 or settings.batch_size < 1 or settings.seeds < 1 or settings.eval_size < 1:
-        raise UserError("--steps, --batch-size, --seeds and --eval-size must be 1 or more")
-    if settings.lr <= 0 or settings.log_every < 1 or settings.bootstrap < 0 or settings.threads < 1:
-        raise UserError("--lr must be positive, --log-every and --threads 1 or more, --bootstrap 0 or more")
-
-
 @contextlib.contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """Sets torch's CPU thread count for a block and restores the previous one."""
@@ -276,7 +271,7 @@ RESUME_FREE = ("threads", "log_every")  # settings that cannot change any number
 
 
 def _resume_key(settings: ToyDepthSettings) -> dict[str, Any]:
-    doc = json.loads(json.dumps(asdict(settings)))
+    doc = settings.to_dict()
     return {k: v for k, v in doc.items() if k not in RESUME_FREE}
 
 
@@ -357,7 +352,7 @@ def run_toy_depth(settings: ToyDepthSettings, preset: str = "", cancel: CancelTo
 
     With `checkpoint_dir`, each finished group is saved there (weights as safetensors, held-out
     losses as JSON); `resume` continues a run saved there, refusing other settings."""
-    check_settings(settings)
+    settings.validate()
     if resume and checkpoint_dir is None:
         raise UserError("--resume needs the session whose toy-depth run to continue (--session NAME)")
     if checkpoint_dir is not None:
@@ -430,14 +425,19 @@ def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
         "temperature": settings.temperatures[0],
         "by_temperature": by_temperature,
         "fit": "L = c / l^alpha_l + L0" if settings.fit_floor else "L = c / l^alpha_l",
-        "settings": asdict(settings),
+        "settings": settings.to_dict(),
         "seconds": time.perf_counter() - started,
     }
     yield Result(name="toy-depth", data=doc)
 
 
-def preset_settings(name: str, **overrides: Any) -> ToyDepthSettings:
-    """A preset with the given fields replaced (None values are ignored)."""
+def preset_settings(name: str, **changes: Any) -> ToyDepthSettings:
+    """A preset with some fields changed."""
     if name not in PRESETS:
         raise UserError(f"unknown preset {name!r}; use {' or '.join(PRESETS)}")
-    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+    return replace(PRESETS[name], **changes)
+
+
+def run(settings: ToyDepthSettings, context: RunContext) -> Iterator[Event]:
+    """The registry's entry: checkpoints per student in the session, so `--resume` continues a kill."""
+    yield from run_toy_depth(settings, settings.preset, context.cancel, context.checkpoint_dir, context.resume)

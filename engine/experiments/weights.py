@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -36,6 +36,8 @@ from engine.events import (
     json_safe,
 )
 from engine.perplexity import Evaluator
+from engine.registry import RunContext
+from engine.settings import EvalTextSettings, setting
 from engine.statistics import degradation_pct
 
 PREDICTIONS = ("in_sample", "loo")
@@ -43,44 +45,31 @@ SUMMARY_KEYS = ("r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean", "delt
 
 
 @dataclass(frozen=True)
-class WeightsSettings:
+class WeightsSettings(EvalTextSettings):
     """Defaults: cubic polynomial plus sine/cosine at 1 and 2 cycles over the depth, alpha 1, the
     paper's predicted layers 2 to last, 5 draws of each null, paradox with 1, 3, 9 and all layers."""
 
-    components: tuple[str, ...] = ()  # empty: every matrix of the family
-    degree: int = 3
-    frequencies: tuple[float, ...] = (1.0, 2.0)
-    alpha: float = 1.0
-    first_layer: int = 2
-    null_draws: int = 5
-    seed: int = 0
-    paradox: bool = True
-    paradox_counts: tuple[int, ...] = (1, 3, 9, 0)  # 0: every predicted layer
-    paradox_layers: tuple[int, ...] = ()  # replacement order; empty: best-predicted layers first
-    paradox_prediction: str = "in_sample"
-    eval_set: str = "full"
-    eval_file: str | None = None
-    batch_size: int = 8
-    max_length: int = 256
-    chunk: int = 1 << 14  # elements per layer per Gram accumulation step (a few MB)
+    components: tuple[str, ...] = setting((), "canonical matrix names (Llama: q,k,v,o,gate,up,down); "
+                                          "default: all")
+    degree: int = setting(3, "polynomial degree of the index features", low=0)
+    frequencies: tuple[float, ...] = setting((1.0, 2.0), "sin/cos features with these cycles over the depth",
+                                             above=0)
+    alpha: float = setting(1.0, "ridge penalty", above=0)
+    first_layer: int = setting(2, "predict layers from this one to the last (paper: 2)", low=0)
+    null_draws: int = setting(5, "shuffled orders and independent Gaussian draws per null", low=1)
+    seed: int = setting(0, "seed of the nulls", low=0)
+    paradox: bool = setting(True, "the perplexity runs with predicted weights (--no-paradox skips them)")
+    paradox_counts: tuple[int, ...] = setting((1, 3, 9, 0), "how many layers to replace in each run",
+                                              low=0, words={"all": 0})  # 0: every predicted layer
+    paradox_layers: tuple[int, ...] = setting((), "replacement order (the first N are replaced); default "
+                                              "best-predicted first", low=0)
+    paradox_prediction: str = setting("in_sample", "in_sample: the fit that saw the layer (paper); loo: the "
+                                      "fit that did not", choices=PREDICTIONS)
+    chunk: int = setting(1 << 14, "elements per layer per Gram accumulation step (a few MB)", low=1, cli=False)
 
-    def validate(self) -> None:
-        if self.degree < 0:
-            raise UserError("--degree must be 0 or more")
+    def check(self) -> None:
         if self.degree == 0 and not self.frequencies:
             raise UserError("no features: give --degree 1 or more, or at least one --frequencies value")
-        if any(f <= 0 for f in self.frequencies):
-            raise UserError("--frequencies must be positive numbers of cycles over the depth, e.g. 1,2")
-        if not self.alpha > 0:
-            raise UserError("--alpha must be a positive ridge penalty, e.g. 1.0")
-        if self.null_draws < 1:
-            raise UserError("--null-draws must be at least 1")
-        if any(c < 0 for c in self.paradox_counts):
-            raise UserError("--paradox-counts must be positive layer counts or 'all'")
-        if self.paradox_prediction not in PREDICTIONS:
-            raise UserError(f"--paradox-prediction must be one of {', '.join(PREDICTIONS)}")
-        if self.batch_size < 1 or self.chunk < 1:
-            raise UserError("--batch-size must be at least 1")
 
     def validate_for(self, stack: LayerStack) -> tuple[str, ...]:
         """Checks what depends on the model; returns the components to analyse."""
@@ -346,7 +335,7 @@ def run_weights(
         "family": stack.family,
         "n_layers": n,
         "predicted_layers": [settings.first_layer, n - 1],
-        "settings": asdict(settings),
+        "settings": settings.to_dict(),
         "components": components,
         "paradox": [],
         "baseline_ppl": None,
@@ -407,3 +396,9 @@ def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
         ))
         yield ParadoxTrial(tuple(layers), ppl, baseline, r2_in, r2_loo)
     return rows, baseline
+
+
+def run(settings: WeightsSettings, context: RunContext) -> Iterator[Event]:
+    """The registry's entry: the context's model."""
+    loaded = context.model
+    yield from run_weights(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name)

@@ -1,4 +1,1 @@
-"""One module per `anatomy-tui run` experiment: `add_arguments(parser)` and `main(args) -> int`.
-
-Modules here import nothing heavy at import time, so `anatomy-tui --help` stays instant.
-"""
+"""`anatomy-tui sessions`; the `run` commands come from the experiment registry (tui/runner.py)."""

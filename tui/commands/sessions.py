@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from sessions.store import SessionStore
-from tui.commands.common import print_json
 
 
 def _when(stamp: float) -> str:
@@ -33,7 +33,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"{info.name:28} {_when(info.updated):17} {info.model:20} results: {results}{jobs}{damage}")
         return 0
     session = store.open(args.name)
-    print_json(
+    print(json.dumps(
         {
             "path": str(session.path),
             "manifest": session.manifest,
@@ -41,6 +41,6 @@ def main(args: argparse.Namespace) -> int:
             "jobs": {name: {k: doc.get(k) for k in ("experiment", "status", "pid", "error")}
                      for name, doc in session.jobs().items()},
             "damage": session.damage,
-        }
-    )
+        }, indent=2
+    ))
     return 0

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Group
 from rich.pretty import Pretty
-from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
+
+from tui.printers import weights_view
 
 MAX_ITEMS = 40  # long lists are cut in the view; the file has everything
 
@@ -26,47 +26,7 @@ def _trimmed(value: Any) -> Any:
     return value
 
 
-def _num(value: Any, spec: str = ".3f") -> str:
-    return format(value, spec) if isinstance(value, (int, float)) else "-"
-
-
-def weights_summary(doc: dict[str, Any]) -> Table:
-    """Per matrix: how predictable a layer's weights are from its depth, against the two nulls."""
-    table = Table(title=f"weight predictability ({doc.get('model', '')})", expand=False)
-    for column in ("matrix", "R² in", "R² LOO", "shuffled R² in", "indep. R² in", "Δ corr"):
-        table.add_column(column, justify="right")
-    for name, comp in doc.get("components", {}).items():
-        table.add_row(
-            name, _num(comp.get("r2_in_sample")), _num(comp.get("r2_loo")),
-            _num((comp.get("null_shuffled") or {}).get("r2_in_sample")),
-            _num((comp.get("null_independent") or {}).get("r2_in_sample")), _num(comp.get("delta_corr_mean")),
-        )  # fmt: skip
-    return table
-
-
-def paradox_summary(doc: dict[str, Any]) -> Table | None:
-    rows = doc.get("paradox") or []
-    if not rows:
-        return None
-    table = Table(title="R²-perplexity paradox: layers replaced by their predicted weights", expand=False)
-    for column in ("layers", "PPL", "D %", "R² in", "cosine"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        layers = row.get("layers_replaced", [])
-        shown = ",".join(map(str, layers)) if len(layers) <= 6 else f"{len(layers)} layers"
-        table.add_row(
-            shown,
-            _num(row.get("ppl"), ",.1f"),
-            _num(row.get("degradation_pct"), "+,.0f"),
-            _num(row.get("r2_in_sample_mean")),
-            _num(row.get("cosine_mean")),
-        )
-    return table
-
-
-SUMMARIES: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "weights": lambda doc: Group(*(t for t in (weights_summary(doc), paradox_summary(doc)) if t is not None)),
-}
+SUMMARIES: dict[str, Callable[[dict[str, Any]], Any]] = {"weights": weights_view}
 
 
 class ResultView(Static):

@@ -7,5 +7,10 @@ architecture.py  the per-layer-width Llama, the uniform baseline solved to equal
 data.py          the corpus, the character tokenizer, deterministic batches
 checkpoint.py    atomic safetensors + JSON checkpoints of a run in progress
 trainer.py       one arm: grow, train, evaluate, checkpoint, yield events
-experiment.py    settings, presets and `run_growth`: every arm and seed, generations, the result
+experiment.py    settings, presets and `run_growth`: every arm and seed, generations, the result;
+                 `run(settings, context)`, the registry's entry
 """
+
+from engine.experiments.growth.experiment import PRESETS, GrowthSettings, run
+
+__all__ = ["PRESETS", "GrowthSettings", "run"]

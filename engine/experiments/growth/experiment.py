@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,16 +41,21 @@ from engine.experiments.growth.architecture import growth_widths, param_count, s
 from engine.experiments.growth.checkpoint import load_checkpoint, save_checkpoint
 from engine.experiments.growth.data import load_corpus, val_batches
 from engine.experiments.growth.profile import (
+    ANTI,
+    CLASSES,
     DEFAULT_MULTIPLIERS,
     PAPER_PROFILE,
     check_profile,
     kept_layers,
     multipliers_dict,
+    parse_multipliers,
+    profile_from_ablation,
 )
 from engine.experiments.growth.protocol import (
     Phase,
     derive_phases,
     layer_steps,
+    load_phases,
     phase_from_dict,
     phase_to_dict,
     resolve_steps,
@@ -59,6 +64,8 @@ from engine.experiments.growth.protocol import (
 )
 from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
 from engine.generation import generate_text
+from engine.registry import RunContext
+from engine.settings import Settings, setting
 
 ARMS = ("growth_100", "growth_50", "uniform_100")
 PROMPTS = (
@@ -80,73 +87,123 @@ PAPER_RESULTS = {
 }  # fmt: skip
 
 
+def _seeds_text(text: str) -> tuple[int, ...]:
+    """'3' -> seeds 0, 1, 2; '0,5,7' (or '4,' for the one seed 4) -> those seeds."""
+    if "," in text:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    count = int(text)
+    if count < 1:
+        raise ValueError("a seed count must be at least 1")
+    return tuple(range(count))
+
+
+def _seeds_show(seeds: tuple[int, ...]) -> str:
+    if seeds and seeds == tuple(range(len(seeds))):
+        return str(len(seeds))
+    return ",".join(map(str, seeds)) + ("," if len(seeds) == 1 else "")
+
+
+def _phases_text(text: str) -> tuple[Phase, ...]:
+    """A phase table file (TOML or JSON), or the table itself as JSON (how a job's command says it)."""
+    if text.lstrip().startswith(("[", "{")):
+        return _phases_decode(json.loads(text))
+    return load_phases(Path(text))
+
+
+def _phases_decode(doc: Any) -> tuple[Phase, ...]:
+    rows = doc.get("phases") if isinstance(doc, dict) else doc
+    if not isinstance(rows, list):
+        raise ValueError("a phase table is a list of phases")
+    return tuple(row if isinstance(row, Phase) else phase_from_dict(row, n) for n, row in enumerate(rows))
+
+
+def _multipliers_decode(doc: Any) -> tuple[tuple[str, float], ...]:
+    pairs = doc.items() if isinstance(doc, dict) else doc
+    return tuple((str(name), float(value)) for name, value in pairs)
+
+
 @dataclass(frozen=True)
-class GrowthSettings:
+class GrowthSettings(Settings):
     """Every number of a growth run; the defaults are the paper preset (module doc)."""
 
-    preset: str = "paper"
-    profile: tuple[str, ...] = PAPER_PROFILE
-    multipliers: tuple[tuple[str, float], ...] = DEFAULT_MULTIPLIERS
-    phases: tuple[Phase, ...] | None = None  # None: derived from the profile (the paper's six)
-    steps: int = 656  # full budget in steps; 0: use the phase table's own lengths
-    half_fraction: float = 0.5
-    hidden_size: int = 256
-    heads: int = 8
-    base_ffn: int = 345
-    seq_len: int = 128
-    batch_size: int = 32
-    lr: float = 2e-3
-    warmup_frac: float = 0.05
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    eval_every: int = 50
-    eval_batches: int = 8
-    checkpoint_every: int = 100
-    seeds: tuple[int, ...] = (0,)
-    arms: tuple[str, ...] = ARMS
-    gen_tokens: int = 80
-    train_file: str | None = None
-    threads: int = 0  # torch CPU threads for the run; 0 leaves torch's default
+    preset: str = setting("paper", "the preset these settings started from", cli=False)
+    profile: tuple[str, ...] = setting(PAPER_PROFILE, "one class per layer", choices=(*CLASSES, ANTI))
+    profile_from: str | None = setting(None, "take the profile from this session's results/ablation.json, "
+                                       "compressed to --layers layers (instead of --profile)")
+    profile_layers: int = setting(12, "layers for --profile-from", low=1, flag="--layers")
+    multipliers: tuple[tuple[str, float], ...] = setting(
+        DEFAULT_MULTIPLIERS, "FFN width multipliers, e.g. critical=4,important=2,minor=2,redundant=1",
+        parse=parse_multipliers, show=lambda pairs: ",".join(f"{c}={v!r}" for c, v in pairs),
+        decode=_multipliers_decode,
+    )
+    phases: tuple[Phase, ...] | None = setting(
+        None, "phase table, TOML or JSON file (default: the paper's six phases, derived from the profile)",
+        parse=_phases_text, show=lambda phases: json.dumps([phase_to_dict(p) for p in phases]),
+        encode=lambda phases: [phase_to_dict(p) for p in phases], decode=_phases_decode,
+    )  # None: derived from the profile
+    steps: int = setting(656, "full budget in optimizer steps (paper 656, tiny 400; 0: the phase table's own "
+                         "lengths, the default with --phases)", low=0)
+    half_fraction: float = setting(0.5, "budget of the growth_50 arm, as a share of the full one", above=0, high=1)
+    hidden_size: int = setting(256, "model width", low=1)
+    heads: int = setting(8, "attention heads", low=1)
+    base_ffn: int = setting(345, "FFN width of a redundant (x1) layer", low=1)
+    seq_len: int = setting(128, "context in characters", low=2)
+    batch_size: int = setting(32, "sequences per step", low=1)
+    lr: float = setting(2e-3, "peak AdamW learning rate", above=0)
+    warmup_frac: float = setting(0.05, "share of the steps spent warming up the learning rate", low=0, high=1)
+    weight_decay: float = setting(0.01, "AdamW weight decay", low=0)
+    grad_clip: float = setting(1.0, "gradient norm clip", above=0)
+    eval_every: int = setting(50, "validation every N steps", low=1)
+    eval_batches: int = setting(8, "validation batches", low=1)
+    checkpoint_every: int = setting(100, "checkpoint every N steps (and at every phase boundary)", low=0)
+    seeds: tuple[int, ...] = setting((0,), "a count (3: seeds 0,1,2) or a list (0,5,7)", low=0,
+                                     parse=_seeds_text, show=_seeds_show)
+    arms: tuple[str, ...] = setting(ARMS, "arms to train", choices=ARMS)
+    gen_tokens: int = setting(80, "characters generated per prompt", low=0)
+    train_file: str | None = setting(None, "UTF-8 training text, one paragraph a line, every tenth held out "
+                                     "(default: built-in)", file="training file")
+    threads: int = setting(0, "torch CPU threads (0: torch's default)", low=0)
+
+    def check(self) -> None:
+        check_profile(self.profile)
+        multipliers_dict(self.multipliers)
+        if not self.seeds or not self.arms:
+            raise UserError("--seeds and --arms need at least one value each")
+        if self.hidden_size % self.heads:
+            raise UserError(f"--hidden-size {self.hidden_size} must be a multiple of --heads {self.heads}")
+        if self.phases is not None and self.profile_from is None:
+            validate_phases(self.phases, self.profile)
+
+    def override(self, changes: Mapping[str, Any]) -> GrowthSettings:
+        """A phase table given without --steps runs at its own lengths."""
+        if "phases" in changes and "steps" not in changes:
+            changes = {**changes, "steps": 0}
+        return super().override(changes)
+
+    def inputs_from(self) -> str | None:
+        return self.profile_from
 
 
-PRESETS: dict[str, dict[str, Any]] = {
-    "paper": {},
-    "tiny": {
-        "preset": "tiny", "hidden_size": 64, "heads": 4, "base_ffn": 64, "seq_len": 128, "batch_size": 8,
-        "steps": 400, "lr": 3e-3, "eval_every": 50, "eval_batches": 4, "checkpoint_every": 100,
-        "gen_tokens": 60, "threads": 1,
-    },
+PRESETS: dict[str, GrowthSettings] = {
+    "paper": GrowthSettings(),
+    "tiny": GrowthSettings(
+        preset="tiny", hidden_size=64, heads=4, base_ffn=64, seq_len=128, batch_size=8, steps=400, lr=3e-3,
+        eval_every=50, eval_batches=4, checkpoint_every=100, gen_tokens=60, threads=1,
+    ),
 }  # fmt: skip
 
 
-def preset_settings(name: str, **overrides: Any) -> GrowthSettings:
+def preset_settings(name: str, **changes: Any) -> GrowthSettings:
+    """A preset with some fields changed."""
     if name not in PRESETS:
         raise UserError(f"unknown preset {name!r}; use {', '.join(PRESETS)}")
-    return dataclasses.replace(GrowthSettings(), **{**PRESETS[name], **overrides})
-
-
-def settings_to_dict(settings: GrowthSettings) -> dict[str, Any]:
-    doc = dataclasses.asdict(settings)
-    doc["phases"] = None if settings.phases is None else [phase_to_dict(p) for p in settings.phases]
-    return json.loads(json.dumps(doc))
-
-
-def settings_from_dict(doc: dict[str, Any]) -> GrowthSettings:
-    fields = {f.name for f in dataclasses.fields(GrowthSettings)}
-    doc = {k: v for k, v in doc.items() if k in fields}
-    phases = doc.get("phases")
-    doc["phases"] = None if phases is None else tuple(phase_from_dict(p, n) for n, p in enumerate(phases))
-    doc["profile"] = tuple(doc.get("profile", PAPER_PROFILE))
-    doc["multipliers"] = tuple((c, float(v)) for c, v in doc.get("multipliers", DEFAULT_MULTIPLIERS))
-    doc["seeds"] = tuple(doc.get("seeds", (0,)))
-    doc["arms"] = tuple(doc.get("arms", ARMS))
-    return GrowthSettings(**doc)
+    return dataclasses.replace(PRESETS[name], **changes)
 
 
 def saved_settings(checkpoint_dir: Path) -> GrowthSettings | None:
     """The settings of the run checkpointed in `checkpoint_dir`, for --resume."""
     found = load_checkpoint(checkpoint_dir)
-    return None if found is None else settings_from_dict(found[0]["settings"])
+    return None if found is None else GrowthSettings.from_dict(found[0]["settings"])
 
 
 @dataclass(frozen=True)
@@ -230,6 +287,7 @@ def run_growth(
     `model_dir/<arm>` with `save_pretrained`. `resume` continues the run checkpointed there."""
     import torch
 
+    settings.validate()
     previous = torch.get_num_threads()
     if settings.threads > 0:
         torch.set_num_threads(settings.threads)
@@ -248,7 +306,7 @@ def _run(
 ) -> Iterator[Event]:
     corpus = load_corpus(settings.train_file)
     plan = design(settings, corpus.tokenizer.vocab_size, len(corpus.train))
-    spec = settings_to_dict(settings)
+    spec = settings.to_dict()
     val_set = val_batches(corpus.val, settings.eval_batches, settings.batch_size, settings.seq_len)
     completed: dict[str, dict[str, Any]] = {}
     in_progress: tuple[dict[str, Any], dict] | None = None
@@ -401,6 +459,29 @@ def result_doc(
         "data": {"source": corpus.source, "tokenizer": "character", "vocab_size": corpus.tokenizer.vocab_size,
                  "train_tokens": len(corpus.train), "val_tokens": len(corpus.val),
                  "batch_tokens": settings.batch_size * settings.seq_len},
-        "settings": settings_to_dict(settings),
+        "settings": settings.to_dict(),
         "paper": PAPER_RESULTS,
     })  # fmt: skip
+
+
+def run(settings: GrowthSettings, context: RunContext) -> Iterator[Event]:
+    """The registry's entry. With `context.resume` the checkpoint's own settings are used (so a
+    resumed run is the interrupted one); final models go to `context.output_dir/growth_models`."""
+    folder = context.checkpoint_dir
+    if context.resume:
+        saved = saved_settings(folder) if folder is not None else None
+        if saved is None:
+            raise UserError("no growth checkpoint in this session to resume; run without --resume")
+        yield Message("resuming with the checkpoint's settings (other settings are ignored)")
+        settings = saved
+    elif settings.profile_from is not None:
+        doc = context.inputs.get("ablation")
+        if doc is None:
+            raise UserError(f"session {settings.profile_from!r} has no ablation result; "
+                            "run `anatomy-tui run ablation` there first")
+        profile = profile_from_ablation(doc, settings.profile_layers)
+        yield Message(f"profile from session {settings.profile_from}'s ablation map: {','.join(profile)}")
+        settings = dataclasses.replace(settings, profile=profile, profile_from=None)
+        settings.validate()
+    models = context.output_dir / "growth_models" if context.output_dir is not None else None
+    yield from run_growth(settings, context.cancel, folder, models, context.resume)

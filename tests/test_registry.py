@@ -1,0 +1,186 @@
+"""The experiment registry and the settings declared once: flags, validation, job files, resume.
+
+Registry-driven: every entry of engine.registry.EXPERIMENTS is checked, so a new experiment is
+covered without a list typed again here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.errors import UserError
+from engine.options import ModelOptions
+from engine.registry import EXPERIMENTS, experiment
+from tui.cli import build_parser, main
+from tui.flags import model_options_from_args, settings_from_args
+from tui.jobs import job_argv, resumable_job, resume_argv
+
+NAMES = [entry.name for entry in EXPERIMENTS]
+
+
+def parse(argv: list[str]):
+    """Settings and model options from an `anatomy-tui run ...` argv, as the CLI builds them."""
+    args = build_parser(argv[1]).parse_args(argv)
+    entry = experiment(argv[1])
+    return settings_from_args(entry, args), model_options_from_args(args)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_flags_give_the_defaults(name):
+    settings, options = parse(["run", name])
+    assert settings == experiment(name).defaults()
+    assert options == ModelOptions()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_field_has_help_and_round_trips_through_json(name):
+    entry = experiment(name)
+    cls = entry.settings_class
+    for spec in cls.fields():
+        assert spec.help and spec.rule(), (name, spec.name)
+    for settings in (entry.defaults(), *entry.presets.values()):
+        doc = json.loads(json.dumps(settings.to_dict(), allow_nan=False))
+        assert cls.from_dict(doc) == settings
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_job_command_rebuilds_the_settings(name):
+    entry = experiment(name)
+    options = ModelOptions(model="some/model", dtype="float16") if entry.needs_model else None
+    argv = job_argv(name, entry.defaults(), options, "s1", resume=entry.resumable)
+    assert argv[1:5] == ["-m", "tui.cli", "run", name]
+    assert argv[-2:] == ["s1", "--resume"] if entry.resumable else argv[-2:] == ["--session", "s1"]
+    settings, parsed_options = parse([a for a in argv[3:] if a != "--resume"])
+    assert settings == entry.defaults()
+    if options is not None:
+        assert parsed_options == options
+
+
+@pytest.mark.parametrize(
+    "name, changes",
+    [
+        ("recovery", dict(layers=None, sigma=0.25, seed=3, eval_batch_size=2, train_file="t.txt")),
+        ("weights", dict(paradox=False, paradox_counts=(2, 0), frequencies=(0.5,), components=("q", "v"))),
+        ("manipulate", dict(layers=(), alphas=(-0.5, 1.0), together=True, prompt="Hi, there")),
+        ("scaling-fit", dict(huber_delta=1e-3, budgets=(1e9,), loss_column="L")),
+        ("toy-depth", dict(fit_floor=True, temperatures=(0.1, 1.0), steps=7)),
+        ("dynamics", dict(include_first=True, eval_batch_size=3)),
+    ],
+)
+def test_job_command_rebuilds_changed_settings(name, changes):
+    settings = dataclasses.replace(experiment(name).defaults(), **changes)
+    argv = job_argv(name, settings, None, "s", resume=False)
+    assert parse(argv[3:-2])[0] == settings
+
+
+def test_growth_job_command_carries_the_phase_table_and_seeds():
+    from engine.experiments.growth import PRESETS
+    from engine.experiments.growth.protocol import Phase
+
+    phases = (Phase("core", (4, 5), steps=3), Phase("all", tuple(range(12)), clone_from=((0, 4),), epochs=0.5))
+    settings = dataclasses.replace(PRESETS["tiny"], phases=phases, steps=0, seeds=(4,),
+                                   multipliers=(("critical", 3.0), ("important", 2.0), ("minor", 1.5),
+                                                ("redundant", 1.0)))  # fmt: skip
+    argv = job_argv("growth", settings, None, "s", resume=True)
+    assert "--preset=tiny" in argv and argv[-1] == "--resume"
+    assert parse(argv[3:-3])[0] == settings
+
+
+def test_from_dict_refuses_unknown_keys_and_bad_values():
+    from engine.experiments.recovery import RecoverySettings
+
+    with pytest.raises(UserError, match="unknown setting 'argv'"):
+        RecoverySettings.from_dict({"argv": ["--trust-remote-code"]})
+    for bad in ({"seed": -1}, {"lr": "0.1"}, {"steps": 1.5}, {"layers": [1, "x"]}, {"sigma": None}):
+        with pytest.raises(UserError):
+            RecoverySettings.from_dict(bad)
+    assert RecoverySettings.from_dict({"layers": None}).layers is None
+
+
+def _job(**changes):
+    return {"experiment": "recovery", "status": "interrupted", "started": 1.0,
+            "settings": {"layers": [1], "steps": 3}, "model": {"model": "m", "trust_remote_code": True},
+            **changes}  # fmt: skip
+
+
+def test_resume_command_never_trusts_the_job_file():
+    from sessions.store import SessionStore
+
+    session = SessionStore().create("r", model="m")
+    argv = resume_argv(_job(), session)
+    assert "--trust-remote-code" not in argv and argv[-1] == "--resume"
+    assert "--layers=1" in argv and "--steps=3" in argv and "--model=m" in argv
+    with pytest.raises(UserError, match="not the session's"):
+        resume_argv(_job(model={"model": "/elsewhere/evil"}), session)
+    with pytest.raises(UserError, match="unknown setting"):
+        resume_argv(_job(settings={"layers": [1], "extra": "--trust-remote-code"}), session)
+    with pytest.raises(UserError, match="cannot be resumed"):
+        resume_argv(_job(experiment="ablation"), session)
+
+
+def test_only_the_latest_interrupted_job_that_resumes_is_offered():
+    dead = {"status": "interrupted"}
+    jobs = {
+        "growth-old": {**dead, "experiment": "growth", "started": 1.0},
+        "growth-new": {"status": "done", "experiment": "growth", "started": 2.0},  # resumed since
+        "ablation-1": {**dead, "experiment": "ablation", "started": 3.0},  # ablation does not resume
+        "bogus-1": {**dead, "experiment": "bogus", "started": "x"},
+        "recovery-1": {**dead, "experiment": "recovery", "started": 0.5},
+    }
+    assert resumable_job(jobs)[0] == "recovery-1"
+    del jobs["recovery-1"]
+    assert resumable_job(jobs) is None
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["growth", "--lr", "-1"], "--lr -1: must be a number above 0"),
+        (["growth", "--lr", "0"], "--lr 0"),
+        (["growth", "--batch-size", "0"], "--batch-size 0"),
+        (["growth", "--heads", "0"], "--heads 0"),
+        (["growth", "--hidden-size", "0"], "--hidden-size 0"),
+        (["growth", "--seq-len", "0"], "--seq-len 0"),
+        (["growth", "--eval-batches", "0"], "--eval-batches 0"),
+        (["growth", "--base-ffn", "0"], "--base-ffn 0"),
+        (["growth", "--eval-every", "0"], "--eval-every 0"),
+        (["growth", "--gen-tokens", "-1"], "--gen-tokens -1"),
+        (["growth", "--threads", "-1"], "--threads -1"),
+        (["growth", "--half-fraction", "nan"], "--half-fraction nan"),
+        (["growth", "--lr", "inf"], "--lr inf"),
+        (["growth", "--heads", "3"], "multiple of --heads"),
+        (["toy-depth", "--temperatures", "1,nan"], "--temperatures"),
+        (["scaling-fit", "--huber", "inf"], "--huber inf"),
+        (["scaling-fit", "--budgets", "1e9,-1"], "--budgets"),
+        (["weights", "--frequencies", "nan"], "--frequencies nan"),
+        (["ablation", "--seed", "-1"], "--seed -1"),
+        (["ablation", "--max-length", "1"], "--max-length 1"),
+        (["manipulate", "--layers", "abc"], "--layers abc"),
+        (["recovery", "--eval-file", "/nope/eval.txt"], "does not exist"),
+        (["ablation", "--json", "/"], "is a directory"),
+    ],
+)
+def test_bad_values_are_one_line_before_any_model_loads(argv, words, capsys, isolated_home):
+    extra = ["--model", "no-such-model"] if experiment(argv[0]).needs_model else []
+    assert main(["run", *argv, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("anatomy-tui: error: ") and words in err[0], err
+    assert not isolated_home.exists() or not any(isolated_home.iterdir())  # no session left behind
+
+
+def test_a_model_that_fails_to_load_leaves_no_session(capsys, isolated_home):
+    assert main(["run", "ablation", "--model", "no-such-model", "--session", "s"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert not (isolated_home / "s").exists()
+
+
+def test_help_and_the_cli_import_no_torch():
+    code = ("import sys\nfrom tui.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "False"

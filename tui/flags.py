@@ -1,0 +1,106 @@
+"""Command-line flags derived from Settings fields: one declaration (engine/settings.py), every
+front end's flags. Used by `tui/cli.py` for `anatomy-tui run` and by the console for the flags a
+user types into a form (growth's), so both accept exactly the same words."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.errors import UserError
+from engine.options import ModelOptions
+from engine.registry import Experiment
+from engine.settings import FieldSpec, Settings
+
+
+def _default_text(spec: FieldSpec, value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return spec.meta.get("none_word") or "none"
+    try:
+        return spec.show_text(value) or "none"
+    except ValueError:
+        return str(value)
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, defaults: Settings, taken: set[str]) -> None:
+    """One flag per settings field (its aliases too, where no other flag has the name). Flags
+    default to SUPPRESS, so the namespace holds exactly the values given on the command line."""
+    primary = {spec.flag for spec in defaults.fields()}
+    for spec in defaults.fields():
+        if not spec.meta.get("cli", True):
+            continue
+        names = [spec.flag, *(a for a in spec.meta.get("aliases", ()) if a not in taken | primary)]
+        taken.update(names)
+        default = _default_text(spec, getattr(defaults, spec.name))
+        if spec.base is bool and not spec.is_tuple:
+            # on by default: --flag/--no-flag; off by default: --flag alone
+            action = argparse.BooleanOptionalAction if getattr(defaults, spec.name) else "store_true"
+            parser.add_argument(*names, dest=spec.name, action=action, default=argparse.SUPPRESS,
+                                help=f"{spec.help} (default {default})".replace("%", "%%"))
+            continue
+        plain_text = spec.base is str and not spec.is_tuple and not spec.meta.get("choices")
+        rule = "" if plain_text or spec.meta.get("parse") else spec.rule() + "; "  # parse: the help says
+        parser.add_argument(*names, dest=spec.name, type=spec.parse_text, default=argparse.SUPPRESS,
+                            metavar=_metavar(spec), help=f"{spec.help} ({rule}default {default})".replace("%", "%%"))
+
+
+def _metavar(spec: FieldSpec) -> str:
+    if spec.meta.get("file"):
+        return "FILE"
+    if spec.base not in (int, float, str, bool):
+        return "SPEC"  # a structured value (a phase table, pairs): its help says how to write it
+    if spec.is_tuple:
+        return "LIST"
+    return {int: "N", float: "X"}.get(spec.base, "TEXT")
+
+
+def experiment_flags(parser: argparse.ArgumentParser, experiment: Experiment) -> None:
+    taken = {"--session", "--json", "--resume", "--preset", "-h", "--help"}
+    if experiment.needs_model:
+        group = parser.add_argument_group("model")
+        add_settings_arguments(group, ModelOptions(), taken)  # type: ignore[arg-type]
+    parser.add_argument("--session", default=None, help="session name (default: a new timestamped one)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the result here")
+    if experiment.resumable:
+        parser.add_argument("--resume", action="store_true",
+                            help="continue the run checkpointed in --session")
+    presets = experiment.presets
+    if presets:
+        parser.add_argument("--preset", default=experiment.preset, choices=sorted(presets),
+                            help=f"the settings to start from; flags given override it (default {experiment.preset})")
+    add_settings_arguments(parser.add_argument_group("settings"), experiment.defaults(), taken)  # type: ignore[arg-type]
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad flag as a UserError instead of printing usage and exiting (a console form)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(message)
+
+
+def settings_from_flags(experiment: Experiment, flags: Sequence[str]) -> Settings:
+    """Settings from flags typed in a form, exactly as `anatomy-tui run NAME FLAGS` reads them
+    (model and session flags are the console's own, so they are refused here)."""
+    parser = _Parser(prog=experiment.name, add_help=False)
+    presets = experiment.presets
+    if presets:
+        parser.add_argument("--preset", default=experiment.preset, choices=sorted(presets))
+    add_settings_arguments(parser, experiment.defaults(), {"--preset"})
+    return settings_from_args(experiment, parser.parse_args(list(flags)))
+
+
+def settings_from_args(experiment: Experiment, args: argparse.Namespace) -> Settings:
+    """The preset (or the defaults) with the flags given on the command line over it, validated."""
+    base = experiment.presets[args.preset] if getattr(args, "preset", None) else experiment.defaults()
+    given = {spec.name: getattr(args, spec.name) for spec in base.fields() if hasattr(args, spec.name)}
+    return base.override(given)
+
+
+def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
+    defaults = ModelOptions()
+    given = {spec.name: getattr(args, spec.name) for spec in defaults.fields() if hasattr(args, spec.name)}
+    return defaults.override(given)
