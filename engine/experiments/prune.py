@@ -472,6 +472,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     chosen = {m: criterion_layers(m, counts, bi=bi, angular=angular, greedy=greedy, degradation=degradation)
               for m in methods}
     measured: dict[tuple[int, ...], TextScores] = {}
+    healed: dict[tuple[int, ...], float] = {}
     curve: list[dict[str, Any]] = []
     best_export: tuple[float, dict[str, Any], dict[int, dict[str, torch.Tensor]] | None] | None = None
     total = len(methods) * len(counts)
@@ -488,11 +489,11 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
             if settings.bootstrap:
                 low, high = bootstrap_perplexity(point_scores.nll, point_scores.tokens, settings.bootstrap,
                                                  settings.seed + count)
-            healed_ppl, weights = None, None
-            if healer is not None:
+            healed_ppl, weights = healed.get(layers), None
+            if healer is not None and layers not in healed:  # the same cut heals the same way (seeded)
                 with removed(model, layers) as kept, \
                         healer.healed(kept, layers, cancel, keep=count == export_count) as weights:
-                    healed_ppl = evaluator.perplexity()
+                    healed_ppl = healed[layers] = evaluator.perplexity()
             point = {"method": method, "removed": count, "layers": list(layers), "ppl": ppl,
                      "ci_low": low, "ci_high": high, "healed_ppl": healed_ppl}
             curve.append(point)
