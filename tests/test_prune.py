@@ -95,7 +95,8 @@ def test_ppl_criterion_is_greedy_sleb(tokenizer, files):
     singles = [ppl_skipping(model, tokenizer, [i], files[0]) for i in range(4)]
     first = int(np.argmin(singles))
     assert doc["scores"]["ppl"] == pytest.approx(singles, rel=1e-6)
-    second = min((i for i in range(4) if i != first), key=lambda i: ppl_skipping(model, tokenizer, [first, i], files[0]))
+    rest = [i for i in range(4) if i != first]
+    second = min(rest, key=lambda i: ppl_skipping(model, tokenizer, [first, i], files[0]))
     assert doc["curve"][0]["layers"] == [first]
     assert doc["curve"][1]["layers"] == sorted([first, second])
     assert doc["agreement"] == {}
