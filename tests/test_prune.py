@@ -215,3 +215,18 @@ def test_embedded_healing_lowers_heldout_ppl_and_export_round_trips(embedded, tm
     assert model.config.num_hidden_layers == 26
     assert Evaluator(model, embedded.tokenizer, EVAL, 8, 256).perplexity() == pytest.approx(point["healed_ppl"],
                                                                                            rel=1e-6)
+
+
+@pytest.mark.parametrize("heal", ["adjacent", "lora"])
+def test_half_precision_healing_trains_float32_masters_and_restores(tokenizer, files, heal):
+    """A bfloat16 model heals under autocast (float32 masters) and is bfloat16 and unchanged after."""
+    model = tiny_model("llama").to(torch.bfloat16)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    before = model(input_ids=ids).logits
+    settings = PruneSettings(method="bi", eval_file=files[0], train_file=files[1], remove=(1,), bootstrap=0,
+                             heal_steps=3, heal=heal, lr=1e-2, block_size=16, batch_size=2, train_blocks=4)
+    _, doc = run_prune(model, tokenizer, settings)
+    point = doc["curve"][0]
+    assert math.isfinite(point["healed_ppl"]) and point["healed_ppl"] < point["ppl"]
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert torch.equal(model(input_ids=ids).logits, before)
