@@ -59,3 +59,25 @@ def test_growth_and_uniform_models_export(tmp_path, uniform):
     torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
     assert (folder / "growth_tokenizer.json").exists()
     assert ("growth_llama" in (folder / "README.md").read_text(encoding="utf-8")) is not uniform
+
+
+def test_cli_exports_a_sessions_recovered_model(tmp_path, capsys):
+    from tiny_models import save_tiny
+
+    from engine.models import load_model
+    from sessions.layer_weights import save_layer
+    from sessions.store import SessionStore
+    from tui import cli
+
+    base = save_tiny(tmp_path / "tiny", "llama")
+    loaded = load_model(str(base), device="cpu", dtype="float32")
+    session = SessionStore().open_or_create("lab", model=str(base))
+    changed = {name: w.detach() * 0.5 for name, w in LayerStack(loaded.model).matrices(1).items()}
+    save_layer(session, "recovery", 1, changed, loaded.name)
+    out = tmp_path / "out"
+    assert cli.main(["export", "lab", "--model", "recovered", str(out)]) == 0
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    assert torch.equal(LayerStack(exported).matrices(1)["down"], changed["down"])
+    assert cli.main(["export", "lab", "--model", "recovered", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert cli.main(["export", "lab", "--model", "growth", str(tmp_path / "g")]) == 2

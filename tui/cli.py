@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="open the most recent session")
     parser.add_argument("--serve", action="store_true", help="serve the console to a browser (textual-serve)")
     parser.add_argument("--port", type=int, default=8000, help="port for --serve (default 8000)")
-    commands = parser.add_subparsers(dest="command", metavar="{run,sessions}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,sessions,export}")
 
     run = commands.add_parser("run", help="run an experiment headless into a session")
     experiments = run.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_parser("list", help="every session, newest first")
     show = which.add_parser("show", help="one session's manifest, results and jobs")
     show.add_argument("name")
+
+    from tui.commands import export
+
+    exporting = commands.add_parser("export", help="save a session's recovered, growth or uniform model as a HF folder")
+    export.add_arguments(exporting)
+    exporting.set_defaults(handler=export.main)
     return parser
 
 
@@ -57,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "run":
+        if args.command in ("run", "export"):
             return int(args.handler(args) or 0)
         if args.command == "sessions":
             from tui.commands.sessions import main as sessions_main
