@@ -230,3 +230,48 @@ def test_half_precision_healing_trains_float32_masters_and_restores(tokenizer, f
     assert math.isfinite(point["healed_ppl"]) and point["healed_ppl"] < point["ppl"]
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert torch.equal(model(input_ids=ids).logits, before)
+
+
+def test_depth_fit_recovers_a_known_law():
+    from engine.experiments.prune import depth_law, fit_depth
+    from engine.perplexity import TextScores
+
+    depths = np.array([30.0, 29, 28, 26, 22, 18])
+    fit = fit_depth(depths, 2.0 + 30.0 / depths**1.2)
+    assert fit["a"][0] == pytest.approx(1.2) and fit["c"][0] == pytest.approx(30.0)
+    assert fit["L0"][0] == pytest.approx(2.0)
+    tokens = np.full(6, 10.0)
+    points = [(30 - int(d), TextScores(tokens * (2.0 + 30.0 / d**1.2), tokens)) for d in depths]
+    law = depth_law(30, points, 200, 0)
+    assert law["a"] == pytest.approx(1.2) and law["ci95"] == pytest.approx([1.2, 1.2])
+    assert "exploratory" in law["label"] and law["chinchilla"]["a_l"] == 1.2
+    assert depth_law(30, points[:3], 200, 0) is None
+
+
+def test_angular_block_by_hand(tokenizer, files):
+    """The angular cut of 2 is the block whose input and the input two layers on are closest."""
+    model = tiny_model("gemma2", seed=1)
+    _, doc = run_prune(model, tokenizer, PruneSettings(method="angular", eval_file=files[0], remove=(1, 2),
+                                                       bootstrap=0))
+    evaluator = Evaluator(model, tokenizer, EVAL, 8, 256)
+    states: dict[int, list] = {}
+
+    def keep(index, layer_input, layer_output):
+        states.setdefault(index, []).append(layer_input)
+        if index == 3:
+            states.setdefault(4, []).append(layer_output)
+
+    with torch.no_grad(), evaluator.stack.capture(keep):
+        for batch in evaluator.batches:
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    distance = []
+    for start in range(3):
+        total = count = 0.0
+        for b, batch in enumerate(evaluator.batches):
+            cos = torch.nn.functional.cosine_similarity(states[start][b], states[start + 2][b], dim=-1)
+            total += float((torch.arccos(cos.clamp(-1, 1)) / math.pi * batch.attention_mask).sum())
+            count += float(batch.attention_mask.sum())
+        distance.append(total / count)
+    start = int(np.argmin(distance))
+    assert doc["curve"][1]["layers"] == [start, start + 1]
+    assert len(doc["scores"]["angular"]) == 4
