@@ -502,6 +502,48 @@ class StudentDone(Event):
     seconds: float
 
 
+# prune -------------------------------------------------------------------------------------------
+
+
+@event_type
+@dataclass(frozen=True)
+class PruneScores(Event):
+    """One criterion's per-layer score (low = cheapest to remove), once it is known."""
+
+    kind: ClassVar[str] = "prune.scores"
+    method: str
+    scores: list[float | None]
+
+
+@event_type
+@dataclass(frozen=True)
+class PrunePoint(Event):
+    """One point of a criterion's curve: `removed` layers (`layers`, original indices from 0) cut;
+    `healed_ppl` is None without --heal-steps."""
+
+    kind: ClassVar[str] = "prune.point"
+    method: str
+    removed: int
+    layers: list[int]
+    ppl: float
+    baseline_ppl: float
+    ci_low: float | None = None
+    ci_high: float | None = None
+    healed_ppl: float | None = None
+
+
+@event_type
+@dataclass(frozen=True)
+class PruneExported(Event):
+    """The pruned (and healed) model was saved as a Hugging Face folder."""
+
+    kind: ClassVar[str] = "prune.exported"
+    folder: str
+    method: str
+    layers: list[int]
+    ppl: float
+
+
 # --- result documents ---------------------------------------------------------------------------
 
 

@@ -99,6 +99,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples",
                "engine.experiments.manipulate", "ManipulationSettings", writes="manipulate",
                reads=("ablation",)),
+    Experiment("prune", "remove layers by four criteria, heal the cut, export the pruned model",
+               "engine.experiments.prune", "PruneSettings", writes="prune", reads=("ablation",), long=True),
 )
 
 BY_NAME: dict[str, Experiment] = {experiment.name: experiment for experiment in EXPERIMENTS}

@@ -49,3 +49,12 @@ def spearman(a, b) -> float | None:
     value = float(spearmanr(a[keep], b[keep]).statistic)
     return value if math.isfinite(value) else None
 
+
+
+def bootstrap_perplexity(nll: np.ndarray, tokens: np.ndarray, n: int, seed: int = 0) -> tuple[float, float]:
+    """95% percentile interval of the token-weighted perplexity when the texts are resampled."""
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(tokens), size=(n, len(tokens)))
+    mean_nll = nll[draws].sum(axis=1) / np.maximum(tokens[draws].sum(axis=1), 1)
+    low, high = np.percentile(np.exp(np.minimum(mean_nll, 700.0)), [2.5, 97.5])
+    return float(low), float(high)

@@ -43,7 +43,7 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
         help="with --serve: require a random token (printed at start, in the URL); without it anyone "
         "who can reach the port gets the console",
     )
-    commands = parser.add_subparsers(dest="command", metavar="{run,sessions}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,sessions,export}")
 
     run = commands.add_parser("run", help="run an experiment headless into a session")
     experiments = run.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
@@ -57,6 +57,12 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
     which.add_parser("list", help="every session, newest first")
     show = which.add_parser("show", help="one session's manifest, results and jobs")
     show.add_argument("name")
+
+    from tui.commands import export
+
+    exporting = commands.add_parser("export", help="save a session's recovered, growth or uniform model as a HF folder")
+    export.add_arguments(exporting)
+    exporting.set_defaults(handler=export.main)
     return parser
 
 
@@ -68,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from tui.runner import run_command
 
             return run_command(BY_NAME[args.experiment], args)
+        if args.command == "export":
+            return int(args.handler(args) or 0)
         if args.command == "sessions":
             from tui.commands.sessions import main as sessions_main
 

@@ -229,7 +229,29 @@ def print_manipulate(doc: dict[str, Any]) -> None:
     console.print(f"baseline sample: {doc['baseline_sample']!r}", highlight=False)
 
 
+def print_prune(doc: dict[str, Any]) -> None:
+    console = Console()
+    table = Table(title=f"{doc['model']}  baseline PPL {doc['baseline_ppl']:.2f}  (layers removed by each criterion)")
+    for column in ("criterion", "removed", "layers", "PPL", "95% CI", "healed"):
+        table.add_column(column, justify="left" if column in ("criterion", "layers") else "right")
+    for row in doc["curve"]:
+        ci = "" if row["ci_low"] is None else f"[{row['ci_low']:.1f}, {row['ci_high']:.1f}]"
+        table.add_row(row["method"], str(row["removed"]), ",".join(map(str, row["layers"])),
+                      _fmt(row["ppl"], ".2f", "inf"), ci, _fmt(row["healed_ppl"], ".2f", "-"))
+    console.print(table)
+    agreement = ", ".join(f"{name} {_fmt(rho, '.2f')}" for name, rho in doc["agreement"].items())
+    console.print(f"Spearman with the ppl criterion: {agreement or 'n/a'}", highlight=False)
+    fit = doc.get("depth_fit") or {}
+    if fit.get("a") is not None:
+        low, high = fit["ci95"]
+        console.print(f"depth law (exploratory): a = {fit['a']:.2f} [{_fmt(low, '.2f')}, {_fmt(high, '.2f')}]",
+                      highlight=False)
+    if doc.get("exported"):
+        console.print(f"exported: {doc['exported']}", highlight=False)
+
+
 PRINTERS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "prune": print_prune,
     "ablation": print_ablation,
     "recovery": print_recovery,
     "growth": print_growth,

@@ -1,0 +1,565 @@
+"""`prune`: which layers can go, judged four ways on the same model and texts, healed, exported.
+
+Criteria (each gives, for every count n, the n layers to remove; layers indexed from 0):
+- `angular` (Gromov et al. 2024): for each block of n consecutive layers starting at l, the angular
+  distance arccos(cos(h_l, h_{l+n})) / pi between the input of layer l and the input of layer l+n
+  (the last layer's output for l+n = depth), averaged over real tokens; the block with the
+  smallest is removed.
+- `bi` (ShortGPT, Men et al. 2024): the n layers of lowest Block Influence 1 - cos(h_in, h_out).
+- `ppl` (SLEB, Song et al. 2024): greedy; each round removes the layer whose removal raises the
+  perplexity least, re-evaluated on the model already cut. A round evaluates each candidate from
+  its own position on, through the prefix cache of the cut model.
+- `map`: the session's ablation map, least degradation first.
+
+Every set of layers is then really removed (`engine.pruning`) and evaluated; with --heal-steps the
+cut model is fine-tuned on training text (the layers next to each cut, or LoRA adapters on every
+layer through `peft`, merged afterwards) and evaluated again on the same held-out texts. The
+weights are put back exactly after each point. The depth law (exploratory) fits the `ppl` curve's
+loss against remaining depth l to c / l^a + L0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.anatomy import LayerStack
+from engine.errors import UserError
+from engine.events import Event, Message, Progress, PruneExported, PrunePoint, PruneScores, Result, json_safe
+from engine.experiments.ablation import InfluenceMeter
+from engine.export import check_export_folder, save_model_folder
+from engine.perplexity import Batch, Evaluator, TextScores, token_nll
+from engine.pruning import removed
+from engine.registry import RunContext
+from engine.settings import EvalTextSettings, setting
+from engine.statistics import bootstrap_perplexity, spearman
+from engine.text import Corpus, corpus, eval_texts, token_blocks
+
+METHODS = ("angular", "bi", "ppl", "map")
+HEALS = ("adjacent", "lora")
+CHINCHILLA_A_L = {"a_l": 1.2, "sd": 0.3, "source": "Paper B, fit to reconstructed Chinchilla runs"}
+
+
+@dataclass(frozen=True)
+class PruneSettings(EvalTextSettings):
+    """Defaults: every criterion, 1, 2, 4 and 8 layers removed, no healing, no export."""
+
+    method: str = setting("all", "criterion: angular, bi, ppl, map, or all of them", choices=METHODS + ("all",))
+    remove: tuple[int, ...] = setting((1, 2, 4, 8), "numbers of layers to remove", low=1)
+    max_fraction: float | None = setting(None, "instead of --remove: every count up to this fraction of the layers",
+                                         above=0.0, high=1.0, none_word="off")
+    bootstrap: int = setting(1000, "bootstrap resamples of the evaluation texts for intervals (0: none)", low=0)
+    seed: int = setting(0, "seed of the bootstrap and of the healing batches")
+    heal_steps: int = setting(0, "fine-tuning steps after each cut (0: no healing)", low=0)
+    heal: str = setting("adjacent", "what healing trains: the layers next to each cut, or LoRA on every layer",
+                        choices=HEALS)
+    lora_rank: int = setting(8, "rank of the LoRA adapters (--heal lora)", low=1)
+    lr: float = setting(1e-4, "AdamW learning rate of healing", above=0.0)
+    train_file: str | None = setting(None, "UTF-8 training text for healing (default: the built-in corpus)")
+    batch_size: int = setting(4, "training blocks per healing step", low=1)
+    block_size: int = setting(128, "tokens per training block", low=2)
+    train_blocks: int = setting(128, "training blocks in the healing pool, cycled in a seeded order", low=1)
+    eval_batch_size: int = setting(8, "evaluation texts per forward pass", low=1, resume_free=True)
+    export: str | None = setting(None, "save the pruned (and healed) model here as a Hugging Face folder")
+    export_count: int | None = setting(None, "how many layers the exported model lacks (default: the largest count)",
+                                       low=1, none_word="largest")
+    force: bool = setting(False, "export into a folder that is not empty")
+
+    def check(self) -> None:
+        if not self.remove and self.max_fraction is None:
+            raise UserError("--remove needs at least one count, e.g. 1,2,4,8, or give --max-fraction")
+        if self.export_count is not None and self.export is None:
+            raise UserError("--export-count needs --export DIR")
+
+    def counts(self, n_layers: int) -> tuple[int, ...]:
+        """The counts of the curve for a model of this depth, checked."""
+        if self.max_fraction is not None:
+            top = int(math.floor(self.max_fraction * n_layers + 1e-9))
+            if top < 1:
+                raise UserError(f"--max-fraction {self.max_fraction:g} of {n_layers} layers removes none; raise it")
+            wanted = tuple(range(1, top + 1))
+        else:
+            wanted = tuple(sorted(set(self.remove)))
+        if wanted[-1] >= n_layers:
+            raise UserError(f"cannot remove {wanted[-1]} layers: this model has {n_layers}; "
+                            f"remove at most {n_layers - 1}")
+        if self.export is not None and self.export_count is not None and self.export_count not in wanted:
+            raise UserError(f"--export-count {self.export_count} is not a count of the curve "
+                            f"({','.join(map(str, wanted))})")
+        return wanted
+
+    def methods(self) -> tuple[str, ...]:
+        return METHODS if self.method == "all" else (self.method,)
+
+
+# --- reading the ablation map ---------------------------------------------------------------------
+
+
+def map_degradation(doc: dict[str, Any] | None) -> dict[int, float]:
+    """Layer -> D% from an ablation result (rows say `layer`; files written before the rename
+    say `index`)."""
+    rows = (doc or {}).get("layers") or []
+    found = {}
+    for row in rows:
+        layer = row.get("layer", row.get("index"))
+        value = row.get("degradation_pct")
+        if isinstance(layer, int) and isinstance(value, (int, float)):
+            found[layer] = float(value)
+    return found
+
+
+# --- the cheap criteria, from one pass ------------------------------------------------------------
+
+
+class AngularMeter:
+    """Angular distance between the inputs of layers l and l+n for each requested n, averaged over
+    real tokens, gathered while the prefix cache is built (the layer inputs are already kept)."""
+
+    def __init__(self, n_layers: int, blocks: Sequence[int]) -> None:
+        self.n_layers = n_layers
+        self.blocks = tuple(blocks)
+        self.sums = {n: np.zeros(n_layers - n + 1) for n in self.blocks}
+        self.count = 0.0
+        self._states: list[torch.Tensor] = []
+
+    def __call__(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
+        self._states.append(layer_input)
+        if index < self.n_layers - 1:
+            return
+        states = self._states + [layer_output]
+        self._states = []
+        mask = batch.attention_mask.to(torch.float32)
+        self.count += float(mask.sum())
+        for n in self.blocks:
+            for start in range(self.n_layers - n + 1):
+                cos = torch.nn.functional.cosine_similarity(states[start].float(), states[start + n].float(), dim=-1)
+                angle = torch.arccos(cos.clamp(-1.0, 1.0)) / math.pi
+                self.sums[n][start] += float((angle * mask).sum())
+
+    def distances(self, n: int) -> np.ndarray:
+        return self.sums[n] / self.count
+
+
+# --- evaluation of a cut ----------------------------------------------------------------------------
+
+
+def cut_scores(evaluator: Evaluator, layers: Sequence[int]) -> TextScores:
+    """Per-text scores with `layers` removed; the layers below the first cut come from the cache."""
+    with removed(evaluator.model, layers):
+        return evaluator.scores(min(layers))
+
+
+def greedy_ppl(model, tokenizer, texts: Sequence[str], settings: PruneSettings, rounds: int,
+               cancel) -> Iterator[Event]:
+    """SLEB: `rounds` greedy removals. Returns (the order of removal, the first round's perplexity
+    of each single-layer removal). Each round builds the prefix cache of the model cut so far and
+    evaluates every remaining layer from its own position, skipped (equal to removed; tested)."""
+    n = len(LayerStack(model))
+    order: list[int] = []
+    first: list[float] = []
+    for round_ in range(rounds):
+        with removed(model, order) as kept:
+            evaluator = Evaluator(model, tokenizer, texts, settings.eval_batch_size, settings.max_length)
+            evaluator.build_cache()
+            trial = []
+            for position in range(len(kept)):
+                if cancel is not None:
+                    cancel.check()
+                with evaluator.stack.skipped([position]):
+                    trial.append(evaluator.perplexity(position))
+            del evaluator
+        if round_ == 0:
+            first = trial
+        best = int(np.argmin([p if math.isfinite(p) else math.inf for p in trial]))
+        order.append(kept[best])
+        yield Progress(round_ + 1, rounds, "prune: ppl greedy search")
+        yield Message(f"ppl round {round_ + 1}: remove layer {kept[best]} (PPL {trial[best]:.3f})")
+    assert len(first) == n or rounds == 0
+    return order, first
+
+
+# --- healing -----------------------------------------------------------------------------------------
+
+
+def neighbours_of_cuts(n_layers: int, layers: Sequence[int]) -> tuple[int, ...]:
+    """Original indices of the kept layers right before and after each run of removed layers."""
+    cut = set(layers)
+    found = {i for c in cut for i in (c - 1, c + 1) if 0 <= i < n_layers and i not in cut}
+    return tuple(sorted(found))
+
+
+@contextlib.contextmanager
+def master_weights(modules: Sequence[torch.nn.Module],
+                   device: torch.device) -> Iterator[contextlib.AbstractContextManager]:
+    """Half-precision models train in float32: the trained modules become float32 (master weights)
+    and forwards run under autocast in the model's dtype; afterwards the modules go back to it.
+    Yields the autocast context to wrap forwards in (a no-op for float32 models)."""
+    dtypes = {p.dtype for m in modules for p in m.parameters()}
+    half = next((d for d in dtypes if d in (torch.float16, torch.bfloat16)), None)
+    if half is None:
+        yield contextlib.nullcontext()
+        return
+    for module in modules:
+        module.float()
+    try:
+        yield torch.autocast(device_type=device.type, dtype=half)
+    finally:
+        for module in modules:
+            module.to(half)
+
+
+class Healer:
+    """Fine-tunes a cut model on the training half of the corpus (the split recovery uses)."""
+
+    def __init__(self, model, tokenizer, settings: PruneSettings, text: Corpus) -> None:
+        self.model = model
+        self.settings = settings
+        self.device = next(model.parameters()).device
+        self.blocks = token_blocks(tokenizer, text.train, settings.block_size, settings.train_blocks).to(self.device)
+        self.source = text.source
+
+    def _steps(self, params: list[torch.nn.Parameter], autocast, cancel) -> list[float]:
+        settings = self.settings
+        generator = torch.Generator().manual_seed(settings.seed)
+        order = torch.randperm(len(self.blocks), generator=generator).tolist()
+        optimizer = torch.optim.AdamW(params, lr=settings.lr)
+        losses = []
+        for step in range(settings.heal_steps):
+            if cancel is not None:
+                cancel.check()
+            rows = [order[(step * settings.batch_size + i) % len(order)] for i in range(settings.batch_size)]
+            ids = self.blocks[rows]
+            with torch.enable_grad(), autocast:
+                logits = self.model(input_ids=ids, use_cache=False).logits
+            mask = torch.ones_like(ids)
+            loss = token_nll(logits, ids, mask).sum() / mask[:, 1:].sum()
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                break
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(value)
+        for param in params:
+            param.grad = None
+        return losses
+
+    @contextlib.contextmanager
+    def healed(self, kept: Sequence[int], layers: Sequence[int], cancel,
+               keep: bool = False) -> Iterator[dict[int, dict[str, torch.Tensor]] | None]:
+        """Inside `removed(model, layers)`: the cut model fine-tuned for the block, then restored
+        exactly. With `keep`, yields the changed layers' weights ({position: state_dict}, on the
+        CPU) for export; else None."""
+        stack = LayerStack(self.model)
+        if self.settings.heal == "adjacent":
+            positions = [kept.index(i) for i in neighbours_of_cuts(len(kept) + len(layers), layers)]
+        else:
+            positions = list(range(len(stack)))
+        modules = [stack.layers[p] for p in positions]
+        saved = {p: {k: v.detach().clone() for k, v in stack.layers[p].state_dict().items()} for p in positions}
+        try:
+            if self.settings.heal == "adjacent":
+                self._adjacent(modules, cancel)
+            else:
+                self._lora(stack, cancel)
+            yield ({p: {k: v.detach().cpu().clone() for k, v in stack.layers[p].state_dict().items()}
+                    for p in positions} if keep else None)
+        finally:
+            with torch.no_grad():
+                for p, state in saved.items():
+                    stack.layers[p].load_state_dict(state)
+
+    def _adjacent(self, modules: list[torch.nn.Module], cancel) -> None:
+        with master_weights(modules, self.device) as autocast:
+            params = [p for m in modules for p in m.parameters()]
+            flags = [p.requires_grad for p in params]
+            try:
+                for param in params:
+                    param.requires_grad_(True)
+                self._steps(params, autocast, cancel)
+            finally:
+                for param, flag in zip(params, flags, strict=True):
+                    param.requires_grad_(flag)
+
+    def _lora(self, stack: LayerStack, cancel) -> None:
+        """LoRA on every matrix of every kept layer, trained, then merged into the weights."""
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError:
+            raise UserError("--heal lora needs peft: pip install 'peft>=0.10'") from None
+
+        targets = sorted({path.rsplit(".", 1)[-1] for _, path in stack.spec.matrices})
+        config = LoraConfig(r=self.settings.lora_rank, lora_alpha=2 * self.settings.lora_rank, lora_dropout=0.0,
+                            target_modules=targets, bias="none")
+        dtype = next(self.model.parameters()).dtype
+        peft_model = get_peft_model(self.model, config)
+        try:
+            params = [p for name, p in peft_model.named_parameters() if "lora_" in name]
+            for param in params:
+                param.requires_grad_(True)
+            half = dtype in (torch.float16, torch.bfloat16)
+            autocast = torch.autocast(device_type=self.device.type, dtype=dtype) if half else contextlib.nullcontext()
+            self._steps(params, autocast, cancel)
+        finally:
+            peft_model.merge_and_unload()
+
+
+# --- the depth law -----------------------------------------------------------------------------------
+
+
+A_GRID = np.linspace(0.01, 10.0, 1999)  # exponents tried; powerfit's bound, 0.005 apart
+
+
+def fit_depth(depths: np.ndarray, losses: np.ndarray) -> dict[str, np.ndarray]:
+    """Least-squares fits of L = c / l^a + L0 (c, L0 >= 0), one per row of `losses` (R, N).
+
+    For a fixed a the model is linear in (c, L0), so each a on a fine grid is solved in closed
+    form and the best a kept: exact up to the grid, and a thousand bootstrap refits cost one
+    array operation (powerfit's iterative fit is built for many more parameters)."""
+    y = np.atleast_2d(losses)
+    x = depths[None, :] ** -A_GRID[:, None]  # (G, N)
+    xm, ym = x.mean(axis=1), y.mean(axis=1)
+    centred = x - xm[:, None]
+    c = np.einsum("gn,rn->rg", centred, y) / (centred**2).sum(axis=1)
+    floor = ym[:, None] - c * xm[None, :]
+    through_zero = floor < 0  # L0 would be negative: fit with L0 = 0
+    c = np.where(through_zero, np.einsum("gn,rn->rg", x, y) / (x**2).sum(axis=1), c)
+    floor = np.where(through_zero, 0.0, floor)
+    flat = c < 0  # loss falls with depth removed: no depth term
+    c, floor = np.where(flat, 0.0, c), np.where(flat, ym[:, None], floor)
+    sse = ((c[:, :, None] * x[None] + floor[:, :, None] - y[:, None, :]) ** 2).sum(axis=2)
+    best = sse.argmin(axis=1)
+    rows = np.arange(y.shape[0])
+    return {"a": A_GRID[best], "c": c[rows, best], "L0": floor[rows, best]}
+
+
+def depth_law(n_layers: int, points: Sequence[tuple[int, TextScores]], resamples: int,
+              seed: int) -> dict[str, Any] | None:
+    """The `ppl` curve's loss (ln PPL) against remaining depth, fitted; ci95 from refits on
+    bootstrap resamples of the evaluation texts. Exploratory: a pruned trained model is not a model
+    trained at that depth."""
+    depths = np.array([n_layers - removed_ for removed_, _ in points], dtype=float)
+    nll = np.stack([scores.nll for _, scores in points])
+    tokens = points[0][1].tokens
+    losses = nll.sum(axis=1) / tokens.sum()
+    if len(points) < 4 or not np.all(np.isfinite(losses)):
+        return None
+    fit = fit_depth(depths, losses)
+    best = {key: float(value[0]) for key, value in fit.items()}
+    ci = None
+    if resamples:
+        draws = np.random.default_rng(seed).integers(0, len(tokens), size=(resamples, len(tokens)))
+        values = np.concatenate([  # in chunks: the grid search holds resamples x grid x points
+            fit_depth(depths, nll[:, chunk].sum(axis=2).T / tokens[chunk].sum(axis=1)[:, None])["a"]
+            for chunk in np.array_split(draws, max(1, resamples // 100))])
+        ci = [float(v) for v in np.percentile(values, [2.5, 97.5])]
+    return {
+        **best, "ci95": ci, "points": len(depths), "depths": depths.tolist(),
+        "label": "exploratory: loss (ln PPL) of the ppl criterion's cuts against remaining depth l, "
+                 "fitted to c / l^a + L0; a pruned trained model is not a model trained at depth l",
+        "chinchilla": CHINCHILLA_A_L,
+    }
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angular: AngularMeter,
+                     greedy: Sequence[int], degradation: dict[int, float]) -> dict[int, tuple[int, ...]]:
+    """The layers (original indices, sorted) each count removes under one criterion."""
+    if method == "angular":
+        chosen = {}
+        for n in counts:
+            start = int(np.argmin(angular.distances(n)))
+            chosen[n] = tuple(range(start, start + n))
+        return chosen
+    if method == "bi":
+        order = [int(i) for i in np.argsort(bi, kind="stable")]
+    elif method == "map":
+        order = sorted(degradation, key=lambda layer: (degradation[layer], layer))
+    else:
+        order = list(greedy)
+    return {n: tuple(sorted(order[:n])) for n in counts}
+
+
+def _card(model_name: str, point: dict[str, Any], baseline: float, n_layers: int, settings: PruneSettings,
+          why: str) -> str:
+    healed = point["healed_ppl"]
+    heal = (f"Healed afterwards with {settings.heal_steps} steps of AdamW (lr {settings.lr:g}) on "
+            + ("the layers next to each cut" if settings.heal == "adjacent"
+               else f"LoRA adapters of rank {settings.lora_rank} on every layer, merged into the weights")
+            + f": perplexity {point['ppl']:.3f} -> {healed:.3f}.\n" if healed is not None else "Not healed.\n")
+    return (
+        f"# {model_name or 'model'} with {point['removed']} of {n_layers} layers removed\n\n"
+        f"Exported by anatomy-tui (`prune`). Removed layers (indices from 0 of the original model): "
+        f"{', '.join(map(str, point['layers']))}.\n\n"
+        f"Chosen by the `{point['method']}` criterion: {why}.\n\n"
+        f"Perplexity on the evaluation texts: {baseline:.3f} before the cut, {point['ppl']:.3f} after.\n"
+        f"{heal}\nLoad with `AutoModelForCausalLM.from_pretrained(folder)`; `num_hidden_layers` and the per-layer "
+        "config lists describe the remaining layers.\n"
+    )
+
+
+WHY = {
+    "angular": "the block of consecutive layers whose input and output hidden states are closest in angle",
+    "bi": "the layers of lowest Block Influence (1 - cosine between a layer's input and output)",
+    "ppl": "greedy removal of the layer whose removal raised perplexity least, re-evaluated after each removal",
+    "map": "the layers of least degradation in the session's ablation map",
+}
+
+
+def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
+    settings.validate()
+    if context.model is None:
+        raise UserError("prune needs a model")
+    started = time.perf_counter()
+    loaded, cancel = context.model, context.cancel
+    model, tokenizer = loaded.model, loaded.tokenizer
+    n = len(LayerStack(model))
+    counts = settings.counts(n)
+    methods = list(settings.methods())
+    degradation = map_degradation(context.inputs.get("ablation"))
+    ablation_model = (context.inputs.get("ablation") or {}).get("model")
+    if degradation and ablation_model not in (None, "", loaded.name):
+        degradation = {}
+        yield Message(f"the session's ablation map is for {ablation_model}, not {loaded.name}; not used", "warning")
+    if "map" in methods and (set(degradation) != set(range(n))):
+        if settings.method == "map":
+            raise UserError("--method map needs the session's ablation map of this model; "
+                            "run `anatomy-tui run ablation` in the session first")
+        methods.remove("map")
+        yield Message("no ablation map of this model in the session: the map criterion is left out", "warning")
+    export = check_export_folder(settings.export, settings.force) if settings.export else None
+    export_count = (settings.export_count or counts[-1]) if export is not None else None
+    healer = None
+    if settings.heal_steps:
+        try:
+            text = corpus(Path(settings.train_file) if settings.train_file else None)
+        except ImportError:
+            raise UserError("healing needs training text: the built-in corpus (pydoc_data) is missing here; "
+                            "give --train-file") from None
+        healer = Healer(model, tokenizer, settings, text)
+
+    texts = eval_texts(Path(settings.eval_file) if settings.eval_file else None, settings.eval_set)
+    evaluator = Evaluator(model, tokenizer, texts, settings.eval_batch_size, settings.max_length)
+    influence = InfluenceMeter(n)
+    angular = AngularMeter(n, sorted({1, *counts}) if "angular" in methods else (1,))
+
+    def observe(batch, index, layer_input, layer_output):
+        influence(batch, index, layer_input, layer_output)
+        angular(batch, index, layer_input, layer_output)
+
+    base = evaluator.build_cache(observe=observe)
+    baseline = base.perplexity
+    bi, _ = influence.means()
+    yield Message(f"baseline PPL {baseline:.3f} on {evaluator.n_tokens} tokens")
+
+    greedy: list[int] = []
+    single: list[float] = []
+    if "ppl" in methods:
+        greedy, single = yield from greedy_ppl(model, tokenizer, texts, settings, counts[-1], cancel)
+    scores = {"angular": angular.distances(1) if 1 in angular.blocks else None, "bi": bi,
+              "ppl": np.array(single) if single else None,
+              "map": np.array([degradation[i] for i in range(n)]) if "map" in methods else None}
+    for method in methods:
+        if scores[method] is not None:
+            yield PruneScores(method, [float(v) for v in scores[method]])
+
+    chosen = {m: criterion_layers(m, counts, bi=bi, angular=angular, greedy=greedy, degradation=degradation)
+              for m in methods}
+    measured: dict[tuple[int, ...], TextScores] = {}
+    healed: dict[tuple[int, ...], float] = {}
+    curve: list[dict[str, Any]] = []
+    best_export: tuple[float, dict[str, Any], dict[int, dict[str, torch.Tensor]] | None] | None = None
+    total = len(methods) * len(counts)
+    for m_index, method in enumerate(methods):
+        for c_index, count in enumerate(counts):
+            if cancel is not None:
+                cancel.check()
+            layers = chosen[method][count]
+            if layers not in measured:
+                measured[layers] = cut_scores(evaluator, layers)
+            point_scores = measured[layers]
+            ppl = point_scores.perplexity
+            low = high = None
+            if settings.bootstrap:
+                low, high = bootstrap_perplexity(point_scores.nll, point_scores.tokens, settings.bootstrap,
+                                                 settings.seed + count)
+            healed_ppl, weights = healed.get(layers), None
+            if healer is not None and layers not in healed:  # the same cut heals the same way (seeded)
+                with removed(model, layers) as kept, \
+                        healer.healed(kept, layers, cancel, keep=count == export_count) as weights:
+                    healed_ppl = healed[layers] = evaluator.perplexity()
+            point = {"method": method, "removed": count, "layers": list(layers), "ppl": ppl,
+                     "ci_low": low, "ci_high": high, "healed_ppl": healed_ppl}
+            curve.append(point)
+            yield PrunePoint(method, count, list(layers), ppl, baseline, low, high, healed_ppl)
+            yield Progress(m_index * len(counts) + c_index + 1, total, f"prune: {method}")
+            final = healed_ppl if healed_ppl is not None else ppl
+            if count == export_count and math.isfinite(final) and (best_export is None or final < best_export[0]):
+                best_export = (final, point, weights)
+
+    exported = None
+    if export is not None and best_export is not None:
+        final, point, weights = best_export
+        why = WHY[point["method"]] + (f"; of the criteria compared ({', '.join(methods)}), its cut of "
+                                      f"{point['removed']} layers gave the lowest perplexity")
+        with removed(model, point["layers"]):
+            stack = LayerStack(model)
+            with _holding_states(stack, weights or {}):
+                save_model_folder(model, tokenizer, export,
+                                  _card(loaded.name, point, baseline, n, settings, why), settings.force)
+        exported = str(export)
+        yield PruneExported(exported, point["method"], point["layers"], final)
+
+    ppl_points = [(0, base)] + [(p["removed"], measured[tuple(p["layers"])]) for p in curve if p["method"] == "ppl"]
+    depth_fit = depth_law(n, ppl_points, settings.bootstrap, settings.seed) if "ppl" in methods else None
+    if "ppl" in methods and depth_fit is None:
+        yield Message("depth law: fewer than 4 usable points on the ppl curve; not fitted", "warning")
+    agreement = {m: spearman(scores[m], scores["ppl"]) for m in methods
+                 if m != "ppl" and scores["ppl"] is not None and scores[m] is not None}
+    doc = {
+        "model": loaded.name,
+        "baseline_ppl": baseline,
+        "eval_tokens": evaluator.n_tokens,
+        "eval_texts": len(texts),
+        "n_layers": n,
+        "settings": settings.to_dict(),
+        "methods": methods,
+        "curve": curve,
+        "agreement": agreement,
+        "agreement_note": "Spearman between each criterion's per-layer score (angular: distance over one "
+                          "layer; bi: Block Influence; map: D%) and the perplexity with that single layer "
+                          "removed (the ppl criterion's first round)",
+        "scores": {m: [float(v) for v in scores[m]] for m in methods if scores[m] is not None},
+        "depth_fit": depth_fit,
+        "heal": ({"steps": settings.heal_steps, "what": settings.heal, "train_source": healer.source,
+                  "train_blocks": len(healer.blocks)} if healer is not None else None),
+        "exported": exported,
+        "exported_point": best_export[1] if exported else None,
+        "seconds": time.perf_counter() - started,
+    }
+    yield Result("prune", json_safe(doc))
+
+
+@contextlib.contextmanager
+def _holding_states(stack: LayerStack, states: dict[int, dict[str, torch.Tensor]]) -> Iterator[None]:
+    """These layers (positions in the cut model) take the given state dicts, then get theirs back."""
+    saved = {p: {k: v.detach().clone() for k, v in stack.layers[p].state_dict().items()} for p in states}
+    try:
+        with torch.no_grad():
+            for p, state in states.items():
+                stack.layers[p].load_state_dict(state)
+        yield
+    finally:
+        with torch.no_grad():
+            for p, state in saved.items():
+                stack.layers[p].load_state_dict(state)

@@ -1,0 +1,84 @@
+"""Removing layers (engine.pruning): equal to skipping them, for every family; generation with a
+cache; exact undo; one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import TINY_CONFIGS, tiny_model
+
+from engine.anatomy import LayerStack
+from engine.errors import UserError
+from engine.pruning import check_removal, remove_layers, removed
+
+IDS = torch.tensor([[5, 17, 99, 3, 42, 8, 250, 11, 64, 7, 1, 200], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 10, 20]])
+
+
+def logits(model, ids=IDS) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids, use_cache=False).logits
+
+
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+@pytest.mark.parametrize("cut", [(1,), (0, 2), (1, 2, 3)])
+def test_removal_equals_skipping(family, cut):
+    model = tiny_model(family)
+    stack = LayerStack(model)
+    with stack.skipped(cut):
+        skipped = logits(model)
+    full = logits(model)
+    with removed(model, cut) as kept:
+        assert kept == tuple(i for i in range(4) if i not in cut)
+        assert len(LayerStack(model)) == 4 - len(cut)
+        assert model.config.num_hidden_layers == 4 - len(cut)
+        layer_types = getattr(model.config, "layer_types", None)
+        if layer_types is not None:
+            assert len(layer_types) == 4 - len(cut)
+        cut_logits = logits(model)
+    torch.testing.assert_close(cut_logits, skipped, rtol=0, atol=1e-6)
+    assert not torch.allclose(cut_logits, full)
+    torch.testing.assert_close(logits(model), full, rtol=0, atol=0)  # undone exactly
+    assert model.config.num_hidden_layers == 4
+
+
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+def test_generate_with_cache_after_removal(family):
+    """Greedy generation with the KV cache equals greedy decoding without it (the cache slots of
+    the kept layers were renumbered)."""
+    model = tiny_model(family)
+    prompt = IDS[:1, :6]
+    with removed(model, (0, 2)):
+        with torch.no_grad():
+            cached = model.generate(prompt, max_new_tokens=6, do_sample=False, use_cache=True, pad_token_id=256)
+        ids = prompt
+        for _ in range(6):
+            ids = torch.cat([ids, logits(model, ids)[:, -1:].argmax(-1)], dim=1)
+    assert torch.equal(cached, ids)
+
+
+def test_sliding_layer_types_follow_their_layers():
+    model = tiny_model("gemma2")
+    before = list(model.config.layer_types)
+    with removed(model, (1,)):
+        assert list(model.config.layer_types) == [before[0], before[2], before[3]]
+        idx = [layer.self_attn.layer_idx for layer in LayerStack(model).layers]
+        assert idx == [0, 1, 2]
+    assert list(model.config.layer_types) == before
+    assert [layer.self_attn.layer_idx for layer in LayerStack(model).layers] == [0, 1, 2, 3]
+
+
+def test_remove_layers_is_permanent():
+    model = tiny_model("llama")
+    assert remove_layers(model, (3, 1)) == (0, 2)
+    assert len(LayerStack(model)) == 2 and model.config.num_hidden_layers == 2
+
+
+def test_one_line_errors():
+    with pytest.raises(UserError, match="cannot remove all 4 layers"):
+        check_removal(4, (0, 1, 2, 3))
+    with pytest.raises(UserError, match="layer 7 is out of range"):
+        check_removal(4, (7,))
+    model = tiny_model("llama")
+    with pytest.raises(UserError), removed(model, (0, 1, 2, 3)):
+        pass
+    assert len(LayerStack(model)) == 4
