@@ -34,6 +34,7 @@ class AblationSettings:
     max_length: int = 256
     seed: int = 0
     prefix_cache: bool = True  # off only to measure the straightforward version
+    layers: tuple[int, ...] | None = None  # None: every layer (a shard of a split sweep takes a few)
 
     def validate(self) -> None:
         if self.method not in METHODS:
@@ -63,8 +64,11 @@ def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:
     neighbours = [i for i in (index - 1, index + 1) if 0 <= i < len(stack)]
     if not neighbours:
         raise UserError("a one-layer model has no neighbours to ablate with; use --method skip or zero")
+    stack.check_editable(neighbours)
     mats = [stack.matrices(i) for i in neighbours]
-    return {name: sum(m[name].detach() for m in mats) / len(mats) for name in stack.matrix_names}
+    own = stack.matrices(index)  # neighbours may sit on another GPU: the mean is made where it goes
+    return {name: sum(m[name].detach().to(own[name].device) for m in mats) / len(mats)
+            for name in stack.matrix_names}
 
 
 @contextlib.contextmanager
@@ -97,7 +101,7 @@ class InfluenceMeter:
     def __call__(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
         cos = torch.nn.functional.cosine_similarity(layer_input.float(), layer_output.float(), dim=-1)
         cos = cos.clamp(-1.0, 1.0)
-        mask = batch.attention_mask.to(cos.dtype)
+        mask = batch.attention_mask.to(cos.device, cos.dtype)
         self.influence[index] += float(((1 - cos) * mask).sum())
         self.angular[index] += float((torch.arccos(cos) / math.pi * mask).sum())
         self.count[index] += float(mask.sum())
@@ -119,22 +123,23 @@ def run_ablation(
     if not settings.prefix_cache:
         evaluator.drop_cache()
     baseline = base.perplexity
-    yield Progress(0, n, "ablation")
-    scores = []
-    for index in range(n):
+    todo = range(n) if settings.layers is None else sorted({stack.check_index(i) for i in settings.layers})
+    yield Progress(0, len(todo), "ablation")
+    scores = {}
+    for done, index in enumerate(todo, start=1):
         if cancel is not None:
             cancel.check()
         with ablated(stack, index, settings.method):
             layer_scores = evaluator.scores(index if settings.prefix_cache else 0)
-        scores.append(layer_scores)
+        scores[index] = layer_scores
         ppl = layer_scores.perplexity
         d = degradation_pct(ppl, baseline)
         yield LayerAblated(index, n, ppl, baseline, d, importance_class(d))
-        yield Progress(index + 1, n, "ablation")
+        yield Progress(done, len(todo), "ablation")
 
     influence, angular = meter.means()
     layers = []
-    for index, layer_scores in enumerate(scores):
+    for index, layer_scores in scores.items():
         ppl = layer_scores.perplexity
         d = degradation_pct(ppl, baseline)
         low = high = None
@@ -157,7 +162,6 @@ def run_ablation(
                 "angular_distance": float(angular[index]),
             }
         )
-    degradations = [row["degradation_pct"] for row in layers]
     doc = {
         "model": model_name,
         "method": settings.method,
@@ -167,9 +171,27 @@ def run_ablation(
         "seconds": time.perf_counter() - started,
         "settings": asdict(settings),
         "layers": layers,
-        "spearman": {
-            "block_influence": spearman(influence, degradations),
-            "angular_distance": spearman(angular, degradations),
-        },
+        "spearman": spearmans(layers),
     }
     yield Result("ablation", doc)
+
+
+def spearmans(layers: list[dict]) -> dict[str, float]:
+    """How well the cheap per-layer measures rank the layers like the ablation does."""
+    degradations = [row["degradation_pct"] for row in layers]
+    return {
+        "block_influence": spearman([row["block_influence"] for row in layers], degradations),
+        "angular_distance": spearman([row["angular_distance"] for row in layers], degradations),
+    }
+
+
+def merge_shards(docs: list[dict], settings: AblationSettings) -> dict:
+    """One map from the maps of a split sweep (each over some layers): rows in layer order and the
+    Spearman over all of them, so the numbers equal a serial run's."""
+    layers = sorted((row for doc in docs for row in doc["layers"]), key=lambda row: row["index"])
+    return docs[0] | {
+        "seconds": max(doc["seconds"] for doc in docs),
+        "settings": asdict(settings),
+        "layers": layers,
+        "spearman": spearmans(layers),
+    }

@@ -191,9 +191,8 @@ class _Sweep:
         self.train_source = source.source
         self.evaluator = Evaluator(model, tokenizer, texts, settings.eval_batch_size, settings.max_length)
         self.stack = self.evaluator.stack
-        device = next(model.parameters()).device
         blocks = token_blocks(tokenizer, source.train, settings.block_size, settings.train_blocks)
-        self.blocks = blocks.to(device)
+        self.blocks = blocks.to(self.stack.input_device())
         self.baseline = self.evaluator.build_cache().perplexity
         if not settings.prefix_cache:
             self.evaluator.drop_cache()
@@ -428,9 +427,6 @@ def run_recovery(
         rows[index] = layer_row(index, runs, settings.steps)
         yield RecoveryLayer(index, rows[index])
     ordered = [rows[index] for index in layers]
-    vs_ablation = versus_ablation(ordered, ablation)
-    runs = [run for row in ordered for run in row["repeats"]]
-    run_seconds = [run["seconds_per_step"] for run in runs if run["seconds_per_step"]]
     doc = {
         "model": model_name,
         "baseline_ppl": sweep.baseline,
@@ -439,13 +435,39 @@ def run_recovery(
         "train_source": sweep.train_source,
         "train_blocks": len(sweep.blocks),
         "settings": asdict(settings),
+        **over_layers(ordered, settings, ablation),
+        "resumed_layers": [index for index in layers if index not in todo],
+        "seconds": time.perf_counter() - started,
+    }
+    yield Result("recovery", json_safe(doc))
+
+
+def over_layers(ordered: list[dict[str, Any]], settings: RecoverySettings, ablation: dict[str, Any] | None
+                ) -> dict[str, Any]:
+    """The parts of the result that compare layers: ranking, Spearman, budget, mean step time."""
+    vs_ablation = versus_ablation(ordered, ablation)
+    runs = [run for row in ordered for run in row["repeats"]]
+    run_seconds = [run["seconds_per_step"] for run in runs if run["seconds_per_step"]]
+    return {
         "layers": ordered,
         "ranking": ranking(ordered),
         "spearman_vs_ablation": vs_ablation["difficulty"] if vs_ablation else None,
         "versus_ablation": vs_ablation,
         "budget": training_budget(ordered, settings.steps),
-        "resumed_layers": [index for index in layers if index not in todo],
-        "seconds": time.perf_counter() - started,
         "seconds_per_step": float(np.mean(run_seconds)) if run_seconds else None,
     }
-    yield Result("recovery", json_safe(doc))
+
+
+def merge_shards(docs: list[dict[str, Any]], settings: RecoverySettings, ablation: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """One result from the results of a split sweep (each over some layers): rows in the order the
+    layers were asked for, and every comparison across layers made again over all of them."""
+    rows = {row["index"]: row for doc in docs for row in doc["layers"]}
+    order = sorted(rows) if settings.layers is None else list(dict.fromkeys(settings.layers))
+    resumed = {index for doc in docs for index in doc["resumed_layers"]}
+    return json_safe(docs[0] | {
+        "settings": asdict(settings),
+        **over_layers([rows[index] for index in order], settings, ablation),
+        "resumed_layers": [index for index in order if index in resumed],
+        "seconds": max(doc["seconds"] for doc in docs),
+    })
