@@ -13,7 +13,7 @@ from tiny_models import tiny_model
 from engine.distributed import World, _Failed, _Merger, cpu_threads, launch, shard, world_from_env
 from engine.errors import UserError
 from engine.events import Progress, Result
-from engine.experiments.ablation import merge_shards, run_ablation
+from engine.experiments.ablation import AblationSettings, merge_shards, run_ablation
 
 TESTS = Path(__file__).resolve().parent
 WORKER = TESTS / "shard_worker.py"
@@ -91,3 +91,55 @@ def test_a_dead_worker_fails_the_job_in_one_line(worker_env, tmp_path, capsys):
 def test_launch_needs_two_workers():
     with pytest.raises(UserError, match="at least 2"):
         launch([str(WORKER)], 1)
+
+
+def result_of(events) -> dict:
+    events = list(events)
+    assert isinstance(events[-1], Result)
+    return json.loads(json.dumps(events[-1].data))
+
+
+def test_ablation_shards_merge_to_the_serial_map(tokenizer):
+    from dataclasses import replace
+
+    import shard_worker
+
+    model, settings = tiny_model("llama", seed=3), shard_worker.SETTINGS
+    serial = result_of(run_ablation(model, tokenizer, settings))
+    shards = [result_of(run_ablation(model, tokenizer, replace(settings, layers=tuple(shard(range(4), r, 3)))))
+              for r in range(3)]
+    assert [row["index"] for row in shards[1]["layers"]] == [1]
+    merged = merge_shards(shards, settings)
+    assert {k: v for k, v in merged.items() if k != "seconds"} == {k: v for k, v in serial.items() if k != "seconds"}
+
+
+def test_recovery_shards_merge_to_the_serial_result(tokenizer, tmp_path):
+    from dataclasses import replace
+
+    from engine.experiments.recovery import RecoverySettings, run_recovery
+    from engine.experiments.recovery import merge_shards as merge_recovery
+
+    (tmp_path / "train.txt").write_text("\n".join(f"The cat {i} sat on the mat." for i in range(40)), encoding="utf-8")
+    (tmp_path / "eval.txt").write_text("The dog sat on the mat.\nA cat looked at the dog.", encoding="utf-8")
+    settings = RecoverySettings(layers=(3, 1, 2), sigma=3.0, steps=2, lr=1e-2, batch_size=2, block_size=16,
+                                train_blocks=4, repeats=2, train_file=str(tmp_path / "train.txt"),
+                                eval_file=str(tmp_path / "eval.txt"))
+    model = tiny_model("llama", seed=3)
+    ablation = result_of(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", batch_size=4)))
+    serial = result_of(run_recovery(model, tokenizer, settings, ablation=ablation))
+    shards = [result_of(run_recovery(model, tokenizer, replace(settings, layers=tuple(shard(settings.layers, r, 2))),
+                                     ablation=ablation)) for r in range(2)]
+    merged = merge_recovery(shards, settings, ablation)
+    timing = ("seconds", "seconds_per_step")
+
+    def untimed(doc: dict) -> dict:
+        rows = [{k: v for k, v in row.items() if k not in ("seconds", "seconds_per_step", "repeats")}
+                for row in doc["layers"]]
+        budget_free = {k: v for k, v in doc.items() if k not in (*timing, "layers")}
+        return budget_free | {"layers": rows}
+
+    assert [row["index"] for row in merged["layers"]] == [3, 1, 2]
+    assert untimed(merged) == untimed(serial)
+    assert [[run["curve"] for run in row["repeats"]] for row in merged["layers"]] == [
+        [run["curve"] for run in row["repeats"]] for row in serial["layers"]
+    ]
