@@ -11,6 +11,7 @@ environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTE
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import queue
@@ -228,3 +229,37 @@ def launch(argv: Sequence[str], nproc: int) -> int:
         print(f"error: worker rank {rank} failed ({why}); the sharded job stopped", file=sys.stderr)
         return 2
     return 0
+
+
+# --- which sweeps split, and how -------------------------------------------------------------------
+
+SHARDABLE = ("ablation", "recovery")
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """How one experiment's sweep splits: the layers it covers, the settings of a share, the merge."""
+
+    items: list[int]
+    restrict: Callable[[list[int]], Any]  # a share's layers -> that share's settings
+    merge: Callable[[list[dict[str, Any]]], dict[str, Any]]
+
+
+def plan(name: str, settings: Any, n_layers: int, inputs: Mapping[str, dict[str, Any]] | None = None) -> ShardPlan:
+    """The split of `name`'s layer sweep; `inputs` are the session results it reads (recovery's
+    ablation map, for its Spearman over all layers)."""
+    from dataclasses import replace
+
+    if name == "ablation":
+        from engine.experiments import ablation
+
+        layers = range(n_layers) if settings.layers is None else sorted(set(settings.layers))
+        merge = functools.partial(ablation.merge_shards, settings=settings)
+    elif name == "recovery":
+        from engine.experiments import recovery
+
+        layers = settings.resolve_layers(n_layers)
+        merge = functools.partial(recovery.merge_shards, settings=settings, ablation=(inputs or {}).get("ablation"))
+    else:
+        raise UserError(f"{name} does not split over workers; --shards applies to {', '.join(SHARDABLE)}")
+    return ShardPlan(list(layers), lambda share: replace(settings, layers=tuple(share)), merge)

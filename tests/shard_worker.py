@@ -9,12 +9,10 @@ import json
 import os
 import signal
 import sys
-from dataclasses import replace
-
 from tiny_models import byte_tokenizer, tiny_model
 
-from engine.distributed import Workers, world_from_env
-from engine.experiments.ablation import AblationSettings, LayerAblated, merge_shards, run_ablation
+from engine.distributed import Workers, plan, world_from_env
+from engine.experiments.ablation import AblationSettings, LayerAblated, run_ablation
 
 SETTINGS = AblationSettings(method="mean", eval_set="paper", batch_size=4, bootstrap=50)
 
@@ -24,15 +22,16 @@ def main() -> None:
     world = world_from_env()
     assert world is not None, "run me under torch.distributed.run"
     model, tokenizer = tiny_model("llama", seed=3), byte_tokenizer()
+    split = plan("ablation", SETTINGS, 4)
 
     def run_shard(layers: list[int]):
-        for event in run_ablation(model, tokenizer, replace(SETTINGS, layers=tuple(layers))):
+        for event in run_ablation(model, tokenizer, split.restrict(layers)):
             if die and world.rank == 1 and isinstance(event, LayerAblated):
                 os.kill(os.getpid(), signal.SIGKILL)
             yield event
 
     with Workers(world) as workers:
-        events = list(workers.sweep(run_shard, range(4), lambda docs: merge_shards(docs, SETTINGS)))
+        events = list(workers.sweep(run_shard, split.items, split.merge))
     if world.is_main:
         with open(out, "w", encoding="utf-8") as file:
             json.dump({"kinds": [e.kind for e in events], "result": events[-1].data,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from engine.distributed import World, _Failed, _Merger, cpu_threads, launch, shard, world_from_env
+from engine.distributed import World, _Failed, _Merger, cpu_threads, launch, plan, shard, world_from_env
 from engine.errors import UserError
 from engine.events import Progress, Result
 from engine.experiments.ablation import AblationSettings, merge_shards, run_ablation
@@ -86,6 +86,17 @@ def test_a_dead_worker_fails_the_job_in_one_line(worker_env, tmp_path, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert lines == ["error: worker rank 1 failed (killed by SIGKILL); the sharded job stopped"]
     assert not out.exists()
+
+
+def test_plans_split_layers_and_refuse_other_experiments():
+    from engine.experiments.recovery import RecoverySettings
+
+    split = plan("ablation", AblationSettings(), 4)
+    assert split.items == [0, 1, 2, 3] and split.restrict([1, 3]).layers == (1, 3)
+    assert plan("ablation", AblationSettings(layers=(3, 1)), 4).items == [1, 3]
+    assert plan("recovery", RecoverySettings(layers=(3, 1, 3)), 4).items == [3, 1]
+    with pytest.raises(UserError, match="dynamics does not split"):
+        plan("dynamics", None, 4)
 
 
 def test_launch_needs_two_workers():
