@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+
 from tiny_models import byte_tokenizer, tiny_model
 
 from engine.distributed import Workers, plan, world_from_env
