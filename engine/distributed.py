@@ -132,11 +132,8 @@ class Workers:
             yield from merger.take(0, event)
             while not inbox.empty():
                 yield from merger.take(*inbox.get())
-        finished = 1
-        while finished < self.world.size:
-            rank, item = inbox.get()
-            yield from merger.take(rank, item)
-            finished += isinstance(item, _Done)
+        while merger.finished < self.world.size - 1:
+            yield from merger.take(*inbox.get())
         listener.join()
         dist.barrier(group=self.group)
         yield merger.result(merge)
@@ -183,6 +180,7 @@ class _Merger:
     """Rank 0's view of the whole job: progress summed over workers, results kept for the merge."""
 
     def __init__(self) -> None:
+        self.finished = 0  # workers other than rank 0 that sent their last word
         self.progress: dict[int, tuple[int, int]] = {}
         self.results: dict[int, Result] = {}
 
@@ -191,6 +189,7 @@ class _Merger:
             who = f"worker rank {rank}" if rank >= 0 else "a worker"
             raise UserError(f"{who} failed: {item.line}; the sharded job stopped")
         if isinstance(item, _Done):
+            self.finished += 1
             return
         if isinstance(item, Result):
             self.results[rank] = item

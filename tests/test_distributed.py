@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from engine.distributed import World, _Failed, _Merger, cpu_threads, launch, plan, shard, world_from_env
+from engine.distributed import World, _Done, _Failed, _Merger, cpu_threads, launch, plan, shard, world_from_env
 from engine.errors import UserError
 from engine.events import Progress, Result
 from engine.experiments.ablation import AblationSettings, merge_shards, run_ablation
@@ -54,6 +54,7 @@ def test_merger_sums_progress_and_names_a_failed_worker():
     (summed,) = merger.take(1, Progress(2, 3, "ablation"))
     assert (summed.done, summed.total) == (3, 5)
     assert list(merger.take(1, Result("ablation", {"layers": []}))) == []
+    assert list(merger.take(1, _Done())) == [] and merger.finished == 1  # counted wherever it is read
     with pytest.raises(UserError, match="^worker rank 1 failed: CUDA out of memory; the sharded job stopped$"):
         list(merger.take(1, _Failed("CUDA out of memory")))
 
