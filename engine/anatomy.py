@@ -71,6 +71,20 @@ def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
+def execution_device(module: nn.Module) -> torch.device:
+    """Where a module computes: accelerate's hook knows it (the weights may be offloaded
+    placeholders on `meta`), else the device of its first real parameter, else the CPU."""
+    hook = getattr(module, "_hf_hook", None)
+    for part in getattr(hook, "hooks", (hook,)):
+        device = getattr(part, "execution_device", None)
+        if device is not None:
+            return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    for param in module.parameters():
+        if param.device.type != "meta":
+            return param.device
+    return torch.device("cpu")
+
+
 class LayerStack:
     """The decoder layers of a loaded model, in order, with their canonical weight matrices."""
 
@@ -116,9 +130,49 @@ class LayerStack:
         return tuple(names)
 
     # --- changing weights and restoring them exactly --------------------------------------------
+    # --- where layers live (accelerate's device_map) ---------------------------------------------
+    def is_offloaded(self, index: int) -> bool:
+        """True when accelerate keeps this layer's weights off the device (CPU or disk offload): its
+        parameters are placeholders on `meta`, refilled from `weights_map` on every forward."""
+        layer = self.layers[self.check_index(index)]
+        for module in layer.modules():
+            hook = getattr(module, "_hf_hook", None)
+            if any(getattr(h, "offload", False) for h in getattr(hook, "hooks", (hook,))):
+                return True
+        return any(p.device.type == "meta" for p in layer.parameters())
+
+    def check_editable(self, indices: Sequence[int]) -> None:
+        """In-place weight edits on an offloaded layer would be lost at its next forward: refuse."""
+        for index in indices:
+            if self.is_offloaded(index):
+                raise UserError(
+                    f"layer {index} is offloaded; weight edits need it on a GPU: "
+                    "raise --max-memory or drop --device-map"
+                )
+
+    def layer_devices(self) -> list[str]:
+        """Where each layer lives: 'cuda:0', 'cpu', or 'disk' (offloaded), from the model's
+        hf_device_map when accelerate placed it, else from the layer's own weights."""
+        device_map = getattr(self.model, "hf_device_map", None) or {}
+        found = []
+        for index, layer in enumerate(self.layers):
+            name = f"{self.spec.layers}.{index}"
+            owners = [k for k in device_map if k == "" or name == k or name.startswith(k + ".")]
+            if owners:
+                placed = device_map[max(owners, key=len)]
+                found.append(f"cuda:{placed}" if isinstance(placed, int) else str(placed))
+            else:
+                found.append(str(next(layer.parameters()).device))
+        return found
+
+    def input_device(self) -> torch.device:
+        """Where input ids and masks go: where the embedding runs."""
+        return execution_device(self.model.get_input_embeddings())
+
     @contextlib.contextmanager
     def preserved(self, indices: Sequence[int]) -> Iterator[None]:
         """Restores the matrices of these layers bit for bit on exit, whatever happened inside."""
+        self.check_editable(indices)
         saved = {i: {n: p.detach().clone() for n, p in self.matrices(i).items()} for i in indices}
         try:
             yield
@@ -151,13 +205,19 @@ class LayerStack:
 
     @contextlib.contextmanager
     def _forwards_replaced(self, replacements: dict[int, Any]) -> Iterator[None]:
+        """Whatever `forward` a layer instance had (accelerate's hook wrapper on a dispatched
+        model) comes back afterwards; a layer without one gets its class's forward again."""
+        saved = {index: self.layers[index].__dict__.get("forward") for index in replacements}
         for index, forward in replacements.items():
             self.layers[index].forward = forward
         try:
             yield
         finally:
-            for index in replacements:
-                del self.layers[index].forward
+            for index, forward in saved.items():
+                if forward is None:
+                    del self.layers[index].forward
+                else:
+                    self.layers[index].forward = forward
 
     @contextlib.contextmanager
     def starting_at(self, start: int, hidden: torch.Tensor) -> Iterator[None]:
@@ -181,12 +241,14 @@ class LayerStack:
             yield
 
     def capture(self, observe: Any) -> contextlib.AbstractContextManager:
-        """Calls observe(index, layer_input, layer_output) for every layer in the next forwards."""
+        """Calls observe(index, layer_input, layer_output) for every layer in the next forwards.
+        The input is handed over on the output's device (they differ where a dispatched model
+        crosses from one GPU to the next)."""
         stack = contextlib.ExitStack()
         for index, layer in enumerate(self.layers):
 
             def hook(module, args, kwargs, output, index=index):
-                observe(index, _hidden_of(args, kwargs), output)
+                observe(index, _hidden_of(args, kwargs).to(output.device), output)
 
             stack.enter_context(layer.register_forward_hook(hook, with_kwargs=True))
         return stack

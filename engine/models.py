@@ -11,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,8 @@ class LoadedModel:
     dtype_name: str
     family: str
     n_layers: int
+    layer_devices: list[str] = field(default_factory=list)  # where each layer lives ('disk': offloaded)
+    device_map: str | None = None  # the --device-map strategy, None when the model sits on one device
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -66,7 +69,81 @@ class LoadedModel:
             "dtype": self.dtype_name,
             "family": self.family,
             "n_layers": self.n_layers,
+            "device_map": self.device_map,
+            "placement": placement(self.layer_devices),
         }
+
+
+def placement(layer_devices: list[str]) -> list[dict[str, Any]]:
+    """Consecutive layers on the same device as runs: [{"device": "cuda:0", "layers": [0, 15]}, ...]."""
+    runs: list[dict[str, Any]] = []
+    for index, device in enumerate(layer_devices):
+        if runs and runs[-1]["device"] == device:
+            runs[-1]["layers"][1] = index
+        else:
+            runs.append({"device": device, "layers": [index, index]})
+    return runs
+
+
+def placement_text(layer_devices: list[str]) -> str:
+    """One line for a status bar: 'layers 0-15 cuda:0, 16-31 cuda:1'."""
+    runs = placement(layer_devices)
+    parts = [f"{low}-{high} {run['device']}" if low != high else f"{low} {run['device']}"
+             for run in runs for low, high in [run["layers"]]]
+    return "layers " + ", ".join(parts) if parts else ""
+
+
+# --- placement over several devices (accelerate) ------------------------------------------------
+
+DEVICE_MAPS = ("auto", "balanced", "sequential")
+_MEMORY_SIZE = re.compile(r"^\d+(\.\d+)?\s*(GiB|MiB|KiB|GB|MB|KB)$", re.IGNORECASE)
+
+
+def check_device_map(device_map: str | None) -> str | None:
+    if device_map is not None and device_map not in DEVICE_MAPS:
+        raise UserError(f"--device-map {device_map!r} not understood; use {', '.join(DEVICE_MAPS)}")
+    return device_map
+
+
+def parse_max_memory(text: str | None) -> dict[int | str, str] | None:
+    """'0=14GiB,1=14GiB,cpu=30GiB' -> {0: '14GiB', 1: '14GiB', 'cpu': '30GiB'}, as accelerate takes it."""
+    if text is None or not text.strip():
+        return None
+    limits: dict[int | str, str] = {}
+    for part in text.split(","):
+        key, sep, size = (piece.strip() for piece in part.partition("="))
+        if not sep or not key or not size:
+            raise UserError(f"--max-memory entry {part.strip()!r} needs DEVICE=SIZE, e.g. 0=14GiB or cpu=30GiB")
+        if not (key.isdigit() or key in ("cpu", "mps")):
+            raise UserError(f"--max-memory device {key!r} not understood; use a GPU index (0, 1, ...) or cpu")
+        if not _MEMORY_SIZE.match(size):
+            raise UserError(f"--max-memory size {size!r} not understood; write it like 14GiB, 500MiB or 30GB")
+        device: int | str = int(key) if key.isdigit() else key
+        if device in limits:
+            raise UserError(f"--max-memory names device {key} twice; give each device once")
+        limits[device] = size.replace(" ", "")
+    return limits
+
+
+def _placement_kwargs(device_map: str | None, max_memory: str | None, location: str) -> dict[str, Any]:
+    """from_pretrained's arguments for accelerate's placement; offloaded weights go to the cache."""
+    check_device_map(device_map)
+    limits = parse_max_memory(max_memory)
+    if device_map is None:
+        if limits is not None:
+            raise UserError("--max-memory only applies with --device-map auto, balanced or sequential")
+        return {}
+    import torch
+
+    gpus = torch.cuda.device_count()
+    for device in limits or {}:
+        if isinstance(device, int) and device >= gpus:
+            raise UserError(f"--max-memory names GPU {device}, but only {gpus} GPU(s) are visible here")
+    digest = hashlib.sha256(location.encode()).hexdigest()[:16]
+    kwargs: dict[str, Any] = {"device_map": device_map, "offload_folder": str(cache_home() / "offload" / digest)}
+    if limits is not None:
+        kwargs["max_memory"] = limits
+    return kwargs
 
 
 # --- device and dtype ---------------------------------------------------------------------------
@@ -255,8 +332,13 @@ def load_model(
     dtype: str = "auto",
     trust_remote_code: bool = False,
     report: Report = _quiet,
+    device_map: str | None = None,
+    max_memory: str | None = None,
 ) -> LoadedModel:
-    """Loads a causal LM for experiments (eval mode, gradients off) and checks its family."""
+    """Loads a causal LM for experiments (eval mode, gradients off) and checks its family.
+
+    `device_map` (auto, balanced, sequential) spreads the layers over every visible GPU, then the
+    CPU and the disk, through accelerate; `max_memory` ('0=14GiB,1=14GiB,cpu=30GiB') caps each."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -267,15 +349,17 @@ def load_model(
     if source.kind == "gguf":
         location = str(dequantized_folder(Path(location), report))
     device_name = choose_device(device)
+    placed = _placement_kwargs(device_map, max_memory, location)
     try:
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
         LayerStack.check_family(config.model_type)
         dtype_name = choose_dtype(dtype, device_name, _rough_param_count(config))
         model = AutoModelForCausalLM.from_pretrained(
-            location, dtype=getattr(torch, dtype_name), trust_remote_code=trust_remote_code
+            location, dtype=getattr(torch, dtype_name), trust_remote_code=trust_remote_code, **placed
         )
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
-        model.to(device_name)
+        if not placed:
+            model.to(device_name)
     except UserError:
         raise
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
@@ -285,8 +369,10 @@ def load_model(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     stack = LayerStack(model)
+    if placed:
+        device_name = str(stack.input_device())
     return LoadedModel(model, tokenizer, source.display, location, device_name, dtype_name,
-                       stack.family, len(stack))
+                       stack.family, len(stack), stack.layer_devices(), device_map)
 
 
 def _rough_param_count(config: Any) -> int | None:

@@ -64,8 +64,8 @@ def tokenize_batches(tokenizer, texts: Sequence[str], batch_size: int, max_lengt
 def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Per-row summed NLL of next-token prediction, padding masked (float32 for the softmax)."""
     shifted = logits[:, :-1].float()
-    targets = input_ids[:, 1:]
-    mask = attention_mask[:, 1:].to(shifted.dtype)
+    targets = input_ids[:, 1:].to(shifted.device)  # the head may sit on another GPU than the ids
+    mask = attention_mask[:, 1:].to(shifted.device, shifted.dtype)
     losses = F.cross_entropy(shifted.transpose(1, 2), targets, reduction="none")
     return (losses * mask).sum(dim=1)
 
@@ -77,8 +77,7 @@ class Evaluator:
         self.model = model
         self.stack = LayerStack(model)
         self.texts = list(texts)
-        device = next(model.parameters()).device
-        self.batches = tokenize_batches(tokenizer, self.texts, batch_size, max_length, device)
+        self.batches = tokenize_batches(tokenizer, self.texts, batch_size, max_length, self.stack.input_device())
         self.tokens = np.zeros(len(self.texts))
         for batch in self.batches:
             self.tokens[batch.text_index] = batch.attention_mask[:, 1:].sum(dim=1).cpu().numpy()

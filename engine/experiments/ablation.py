@@ -4,6 +4,7 @@ the model is evaluated from that layer on through the prefix cache, and the weig
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Iterator
@@ -33,6 +34,8 @@ class AblationSettings(EvalTextSettings):
     seed: int = setting(0, "bootstrap seed", low=0)
     prefix_cache: bool = setting(True, "reuse the layers below the ablated one (off only to measure the "
                                  "straightforward version)", cli=False)
+    layers: tuple[int, ...] | None = setting(None, "ablate only these layers (a shard of a split sweep takes a few)",
+                                             low=0, none_word="all")
 
 
 def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:
@@ -40,8 +43,11 @@ def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:
     neighbours = [i for i in (index - 1, index + 1) if 0 <= i < len(stack)]
     if not neighbours:
         raise UserError("a one-layer model has no neighbours to ablate with; use --method skip or zero")
+    stack.check_editable(neighbours)
     mats = [stack.matrices(i) for i in neighbours]
-    return {name: sum(m[name].detach() for m in mats) / len(mats) for name in stack.matrix_names}
+    own = stack.matrices(index)  # neighbours may sit on another GPU: the mean is made where it goes
+    return {name: sum(m[name].detach().to(own[name].device) for m in mats) / len(mats)
+            for name in stack.matrix_names}
 
 
 @contextlib.contextmanager
@@ -74,7 +80,7 @@ class InfluenceMeter:
     def __call__(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
         cos = torch.nn.functional.cosine_similarity(layer_input.float(), layer_output.float(), dim=-1)
         cos = cos.clamp(-1.0, 1.0)
-        mask = batch.attention_mask.to(cos.dtype)
+        mask = batch.attention_mask.to(cos.device, cos.dtype)
         self.influence[index] += float(((1 - cos) * mask).sum())
         self.angular[index] += float((torch.arccos(cos) / math.pi * mask).sum())
         self.count[index] += float(mask.sum())
@@ -96,22 +102,23 @@ def run_ablation(
     if not settings.prefix_cache:
         evaluator.drop_cache()
     baseline = base.perplexity
-    yield Progress(0, n, "ablation")
-    scores = []
-    for index in range(n):
+    todo = range(n) if settings.layers is None else sorted({stack.check_index(i) for i in settings.layers})
+    yield Progress(0, len(todo), "ablation")
+    scores = {}
+    for done, index in enumerate(todo, start=1):
         if cancel is not None:
             cancel.check()
         with ablated(stack, index, settings.method):
             layer_scores = evaluator.scores(index if settings.prefix_cache else 0)
-        scores.append(layer_scores)
+        scores[index] = layer_scores
         ppl = layer_scores.perplexity
         d = degradation_pct(ppl, baseline)
         yield LayerAblated(index, n, ppl, baseline, d, importance_class(d))
-        yield Progress(index + 1, n, "ablation")
+        yield Progress(done, len(todo), "ablation")
 
     influence, angular = meter.means()
     layers = []
-    for index, layer_scores in enumerate(scores):
+    for index, layer_scores in scores.items():
         ppl = layer_scores.perplexity
         d = degradation_pct(ppl, baseline)
         low = high = None
@@ -134,7 +141,6 @@ def run_ablation(
                 angular_distance=float(angular[index]),
             )
         )
-    degradations = [row.degradation_pct for row in layers]
     doc = AblationMap(
         model=model_name,
         method=settings.method,
@@ -144,12 +150,30 @@ def run_ablation(
         seconds=time.perf_counter() - started,
         settings=settings.to_dict(),
         layers=layers,
-        spearman={
-            "block_influence": spearman(influence, degradations),
-            "angular_distance": spearman(angular, degradations),
-        },
+        spearman=spearmans(layers),
     )
     yield Result("ablation", json_safe(doc))
+
+
+def spearmans(layers: list[AblationRow]) -> dict[str, float]:
+    """How well the cheap per-layer measures rank the layers like the ablation does."""
+    degradations = [row.degradation_pct for row in layers]
+    return {
+        "block_influence": spearman([row.block_influence for row in layers], degradations),
+        "angular_distance": spearman([row.angular_distance for row in layers], degradations),
+    }
+
+
+def merge_shards(docs: list[dict], settings: AblationSettings) -> dict:
+    """One map from the maps of a split sweep (each over some layers): rows in layer order and the
+    Spearman over all of them, so the numbers equal a serial run's."""
+    maps = [AblationMap.from_json(doc) for doc in docs]
+    layers = sorted((row for part in maps for row in part.layers), key=lambda row: row.layer)
+    merged = dataclasses.replace(
+        maps[0], seconds=max(part.seconds for part in maps), settings=settings.to_dict(), layers=layers,
+        spearman=spearmans(layers),
+    )
+    return json_safe(merged)
 
 
 def run(settings: AblationSettings, context: RunContext) -> Iterator[Event]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.anatomy import LayerStack
+from engine.anatomy import LayerStack, execution_device
 from engine.errors import UserError
 from engine.events import (
     CancelToken,
@@ -150,7 +150,8 @@ class _BatchMeter:
     def __call__(self, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
         if index != len(self.state):
             raise RuntimeError(f"layer {index} seen out of order")
-        x, y = layer_input[self.keep].float(), layer_output[self.keep].float()
+        keep = self.keep.to(layer_output.device)  # a dispatched model's layers sit on several GPUs
+        x, y = layer_input[keep].float(), layer_output[keep].float()
         delta = y - x
         if index == 0:
             self.embedding_norm = x.norm(dim=-1)
@@ -160,17 +161,21 @@ class _BatchMeter:
         self.norm.append(y.norm(dim=-1))
         self.update_norm.append(delta.norm(dim=-1))
         if self.previous is not None:
-            self.update.append(angle_degrees(self.previous, delta))
+            self.update.append(angle_degrees(self.previous.to(delta.device), delta))
         self.previous = delta
 
     def finish(self) -> dict[str, torch.Tensor]:
         n = int(self.keep.sum())
-        update = torch.stack(self.update, dim=1) if self.update else torch.zeros((n, 0))
+        device = self.keep.device
+
+        def joined(values: list[torch.Tensor]) -> torch.Tensor:
+            return torch.stack([v.to(device) for v in values], dim=1)
+
         return {
-            "angle_state": torch.stack(self.state, dim=1),
-            "angle_update": update,
-            "norm": torch.stack(self.norm, dim=1),
-            "update_norm": torch.stack(self.update_norm, dim=1),
+            "angle_state": joined(self.state),
+            "angle_update": joined(self.update) if self.update else torch.zeros((n, 0)),
+            "norm": joined(self.norm),
+            "update_norm": joined(self.update_norm),
             "embedding_norm": self.embedding_norm,
             **trajectory(self.states),
         }
@@ -211,7 +216,9 @@ class LogitLens:
         self.count = 0.0
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.head(self.norm(hidden))
+        """Each part runs where it lives (the head is often on the last GPU of a dispatched model)."""
+        normed = self.norm(hidden.to(execution_device(self.norm)))
+        logits = self.head(normed.to(execution_device(self.head)))
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
@@ -494,9 +501,9 @@ def run_dynamics(
     started = time.perf_counter()
     all_texts, source = dynamics_texts(settings)
     texts = select_texts(tokenizer, all_texts, settings.max_tokens, settings.max_length)
-    device = next(model.parameters()).device
-    batches = tokenize_batches(tokenizer, texts, settings.eval_batch_size, settings.max_length, device)
-    n_layers = len(LayerStack(model))
+    stack = LayerStack(model)
+    batches = tokenize_batches(tokenizer, texts, settings.eval_batch_size, settings.max_length, stack.input_device())
+    n_layers = len(stack)
     lens = make_lens(model, n_layers, settings.lens) if settings.lens_on else None
     yield Message(f"{len(texts)} texts from {source}; first position "
                   f"{'included' if settings.include_first else 'excluded'}")

@@ -94,12 +94,15 @@ def blend_weights(stack: LayerStack, index: int, changed: set[int]) -> dict[str,
     interpolation between them at `index` (the neighbour mean of A1 when both sit next to it; an
     edge layer takes its single neighbour)."""
     below, above = nearest_kept(len(stack), index, changed)
+    stack.check_editable([i for i in (below, above) if i is not None])
+    own = stack.matrices(index)  # sources may sit on another GPU: the blend is made where it goes
     if below is None or above is None:
         source = stack.matrices(below if above is None else above)
-        return {name: p.detach().clone() for name, p in source.items()}
+        return {name: p.detach().to(own[name].device, copy=True) for name, p in source.items()}
     w_below = (above - index) / (above - below)
     low, high = stack.matrices(below), stack.matrices(above)
-    return {name: w_below * low[name].detach() + (1 - w_below) * high[name].detach() for name in low}
+    return {name: w_below * low[name].detach().to(own[name].device)
+            + (1 - w_below) * high[name].detach().to(own[name].device) for name in low}
 
 
 def clone_source(n_layers: int, index: int, changed: set[int]) -> int:
@@ -122,8 +125,10 @@ def target_weights(
 ) -> dict[str, torch.Tensor] | None:
     """What layer `index`'s matrices become; None for scale/zero, which are done in place."""
     if strategy == "clone":
-        source = stack.matrices(clone_source(len(stack), index, changed))
-        return {name: p.detach() for name, p in source.items()}
+        source_index = clone_source(len(stack), index, changed)
+        stack.check_editable([source_index])
+        source = stack.matrices(source_index)
+        return {name: p.detach() for name, p in source.items()}  # copy_ moves it across devices
     if strategy == "blend":
         return blend_weights(stack, index, changed)
     if strategy == "svd":  # the blend, plus the top-r singular directions of the layer's own difference

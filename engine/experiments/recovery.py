@@ -147,9 +147,8 @@ class _Sweep:
         self.train_source = source.source
         self.evaluator = Evaluator(model, tokenizer, texts, settings.eval_batch_size, settings.max_length)
         self.stack = self.evaluator.stack
-        device = next(model.parameters()).device
         blocks = token_blocks(tokenizer, source.train, settings.block_size, settings.train_blocks)
-        self.blocks = blocks.to(device)
+        self.blocks = blocks.to(self.stack.input_device())
         self.baseline = self.evaluator.build_cache().perplexity
         if not settings.prefix_cache:
             self.evaluator.drop_cache()
@@ -391,9 +390,6 @@ def run_recovery(
         rows[index] = layer_row(index, runs, settings.steps)
         yield RecoveryLayer(index, rows[index])
     ordered = [rows[index] for index in layers]
-    vs_ablation = versus_ablation(ordered, ablation_map)
-    runs = [run for row in ordered for run in row.repeats]
-    run_seconds = [run.seconds_per_step for run in runs if run.seconds_per_step]
     doc = {
         "model": model_name,
         "baseline_ppl": sweep.baseline,
@@ -402,16 +398,27 @@ def run_recovery(
         "train_source": sweep.train_source,
         "train_blocks": len(sweep.blocks),
         "settings": settings.to_dict(),
+        **over_layers(ordered, settings, ablation_map),
+        "resumed_layers": [index for index in layers if index not in todo],
+        "seconds": time.perf_counter() - started,
+    }
+    yield Result("recovery", json_safe(doc))
+
+
+def over_layers(ordered: list[RecoveryRow], settings: RecoverySettings, ablation_map: AblationMap | None
+                ) -> dict[str, Any]:
+    """The parts of the result that compare layers: ranking, Spearman, budget, mean step time."""
+    vs_ablation = versus_ablation(ordered, ablation_map)
+    runs = [run for row in ordered for run in row.repeats]
+    run_seconds = [run.seconds_per_step for run in runs if run.seconds_per_step]
+    return {
         "layers": ordered,
         "ranking": ranking(ordered),
         "spearman_vs_ablation": vs_ablation["difficulty"] if vs_ablation else None,
         "versus_ablation": vs_ablation,
         "budget": training_budget(ordered, settings.steps),
-        "resumed_layers": [index for index in layers if index not in todo],
-        "seconds": time.perf_counter() - started,
         "seconds_per_step": float(np.mean(run_seconds)) if run_seconds else None,
     }
-    yield Result("recovery", json_safe(doc))
 
 
 # --- the registry's entry: checkpoints after every layer, --resume ---------------------------------
@@ -506,3 +513,19 @@ def run(settings: RecoverySettings, context: RunContext) -> Iterator[Event]:
         done_layers=list(state["layers"].values()), ablation=context.inputs.get("ablation"), keep_weights=keep,
     )  # fmt: skip
     yield from events if folder is None else checkpointed(events, Path(folder) / CHECKPOINT_FILE, state)
+
+
+def merge_shards(docs: list[dict[str, Any]], settings: RecoverySettings, ablation: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """One result from the results of a split sweep (each over some layers): rows in the order the
+    layers were asked for, and every comparison across layers made again over all of them."""
+    rows = {row.layer: row for doc in docs for row in map(RecoveryRow.from_json, doc["layers"])}
+    order = sorted(rows) if settings.layers is None else list(dict.fromkeys(settings.layers))
+    resumed = {index for doc in docs for index in doc["resumed_layers"]}
+    ablation_map = AblationMap.from_json(ablation) if ablation else None
+    return json_safe(docs[0] | {
+        "settings": settings.to_dict(),
+        **over_layers([rows[index] for index in order], settings, ablation_map),
+        "resumed_layers": [index for index in order if index in resumed],
+        "seconds": max(doc["seconds"] for doc in docs),
+    })

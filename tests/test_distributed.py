@@ -1,0 +1,157 @@
+"""Sweeps split over worker processes: the same rows as a serial run, one writer, a dead worker named."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import tiny_model
+
+from engine.distributed import World, _Done, _Failed, _Merger, cpu_threads, launch, plan, shard, world_from_env
+from engine.errors import UserError
+from engine.events import Progress, Result
+from engine.experiments.ablation import AblationSettings, merge_shards, run_ablation
+
+TESTS = Path(__file__).resolve().parent
+WORKER = TESTS / "shard_worker.py"
+
+
+@pytest.fixture
+def worker_env(monkeypatch):
+    """Workers import this tree's engine and the tiny models, like the test process does."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS.parent), str(TESTS)]))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_shard_is_a_deterministic_partition():
+    items = list(range(30))
+    parts = [shard(items, rank, 4) for rank in range(4)]
+    assert sorted(sum(parts, [])) == items
+    assert parts[1] == [1, 5, 9, 13, 17, 21, 25, 29]
+    assert shard(items, 2, 4) == parts[2]
+    assert shard([0, 1], 2, 3) == []
+
+
+def test_world_from_env():
+    env = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert world_from_env(env) == World(1, 4, 1, 2)
+    assert not world_from_env(env).is_main
+    assert world_from_env({}) is None
+    assert world_from_env({"RANK": "0", "WORLD_SIZE": "1"}) is None
+    with pytest.raises(UserError, match="integers"):
+        world_from_env({"RANK": "x", "WORLD_SIZE": "2"})
+    assert cpu_threads(10**6) == 1
+
+
+def test_merger_sums_progress_and_names_a_failed_worker():
+    merger = _Merger()
+    (first,) = merger.take(0, Progress(1, 2, "ablation"))
+    assert (first.done, first.total, first.label) == (1, 2, "ablation")
+    (summed,) = merger.take(1, Progress(2, 3, "ablation"))
+    assert (summed.done, summed.total) == (3, 5)
+    assert list(merger.take(1, Result("ablation", {"layers": []}))) == []
+    assert list(merger.take(1, _Done())) == [] and merger.finished == 1  # counted wherever it is read
+    with pytest.raises(UserError, match="^worker rank 1 failed: CUDA out of memory; the sharded job stopped$"):
+        list(merger.take(1, _Failed("CUDA out of memory")))
+
+
+def test_two_workers_give_the_serial_rows(tokenizer, worker_env, tmp_path):
+    import shard_worker
+
+    out = tmp_path / "sharded.json"
+    assert launch([str(WORKER), str(out)], 2) == 0
+    sharded = json.loads(out.read_text(encoding="utf-8"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cpu_threads(2))  # the workers' share, so every sum is reduced alike
+    try:
+        events = list(run_ablation(tiny_model("llama", seed=3), tokenizer, shard_worker.SETTINGS))
+    finally:
+        torch.set_num_threads(threads)
+    assert isinstance(events[-1], Result)
+    serial = json.loads(json.dumps(events[-1].data))
+    assert sharded["result"]["layers"] == serial["layers"]
+    assert sharded["result"]["spearman"] == serial["spearman"]
+    assert sharded["result"]["baseline_ppl"] == serial["baseline_ppl"]
+    assert sharded["kinds"].count("ablation.layer") == 4 and sharded["kinds"][-1] == "job.result"
+    assert sharded["last_progress"] == [4, 4]
+    assert merge_shards([serial], shard_worker.SETTINGS)["layers"] == serial["layers"]
+
+
+def test_a_dead_worker_fails_the_job_in_one_line(worker_env, tmp_path, capsys):
+    out = tmp_path / "sharded.json"
+    assert launch([str(WORKER), str(out), "die"], 2) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert lines == ["error: worker rank 1 failed (killed by SIGKILL); the sharded job stopped"]
+    assert not out.exists()
+
+
+def test_plans_split_layers_and_refuse_other_experiments():
+    from engine.experiments.recovery import RecoverySettings
+
+    split = plan("ablation", AblationSettings(), 4)
+    assert split.items == [0, 1, 2, 3] and split.restrict([1, 3]).layers == (1, 3)
+    assert plan("ablation", AblationSettings(layers=(3, 1)), 4).items == [1, 3]
+    assert plan("recovery", RecoverySettings(layers=(3, 1, 3)), 4).items == [3, 1]
+    with pytest.raises(UserError, match="dynamics does not split"):
+        plan("dynamics", None, 4)
+
+
+def test_launch_needs_two_workers():
+    with pytest.raises(UserError, match="at least 2"):
+        launch([str(WORKER)], 1)
+
+
+def result_of(events) -> dict:
+    events = list(events)
+    assert isinstance(events[-1], Result)
+    return json.loads(json.dumps(events[-1].data))
+
+
+def test_ablation_shards_merge_to_the_serial_map(tokenizer):
+    from dataclasses import replace
+
+    import shard_worker
+
+    model, settings = tiny_model("llama", seed=3), shard_worker.SETTINGS
+    serial = result_of(run_ablation(model, tokenizer, settings))
+    shards = [result_of(run_ablation(model, tokenizer, replace(settings, layers=tuple(shard(range(4), r, 3)))))
+              for r in range(3)]
+    assert [row["layer"] for row in shards[1]["layers"]] == [1]
+    merged = merge_shards(shards, settings)
+    assert {k: v for k, v in merged.items() if k != "seconds"} == {k: v for k, v in serial.items() if k != "seconds"}
+
+
+def test_recovery_shards_merge_to_the_serial_result(tokenizer, tmp_path):
+    from dataclasses import replace
+
+    from engine.experiments.recovery import RecoverySettings, run_recovery
+    from engine.experiments.recovery import merge_shards as merge_recovery
+
+    (tmp_path / "train.txt").write_text("\n".join(f"The cat {i} sat on the mat." for i in range(40)), encoding="utf-8")
+    (tmp_path / "eval.txt").write_text("The dog sat on the mat.\nA cat looked at the dog.", encoding="utf-8")
+    settings = RecoverySettings(layers=(3, 1, 2), sigma=3.0, steps=2, lr=1e-2, batch_size=2, block_size=16,
+                                train_blocks=4, repeats=2, train_file=str(tmp_path / "train.txt"),
+                                eval_file=str(tmp_path / "eval.txt"))
+    model = tiny_model("llama", seed=3)
+    ablation = result_of(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", eval_batch_size=4)))
+    serial = result_of(run_recovery(model, tokenizer, settings, ablation=ablation))
+    shards = [result_of(run_recovery(model, tokenizer, replace(settings, layers=tuple(shard(settings.layers, r, 2))),
+                                     ablation=ablation)) for r in range(2)]
+    merged = merge_recovery(shards, settings, ablation)
+    timing = ("seconds", "seconds_per_step")
+
+    def untimed(doc: dict) -> dict:
+        rows = [{k: v for k, v in row.items() if k not in ("seconds", "seconds_per_step", "repeats")}
+                for row in doc["layers"]]
+        budget_free = {k: v for k, v in doc.items() if k not in (*timing, "layers")}
+        return budget_free | {"layers": rows}
+
+    assert [row["layer"] for row in merged["layers"]] == [3, 1, 2]
+    assert untimed(merged) == untimed(serial)
+    assert [[run["curve"] for run in row["repeats"]] for row in merged["layers"]] == [
+        [run["curve"] for run in row["repeats"]] for row in serial["layers"]
+    ]
