@@ -25,6 +25,7 @@ import torch
 from engine.anatomy import LayerStack
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, event_type, json_safe
+from engine.memory import out_of_memory_guard
 from engine.perplexity import Evaluator, token_nll
 from engine.statistics import spearman
 from engine.text import corpus, eval_texts, token_blocks
@@ -32,6 +33,7 @@ from engine.text import corpus, eval_texts, token_blocks
 PAPER_LAYERS = (11, 14, 17)
 THRESHOLDS = (2.0, 1.5, 1.1)
 DIFFICULTY_THRESHOLD = 1.1  # difficulty = steps to get below 1.1x the baseline
+TRAIN_OOM_ADVICE = "a smaller --batch-size or --block-size, or --dtype float16"
 
 
 @dataclass(frozen=True)
@@ -299,15 +301,17 @@ class _Sweep:
                     self.cancel.check()
                 first = (step - 1) * settings.batch_size
                 rows = [order[(first + i) % len(order)] for i in range(settings.batch_size)]
-                with trainer.autocast():
-                    loss = self.train_loss(index, rows, prefix)
+                with out_of_memory_guard(f"recovery training of layer {index}", TRAIN_OOM_ADVICE):
+                    with trainer.autocast():
+                        loss = self.train_loss(index, rows, prefix)
                 value = float(loss.detach())
                 if not math.isfinite(value):
                     status, diverged_at = "diverged", step
                     self.steps_done += settings.steps - step + 1  # the progress bar still ends full
                     yield Message(f"layer {index}: training loss {value} at step {step}; stopped", "warning")
                     break
-                trainer.step(loss)
+                with out_of_memory_guard(f"recovery training of layer {index}", TRAIN_OOM_ADVICE):
+                    trainer.step(loss)
                 losses.append([step, value])
                 self.steps_done += 1
                 if step % settings.eval_every == 0 or step == settings.steps:
