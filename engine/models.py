@@ -130,6 +130,13 @@ def choose_dtype(requested: str, device: str, n_params: int | None = None, model
     return "float32"
 
 
+def training_precision(device: str, dtype: str) -> dict[str, str]:
+    """The device and forward dtype of a from-scratch training run (growth, toy-depth), 'auto'
+    resolved as for a model load; the run keeps float32 weights and autocasts to the dtype."""
+    chosen = choose_device(device)
+    return {"device": chosen, "dtype": choose_dtype(dtype, chosen)}
+
+
 def dtype_warnings(dtype: str, device: str, model_type: str = "") -> list[str]:
     """Lines to show before a run whose precision is slow or unsafe on this device."""
     found = []

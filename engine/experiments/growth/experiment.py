@@ -48,6 +48,8 @@ from engine.experiments.growth.protocol import (
     validate_phases,
 )
 from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
+from engine.models import training_precision
+from engine.settings import setting
 
 ARMS = ("growth_100", "growth_50", "uniform_100")
 PROMPTS = (
@@ -96,6 +98,9 @@ class GrowthSettings:
     gen_tokens: int = 80
     train_file: str | None = None
     threads: int = 0  # torch CPU threads for the run; 0 leaves torch's default
+    device: str = setting("auto", "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N")
+    dtype: str = setting("auto", "forward precision; the weights and AdamW stay float32 (mixed precision)",
+                         choices=("auto", "float32", "bfloat16", "float16"))
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -183,6 +188,8 @@ def design(settings: GrowthSettings, vocab_size: int, train_tokens: int) -> Desi
         seq_len=settings.seq_len, batch_size=settings.batch_size, lr=settings.lr,
         warmup_frac=settings.warmup_frac, weight_decay=settings.weight_decay, grad_clip=settings.grad_clip,
         eval_every=max(1, settings.eval_every), checkpoint_every=max(0, settings.checkpoint_every),
+        device="cpu" if settings.device == "auto" else settings.device,
+        dtype="float32" if settings.dtype == "auto" else settings.dtype,
     )  # fmt: skip
     return Design(
         arms={a: arms[a] for a in ARMS if a in settings.arms},
@@ -248,6 +255,7 @@ def _run(
     model_dir: Path | None,
     resume: bool,
 ) -> Iterator[Event]:
+    settings = dataclasses.replace(settings, **training_precision(settings.device, settings.dtype))
     corpus = load_corpus(settings.train_file)
     plan = design(settings, corpus.tokenizer.vocab_size, len(corpus.train))
     spec = settings_to_dict(settings)
