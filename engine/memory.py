@@ -18,6 +18,7 @@ import os
 import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from engine.errors import UserError
@@ -38,6 +39,7 @@ class ModelShape:
     intermediate: int
     heads: int
     vocab: int
+    layer_matrices: int = 0  # parameters in one layer's weight matrices (what recovery trains)
 
     @classmethod
     def from_config(cls, config: Any) -> ModelShape:
@@ -47,7 +49,10 @@ class ModelShape:
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
+        from engine.anatomy import LayerStack
+
         params = sum(p.numel() for p in model.parameters())  # tied weights are counted once
+        matrices = sum(p.numel() for p in LayerStack(model).matrices(0).values())
         hidden = _first(config, "hidden_size", "n_embd", "d_model")
         return cls(
             params=params,
@@ -56,6 +61,7 @@ class ModelShape:
             intermediate=_first(config, "intermediate_size", "ffn_dim", "n_inner") or 4 * hidden,
             heads=_first(config, "num_attention_heads", "n_head"),
             vocab=config.vocab_size,
+            layer_matrices=matrices,
         )
 
 
@@ -168,6 +174,37 @@ def training_state_bytes(params: int, dtype: str) -> int:
 def text_lengths(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[int]:
     """Token counts of the evaluation texts as the evaluator will see them (truncated)."""
     return [len(tokenizer(t, truncation=True, max_length=max_length)["input_ids"]) for t in texts]
+
+
+def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto",
+             trust_remote_code: bool = False) -> MemoryPlan:
+    """The plan of an experiment on a model, made before its weights load: the config and the
+    tokenizer are read (cheap), the evaluation texts the settings name are tokenized. Recovery-like
+    settings (block_size and lr) add one layer's training state."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from engine.models import choose_device, choose_dtype, resolve
+    from engine.text import eval_texts
+
+    source = resolve(name)
+    where: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    location = source.location
+    if source.kind == "gguf":
+        location, where = str(Path(location).parent), {"gguf_file": Path(location).name}
+    config = AutoConfig.from_pretrained(location, **where)
+    tokenizer = AutoTokenizer.from_pretrained(location, **where)
+    shape = ModelShape.from_config(config)
+    chosen_device = choose_device(device)
+    chosen_dtype = choose_dtype(dtype, chosen_device, shape.params, config.model_type)
+    batch_size = getattr(settings, "eval_batch_size", None) or getattr(settings, "batch_size", 8)
+    max_length = getattr(settings, "max_length", 256)
+    eval_file = getattr(settings, "eval_file", None)
+    texts = eval_texts(Path(eval_file) if eval_file else None, getattr(settings, "eval_set", "full"))
+    training = None
+    if hasattr(settings, "block_size") and hasattr(settings, "lr"):
+        training = Training(shape.layer_matrices, settings.batch_size, settings.block_size, shape.n_layers)
+    return plan_memory(shape, chosen_dtype, chosen_device, text_lengths(tokenizer, texts, max_length), batch_size,
+                       getattr(settings, "prefix_cache", True), training)
 
 
 _ADVICE = {

@@ -9,6 +9,7 @@ import torch
 from tiny_models import tiny_model
 
 from engine import memory
+from engine.anatomy import LayerStack
 from engine.errors import UserError
 from engine.experiments.recovery import MasterTrainer
 from engine.memory import MemoryPlan, ModelShape, Training, check_fits, fits_beside, plan_memory
@@ -185,3 +186,25 @@ def test_out_of_memory_in_recovery_training_names_it_and_restores(tiny_llama, tm
         list(run_recovery(model, tokenizer, settings))
     monkeypatch.undo()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+def test_plan_run_reads_the_model_folder_and_the_settings_before_any_load(tmp_path):
+    from tiny_models import save_tiny
+
+    from engine.experiments.recovery import RecoverySettings
+    from engine.models import load_model
+
+    folder = save_tiny(tmp_path / "tiny")
+    evaluation = tmp_path / "eval.txt"
+    evaluation.write_text("\n".join(TEXTS), encoding="utf-8")
+    settings = RecoverySettings(eval_file=str(evaluation), eval_batch_size=2, max_length=64, batch_size=3,
+                                block_size=16)
+    plan = memory.plan_run(str(folder), settings, device="cpu", dtype="bfloat16")
+    loaded = load_model(str(folder), device="cpu", dtype="bfloat16")
+    assert plan.weights == sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    evaluator = Evaluator(loaded.model, loaded.tokenizer, TEXTS, 2, 64)
+    evaluator.build_cache()
+    assert plan.prefix_cache == sum(t.numel() * t.element_size() for b in evaluator._layer_inputs for t in b)
+    layer = sum(p.numel() for p in LayerStack(loaded.model).matrices(0).values())
+    assert plan.training > memory.training_state_bytes(layer, "bfloat16") > 0
+    assert plan.device == "cpu" and plan.dtype == "bfloat16"
