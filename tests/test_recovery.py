@@ -295,6 +295,8 @@ def test_resume_refuses_other_settings(tmp_path, texts, capsys):
     assert cli.main(cli_args(folder, texts, "--session", "s", "--resume", "--sigma", "2")) == 2
     assert "sigma" in capsys.readouterr().err
     assert cli.main(cli_args(folder, texts, "--resume")) == 2  # no session named
+    assert cli.main(cli_args(folder, texts, "--session", "s", "--resume", "--steps", "2", "--dtype", "bfloat16")) == 2
+    assert "ran in float32" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def checkpoint_path(session: Session):
     return session.checkpoint_dir(CHECKPOINT_JOB) / CHECKPOINT_FILE
 
 
-def load_finished(session: Session, settings, model_name: str) -> dict[str, Any]:
+def load_finished(session: Session, settings, model_name: str, dtype: str | None = None) -> dict[str, Any]:
     """The finished layers saved by an earlier sweep of this session, checked against `settings`."""
     import json
 
@@ -80,6 +80,8 @@ def load_finished(session: Session, settings, model_name: str) -> dict[str, Any]
         raise UserError(f"{path} is damaged ({exc}); run without --resume to start over") from exc
     if state.get("model") != model_name:
         raise UserError(f"the saved sweep used model {state.get('model')}; resume with that --model")
+    if dtype is not None and state.get("dtype", dtype) != dtype:  # a float16 curve never continues a float32 one
+        raise UserError(f"the saved sweep ran in {state['dtype']}, not {dtype}; resume with --dtype {state['dtype']}")
     saved = state.get("settings", {})
     wanted = settings.resume_key()
     changed = [name for name in wanted if saved.get(name) != wanted[name]]
@@ -124,9 +126,9 @@ def main(args: argparse.Namespace) -> int:
     )
     settings.resolve_layers(loaded.n_layers)  # layer range errors before a job is started
     if args.resume:
-        state = load_finished(session, settings, loaded.name)
+        state = load_finished(session, settings, loaded.name, loaded.dtype_name)
     else:
-        state = {"model": loaded.name, "settings": settings.resume_key(), "layers": {}}
+        state = {"model": loaded.name, "dtype": loaded.dtype_name, "settings": settings.resume_key(), "layers": {}}
     from sessions.layer_weights import save_layer
 
     events = run_recovery(
