@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import traceback
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ class LoadedModel:
     n_layers: int
     layer_devices: list[str] = field(default_factory=list)  # where each layer lives ('disk': offloaded)
     device_map: str | None = None  # the --device-map strategy, None when the model sits on one device
+    tf32: bool = False  # float32 matmuls run as TensorFloat-32 (Ampere+ GPUs)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -67,6 +69,7 @@ class LoadedModel:
             "source": self.source,
             "device": self.device,
             "dtype": self.dtype_name,
+            "tf32": self.tf32,
             "family": self.family,
             "n_layers": self.n_layers,
             "device_map": self.device_map,
@@ -149,6 +152,10 @@ def _placement_kwargs(device_map: str | None, max_memory: str | None, location: 
 # --- device and dtype ---------------------------------------------------------------------------
 
 
+_DEVICE_NAME = re.compile(r"cuda(:\d+)?")
+HALF_UNSAFE = ("gemma2", "gemma3_text", "gemma3")  # activations overflow float16
+
+
 def choose_device(requested: str = "auto") -> str:
     import torch
 
@@ -156,19 +163,26 @@ def choose_device(requested: str = "auto") -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cpu":
         return "cpu"
-    if requested == "cuda" or requested.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {requested}: no CUDA GPU is visible here; use --device cpu")
-        index = int(requested.split(":")[1]) if ":" in requested else 0
-        if index >= torch.cuda.device_count():
-            raise UserError(f"--device {requested}: only {torch.cuda.device_count()} GPU(s); pick another index")
-        return requested
-    raise UserError(f"--device {requested!r} not understood; use auto, cpu, cuda or cuda:N")
+    if not _DEVICE_NAME.fullmatch(requested):
+        raise UserError(f"--device {requested!r} not understood; use auto, cpu, cuda or cuda:N (N = 0, 1, ...)")
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {requested}: no CUDA GPU is visible here; use --device cpu")
+    index = int(requested.split(":")[1]) if ":" in requested else 0
+    if index >= torch.cuda.device_count():
+        raise UserError(f"--device {requested}: only {torch.cuda.device_count()} GPU(s); pick another index")
+    return requested
 
 
-def choose_dtype(requested: str, device: str, n_params: int | None = None) -> str:
+def _capability(device: str) -> tuple[int, int]:
+    import torch
+
+    return torch.cuda.get_device_capability(torch.device(device).index or 0)
+
+
+def choose_dtype(requested: str, device: str, n_params: int | None = None, model_type: str = "") -> str:
     """bfloat16 only where the GPU runs it natively (Ampere+), else float32; float16 only when
-    float32 would not fit on the GPU; always float32 on CPU."""
+    float32 would not fit on the GPU, and never for Gemma 2/3 (their activations overflow it:
+    float32, or one line saying the model does not fit); always float32 on CPU."""
     if requested != "auto":
         if requested not in ("float32", "bfloat16", "float16"):
             raise UserError(f"--dtype {requested!r} not understood; use auto, float32, bfloat16 or float16")
@@ -177,15 +191,50 @@ def choose_dtype(requested: str, device: str, n_params: int | None = None) -> st
         return "float32"
     import torch
 
-    index = torch.device(device).index or 0
-    major, _ = torch.cuda.get_device_capability(index)
-    if major >= 8:
+    if _capability(device)[0] >= 8:
         return "bfloat16"
     if n_params is not None:
-        free, _ = torch.cuda.mem_get_info(index)
+        free, _ = torch.cuda.mem_get_info(torch.device(device).index or 0)
         if n_params * 4 * 1.3 > free:
+            if model_type in HALF_UNSAFE:
+                raise UserError(
+                    f"this Gemma model needs about {n_params * 4 * 1.3 / 1e9:.1f} GB in float32 but {device} has "
+                    f"{free / 1e9:.1f} GB free, and float16 overflows Gemma; use --device cpu, a GPU with "
+                    "bfloat16 (Ampere or later), or --dtype bfloat16 (emulated here, slow)"
+                )
             return "float16"
     return "float32"
+
+
+def training_precision(device: str, dtype: str) -> dict[str, str]:
+    """The device and forward dtype of a from-scratch training run (growth, toy-depth), 'auto'
+    resolved as for a model load; the run keeps float32 weights and autocasts to the dtype."""
+    chosen = choose_device(device)
+    return {"device": chosen, "dtype": choose_dtype(dtype, chosen)}
+
+
+def dtype_warnings(dtype: str, device: str, model_type: str = "") -> list[str]:
+    """Lines to show before a run whose precision is slow or unsafe on this device."""
+    found = []
+    if device.startswith("cuda") and dtype == "bfloat16" and _capability(device)[0] < 8:
+        found.append(f"--dtype bfloat16 on {device} (compute capability {'.'.join(map(str, _capability(device)))}): "
+                     "no native bfloat16 before Ampere, it is emulated and slow; float16 or float32 run natively")
+    if dtype == "float16" and model_type in HALF_UNSAFE:
+        found.append("--dtype float16 on Gemma 2/3: its activations overflow float16 (inf/NaN perplexities); "
+                     "prefer bfloat16 or float32")
+    return found
+
+
+def enable_tf32(device: str, dtype: str) -> bool:
+    """TensorFloat-32 matmuls for float32 on Ampere and later (about 8x the float32 throughput,
+    10-bit mantissa inputs with float32 accumulation). Returns whether it is on."""
+    if not device.startswith("cuda") or dtype != "float32" or _capability(device)[0] < 8:
+        return False
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return True
 
 
 # --- the embedded model -------------------------------------------------------------------------
@@ -262,28 +311,81 @@ def resolve(name: str, report: Report = _quiet) -> ModelSource:
     )
 
 
-def _gguf_cache_dir(gguf: Path) -> Path:
+def _gguf_cache_dir(gguf: Path, dtype: str = "float32") -> Path:
+    """One cached folder per GGUF file and dtype (a 7B model cached in float16 takes half the disk
+    and RAM of float32; float32 keeps the key it always had)."""
     stat = gguf.stat()
     key = f"{CACHE_FORMAT}:{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    if dtype != "float32":
+        key += f":{dtype}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_home() / "dequantized" / f"{gguf.stem}-{digest}"
+    name = f"{gguf.stem}-{digest}" if dtype == "float32" else f"{gguf.stem}-{dtype}-{digest}"
+    return cache_home() / "dequantized" / name
 
 
-def dequantized_folder(gguf: Path, report: Report = _quiet) -> Path:
-    """A folder of safetensors + config + tokenizer made from the GGUF file once, then reused."""
-    folder = _gguf_cache_dir(gguf)
+STAGING_OWNER = ".owner"  # the pid of the process writing a staging folder
+STAGING_GRACE_S = 60.0  # a staging folder with no owner file yet may be seconds old
+
+
+def clean_stale_staging(parent: Path) -> list[Path]:
+    """Removes staging folders left by a dequantization that was killed (their owner process is
+    gone), so a crash does not leave gigabytes behind. Returns what it removed."""
+    import time
+
+    removed = []
+    if not parent.is_dir():
+        return removed
+    for entry in parent.iterdir():
+        if not entry.name.startswith(".") or not entry.is_dir():
+            continue
+        owner = entry / STAGING_OWNER
+        try:
+            pid = int(owner.read_text().strip())
+        except (OSError, ValueError):
+            pid = None
+        if pid is None:
+            try:
+                stale = time.time() - entry.stat().st_mtime > STAGING_GRACE_S
+            except OSError:
+                continue
+        else:
+            stale = not _process_alive(pid)
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def dequantized_folder(gguf: Path, report: Report = _quiet, dtype: str = "float32") -> Path:
+    """A folder of safetensors + config + tokenizer made from the GGUF file once, in the dtype the
+    run uses, then reused."""
+    folder = _gguf_cache_dir(gguf, dtype)
+    clean_stale_staging(folder.parent)
     if (folder / "config.json").exists():
         return folder
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    report(f"dequantizing {gguf.name} once (about 15-20 s); later loads read the cache")
+    report(f"dequantizing {gguf.name} to {dtype} once (15-20 s for the embedded model); later loads read the cache")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
+        (staging / STAGING_OWNER).write_text(str(os.getpid()))
         _save_float_copy(model, staging)
         tokenizer.save_pretrained(staging)
+        (staging / STAGING_OWNER).unlink()
         os.replace(staging, folder)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
@@ -343,27 +445,42 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from engine.anatomy import LayerStack
+    from engine.oom import is_out_of_memory, release_memory
 
     source = resolve(name, report)
     location = source.location
-    if source.kind == "gguf":
-        location = str(dequantized_folder(Path(location), report))
     device_name = choose_device(device)
     placed = _placement_kwargs(device_map, max_memory, location)
     try:
+        if source.kind == "gguf":  # the GGUF header has the config: the dtype is chosen before dequantizing
+            gguf = Path(location)
+            config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            LayerStack.check_family(config.model_type)
+            dtype_name = choose_dtype(dtype, device_name, _rough_param_count(config), config.model_type)
+            location = str(dequantized_folder(gguf, report, dtype_name))
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
         LayerStack.check_family(config.model_type)
-        dtype_name = choose_dtype(dtype, device_name, _rough_param_count(config))
+        dtype_name = choose_dtype(dtype, device_name, _rough_param_count(config), config.model_type)
+        for line in dtype_warnings(dtype_name, device_name, config.model_type):
+            report("warning: " + line)
+        # straight onto the device, tensor by tensor: no full copy in host RAM first
         model = AutoModelForCausalLM.from_pretrained(
-            location, dtype=getattr(torch, dtype_name), trust_remote_code=trust_remote_code, **placed
+            location, dtype=getattr(torch, dtype_name), trust_remote_code=trust_remote_code,
+            **(placed or {"device_map": device_name}),
         )
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
-        if not placed:
-            model.to(device_name)
     except UserError:
         raise
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        if is_out_of_memory(exc):
+            traceback.clear_frames(exc.__traceback__)
+            release_memory()
+            raise UserError(
+                f"out of memory loading {source.display} on {device_name}; try --dtype float16 "
+                "(bfloat16 on Ampere and later) or --device cpu"
+            ) from None
         raise _friendly_load_error(exc, source) from exc
+    tf32 = enable_tf32(device_name, dtype_name)
     model.eval()
     model.requires_grad_(False)
     if tokenizer.pad_token_id is None:
@@ -372,7 +489,7 @@ def load_model(
     if placed:
         device_name = str(stack.input_device())
     return LoadedModel(model, tokenizer, source.display, location, device_name, dtype_name,
-                       stack.family, len(stack), stack.layer_devices(), device_map)
+                       stack.family, len(stack), stack.layer_devices(), device_map, tf32)
 
 
 def _rough_param_count(config: Any) -> int | None:

@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.anatomy import LayerStack
+from engine.oom import out_of_memory_guard
+
+OOM_ADVICE = "a smaller --eval-batch-size or --max-length, or --dtype float16"
 
 
 @dataclass
@@ -61,13 +64,24 @@ def tokenize_batches(tokenizer, texts: Sequence[str], batch_size: int, max_lengt
     return batches
 
 
-def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Per-row summed NLL of next-token prediction, padding masked (float32 for the softmax)."""
-    shifted = logits[:, :-1].float()
-    targets = input_ids[:, 1:].to(shifted.device)  # the head may sit on another GPU than the ids
-    mask = attention_mask[:, 1:].to(shifted.device, shifted.dtype)
-    losses = F.cross_entropy(shifted.transpose(1, 2), targets, reduction="none")
-    return (losses * mask).sum(dim=1)
+def token_nll(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int | None = None
+) -> torch.Tensor:
+    """Per-row summed NLL of next-token prediction, padding masked. The softmax runs in float32,
+    `chunk` tokens at a time (default: 64 MB of float32 logits), so a 128k vocabulary never needs a
+    float32 copy of every logit at once."""
+    from engine.memory import softmax_chunk_tokens
+
+    rows, width, vocab = logits.shape
+    flat = logits[:, :-1].reshape(-1, vocab)
+    targets = input_ids[:, 1:].reshape(-1).to(logits.device)  # the head may sit on another GPU than the ids
+    step = chunk or softmax_chunk_tokens(vocab)
+    losses = torch.cat([
+        F.cross_entropy(flat[i : i + step].float(), targets[i : i + step], reduction="none")
+        for i in range(0, flat.shape[0], step)
+    ]) if flat.shape[0] else flat.new_zeros(0, dtype=torch.float32)  # fmt: skip
+    mask = attention_mask[:, 1:].to(losses.device, torch.float32)
+    return (losses.view(rows, width - 1) * mask).sum(dim=1)
 
 
 class Evaluator:
@@ -104,12 +118,20 @@ class Evaluator:
         """Per-text NLL; with start_layer > 0 the layers below it come from the prefix cache."""
         if start_layer > 0 and self._layer_inputs is None:
             self.build_cache()
+        per_batch = []
+        with out_of_memory_guard("perplexity evaluation", OOM_ADVICE):
+            for b, batch in enumerate(self.batches):
+                hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None
+                with self.stack.starting_at(start_layer, hidden):
+                    per_batch.append(self._forward_nll(batch))
+        return TextScores(self._gather(per_batch), self.tokens.copy())
+
+    def _gather(self, per_batch: list[torch.Tensor]) -> np.ndarray:
+        """Per-text NLL from the batches' device tensors, copied to the host once (one sync)."""
         nll = np.zeros(len(self.texts))
-        for b, batch in enumerate(self.batches):
-            hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None
-            with self.stack.starting_at(start_layer, hidden):
-                nll[batch.text_index] = self._forward_nll(batch).double().cpu().numpy()
-        return TextScores(nll, self.tokens.copy())
+        values = torch.cat(per_batch).double().cpu().numpy()
+        nll[np.concatenate([batch.text_index for batch in self.batches])] = values
+        return nll
 
     def perplexity(self, start_layer: int = 0) -> float:
         return self.scores(start_layer).perplexity
@@ -121,8 +143,12 @@ class Evaluator:
         `observe(batch, index, layer_input, layer_output)` sees every layer on the way, so cheap
         per-layer statistics (Block Influence) come from the same pass.
         """
+        with out_of_memory_guard("building the prefix cache", OOM_ADVICE):
+            return self._build_cache(observe)
+
+    def _build_cache(self, observe) -> TextScores:
         inputs: list[list[torch.Tensor]] = []
-        nll = np.zeros(len(self.texts))
+        per_batch = []
         for batch in self.batches:
             per_layer: list[torch.Tensor] = []
 
@@ -132,10 +158,10 @@ class Evaluator:
                     observe(batch, index, layer_input, layer_output)
 
             with self.stack.capture(keep):
-                nll[batch.text_index] = self._forward_nll(batch).double().cpu().numpy()
+                per_batch.append(self._forward_nll(batch))
             inputs.append(per_layer)
         self._layer_inputs = inputs
-        return TextScores(nll, self.tokens.copy())
+        return TextScores(self._gather(per_batch), self.tokens.copy())
 
     def drop_cache(self) -> None:
         self._layer_inputs = None

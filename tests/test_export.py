@@ -1,4 +1,4 @@
-"""engine.export: recovered layers and growth/uniform models saved as folders that load back."""
+"""engine.experiments.export: recovered layers and growth/uniform models saved as folders that load back."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.export import check_export_folder, export_growth, export_recovered
+from engine.experiments.export import check_export_folder, export_growth, export_recovered
 
 IDS = torch.tensor([[5, 17, 99, 3, 42, 8]])
 

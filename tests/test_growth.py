@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
@@ -265,7 +266,8 @@ def test_settings_and_events_round_trip():
 
 def test_cli_parses_growth_flags(tmp_path):
     from engine.registry import experiment
-    from tui.cli import build_parser, settings_from_args
+    from tui.cli import build_parser
+    from tui.flags import settings_from_args
 
     def parsed(*flags):
         return settings_from_args(experiment("growth"), build_parser("growth").parse_args(["run", "growth", *flags]))
@@ -277,3 +279,36 @@ def test_cli_parses_growth_flags(tmp_path):
     table.write_text(json.dumps([{"name": "all", "layers": list(range(12)), "epochs": 1}]))
     assert parsed("--phases", str(table)).steps == 0  # a table without --steps runs at its own lengths
     assert parsed("--phases", str(table), "--steps", "9").steps == 9
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_growth_follows_float32(dtype):
+    """Mixed precision: float32 weights and AdamW, the forward autocast to the half dtype."""
+    docs = {}
+    for kind in ("float32", dtype):
+        settings = small_settings(steps=12, arms=("growth_100",), checkpoint_every=0, device="cpu", dtype=kind)
+        events = list(run_growth(settings))
+        docs[kind] = next(e.data for e in events if isinstance(e, Result))
+    assert docs[dtype]["settings"]["dtype"] == dtype and docs[dtype]["settings"]["device"] == "cpu"
+    full, half = docs["float32"]["arms"]["growth_100"]["mean"], docs[dtype]["arms"]["growth_100"]["mean"]
+    assert math.isfinite(half) and abs(half - full) <= 0.03 * full
+
+
+def test_training_runs_keep_float32_weights_under_autocast(vocab):
+    from engine.experiments.growth.trainer import ArmPlan, TrainConfig, train_arm
+
+    config = TrainConfig(vocab_size=vocab, hidden_size=16, heads=2, seq_len=16, batch_size=2, lr=3e-3,
+                         warmup_frac=0.1, weight_decay=0.0, grad_clip=1.0, eval_every=100, checkpoint_every=0,
+                         device="cpu", dtype="bfloat16")
+    corpus = load_corpus()
+    plan = ArmPlan("uniform", (Phase("uniform", (0, 1), steps=3),), (8, 8), True)
+    run = train_arm(plan, 0, config, (0, 1), corpus.train, [corpus.val[:34].view(2, 17)])
+    while True:
+        try:
+            next(run)
+        except StopIteration as done:
+            outcome = done.value
+            break
+    assert all(p.dtype == torch.float32 for p in outcome.model.model.parameters())
+    with pytest.raises(UserError, match="not understood"):
+        list(run_growth(small_settings(device="gpu")))

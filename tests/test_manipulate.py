@@ -255,3 +255,24 @@ def test_both_experiments_run_on_every_family(family, tokenizer, short_texts):
     assert len(_run(model, tokenizer, settings)["results"]) == 3 * 5
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
+
+
+@pytest.mark.parametrize(("rows", "cols", "rank"), [(300, 80, 8), (64, 200, 5), (50, 50, 1)])
+def test_low_rank_from_the_gram_matrix_equals_the_truncated_svd(rows, cols, rank):
+    from engine.experiments.manipulate import low_rank
+
+    generator = torch.Generator().manual_seed(rows + cols)
+    # a decaying spectrum, like a weight difference: the top directions are well separated
+    u = torch.linalg.qr(torch.randn(rows, min(rows, cols), generator=generator, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(cols, min(rows, cols), generator=generator, dtype=torch.float64))[0]
+    spectrum = 0.8 ** torch.arange(min(rows, cols), dtype=torch.float64)
+    matrix = ((u * spectrum) @ v.T).float()
+    big_u, s, vh = torch.linalg.svd(matrix.double(), full_matrices=False)
+    reference = (big_u[:, :rank] * s[:rank]) @ vh[:rank]
+    approx = low_rank(matrix, rank)
+    assert approx.dtype == torch.float32 and approx.shape == matrix.shape
+    assert float((approx.double() - reference).norm() / reference.norm()) < 1e-5
+    half = low_rank(matrix.to(torch.bfloat16), rank)
+    assert half.dtype == torch.bfloat16
+    assert float((half.double() - reference).norm() / reference.norm()) < 2e-2
+    assert torch.equal(low_rank(matrix, min(rows, cols)), matrix)  # full rank: the matrix itself

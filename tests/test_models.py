@@ -152,3 +152,121 @@ def test_cached_copy_equals_fresh_gguf_load(embedded, tmp_path):
     cached = embedded.model.state_dict()
     for name, tensor in fresh.state_dict().items():
         assert torch.equal(tensor, cached[name]), name
+
+
+@pytest.mark.parametrize("name", ["cuda:x", "cuda:", "cuda:-1", "gpu", "cuda0", "cuda:1:2"])
+def test_malformed_device_names_are_one_line(name, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(UserError) as info:
+        choose_device(name)
+    assert "not understood" in str(info.value) and "cuda:N" in str(info.value) and "\n" not in str(info.value)
+
+
+def fake_gpu(monkeypatch, capability, free_bytes):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: capability)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=0: (free_bytes, 16 * 2**30))
+
+
+def test_gemma_never_gets_float16(monkeypatch):
+    fake_gpu(monkeypatch, (7, 5), 15 * 2**30)  # a T4
+    assert choose_device("cuda:1") == "cuda:1"
+    assert choose_dtype("auto", "cuda", n_params=2_600_000_000, model_type="gemma2") == "float32"
+    assert choose_dtype("auto", "cuda", n_params=7_000_000_000, model_type="mistral") == "float16"
+    with pytest.raises(UserError) as info:
+        choose_dtype("auto", "cuda", n_params=9_000_000_000, model_type="gemma2")
+    assert "float16 overflows Gemma" in str(info.value) and "\n" not in str(info.value)
+    fake_gpu(monkeypatch, (8, 0), 15 * 2**30)  # an A100 runs it in bfloat16
+    assert choose_dtype("auto", "cuda", n_params=9_000_000_000, model_type="gemma3_text") == "bfloat16"
+
+
+def test_precision_warnings_and_tf32(monkeypatch):
+    from engine.models import dtype_warnings, enable_tf32
+
+    fake_gpu(monkeypatch, (7, 5), 15 * 2**30)
+    (line,) = dtype_warnings("bfloat16", "cuda:0", "llama")
+    assert "emulated" in line and "7.5" in line
+    assert dtype_warnings("float16", "cuda:0", "llama") == []
+    assert "overflow" in dtype_warnings("float16", "cuda:0", "gemma2")[0]
+    assert dtype_warnings("bfloat16", "cpu") == []
+    assert not enable_tf32("cuda:0", "float32")  # pre-Ampere: no TF32 units
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    fake_gpu(monkeypatch, (8, 6), 15 * 2**30)
+    assert dtype_warnings("bfloat16", "cuda:0") == []
+    assert not enable_tf32("cuda:0", "float16") and not torch.backends.cuda.matmul.allow_tf32
+    assert enable_tf32("cuda:0", "float32") and torch.backends.cuda.matmul.allow_tf32
+
+
+def test_load_goes_straight_to_the_device_and_records_precision(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    folder = save_tiny(tmp_path / "tiny")
+    seen = {}
+    real = AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    loaded = load_model(str(folder), device="cpu", dtype="bfloat16")
+    assert seen["device_map"] == "cpu" and seen["dtype"] == torch.bfloat16
+    assert next(loaded.model.parameters()).dtype == torch.bfloat16
+    assert loaded.describe() | {"source": None} == {"name": "tiny", "source": None, "device": "cpu",
+                                                     "dtype": "bfloat16", "tf32": False,
+                                                     "family": "Llama / SmolLM", "n_layers": 4,
+                                                     "device_map": None,
+                                                     "placement": [{"device": "cpu", "layers": [0, 3]}]}
+
+
+def test_out_of_memory_while_loading_is_one_line(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from engine import oom
+
+    folder = save_tiny(tmp_path / "tiny")
+    freed = []
+    monkeypatch.setattr(oom, "release_memory", lambda: freed.append(True))
+
+    def fail(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", fail)
+    with pytest.raises(UserError, match=r"^out of memory loading tiny on cpu; try --dtype float16") as info:
+        load_model(str(folder), device="cpu")
+    assert "\n" not in str(info.value) and freed == [True]
+
+
+def test_gguf_cache_is_keyed_by_dtype_and_stale_staging_is_cleaned(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    from engine import models
+
+    monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    full, half = models._gguf_cache_dir(gguf), models._gguf_cache_dir(gguf, "float16")
+    assert full != half and "float16" in half.name and full.parent == half.parent
+    assert models._gguf_cache_dir(gguf, "bfloat16") not in (full, half)
+    parent = full.parent
+    parent.mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = parent / f".{half.name}.abc"  # a dequantization killed half way: its process is gone
+    killed.mkdir()
+    (killed / models.STAGING_OWNER).write_text(dead.stdout.strip())
+    (killed / "model.safetensors").write_bytes(b"0" * 100)
+    running = parent / f".{full.name}.def"  # another loader writing right now
+    running.mkdir()
+    (running / models.STAGING_OWNER).write_text(str(os.getpid()))
+    fresh = parent / f".{full.name}.ghi"  # just made, owner file not written yet
+    fresh.mkdir()
+    orphan = parent / f".{full.name}.jkl"  # no owner file, old
+    orphan.mkdir()
+    os.utime(orphan, (0, 0))
+    finished = parent / full.name
+    finished.mkdir()
+    assert sorted(models.clean_stale_staging(parent)) == sorted([killed, orphan])
+    assert running.exists() and fresh.exists() and finished.exists() and not killed.exists()

@@ -3,6 +3,7 @@ fit recovers known exponents, and a micro run speaks the documented events and J
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import replace
@@ -224,3 +225,22 @@ def test_cli_resume_continues_a_session_and_refuses_changed_flags(tmp_path, monk
     capsys.readouterr()
     assert main([*flags[:-2], "--steps", "6", "--session", "toy", "--resume"]) == 2
     assert "other settings" in capsys.readouterr().err
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_students_follow_float32(dtype) -> None:
+    """Mixed precision: float32 weights and Adam, the students' forward autocast to the half dtype."""
+    micro = dataclasses.replace(MICRO, regimes=("tied",), bootstrap=0, steps=40)
+    docs = {}
+    for kind in ("float32", dtype):
+        result = list(run_toy_depth(dataclasses.replace(micro, device="cpu", dtype=kind)))[-1]
+        docs[kind] = json.loads(json.dumps(result.data))
+    assert docs[dtype]["settings"]["dtype"] == dtype and docs[dtype]["settings"]["device"] == "cpu"
+    full, half = docs["float32"]["regimes"]["tied"]["loss"], docs[dtype]["regimes"]["tied"]["loss"]
+    assert all(abs(h - f) <= 0.05 * f for h, f in zip(half, full, strict=True))
+
+
+def test_auto_precision_is_recorded_resolved_and_bad_devices_are_one_line() -> None:
+    result = list(run_toy_depth(dataclasses.replace(MICRO, regimes=("tied",), bootstrap=0, steps=4)))[-1]
+    if not torch.cuda.is_available():  # 'auto' is stored as what it resolved to
+        assert result.data["settings"]["dtype"] == "float32" and result.data["settings"]["device"] == "cpu"
+    with pytest.raises(UserError, match="not understood"):
+        list(run_toy_depth(dataclasses.replace(MICRO, device="cuda:x")))

@@ -80,6 +80,20 @@ def test_ridge_statistics_match_sklearn_refits():
     np.testing.assert_allclose(got[2].numpy(), inside[2], rtol=1e-4, atol=1e-5)
 
 
+def test_half_precision_predictions_are_summed_in_float32_and_cast_once():
+    rng = np.random.default_rng(3)
+    layers = [torch.tensor(rng.normal(size=(40, 24)) * 0.02, dtype=torch.bfloat16) for _ in range(12)]
+    rows = np.arange(12)
+    hat = hat_matrix(index_features(12, 2, (1.0,)), 1.0)
+    got = predicted_weights(layers, hat, rows, [4, 9], loo=True)
+    for layer in (4, 9):
+        exact = sum(float(hat[layer, j]) * layers[j].double() for j in rows)
+        exact = layers[layer].double() - (layers[layer].double() - exact) / (1.0 - float(hat[layer, layer]))
+        assert got[layer].dtype == torch.bfloat16 and got[layer].device.type == "cpu"
+        # one rounding at the end: within bfloat16's unit roundoff of the exact value
+        torch.testing.assert_close(got[layer].double(), exact, rtol=2**-8 * 1.01, atol=1e-7)
+
+
 def test_polynomial_weights_are_predicted_exactly_in_and_out_of_sample():
     """W_l = A + x B + x² C with x the normalised index: R² = 1 and cosine 1 both ways (tiny alpha)."""
     rng = np.random.default_rng(2)

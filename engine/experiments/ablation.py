@@ -46,8 +46,11 @@ def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:
     stack.check_editable(neighbours)
     mats = [stack.matrices(i) for i in neighbours]
     own = stack.matrices(index)  # neighbours may sit on another GPU: the mean is made where it goes
-    return {name: sum(m[name].detach().to(own[name].device) for m in mats) / len(mats)
-            for name in stack.matrix_names}
+    means = {}
+    for name in stack.matrix_names:  # summed in float32, cast once: half precision would round twice
+        total = sum(m[name].detach().to(own[name].device).float() for m in mats) / len(mats)
+        means[name] = total.to(own[name].dtype)
+    return means
 
 
 @contextlib.contextmanager
@@ -73,20 +76,23 @@ class InfluenceMeter:
     averaged over real tokens, accumulated while the prefix cache is built."""
 
     def __init__(self, n_layers: int) -> None:
-        self.influence = np.zeros(n_layers)
-        self.angular = np.zeros(n_layers)
-        self.count = np.zeros(n_layers)
+        self.n_layers = n_layers
+        self.sums: torch.Tensor | None = None  # (influence, angular, count) per layer, on the model's device
 
     def __call__(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
+        """Accumulates on the device: no host sync inside the forward's per-layer hooks."""
         cos = torch.nn.functional.cosine_similarity(layer_input.float(), layer_output.float(), dim=-1)
         cos = cos.clamp(-1.0, 1.0)
         mask = batch.attention_mask.to(cos.device, cos.dtype)
-        self.influence[index] += float(((1 - cos) * mask).sum())
-        self.angular[index] += float((torch.arccos(cos) / math.pi * mask).sum())
-        self.count[index] += float(mask.sum())
+        if self.sums is None:
+            self.sums = torch.zeros(3, self.n_layers, dtype=torch.float64, device=cos.device)
+        self.sums[0, index] += ((1 - cos) * mask).sum()
+        self.sums[1, index] += (torch.arccos(cos) / math.pi * mask).sum()
+        self.sums[2, index] += mask.sum()
 
     def means(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.influence / self.count, self.angular / self.count
+        sums = self.sums.cpu().numpy() if self.sums is not None else np.zeros((3, self.n_layers))
+        return sums[0] / sums[2], sums[1] / sums[2]
 
 
 def run_ablation(

@@ -35,7 +35,7 @@ from engine.anatomy import LayerStack
 from engine.errors import UserError
 from engine.events import Event, Message, Progress, PruneExported, PrunePoint, PruneScores, Result, json_safe
 from engine.experiments.ablation import InfluenceMeter
-from engine.export import check_export_folder, save_model_folder
+from engine.experiments.export import check_export_folder, save_model_folder
 from engine.perplexity import Batch, Evaluator, TextScores, token_nll
 from engine.pruning import removed
 from engine.registry import RunContext

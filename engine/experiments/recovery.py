@@ -38,6 +38,7 @@ from engine.events import (
     Result,
     json_safe,
 )
+from engine.oom import out_of_memory_guard
 from engine.perplexity import Evaluator, token_nll
 from engine.registry import RunContext
 from engine.settings import EvalTextSettings, setting
@@ -47,6 +48,7 @@ from engine.text import corpus, eval_texts, token_blocks
 PAPER_LAYERS = (11, 14, 17)
 THRESHOLDS = (2.0, 1.5, 1.1)
 DIFFICULTY_THRESHOLD = 1.1  # difficulty = steps to get below 1.1x the baseline
+TRAIN_OOM_ADVICE = "a smaller --batch-size or --block-size, or --dtype float16"
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,51 @@ def trainable(stack: LayerStack, index: int) -> Iterator[list[torch.nn.Parameter
         for param, flag in zip(params, before, strict=True):
             param.requires_grad_(flag)
             param.grad = None
+
+
+class MasterTrainer:
+    """AdamW on one layer's matrices, right in every precision.
+
+    A float32 model is updated in place. A half-precision model never is: AdamW updates a float32
+    master copy (in float16 its eps of 1e-8 rounds to 0 and the update becomes m/0; in bfloat16
+    updates below the weights' spacing are lost), the forward runs under autocast in the model's
+    dtype, float16 gradients go through a GradScaler (small gradients would flush to zero), and the
+    master, rounded to the model's dtype, is written back after every step."""
+
+    def __init__(self, params: list[torch.nn.Parameter], lr: float) -> None:
+        self.params = params
+        self.dtype = params[0].dtype
+        self.device_type = params[0].device.type
+        self.half = self.dtype in (torch.float16, torch.bfloat16)
+        if self.half:
+            self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+        else:
+            self.master = params
+        self.optimizer = torch.optim.AdamW(self.master, lr=lr)
+        self.scaler = torch.amp.GradScaler(self.device_type, init_scale=2.0**12,
+                                           enabled=self.dtype == torch.float16)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward's precision: the model's own dtype for a half model, untouched for float32."""
+        if not self.half:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def step(self, loss: torch.Tensor) -> None:
+        """One optimizer step from this loss (a step whose scaled float16 gradients overflowed
+        is skipped and the scale lowered, as GradScaler does)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.half:
+            for master, param in zip(self.master, self.params, strict=True):
+                master.grad = None if param.grad is None else param.grad.float()
+                param.grad = None
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.half:
+            with torch.no_grad():
+                for master, param in zip(self.master, self.params, strict=True):
+                    param.copy_(master)
 
 
 class _PrefixDone(Exception):
@@ -205,22 +252,23 @@ class _Sweep:
             curve = [[0, after]]
             yield RecoveryStart(index, repeat, after, baseline, settings.steps)
             yield RecoveryPoint(index, repeat, 0, None, after, after / baseline)
-            optimizer = torch.optim.AdamW(params, lr=settings.lr)
+            trainer = MasterTrainer(params, settings.lr)
             for step in range(1, settings.steps + 1):
                 if self.cancel is not None:
                     self.cancel.check()
                 first = (step - 1) * settings.batch_size
                 rows = [order[(first + i) % len(order)] for i in range(settings.batch_size)]
-                loss = self.train_loss(index, rows, prefix)
+                with out_of_memory_guard(f"recovery training of layer {index}", TRAIN_OOM_ADVICE):
+                    with trainer.autocast():
+                        loss = self.train_loss(index, rows, prefix)
                 value = float(loss.detach())
                 if not math.isfinite(value):
                     status, diverged_at = "diverged", step
                     self.steps_done += settings.steps - step + 1  # the progress bar still ends full
                     yield Message(f"layer {index}: training loss {value} at step {step}; stopped", "warning")
                     break
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+                with out_of_memory_guard(f"recovery training of layer {index}", TRAIN_OOM_ADVICE):
+                    trainer.step(loss)
                 losses.append([step, value])
                 self.steps_done += 1
                 if step % settings.eval_every == 0 or step == settings.steps:

@@ -33,6 +33,7 @@ from engine import powerfit
 from engine.atomic import atomic_write_bytes, atomic_write_json
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, StudentDone, StudentStep
+from engine.models import training_precision
 from engine.registry import RunContext
 from engine.settings import Settings, setting
 
@@ -64,6 +65,9 @@ class ToyDepthSettings(Settings):
     log_every: int = setting(50, "emit a training-loss event every N steps", low=1)
     seed: int = setting(0, "random seed of teachers, students and data", low=0)
     threads: int = setting(1, "torch CPU threads while training (one is fastest for these small matrices)", low=1)
+    device: str = setting("auto", "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N")
+    dtype: str = setting("auto", "students' forward precision; weights and Adam stay float32 (mixed precision)",
+                         choices=("auto", "float32", "bfloat16", "float16"))
 
     def check(self) -> None:
         if not self.student_depths or not self.temperatures or not self.regimes:
@@ -127,6 +131,17 @@ class Teacher:
                 states.append(states[-1] + block_update(states[-1], w1, b1, w2))
         return states
 
+    def to(self, device: str) -> Teacher:
+        """The teacher on `device`; tied blocks stay one tensor."""
+        moved: dict[int, torch.Tensor] = {}
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return moved.setdefault(id(t), t.to(device))
+
+        self.w1, self.b1, self.w2 = ([move(t) for t in ts] for ts in (self.w1, self.b1, self.w2))
+        self.head = self.head.to(device)
+        return self
+
     @torch.no_grad()
     def log_probs(self, x: torch.Tensor, temperature: float) -> torch.Tensor:
         return torch.log_softmax(rms_norm(self.hidden_states(x)[-1]) @ self.head / temperature, dim=-1)
@@ -174,19 +189,27 @@ def train_students(
 ) -> Iterator[StudentStep | list[float]]:
     """Trains `settings.seeds` students of one depth; yields StudentStep events, then the held-out KLs.
     `on_trained` receives the trained students (for a checkpoint) before the KLs are yielded."""
-    students = Students(depth, settings.seeds, settings, generator)
+    device = "cpu" if settings.device == "auto" else settings.device
+    dtype = "float32" if settings.dtype == "auto" else settings.dtype
+    students = Students(depth, settings.seeds, settings, generator).to(device)  # float32 master weights
     optimiser = torch.optim.Adam(students.parameters(), lr=settings.lr)
+    scaler = torch.amp.GradScaler(torch.device(device).type, enabled=dtype == "float16")
+    half = contextlib.nullcontext() if dtype == "float32" else torch.autocast(
+        torch.device(device).type, dtype=getattr(torch, dtype))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, settings.steps) / settings.steps))
     )
     for step in range(1, settings.steps + 1):
         if cancel is not None:
             cancel.check()
-        x = torch.randn(settings.batch_size, settings.width, generator=generator)
-        per_seed = kl(teacher.log_probs(x, temperature), students(x)).mean(dim=1)
+        x = torch.randn(settings.batch_size, settings.width, generator=generator).to(device)
+        with half:  # the teacher's targets stay float32; the KL is taken in float32
+            student_log = students(x)
+        per_seed = kl(teacher.log_probs(x, temperature), student_log.float()).mean(dim=1)
         optimiser.zero_grad(set_to_none=True)
-        per_seed.sum().backward()  # seeds do not interact: each gets its own mean KL's gradient
-        optimiser.step()
+        scaler.scale(per_seed.sum()).backward()  # seeds do not interact: each gets its own mean KL's gradient
+        scaler.step(optimiser)
+        scaler.update()
         schedule.step()
         if step % settings.log_every == 0 or step == settings.steps:
             yield StudentStep(regime=teacher.regime, temperature=temperature, depth=depth, step=step,
@@ -194,7 +217,10 @@ def train_students(
     if on_trained is not None:
         on_trained(students)
     with torch.no_grad():
-        yield [float(v) for v in kl(teacher.log_probs(eval_x, temperature), students(eval_x)).mean(dim=1)]
+        eval_x = eval_x.to(device)
+        with half:
+            student_log = students(eval_x)
+        yield [float(v) for v in kl(teacher.log_probs(eval_x, temperature), student_log.float()).mean(dim=1)]
 
 
 def fit_depth_law(
@@ -364,6 +390,7 @@ def run_toy_depth(settings: ToyDepthSettings, preset: str = "", cancel: CancelTo
 def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
          checkpoint_dir: Path | None = None) -> Iterator[Event]:
     started = time.perf_counter()
+    settings = replace(settings, **training_precision(settings.device, settings.dtype))
     depths = sorted(set(settings.student_depths))
     total = len(settings.regimes) * len(settings.temperatures) * len(depths)
     done = 0
@@ -371,7 +398,7 @@ def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
     yield Progress(0, total, "students")
     for regime in settings.regimes:
         generator = torch.Generator().manual_seed(settings.seed)
-        teacher = Teacher(regime, settings, generator)
+        teacher = Teacher(regime, settings, generator).to(settings.device)
         eval_x = torch.randn(settings.eval_size, settings.width, generator=generator)
         yield Message(f"{regime} teacher: {settings.teacher_depth} layers, width {settings.width}")
         for temperature in settings.temperatures:

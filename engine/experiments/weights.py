@@ -14,6 +14,7 @@ same distribution as generating the matrices element by element.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -253,16 +254,21 @@ def reading(real: float, shuffled: dict, independent: dict, key: str) -> str:
 def predicted_weights(
     tensors: Sequence[torch.Tensor], hat: np.ndarray, rows: np.ndarray, targets: Sequence[int], loo: bool
 ) -> dict[int, torch.Tensor]:
-    """Ridge predictions Ŵ_t = Σ_j H[t, j] W_j (or the leave-one-out ones) for the target layers."""
+    """Ridge predictions Ŵ_t = Σ_j H[t, j] W_j (or the leave-one-out ones) for the target layers.
+
+    One layer at a time: the sum runs in float32 on the weights' device (a half-precision sum of
+    ~30 terms would round at every one) and is cast once to the weights' dtype, then kept in host
+    memory, so the device never holds more than one prediction beside the model."""
     position = {int(layer): i for i, layer in enumerate(rows)}
     out = {}
     for layer in targets:
         i = position[layer]
-        pred = sum(float(hat[i, j]) * tensors[int(r)].detach() for j, r in enumerate(rows))
+        pred = sum(float(hat[i, j]) * tensors[int(r)].detach().float() for j, r in enumerate(rows))
         if loo:
-            own = tensors[layer].detach()
+            own = tensors[layer].detach().float()
             pred = own - (own - pred) / (1.0 - float(hat[i, i]))
-        out[layer] = pred
+        out[layer] = pred.to("cpu", tensors[layer].dtype)
+        del pred
     return out
 
 
@@ -360,6 +366,20 @@ def paradox_order(fits: dict[str, Fit], settings: WeightsSettings) -> list[int]:
     return [int(fit.rows[i]) for i in np.argsort(-score, kind="stable")]
 
 
+@contextlib.contextmanager
+def _preserved_on_host(stack: LayerStack, layers: Sequence[int]) -> Iterator[None]:
+    """stack.preserved with the originals in host memory rather than a second copy on the GPU;
+    restored bit for bit."""
+    saved = {i: {n: p.detach().to("cpu", copy=True) for n, p in stack.matrices(i).items()} for i in layers}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for i, tensors in saved.items():
+                for name, param in stack.matrices(i).items():
+                    param.copy_(tensors[name])
+
+
 def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
     evaluator = Evaluator.for_settings(model, tokenizer, settings)
     baseline = evaluator.build_cache().perplexity
@@ -371,7 +391,7 @@ def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
         if cancel is not None:
             cancel.check()
         layers = sorted(order[:count])
-        with stack.preserved(layers):
+        with _preserved_on_host(stack, layers):
             for name in names:  # one component at a time: components do not feed each other's predictions
                 tensors = [stack.matrices(i)[name] for i in range(len(stack))]
                 predicted = predicted_weights(tensors, analysis.hat_predicted, analysis.predicted, layers,

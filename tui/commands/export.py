@@ -1,5 +1,5 @@
 """`anatomy-tui export SESSION --model recovered|growth|uniform DIR`: a model the session made,
-saved as a Hugging Face folder (engine.export)."""
+saved as a Hugging Face folder (engine.experiments.export)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from engine.export import check_export_folder, export_growth, export_recovered
+    from engine.experiments.export import check_export_folder, export_growth, export_recovered
     from sessions.store import SessionStore
 
     session = SessionStore().open(args.session)

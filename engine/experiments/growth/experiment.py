@@ -64,6 +64,7 @@ from engine.experiments.growth.protocol import (
 )
 from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
 from engine.generation import generate_text
+from engine.models import training_precision
 from engine.registry import RunContext
 from engine.settings import Settings, setting
 
@@ -163,6 +164,9 @@ class GrowthSettings(Settings):
     train_file: str | None = setting(None, "UTF-8 training text, one paragraph a line, every tenth held out "
                                      "(default: built-in)", file="training file")
     threads: int = setting(0, "torch CPU threads (0: torch's default)", low=0)
+    device: str = setting("auto", "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N")
+    dtype: str = setting("auto", "forward precision; the weights and AdamW stay float32 (mixed precision)",
+                         choices=("auto", "float32", "bfloat16", "float16"))
 
     def check(self) -> None:
         check_profile(self.profile)
@@ -251,6 +255,8 @@ def design(settings: GrowthSettings, vocab_size: int, train_tokens: int) -> Desi
         seq_len=settings.seq_len, batch_size=settings.batch_size, lr=settings.lr,
         warmup_frac=settings.warmup_frac, weight_decay=settings.weight_decay, grad_clip=settings.grad_clip,
         eval_every=max(1, settings.eval_every), checkpoint_every=max(0, settings.checkpoint_every),
+        device="cpu" if settings.device == "auto" else settings.device,
+        dtype="float32" if settings.dtype == "auto" else settings.dtype,
     )  # fmt: skip
     return Design(
         arms={a: arms[a] for a in ARMS if a in settings.arms},
@@ -304,6 +310,7 @@ def _run(
     model_dir: Path | None,
     resume: bool,
 ) -> Iterator[Event]:
+    settings = dataclasses.replace(settings, **training_precision(settings.device, settings.dtype))
     corpus = load_corpus(settings.train_file)
     plan = design(settings, corpus.tokenizer.vocab_size, len(corpus.train))
     spec = settings.to_dict()

@@ -9,6 +9,7 @@ arm's whole budget (linear warm-up, cosine decay to 10 %), the same shape for ev
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -40,6 +41,8 @@ class TrainConfig:
     grad_clip: float
     eval_every: int
     checkpoint_every: int
+    device: str = "cpu"
+    dtype: str = "float32"  # the forward's autocast dtype; parameters and AdamW stay float32
 
 
 @dataclass(frozen=True)
@@ -88,15 +91,32 @@ def learning_rate(step: int, total: int, peak: float, warmup_frac: float) -> flo
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager:
+    """Mixed precision: matmuls in the half dtype, float32 parameters and optimizer untouched."""
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
+
+
+def synchronize(device: str) -> None:
+    """Waits for queued GPU work, so a timing covers the work and not only its launch."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: Sequence[torch.Tensor]) -> float:
+def evaluate(
+    model: torch.nn.Module, batches: Sequence[torch.Tensor], device: str = "cpu", dtype: str = "float32"
+) -> float:
     model.eval()
-    total = 0.0
+    total = torch.zeros((), dtype=torch.float64, device=device)
     for batch in batches:
-        logits = model(batch[:, :-1], use_cache=False).logits
-        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)).item()
+        batch = batch.to(device)
+        with autocast(device, dtype):
+            logits = model(batch[:, :-1], use_cache=False).logits
+        total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
     model.train()
-    return total / len(batches)
+    return float(total) / len(batches)
 
 
 def _tensors(grow: GrowingModel, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
@@ -125,9 +145,11 @@ def train_arm(
     """
     c = config
     model = build_model(c.vocab_size, c.hidden_size, c.heads, plan.widths, c.seq_len + 1, seed, plan.uniform)
+    model.to(c.device)  # float32 parameters (the master weights); the forward runs under autocast
     grow = GrowingModel(model, kept)
     params = list(grow.named.values())
     optimizer = torch.optim.AdamW(params, lr=c.lr, betas=(0.9, 0.95), weight_decay=c.weight_decay)
+    scaler = torch.amp.GradScaler(torch.device(c.device).type, enabled=c.dtype == "float16")
     total, tokens_per_step = plan.total_steps, c.batch_size * c.seq_len
     step, seconds, phase_seconds = 0, 0.0, [0.0] * len(plan.phases)
     if resume is not None:
@@ -166,13 +188,19 @@ def train_arm(
             lr = learning_rate(step, total, c.lr, c.warmup_frac)
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            batch = batch.to(c.device)
+            synchronize(c.device)
             began = time.perf_counter()
-            logits = model(batch[:, :-1], use_cache=False).logits
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+            with autocast(c.device, c.dtype):
+                logits = model(batch[:, :-1], use_cache=False).logits
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)  # clip the true gradients
             torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], c.grad_clip)
-            optimizer.step()
+            scaler.step(optimizer)
+            scaler.update()
+            synchronize(c.device)
             took = time.perf_counter() - began
             step, seconds = step + 1, seconds + took
             phase_seconds[index] += took
@@ -182,7 +210,7 @@ def train_arm(
                 n_layers=len(phase.layers),
             )  # fmt: skip
             if step % c.eval_every == 0 or step == end:
-                val_loss = evaluate(model, val_set)
+                val_loss = evaluate(model, val_set, c.device, c.dtype)
                 yield GrowthEval(arm=plan.name, seed=seed, phase=phase.name, step=step, val_loss=val_loss)
             if step == end or (c.checkpoint_every and step % c.checkpoint_every == 0):
                 checkpoint()
@@ -197,4 +225,6 @@ def train_arm(
         for p, s in zip(plan.phases, phase_seconds, strict=True)
     ]  # fmt: skip
     grow.set_active(kept)
-    return ArmOutcome(evaluate(model, val_set), seconds, step, step * tokens_per_step, stats, grow)
+    final = evaluate(model, val_set, c.device, c.dtype)
+    model.to("cpu")  # generation and saving read the final model on the host
+    return ArmOutcome(final, seconds, step, step * tokens_per_step, stats, grow)

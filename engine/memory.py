@@ -1,0 +1,259 @@
+"""Memory: a plan of what a run will hold, made before the model loads, and out-of-memory errors
+turned into one line that says what to change.
+
+The plan counts the tensors our own code keeps alive, not the allocator's slack: the weights
+(parameters x bytes, counted from the config on the meta device, nothing allocated), the prefix
+cache (one hidden state per layer for every padded evaluation token, exactly what
+`Evaluator.build_cache` keeps), the peak of one evaluation forward (activations and the logits,
+with the float32 log-softmax done in chunks), and, where the experiment trains, the training state.
+`check_fits` compares it with free memory with a safety margin, so a run that cannot fit stops
+before any time is spent loading.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from engine.errors import UserError
+
+BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+MARGIN = 0.9  # plan at most 90 % of free memory: the allocator and CUDA context need the rest
+SOFTMAX_CHUNK_BYTES = 64 * 2**20  # float32 logits handled at once by perplexity.token_nll
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a model the plan needs, read from its config."""
+
+    params: int
+    n_layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    vocab: int
+    layer_matrices: int = 0  # parameters in one layer's weight matrices (what recovery trains)
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelShape:
+        """Counts parameters by building the model on the meta device (no memory is allocated)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        from engine.anatomy import LayerStack
+
+        params = sum(p.numel() for p in model.parameters())  # tied weights are counted once
+        matrices = sum(p.numel() for p in LayerStack(model).matrices(0).values())
+        hidden = _first(config, "hidden_size", "n_embd", "d_model")
+        return cls(
+            params=params,
+            n_layers=_first(config, "num_hidden_layers", "n_layer"),
+            hidden=hidden,
+            intermediate=_first(config, "intermediate_size", "ffn_dim", "n_inner") or 4 * hidden,
+            heads=_first(config, "num_attention_heads", "n_head"),
+            vocab=config.vocab_size,
+            layer_matrices=matrices,
+        )
+
+
+def _first(config: Any, *names: str) -> int:
+    for name in names:
+        value = getattr(config, name, None)
+        if value:
+            return int(value)
+    return 0
+
+
+@dataclass(frozen=True)
+class Training:
+    """What an experiment trains: the parameters, and one step's batch."""
+
+    params: int
+    batch_size: int
+    block_size: int
+    layers_with_graph: int  # layers whose activations are kept for the backward
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes of each part a run holds at its peak on one device."""
+
+    device: str
+    dtype: str
+    weights: int
+    prefix_cache: int
+    activations: int
+    logits: int
+    training: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.prefix_cache + self.activations + self.logits + self.training
+
+    def parts(self) -> dict[str, int]:
+        return {"weights": self.weights, "prefix cache": self.prefix_cache, "activations": self.activations,
+                "logits": self.logits, "training": self.training}
+
+    def line(self) -> str:
+        """The plan in one printable line."""
+        shown = " + ".join(f"{name} {_gb(size)}" for name, size in self.parts().items() if size)
+        return f"memory plan on {self.device} ({self.dtype}): {shown} = {_gb(self.total)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "dtype": self.dtype, **{k.replace(" ", "_"): v for k, v in self.parts().items()},
+                "total": self.total}
+
+
+def _gb(size: float) -> str:
+    return f"{size / GB:.2f} GB"
+
+
+def batch_widths(lengths: Sequence[int], batch_size: int) -> list[tuple[int, int]]:
+    """(rows, padded width) of each evaluation batch, grouped as `tokenize_batches` groups them."""
+    ordered = sorted(lengths)
+    return [(len(ordered[s : s + batch_size]), max(ordered[s : s + batch_size]))
+            for s in range(0, len(ordered), batch_size)]
+
+
+def softmax_chunk_tokens(vocab: int) -> int:
+    """Tokens whose float32 logits fit in SOFTMAX_CHUNK_BYTES (at least one)."""
+    return max(1, SOFTMAX_CHUNK_BYTES // (4 * max(vocab, 1)))
+
+
+def plan_memory(
+    shape: ModelShape,
+    dtype: str,
+    device: str,
+    lengths: Sequence[int],
+    batch_size: int,
+    prefix_cache: bool = True,
+    training: Training | None = None,
+) -> MemoryPlan:
+    """The plan for evaluating texts of these token lengths (after truncation) in batches of
+    `batch_size`, with the prefix cache when the experiment builds one, plus training state."""
+    size = BYTES[dtype]
+    widths = batch_widths(lengths, batch_size) or [(0, 0)]
+    cache = shape.n_layers * shape.hidden * size * sum(rows * width for rows, width in widths) if prefix_cache else 0
+    rows, width = max(widths, key=lambda w: w[0] * w[1])
+    tokens = rows * max(width for _, width in widths)
+    # one layer's live tensors (residual, norm, q/k/v/o, the FFN's gate/up/act) plus eager attention scores
+    activations = tokens * (6 * shape.hidden + 3 * shape.intermediate) * size
+    activations += rows * shape.heads * width * width * (size + 4)
+    chunk = min(tokens, softmax_chunk_tokens(shape.vocab))
+    logits = tokens * shape.vocab * size + 2 * chunk * shape.vocab * 4
+    train = 0
+    if training is not None:
+        train = training_state_bytes(training.params, dtype)
+        step_tokens = training.batch_size * training.block_size
+        per_layer = step_tokens * (10 * shape.hidden + 4 * shape.intermediate) * size
+        per_layer += training.batch_size * shape.heads * training.block_size**2 * (2 * size + 4)
+        train += training.layers_with_graph * per_layer
+        train += step_tokens * shape.vocab * (size + 3 * 4)  # logits, their float32 copy, log-softmax, grad
+    return MemoryPlan(device, dtype, shape.params * size, cache, activations, logits, train)
+
+
+def training_state_bytes(params: int, dtype: str) -> int:
+    """AdamW's state for `params` trained parameters: two float32 moments, the gradients, and for
+    a half-precision model the float32 master copy and its float32 gradients."""
+    size = BYTES[dtype]
+    state = 8 * params + size * params
+    if size < 4:
+        state += 8 * params
+    return state
+
+
+def text_lengths(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[int]:
+    """Token counts of the evaluation texts as the evaluator will see them (truncated)."""
+    return [len(tokenizer(t, truncation=True, max_length=max_length)["input_ids"]) for t in texts]
+
+
+def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto",
+             trust_remote_code: bool = False) -> MemoryPlan:
+    """The plan of an experiment on a model, made before its weights load: the config and the
+    tokenizer are read (cheap), the evaluation texts the settings name are tokenized. Recovery-like
+    settings (block_size and lr) add one layer's training state."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from engine.models import choose_device, choose_dtype, resolve
+    from engine.text import eval_texts
+
+    source = resolve(name)
+    where: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    location = source.location
+    if source.kind == "gguf":
+        location, where = str(Path(location).parent), {"gguf_file": Path(location).name}
+    config = AutoConfig.from_pretrained(location, **where)
+    tokenizer = AutoTokenizer.from_pretrained(location, **where)
+    shape = ModelShape.from_config(config)
+    chosen_device = choose_device(device)
+    chosen_dtype = choose_dtype(dtype, chosen_device, shape.params, config.model_type)
+    batch_size = getattr(settings, "eval_batch_size", None) or getattr(settings, "batch_size", 8)
+    max_length = getattr(settings, "max_length", 256)
+    eval_file = getattr(settings, "eval_file", None)
+    texts = eval_texts(Path(eval_file) if eval_file else None, getattr(settings, "eval_set", "full"))
+    training = None
+    if hasattr(settings, "block_size") and hasattr(settings, "lr"):
+        training = Training(shape.layer_matrices, settings.batch_size, settings.block_size, shape.n_layers)
+    return plan_memory(shape, chosen_dtype, chosen_device, text_lengths(tokenizer, texts, max_length), batch_size,
+                       getattr(settings, "prefix_cache", True), training)
+
+
+_ADVICE = {
+    "weights": "--dtype float16 (bfloat16 on Ampere and later) or --device cpu",
+    "prefix cache": "a smaller --eval-batch-size or --max-length, or fewer evaluation texts",
+    "activations": "a smaller --eval-batch-size or --max-length",
+    "logits": "a smaller --eval-batch-size or --max-length",
+    "training": "a smaller --batch-size or --block-size",
+}
+
+
+def check_fits(plan: MemoryPlan, free_bytes: int, experiment: str = "this run") -> None:
+    """One-line UserError naming the largest part and the flag that shrinks it, when the plan
+    needs more than MARGIN of the free memory."""
+    if plan.total <= MARGIN * free_bytes:
+        return
+    largest = max(plan.parts().items(), key=lambda item: item[1])[0]
+    raise UserError(
+        f"{experiment} needs about {_gb(plan.total)} on {plan.device} but {_gb(free_bytes)} is free "
+        f"({largest} {_gb(plan.parts()[largest])}); try {_ADVICE[largest]}"
+    )
+
+
+Placement = Literal["beside", "release", "never"]
+
+
+def fits_beside(plan: MemoryPlan, loaded_bytes: int, free_bytes: int) -> Placement:
+    """Where a job goes on a device that already holds the console's model (`loaded_bytes`):
+    'beside' it, only if the console 'release's its model first, or 'never'."""
+    if plan.total <= MARGIN * free_bytes:
+        return "beside"
+    if plan.total <= MARGIN * (free_bytes + loaded_bytes):
+        return "release"
+    return "never"
+
+
+def free_memory(device: str) -> int:
+    """Bytes free on this device now: the CUDA driver's figure, or the host's available RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        index = torch.device(device).index or 0
+        return int(torch.cuda.mem_get_info(index)[0])
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def model_bytes(model: Any) -> int:
+    """Bytes held by a loaded model's parameters and buffers."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
