@@ -104,7 +104,7 @@ def child(mode: str, tokens: int, model_name: str) -> None:
     texts = select_texts(loaded.tokenizer, dynamics_texts(settings)[0], tokens, settings.max_length)
     if len(texts) * MAX_LENGTH < tokens:
         raise SystemExit(f"the held-out corpus has fewer than {tokens} tokens in full-length texts")
-    batches = tokenize_batches(loaded.tokenizer, texts, settings.batch_size, settings.max_length, "cpu")
+    batches = tokenize_batches(loaded.tokenizer, texts, settings.eval_batch_size, settings.max_length, "cpu")
     with torch.no_grad():  # touch every weight page (the cache is memory-mapped) before measuring
         loaded.model(input_ids=batches[0].input_ids[:1, :4], logits_to_keep=1)
     import sklearn.cluster  # noqa: F401  (loaded before measuring: code is not data)

@@ -153,11 +153,16 @@ def print_dynamics(doc: dict[str, Any]) -> None:
 
 
 def print_scaling_fit(doc: dict[str, Any]) -> None:
-    params, ci95 = doc["params"], doc["ci95"]
+    params, ci95 = doc["params"], doc.get("ci95", {})
     for key in ("alpha_m", "alpha_l", "alpha_D", "L0"):
         interval = f"[{ci95[key][0]:.3f}, {ci95[key][1]:.3f}]" if ci95.get(key) else "n/a"
         print(f"{key:8s} {params[key]:.3f}  95% {interval}")
-    print(f"n_points {doc['n_points']}  heldout_rmse {doc['heldout_rmse']}")
+    profile_ci = doc.get("alpha_l_profile_ci95")
+    if profile_ci:
+        low, high = (f"{v:.3f}" if v is not None else "open" for v in profile_ci)
+        print(f"alpha_l  profile-likelihood 95% [{low}, {high}]")
+    print(f"n_points {doc['n_points']}  objective {doc['objective']:.6g} (mean squared log residual)  "
+          f"heldout_rmse {doc.get('heldout_rmse')}")
 
 
 def print_toy_depth(doc: dict[str, Any]) -> None:
