@@ -190,7 +190,7 @@ class AnatomyApp(App[None]):
             self.run_worker(
                 partial(
                     load_model_work, self.post_message, options.model, options.device, options.dtype,
-                    options.trust_remote_code,
+                    options.trust_remote_code, options.device_map, options.max_memory,
                 ),
                 name="load model",
                 group="model",
@@ -206,6 +206,10 @@ class AnatomyApp(App[None]):
     def model_loaded(self, message: ModelLoaded) -> None:
         loaded = self.loaded = message.loaded
         self.model_status = f"{loaded.name} · {loaded.device} · {loaded.dtype_name} · {loaded.n_layers} layers"
+        if loaded.device_map:  # spread over devices: say where the layers live
+            from engine.models import placement_text
+
+            self.model_status += f" · {placement_text(loaded.layer_devices)}"
         log.info("model loaded: %s", self.model_status)
         self.state.dirty.update({"layers", "jobs"})
         self.update_status()
