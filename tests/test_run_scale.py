@@ -152,3 +152,11 @@ def test_sharded_recovery_resumes_only_the_missing_layers(tiny_folder, worker_en
     assert curves(resumed) == curves(fresh)
     checkpoint = json.loads((store.open("r").checkpoint_dir("recovery") / "layers.json").read_text())
     assert sorted(checkpoint["layers"], key=int) == ["0", "1", "2", "3"]
+
+
+def test_shards_take_one_gpu_each(tiny_folder, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["run", "ablation", "--model", str(tiny_folder), "--shards", "2"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("anatomy-tui: error: --shards 2 but 1 GPU(s) are visible here: one worker per GPU, "
+                    "so at most 1 on this machine")

@@ -74,7 +74,10 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     if world is None and shards > 1:
         from engine.distributed import launch
 
+        _one_gpu_each(shards, "--shards")
         return launch(["-m", "tui.cli", *argv], shards)
+    if world is not None:
+        _one_gpu_each(world.local_size, "torchrun's --nproc-per-node")
     source = settings.inputs_from()
     inputs = _inputs(store.open(source) if source else session, experiment) if main else {}
 
@@ -132,6 +135,16 @@ def _world(experiment: Experiment, args: argparse.Namespace, options: ModelOptio
     if world is not None and shards not in (None, world.size):
         raise UserError(f"--shards {shards} but torchrun started {world.size} workers; drop --shards under torchrun")
     return world
+
+
+def _one_gpu_each(workers: int, what: str) -> None:
+    """Workers on GPUs talk nccl, which refuses two workers on one GPU: at most one per GPU."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if 0 < gpus < workers:
+        raise UserError(f"{what} {workers} but {gpus} GPU(s) are visible here: one worker per GPU, "
+                        f"so at most {gpus} on this machine")
 
 
 def _workers(world: World | None) -> contextlib.AbstractContextManager[Workers | None]:
