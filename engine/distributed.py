@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from engine.errors import UserError
 from engine.events import Event, Progress, Result
+from engine.registry import EXPERIMENTS
 
 T = TypeVar("T")
 
@@ -232,7 +233,7 @@ def launch(argv: Sequence[str], nproc: int) -> int:
 
 # --- which sweeps split, and how -------------------------------------------------------------------
 
-SHARDABLE = ("ablation", "recovery")
+SHARDABLE = tuple(entry.name for entry in EXPERIMENTS if entry.shardable)  # ablation, recovery
 
 
 @dataclass(frozen=True)

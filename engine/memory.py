@@ -180,14 +180,18 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
     settings (block_size and lr) add one layer's training state."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from engine.models import choose_device, choose_dtype, resolve
+    from engine.models import _gguf_cache_dir, choose_device, choose_dtype, resolve
     from engine.text import eval_texts
 
     source = resolve(name)
     where: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     location = source.location
     if source.kind == "gguf":
-        location, where = str(Path(location).parent), {"gguf_file": Path(location).name}
+        cached = _gguf_cache_dir(Path(location))  # config and tokenizer as saved once (reading the GGUF takes 15 s)
+        if (cached / "config.json").exists():
+            location = str(cached)
+        else:
+            location, where = str(Path(location).parent), {"gguf_file": Path(location).name}
     config = AutoConfig.from_pretrained(location, **where)
     tokenizer = AutoTokenizer.from_pretrained(location, **where)
     shape = ModelShape.from_config(config)

@@ -2,17 +2,20 @@
 
 Torch-free, so the CLI derives `--model`, `--device`, `--dtype` and `--trust-remote-code` from
 these fields before anything heavy is imported, and a job file can record them as data.
+`--device-map` and `--max-memory` spread a model that does not fit one GPU over several (accelerate).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from engine.errors import UserError
 from engine.settings import Settings, setting
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_MAPS = ("auto", "balanced", "sequential")  # engine.models.DEVICE_MAPS, without importing it here
 
 
 @dataclass(frozen=True)
@@ -24,14 +27,26 @@ class ModelOptions(Settings):
     device: str = setting("auto", "auto, cpu, cuda or cuda:N")
     dtype: str = setting("auto", "weights' precision", choices=DTYPES)
     trust_remote_code: bool = setting(False, "allow a hub model's own code (off by default)")
+    device_map: str | None = setting(None, "spread the layers over every visible GPU, then CPU and disk "
+                                     "(accelerate)", choices=DEVICE_MAPS, none_word="none")
+    max_memory: str | None = setting(None, "with --device-map: memory each device may take, "
+                                     "e.g. 0=14GiB,1=14GiB,cpu=30GiB", none_word="none")
+
+    def check(self) -> None:
+        from engine.models import parse_max_memory  # torch-free at import; the text is checked now
+
+        parse_max_memory(self.max_memory)
+        if self.max_memory is not None and self.device_map is None:
+            raise UserError("--max-memory only applies with --device-map auto, balanced or sequential")
 
     def load(self, report: Callable[[str], None] = lambda _: None) -> Any:
         """The loaded model (engine.models.LoadedModel); imports torch."""
         from engine.models import load_model
 
         return load_model(self.model, device=self.device, dtype=self.dtype,
-                          trust_remote_code=self.trust_remote_code, report=report)
+                          trust_remote_code=self.trust_remote_code, report=report,
+                          device_map=self.device_map, max_memory=self.max_memory)
 
     def untrusted(self) -> ModelOptions:
         """These options as read from a file someone may have sent: never running a model's code."""
-        return ModelOptions(self.model, self.device, self.dtype, False)
+        return replace(self, trust_remote_code=False)

@@ -55,6 +55,7 @@ class Experiment:
     reads: tuple[str, ...] = ()  # session results handed over in RunContext.inputs
     long: bool = False  # the console runs it as its own process rather than in a thread
     preset: str = ""  # the preset `--preset` starts from when not given (experiments with PRESETS)
+    shardable: bool = False  # its layer sweep splits over worker processes (`--shards N`, torchrun)
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -79,10 +80,10 @@ class Experiment:
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("ablation", "layer-importance map: ablate each layer, measure perplexity",
-               "engine.experiments.ablation", "AblationSettings", writes="ablation"),
+               "engine.experiments.ablation", "AblationSettings", writes="ablation", shardable=True),
     Experiment("recovery", "recovery speed: noise one layer, fine-tune it alone, follow its PPL",
                "engine.experiments.recovery", "RecoverySettings", resumable=True, writes="recovery",
-               reads=("ablation",), long=True),
+               reads=("ablation",), long=True, shardable=True),
     Experiment("growth", "grow a transformer phase by phase from an importance profile vs a uniform one",
                "engine.experiments.growth", "GrowthSettings", needs_model=False, resumable=True,
                writes="growth", reads=("ablation",), long=True, preset="paper"),

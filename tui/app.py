@@ -33,7 +33,17 @@ from engine.settings import Settings
 from engine.variants import SavedModels, Variant, saved_model_path
 from sessions.layer_weights import saved_layers
 from sessions.store import Session, SessionError, SessionStore
-from tui.jobs import BackgroundJob, job_argv, launch_job, reap, resumable_job, resume_argv, stop_job
+from tui.jobs import (
+    BackgroundJob,
+    job_argv,
+    job_options,
+    job_placement,
+    launch_job,
+    reap,
+    resumable_job,
+    resume_argv,
+    stop_job,
+)
 from tui.logging_setup import log_to_file
 from tui.messages import (
     ConsoleReady,
@@ -133,6 +143,10 @@ class AnatomyApp(App[None]):
         self.saved_models = SavedModels()
         self.cancels: dict[str, Any] = {}
         self.background: list[BackgroundJob] = []
+        # the job the console released its model for (reloaded when it ends), and the options the
+        # released model had resolved to (later jobs keep them)
+        self.released_for: BackgroundJob | None = None
+        self.released_options: ModelOptions | None = None
         self.modified_layers: set[int] = set()
         self.generation: Generation | None = None
         self.generations = 0
@@ -185,27 +199,36 @@ class AnatomyApp(App[None]):
         self.poll()
         self.set_interval(POLL_SECONDS, self.poll)
         if self.autoload:
-            options = self.options
-            self.model_status = f"model: loading {options.model}…"
-            self.run_worker(
-                partial(
-                    load_model_work, self.post_message, options.model, options.device, options.dtype,
-                    options.trust_remote_code,
-                ),
-                name="load model",
-                group="model",
-                thread=True,
-                exit_on_error=False,
-                description=f"loading {options.model}",
-            )  # fmt: skip
-            self.update_status()
+            self.load_model_in_background()
         if resumable_job(self.session.jobs()) is not None:
             self.action_resume_job()
+
+    def load_model_in_background(self) -> None:
+        """The console's model, loaded in a thread worker (at start, and again after a job that
+        needed the GPU to itself)."""
+        options = self.options
+        self.model_status = f"model: loading {options.model}…"
+        self.run_worker(
+            partial(
+                load_model_work, self.post_message, options.model, options.device, options.dtype,
+                options.trust_remote_code, options.device_map, options.max_memory,
+            ),
+            name="load model",
+            group="model",
+            thread=True,
+            exit_on_error=False,
+            description=f"loading {options.model}",
+        )  # fmt: skip
+        self.update_status()
 
     @on(ModelLoaded)
     def model_loaded(self, message: ModelLoaded) -> None:
         loaded = self.loaded = message.loaded
         self.model_status = f"{loaded.name} · {loaded.device} · {loaded.dtype_name} · {loaded.n_layers} layers"
+        if loaded.device_map:  # spread over devices: say where the layers live
+            from engine.models import placement_text
+
+            self.model_status += f" · {placement_text(loaded.layer_devices)}"
         log.info("model loaded: %s", self.model_status)
         self.state.dirty.update({"layers", "jobs"})
         self.update_status()
@@ -234,6 +257,10 @@ class AnatomyApp(App[None]):
         """Jobs whose process is gone without a 'finished' event (or that left no job file) read as
         interrupted; the job file's pid tells the status line where each job runs."""
         reap(self.background)
+        if self.released_for is not None and not self.released_for.alive():
+            self.released_for = self.released_options = None
+            self.say("the job that needed the GPU finished: reloading the console's model")
+            self.load_model_in_background()
         if self.session is None:
             return
         docs = self.session.jobs()
@@ -397,13 +424,40 @@ class AnatomyApp(App[None]):
         if entry is None:
             self.say(f"the {experiment} experiment is not in this version of anatomy-tui yet", "warning")
             return None
-        options = self.options if entry.needs_model else None
+        options = None
+        if entry.needs_model:  # the device and dtype the console's model resolved to, not `auto` again
+            options = self.released_options or job_options(self.options, self.loaded)
         try:
             argv = job_argv(experiment, settings, options, self.session.name, resume)
+            placement = job_placement(experiment, settings, options, self.loaded) if options else "beside"
         except UserError as exc:
             self.say(str(exc), "error")
             return None
-        return self.launch(experiment, argv)
+        if placement == "release" and not self.release_model(experiment, options):
+            return None
+        job = self.launch(experiment, argv)
+        if placement == "release":
+            self.released_for = job
+        return job
+
+    def release_model(self, experiment: str, options: ModelOptions | None) -> bool:
+        """Frees the console's model so a job can have its GPU (reloaded when the job ends); not
+        while work in the console is using it."""
+        busy = [*self.cancels, *(["generation"] if self.generation is not None else [])]
+        if busy:
+            self.say(f"the {experiment} job needs the GPU the console's model is on; wait for "
+                     f"{', '.join(busy)} to finish", "warning")
+            return False
+        device = self.loaded.device
+        self.loaded, self.released_options = None, options
+        from engine.oom import release_memory
+
+        release_memory()
+        self.model_status = f"model: released from {device} for the {experiment} job, reloaded when it ends"
+        self.say(f"{device} cannot hold the console's model and the {experiment} job: the console's model is "
+                 "released while the job runs")
+        self.update_status()
+        return True
 
     def launch(self, experiment: str, argv: list[str]) -> BackgroundJob | None:
         if self.session is None:

@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             from tui.runner import run_command
 
-            return run_command(BY_NAME[args.experiment], args)
+            return run_command(BY_NAME[args.experiment], args, argv)
         if args.command == "export":
             return int(args.handler(args) or 0)
         if args.command == "sessions":

@@ -68,11 +68,26 @@ def experiment_flags(parser: argparse.ArgumentParser, experiment: Experiment) ->
     if experiment.resumable:
         parser.add_argument("--resume", action="store_true",
                             help="continue the run checkpointed in --session")
+    if experiment.shardable:
+        taken.add("--shards")
+        parser.add_argument("--shards", type=_shards, default=None, metavar="N",
+                            help="split the layer sweep over N worker processes on this machine (one per GPU, "
+                            "or an equal share of the CPU threads); under torchrun the workers are torchrun's")
     presets = experiment.presets
     if presets:
         parser.add_argument("--preset", default=experiment.preset, choices=sorted(presets),
                             help=f"the settings to start from; flags given override it (default {experiment.preset})")
     add_settings_arguments(parser.add_argument_group("settings"), experiment.defaults(), taken)  # type: ignore[arg-type]
+
+
+def _shards(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"--shards {text}: must be a whole number of workers, at least 1")
+    return count
 
 
 class _Parser(argparse.ArgumentParser):

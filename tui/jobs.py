@@ -14,9 +14,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import UserError
 from engine.options import ModelOptions
@@ -25,6 +25,9 @@ from engine.registry import experiment as find_experiment
 from engine.settings import FieldSpec, Settings
 from sessions.process import job_identity_matches
 from sessions.store import Session, pid_alive
+
+if TYPE_CHECKING:
+    from engine.memory import Placement
 
 
 @dataclass
@@ -75,6 +78,42 @@ def job_argv(
         argv += [_flag(spec, getattr(options, spec.name)) for spec in options.fields()
                  if getattr(options, spec.name) != getattr(default, spec.name)]
     return [*argv, "--session", session, *(["--resume"] if resume else [])]
+
+
+def job_options(options: ModelOptions, loaded: Any | None) -> ModelOptions:
+    """The console's model options with `auto` replaced by what its model resolved to (device and
+    dtype), so a job loads the model the console shows, not a re-resolved one (a 2B model is
+    float32 in the console but would be float16 in a job that resolved `auto` again). A model
+    spread by --device-map keeps its placement flags; only its dtype is pinned."""
+    if loaded is None:
+        return options
+    device = options.device if options.device_map is not None else loaded.device
+    return replace(options, device=device, dtype=loaded.dtype_name)
+
+
+def job_placement(experiment: str, settings: Settings, options: ModelOptions, loaded: Any | None,
+                  free_bytes: int | None = None) -> Placement:
+    """Whether a model job can run beside the console's loaded model: 'beside' (on the CPU, or the
+    GPU holds both), 'release' (the console must free its copy first: also for a model spread over
+    GPUs, and when the job cannot be planned); a job that cannot fit even then is a one-line
+    UserError. `free_bytes` is the GPU's free memory (read from the driver when not given)."""
+    if loaded is None or not str(loaded.device).startswith("cuda"):
+        return "beside"
+    if loaded.device_map is not None:
+        return "release"
+    from engine.memory import check_fits, fits_beside, free_memory, model_bytes, plan_run
+
+    try:  # the plan's sizes depend on the dtype, not the device: planned on "cpu", touching no GPU
+        plan = plan_run(options.model, settings, "cpu", loaded.dtype_name, options.trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError):
+        return "release"
+    plan = replace(plan, device=loaded.device)
+    free = free_memory(loaded.device) if free_bytes is None else free_bytes
+    held = model_bytes(loaded.model)
+    placement = fits_beside(plan, held, free)
+    if placement == "never":
+        check_fits(plan, free + held, f"the {experiment} job")  # one line: what it needs, what to change
+    return placement
 
 
 def resume_argv(doc: Mapping[str, Any], session: Session) -> list[str]:

@@ -23,6 +23,10 @@ def serve_command(args: argparse.Namespace) -> str:
     ]
     if args.trust_remote_code:
         parts.append("--trust-remote-code")
+    for flag, value in (("--device-map", getattr(args, "device_map", None)),
+                        ("--max-memory", getattr(args, "max_memory", None))):
+        if value is not None:
+            parts += [flag, value]
     if args.session:
         parts += ["--session", args.session]
     elif args.resume:

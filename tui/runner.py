@@ -4,15 +4,23 @@ Everything that can fail fast is checked before the slow model load: the setting
 file, the --json path, the session name (and, for --resume, that the session exists). The session
 is created only once the model is loaded and the run starts, so a failed start leaves nothing
 behind. A cancelled run exits 130, a user error 2.
+
+Before the model loads, its memory plan (engine/memory.py) is printed and checked against the free
+memory of the device. `--shards N` relaunches the command as N workers through torch's launcher;
+under torchrun (or that launcher) every worker loads the model on its own device and computes its
+share of the layers, and rank 0 alone opens the session and writes events, checkpoints and results.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.atomic import atomic_write_json, check_writable_path
 from engine.errors import UserError
@@ -23,6 +31,10 @@ from engine.settings import Settings
 from sessions.jobs import run_job
 from sessions.store import Session, SessionStore
 from tui.flags import model_options_from_args, settings_from_args
+
+if TYPE_CHECKING:
+    from engine.distributed import Workers, World
+    from engine.memory import MemoryPlan
 
 CANCELLED = 130
 
@@ -38,38 +50,63 @@ def _report(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def run_command(experiment: Experiment, args: argparse.Namespace) -> int:
+def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     settings = settings_from_args(experiment, args)
     options = model_options_from_args(args) if experiment.needs_model else None
     settings.check_inputs()
-    if args.json is not None:
+    world = _world(experiment, args, options)
+    main = world is None or world.is_main
+    if args.json is not None and main:
         check_writable_path(args.json, "--json")
     store = SessionStore()
     resume = bool(getattr(args, "resume", False))
     session: Session | None = None
-    if resume:
-        if args.session is None:
-            raise UserError(f"--resume needs --session NAME, the session of the interrupted {experiment.name} run")
-        session = store.open(args.session)
-    elif args.session is not None and store.exists(args.session):  # exists() also checks the name
-        session = store.open(args.session)
-    if session is not None:
-        session.check_writable(experiment.writes)  # the event log and the result file: one line now
-    source = settings.inputs_from()
-    inputs = _inputs(store.open(source) if source else session, experiment)
+    if main:  # only rank 0 touches the session (the other workers may be on another machine)
+        if resume:
+            if args.session is None:
+                raise UserError(f"--resume needs --session NAME, the session of the interrupted {experiment.name} run")
+            session = store.open(args.session)
+        elif args.session is not None and store.exists(args.session):  # exists() also checks the name
+            session = store.open(args.session)
+        if session is not None:
+            session.check_writable(experiment.writes)  # the event log and the result file: one line now
+    shards = getattr(args, "shards", None) or 1
+    if world is None and shards > 1:
+        from engine.distributed import launch
 
-    loaded = None
-    if options is not None:
-        loaded = options.load(_report)
-        _report(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
-    if session is None:
-        session = store.create(args.session, model=options.model if options else "", settings=settings.to_dict())
-    context = RunContext(
-        model=loaded, checkpoint_dir=session.checkpoint_dir(experiment.name) if experiment.resumable else None,
-        output_dir=session.path, resume=resume, inputs=inputs,
-    )  # fmt: skip
-    events = experiment.run(settings, context)
-    result = drive(session, experiment.name, settings, options, loaded, events, args.json, resume)
+        _one_gpu_each(shards, "--shards")
+        return launch(["-m", "tui.cli", *argv], shards)
+    if world is not None:
+        _one_gpu_each(world.local_size, "torchrun's --nproc-per-node")
+    source = settings.inputs_from()
+    inputs = _inputs(store.open(source) if source else session, experiment) if main else {}
+
+    with _workers(world) as workers:
+        loaded, plan = None, None
+        if options is not None:
+            if workers is not None:  # one worker per GPU (LOCAL_RANK), or the CPU
+                options = dataclasses.replace(options, device=workers.device)
+            plan = memory_plan(experiment, settings, options, quiet=not main)
+            loaded = options.load(_report)
+            if main:
+                _report(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
+        if session is None and main:
+            session = store.create(args.session, model=options.model if options else "", settings=settings.to_dict())
+        context = RunContext(
+            model=loaded,
+            checkpoint_dir=session.checkpoint_dir(experiment.name) if experiment.resumable and session else None,
+            output_dir=session.path if session else None, resume=resume, inputs=inputs,
+        )  # fmt: skip
+        if workers is None:
+            events: Iterable[Event] = experiment.run(settings, context)
+        else:
+            events = sharded_events(experiment.name, settings, context, workers)
+        if session is None:  # a worker other than rank 0: its events went to rank 0 as they came
+            for _ in events:
+                pass
+            return 0
+        result = drive(session, experiment.name, settings, options, loaded, events, args.json, resume,
+                       plan.to_dict() if plan is not None else None)
     if result is None:
         again = f"; continue with: anatomy-tui run {experiment.name} --session {session.name} --resume"
         print(f"{experiment.name} cancelled{again if experiment.resumable else ''}", file=sys.stderr)
@@ -78,6 +115,132 @@ def run_command(experiment: Experiment, args: argparse.Namespace) -> int:
 
     print_result(experiment.name, result.data)
     return 0
+
+
+def _world(experiment: Experiment, args: argparse.Namespace, options: ModelOptions | None) -> World | None:
+    """The torchrun world this process is a worker of (None when run alone), with the one-line
+    refusals of what cannot be split."""
+    shards = getattr(args, "shards", None)
+    world = None
+    if "WORLD_SIZE" in os.environ:  # started by torchrun (engine.distributed imports torch)
+        from engine.distributed import world_from_env
+
+        world = world_from_env()
+    if (shards or world is not None) and options is not None and options.device_map is not None:
+        raise UserError("--shards (or torchrun) runs a whole model in each worker, --device-map spreads one model "
+                        "over the GPUs: use one of them")
+    if world is not None and not experiment.shardable:
+        raise UserError(f"{experiment.name} does not split over workers; run it without torchrun "
+                        "(ablation and recovery do)")
+    if world is not None and shards not in (None, world.size):
+        raise UserError(f"--shards {shards} but torchrun started {world.size} workers; drop --shards under torchrun")
+    return world
+
+
+def _one_gpu_each(workers: int, what: str) -> None:
+    """Workers on GPUs talk nccl, which refuses two workers on one GPU: at most one per GPU."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if 0 < gpus < workers:
+        raise UserError(f"{what} {workers} but {gpus} GPU(s) are visible here: one worker per GPU, "
+                        f"so at most {gpus} on this machine")
+
+
+def _workers(world: World | None) -> contextlib.AbstractContextManager[Workers | None]:
+    if world is None:
+        return contextlib.nullcontext()
+    from engine.distributed import Workers
+
+    return Workers(world)
+
+
+def memory_plan(experiment: Experiment, settings: Settings, options: ModelOptions, quiet: bool = False
+                ) -> MemoryPlan | None:
+    """The run's memory plan, printed and checked against the device's free memory before the
+    model loads (one line and exit 2 when it cannot fit). A model that cannot be planned without
+    loading it (a hub id offline, an unusual config) gets a one-line note and no plan."""
+    from engine.memory import check_fits, free_memory, plan_run
+
+    try:
+        plan = plan_run(options.model, settings, options.device, options.dtype, options.trust_remote_code)
+    except UserError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError) as exc:
+        lines = str(exc).strip().splitlines()
+        if not quiet:
+            _report(f"memory plan skipped ({lines[0] if lines else type(exc).__name__}); loading the model")
+        return None
+    if options.device_map is not None:  # spread over several devices: no single device to check against
+        if not quiet:
+            _report(f"{plan.line()} in all, spread by --device-map {options.device_map}")
+        return plan
+    if not quiet:
+        _report(plan.line())
+    check_fits(plan, free_memory(plan.device), experiment.name)
+    return plan
+
+
+def sharded_events(name: str, settings: Settings, context: RunContext, workers: Workers) -> Iterator[Event]:
+    """This worker's share of the sweep. On rank 0: every worker's events, then the merged Result
+    (with recovery, each finished layer checkpointed by rank 0 alone); on the others: nothing."""
+    from engine.distributed import plan
+
+    loaded = context.model
+    split = plan(name, settings, loaded.n_layers, context.inputs)
+    if name != "recovery":
+        share_context = RunContext(model=loaded, cancel=context.cancel)
+        return workers.sweep(lambda share: _run_share(name, split.restrict(share), share_context), split.items,
+                             split.merge)
+    return _sharded_recovery(settings, context, workers, split)
+
+
+def _run_share(name: str, settings: Settings, context: RunContext) -> Iterator[Event]:
+    from engine.registry import experiment
+
+    return experiment(name).run(settings, context)
+
+
+def _sharded_recovery(settings: Settings, context: RunContext, workers: Workers, split: Any) -> Iterator[Event]:
+    """Rank 0 reads the checkpoint (with --resume) and hands every worker the finished layers, which
+    are dealt last so the work left is shared evenly; only the missing layers are trained again."""
+    import torch.distributed as dist
+
+    from engine.experiments import recovery
+
+    loaded = context.model
+    key = recovery.sweep_key(settings, loaded)  # type: ignore[arg-type]
+    state: dict[str, Any] = {"key": key, "layers": {}}
+    folder = Path(context.checkpoint_dir) if context.checkpoint_dir is not None else None
+    note = []
+    if workers.world.is_main and folder is not None and context.resume:
+        found = recovery.load_finished(folder / recovery.CHECKPOINT_FILE, key)
+        if found is None:
+            note.append(Message("no finished layer to resume from: the sweep starts from its first layer"))
+        state = found or state
+    shared = [state["layers"], str(folder) if folder is not None else None]
+    dist.broadcast_object_list(shared, src=0, group=workers.group)
+    done = list(shared[0].values())
+    finished = {int(layer) for layer in shared[0]}
+    items = [i for i in split.items if i not in finished] + [i for i in split.items if i in finished]
+    where = Path(shared[1]) if shared[1] else None
+    keep = None
+    if where is not None and where.parent.is_dir():  # the session is on this worker's disk: keep its layers there
+
+        def keep(index: int, tensors: dict[str, Any]) -> None:
+            recovery.save_layer_weights(where / recovery.WEIGHTS_FOLDER, index, tensors, loaded.name)
+
+    def run_share(share: list[int]) -> Iterator[Event]:
+        return recovery.run_recovery(
+            loaded.model, loaded.tokenizer, split.restrict(share), context.cancel, loaded.name, done_layers=done,
+            ablation=context.inputs.get("ablation"), keep_weights=keep,
+        )  # fmt: skip
+
+    events = workers.sweep(run_share, items, split.merge)
+    if workers.world.is_main and folder is not None:
+        events = recovery.checkpointed(events, folder / recovery.CHECKPOINT_FILE, state)
+    yield from note
+    yield from events
 
 
 def drive(
@@ -89,14 +252,18 @@ def drive(
     events: Iterable[Event],
     json_path: Path | None,
     resume: bool = False,
+    memory: dict[str, Any] | None = None,
 ) -> Result | None:
-    """Runs the experiment into the session with a rich progress bar on stderr."""
+    """Runs the experiment into the session with a rich progress bar on stderr; `memory` is the
+    memory plan, recorded in the job file with the model."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as Bar
 
     console = Console(stderr=True)
     spec = {**settings.to_dict(), "model": loaded.describe() if loaded is not None else None}
+    if memory is not None:
+        spec["memory_plan"] = memory
     with Bar(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=False,

@@ -27,15 +27,18 @@ log = logging.getLogger("anatomy_tui.console")
 Post = Callable[[Message], Any]
 
 
-def load_model_work(post: Post, model: str, device: str, dtype: str, trust_remote_code: bool) -> None:
-    """Loads the model; posts ModelLoaded, or ModelFailed with the reason."""
+def load_model_work(post: Post, model: str, device: str, dtype: str, trust_remote_code: bool,
+                    device_map: str | None = None, max_memory: str | None = None) -> None:
+    """Loads the model (over several devices with `device_map`); posts ModelLoaded, or ModelFailed
+    with the reason."""
     from tui.logging_setup import route_transformers_logs
 
     route_transformers_logs()
     from engine.models import load_model
 
     try:
-        loaded = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, report=log.info)
+        loaded = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, report=log.info,
+                            device_map=device_map, max_memory=max_memory)
     except Exception as exc:
         log.exception("loading %s failed", model)
         post(ModelFailed(f"{type(exc).__name__}: {exc}"))

@@ -1,0 +1,97 @@
+"""One model per GPU: jobs the console starts load the model it resolved (device, dtype), and the
+console frees its copy when the GPU cannot hold both, reloading it when the job ends."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_models import save_tiny, tiny_model
+
+from engine.errors import UserError
+from engine.experiments.ablation import AblationSettings
+from engine.memory import plan_run
+from engine.models import LoadedModel
+from engine.options import ModelOptions
+from tui.jobs import BackgroundJob, job_argv, job_options, job_placement
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+def on_gpu(folder: Path, device: str = "cuda:0", dtype: str = "float16", device_map: str | None = None
+           ) -> LoadedModel:
+    """The console's model as if loaded on a GPU (the tensors stay on the CPU: only sizes are read)."""
+    return LoadedModel(tiny_model("llama"), None, folder.name, str(folder), device, dtype, "llama", 4,
+                       device_map=device_map)
+
+
+def test_jobs_get_the_resolved_device_and_dtype(tiny_folder):
+    options = ModelOptions(str(tiny_folder))  # auto, auto
+    resolved = job_options(options, on_gpu(tiny_folder))
+    assert (resolved.device, resolved.dtype) == ("cuda:0", "float16")
+    argv = job_argv("ablation", AblationSettings(), resolved, "s", resume=False)
+    assert "--device=cuda:0" in argv and "--dtype=float16" in argv
+    assert job_options(options, None) == options
+    spread = job_options(ModelOptions(str(tiny_folder), device_map="auto"), on_gpu(tiny_folder, device_map="auto"))
+    assert (spread.device, spread.dtype, spread.device_map) == ("auto", "float16", "auto")
+
+
+def test_placement_against_a_fake_gpu_budget(tiny_folder):
+    settings = AblationSettings(eval_set="paper")
+    loaded = on_gpu(tiny_folder)
+    options = job_options(ModelOptions(str(tiny_folder)), loaded)
+    need = plan_run(str(tiny_folder), settings, "cpu", "float16").total
+    held = sum(t.numel() * t.element_size() for t in [*loaded.model.parameters(), *loaded.model.buffers()])
+    assert job_placement("ablation", settings, options, loaded, free_bytes=10 * need) == "beside"
+    assert job_placement("ablation", settings, options, loaded, free_bytes=int(need / 0.9) - held // 2) == "release"
+    with pytest.raises(UserError, match=r"^the ablation job needs about .* on cuda:0 but .* is free"):
+        job_placement("ablation", settings, options, loaded, free_bytes=0)
+    cpu = on_gpu(tiny_folder, device="cpu", dtype="float32")
+    assert job_placement("ablation", settings, options, cpu, free_bytes=0) == "beside"  # no GPU to share
+    assert job_placement("ablation", settings, options, None, free_bytes=0) == "beside"
+    spread = on_gpu(tiny_folder, device_map="auto")
+    assert job_placement("ablation", settings, options, spread, free_bytes=10 * need) == "release"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_home, monkeypatch, tiny_folder):
+    import tui.app as app_module
+    from tui.app import AnatomyApp
+
+    stub = on_gpu(tiny_folder)
+    loads, started = [], []
+
+    def fake_load(name, **kwargs):
+        loads.append(name)
+        return stub
+
+    def fake_launch(session, experiment, argv):
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+        started.append(argv)
+        return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
+
+    monkeypatch.setattr("engine.models.load_model", fake_load)
+    monkeypatch.setattr(app_module, "launch_job", fake_launch)
+    monkeypatch.setattr(app_module, "job_placement", lambda *args, **kwargs: "release")
+    app = AnatomyApp(session="demo", options=ModelOptions(str(tiny_folder)))
+    async with app.run_test(size=(120, 36)) as pilot:
+        for _ in range(100):
+            if app.loaded is stub:
+                break
+            await pilot.pause(0.1)
+        await pilot.press("b")  # the layer map as a job
+        await pilot.pause()
+        assert app.loaded is None and "released from cuda:0" in app.model_status
+        [argv] = started
+        assert "--device=cuda:0" in argv and "--dtype=float16" in argv
+        for _ in range(100):
+            if len(loads) == 2 and app.loaded is stub:
+                break
+            await pilot.pause(0.1)
+        assert len(loads) == 2 and app.loaded is stub and app.released_for is None

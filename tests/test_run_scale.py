@@ -1,0 +1,162 @@
+"""`anatomy-tui run` at scale: the memory plan before the load, --device-map/--max-memory flags, and
+--shards (torch's launcher, one writer) giving the serial run's rows."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import save_tiny
+
+from sessions.store import SessionStore
+from tui.cli import build_parser, main
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("model") / "tiny", seed=3)
+
+
+@pytest.fixture
+def worker_env(monkeypatch):
+    """Workers started by --shards import this tree, and start outside any torchrun world."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS.parent), str(TESTS)]))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def only_job(session: str) -> dict:
+    (doc,) = SessionStore().open(session).jobs().values()
+    return doc
+
+
+def test_the_memory_plan_is_printed_and_recorded(tiny_folder, capsys):
+    from transformers import AutoModelForCausalLM
+
+    assert main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--session", "p"]) == 0
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("memory plan on cpu (float32): weights ")]
+    plan = only_job("p")["spec"]["memory_plan"]
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_folder).parameters())
+    assert plan["device"] == "cpu" and plan["weights"] == 4 * params
+    assert plan["prefix_cache"] > 0 and plan["total"] == sum(
+        plan[part] for part in ("weights", "prefix_cache", "activations", "logits", "training"))
+
+
+def test_a_plan_that_does_not_fit_stops_before_the_load(tiny_folder, monkeypatch, capsys):
+    import engine.memory
+    import engine.models
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model must not load")
+
+    monkeypatch.setattr(engine.memory, "free_memory", lambda device: 1000)
+    monkeypatch.setattr(engine.models, "load_model", no_load)
+    assert main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--session", "q"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith("anatomy-tui: error: ablation needs about ")
+    assert "0.00 GB is free" in errors[0] and "try " in errors[0]
+    assert not SessionStore().exists("q")
+
+
+def test_a_model_that_cannot_be_planned_is_loaded_with_a_note(tiny_folder, monkeypatch, capsys):
+    import engine.memory
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co'\nmore")
+
+    monkeypatch.setattr(engine.memory, "plan_run", offline)
+    assert main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--session", "n"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert "memory plan skipped (We couldn't connect to 'https://huggingface.co'); loading the model" in err
+    assert "memory_plan" not in only_job("n")["spec"]
+
+
+def test_device_map_and_max_memory_flags(tiny_folder, capsys):
+    from tui.flags import model_options_from_args
+
+    console = build_parser().parse_args(["--device-map", "auto", "--max-memory", "0=14GiB,cpu=30GiB"])
+    options = model_options_from_args(console)
+    assert (options.device_map, options.max_memory) == ("auto", "0=14GiB,cpu=30GiB")
+    assert model_options_from_args(build_parser().parse_args(["--device-map", "none"])).device_map is None
+    run = build_parser("ablation").parse_args(["run", "ablation", "--device-map", "sequential"])
+    assert model_options_from_args(run).device_map == "sequential"
+    cases = [
+        (["--shards", "2", "--device-map", "auto"], "use one of them"),
+        (["--max-memory", "0=14"], "--max-memory size '14' not understood"),
+        (["--max-memory", "0=14GiB"], "--max-memory only applies with --device-map"),
+    ]
+    for flags, fragment in cases:
+        assert main(["run", "ablation", "--model", str(tiny_folder), *flags]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("anatomy-tui: error: ") and fragment in line
+    with pytest.raises(SystemExit):  # not a flag of dynamics: argparse's usage error
+        main(["run", "dynamics", "--shards", "2"])
+    assert "unrecognized arguments: --shards 2" in capsys.readouterr().err
+
+
+def test_torchrun_refuses_an_experiment_that_does_not_split(tiny_folder, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["run", "dynamics", "--model", str(tiny_folder)]) == 2
+    assert "dynamics does not split over workers" in capsys.readouterr().err
+
+
+def serially(argv: list[str]) -> int:
+    """A run in this process with each shard's thread count, so every sum is reduced alike."""
+    from engine.distributed import cpu_threads
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cpu_threads(2))
+    try:
+        return main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_two_shards_give_the_serial_map(tiny_folder, worker_env, capsys):
+    argv = ["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--eval-batch-size", "4"]
+    assert main([*argv, "--shards", "2", "--session", "sharded"]) == 0
+    assert serially([*argv, "--session", "serial"]) == 0
+    store = SessionStore()
+    sharded, serial = store.open("sharded"), store.open("serial")
+    assert sharded.load_result("ablation")["layers"] == serial.load_result("ablation")["layers"]
+    events = [json.loads(line) for line in (sharded.path / "events.jsonl").read_text().splitlines()]
+    assert sorted(e["layer"] for e in events if e["kind"] == "ablation.layer") == [0, 1, 2, 3]
+    assert len(sharded.jobs()) == 1 and only_job("sharded")["status"] == "done"  # one writer, one job
+    assert only_job("sharded")["pid"] != os.getpid()  # written by rank 0 of the launched workers
+
+
+def test_sharded_recovery_resumes_only_the_missing_layers(tiny_folder, worker_env, tmp_path, capsys):
+    train, held_out = tmp_path / "train.txt", tmp_path / "eval.txt"
+    train.write_text("\n".join(f"The cat {i} sat on the mat." for i in range(40)), encoding="utf-8")
+    held_out.write_text("The dog sat on the mat.\nA cat looked at the dog.", encoding="utf-8")
+    argv = ["run", "recovery", "--model", str(tiny_folder), "--sigma", "3", "--steps", "2", "--lr", "0.01",
+            "--batch-size", "2", "--block-size", "16", "--train-blocks", "4", "--train-file", str(train),
+            "--eval-file", str(held_out)]
+    assert serially([*argv, "--layers", "1,2", "--session", "r"]) == 0  # a sweep stopped after two layers
+    assert main([*argv, "--layers", "0,1,2,3", "--session", "r", "--resume", "--shards", "2"]) == 0
+    assert serially([*argv, "--layers", "0,1,2,3", "--session", "fresh"]) == 0
+    store = SessionStore()
+    resumed, fresh = store.open("r").load_result("recovery"), store.open("fresh").load_result("recovery")
+    assert resumed["resumed_layers"] == [1, 2]
+
+    def curves(doc: dict) -> list:
+        return [(row["layer"], [run["curve"] for run in row["repeats"]]) for row in doc["layers"]]
+
+    assert curves(resumed) == curves(fresh)
+    checkpoint = json.loads((store.open("r").checkpoint_dir("recovery") / "layers.json").read_text())
+    assert sorted(checkpoint["layers"], key=int) == ["0", "1", "2", "3"]
+
+
+def test_shards_take_one_gpu_each(tiny_folder, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["run", "ablation", "--model", str(tiny_folder), "--shards", "2"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == ("anatomy-tui: error: --shards 2 but 1 GPU(s) are visible here: one worker per GPU, "
+                    "so at most 1 on this machine")
