@@ -42,14 +42,12 @@ def probe(mode: str, session: str, model: str, started: float) -> None:
             if mode == "eager":
                 self.exit()
 
-        def load_model_work(self) -> None:
-            super().load_model_work()
-            times["model_loaded"] = time.time() - started
-            if mode == "cold":
-                self.call_from_thread(self.action_compute_map)
-
         def poll(self) -> None:
             super().poll()
+            if self.loaded is not None and "model_loaded" not in times:  # the worker's ModelLoaded arrived
+                times["model_loaded"] = time.time() - started
+                if mode == "cold" and "ablation" not in self.cancels:
+                    self.action_compute_map()
             screen = self._console()
             if mode in ("cold", "cached") and screen is not None and "ablation" in self.state.results:
                 if screen.query_one(LayerMap).row_count == len(self.state.results["ablation"]["layers"]):

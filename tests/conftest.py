@@ -13,6 +13,17 @@ def isolated_home(tmp_path, monkeypatch):
     return tmp_path / "sessions"
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matrices: one thread is many times faster than several fighting over a loaded CPU."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return byte_tokenizer()

@@ -24,12 +24,7 @@ TRAIN = "\n".join(f"The cat number {i} sat on the mat and looked at the dog for 
 CURVE_KEYS = {"method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

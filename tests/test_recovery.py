@@ -44,13 +44,7 @@ TRAIN = "\n".join(f"The cat number {i} sat on the mat and looked at the dog for 
 EVAL = ["The dog sat on the mat.", "A cat looked at the dog.", "Number seven sat for a while."]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is many times faster than several fighting over a loaded CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
