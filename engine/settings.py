@@ -109,7 +109,9 @@ class FieldSpec:
 
     # checking one value ------------------------------------------------------------------------
     def fail(self, value: Any, rule: str | None = None) -> UserError:
-        shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        if not shown.isprintable():  # a newline or a control character typed: the error stays one line
+            shown = repr(shown)
         return UserError(f"{self.flag} {shown}: must be {rule or self.rule()} (default {self.default_text()})")
 
     def default_text(self) -> str:

@@ -26,6 +26,11 @@ def chosen_experiment(argv: Sequence[str]) -> str | None:
     return next((word for word in argv[list(argv).index("run") + 1 :] if word in BY_NAME), None)
 
 
+def one_line(text: str) -> str:
+    """An error as one line: a newline or control character (in a typed path, say) is escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="anatomy-tui",
@@ -84,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return launch(args)
     except (UserError, SessionError) as exc:
-        print(f"anatomy-tui: error: {exc}", file=sys.stderr)
+        print(f"anatomy-tui: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("anatomy-tui: interrupted", file=sys.stderr)
