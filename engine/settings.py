@@ -21,6 +21,7 @@ from engine.errors import UserError
 S = TypeVar("S", bound="Settings")
 
 _MISSING = dataclasses.MISSING
+MAX_SEED = 2**31 - 1  # numpy's legacy, sklearn's and torch's generators all take it (seed + index too)
 
 
 def setting(

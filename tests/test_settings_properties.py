@@ -100,7 +100,8 @@ def _obeys(spec: FieldSpec, value: Any) -> None:
             assert meta.get("below") is None or item < meta["below"], (spec.name, item)
 
 
-def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[int | None, list[str], Any]:
+def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+         ) -> tuple[int | None, list[str], Any]:
     """main(argv) stopped after validation: (exit code or None when validated, stderr lines, settings)."""
     seen: dict[str, Any] = {}
     original = tui.runner.settings_from_args

@@ -21,7 +21,7 @@ from engine import powerfit
 from engine.errors import UserError
 from engine.events import CancelToken, Event, FitStage, Message, Progress, Result
 from engine.registry import RunContext
-from engine.settings import Settings, setting
+from engine.settings import MAX_SEED, Settings, setting
 
 TERMS = ("m", "l", "D")
 PARAM_KEYS = ("alpha_m", "alpha_l", "alpha_D", "c_m", "c_l", "c_D", "L0")
@@ -68,7 +68,7 @@ class ScalingFitSettings(Settings):
                                       low=1)
     heldout_splits: int = setting(20, "random train/test splits for held-out error", low=0)
     heldout_fraction: float = setting(0.2, "share of runs held out per split", above=0, below=1)
-    seed: int = setting(0, "random seed", low=0)
+    seed: int = setting(0, "random seed", low=0, high=MAX_SEED)
     budgets: tuple[float, ...] = setting((1e8, 1e9, 1e10, 1e11), "parameter budgets N for the optimal "
                                          "width/depth table", above=0)
     optimizer: str = setting("lm", "lm: least squares from many starts (Levenberg-Marquardt); paper: paper B's "

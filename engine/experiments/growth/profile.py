@@ -14,7 +14,6 @@ covers is anti; otherwise it takes the most important class among its non-anti l
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 
