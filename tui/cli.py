@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import typing
 from collections.abc import Sequence
 
 from engine.errors import UserError
@@ -31,8 +32,17 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage mistake is one line and exit 2 like any bad value (argparse prints its usage block)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        if "expected one argument" in message:  # argparse reads '-0.5,1' or '-inf' as a flag
+            message += "; write a value that starts with '-' as --flag=VALUE (--alphas=-0.5,1)"
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="anatomy-tui",
         description="A terminal lab console for the anatomy of transformer language models.",
     )
