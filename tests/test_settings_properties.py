@@ -327,3 +327,12 @@ def test_scaling_fit_says_which_rows_it_drops_and_strict_refuses_them(tmp_path, 
     assert code == 2 and len(err) == 1 and "6 rows are not usable runs" in err[0] and "line 14" in err[0], err
     clean = _csv(tmp_path, GOOD_ROWS)
     assert load_runs(clean, ScalingFitSettings(csv=str(clean), strict=True)).dropped == ()
+
+
+def test_a_count_too_large_for_memory_is_one_line(tmp_path, capsys):
+    path = _csv(tmp_path, GOOD_ROWS)
+    argv = ["run", "scaling-fit", "--csv", str(path), "--exclude-highest", "0", "--restarts", str(10**12),
+            "--bootstrap", "0", "--heldout-splits", "0"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("anatomy-tui: error: out of memory") and not any("Traceback" in e for e in err), err

@@ -101,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UserError, SessionError) as exc:
         print(f"anatomy-tui: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    except MemoryError as exc:  # a huge count (--restarts 10**12) asks numpy for terabytes
+        print(f"anatomy-tui: error: out of memory ({one_line(str(exc)) or 'MemoryError'}); the settings ask "
+              "for more than this machine has: use smaller counts or sizes", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("anatomy-tui: interrupted", file=sys.stderr)
         return 130
