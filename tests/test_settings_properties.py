@@ -329,10 +329,13 @@ def test_scaling_fit_says_which_rows_it_drops_and_strict_refuses_them(tmp_path, 
     assert load_runs(clean, ScalingFitSettings(csv=str(clean), strict=True)).dropped == ()
 
 
-def test_a_count_too_large_for_memory_is_one_line(tmp_path, capsys):
-    path = _csv(tmp_path, GOOD_ROWS)
-    argv = ["run", "scaling-fit", "--csv", str(path), "--exclude-highest", "0", "--restarts", str(10**12),
-            "--bootstrap", "0", "--heldout-splits", "0"]  # fmt: skip
-    assert main(argv) == 2
+@pytest.mark.parametrize("experiment", ["scaling-fit", "toy-depth"])
+def test_a_count_or_size_too_large_for_memory_is_one_line(experiment, tmp_path, capsys):
+    if experiment == "scaling-fit":  # numpy's MemoryError
+        argv = ["--csv", str(_csv(tmp_path, GOOD_ROWS)), "--exclude-highest", "0", "--restarts", str(10**12),
+                "--bootstrap", "0", "--heldout-splits", "0"]  # fmt: skip
+    else:  # torch's RuntimeError
+        argv = ["--preset", "tiny", "--width", str(10**11), "--student-depths", "1", "--device", "cpu"]
+    assert main(["run", experiment, *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("anatomy-tui: error: out of memory") and not any("Traceback" in e for e in err), err

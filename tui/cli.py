@@ -27,6 +27,9 @@ def chosen_experiment(argv: Sequence[str]) -> str | None:
     return next((word for word in argv[list(argv).index("run") + 1 :] if word in BY_NAME), None)
 
 
+TOO_LARGE = ("out of memory", "can't allocate memory", "storage size calculation overflowed")  # torch's words
+
+
 def one_line(text: str) -> str:
     """An error as one line: a newline or control character (in a typed path, say) is escaped."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
@@ -101,7 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UserError, SessionError) as exc:
         print(f"anatomy-tui: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
-    except MemoryError as exc:  # a huge count (--restarts 10**12) asks numpy for terabytes
+    except (MemoryError, RuntimeError) as exc:  # a huge count or size (--restarts 10**12) asks for terabytes
+        if not isinstance(exc, MemoryError) and not any(w in str(exc).lower() for w in TOO_LARGE):
+            raise
         print(f"anatomy-tui: error: out of memory ({one_line(str(exc)) or 'MemoryError'}); the settings ask "
               "for more than this machine has: use smaller counts or sizes", file=sys.stderr)
         return 2
