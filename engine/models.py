@@ -13,6 +13,7 @@ import importlib.util
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -425,7 +426,10 @@ def _friendly_load_error(exc: Exception, source: ModelSource) -> UserError:
             f"cannot get {source.display} from the Hugging Face hub (unreachable or unknown id); "
             "check the id and the network, or pass a local folder or .gguf file"
         )
-    return UserError(f"could not load {source.display}: {text.splitlines()[0] if text else type(exc).__name__}")
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if source.kind == "gguf":
+        return UserError(f"could not load {source.display}: not a complete GGUF file ({first}); download it again")
+    return UserError(f"could not load {source.display}: {first}")
 
 
 def load_model(
@@ -471,7 +475,7 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
     except UserError:
         raise
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+    except (OSError, ValueError, RuntimeError, KeyError, struct.error) as exc:  # struct: a truncated GGUF
         if is_out_of_memory(exc):
             traceback.clear_frames(exc.__traceback__)
             release_memory()

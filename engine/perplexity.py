@@ -16,9 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from engine.anatomy import LayerStack
+from engine.errors import UserError
 from engine.oom import out_of_memory_guard
 
 OOM_ADVICE = "a smaller --eval-batch-size or --max-length, or --dtype float16"
+NO_TOKENS = ("the evaluation texts leave no token to predict (a text needs at least two tokens); "
+             "use longer texts or a larger --max-length")
 
 
 @dataclass
@@ -35,6 +38,8 @@ class TextScores:
 
 def perplexity_of(nll: np.ndarray, tokens: np.ndarray) -> float:
     total = float(np.sum(tokens))
+    if total <= 0:
+        raise UserError(NO_TOKENS)
     value = float(np.sum(nll)) / total
     return math.exp(value) if value < 700 else math.inf
 
@@ -95,6 +100,8 @@ class Evaluator:
         self.tokens = np.zeros(len(self.texts))
         for batch in self.batches:
             self.tokens[batch.text_index] = batch.attention_mask[:, 1:].sum(dim=1).cpu().numpy()
+        if not self.tokens.sum():
+            raise UserError(NO_TOKENS)
         self._layer_inputs: list[list[torch.Tensor]] | None = None
 
     @classmethod

@@ -21,6 +21,7 @@ from engine.errors import UserError
 S = TypeVar("S", bound="Settings")
 
 _MISSING = dataclasses.MISSING
+MAX_SEED = 2**31 - 1  # numpy's legacy, sklearn's and torch's generators all take it (seed + index too)
 
 
 def setting(
@@ -93,13 +94,13 @@ class FieldSpec:
             kind = "an integer" if self.base is int else "a number" if self.base is float else "text"
             bounds = []
             if meta.get("above") is not None:
-                bounds.append(f"above {meta['above']:g}")
+                bounds.append(f"above {_number(meta['above'])}")
             if meta.get("low") is not None:
-                bounds.append(f"at least {meta['low']:g}")
+                bounds.append(f"at least {_number(meta['low'])}")
             if meta.get("high") is not None:
-                bounds.append(f"at most {meta['high']:g}")
+                bounds.append(f"at most {_number(meta['high'])}")
             if meta.get("below") is not None:
-                bounds.append(f"below {meta['below']:g}")
+                bounds.append(f"below {_number(meta['below'])}")
             text = kind + (" " + " and ".join(bounds) if bounds else "")
         if self.is_tuple:
             text = "a comma-separated list, each " + text
@@ -109,7 +110,9 @@ class FieldSpec:
 
     # checking one value ------------------------------------------------------------------------
     def fail(self, value: Any, rule: str | None = None) -> UserError:
-        shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+        if not shown.isprintable():  # a newline or a control character typed: the error stays one line
+            shown = repr(shown)
         return UserError(f"{self.flag} {shown}: must be {rule or self.rule()} (default {self.default_text()})")
 
     def default_text(self) -> str:
@@ -320,6 +323,11 @@ class Settings:
         """The settings a resumed run must share with the run it continues."""
         free = {spec.name for spec in self.fields() if spec.meta.get("resume_free")}
         return {k: v for k, v in self.to_dict().items() if k not in free}
+
+
+def _number(bound: float) -> str:
+    """A bound as typed: 2147483647, not 2.14748e+09; 1e-06 stays short."""
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e16 else f"{bound:g}"
 
 
 def _plain(value: Any) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import typing
 from collections.abc import Sequence
 
 from engine.errors import UserError
@@ -26,8 +27,25 @@ def chosen_experiment(argv: Sequence[str]) -> str | None:
     return next((word for word in argv[list(argv).index("run") + 1 :] if word in BY_NAME), None)
 
 
+TOO_LARGE = ("out of memory", "can't allocate memory", "storage size calculation overflowed")  # torch's words
+
+
+def one_line(text: str) -> str:
+    """An error as one line: a newline or control character (in a typed path, say) is escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A usage mistake is one line and exit 2 like any bad value (argparse prints its usage block)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        if "expected one argument" in message:  # argparse reads '-0.5,1' or '-inf' as a flag
+            message += "; write a value that starts with '-' as --flag=VALUE (--alphas=-0.5,1)"
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="anatomy-tui",
         description="A terminal lab console for the anatomy of transformer language models.",
     )
@@ -84,7 +102,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return launch(args)
     except (UserError, SessionError) as exc:
-        print(f"anatomy-tui: error: {exc}", file=sys.stderr)
+        print(f"anatomy-tui: error: {one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as exc:  # a huge count or size (--restarts 10**12) asks for terabytes
+        if not isinstance(exc, MemoryError) and not any(w in str(exc).lower() for w in TOO_LARGE):
+            raise
+        print(f"anatomy-tui: error: out of memory ({one_line(str(exc)) or 'MemoryError'}); the settings ask "
+              "for more than this machine has: use smaller counts or sizes", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("anatomy-tui: interrupted", file=sys.stderr)

@@ -18,7 +18,7 @@ from engine.errors import UserError
 from engine.events import AblationMap, AblationRow, CancelToken, Event, LayerAblated, Progress, Result, json_safe
 from engine.perplexity import Batch, Evaluator
 from engine.registry import RunContext
-from engine.settings import EvalTextSettings, setting
+from engine.settings import MAX_SEED, EvalTextSettings, setting
 from engine.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
 
 METHODS = ("mean", "skip", "zero")
@@ -31,7 +31,7 @@ class AblationSettings(EvalTextSettings):
     method: str = setting("mean", "mean: neighbours' mean (paper); skip: pass the input through; "
                           "zero: zero matrices", choices=METHODS)
     bootstrap: int = setting(0, "resample the texts N times for 95% intervals of D (e.g. 1000; 0: off)", low=0)
-    seed: int = setting(0, "bootstrap seed", low=0)
+    seed: int = setting(0, "bootstrap seed", low=0, high=MAX_SEED)
     prefix_cache: bool = setting(True, "reuse the layers below the ablated one (off only to measure the "
                                  "straightforward version)", cli=False)
     layers: tuple[int, ...] | None = setting(None, "ablate only these layers (a shard of a split sweep takes a few)",

@@ -34,7 +34,7 @@ from engine.events import (
 )
 from engine.perplexity import Batch, token_nll, tokenize_batches
 from engine.registry import RunContext
-from engine.settings import Settings, setting
+from engine.settings import MAX_SEED, Settings, setting
 from engine.text import corpus, heldout_texts, read_lines
 
 PROFILES = ("both", "state", "update")
@@ -67,7 +67,7 @@ class DynamicsSettings(Settings):
     components: int = setting(10, "PCA components kept", low=1)
     examples: int = setting(3, "example tokens per cluster", low=0)
     logit_lens: bool = setting(False, "also the next-token loss of every layer through the final norm and head")
-    seed: int = setting(0, "PCA/KMeans seed", low=0)
+    seed: int = setting(0, "PCA/KMeans seed", low=0, high=MAX_SEED)
     lens: str = setting("plain", "how the lens reads layer l: plain (its output through the final norm and "
                         "head) or last-block (its input through the last block, the final norm and head, as "
                         "paper B's scripts); last-block turns the lens on", choices=LENSES)

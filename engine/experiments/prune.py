@@ -39,7 +39,7 @@ from engine.experiments.export import check_export_folder, save_model_folder
 from engine.perplexity import Batch, Evaluator, TextScores, token_nll
 from engine.pruning import removed
 from engine.registry import RunContext
-from engine.settings import EvalTextSettings, setting
+from engine.settings import MAX_SEED, EvalTextSettings, setting
 from engine.statistics import bootstrap_perplexity, spearman
 from engine.text import Corpus, corpus, eval_texts, token_blocks
 
@@ -57,7 +57,7 @@ class PruneSettings(EvalTextSettings):
     max_fraction: float | None = setting(None, "instead of --remove: every count up to this fraction of the layers",
                                          above=0.0, high=1.0, none_word="off")
     bootstrap: int = setting(1000, "bootstrap resamples of the evaluation texts for intervals (0: none)", low=0)
-    seed: int = setting(0, "seed of the bootstrap and of the healing batches")
+    seed: int = setting(0, "seed of the bootstrap and of the healing batches", low=0, high=MAX_SEED)
     heal_steps: int = setting(0, "fine-tuning steps after each cut (0: no healing)", low=0)
     heal: str = setting("adjacent", "what healing trains: the layers next to each cut, or LoRA on every layer",
                         choices=HEALS)

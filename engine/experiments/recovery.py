@@ -41,7 +41,7 @@ from engine.events import (
 from engine.oom import out_of_memory_guard
 from engine.perplexity import Evaluator, token_nll
 from engine.registry import RunContext
-from engine.settings import EvalTextSettings, setting
+from engine.settings import MAX_SEED, EvalTextSettings, setting
 from engine.statistics import spearman
 from engine.text import corpus, eval_texts, token_blocks
 
@@ -65,7 +65,7 @@ class RecoverySettings(EvalTextSettings):
     train_blocks: int = setting(128, "training pool size in blocks, cycled in a seeded order", low=1)
     eval_every: int = setting(1, "evaluate every N steps", low=1)
     repeats: int = setting(1, "noise seeds per layer", low=1)
-    seed: int = setting(0, "seed for noise and batch order", low=0)
+    seed: int = setting(0, "seed for noise and batch order", low=0, high=MAX_SEED)
     train_file: str | None = setting(None, "UTF-8 training text (default: built-in)", file="training file")
     prefix_cache: bool = setting(True, "start at the noised layer from cached inputs (off only to measure "
                                  "the straightforward version)", cli=False, resume_free=True)

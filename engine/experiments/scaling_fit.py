@@ -21,7 +21,7 @@ from engine import powerfit
 from engine.errors import UserError
 from engine.events import CancelToken, Event, FitStage, Message, Progress, Result
 from engine.registry import RunContext
-from engine.settings import Settings, setting
+from engine.settings import MAX_SEED, Settings, setting
 
 TERMS = ("m", "l", "D")
 PARAM_KEYS = ("alpha_m", "alpha_l", "alpha_D", "c_m", "c_l", "c_D", "L0")
@@ -68,13 +68,15 @@ class ScalingFitSettings(Settings):
                                       low=1)
     heldout_splits: int = setting(20, "random train/test splits for held-out error", low=0)
     heldout_fraction: float = setting(0.2, "share of runs held out per split", above=0, below=1)
-    seed: int = setting(0, "random seed", low=0)
+    seed: int = setting(0, "random seed", low=0, high=MAX_SEED)
     budgets: tuple[float, ...] = setting((1e8, 1e9, 1e10, 1e11), "parameter budgets N for the optimal "
                                          "width/depth table", above=0)
     optimizer: str = setting("lm", "lm: least squares from many starts (Levenberg-Marquardt); paper: paper B's "
                              "notebook procedure (Adam from its fixed start for --steps steps)",
                              choices=OPTIMIZERS)
     steps: int = setting(50000, "Adam steps of --optimizer paper (the notebook runs 50000)", low=1)
+    strict: bool = setting(False, "refuse a CSV with rows that are not usable runs (text, NaN, inf, zero or "
+                           "negative values) instead of dropping them with a warning")
 
     def csv_path(self) -> Path:
         """The CSV to fit: --csv, else the Chinchilla reconstruction."""
@@ -104,10 +106,15 @@ class Runs:
     loss: np.ndarray
     source: str = ""
     n_rows: int = 0  # rows read before cleaning and exclusion
+    dropped: tuple[tuple[str, int], ...] = ()  # (why, how many rows) left out while reading
+
+    def dropped_text(self) -> str:
+        return ", ".join(f"{count} with {why}" for why, count in self.dropped)
 
 
 def load_runs(path: Path, settings: ScalingFitSettings) -> Runs:
-    """Reads the four columns from a CSV; rows with missing or non-positive values are dropped."""
+    """Reads the four columns from a CSV. Rows with text, NaN, inf or non-positive values are dropped
+    and counted (the run says how many and why), or refused with `strict`."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"no CSV file at {path}; pass --csv FILE")
@@ -123,15 +130,31 @@ def load_runs(path: Path, settings: ScalingFitSettings) -> Runs:
             )
         rows = list(reader)
     values = np.full((len(rows), 4), np.nan)
+    reasons: dict[str, int] = {}
+    first: tuple[int, str] | None = None
     for i, row in enumerate(rows):
+        why = None
         for j, name in enumerate(names):
             try:
                 values[i, j] = float(row[name])
             except (TypeError, ValueError):
+                why = why or "text or an empty cell"
                 continue
+            if not math.isfinite(values[i, j]):
+                why = why or "NaN or inf"
+            elif values[i, j] <= 0:
+                why = why or "a zero or negative value"
+        if why is not None:
+            reasons[why] = reasons.get(why, 0) + 1
+            first = first or (i + 2, why)  # the header is line 1
     keep = np.all(np.isfinite(values) & (values > 0), axis=1)
     v = values[keep]
-    return Runs(v[:, 0], v[:, 1], v[:, 2], v[:, 3], source=str(path), n_rows=len(rows))
+    runs = Runs(v[:, 0], v[:, 1], v[:, 2], v[:, 3], source=str(path), n_rows=len(rows),
+                dropped=tuple(reasons.items()))
+    if first is not None and settings.strict:
+        raise UserError(f"{path}: {len(rows) - len(v)} rows are not usable runs ({runs.dropped_text()}; the first "
+                        f"on line {first[0]} has {first[1]}); fix them, or drop --strict to leave them out")
+    return runs
 
 
 def exclude_highest(runs: Runs, k: int) -> Runs:
@@ -148,7 +171,7 @@ def exclude_highest(runs: Runs, k: int) -> Runs:
     else:
         keep = np.flatnonzero(runs.loss < np.sort(runs.loss)[::-1][k - 1])
     r = runs
-    return Runs(r.width[keep], r.depth[keep], r.tokens[keep], r.loss[keep], r.source, r.n_rows)
+    return Runs(r.width[keep], r.depth[keep], r.tokens[keep], r.loss[keep], r.source, r.n_rows, r.dropped)
 
 
 def named_params(theta: np.ndarray, centre: np.ndarray) -> list[dict[str, float]]:
@@ -213,6 +236,9 @@ def run_scaling_fit(
     rng = np.random.default_rng(settings.seed)
     delta = settings.huber_delta
     n_excluded = len(runs.loss) - n
+    if runs.dropped:
+        yield Message(f"{data.n_rows - len(runs.loss)} rows of {data.source} are not usable runs and were left "
+                      f"out: {runs.dropped_text()} (--strict refuses such a file)", level="warning")
     yield Message(f"fitting {n} runs ({data.n_rows} read, {n_excluded} highest losses dropped)")
     if settings.optimizer == "paper":
         yield from _run_paper(data, x, y, settings, n_excluded, started, cancel)

@@ -35,7 +35,7 @@ from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, StudentDone, StudentStep
 from engine.models import training_precision
 from engine.registry import RunContext
-from engine.settings import Settings, setting
+from engine.settings import MAX_SEED, Settings, setting
 
 REGIMES = ("tied", "independent")
 
@@ -63,7 +63,7 @@ class ToyDepthSettings(Settings):
     fit_floor: bool = setting(False, "fit L = c/l^a + L0 instead of L = c/l^a")
     bootstrap: int = setting(1000, "bootstrap resamples for the a_l interval", low=0)
     log_every: int = setting(50, "emit a training-loss event every N steps", low=1)
-    seed: int = setting(0, "random seed of teachers, students and data", low=0)
+    seed: int = setting(0, "random seed of teachers, students and data", low=0, high=MAX_SEED)
     threads: int = setting(1, "torch CPU threads while training (one is fastest for these small matrices)", low=1)
     device: str = setting("auto", "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N")
     dtype: str = setting("auto", "students' forward precision; weights and Adam stay float32 (mixed precision)",

@@ -38,7 +38,7 @@ from engine.events import (
 )
 from engine.perplexity import Evaluator
 from engine.registry import RunContext
-from engine.settings import EvalTextSettings, setting
+from engine.settings import MAX_SEED, EvalTextSettings, setting
 from engine.statistics import degradation_pct
 
 PREDICTIONS = ("in_sample", "loo")
@@ -58,7 +58,7 @@ class WeightsSettings(EvalTextSettings):
     alpha: float = setting(1.0, "ridge penalty", above=0)
     first_layer: int = setting(2, "predict layers from this one to the last (paper: 2)", low=0)
     null_draws: int = setting(5, "shuffled orders and independent Gaussian draws per null", low=1)
-    seed: int = setting(0, "seed of the nulls", low=0)
+    seed: int = setting(0, "seed of the nulls", low=0, high=MAX_SEED)
     paradox: bool = setting(True, "the perplexity runs with predicted weights (--no-paradox skips them)")
     paradox_counts: tuple[int, ...] = setting((1, 3, 9, 0), "how many layers to replace in each run",
                                               low=0, words={"all": 0})  # 0: every predicted layer

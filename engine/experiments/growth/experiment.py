@@ -66,7 +66,7 @@ from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, 
 from engine.generation import generate_text
 from engine.models import training_precision
 from engine.registry import RunContext
-from engine.settings import Settings, setting
+from engine.settings import MAX_SEED, Settings, setting
 
 ARMS = ("growth_100", "growth_50", "uniform_100")
 PROMPTS = (
@@ -158,6 +158,7 @@ class GrowthSettings(Settings):
     eval_batches: int = setting(8, "validation batches", low=1)
     checkpoint_every: int = setting(100, "checkpoint every N steps (and at every phase boundary)", low=0)
     seeds: tuple[int, ...] = setting((0,), "a count (3: seeds 0,1,2) or a list (0,5,7)", low=0,
+                                     high=MAX_SEED,
                                      parse=_seeds_text, show=_seeds_show)
     arms: tuple[str, ...] = setting(ARMS, "arms to train", choices=ARMS)
     gen_tokens: int = setting(80, "characters generated per prompt", low=0)

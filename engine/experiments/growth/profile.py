@@ -13,6 +13,7 @@ covers is anti; otherwise it takes the most important class among its non-anti l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,9 +77,12 @@ def multipliers_dict(multipliers: Sequence[tuple[str, float]]) -> dict[str, floa
     missing = [c for c in CLASSES if c not in found]
     if missing:
         raise UserError(f"no width multiplier for {', '.join(missing)}; give one per class")
-    bad = [c for c, v in found.items() if not v > 0]
+    unknown = [c for c in found if c not in CLASSES]
+    if unknown:
+        raise UserError(f"width multiplier for unknown class {unknown[0]!r}; use {', '.join(CLASSES)}")
+    bad = [c for c, v in found.items() if not (v > 0 and math.isfinite(v))]
     if bad:
-        raise UserError(f"width multiplier for {bad[0]} must be > 0")
+        raise UserError(f"width multiplier for {bad[0]} must be a finite number > 0, not {found[bad[0]]}")
     return found
 
 

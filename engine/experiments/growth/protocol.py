@@ -165,14 +165,30 @@ def phase_from_dict(doc: dict[str, Any], n: int) -> Phase:
     try:
         return Phase(
             name=str(doc.get("name", f"phase{n + 1}")),
-            layers=tuple(int(x) for x in doc.get("layers", ())),
-            clone_from=tuple(sorted((int(k), int(v)) for k, v in dict(doc.get("clone_from", {})).items())),
-            ffn_scale=float(doc.get("ffn_scale", 1.0)),
-            steps=int(doc.get("steps", 0)),
-            epochs=float(doc.get("epochs", 0.0)),
+            layers=tuple(_whole(x, "layers") for x in doc.get("layers", ())),
+            clone_from=tuple(sorted((_whole(k, "clone_from"), _whole(v, "clone_from"))
+                                    for k, v in dict(doc.get("clone_from", {})).items())),
+            ffn_scale=_finite(doc.get("ffn_scale", 1.0), "ffn_scale"),
+            steps=_whole(doc.get("steps", 0), "steps"),
+            epochs=_finite(doc.get("epochs", 0.0), "epochs"),
         )
     except (TypeError, ValueError) as exc:
         raise UserError(f"phase {n + 1}: {exc}") from exc
+
+
+def _whole(value: Any, key: str) -> int:
+    """An integer from a table (a string of digits too); 1.5, 1e400 or true is refused, not rounded."""
+    if isinstance(value, bool) or (isinstance(value, float) and not (value.is_integer() and abs(value) < 2**53)):
+        raise ValueError(f"{key} must be whole numbers, not {value!r}")
+    return int(value)
+
+
+def _finite(value: Any, key: str) -> float:
+    """A finite number from a table (NaN or inf would reach the trainer and the JSON writer)."""
+    number = float(value)
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise ValueError(f"{key} must be a finite number, not {value!r}")
+    return number
 
 
 def phase_to_dict(phase: Phase) -> dict[str, Any]:
@@ -190,6 +206,8 @@ def load_phases(path: Path) -> tuple[Phase, ...]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"cannot read phase table {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"phase table {path} is not UTF-8 text; give a TOML or JSON file") from exc
     try:
         if path.suffix.lower() == ".toml":
             import tomllib
