@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import struct
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -166,7 +167,8 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
         plan = plan_run(options.model, settings, options.device, options.dtype, options.trust_remote_code)
     except UserError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError,
+            struct.error) as exc:  # a damaged GGUF header: the load says so in its own words
         lines = str(exc).strip().splitlines()
         if not quiet:
             _report(f"memory plan skipped ({lines[0] if lines else type(exc).__name__}); loading the model")
