@@ -217,6 +217,20 @@ def optimal_shape(params: dict[str, float], budgets: tuple[float, ...]) -> dict[
     }
 
 
+def _data_header(data: Runs, settings: ScalingFitSettings, n_excluded: int, n_points: int, optimizer: str
+                 ) -> dict[str, Any]:
+    """What every fit's document starts with: which runs it fitted and how."""
+    return {
+        "source": data.source,
+        "columns": {"loss": settings.loss_column, "width": settings.width_column,
+                    "depth": settings.depth_column, "tokens": settings.tokens_column},
+        "n_rows": data.n_rows,
+        "n_excluded": n_excluded,
+        "n_points": n_points,
+        "optimizer": optimizer,
+    }
+
+
 def run_scaling_fit(
     runs: Runs, settings: ScalingFitSettings, cancel: CancelToken | None = None
 ) -> Iterator[Event]:
@@ -279,13 +293,7 @@ def run_scaling_fit(
     ratios = [b["alpha_l"] / b["alpha_m"] for b in boot_params if b["alpha_m"] > 0]
     shape["width_depth_exponent_ci95"] = _percentiles(ratios)
     doc: dict[str, Any] = {
-        "source": data.source,
-        "columns": {"loss": settings.loss_column, "width": settings.width_column,
-                    "depth": settings.depth_column, "tokens": settings.tokens_column},
-        "n_rows": data.n_rows,
-        "n_excluded": n_excluded,
-        "n_points": n,
-        "optimizer": "lm",
+        **_data_header(data, settings, n_excluded, n, "lm"),
         "loss_function": "huber" if delta is not None else "least_squares",
         "huber_delta": delta,
         "params": best,
@@ -389,13 +397,7 @@ def _run_paper(data: Runs, x: np.ndarray, y: np.ndarray, settings: ScalingFitSet
     yield FitStage(stage="fit", values=best, seconds=time.perf_counter() - started)
     yield Progress(1, 1, "done")
     doc: dict[str, Any] = {
-        "source": data.source,
-        "columns": {"loss": settings.loss_column, "width": settings.width_column,
-                    "depth": settings.depth_column, "tokens": settings.tokens_column},
-        "n_rows": data.n_rows,
-        "n_excluded": n_excluded,
-        "n_points": len(y),
-        "optimizer": "paper",
+        **_data_header(data, settings, n_excluded, len(y), "paper"),
         "loss_function": "least_squares",
         "huber_delta": None,
         "params": best,
