@@ -273,6 +273,17 @@ class LayerAblated(Event):
     layer_class: str
 
 
+@event_type
+@dataclass(frozen=True)
+class AblationProxies(Event):
+    """Block Influence and angular distance of every layer, known after the first pass and long
+    before the last ablation (lists indexed by layer)."""
+
+    kind: ClassVar[str] = "ablation.proxies"
+    block_influence: list[float]
+    angular_distance: list[float]
+
+
 # recovery ---------------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from textual.widgets import Input
 from tiny_models import save_tiny
 from tui_fixtures import BASELINE, CURVE, MAP, demo_session, recovery_row
 
@@ -17,8 +18,10 @@ from engine.events import RecoveryLayer
 from sessions.store import SessionStore, pid_alive
 from tui import app as app_module
 from tui.app import ACTIONS, AnatomyApp, ModelOptions
+from tui.console_settings import ConsoleSettings
 from tui.jobs import BackgroundJob
 from tui.screens.confirm import ConfirmScreen
+from tui.screens.console import ConsoleScreen
 from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
 from tui.state import SessionState, thin
@@ -41,9 +44,10 @@ def tiny_folder(tmp_path_factory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
-def tiny_app(folder: Path, session: str = "s", load_model: bool = True) -> AnatomyApp:
+def tiny_app(folder: Path, session: str = "s", load_model: bool = True, auto_map: bool = False) -> AnatomyApp:
     return AnatomyApp(
-        session=session, options=ModelOptions(str(folder), "cpu", "float32"), load_model=load_model
+        session=session, options=ModelOptions(str(folder), "cpu", "float32"), load_model=load_model,
+        console=ConsoleSettings(auto_map=auto_map),
     )
 
 
@@ -176,6 +180,44 @@ async def test_picker_lists_sessions_and_opens_one(isolated_home) -> None:
         await pilot.pause()
         assert app.session_name == "demo"
         assert app.screen.query_one(LayerMap).row_count == len(MAP)
+
+
+async def test_first_run_opens_a_session_and_draws_the_map_unasked(isolated_home, tiny_folder) -> None:
+    app = AnatomyApp(options=ModelOptions(str(tiny_folder), "cpu", "float32"))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.session is not None and isinstance(app.screen, ConsoleScreen)  # no picker
+        await until(pilot, lambda: "ablation" in app.state.results)
+        assert app.state.proxies is not None and len(app.state.proxies.block_influence) == app.n_layers
+        table = app.screen.query_one(LayerMap)
+        assert table.row_count == app.n_layers
+        assert table.get_cell("0", "ang") != ""
+
+
+async def test_dashboard_switches_live_and_keeps_selection_and_inputs(isolated_home) -> None:
+    demo_session(SessionStore())
+    app = AnatomyApp(session="demo", load_model=False)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert screen.dashboard
+        assert all(screen.query_one(f"#{tab}").display for tab in ("layers", "recovery", "growth", "prompt"))
+        assert screen.query_one("#recovery").border_title == "Recovery"
+        await pilot.press("down", "down")
+        screen.query_one("#sigma", Input).value = "0.25"
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert not screen.dashboard and not screen.query_one("#recovery").display
+        assert app.selected_layer == 2 and screen.query_one("#sigma", Input).value == "0.25"
+        await pilot.press("w")
+        await pilot.pause()
+        assert screen.dashboard  # forced, whatever the size
+        await pilot.press("f6")
+        await pilot.pause()
+        assert screen.has_class("-overlay") and screen.query_one("#analyses").display
+        await pilot.press("f2")
+        await pilot.pause()
+        assert not screen.has_class("-overlay") and app.selected_layer == 2
 
 
 # work in the console ------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from engine.settings import Settings
 from engine.variants import SavedModels, Variant, saved_model_path
 from sessions.layer_weights import saved_layers
 from sessions.store import Session, SessionError, SessionStore
+from tui.console_settings import ConsoleSettings
 from tui.jobs import BackgroundJob, job_argv, launch_job, reap, resumable_job, resume_argv, stop_job
 from tui.logging_setup import log_to_file
 from tui.messages import (
@@ -44,6 +45,7 @@ from tui.messages import (
     InjectRequested,
     ModelFailed,
     ModelLoaded,
+    ModelProgress,
     Notice,
     TabShown,
     TextGenerated,
@@ -72,6 +74,7 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("f5", "show_tab('prompt')", "Prompt tab", "generate text with two models side by side"),
     ("f6", "show_tab('analyses')", "Analyses tab", "weight statistics, angle profiles, scaling fit"),
     ("f7", "show_tab('log')", "Log tab", "messages from jobs and the console"),
+    ("w", "toggle_layout", "Dashboard / tabs", "all four panels at once, or one tab at a time"),
     ("a", "compute_map", "Compute layer map", "ablate every layer in the console (thread worker)"),
     ("b", "map_job", "Layer map as a job", "run the ablation map as its own process"),
     ("d", "detail", "Layer detail", "everything the session knows about the selected layer"),
@@ -114,8 +117,10 @@ class AnatomyApp(App[None]):
         options: ModelOptions | None = None,
         model_explicit: bool | None = None,
         load_model: bool = True,
+        console: ConsoleSettings | None = None,
     ) -> None:
         super().__init__()
+        self.console_settings = console or ConsoleSettings()
         self.store = store or SessionStore()
         self.requested = session
         self.resume = resume
@@ -145,6 +150,8 @@ class AnatomyApp(App[None]):
             self.open_session(self.requested)
         elif self.resume and self.store.most_recent() is not None:
             self.open_session(self.store.most_recent().name)  # type: ignore[union-attr]
+        elif not self.store.list():  # a first run: nothing to pick yet, so a new session
+            self.open_session(self.store.create(model=self.options.model).name)
         else:
             self.push_screen(SessionPicker(self.store), callback=self.open_session)
 
@@ -172,7 +179,7 @@ class AnatomyApp(App[None]):
                 self.session.damage.append(f"result {result} cannot be shown ({type(exc).__name__}: {exc})")
         for reason in self.session.check():  # the session opens with what is readable; say what is not
             self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
-        self.push_screen(ConsoleScreen())
+        self.push_screen(ConsoleScreen(self.console_settings))
 
     @on(ConsoleReady)
     def console_ready(self) -> None:
@@ -209,6 +216,17 @@ class AnatomyApp(App[None]):
         log.info("model loaded: %s", self.model_status)
         self.state.dirty.update({"layers", "jobs"})
         self.update_status()
+        if self.console_settings.auto_map and self.session is not None and "ablation" not in self.state.results:
+            busy = any(job.experiment == "ablation" for job in self.state.running_jobs())
+            if not busy and not self.session.jobs():
+                log.info("no layer map in this session yet: computing it")
+                self.action_compute_map()
+
+    @on(ModelProgress)
+    def model_progress(self, message: ModelProgress) -> None:
+        if self.loaded is None:
+            self.model_status = f"model: {message.text}"
+            self.update_status()
 
     @on(ModelFailed)
     def model_failed(self, message: ModelFailed) -> None:
@@ -346,6 +364,11 @@ class AnatomyApp(App[None]):
         screen = self._console()
         if screen is not None and tab in TABS:
             screen.show_tab(tab)
+
+    def action_toggle_layout(self) -> None:
+        screen = self._console()
+        if screen is not None:
+            screen.toggle_layout()
 
     def action_detail(self) -> None:
         if self._console() is not None:

@@ -20,6 +20,18 @@ class ModelLoaded(Message):
         self.loaded = loaded
 
 
+class ModelProgress(Message):
+    """A line of the model loader's progress (the first dequantisation of the embedded model);
+    a newer one replaces an older one still queued."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ModelProgress)
+
+
 class ModelFailed(Message):
     """The model could not be loaded; `error` says why in one line."""
 

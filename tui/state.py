@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.events import (
     AblationMap,
+    AblationProxies,
     AblationRow,
     DynamicsRow,
     Event,
@@ -116,6 +117,7 @@ class SessionState:
         self.ablation_map: AblationMap | None = None
         self.ablation_baseline: float | None = None
         self.ablation_layers: int | None = None  # depth told by the live events
+        self.proxies: AblationProxies | None = None  # the first pass's Block Influence and angles
         self.recovery: list[RecoveryRun] = []
         self.difficulty: dict[int, RecoveryRow] = {}
         self.growth = GrowthView()
@@ -213,6 +215,24 @@ class SessionState:
             self.ablation_baseline = event.baseline_ppl
         self.ablation_layers = event.n_layers
         self.dirty.add("layers")
+
+    def _ablation_proxies(self, event: AblationProxies) -> None:
+        self.proxies = event
+        self.ablation_layers = len(event.block_influence)
+        self.dirty.add("layers")
+
+    def proxy(self, layer: int) -> tuple[float | None, float | None]:
+        """(Block Influence, angular distance) of a layer: the map's, else the first pass's."""
+        row = self.ablation.get(layer)
+        if row is not None and row.block_influence is not None:
+            return row.block_influence, row.angular_distance
+        if self.proxies is not None and layer < len(self.proxies.block_influence):
+            return self.proxies.block_influence[layer], self.proxies.angular_distance[layer]
+        return None, None
+
+    def recovering(self) -> set[int]:
+        """The layers a recovery run is working on now."""
+        return {run.layer for run in self.recovery if run.status == "running"}
 
     # recovery -------------------------------------------------------------------------------
     def _run_for(self, job: str, layer: int, repeat: int) -> RecoveryRun:
@@ -323,6 +343,7 @@ _HANDLERS: dict[type[Event], Callable[[SessionState, Any], None]] = {
     Result: SessionState._result,
     Finished: SessionState._finished,
     LayerAblated: SessionState._ablation_layer,
+    AblationProxies: SessionState._ablation_proxies,
     RecoveryStart: SessionState._recovery_start,
     RecoveryPoint: SessionState._recovery_point,
     RecoveryLayer: SessionState._recovery_layer,

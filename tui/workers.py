@@ -20,7 +20,7 @@ from engine.options import ModelOptions
 from engine.settings import Settings
 from engine.variants import SavedModels, Variant
 from sessions.store import Session
-from tui.messages import ExperimentFinished, GenerationDone, ModelFailed, ModelLoaded, TextGenerated
+from tui.messages import ExperimentFinished, GenerationDone, ModelFailed, ModelLoaded, ModelProgress, TextGenerated
 
 log = logging.getLogger("anatomy_tui.console")
 
@@ -34,8 +34,12 @@ def load_model_work(post: Post, model: str, device: str, dtype: str, trust_remot
     route_transformers_logs()
     from engine.models import load_model
 
+    def report(text: str) -> None:
+        log.info(text)
+        post(ModelProgress(text))
+
     try:
-        loaded = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, report=log.info)
+        loaded = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, report=report)
     except Exception as exc:
         log.exception("loading %s failed", model)
         post(ModelFailed(f"{type(exc).__name__}: {exc}"))

@@ -6,17 +6,19 @@ checked here on the UI thread; the app calls down to redraw the panels from the 
 
 from __future__ import annotations
 
+import logging
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Label, RichLog, Static, TabbedContent, TabPane, Tabs
+from textual.widgets import Footer, Input, Label, RichLog, Static, Tab, Tabs
 
+from tui.console_settings import ConsoleSettings
 from tui.messages import ConsoleReady, GenerateRequested, GrowthRequested, InjectRequested, Notice, TabShown
 from tui.state import JobView, SessionState
 from tui.widgets.curve_plot import Curve, CurvePlot
@@ -40,6 +42,7 @@ ANALYSES = (
     ("scaling-fit", "Scaling fit (loss decomposition)", "anatomy-tui run scaling-fit --session {s}"),
     ("toy-depth", "Toy depth models", "anatomy-tui run toy-depth --session {s}"),
 )
+log = logging.getLogger("anatomy_tui.console")
 TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")
 DEFAULT_SIGMA = 0.5  # the noised model's sigma while the recovery form holds no usable number
 
@@ -54,55 +57,89 @@ class PanelData:
     experiments: frozenset[str]
 
 
+PANELS = ("layers", "recovery", "growth", "prompt")  # the dashboard's four, in reading order
+TITLES = {"layers": "Layer map", "recovery": "Recovery", "growth": "Growth", "prompt": "Prompt",
+          "analyses": "Analyses", "log": "Log"}  # fmt: skip
+
+
 class ConsoleScreen(Screen[None]):
+    """One widget tree for both layouts: CSS shows one pane at a time (tabs) or the four panels in
+    a grid (the `-dashboard` class), so switching never rebuilds a widget: the selection, the forms
+    and the plots survive. In the dashboard, Analyses and Log open over the grid."""
+
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+
+    def __init__(self, settings: ConsoleSettings | None = None) -> None:
+        super().__init__()
+        self.settings = settings or ConsoleSettings()
+        self.current = "layers"
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
-        with TabbedContent(id="tabs", initial="layers"):
-            with TabPane("Layers", id="layers"):
-                with Horizontal():
-                    yield LayerMap(id="map")
-                    yield LayerDetail(id="detail")
-            with TabPane("Recovery", id="recovery"):
-                with Horizontal():
-                    with Vertical(id="recovery-form"):
-                        yield Label("", id="recovery-layer")
-                        yield Label("sigma (x std of W)")
-                        yield Input("0.5", id="sigma", type="number")
-                        yield Label("steps")
-                        yield Input("200", id="steps", type="integer")
-                        yield Label("lr")
-                        yield Input("1e-4", id="lr")
-                        yield Static("", id="recovery-info")
-                    yield CurvePlot(id="recovery-plot")
-            with TabPane("Growth", id="growth"):
-                with Horizontal():
-                    with VerticalScroll(id="growth-left"):
-                        yield Label("g starts: anatomy-tui run growth FLAGS")
-                        yield Input("--preset tiny", id="growth-flags")
-                        yield GrowthTimeline(id="timeline")
-                        yield GrowthTable(id="growth-table")
-                    yield CurvePlot(id="growth-plot")
-            with TabPane("Prompt", id="prompt"):
+        yield Tabs(*(Tab(TITLES[tab] if tab != "layers" else "Layers", id=f"tab-{tab}") for tab in TABS), id="tabs")
+        with Container(id="panes"):
+            with Horizontal(id="layers", classes="pane panel -active"):
+                yield LayerMap(id="map")
+                yield LayerDetail(id="detail")
+            with Horizontal(id="recovery", classes="pane panel"):
+                with Vertical(id="recovery-form"):
+                    yield Label("", id="recovery-layer")
+                    yield Label("sigma (x std of W)")
+                    yield Input("0.5", id="sigma", type="number")
+                    yield Label("steps")
+                    yield Input("200", id="steps", type="integer")
+                    yield Label("lr")
+                    yield Input("1e-4", id="lr")
+                    yield Static("", id="recovery-info")
+                yield CurvePlot(id="recovery-plot")
+            with Horizontal(id="growth", classes="pane panel"):
+                with VerticalScroll(id="growth-left"):
+                    yield Label("g starts: anatomy-tui run growth FLAGS")
+                    yield Input("--preset tiny", id="growth-flags")
+                    yield GrowthTimeline(id="timeline")
+                    yield GrowthTable(id="growth-table")
+                yield CurvePlot(id="growth-plot")
+            with Vertical(id="prompt", classes="pane panel"):
                 yield Input(placeholder="type a prompt and press Enter (F9 stops)", id="prompt-input")
                 with Horizontal(id="prompt-columns"):
                     yield PromptColumn("original", id="left")
                     yield PromptColumn("modified", id="right")
-            with TabPane("Analyses", id="analyses"):
-                with VerticalScroll():
-                    for name, title, _ in ANALYSES:
-                        yield Static(Text(title, style="bold"), classes="analysis-title")
-                        if name == "dynamics":
-                            yield CurvePlot(id="angle-plot")
-                        yield ResultView(id=f"result-{name}")
-            with TabPane("Log", id="log"):
+            with VerticalScroll(id="analyses", classes="pane overlay"):
+                for name, title, _ in ANALYSES:
+                    yield Static(Text(title, style="bold"), classes="analysis-title")
+                    if name == "dynamics":
+                        yield CurvePlot(id="angle-plot")
+                    yield ResultView(id=f"result-{name}")
+            with Vertical(id="log", classes="pane overlay"):
                 yield RichLog(id="log-view", wrap=True, markup=False, max_lines=2000)
         yield Footer()
 
     def on_mount(self) -> None:
+        for tab in TABS:
+            self.query_one(f"#{tab}").border_title = TITLES[tab]
+        self.apply_layout(self.size.width, self.size.height)
         self.query_one(LayerMap).focus()
         self.call_after_refresh(self.post_message, ConsoleReady())
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.apply_layout(event.size.width, event.size.height)
+
+    @property
+    def dashboard(self) -> bool:
+        return self.has_class("-dashboard")
+
+    def apply_layout(self, columns: int, rows: int) -> None:
+        """Dashboard or tabs for this size and the settings; only classes change."""
+        wanted = self.settings.dashboard(columns, rows)
+        if wanted != self.dashboard:
+            self.set_class(wanted, "-dashboard")
+            log.info("layout: %s at %dx%d", "dashboard" if wanted else "tabs", columns, rows)
+        self.set_class(wanted and self.current in ("analyses", "log"), "-overlay")
+
+    def toggle_layout(self) -> None:
+        """Forces the other layout (key w), whatever the terminal size."""
+        self.settings = replace(self.settings, layout="tabs" if self.dashboard else "dashboard")
+        self.apply_layout(self.size.width, self.size.height)
 
     @property
     def selected_layer(self) -> int | None:
@@ -208,25 +245,39 @@ class ConsoleScreen(Screen[None]):
             curves, title="loss: growth against uniform", xlabel="step", ylabel="loss"
         )
 
-    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        """Focus follows the tab, and never lands in a form field, so letter keys stay commands."""
-        tab = str(event.pane.id)
+    def on_tabs_tab_activated(self, event: Tabs.TabActivated) -> None:
+        if event.tab is not None and event.tab.id:
+            self._switch(event.tab.id.removeprefix("tab-"))
+
+    def _switch(self, tab: str) -> None:
+        """Shows `tab`'s pane (tabs) or marks its panel (dashboard); focus follows, and never lands
+        in a form field, so letter keys stay commands."""
+        if tab == self.current:
+            return
+        self.current = tab
+        for pane in TABS:
+            self.query_one(f"#{pane}").set_class(pane == tab, "-active")
+        self.set_class(self.dashboard and tab in ("analyses", "log"), "-overlay")
+        log.info("panel: %s (%s)", tab, "dashboard" if self.dashboard else "tabs")
         if tab == "layers":
             self.query_one(LayerMap).focus()
         elif tab == "prompt":
             self.query_one("#prompt-input", Input).focus()
-        elif tab in ("analyses", "log"):
-            self.query_one(f"#{tab} VerticalScroll, #{tab} RichLog").focus()  # arrows and pgup/pgdn scroll
+        elif tab == "analyses":
+            self.query_one("#analyses", VerticalScroll).focus()  # arrows and pgup/pgdn scroll
+        elif tab == "log":
+            self.query_one("#log-view", RichLog).focus()
         else:
             self.query_one(Tabs).focus()
         self.post_message(TabShown(tab))
 
     def show_tab(self, tab: str) -> None:
-        self.query_one(TabbedContent).active = tab
+        self.query_one(Tabs).active = f"tab-{tab}"
+        self._switch(tab)
 
     @property
     def active_tab(self) -> str:
-        return str(self.query_one(TabbedContent).active)
+        return self.current
 
     def show_status(self, session: str, model: str, jobs: list[tuple[JobView, str]]) -> None:
         self.query_one(StatusLine).show(session, model, jobs)
