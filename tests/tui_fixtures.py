@@ -20,6 +20,7 @@ from engine.events import (
     Started,
     json_safe,
 )
+from sessions.process import process_identity
 from sessions.store import Session, SessionStore
 
 T0 = 1_700_000_000.0
@@ -128,6 +129,29 @@ def demo_session(store: SessionStore, name: str = "demo", model: str = "tiny") -
     session = store.create(name, model=model)
     session.save_result("ablation", ablation_doc())
     write_events(session, recovery_events() + growth_events())
+    manifest = {**session.manifest, "created": T0, "updated": T0}
+    atomic_write_json(session.path / "manifest.json", manifest)
+    session.manifest = manifest
+    return session
+
+
+def running_job(session: Session, job: str, experiment: str) -> None:
+    """A job file that reads as running in this process, so its panels show it live."""
+    session.write_job(job, {"status": "running", **process_identity(), "experiment": experiment})
+
+
+def dashboard_session(store: SessionStore, stage: str) -> Session:
+    """A session at one stage of the first hour: 'empty', 'map' (the map done), 'recovery' (layer 1
+    recovering) or 'growth' (a growth run half way)."""
+    session = store.create(stage, model="tiny")
+    if stage != "empty":
+        session.save_result("ablation", ablation_doc())
+    if stage == "recovery":
+        write_events(session, recovery_events())
+        running_job(session, "recovery-1", "recovery")
+    elif stage == "growth":
+        write_events(session, growth_events(upto=15))
+        running_job(session, "growth-1", "growth")
     manifest = {**session.manifest, "created": T0, "updated": T0}
     atomic_write_json(session.path / "manifest.json", manifest)
     session.manifest = manifest

@@ -41,6 +41,7 @@ from tui.messages import (
     ExperimentFinished,
     GenerateRequested,
     GenerationDone,
+    GrowthPreview,
     GrowthRequested,
     InjectRequested,
     ModelFailed,
@@ -57,7 +58,14 @@ from tui.screens.layer_detail import LayerDetailScreen
 from tui.screens.picker import SessionPicker
 from tui.state import SessionState
 from tui.widgets.layer_map import LayerMap
-from tui.workers import Column, GenerationPlan, experiment_work, generate_work, load_model_work
+from tui.workers import (
+    Column,
+    GenerationPlan,
+    experiment_work,
+    generate_work,
+    growth_preview_work,
+    load_model_work,
+)
 
 log = logging.getLogger("anatomy_tui.console")
 
@@ -208,6 +216,21 @@ class AnatomyApp(App[None]):
             self.update_status()
         if resumable_job(self.session.jobs()) is not None:
             self.action_resume_job()
+        screen = self._console()
+        if self.state.growth.plan is None and screen is not None:
+            self.run_worker(
+                partial(growth_preview_work, self.post_message, screen.growth_flags()),
+                name="growth preview",
+                group="preview",
+                thread=True,
+                exit_on_error=False,
+                description="planning the growth phases",
+            )
+
+    @on(GrowthPreview)
+    def growth_preview(self, message: GrowthPreview) -> None:
+        self.state.growth_preview = (" ".join(message.flags), message.arms)
+        self.state.dirty.add("growth")
 
     @on(ModelLoaded)
     def model_loaded(self, message: ModelLoaded) -> None:

@@ -64,6 +64,16 @@ class GenerationDone(Message):
         self.run = run
 
 
+class GrowthPreview(Message):
+    """The phases a growth run with `flags` would go through (growth.plan's `arms`), for the growth
+    panel before any run."""
+
+    def __init__(self, flags: tuple[str, ...], arms: dict[str, Any]) -> None:
+        super().__init__()
+        self.flags = flags
+        self.arms = arms
+
+
 class ExperimentFinished(Message):
     """An experiment running in a thread worker of the console has ended, however it ended."""
 

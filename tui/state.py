@@ -122,6 +122,7 @@ class SessionState:
         self.difficulty: dict[int, RecoveryRow] = {}
         self.growth = GrowthView()
         self.growth_arms: dict[str, GrowthArm] = {}
+        self.growth_preview: tuple[str, dict[str, Any]] | None = None  # (flags, planned arms) before a run
         self.dynamics: list[DynamicsRow] = []
         self.results: dict[str, dict[str, Any]] = {}
         self.jobs: dict[str, JobView] = {}

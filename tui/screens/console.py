@@ -156,7 +156,7 @@ class ConsoleScreen(Screen[None]):
             if dirty & {"recovery", "layers", "selection"}:
                 self.redraw_recovery(data)
             if dirty & {"growth", "results"}:
-                self.query_one(GrowthTimeline).show(state.growth)
+                self.query_one(GrowthTimeline).show(state.growth, state.growth_preview)
                 self.query_one(GrowthTable).show(state.growth_arms)
                 self.redraw_growth_plot(state)
             if "results" in dirty:
@@ -181,7 +181,8 @@ class ConsoleScreen(Screen[None]):
             info.update(Text("The recovery experiment is not in this version yet.", style="dim"))
             plot.draw([], title="recovery: not available")
             return
-        runs = data.state.recovery
+        everything = data.state.recovery
+        runs = [run for run in everything if run.layer == layer]  # the map's selection drives the plot
         curves = [
             Curve(
                 run.label + ("" if run.status in ("running", "done") else f" {run.status}"),
@@ -190,11 +191,12 @@ class ConsoleScreen(Screen[None]):
             )
             for i, run in enumerate(runs[-6:])
         ]
-        base = next((run.baseline_ppl for run in reversed(runs) if run.baseline_ppl), None)
+        base = next((run.baseline_ppl for run in reversed(everything) if run.baseline_ppl), None)
         if base is None:
             base = data.state.ablation_baseline
         refs = [("baseline", base)] if isinstance(base, (int, float)) else []
         refs += [(name, base * k) for name, k in RATIO_LINES] if refs else []
+        budget = runs[-1].steps if runs and runs[-1].steps else self.form_steps()
         plot.draw(
             curves,
             refs,
@@ -202,10 +204,13 @@ class ConsoleScreen(Screen[None]):
             xlabel="step",
             ylabel="ppl",
             log_y=True,
+            xspan=(0.0, float(budget)) if budget else None,
         )
         current = runs[-1] if runs else None
         if current is None:
-            info.update(Text("no run yet: set sigma, steps, lr and press i", style="dim"))
+            others = ", ".join(sorted({f"L{run.layer}" for run in everything}))
+            hint = f"no run on layer {layer} yet ({others} have one)" if others else "no run yet"
+            info.update(Text(f"{hint}: set sigma, steps, lr and press i", style="dim"))
         else:
             last = current.points[-1] if current.points else None
             now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else "waiting for the first point"
@@ -241,8 +246,13 @@ class ConsoleScreen(Screen[None]):
             for arm, pts in growth.train.items()
         ]
         curves += [Curve(f"{arm} val", pts, "white") for arm, pts in growth.val.items()]
+        budget = max((int(arm["steps"]) for arm in growth.plan.arms.values()), default=0) if growth.plan else 0
         self.query_one("#growth-plot", CurvePlot).draw(
-            curves, title="loss: growth against uniform", xlabel="step", ylabel="loss"
+            curves,
+            title="loss: growth against uniform",
+            xlabel="step",
+            ylabel="loss",
+            xspan=(0.0, float(budget)) if budget else None,
         )
 
     def on_tabs_tab_activated(self, event: Tabs.TabActivated) -> None:
@@ -305,14 +315,18 @@ class ConsoleScreen(Screen[None]):
             InjectRequested(self.selected_layer, values["sigma"], int(values["steps"]), values["lr"])
         )
 
+    def growth_flags(self) -> tuple[str, ...]:
+        """The growth form's flags, split like a shell would; ValueError if they do not parse."""
+        return tuple(shlex.split(self.query_one("#growth-flags", Input).value))
+
     def request_growth(self) -> None:
         """GrowthRequested with the growth form's flags."""
         try:
-            flags = shlex.split(self.query_one("#growth-flags", Input).value)
+            flags = self.growth_flags()
         except ValueError as exc:
             self.post_message(Notice(f"growth flags: {exc}", "error"))
             return
-        self.post_message(GrowthRequested(tuple(flags)))
+        self.post_message(GrowthRequested(flags))
 
     @on(Input.Submitted, "#prompt-input")
     def request_generation(self, event: Input.Submitted) -> None:
@@ -321,6 +335,14 @@ class ConsoleScreen(Screen[None]):
         if event.value.strip():
             columns = {str(column.id): column.model_choice for column in self.query(PromptColumn)}
             self.post_message(GenerateRequested(event.value, columns, self.noise_sigma()))
+
+    def form_steps(self) -> int | None:
+        """The recovery form's step budget, if it holds a positive whole number."""
+        try:
+            steps = int(self.query_one("#steps", Input).value)
+        except ValueError:
+            return None
+        return steps if steps > 0 else None
 
     def noise_sigma(self) -> float:
         try:
