@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from tui_fixtures import dashboard_session, demo_session
+from tui_fixtures import analyses_session, dashboard_session, demo_session
 
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
@@ -56,3 +56,10 @@ def test_dashboard(snap_compare, isolated_home, stage: str) -> None:
     press = ["down", "_"] if stage == "recovery" else ["_"]
     app = AnatomyApp(session=stage, load_model=False)
     assert snap_compare(app, press=press, run_before=_settled, terminal_size=(200, 50))
+
+
+@pytest.mark.parametrize("keys", [["f6"], ["f6", "end"]], ids=["top", "bottom"])
+def test_analyses_views(snap_compare, isolated_home, keys: list[str]) -> None:
+    analyses_session(SessionStore())
+    app = AnatomyApp(session="map", load_model=False)
+    assert snap_compare(app, press=[*keys, "_"], run_before=_settled, terminal_size=(200, 50))

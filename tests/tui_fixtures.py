@@ -156,3 +156,29 @@ def dashboard_session(store: SessionStore, stage: str) -> Session:
     atomic_write_json(session.path / "manifest.json", manifest)
     session.manifest = manifest
     return session
+
+
+def scaling_fit_doc() -> dict:
+    """The parts of results/scaling-fit.json its view draws: the estimate, its interval, the profile."""
+    profile = [{"alpha_l": 0.1 + 0.02 * i, "objective": 0.01 + (0.1 + 0.02 * i - 0.3) ** 2} for i in range(21)]
+    return {"params": {"alpha_l": 0.3, "alpha_m": 0.3, "alpha_D": 0.3, "L0": 1.5},
+            "profile": {"alpha_l": profile}, "alpha_l_profile_ci95": [0.24, 0.37], "n_points": 40}  # fmt: skip
+
+
+def prune_doc() -> dict:
+    """results/prune.json's curve: perplexity with 1..4 layers removed by each criterion."""
+    growth = {"angular": 1.3, "bi": 1.5, "ppl": 1.2}
+    curve = [
+        {"method": method, "removed": k, "layers": list(range(k)), "ppl": BASELINE * factor**k}
+        for method, factor in growth.items()
+        for k in range(1, 5)
+    ]
+    return {"model": "tiny", "baseline_ppl": BASELINE, "n_layers": 6, "methods": list(growth), "curve": curve}
+
+
+def analyses_session(store: SessionStore) -> Session:
+    """A session with a map, a scaling fit and a pruning run."""
+    session = dashboard_session(store, "map")
+    session.save_result("scaling-fit", scaling_fit_doc())
+    session.save_result("prune", prune_doc())
+    return session

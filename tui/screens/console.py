@@ -26,7 +26,9 @@ from tui.widgets.growth_timeline import GrowthTable, GrowthTimeline
 from tui.widgets.layer_detail import LayerDetail
 from tui.widgets.layer_map import LayerMap
 from tui.widgets.prompt_column import PromptColumn
+from tui.widgets.prune_plot import PrunePlot
 from tui.widgets.result_view import ResultView
+from tui.widgets.scaling_profile import ScalingProfilePlot
 from tui.widgets.status_line import StatusLine
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ ANALYSES = (
     ("dynamics", "Angle profiles (layer dynamics)", "anatomy-tui run dynamics --session {s}"),
     ("scaling-fit", "Scaling fit (loss decomposition)", "anatomy-tui run scaling-fit --session {s}"),
     ("toy-depth", "Toy depth models", "anatomy-tui run toy-depth --session {s}"),
+    ("prune", "Pruning curves (every criterion)", "anatomy-tui run prune --session {s}"),
 )
 log = logging.getLogger("anatomy_tui.console")
 TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")
@@ -109,6 +112,10 @@ class ConsoleScreen(Screen[None]):
                     yield Static(Text(title, style="bold"), classes="analysis-title")
                     if name == "dynamics":
                         yield CurvePlot(id="angle-plot")
+                    elif name == "scaling-fit":
+                        yield ScalingProfilePlot(id="scaling-plot", classes="analysis-plot")
+                    elif name == "prune":
+                        yield PrunePlot(id="prune-plot", classes="analysis-plot")
                     yield ResultView(id=f"result-{name}")
             with Vertical(id="log", classes="pane overlay"):
                 yield RichLog(id="log-view", wrap=True, markup=False, max_lines=2000)
@@ -161,6 +168,8 @@ class ConsoleScreen(Screen[None]):
                 self.redraw_growth_plot(state)
             if "results" in dirty:
                 self.redraw_angles(state.dynamics)
+                self.query_one(ScalingProfilePlot).show(state.results.get("scaling-fit"))
+                self.query_one(PrunePlot).show(state.results.get("prune"))
                 for name, _, command in ANALYSES:
                     self.query_one(f"#result-{name}", ResultView).show(
                         name,

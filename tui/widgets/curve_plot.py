@@ -73,7 +73,8 @@ class CurvePlot(PlotextPlot):
             plt.yticks(ticks, [f"{10**t:,.3g}" for t in ticks])
         span = xspan
         if span is None and xs_all:
-            span = (min(xs_all), max(max(xs_all), min(xs_all) + 1))
+            low, high = min(xs_all), max(xs_all)
+            span = (low, high if high > low else low + 1)
         if span is not None:
             plt.xlim(*span)
             for (_, value), colour in zip(references, REFERENCE_COLOURS, strict=False):
@@ -81,5 +82,5 @@ class CurvePlot(PlotextPlot):
         entries = [(curve.label, curve.colour) for curve in curves if curve.points]
         if span is not None:
             entries += [(label, colour) for (label, _), colour in zip(references, REFERENCE_COLOURS, strict=False)]
-        self.border_subtitle = legend_markup(entries)
+        self.border_subtitle = legend_markup(list(dict.fromkeys(entries)))  # one entry per label
         self.refresh()
