@@ -58,7 +58,10 @@ def test_dashboard(snap_compare, isolated_home, stage: str) -> None:
     assert snap_compare(app, press=press, run_before=_settled, terminal_size=(200, 50))
 
 
-@pytest.mark.parametrize("keys", [["f6"], ["f6", "end"]], ids=["top", "bottom"])
+@pytest.mark.parametrize(
+    "keys", [["f6"], ["f6", *["pagedown"] * 2], ["f6", *["pagedown"] * 4], ["f6", "end"]],
+    ids=["top", "page2", "page3", "bottom"],
+)
 def test_analyses_views(snap_compare, isolated_home, keys: list[str]) -> None:
     analyses_session(SessionStore())
     app = AnatomyApp(session="map", load_model=False)

@@ -177,8 +177,50 @@ def prune_doc() -> dict:
 
 
 def analyses_session(store: SessionStore) -> Session:
-    """A session with a map, a scaling fit and a pruning run."""
+    """A session with a map and a result of every analysis the Analyses view draws."""
     session = dashboard_session(store, "map")
     session.save_result("scaling-fit", scaling_fit_doc())
     session.save_result("prune", prune_doc())
+    session.save_result("manipulate", manipulate_doc())
+    session.save_result("toy-depth", toy_depth_doc())
+    session.save_result("dynamics", dynamics_doc())
     return session
+
+
+def manipulate_doc() -> dict:
+    rows = [
+        {"layers": [3], "strategy": strategy, "param": param, "ppl": BASELINE * (1 + d / 100), "degradation_pct": d,
+         "sample": f"The capital of France is Paris ({strategy})", "together": False}
+        for strategy, param, d in (("scale", 0.5, 2.5), ("svd", 8, 11.0), ("zero", None, 40.0), ("mean", None, -1.5))
+    ]  # fmt: skip
+    return {"model": "tiny", "baseline_ppl": BASELINE, "baseline_sample": "The capital of France is Paris",
+            "prompt": "The capital of France is", "layers": [3], "results": rows}  # fmt: skip
+
+
+def toy_depth_doc() -> dict:
+    def regime(c: float, alpha: float) -> dict:
+        depths = [1, 2, 4, 8, 16]
+        return {"depths": depths, "loss": [c / d**alpha * (1.02 if d % 4 else 0.98) for d in depths],
+                "alpha_l": alpha, "c": c, "L0": None, "ci95": [alpha - 0.1, alpha + 0.1]}  # fmt: skip
+
+    regimes = {"compositional": regime(2.0, 0.9), "ensemble": regime(1.5, 0.4)}
+    return {"preset": "tiny", "regimes": regimes, "temperature": 1.0, "by_temperature": {"1": regimes},
+            "fit": "L = c / l^alpha_l"}  # fmt: skip
+
+
+def dynamics_doc() -> dict:
+    def q(median: float) -> dict:
+        return {"median": median, "q1": median - 5.0, "q3": median + 5.0}
+
+    layers = [
+        {"layer": i, "angle_state": q(20.0 + 2 * i), "angle_update": q(95.0 - i), "norm": q(10.0 + i),
+         "update_norm": q(1.0), "relative_update": q(0.1), "angle_final": q(60.0 - 8 * i), "progress": q(i / 6)}
+        for i in range(6)
+    ]  # fmt: skip
+    clusters = [
+        {"label": 0, "bulk": True, "size": 900, "fraction": 0.9, "top_tokens": [[" the", 40], [",", 30]],
+         "examples": ["of [the] city"]},
+        {"label": 1, "bulk": False, "size": 100, "fraction": 0.1, "top_tokens": [["<s>", 50]],
+         "examples": ["[<s>] Once"]},
+    ]  # fmt: skip
+    return {"n_layers": 6, "layers": layers, "pca": {"explained": [0.6, 0.2], "k": 2, "clusters": clusters}}

@@ -30,6 +30,7 @@ from tui.widgets.prune_plot import PrunePlot
 from tui.widgets.result_view import ResultView
 from tui.widgets.scaling_profile import ScalingProfilePlot
 from tui.widgets.status_line import StatusLine
+from tui.widgets.toy_depth_plot import ToyDepthPlot
 
 if TYPE_CHECKING:
     from engine.events import DynamicsRow
@@ -114,6 +115,8 @@ class ConsoleScreen(Screen[None]):
                         yield CurvePlot(id="angle-plot")
                     elif name == "scaling-fit":
                         yield ScalingProfilePlot(id="scaling-plot", classes="analysis-plot")
+                    elif name == "toy-depth":
+                        yield ToyDepthPlot(id="toy-plot", classes="analysis-plot")
                     elif name == "prune":
                         yield PrunePlot(id="prune-plot", classes="analysis-plot")
                     yield ResultView(id=f"result-{name}")
@@ -170,6 +173,7 @@ class ConsoleScreen(Screen[None]):
                 self.redraw_angles(state.dynamics)
                 self.query_one(ScalingProfilePlot).show(state.results.get("scaling-fit"))
                 self.query_one(PrunePlot).show(state.results.get("prune"))
+                self.query_one(ToyDepthPlot).show(state.results.get("toy-depth"))
                 for name, _, command in ANALYSES:
                     self.query_one(f"#result-{name}", ResultView).show(
                         name,
@@ -233,14 +237,18 @@ class ConsoleScreen(Screen[None]):
         if not rows:
             return
 
-        def series(key: str) -> list[tuple[float, float]]:
-            points = [(row.layer, getattr(row, key).median) for row in rows]
+        def series(key: str, part: str = "median") -> list[tuple[float, float]]:
+            points = [(row.layer, getattr(getattr(row, key), part)) for row in rows]
             return [(float(x), y) for x, y in points if y is not None]
 
         plot.draw(
             [
-                Curve("angle(state, update)", series("angle_update"), "cyan"),
-                Curve("angle(state in, state out)", series("angle_state"), "magenta"),
+                Curve("angle(state, update) median", series("angle_update"), "cyan"),
+                Curve("quartiles", series("angle_update", "q1"), "blue"),
+                Curve("quartiles", series("angle_update", "q3"), "blue"),
+                Curve("angle(state in, state out) median", series("angle_state"), "magenta"),
+                Curve("quartiles ", series("angle_state", "q1"), "red"),
+                Curve("quartiles ", series("angle_state", "q3"), "red"),
             ],
             [("90°", 90.0)],
             title="angle profiles (median over tokens)",
