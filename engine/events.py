@@ -276,12 +276,13 @@ class LayerAblated(Event):
 @event_type
 @dataclass(frozen=True)
 class AblationProxies(Event):
-    """Block Influence and angular distance of every layer, known after the first pass and long
-    before the last ablation (lists indexed by layer)."""
+    """Block Influence and angular distance of every layer (lists indexed by layer) and the baseline
+    perplexity, known after the first pass, long before the last ablation."""
 
     kind: ClassVar[str] = "ablation.proxies"
     block_influence: list[float]
     angular_distance: list[float]
+    baseline_ppl: float
 
 
 # recovery ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from textual.widgets import Input
 from tiny_models import save_tiny
 from tui_fixtures import BASELINE, CURVE, MAP, demo_session, recovery_row
 
-from engine.events import RecoveryLayer
+from engine.events import AblationProxies, RecoveryLayer
 from sessions.store import SessionStore, pid_alive
 from tui import app as app_module
 from tui.app import ACTIONS, AnatomyApp, ModelOptions
@@ -582,3 +582,12 @@ async def test_the_noised_model_uses_the_sigma_of_the_request(isolated_home, tin
         await pilot.pause()
     assert [(name, sigma) for name, sigma, _ in used] == [("original", 1.5), ("noised", 1.5)]
     assert used[1][2] == (1,)  # the x-marked layer
+
+
+def test_proxies_fill_the_map_before_any_ablation() -> None:
+    state = SessionState()
+    state.apply(AblationProxies([0.5, 0.1, 0.2], [0.3, 0.05, 0.1], 12.0))
+    assert state.n_layers == 3 and state.ablation_baseline == 12.0
+    assert state.proxy(1) == (0.1, 0.05) and state.proxy(5) == (None, None)
+    cells = LayerMap._cells(state, 2, recovering=True)
+    assert str(cells[0]) == "2⟳" and cells[5:7] == ["0.200", "0.100"]

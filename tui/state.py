@@ -220,7 +220,9 @@ class SessionState:
     def _ablation_proxies(self, event: AblationProxies) -> None:
         self.proxies = event
         self.ablation_layers = len(event.block_influence)
-        self.dirty.add("layers")
+        if self.ablation_baseline is None:
+            self.ablation_baseline = event.baseline_ppl
+        self.dirty.update({"layers", "recovery"})
 
     def proxy(self, layer: int) -> tuple[float | None, float | None]:
         """(Block Influence, angular distance) of a layer: the map's, else the first pass's."""

@@ -114,7 +114,7 @@ def run_ablation(
     baseline = base.perplexity
     todo = range(n) if settings.layers is None else sorted({stack.check_index(i) for i in settings.layers})
     influence, angular = meter.means()
-    yield AblationProxies([float(v) for v in influence], [float(v) for v in angular])
+    yield AblationProxies([float(v) for v in influence], [float(v) for v in angular], baseline)
     yield Progress(0, len(todo), "ablation")
     scores = {}
     for done, index in enumerate(todo, start=1):
