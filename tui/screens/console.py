@@ -222,7 +222,7 @@ class ConsoleScreen(Screen[None]):
         current = runs[-1] if runs else None
         if current is None:
             others = ", ".join(sorted({f"L{run.layer}" for run in everything}))
-            hint = f"no run on layer {layer} yet ({others} have one)" if others else "no run yet"
+            hint = f"no run on layer {layer} yet (runs on: {others})" if others else "no run yet"
             info.update(Text(f"{hint}: set sigma, steps, lr and press i", style="dim"))
         else:
             last = current.points[-1] if current.points else None

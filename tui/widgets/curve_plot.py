@@ -19,14 +19,11 @@ class Curve:
     colour: str | int | None = None
 
 
-RICH_COLOURS = {"orange": "dark_orange"}  # plotext names rich does not know
-
-
 def legend_markup(entries: Sequence[tuple[str, str | int | None]]) -> str:
     """A one-line legend, each label after a line in its colour (markup for a border subtitle)."""
     parts = []
     for label, colour in entries:
-        name = RICH_COLOURS.get(str(colour), str(colour)) if isinstance(colour, str) else "white"
+        name = colour if isinstance(colour, str) else "white"  # plotext's names are CSS names too
         parts.append(f"[{name}]━━[/] {escape(label)}")
     return "  ".join(parts)
 
