@@ -24,7 +24,7 @@ from tui.screens.confirm import ConfirmScreen
 from tui.screens.console import ConsoleScreen
 from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
-from tui.state import SessionState, thin
+from tui.state import GrowthView, SessionState, thin
 from tui.widgets.growth_timeline import comparison_table, timeline_text
 from tui.widgets.layer_detail import layer_detail_text
 from tui.widgets.layer_map import LayerMap, log_bar
@@ -591,3 +591,21 @@ def test_proxies_fill_the_map_before_any_ablation() -> None:
     assert state.proxy(1) == (0.1, 0.05) and state.proxy(5) == (None, None)
     cells = LayerMap._cells(state, 2, recovering=True)
     assert str(cells[0]) == "2⟳" and cells[5:7] == ["0.200", "0.100"]
+
+
+def test_growth_panel_plans_the_tiny_preset_before_any_run() -> None:
+    from engine.experiments.growth.experiment import PRESETS, planned_arms
+
+    arms = planned_arms(PRESETS["tiny"])
+    assert arms is not None and arms["growth_100"]["phases"][0]["name"] == "gastrulation"
+    assert sum(p["steps"] for p in arms["growth_100"]["phases"]) == PRESETS["tiny"].steps
+    text = timeline_text(GrowthView(), ("--preset tiny", arms)).plain
+    assert "planned (--preset tiny)" in text and "gastrulation" in text
+
+
+def test_console_settings_pick_the_layout() -> None:
+    auto = ConsoleSettings()
+    assert auto.dashboard(200, 50) and auto.dashboard(160, 45)
+    assert not auto.dashboard(159, 50) and not auto.dashboard(200, 44)
+    assert ConsoleSettings(layout="dashboard").dashboard(80, 24)
+    assert not ConsoleSettings(layout="tabs").dashboard(200, 50)
