@@ -216,6 +216,11 @@ class AnatomyApp(App[None]):
             self.update_status()
         if resumable_job(self.session.jobs()) is not None:
             self.action_resume_job()
+        if not self.autoload:
+            self.start_growth_preview()
+
+    def start_growth_preview(self) -> None:
+        """Plans the growth form's phases in a worker (torch), after the model: that comes first."""
         screen = self._console()
         if self.state.growth.plan is None and screen is not None:
             self.run_worker(
@@ -244,6 +249,7 @@ class AnatomyApp(App[None]):
             if not busy and not self.session.jobs():
                 log.info("no layer map in this session yet: computing it")
                 self.action_compute_map()
+        self.start_growth_preview()
 
     @on(ModelProgress)
     def model_progress(self, message: ModelProgress) -> None:
@@ -256,6 +262,7 @@ class AnatomyApp(App[None]):
         self.model_status = "model: failed to load (see Log)"
         self.say(f"loading {self.options.model} failed: {message.error}", "error")
         self.update_status()
+        self.start_growth_preview()
 
     # the event log, a few times a second ---------------------------------------------------------
     def poll(self) -> None:
