@@ -273,6 +273,18 @@ class LayerAblated(Event):
     layer_class: str
 
 
+@event_type
+@dataclass(frozen=True)
+class AblationProxies(Event):
+    """Block Influence and angular distance of every layer (lists indexed by layer) and the baseline
+    perplexity, known after the first pass, long before the last ablation."""
+
+    kind: ClassVar[str] = "ablation.proxies"
+    block_influence: list[float]
+    angular_distance: list[float]
+    baseline_ppl: float
+
+
 # recovery ---------------------------------------------------------------------------------------
 
 

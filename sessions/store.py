@@ -135,12 +135,13 @@ def _short(value: Any) -> str:
 
 def result_problem(doc: Any) -> str:
     """Why a result document cannot be shown ("" when its shape is fine): an object whose
-    per-layer rows, where it has them, are a list of objects."""
+    'layers', where it has them, are per-layer rows (objects) or layer numbers (manipulate's)."""
     if not isinstance(doc, dict):
         return f"it is {_json_type(doc)}, not a JSON object"
     rows = doc.get("layers")
-    if rows is not None and not (isinstance(rows, list) and all(isinstance(row, dict) for row in rows)):
-        return "its 'layers' is not a list of objects"
+    indices = isinstance(rows, list) and all(isinstance(row, int) and not isinstance(row, bool) for row in rows)
+    if rows is not None and not indices and not (isinstance(rows, list) and all(isinstance(row, dict) for row in rows)):
+        return "its 'layers' is neither a list of objects nor of layer numbers"
     return ""
 
 

@@ -79,7 +79,9 @@ async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_
     monkeypatch.setattr("engine.models.load_model", fake_load)
     monkeypatch.setattr(app_module, "launch_job", fake_launch)
     monkeypatch.setattr(app_module, "job_placement", lambda *args, **kwargs: "release")
-    app = AnatomyApp(session="demo", options=ModelOptions(str(tiny_folder)))
+    from tui.console_settings import ConsoleSettings
+
+    app = AnatomyApp(session="demo", options=ModelOptions(str(tiny_folder)), console=ConsoleSettings(auto_map=False))
     async with app.run_test(size=(120, 36)) as pilot:
         for _ in range(100):
             if app.loaded is stub:

@@ -10,18 +10,21 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from textual.widgets import Input
 from tiny_models import save_tiny
 from tui_fixtures import BASELINE, CURVE, MAP, demo_session, recovery_row
 
-from engine.events import RecoveryLayer
+from engine.events import AblationProxies, RecoveryLayer
 from sessions.store import SessionStore, pid_alive
 from tui import app as app_module
 from tui.app import ACTIONS, AnatomyApp, ModelOptions
+from tui.console_settings import ConsoleSettings
 from tui.jobs import BackgroundJob
 from tui.screens.confirm import ConfirmScreen
+from tui.screens.console import ConsoleScreen
 from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
-from tui.state import SessionState, thin
+from tui.state import GrowthView, SessionState, thin
 from tui.widgets.growth_timeline import comparison_table, timeline_text
 from tui.widgets.layer_detail import layer_detail_text
 from tui.widgets.layer_map import LayerMap, log_bar
@@ -41,9 +44,10 @@ def tiny_folder(tmp_path_factory) -> Path:
     return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
-def tiny_app(folder: Path, session: str = "s", load_model: bool = True) -> AnatomyApp:
+def tiny_app(folder: Path, session: str = "s", load_model: bool = True, auto_map: bool = False) -> AnatomyApp:
     return AnatomyApp(
-        session=session, options=ModelOptions(str(folder), "cpu", "float32"), load_model=load_model
+        session=session, options=ModelOptions(str(folder), "cpu", "float32"), load_model=load_model,
+        console=ConsoleSettings(auto_map=auto_map),
     )
 
 
@@ -176,6 +180,44 @@ async def test_picker_lists_sessions_and_opens_one(isolated_home) -> None:
         await pilot.pause()
         assert app.session_name == "demo"
         assert app.screen.query_one(LayerMap).row_count == len(MAP)
+
+
+async def test_first_run_opens_a_session_and_draws_the_map_unasked(isolated_home, tiny_folder) -> None:
+    app = AnatomyApp(options=ModelOptions(str(tiny_folder), "cpu", "float32"))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.session is not None and isinstance(app.screen, ConsoleScreen)  # no picker
+        await until(pilot, lambda: "ablation" in app.state.results)
+        assert app.state.proxies is not None and len(app.state.proxies.block_influence) == app.n_layers
+        table = app.screen.query_one(LayerMap)
+        assert table.row_count == app.n_layers
+        assert table.get_cell("0", "ang") != ""
+
+
+async def test_dashboard_switches_live_and_keeps_selection_and_inputs(isolated_home) -> None:
+    demo_session(SessionStore())
+    app = AnatomyApp(session="demo", load_model=False)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert screen.dashboard
+        assert all(screen.query_one(f"#{tab}").display for tab in ("layers", "recovery", "growth", "prompt"))
+        assert screen.query_one("#recovery").border_title == "Recovery"
+        await pilot.press("down", "down")
+        screen.query_one("#sigma", Input).value = "0.25"
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert not screen.dashboard and not screen.query_one("#recovery").display
+        assert app.selected_layer == 2 and screen.query_one("#sigma", Input).value == "0.25"
+        await pilot.press("w")
+        await pilot.pause()
+        assert screen.dashboard  # forced, whatever the size
+        await pilot.press("f6")
+        await pilot.pause()
+        assert screen.has_class("-overlay") and screen.query_one("#analyses").display
+        await pilot.press("f2")
+        await pilot.pause()
+        assert not screen.has_class("-overlay") and app.selected_layer == 2
 
 
 # work in the console ------------------------------------------------------------------------------
@@ -540,3 +582,30 @@ async def test_the_noised_model_uses_the_sigma_of_the_request(isolated_home, tin
         await pilot.pause()
     assert [(name, sigma) for name, sigma, _ in used] == [("original", 1.5), ("noised", 1.5)]
     assert used[1][2] == (1,)  # the x-marked layer
+
+
+def test_proxies_fill_the_map_before_any_ablation() -> None:
+    state = SessionState()
+    state.apply(AblationProxies([0.5, 0.1, 0.2], [0.3, 0.05, 0.1], 12.0))
+    assert state.n_layers == 3 and state.ablation_baseline == 12.0
+    assert state.proxy(1) == (0.1, 0.05) and state.proxy(5) == (None, None)
+    cells = LayerMap._cells(state, 2, recovering=True)
+    assert str(cells[0]) == "2⟳" and cells[5:7] == ["0.200", "0.100"]
+
+
+def test_growth_panel_plans_the_tiny_preset_before_any_run() -> None:
+    from engine.experiments.growth.experiment import PRESETS, planned_arms
+
+    arms = planned_arms(PRESETS["tiny"])
+    assert arms is not None and arms["growth_100"]["phases"][0]["name"] == "gastrulation"
+    assert sum(p["steps"] for p in arms["growth_100"]["phases"]) == PRESETS["tiny"].steps
+    text = timeline_text(GrowthView(), ("--preset tiny", arms)).plain
+    assert "planned (--preset tiny)" in text and "gastrulation" in text
+
+
+def test_console_settings_pick_the_layout() -> None:
+    auto = ConsoleSettings()
+    assert auto.dashboard(200, 50) and auto.dashboard(160, 45)
+    assert not auto.dashboard(159, 50) and not auto.dashboard(200, 44)
+    assert ConsoleSettings(layout="dashboard").dashboard(80, 24)
+    assert not ConsoleSettings(layout="tabs").dashboard(200, 50)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from tui_fixtures import demo_session
+from tui_fixtures import analyses_session, dashboard_session, demo_session
 
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
@@ -40,3 +40,29 @@ def test_session_picker(snap_compare, demo, monkeypatch) -> None:
         await pilot.pause()
 
     assert snap_compare(AnatomyApp(load_model=False), run_before=settle, terminal_size=(80, 24))
+
+
+async def _settled(pilot) -> None:
+    """Waits for the console's workers (the growth preview) so the picture does not race them."""
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause(0.5)
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("stage", ["empty", "map", "recovery", "growth"])
+def test_dashboard(snap_compare, isolated_home, stage: str) -> None:
+    dashboard_session(SessionStore(), stage)
+    press = ["down", "_"] if stage == "recovery" else ["_"]
+    app = AnatomyApp(session=stage, load_model=False)
+    assert snap_compare(app, press=press, run_before=_settled, terminal_size=(200, 50))
+
+
+@pytest.mark.parametrize(
+    "keys", [["f6"], ["f6", *["pagedown"] * 2], ["f6", *["pagedown"] * 4], ["f6", "end"]],
+    ids=["top", "page2", "page3", "bottom"],
+)
+def test_analyses_views(snap_compare, isolated_home, keys: list[str]) -> None:
+    analyses_session(SessionStore())
+    app = AnatomyApp(session="map", load_model=False)
+    assert snap_compare(app, press=[*keys, "_"], run_before=_settled, terminal_size=(200, 50))

@@ -84,3 +84,28 @@ def test_console_in_a_real_terminal(isolated_home, tmp_path) -> None:
             time.sleep(0.3)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
+def test_first_run_draws_the_map_unasked(isolated_home, tmp_path) -> None:
+    """An empty store and no key pressed: the console opens a new session and maps its layers."""
+    folder = save_tiny(tmp_path / "tiny")
+    name = f"anatomy-tui-first-{os.getpid()}"
+    command = (
+        f"cd {ROOT} && ANATOMY_TUI_HOME={isolated_home} TERM=xterm-256color {sys.executable} -m tui.cli "
+        f"--model {folder} --device cpu --dtype float32"
+    )
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command], check=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(Path(isolated_home).glob("*/results/ablation.json")):
+            assert time.monotonic() < deadline, f"no map was computed; the pane shows:\n{_pane(name)}"
+            time.sleep(0.3)
+        classes = ("critical", "important", "minor", "redundant", "anti")
+        deadline = time.monotonic() + 30
+        while not any(word in _pane(name) for word in classes):
+            assert time.monotonic() < deadline, f"the map was not drawn; the pane shows:\n{_pane(name)}"
+            time.sleep(0.3)
+        assert "Sessions:" not in _pane(name)  # no picker on a first run
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)

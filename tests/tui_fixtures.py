@@ -20,6 +20,7 @@ from engine.events import (
     Started,
     json_safe,
 )
+from sessions.process import process_identity
 from sessions.store import Session, SessionStore
 
 T0 = 1_700_000_000.0
@@ -132,3 +133,94 @@ def demo_session(store: SessionStore, name: str = "demo", model: str = "tiny") -
     atomic_write_json(session.path / "manifest.json", manifest)
     session.manifest = manifest
     return session
+
+
+def running_job(session: Session, job: str, experiment: str) -> None:
+    """A job file that reads as running in this process, so its panels show it live."""
+    session.write_job(job, {"status": "running", **process_identity(), "experiment": experiment})
+
+
+def dashboard_session(store: SessionStore, stage: str) -> Session:
+    """A session at one stage of the first hour: 'empty', 'map' (the map done), 'recovery' (layer 1
+    recovering) or 'growth' (a growth run half way)."""
+    session = store.create(stage, model="tiny")
+    if stage != "empty":
+        session.save_result("ablation", ablation_doc())
+    if stage == "recovery":
+        write_events(session, recovery_events())
+        running_job(session, "recovery-1", "recovery")
+    elif stage == "growth":
+        write_events(session, growth_events(upto=15))
+        running_job(session, "growth-1", "growth")
+    manifest = {**session.manifest, "created": T0, "updated": T0}
+    atomic_write_json(session.path / "manifest.json", manifest)
+    session.manifest = manifest
+    return session
+
+
+def scaling_fit_doc() -> dict:
+    """The parts of results/scaling-fit.json its view draws: the estimate, its interval, the profile."""
+    profile = [{"alpha_l": 0.1 + 0.02 * i, "objective": 0.01 + (0.1 + 0.02 * i - 0.3) ** 2} for i in range(21)]
+    return {"params": {"alpha_l": 0.3, "alpha_m": 0.3, "alpha_D": 0.3, "L0": 1.5},
+            "profile": {"alpha_l": profile}, "alpha_l_profile_ci95": [0.24, 0.37], "n_points": 40}  # fmt: skip
+
+
+def prune_doc() -> dict:
+    """results/prune.json's curve: perplexity with 1..4 layers removed by each criterion."""
+    growth = {"angular": 1.3, "bi": 1.5, "ppl": 1.2}
+    curve = [
+        {"method": method, "removed": k, "layers": list(range(k)), "ppl": BASELINE * factor**k}
+        for method, factor in growth.items()
+        for k in range(1, 5)
+    ]
+    return {"model": "tiny", "baseline_ppl": BASELINE, "n_layers": 6, "methods": list(growth), "curve": curve}
+
+
+def analyses_session(store: SessionStore) -> Session:
+    """A session with a map and a result of every analysis the Analyses view draws."""
+    session = dashboard_session(store, "map")
+    session.save_result("scaling-fit", scaling_fit_doc())
+    session.save_result("prune", prune_doc())
+    session.save_result("manipulate", manipulate_doc())
+    session.save_result("toy-depth", toy_depth_doc())
+    session.save_result("dynamics", dynamics_doc())
+    return session
+
+
+def manipulate_doc() -> dict:
+    rows = [
+        {"layers": [3], "strategy": strategy, "param": param, "ppl": BASELINE * (1 + d / 100), "degradation_pct": d,
+         "sample": f"The capital of France is Paris ({strategy})", "together": False}
+        for strategy, param, d in (("scale", 0.5, 2.5), ("svd", 8, 11.0), ("zero", None, 40.0), ("mean", None, -1.5))
+    ]  # fmt: skip
+    return {"model": "tiny", "baseline_ppl": BASELINE, "baseline_sample": "The capital of France is Paris",
+            "prompt": "The capital of France is", "layers": [3], "results": rows}  # fmt: skip
+
+
+def toy_depth_doc() -> dict:
+    def regime(c: float, alpha: float) -> dict:
+        depths = [1, 2, 4, 8, 16]
+        return {"depths": depths, "loss": [c / d**alpha * (1.02 if d % 4 else 0.98) for d in depths],
+                "alpha_l": alpha, "c": c, "L0": None, "ci95": [alpha - 0.1, alpha + 0.1]}  # fmt: skip
+
+    regimes = {"compositional": regime(2.0, 0.9), "ensemble": regime(1.5, 0.4)}
+    return {"preset": "tiny", "regimes": regimes, "temperature": 1.0, "by_temperature": {"1": regimes},
+            "fit": "L = c / l^alpha_l"}  # fmt: skip
+
+
+def dynamics_doc() -> dict:
+    def q(median: float) -> dict:
+        return {"median": median, "q1": median - 5.0, "q3": median + 5.0}
+
+    layers = [
+        {"layer": i, "angle_state": q(20.0 + 2 * i), "angle_update": q(95.0 - i), "norm": q(10.0 + i),
+         "update_norm": q(1.0), "relative_update": q(0.1), "angle_final": q(60.0 - 8 * i), "progress": q(i / 6)}
+        for i in range(6)
+    ]  # fmt: skip
+    clusters = [
+        {"label": 0, "bulk": True, "size": 900, "fraction": 0.9, "top_tokens": [[" the", 40], [",", 30]],
+         "examples": ["of [the] city"]},
+        {"label": 1, "bulk": False, "size": 100, "fraction": 0.1, "top_tokens": [["<s>", 50]],
+         "examples": ["[<s>] Once"]},
+    ]  # fmt: skip
+    return {"n_layers": 6, "layers": layers, "pca": {"explained": [0.6, 0.2], "k": 2, "clusters": clusters}}

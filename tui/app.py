@@ -33,6 +33,7 @@ from engine.settings import Settings
 from engine.variants import SavedModels, Variant, saved_model_path
 from sessions.layer_weights import saved_layers
 from sessions.store import Session, SessionError, SessionStore
+from tui.console_settings import ConsoleSettings
 from tui.jobs import (
     BackgroundJob,
     job_argv,
@@ -50,10 +51,12 @@ from tui.messages import (
     ExperimentFinished,
     GenerateRequested,
     GenerationDone,
+    GrowthPreview,
     GrowthRequested,
     InjectRequested,
     ModelFailed,
     ModelLoaded,
+    ModelProgress,
     Notice,
     TabShown,
     TextGenerated,
@@ -65,7 +68,14 @@ from tui.screens.layer_detail import LayerDetailScreen
 from tui.screens.picker import SessionPicker
 from tui.state import SessionState
 from tui.widgets.layer_map import LayerMap
-from tui.workers import Column, GenerationPlan, experiment_work, generate_work, load_model_work
+from tui.workers import (
+    Column,
+    GenerationPlan,
+    experiment_work,
+    generate_work,
+    growth_preview_work,
+    load_model_work,
+)
 
 log = logging.getLogger("anatomy_tui.console")
 
@@ -82,6 +92,7 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("f5", "show_tab('prompt')", "Prompt tab", "generate text with two models side by side"),
     ("f6", "show_tab('analyses')", "Analyses tab", "weight statistics, angle profiles, scaling fit"),
     ("f7", "show_tab('log')", "Log tab", "messages from jobs and the console"),
+    ("w", "toggle_layout", "Dashboard / tabs", "all four panels at once, or one tab at a time"),
     ("a", "compute_map", "Compute layer map", "ablate every layer in the console (thread worker)"),
     ("b", "map_job", "Layer map as a job", "run the ablation map as its own process"),
     ("d", "detail", "Layer detail", "everything the session knows about the selected layer"),
@@ -124,8 +135,10 @@ class AnatomyApp(App[None]):
         options: ModelOptions | None = None,
         model_explicit: bool | None = None,
         load_model: bool = True,
+        console: ConsoleSettings | None = None,
     ) -> None:
         super().__init__()
+        self.console_settings = console or ConsoleSettings()
         self.store = store or SessionStore()
         self.requested = session
         self.resume = resume
@@ -159,6 +172,8 @@ class AnatomyApp(App[None]):
             self.open_session(self.requested)
         elif self.resume and self.store.most_recent() is not None:
             self.open_session(self.store.most_recent().name)  # type: ignore[union-attr]
+        elif not self.store.list():  # a first run: nothing to pick yet, so a new session
+            self.open_session(self.store.create(model=self.options.model).name)
         else:
             self.push_screen(SessionPicker(self.store), callback=self.open_session)
 
@@ -186,7 +201,7 @@ class AnatomyApp(App[None]):
                 self.session.damage.append(f"result {result} cannot be shown ({type(exc).__name__}: {exc})")
         for reason in self.session.check():  # the session opens with what is readable; say what is not
             self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
-        self.push_screen(ConsoleScreen())
+        self.push_screen(ConsoleScreen(self.console_settings))
 
     @on(ConsoleReady)
     def console_ready(self) -> None:
@@ -202,6 +217,26 @@ class AnatomyApp(App[None]):
             self.load_model_in_background()
         if resumable_job(self.session.jobs()) is not None:
             self.action_resume_job()
+        if not self.autoload:
+            self.start_growth_preview()
+
+    def start_growth_preview(self) -> None:
+        """Plans the growth form's phases in a worker (torch), after the model: that comes first."""
+        screen = self._console()
+        if self.state.growth.plan is None and screen is not None:
+            self.run_worker(
+                partial(growth_preview_work, self.post_message, screen.growth_flags()),
+                name="growth preview",
+                group="preview",
+                thread=True,
+                exit_on_error=False,
+                description="planning the growth phases",
+            )
+
+    @on(GrowthPreview)
+    def growth_preview(self, message: GrowthPreview) -> None:
+        self.state.growth_preview = (" ".join(message.flags), message.arms)
+        self.state.dirty.add("growth")
 
     def load_model_in_background(self) -> None:
         """The console's model, loaded in a thread worker (at start, and again after a job that
@@ -232,12 +267,25 @@ class AnatomyApp(App[None]):
         log.info("model loaded: %s", self.model_status)
         self.state.dirty.update({"layers", "jobs"})
         self.update_status()
+        if self.console_settings.auto_map and self.session is not None and "ablation" not in self.state.results:
+            busy = any(job.experiment == "ablation" for job in self.state.running_jobs())
+            if not busy and not self.session.jobs():
+                log.info("no layer map in this session yet: computing it")
+                self.action_compute_map()
+        self.start_growth_preview()
+
+    @on(ModelProgress)
+    def model_progress(self, message: ModelProgress) -> None:
+        if self.loaded is None:
+            self.model_status = f"model: {message.text}"
+            self.update_status()
 
     @on(ModelFailed)
     def model_failed(self, message: ModelFailed) -> None:
         self.model_status = "model: failed to load (see Log)"
         self.say(f"loading {self.options.model} failed: {message.error}", "error")
         self.update_status()
+        self.start_growth_preview()
 
     # the event log, a few times a second ---------------------------------------------------------
     def poll(self) -> None:
@@ -373,6 +421,11 @@ class AnatomyApp(App[None]):
         screen = self._console()
         if screen is not None and tab in TABS:
             screen.show_tab(tab)
+
+    def action_toggle_layout(self) -> None:
+        screen = self._console()
+        if screen is not None:
+            screen.toggle_layout()
 
     def action_detail(self) -> None:
         if self._console() is not None:

@@ -20,6 +20,18 @@ class ModelLoaded(Message):
         self.loaded = loaded
 
 
+class ModelProgress(Message):
+    """A line of the model loader's progress (the first dequantisation of the embedded model);
+    a newer one replaces an older one still queued."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ModelProgress)
+
+
 class ModelFailed(Message):
     """The model could not be loaded; `error` says why in one line."""
 
@@ -50,6 +62,16 @@ class GenerationDone(Message):
     def __init__(self, run: int) -> None:
         super().__init__()
         self.run = run
+
+
+class GrowthPreview(Message):
+    """The phases a growth run with `flags` would go through (growth.plan's `arms`), for the growth
+    panel before any run."""
+
+    def __init__(self, flags: tuple[str, ...], arms: dict[str, Any]) -> None:
+        super().__init__()
+        self.flags = flags
+        self.arms = arms
 
 
 class ExperimentFinished(Message):

@@ -16,6 +16,7 @@ from typing import Any
 
 from engine.events import (
     AblationMap,
+    AblationProxies,
     AblationRow,
     DynamicsRow,
     Event,
@@ -116,10 +117,12 @@ class SessionState:
         self.ablation_map: AblationMap | None = None
         self.ablation_baseline: float | None = None
         self.ablation_layers: int | None = None  # depth told by the live events
+        self.proxies: AblationProxies | None = None  # the first pass's Block Influence and angles
         self.recovery: list[RecoveryRun] = []
         self.difficulty: dict[int, RecoveryRow] = {}
         self.growth = GrowthView()
         self.growth_arms: dict[str, GrowthArm] = {}
+        self.growth_preview: tuple[str, dict[str, Any]] | None = None  # (flags, planned arms) before a run
         self.dynamics: list[DynamicsRow] = []
         self.results: dict[str, dict[str, Any]] = {}
         self.jobs: dict[str, JobView] = {}
@@ -213,6 +216,26 @@ class SessionState:
             self.ablation_baseline = event.baseline_ppl
         self.ablation_layers = event.n_layers
         self.dirty.add("layers")
+
+    def _ablation_proxies(self, event: AblationProxies) -> None:
+        self.proxies = event
+        self.ablation_layers = len(event.block_influence)
+        if self.ablation_baseline is None:
+            self.ablation_baseline = event.baseline_ppl
+        self.dirty.update({"layers", "recovery"})
+
+    def proxy(self, layer: int) -> tuple[float | None, float | None]:
+        """(Block Influence, angular distance) of a layer: the map's, else the first pass's."""
+        row = self.ablation.get(layer)
+        if row is not None and row.block_influence is not None:
+            return row.block_influence, row.angular_distance
+        if self.proxies is not None and layer < len(self.proxies.block_influence):
+            return self.proxies.block_influence[layer], self.proxies.angular_distance[layer]
+        return None, None
+
+    def recovering(self) -> set[int]:
+        """The layers a recovery run is working on now."""
+        return {run.layer for run in self.recovery if run.status == "running"}
 
     # recovery -------------------------------------------------------------------------------
     def _run_for(self, job: str, layer: int, repeat: int) -> RecoveryRun:
@@ -323,6 +346,7 @@ _HANDLERS: dict[type[Event], Callable[[SessionState, Any], None]] = {
     Result: SessionState._result,
     Finished: SessionState._finished,
     LayerAblated: SessionState._ablation_layer,
+    AblationProxies: SessionState._ablation_proxies,
     RecoveryStart: SessionState._recovery_start,
     RecoveryPoint: SessionState._recovery_point,
     RecoveryLayer: SessionState._recovery_layer,

@@ -20,7 +20,15 @@ from engine.options import ModelOptions
 from engine.settings import Settings
 from engine.variants import SavedModels, Variant
 from sessions.store import Session
-from tui.messages import ExperimentFinished, GenerationDone, ModelFailed, ModelLoaded, TextGenerated
+from tui.messages import (
+    ExperimentFinished,
+    GenerationDone,
+    GrowthPreview,
+    ModelFailed,
+    ModelLoaded,
+    ModelProgress,
+    TextGenerated,
+)
 
 log = logging.getLogger("anatomy_tui.console")
 
@@ -36,8 +44,12 @@ def load_model_work(post: Post, model: str, device: str, dtype: str, trust_remot
     route_transformers_logs()
     from engine.models import load_model
 
+    def report(text: str) -> None:
+        log.info(text)
+        post(ModelProgress(text))
+
     try:
-        loaded = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, report=log.info,
+        loaded = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, report=report,
                             device_map=device_map, max_memory=max_memory)
     except Exception as exc:
         log.exception("loading %s failed", model)
@@ -62,6 +74,22 @@ def experiment_work(
             run_job(session, name, spec, events, settings=settings.to_dict(), model=options.to_dict())
     finally:
         post(ExperimentFinished(name))
+
+
+def growth_preview_work(post: Post, flags: tuple[str, ...]) -> None:
+    """The growth form's planned phases (torch is imported here, off the UI thread)."""
+    from engine.errors import UserError
+    from engine.experiments.growth.experiment import planned_arms
+    from engine.registry import BY_NAME
+    from tui.flags import settings_from_flags
+
+    try:
+        arms = planned_arms(settings_from_flags(BY_NAME["growth"], flags))  # type: ignore[arg-type]
+    except UserError as exc:
+        log.info("no growth preview for %s: %s", flags, exc)
+        return
+    if arms is not None:
+        post(GrowthPreview(flags, arms))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,17 @@ import torch
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import AblationMap, AblationRow, CancelToken, Event, LayerAblated, Progress, Result, json_safe
+from engine.events import (
+    AblationMap,
+    AblationProxies,
+    AblationRow,
+    CancelToken,
+    Event,
+    LayerAblated,
+    Progress,
+    Result,
+    json_safe,
+)
 from engine.perplexity import Batch, Evaluator
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, EvalTextSettings, setting
@@ -109,6 +119,8 @@ def run_ablation(
         evaluator.drop_cache()
     baseline = base.perplexity
     todo = range(n) if settings.layers is None else sorted({stack.check_index(i) for i in settings.layers})
+    influence, angular = meter.means()
+    yield AblationProxies([float(v) for v in influence], [float(v) for v in angular], baseline)
     yield Progress(0, len(todo), "ablation")
     scores = {}
     for done, index in enumerate(todo, start=1):
@@ -122,7 +134,6 @@ def run_ablation(
         yield LayerAblated(index, n, ppl, baseline, d, importance_class(d))
         yield Progress(done, len(todo), "ablation")
 
-    influence, angular = meter.means()
     layers = []
     for index, layer_scores in scores.items():
         ppl = layer_scores.perplexity

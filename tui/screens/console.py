@@ -6,17 +6,19 @@ checked here on the UI thread; the app calls down to redraw the panels from the 
 
 from __future__ import annotations
 
+import logging
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Label, RichLog, Static, TabbedContent, TabPane, Tabs
+from textual.widgets import Footer, Input, Label, RichLog, Static, Tab, Tabs
 
+from tui.console_settings import ConsoleSettings
 from tui.messages import ConsoleReady, GenerateRequested, GrowthRequested, InjectRequested, Notice, TabShown
 from tui.state import JobView, SessionState
 from tui.widgets.curve_plot import Curve, CurvePlot
@@ -24,8 +26,11 @@ from tui.widgets.growth_timeline import GrowthTable, GrowthTimeline
 from tui.widgets.layer_detail import LayerDetail
 from tui.widgets.layer_map import LayerMap
 from tui.widgets.prompt_column import PromptColumn
+from tui.widgets.prune_plot import PrunePlot
 from tui.widgets.result_view import ResultView
+from tui.widgets.scaling_profile import ScalingProfilePlot
 from tui.widgets.status_line import StatusLine
+from tui.widgets.toy_depth_plot import ToyDepthPlot
 
 if TYPE_CHECKING:
     from engine.events import DynamicsRow
@@ -39,7 +44,9 @@ ANALYSES = (
     ("dynamics", "Angle profiles (layer dynamics)", "anatomy-tui run dynamics --session {s}"),
     ("scaling-fit", "Scaling fit (loss decomposition)", "anatomy-tui run scaling-fit --session {s}"),
     ("toy-depth", "Toy depth models", "anatomy-tui run toy-depth --session {s}"),
+    ("prune", "Pruning curves (every criterion)", "anatomy-tui run prune --session {s}"),
 )
+log = logging.getLogger("anatomy_tui.console")
 TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")
 DEFAULT_SIGMA = 0.5  # the noised model's sigma while the recovery form holds no usable number
 
@@ -54,55 +61,95 @@ class PanelData:
     experiments: frozenset[str]
 
 
+PANELS = ("layers", "recovery", "growth", "prompt")  # the dashboard's four, in reading order
+TITLES = {"layers": "Layer map", "recovery": "Recovery", "growth": "Growth", "prompt": "Prompt",
+          "analyses": "Analyses", "log": "Log"}  # fmt: skip
+
+
 class ConsoleScreen(Screen[None]):
+    """One widget tree for both layouts: CSS shows one pane at a time (tabs) or the four panels in
+    a grid (the `-dashboard` class), so switching never rebuilds a widget: the selection, the forms
+    and the plots survive. In the dashboard, Analyses and Log open over the grid."""
+
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+
+    def __init__(self, settings: ConsoleSettings | None = None) -> None:
+        super().__init__()
+        self.settings = settings or ConsoleSettings()
+        self.current = "layers"
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
-        with TabbedContent(id="tabs", initial="layers"):
-            with TabPane("Layers", id="layers"):
-                with Horizontal():
-                    yield LayerMap(id="map")
-                    yield LayerDetail(id="detail")
-            with TabPane("Recovery", id="recovery"):
-                with Horizontal():
-                    with Vertical(id="recovery-form"):
-                        yield Label("", id="recovery-layer")
-                        yield Label("sigma (x std of W)")
-                        yield Input("0.5", id="sigma", type="number")
-                        yield Label("steps")
-                        yield Input("200", id="steps", type="integer")
-                        yield Label("lr")
-                        yield Input("1e-4", id="lr")
-                        yield Static("", id="recovery-info")
-                    yield CurvePlot(id="recovery-plot")
-            with TabPane("Growth", id="growth"):
-                with Horizontal():
-                    with VerticalScroll(id="growth-left"):
-                        yield Label("g starts: anatomy-tui run growth FLAGS")
-                        yield Input("--preset tiny", id="growth-flags")
-                        yield GrowthTimeline(id="timeline")
-                        yield GrowthTable(id="growth-table")
-                    yield CurvePlot(id="growth-plot")
-            with TabPane("Prompt", id="prompt"):
+        yield Tabs(*(Tab(TITLES[tab] if tab != "layers" else "Layers", id=f"tab-{tab}") for tab in TABS), id="tabs")
+        with Container(id="panes"):
+            with Horizontal(id="layers", classes="pane panel -active"):
+                yield LayerMap(id="map")
+                yield LayerDetail(id="detail")
+            with Horizontal(id="recovery", classes="pane panel"):
+                with Vertical(id="recovery-form"):
+                    yield Label("", id="recovery-layer")
+                    yield Label("sigma (x std of W)")
+                    yield Input("0.5", id="sigma", type="number")
+                    yield Label("steps")
+                    yield Input("200", id="steps", type="integer")
+                    yield Label("lr")
+                    yield Input("1e-4", id="lr")
+                    yield Static("", id="recovery-info")
+                yield CurvePlot(id="recovery-plot")
+            with Horizontal(id="growth", classes="pane panel"):
+                with VerticalScroll(id="growth-left"):
+                    yield Label("g starts: anatomy-tui run growth FLAGS")
+                    yield Input("--preset tiny", id="growth-flags")
+                    yield GrowthTimeline(id="timeline")
+                    yield GrowthTable(id="growth-table")
+                yield CurvePlot(id="growth-plot")
+            with Vertical(id="prompt", classes="pane panel"):
                 yield Input(placeholder="type a prompt and press Enter (F9 stops)", id="prompt-input")
                 with Horizontal(id="prompt-columns"):
                     yield PromptColumn("original", id="left")
                     yield PromptColumn("modified", id="right")
-            with TabPane("Analyses", id="analyses"):
-                with VerticalScroll():
-                    for name, title, _ in ANALYSES:
-                        yield Static(Text(title, style="bold"), classes="analysis-title")
-                        if name == "dynamics":
-                            yield CurvePlot(id="angle-plot")
-                        yield ResultView(id=f"result-{name}")
-            with TabPane("Log", id="log"):
+            with VerticalScroll(id="analyses", classes="pane overlay"):
+                for name, title, _ in ANALYSES:
+                    yield Static(Text(title, style="bold"), classes="analysis-title")
+                    if name == "dynamics":
+                        yield CurvePlot(id="angle-plot")
+                    elif name == "scaling-fit":
+                        yield ScalingProfilePlot(id="scaling-plot", classes="analysis-plot")
+                    elif name == "toy-depth":
+                        yield ToyDepthPlot(id="toy-plot", classes="analysis-plot")
+                    elif name == "prune":
+                        yield PrunePlot(id="prune-plot", classes="analysis-plot")
+                    yield ResultView(id=f"result-{name}")
+            with Vertical(id="log", classes="pane overlay"):
                 yield RichLog(id="log-view", wrap=True, markup=False, max_lines=2000)
         yield Footer()
 
     def on_mount(self) -> None:
+        for tab in TABS:
+            self.query_one(f"#{tab}").border_title = TITLES[tab]
+        self.apply_layout(self.size.width, self.size.height)
         self.query_one(LayerMap).focus()
         self.call_after_refresh(self.post_message, ConsoleReady())
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.apply_layout(event.size.width, event.size.height)
+
+    @property
+    def dashboard(self) -> bool:
+        return self.has_class("-dashboard")
+
+    def apply_layout(self, columns: int, rows: int) -> None:
+        """Dashboard or tabs for this size and the settings; only classes change."""
+        wanted = self.settings.dashboard(columns, rows)
+        if wanted != self.dashboard:
+            self.set_class(wanted, "-dashboard")
+            log.info("layout: %s at %dx%d", "dashboard" if wanted else "tabs", columns, rows)
+        self.set_class(wanted and self.current in ("analyses", "log"), "-overlay")
+
+    def toggle_layout(self) -> None:
+        """Forces the other layout (key w), whatever the terminal size."""
+        self.settings = replace(self.settings, layout="tabs" if self.dashboard else "dashboard")
+        self.apply_layout(self.size.width, self.size.height)
 
     @property
     def selected_layer(self) -> int | None:
@@ -119,11 +166,14 @@ class ConsoleScreen(Screen[None]):
             if dirty & {"recovery", "layers", "selection"}:
                 self.redraw_recovery(data)
             if dirty & {"growth", "results"}:
-                self.query_one(GrowthTimeline).show(state.growth)
+                self.query_one(GrowthTimeline).show(state.growth, state.growth_preview)
                 self.query_one(GrowthTable).show(state.growth_arms)
                 self.redraw_growth_plot(state)
             if "results" in dirty:
                 self.redraw_angles(state.dynamics)
+                self.query_one(ScalingProfilePlot).show(state.results.get("scaling-fit"))
+                self.query_one(PrunePlot).show(state.results.get("prune"))
+                self.query_one(ToyDepthPlot).show(state.results.get("toy-depth"))
                 for name, _, command in ANALYSES:
                     self.query_one(f"#result-{name}", ResultView).show(
                         name,
@@ -144,7 +194,8 @@ class ConsoleScreen(Screen[None]):
             info.update(Text("The recovery experiment is not in this version yet.", style="dim"))
             plot.draw([], title="recovery: not available")
             return
-        runs = data.state.recovery
+        everything = data.state.recovery
+        runs = [run for run in everything if run.layer == layer]  # the map's selection drives the plot
         curves = [
             Curve(
                 run.label + ("" if run.status in ("running", "done") else f" {run.status}"),
@@ -153,11 +204,12 @@ class ConsoleScreen(Screen[None]):
             )
             for i, run in enumerate(runs[-6:])
         ]
-        base = next((run.baseline_ppl for run in reversed(runs) if run.baseline_ppl), None)
+        base = next((run.baseline_ppl for run in reversed(everything) if run.baseline_ppl), None)
         if base is None:
             base = data.state.ablation_baseline
         refs = [("baseline", base)] if isinstance(base, (int, float)) else []
         refs += [(name, base * k) for name, k in RATIO_LINES] if refs else []
+        budget = runs[-1].steps if runs and runs[-1].steps else self.form_steps()
         plot.draw(
             curves,
             refs,
@@ -165,10 +217,13 @@ class ConsoleScreen(Screen[None]):
             xlabel="step",
             ylabel="ppl",
             log_y=True,
+            xspan=(0.0, float(budget)) if budget else None,
         )
         current = runs[-1] if runs else None
         if current is None:
-            info.update(Text("no run yet: set sigma, steps, lr and press i", style="dim"))
+            others = ", ".join(sorted({f"L{run.layer}" for run in everything}))
+            hint = f"no run on layer {layer} yet (runs on: {others})" if others else "no run yet"
+            info.update(Text(f"{hint}: set sigma, steps, lr and press i", style="dim"))
         else:
             last = current.points[-1] if current.points else None
             now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else "waiting for the first point"
@@ -182,14 +237,18 @@ class ConsoleScreen(Screen[None]):
         if not rows:
             return
 
-        def series(key: str) -> list[tuple[float, float]]:
-            points = [(row.layer, getattr(row, key).median) for row in rows]
+        def series(key: str, part: str = "median") -> list[tuple[float, float]]:
+            points = [(row.layer, getattr(getattr(row, key), part)) for row in rows]
             return [(float(x), y) for x, y in points if y is not None]
 
         plot.draw(
             [
-                Curve("angle(state, update)", series("angle_update"), "cyan"),
-                Curve("angle(state in, state out)", series("angle_state"), "magenta"),
+                Curve("angle(state, update) median", series("angle_update"), "cyan"),
+                Curve("quartiles", series("angle_update", "q1"), "blue"),
+                Curve("quartiles", series("angle_update", "q3"), "blue"),
+                Curve("angle(state in, state out) median", series("angle_state"), "magenta"),
+                Curve("quartiles ", series("angle_state", "q1"), "red"),
+                Curve("quartiles ", series("angle_state", "q3"), "red"),
             ],
             [("90°", 90.0)],
             title="angle profiles (median over tokens)",
@@ -204,29 +263,48 @@ class ConsoleScreen(Screen[None]):
             for arm, pts in growth.train.items()
         ]
         curves += [Curve(f"{arm} val", pts, "white") for arm, pts in growth.val.items()]
+        budget = max((int(arm["steps"]) for arm in growth.plan.arms.values()), default=0) if growth.plan else 0
         self.query_one("#growth-plot", CurvePlot).draw(
-            curves, title="loss: growth against uniform", xlabel="step", ylabel="loss"
+            curves,
+            title="loss: growth against uniform",
+            xlabel="step",
+            ylabel="loss",
+            xspan=(0.0, float(budget)) if budget else None,
         )
 
-    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        """Focus follows the tab, and never lands in a form field, so letter keys stay commands."""
-        tab = str(event.pane.id)
+    def on_tabs_tab_activated(self, event: Tabs.TabActivated) -> None:
+        if event.tab is not None and event.tab.id:
+            self._switch(event.tab.id.removeprefix("tab-"))
+
+    def _switch(self, tab: str) -> None:
+        """Shows `tab`'s pane (tabs) or marks its panel (dashboard); focus follows, and never lands
+        in a form field, so letter keys stay commands."""
+        if tab == self.current:
+            return
+        self.current = tab
+        for pane in TABS:
+            self.query_one(f"#{pane}").set_class(pane == tab, "-active")
+        self.set_class(self.dashboard and tab in ("analyses", "log"), "-overlay")
+        log.info("panel: %s (%s)", tab, "dashboard" if self.dashboard else "tabs")
         if tab == "layers":
             self.query_one(LayerMap).focus()
         elif tab == "prompt":
             self.query_one("#prompt-input", Input).focus()
-        elif tab in ("analyses", "log"):
-            self.query_one(f"#{tab} VerticalScroll, #{tab} RichLog").focus()  # arrows and pgup/pgdn scroll
+        elif tab == "analyses":
+            self.query_one("#analyses", VerticalScroll).focus()  # arrows and pgup/pgdn scroll
+        elif tab == "log":
+            self.query_one("#log-view", RichLog).focus()
         else:
             self.query_one(Tabs).focus()
         self.post_message(TabShown(tab))
 
     def show_tab(self, tab: str) -> None:
-        self.query_one(TabbedContent).active = tab
+        self.query_one(Tabs).active = f"tab-{tab}"
+        self._switch(tab)
 
     @property
     def active_tab(self) -> str:
-        return str(self.query_one(TabbedContent).active)
+        return self.current
 
     def show_status(self, session: str, model: str, jobs: list[tuple[JobView, str]]) -> None:
         self.query_one(StatusLine).show(session, model, jobs)
@@ -254,14 +332,18 @@ class ConsoleScreen(Screen[None]):
             InjectRequested(self.selected_layer, values["sigma"], int(values["steps"]), values["lr"])
         )
 
+    def growth_flags(self) -> tuple[str, ...]:
+        """The growth form's flags, split like a shell would; ValueError if they do not parse."""
+        return tuple(shlex.split(self.query_one("#growth-flags", Input).value))
+
     def request_growth(self) -> None:
         """GrowthRequested with the growth form's flags."""
         try:
-            flags = shlex.split(self.query_one("#growth-flags", Input).value)
+            flags = self.growth_flags()
         except ValueError as exc:
             self.post_message(Notice(f"growth flags: {exc}", "error"))
             return
-        self.post_message(GrowthRequested(tuple(flags)))
+        self.post_message(GrowthRequested(flags))
 
     @on(Input.Submitted, "#prompt-input")
     def request_generation(self, event: Input.Submitted) -> None:
@@ -270,6 +352,14 @@ class ConsoleScreen(Screen[None]):
         if event.value.strip():
             columns = {str(column.id): column.model_choice for column in self.query(PromptColumn)}
             self.post_message(GenerateRequested(event.value, columns, self.noise_sigma()))
+
+    def form_steps(self) -> int | None:
+        """The recovery form's step budget, if it holds a positive whole number."""
+        try:
+            steps = int(self.query_one("#steps", Input).value)
+        except ValueError:
+            return None
+        return steps if steps > 0 else None
 
     def noise_sigma(self) -> float:
         try:

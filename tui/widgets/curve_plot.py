@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rich.markup import escape
 from textual_plotext import PlotextPlot
 
 REFERENCE_COLOURS = ["white", "red", "orange", "yellow"]  # baseline, then the 2x / 1.5x / 1.1x lines
@@ -18,9 +19,20 @@ class Curve:
     colour: str | int | None = None
 
 
+def legend_markup(entries: Sequence[tuple[str, str | int | None]]) -> str:
+    """A one-line legend, each label after a line in its colour (markup for a border subtitle)."""
+    parts = []
+    for label, colour in entries:
+        name = colour if isinstance(colour, str) else "white"  # plotext's names are CSS names too
+        parts.append(f"[{name}]━━[/] {escape(label)}")
+    return "  ".join(parts)
+
+
 class CurvePlot(PlotextPlot):
     """Curves and reference lines; `log_y` plots log10(y) on a linear axis (plotext's log scale is
-    buggy) with ticks labelled in the original units."""
+    buggy) with ticks labelled in the original units. The legend sits under the plot, in the
+    bottom border, so it never hides a point; `xspan` fixes the x axis (a step budget) before the
+    data fills it."""
 
     def draw(
         self,
@@ -30,6 +42,7 @@ class CurvePlot(PlotextPlot):
         xlabel: str = "",
         ylabel: str = "",
         log_y: bool = False,
+        xspan: tuple[float, float] | None = None,
     ) -> None:
         import math
 
@@ -49,14 +62,22 @@ class CurvePlot(PlotextPlot):
                 continue
             xs = [x for x, _ in curve.points]
             ys = [y(v) for _, v in curve.points]
-            plt.plot(xs, ys, label=curve.label, color=curve.colour, marker="braille")
+            plt.plot(xs, ys, color=curve.colour, marker="braille")
         ys_all = [y(v) for curve in curves for _, v in curve.points] + [y(v) for _, v in references]
         if log_y and ys_all:
             low, high = min(ys_all), max(ys_all)
             ticks = [low + (high - low) * i / 4 for i in range(5)] if high > low else [low]
             plt.yticks(ticks, [f"{10**t:,.3g}" for t in ticks])
-        if xs_all:
-            span = (min(xs_all), max(max(xs_all), min(xs_all) + 1))
-            for (label, value), colour in zip(references, REFERENCE_COLOURS * len(references), strict=False):
-                plt.plot(list(span), [y(value)] * 2, label=label, color=colour, marker="dot")
+        span = xspan
+        if span is None and xs_all:
+            low, high = min(xs_all), max(xs_all)
+            span = (low, high if high > low else low + 1)
+        if span is not None:
+            plt.xlim(*span)
+            for (_, value), colour in zip(references, REFERENCE_COLOURS, strict=False):
+                plt.plot(list(span), [y(value)] * 2, color=colour, marker="dot")
+        entries = [(curve.label, curve.colour) for curve in curves if curve.points]
+        if span is not None:
+            entries += [(label, colour) for (label, _), colour in zip(references, REFERENCE_COLOURS, strict=False)]
+        self.border_subtitle = legend_markup(list(dict.fromkeys(entries)))  # one entry per label
         self.refresh()

@@ -19,12 +19,16 @@ def _phase_progress(phase: dict[str, Any], step: int) -> float:
     return min(1.0, max(0.0, (step - start) / steps))
 
 
-def timeline_text(growth: GrowthView) -> Text:
+def timeline_text(growth: GrowthView, preview: tuple[str, dict[str, Any]] | None = None) -> Text:
+    """Each arm's phases; before any run, the phases the form's flags would run (`preview`)."""
     arms: dict[str, Any] = growth.plan.arms if growth.plan else {}
+    text = Text()
+    if not arms and preview is not None:
+        flags, arms = preview
+        text.append(f"planned ({flags}); key g starts it\n", style="dim")
     if not arms:
         return Text("no growth run in this session yet (key g starts a tiny one)", style="dim")
     positions = sorted({layer for arm in arms.values() for p in arm["phases"] for layer in p["layers"]})
-    text = Text()
     for name, arm in arms.items():
         step = growth.step.get(name, 0)
         done = name in growth.arm_done
@@ -37,9 +41,9 @@ def timeline_text(growth: GrowthView) -> Text:
             style = "reverse bold" if active else ("" if share >= 1.0 else "dim")
             layers = set(phase["layers"])
             network = "".join("■" if p in layers else "·" for p in positions)
-            text.append(f"  {phase['name']:<10}", style=style)
+            text.append(f"  {phase['name']:<13}", style=style)
             filled = round(share * phase["steps"])
-            text.append(f" {text_bar(filled, phase['steps'], 8)} {network} {len(layers)}L\n")
+            text.append(f" {phase['steps']:>5} {text_bar(filled, phase['steps'], 8)} {network} {len(layers)}L\n")
     return text
 
 
@@ -63,8 +67,8 @@ def comparison_table(arms: dict[str, GrowthArm]) -> Table | Text:
 
 
 class GrowthTimeline(Static):
-    def show(self, growth: GrowthView) -> None:
-        self.update(timeline_text(growth))
+    def show(self, growth: GrowthView, preview: tuple[str, dict[str, Any]] | None = None) -> None:
+        self.update(timeline_text(growth, preview))
 
 
 class GrowthTable(Static):

@@ -3,6 +3,7 @@ Block Influence, and recovery difficulty once known. Arrows or the mouse select 
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -13,6 +14,7 @@ from engine.events import RecoveryRow
 from tui.state import SessionState, layer_class
 from tui.widgets.palette import class_style
 
+log = logging.getLogger("anatomy_tui.console")
 BAR_WIDTH = 16
 LOG_LOW, LOG_HIGH = -1.0, 5.0  # the bar spans |D| from 0.1 % to 100,000 %
 
@@ -42,7 +44,8 @@ def pct(value: Any) -> str:
 class LayerMap(DataTable):
     """A DataTable with one row per layer; the row key is the layer index."""
 
-    COLUMNS = ("L", "class", "D% (log)", "D %", "95% CI", "BI", "recov")
+    COLUMNS = ("L", "class", "D% (log)", "D %", "95% CI", "BI", "ang", "recov")
+    RECOVERING = "⟳"  # beside the layer number while that layer recovers
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -54,7 +57,8 @@ class LayerMap(DataTable):
         """Redraws every row from the state. Cells are updated in place while the layers stay the
         same, so the cursor (the selected layer) never jumps when new numbers arrive."""
         count = max(n_layers, state.n_layers)
-        rows = [self._cells(state, index) for index in range(count)]
+        recovering = state.recovering()
+        rows = [self._cells(state, index, index in recovering) for index in range(count)]
         if self.row_count == count:
             for index, cells in enumerate(rows):
                 for column, value in zip(self.COLUMNS, cells, strict=True):
@@ -66,22 +70,24 @@ class LayerMap(DataTable):
             self.add_row(*cells, key=str(index))
         if count:
             self.move_cursor(row=min(row, count - 1), animate=False)
+            log.info("layer map: %d rows", count)
 
     @staticmethod
-    def _cells(state: SessionState, index: int) -> list[Text | str]:
+    def _cells(state: SessionState, index: int, recovering: bool = False) -> list[Text | str]:
         info = state.ablation.get(index)
         name = layer_class(info) if info else ""
         style = class_style(name)
         d = info.degradation_pct if info else None
         low, high = (info.ci_low, info.ci_high) if info else (None, None)
         known = low is not None and high is not None
-        bi = info.block_influence if info else None
+        bi, angle = state.proxy(index)
         return [
-            Text(str(index), style=style),
+            Text(f"{index}{LayerMap.RECOVERING if recovering else ''}", style=style),
             Text(name or "?", style=style),
             log_bar(d, style=style),
             Text(pct(d), style=style, justify="right"),
             f"{low:,.0f}..{high:,.0f}" if known else "",
             "" if bi is None else f"{bi:.3f}",
+            "" if angle is None else f"{angle:.3f}",
             difficulty_text(state.difficulty.get(index)),
         ]

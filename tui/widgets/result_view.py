@@ -11,6 +11,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tui.printers import weights_view
+from tui.widgets.dynamics_clusters import clusters_table
+from tui.widgets.manipulate_table import manipulate_table
 
 MAX_ITEMS = 40  # long lists are cut in the view; the file has everything
 
@@ -26,7 +28,11 @@ def _trimmed(value: Any) -> Any:
     return value
 
 
-SUMMARIES: dict[str, Callable[[dict[str, Any]], Any]] = {"weights": weights_view}
+SUMMARIES: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "weights": weights_view,
+    "manipulate": manipulate_table,
+    "dynamics": clusters_table,
+}
 
 
 class ResultView(Static):

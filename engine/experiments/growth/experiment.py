@@ -279,6 +279,16 @@ def _plan_doc(plan: ArmPlan) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def planned_arms(settings: GrowthSettings) -> dict[str, dict[str, Any]] | None:
+    """The arms' phases as `growth.plan` will carry them, before any data is read (the console shows
+    them before the first run); None when the table is in epochs, whose steps need the corpus."""
+    if not settings.steps:
+        return None
+    tokens = settings.batch_size * settings.seq_len
+    plan = design(settings, vocab_size=256, train_tokens=tokens * settings.steps)  # steps fix the phases
+    return {name: _plan_doc(arm) for name, arm in plan.arms.items()}
+
+
 def _sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
