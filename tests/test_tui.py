@@ -609,3 +609,27 @@ def test_console_settings_pick_the_layout() -> None:
     assert not auto.dashboard(159, 50) and not auto.dashboard(200, 44)
     assert ConsoleSettings(layout="dashboard").dashboard(80, 24)
     assert not ConsoleSettings(layout="tabs").dashboard(200, 50)
+
+
+async def test_quitting_during_the_first_model_load_does_not_wait_for_it(isolated_home, monkeypatch) -> None:
+    """The load runs on a daemon thread, not a Textual worker the app (and the interpreter) would
+    wait for: Ctrl+Q during a first dequantisation quits at once."""
+    release = threading.Event()
+
+    def slow_load(name, **kwargs):
+        release.wait(30)
+        raise RuntimeError("never mind")
+
+    monkeypatch.setattr("engine.models.load_model", slow_load)
+    demo_session(SessionStore())
+    app = AnatomyApp(session="demo", options=ModelOptions("slow", "cpu", "float32"))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: any(t.name == "load model" for t in threading.enumerate()), 10)
+            assert all(t.daemon for t in threading.enumerate() if t.name == "load model")
+            assert not [w for w in app.workers if w.name == "load model"]
+            await pilot.press("ctrl+q")
+            await pilot.pause()
+        assert not app.is_running  # the app closed while the load still runs
+    finally:
+        release.set()

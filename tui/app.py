@@ -239,21 +239,16 @@ class AnatomyApp(App[None]):
         self.state.dirty.add("growth")
 
     def load_model_in_background(self) -> None:
-        """The console's model, loaded in a thread worker (at start, and again after a job that
-        needed the GPU to itself)."""
+        """The console's model, loaded on a daemon thread (at start, and again after a job that needed
+        the GPU to itself). Not a Textual worker: the app would wait for it on exit, so Ctrl+Q during
+        a first load (a minute of dequantising) would not quit at once. The thread only posts messages."""
         options = self.options
         self.model_status = f"model: loading {options.model}…"
-        self.run_worker(
-            partial(
-                load_model_work, self.post_message, options.model, options.device, options.dtype,
-                options.trust_remote_code, options.device_map, options.max_memory,
-            ),
-            name="load model",
-            group="model",
-            thread=True,
-            exit_on_error=False,
-            description=f"loading {options.model}",
+        work = partial(
+            load_model_work, self.post_message, options.model, options.device, options.dtype,
+            options.trust_remote_code, options.device_map, options.max_memory,
         )  # fmt: skip
+        threading.Thread(target=work, name="load model", daemon=True).start()
         self.update_status()
 
     @on(ModelLoaded)
