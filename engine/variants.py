@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.errors import UserError
 
-ON_LOADED_MODEL = ("original", "modified", "noised", "recovered")
+ON_LOADED_MODEL = ("original", "modified", "noised", "recovered", "pruned")
 SAVED_ARMS = {"growth": "growth_100", "uniform": "uniform_100"}  # variant -> the growth run's arm
 VARIANTS = ON_LOADED_MODEL + tuple(SAVED_ARMS)
 NOISE_SEED = 0  # the noised variant is the same model every time it is asked for
@@ -106,10 +106,27 @@ def applied(model: Any, variant: Variant) -> Iterator[Any]:
     elif variant.name == "recovered":
         with recovered(model, variant.weights):
             yield model
+    elif variant.name == "pruned":  # the layers really dropped, as the prune experiment exports them
+        from engine.pruning import removed
+
+        with removed(model, variant.layers):
+            yield model
     elif variant.name == "original":
         yield model
     else:
         raise ValueError(f"{variant.name} is not a variant of the loaded model")
+
+
+def pruned_layers(prune_result: Mapping[str, Any] | None) -> tuple[int, ...]:
+    """The layers the session's prune run removed at its exported point (else its ppl criterion's
+    deepest cut): what the `pruned` variant drops. () when there is no prune result."""
+    if not prune_result:
+        return ()
+    point = prune_result.get("exported_point")
+    if not point:
+        curve = [row for row in prune_result.get("curve") or [] if row.get("method") == "ppl"]
+        point = max(curve, key=lambda row: row.get("removed", 0), default=None)
+    return tuple(int(layer) for layer in (point or {}).get("layers") or ())
 
 
 def saved_model_path(growth_result: Mapping[str, Any] | None, name: str) -> Path | None:

@@ -87,7 +87,7 @@ def test_recovered_holds_the_saved_layers() -> None:
 
 def test_variant_checks_what_it_is_given(tmp_path) -> None:
     with pytest.raises(UserError, match="unknown model variant"):
-        Variant("pruned")
+        Variant("distilled")
     with pytest.raises(UserError, match="sigma"):
         Variant("noised", layers=(1,), sigma=0.0)
     with pytest.raises(UserError, match="out of range"), modified(tiny_model("llama"), [9]):
@@ -98,3 +98,26 @@ def test_variant_checks_what_it_is_given(tmp_path) -> None:
     folder.mkdir()
     assert saved_model_path(result, "growth") == folder
     assert saved_model_path(result, "uniform") is None and saved_model_path(None, "growth") is None
+
+
+def test_pruned_drops_the_prune_runs_layers_and_comes_back() -> None:
+    """The `pruned` variant is the model with the exported point's layers really removed (the same
+    logits as skipping them), and the model is whole again afterwards."""
+    from engine.anatomy import LayerStack
+    from engine.variants import pruned_layers
+
+    model = tiny_model("llama", seed=5)
+    ids = torch.tensor([[5, 9, 13, 21, 34]])
+    result = {"exported_point": {"method": "bi", "layers": [1, 2]},
+              "curve": [{"method": "ppl", "removed": 1, "layers": [3]}]}
+    assert pruned_layers(result) == (1, 2)
+    assert pruned_layers({"curve": result["curve"]}) == (3,) and pruned_layers(None) == ()
+    with torch.no_grad():
+        whole = model(ids).logits
+        with LayerStack(model).skipped([1, 2]):
+            skipped = model(ids).logits
+        with applied(model, Variant("pruned", layers=(1, 2))):
+            assert len(model.model.layers) == 2
+            pruned = model(ids).logits
+        assert torch.allclose(pruned, skipped, atol=1e-6)
+        assert len(model.model.layers) == 4 and torch.equal(model(ids).logits, whole)

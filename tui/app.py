@@ -30,7 +30,7 @@ from engine.errors import UserError
 from engine.options import ModelOptions
 from engine.registry import BY_NAME
 from engine.settings import Settings
-from engine.variants import SavedModels, Variant, saved_model_path
+from engine.variants import SavedModels, Variant, pruned_layers, saved_model_path
 from sessions.layer_weights import saved_layers
 from sessions.store import Session, SessionError, SessionStore
 from tui.console_settings import ConsoleSettings
@@ -643,12 +643,16 @@ class AnatomyApp(App[None]):
         columns = []
         for column, choice in request.columns.items():
             problem, path = "", None
+            chosen = layers
             if choice == "recovered" and not saved_layers(self.session, "recovery"):
                 problem = "no recovered layer in this session yet (inject noise: key i)"
+            elif choice == "pruned":
+                chosen = pruned_layers(self.state.results.get("prune"))
+                problem = "" if chosen else "no prune result in this session yet (anatomy-tui run prune)"
             elif choice in ("growth", "uniform"):
                 path = saved_model_path(self.state.results.get("growth"), choice)
                 problem = "" if path else f"no {choice} model in this session yet (run growth: key g)"
-            variant = None if problem else Variant(choice, layers=layers, sigma=request.sigma, path=path)
+            variant = None if problem else Variant(choice, layers=chosen, sigma=request.sigma, path=path)
             columns.append(Column(column, variant, problem))
         self.generations += 1
         self.generation = Generation(self.generations, threading.Event())

@@ -11,6 +11,7 @@ MODEL_CHOICES = (
     ("modified", "modified (x-marked layers)"),
     ("noised", "noised (x-marked layers, sigma)"),
     ("recovered", "recovered (session's recovery)"),
+    ("pruned", "pruned (session's prune run)"),
     ("growth", "growth (session)"),
     ("uniform", "uniform (session)"),
 )
