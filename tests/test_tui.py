@@ -633,3 +633,13 @@ async def test_quitting_during_the_first_model_load_does_not_wait_for_it(isolate
         assert not app.is_running  # the app closed while the load still runs
     finally:
         release.set()
+
+
+def test_the_map_marks_the_layers_the_prune_run_removes(isolated_home) -> None:
+    session = demo_session(SessionStore())
+    state = SessionState()
+    state.set_result("ablation", session.load_result("ablation"))
+    state.set_result("prune", {"exported_point": {"method": "bi", "layers": [2, 4]}, "curve": []})
+    pruned = {2, 4}
+    marks = [str(LayerMap._cells(state, index, pruned=index in pruned)[0]) for index in range(5)]
+    assert [LayerMap.PRUNED in mark for mark in marks] == [False, False, True, False, True]

@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from engine.events import RecoveryRow
+from engine.variants import pruned_layers
 from tui.state import SessionState, layer_class
 from tui.widgets.palette import class_style
 
@@ -46,6 +47,7 @@ class LayerMap(DataTable):
 
     COLUMNS = ("L", "class", "D% (log)", "D %", "95% CI", "BI", "ang", "recov")
     RECOVERING = "⟳"  # beside the layer number while that layer recovers
+    PRUNED = "✂"  # beside the layer number of a layer the session's prune run removes
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -58,7 +60,8 @@ class LayerMap(DataTable):
         same, so the cursor (the selected layer) never jumps when new numbers arrive."""
         count = max(n_layers, state.n_layers)
         recovering = state.recovering()
-        rows = [self._cells(state, index, index in recovering) for index in range(count)]
+        pruned = set(pruned_layers(state.results.get("prune")))
+        rows = [self._cells(state, index, index in recovering, index in pruned) for index in range(count)]
         if self.row_count == count:
             for index, cells in enumerate(rows):
                 for column, value in zip(self.COLUMNS, cells, strict=True):
@@ -73,7 +76,7 @@ class LayerMap(DataTable):
             log.info("layer map: %d rows", count)
 
     @staticmethod
-    def _cells(state: SessionState, index: int, recovering: bool = False) -> list[Text | str]:
+    def _cells(state: SessionState, index: int, recovering: bool = False, pruned: bool = False) -> list[Text | str]:
         info = state.ablation.get(index)
         name = layer_class(info) if info else ""
         style = class_style(name)
@@ -82,7 +85,7 @@ class LayerMap(DataTable):
         known = low is not None and high is not None
         bi, angle = state.proxy(index)
         return [
-            Text(f"{index}{LayerMap.RECOVERING if recovering else ''}", style=style),
+            Text(f"{index}{LayerMap.RECOVERING if recovering else ''}{LayerMap.PRUNED if pruned else ''}", style=style),
             Text(name or "?", style=style),
             log_bar(d, style=style),
             Text(pct(d), style=style, justify="right"),
