@@ -325,7 +325,10 @@ class AnatomyApp(App[None]):
         if dirty & {"jobs", "layers"}:
             self.update_status()
         if "log" in dirty:
-            screen.write_log(self.state.take_new_log())
+            if screen.log_ready():
+                screen.write_log(self.state.take_new_log())
+            else:  # the screen is still being built (a message that came first): the next poll writes it
+                self.state.dirty.add("log")
 
     def panel_data(self) -> PanelData:
         return PanelData(self.state, self.n_layers, self.session_name, frozenset(self.experiments))

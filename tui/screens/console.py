@@ -309,6 +309,9 @@ class ConsoleScreen(Screen[None]):
     def show_status(self, session: str, model: str, jobs: list[tuple[JobView, str]]) -> None:
         self.query_one(StatusLine).show(session, model, jobs)
 
+    def log_ready(self) -> bool:
+        return bool(self.query("#log-view"))
+
     def write_log(self, lines: list[tuple[str, str]]) -> None:
         view = self.query_one("#log-view", RichLog)
         for level, text in lines:
