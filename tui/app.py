@@ -210,7 +210,7 @@ class AnatomyApp(App[None]):
     def after_first_paint(self) -> None:
         """The console screen has painted: now the slow things may start."""
         self.first_paint = time.perf_counter()
-        self.state.dirty.update({"layers", "recovery", "growth", "results", "jobs", "selection"})
+        self.state.dirty.update({"layers", "recovery", "growth", "results", "jobs", "selection", "log"})
         self.poll()
         self.set_interval(POLL_SECONDS, self.poll)
         if self.autoload:
@@ -325,10 +325,7 @@ class AnatomyApp(App[None]):
         if dirty & {"jobs", "layers"}:
             self.update_status()
         if "log" in dirty:
-            if screen.log_ready():
-                screen.write_log(self.state.take_new_log())
-            else:  # the screen is still being built (a message that came first): the next poll writes it
-                self.state.dirty.add("log")
+            screen.write_log(self.state.take_new_log())
 
     def panel_data(self) -> PanelData:
         return PanelData(self.state, self.n_layers, self.session_name, frozenset(self.experiments))
@@ -345,9 +342,10 @@ class AnatomyApp(App[None]):
         screen.show_status(self.session_name, self.model_status, jobs)
 
     def _console(self) -> ConsoleScreen | None:
+        """The console screen once it is built (a message can arrive between its push and its mount)."""
         for screen in reversed(self.screen_stack):
             if isinstance(screen, ConsoleScreen):
-                return screen
+                return screen if screen.built else None
         return None
 
     @property

@@ -124,7 +124,10 @@ class ConsoleScreen(Screen[None]):
                 yield RichLog(id="log-view", wrap=True, markup=False, max_lines=2000)
         yield Footer()
 
+    built = False  # set once mounted: until then the app neither draws on it nor asks it anything
+
     def on_mount(self) -> None:
+        self.built = True
         for tab in TABS:
             self.query_one(f"#{tab}").border_title = TITLES[tab]
         self.apply_layout(self.size.width, self.size.height)
@@ -308,9 +311,6 @@ class ConsoleScreen(Screen[None]):
 
     def show_status(self, session: str, model: str, jobs: list[tuple[JobView, str]]) -> None:
         self.query_one(StatusLine).show(session, model, jobs)
-
-    def log_ready(self) -> bool:
-        return bool(self.query("#log-view"))
 
     def write_log(self, lines: list[tuple[str, str]]) -> None:
         view = self.query_one("#log-view", RichLog)
