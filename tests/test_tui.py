@@ -495,9 +495,9 @@ async def test_the_model_worker_posts_model_loaded_and_the_status_line_shows_it(
     seen = []
     app = AnatomyApp(session="demo", options=ModelOptions("stub-model", "cpu", "float32"))
     async with app.run_test(size=SIZE, message_hook=seen.append) as pilot:
-        await until(pilot, lambda: app.loaded is stub, 10)
+        await until(pilot, lambda: app.loaded is stub and app._console() is not None, 10)
         await pilot.pause()
-        status = str(app.screen.query_one(StatusLine).render())
+        status = str(app._console().query_one(StatusLine).render())
         assert "stub-model · cpu · float32 · 6 layers" in status
     assert asked == [("stub-model", "cpu", "float32")]
     assert [m.loaded for m in seen if isinstance(m, ModelLoaded)] == [stub]
@@ -513,9 +513,9 @@ async def test_a_failed_load_is_a_message_not_a_crash(isolated_home, monkeypatch
     demo_session(SessionStore())
     app = AnatomyApp(session="demo", options=ModelOptions("nowhere", "cpu", "float32"))
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: any("no such model folder" in text for _, text in app.state.log), 10)
+        await until(pilot, lambda: any("no such model folder" in t for _, t in app.state.log) and app._console(), 10)
         await pilot.pause()
-        assert "failed to load" in str(app.screen.query_one(StatusLine).render())
+        assert "failed to load" in str(app._console().query_one(StatusLine).render())
         assert app.is_running and app.loaded is None
 
 
