@@ -342,7 +342,11 @@ class AnatomyApp(App[None]):
         screen.show_status(self.session_name, self.model_status, jobs)
 
     def _console(self) -> ConsoleScreen | None:
-        """The console screen once it is built (a message can arrive between its push and its mount)."""
+        """The console screen once it is built and until the app starts shutting down (a message can
+        arrive between its push and its mount, and a poll between the start of shutdown and the
+        screen's own unmount, while its widgets are already being removed)."""
+        if not self.is_running:
+            return None
         for screen in reversed(self.screen_stack):
             if isinstance(screen, ConsoleScreen):
                 return screen if screen.built else None
