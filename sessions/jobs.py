@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from engine.events import Cancelled, Event, Finished, Result, Started
-from sessions.process import process_identity
+from engine.process import process_identity
 from sessions.store import Session
 
 

@@ -11,7 +11,7 @@
 Nothing in a session folder is trusted: every field read is checked (a bad one is reported as
 the session's damage, one line each, and the rest stays usable), none of its parts may be a
 symbolic link (writes would land outside the sessions folder), and a pid is signalled only with
-proof that it still is the job that wrote it (sessions.process).
+proof that it still is the job that wrote it (engine.process).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 from engine.atomic import atomic_write_json
 from engine.errors import UserError
 from engine.events import Event, event_from_json, upgrade_result
-from sessions.process import identity_problem, valid_pid
+from engine.process import identity_problem, pid_alive, valid_pid
 
 MANIFEST_SCHEMA_VERSION = 1
 log = logging.getLogger(__name__)
@@ -65,22 +65,6 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return versions
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not valid_pid(pid):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child counts as gone
-        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-            return handle.read().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _number(value: Any) -> bool:

@@ -10,8 +10,8 @@ import pytest
 
 from engine.atomic import atomic_write_json
 from engine.events import Finished, Message, Progress, Result, Started
+from engine.process import process_identity
 from sessions.jobs import run_job
-from sessions.process import process_identity
 from sessions.store import SessionError, SessionStore
 
 

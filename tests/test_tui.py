@@ -15,7 +15,8 @@ from tiny_models import save_tiny
 from tui_fixtures import BASELINE, CURVE, MAP, demo_session, recovery_row
 
 from engine.events import AblationProxies, RecoveryLayer
-from sessions.store import SessionStore, pid_alive
+from engine.process import pid_alive
+from sessions.store import SessionStore
 from tui import app as app_module
 from tui.app import ACTIONS, AnatomyApp, ModelOptions
 from tui.console_settings import ConsoleSettings

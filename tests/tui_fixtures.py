@@ -20,7 +20,7 @@ from engine.events import (
     Started,
     json_safe,
 )
-from sessions.process import process_identity
+from engine.process import process_identity
 from sessions.store import Session, SessionStore
 
 T0 = 1_700_000_000.0

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import UserError
 from engine.options import ModelOptions
+from engine.process import job_identity_matches, pid_alive
 from engine.registry import BY_NAME
 from engine.registry import experiment as find_experiment
 from engine.settings import FieldSpec, Settings
-from sessions.process import job_identity_matches
-from sessions.store import Session, pid_alive
+from sessions.store import Session
 
 if TYPE_CHECKING:
     from engine.memory import Placement

@@ -19,6 +19,23 @@ def valid_pid(pid: Any) -> bool:
     return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= PID_LIMIT
 
 
+def pid_alive(pid: Any) -> bool:
+    """The process exists and is not a zombie (a pid we may not signal still counts as alive)."""
+    if not valid_pid(pid):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child counts as gone
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot, or None when it cannot be read."""
     try:
