@@ -61,9 +61,16 @@ def world_from_env(env: Mapping[str, str] = os.environ) -> World | None:
 
 
 def shard(items: Sequence[T], rank: int, world: int) -> list[T]:
-    """Every world-th item from `rank` on: deterministic, and later (cheaper, thanks to the prefix
-    cache) layers are dealt out as evenly as earlier ones."""
-    return list(items[rank::world])
+    """This rank's items, dealt in snake order: round r deals one item to each of ranks 0..world-1
+    when r is even and world-1..0 when it is odd. Deterministic; shares differ by at most one item,
+    and since later layers cost less (the prefix cache starts there), no rank always gets the
+    dearer item of its round."""
+    return [item for i, item in enumerate(items) if _dealt_to(i, world) == rank]
+
+
+def _dealt_to(index: int, world: int) -> int:
+    round_, seat = divmod(index, world)
+    return seat if round_ % 2 == 0 else world - 1 - seat
 
 
 def cpu_threads(local_size: int) -> int:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from tiny_models import tiny_model
 
 from engine.distributed import World, _Done, _Failed, _Merger, cpu_threads, launch, plan, shard, world_from_env
@@ -27,13 +29,21 @@ def worker_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def test_shard_is_a_deterministic_partition():
-    items = list(range(30))
+def test_shard_deals_in_snake_order():
+    items = list(range(10))
     parts = [shard(items, rank, 4) for rank in range(4)]
-    assert sorted(sum(parts, [])) == items
-    assert parts[1] == [1, 5, 9, 13, 17, 21, 25, 29]
+    assert parts == [[0, 7, 8], [1, 6, 9], [2, 5], [3, 4]]  # rounds 0-3, 7-4, 8-9
     assert shard(items, 2, 4) == parts[2]
     assert shard([0, 1], 2, 3) == []
+
+
+@given(st.integers(0, 60), st.integers(1, 9))
+def test_shares_partition_the_items_evenly(n, world):
+    items = [f"item{i}" for i in range(n)]
+    parts = [shard(items, rank, world) for rank in range(world)]
+    assert sorted(sum(parts, [])) == sorted(items)
+    assert all(part == sorted(part, key=items.index) for part in parts)  # each share keeps the items' order
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
 def test_world_from_env():
