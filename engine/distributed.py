@@ -240,33 +240,56 @@ def launch(argv: Sequence[str], nproc: int) -> int:
 
 # --- which sweeps split, and how -------------------------------------------------------------------
 
-SHARDABLE = tuple(entry.name for entry in EXPERIMENTS if entry.shardable)  # ablation, recovery
+SHARDABLE = tuple(entry.name for entry in EXPERIMENTS if entry.shardable)
 
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """How one experiment's sweep splits: the layers it covers, the settings of a share, the merge."""
+    """How one experiment's sweep splits: its units (layers, (layer, repeat) runs, trials or
+    students), the settings a share runs with, the merge of the shares' results, and what rank 0
+    does to the checkpoint folder before the split (with the folder and --resume)."""
 
-    items: list[int]
-    restrict: Callable[[list[int]], Any]  # a share's layers -> that share's settings
+    items: list[Any]
+    restrict: Callable[[list[Any]], Any]  # a share's units -> that share's settings
     merge: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    prepare: Callable[[Any, bool], None] | None = None
 
 
-def plan(name: str, settings: Any, n_layers: int, inputs: Mapping[str, dict[str, Any]] | None = None) -> ShardPlan:
-    """The split of `name`'s layer sweep; `inputs` are the session results it reads (recovery's
-    ablation map, for its Spearman over all layers)."""
+def plan(name: str, settings: Any, n_layers: int, inputs: Mapping[str, dict[str, Any]] | None = None,
+         model_name: str = "") -> ShardPlan:
+    """The split of `name`'s sweep; `inputs` are the session results it reads (recovery's ablation
+    map, for its Spearman over all layers; manipulate's, for its default layers). A share's units
+    reach the run through its settings (ablation's and recovery's layers) or RunContext.share
+    (manipulate's trial positions, toy-depth's students)."""
     from dataclasses import replace
 
+    inputs = inputs or {}
     if name == "ablation":
         from engine.experiments import ablation
 
         layers = range(n_layers) if settings.layers is None else sorted(set(settings.layers))
         merge = functools.partial(ablation.merge_shards, settings=settings)
-    elif name == "recovery":
+        return ShardPlan(list(layers), lambda share: replace(settings, layers=tuple(share)), merge)
+    if name == "recovery":
         from engine.experiments import recovery
 
-        layers = settings.resolve_layers(n_layers)
-        merge = functools.partial(recovery.merge_shards, settings=settings, ablation=(inputs or {}).get("ablation"))
-    else:
-        raise UserError(f"{name} does not split over workers; --shards applies to {', '.join(SHARDABLE)}")
-    return ShardPlan(list(layers), lambda share: replace(settings, layers=tuple(share)), merge)
+        runs = [(layer, repeat) for layer in settings.resolve_layers(n_layers) for repeat in range(settings.repeats)]
+        merge = functools.partial(recovery.merge_shards, settings=settings, ablation=inputs.get("ablation"))
+
+        def layers_of(share: list[tuple[int, int]]) -> Any:
+            return replace(settings, layers=tuple(dict.fromkeys(layer for layer, _ in share)))
+
+        return ShardPlan(runs, layers_of, merge)
+    if name == "manipulate":
+        from engine.experiments import manipulate
+
+        chosen, trials = manipulate.planned(settings, n_layers, inputs.get("ablation"), model_name)
+        merge = functools.partial(manipulate.merge_shards, settings=chosen)
+        return ShardPlan(list(range(len(trials))), lambda share: chosen, merge)
+    if name == "toy-depth":
+        from engine.experiments import toy_depth
+
+        merge = functools.partial(toy_depth.merge_shards, settings=settings)
+        prepare = functools.partial(toy_depth.prepare_run, settings=settings)
+        return ShardPlan(toy_depth.students(settings), lambda share: settings, merge, prepare)
+    raise UserError(f"{name} does not split over workers; --shards applies to {', '.join(SHARDABLE)}")

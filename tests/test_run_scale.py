@@ -131,13 +131,13 @@ def test_two_shards_give_the_serial_map(tiny_folder, worker_env, capsys):
     assert only_job("sharded")["pid"] != os.getpid()  # written by rank 0 of the launched workers
 
 
-def test_sharded_recovery_resumes_only_the_missing_layers(tiny_folder, worker_env, tmp_path, capsys):
+def test_sharded_recovery_by_layer_and_repeat_resumes_the_missing_layers(tiny_folder, worker_env, tmp_path, capsys):
     train, held_out = tmp_path / "train.txt", tmp_path / "eval.txt"
     train.write_text("\n".join(f"The cat {i} sat on the mat." for i in range(40)), encoding="utf-8")
     held_out.write_text("The dog sat on the mat.\nA cat looked at the dog.", encoding="utf-8")
     argv = ["run", "recovery", "--model", str(tiny_folder), "--sigma", "3", "--steps", "2", "--lr", "0.01",
             "--batch-size", "2", "--block-size", "16", "--train-blocks", "4", "--train-file", str(train),
-            "--eval-file", str(held_out)]
+            "--eval-file", str(held_out), "--repeats", "2"]
     assert serially([*argv, "--layers", "1,2", "--session", "r"]) == 0  # a sweep stopped after two layers
     assert main([*argv, "--layers", "0,1,2,3", "--session", "r", "--resume", "--shards", "2"]) == 0
     assert serially([*argv, "--layers", "0,1,2,3", "--session", "fresh"]) == 0
@@ -145,10 +145,17 @@ def test_sharded_recovery_resumes_only_the_missing_layers(tiny_folder, worker_en
     resumed, fresh = store.open("r").load_result("recovery"), store.open("fresh").load_result("recovery")
     assert resumed["resumed_layers"] == [1, 2]
 
-    def curves(doc: dict) -> list:
-        return [(row["layer"], [run["curve"] for run in row["repeats"]]) for row in doc["layers"]]
+    def untimed(doc):
+        if isinstance(doc, dict):
+            return {k: untimed(v) for k, v in doc.items() if not k.startswith("seconds")}
+        return [untimed(v) for v in doc] if isinstance(doc, list) else doc
 
-    assert curves(resumed) == curves(fresh)
+    assert [len(row["repeats"]) for row in resumed["layers"]] == [2, 2, 2, 2]  # (layer, repeat) runs joined again
+    assert untimed(resumed["layers"]) == untimed(fresh["layers"])
+    assert resumed["budget"] == fresh["budget"] and resumed["ranking"] == fresh["ranking"]
+    log = [json.loads(line) for line in (store.open("r").path / "events.jsonl").read_text().splitlines()]
+    layers = [e for e in log if e["kind"] == "recovery.layer"]  # the log holds whole layers only
+    assert sorted(e["layer"] for e in layers) == [0, 1, 2, 3] and {len(e["result"]["repeats"]) for e in layers} == {2}
     checkpoint = json.loads((store.open("r").checkpoint_dir("recovery") / "layers.json").read_text())
     assert sorted(checkpoint["layers"], key=int) == ["0", "1", "2", "3"]
 
