@@ -166,3 +166,43 @@ def test_shards_take_one_gpu_each(tiny_folder, monkeypatch, capsys):
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line == ("anatomy-tui: error: --shards 2 but 1 GPU(s) are visible here: one worker per GPU, "
                     "so at most 1 on this machine")
+
+
+def untimed(doc):
+    """A result without its wall-clock times (every `seconds...` key, at any depth)."""
+    if isinstance(doc, dict):
+        return {k: untimed(v) for k, v in doc.items() if not k.startswith("seconds")}
+    return [untimed(v) for v in doc] if isinstance(doc, list) else doc
+
+
+def test_two_shards_give_the_serial_manipulation_trials(tiny_folder, worker_env, capsys):
+    argv = ["run", "manipulate", "--model", str(tiny_folder), "--eval-set", "paper", "--eval-batch-size", "4",
+            "--layers", "1,2", "--strategies", "zero,blend,scale", "--alphas", "0.5,0.9", "--together",
+            "--sample-tokens", "3"]
+    assert main([*argv, "--shards", "2", "--session", "sharded"]) == 0
+    assert serially([*argv, "--session", "serial"]) == 0
+    store = SessionStore()
+    sharded, serial = store.open("sharded").load_result("manipulate"), store.open("serial").load_result("manipulate")
+    assert len(serial["results"]) == 12 and serial["results"][-1]["together"]
+    assert untimed(sharded) == untimed(serial)
+    log = [json.loads(line) for line in (store.open("sharded").path / "events.jsonl").read_text().splitlines()]
+    assert sum(e["kind"] == "manipulate.trial" for e in log) == 12
+
+
+def test_two_shards_give_the_serial_toy_depth_and_resume_a_lost_student(worker_env, capsys):
+    argv = ["run", "toy-depth", "--preset", "tiny", "--width", "8", "--outputs", "8", "--teacher-depth", "4",
+            "--student-depths", "1,2,3", "--steps", "20", "--batch-size", "16", "--eval-size", "64",
+            "--bootstrap", "20", "--log-every", "10"]
+    assert main([*argv, "--shards", "2", "--session", "sharded"]) == 0
+    assert main([*argv, "--session", "serial"]) == 0
+    store = SessionStore()
+    sharded, serial = store.open("sharded"), store.open("serial")
+    assert untimed(sharded.load_result("toy-depth")) == untimed(serial.load_result("toy-depth"))
+    folder = sharded.checkpoint_dir("toy-depth")
+    assert len(list(folder.glob("student-*.json"))) == 6  # two regimes x three depths, one file each
+    (folder / "student-independent-T1.0-d2.json").unlink()  # a student killed before it finished
+    assert main([*argv, "--shards", "2", "--session", "sharded", "--resume"]) == 0
+    assert untimed(sharded.load_result("toy-depth")) == untimed(serial.load_result("toy-depth"))
+    log = [json.loads(line) for line in (sharded.path / "events.jsonl").read_text().splitlines()]
+    restored = [e for e in log if e["kind"] == "job.message" and "restored from its checkpoint" in e["text"]]
+    assert len(restored) == 5
