@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from engine.errors import UserError
 from engine.events import Event, Progress, Result
-from engine.registry import EXPERIMENTS
+from engine.registry import BY_NAME, EXPERIMENTS
 
 T = TypeVar("T")
 
@@ -293,3 +293,12 @@ def plan(name: str, settings: Any, n_layers: int, inputs: Mapping[str, dict[str,
         prepare = functools.partial(toy_depth.prepare_run, settings=settings)
         return ShardPlan(toy_depth.students(settings), lambda share: settings, merge, prepare)
     raise UserError(f"{name} does not split over workers; --shards applies to {', '.join(SHARDABLE)}")
+
+
+def known_units(name: str, settings: Any) -> int | None:
+    """How many units `name`'s sweep has when the settings alone fix it (layers given, or no model
+    at all); None when it depends on the model's depth."""
+    layers = getattr(settings, "layers", None)
+    if layers:
+        return len(plan(name, settings, max(layers) + 1).items)
+    return None if BY_NAME[name].needs_model else len(plan(name, settings, 0).items)
