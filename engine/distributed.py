@@ -1,12 +1,13 @@
-"""Layer sweeps split over worker processes with torch.distributed (`--shards N`, or under torchrun).
+"""Sweeps split over worker processes with torch.distributed (`--shards N`, or under torchrun).
 
-Every worker loads the model and builds its own prefix cache, then computes its share of the
-items (layers) on its own GPU (LOCAL_RANK) or on an equal share of the CPU threads. Workers send
-every event to rank 0 as it happens (pickled objects between our own processes, over gloo); rank 0
-alone yields them, so one writer appends the session's log and saves checkpoints, and at the end
-rank 0 merges the shards' results into the result a serial run gives. The world comes from the
-environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), and
-`launch` starts the same command through torch's own launcher.
+Every worker loads the model (if the experiment has one) and computes its share of the sweep's
+units (layers, (layer, repeat) runs, trials or students: see `plan`) on its own GPU (LOCAL_RANK)
+or on an equal share of the CPU threads. Workers send every event to rank 0 as it happens
+(pickled objects between our own processes, over gloo); rank 0 alone yields them, so one writer
+appends the session's log and saves checkpoints, and at the end rank 0 merges the shards' results
+into the result a serial run gives. The world comes from the environment torchrun sets (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), and `launch` starts the same command
+through torch's own launcher.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ each run.
 
 Layers below l are frozen and unchanged, so both training and evaluation start at layer l from a
 prefix cache: the evaluation inputs of every layer come from `Evaluator.build_cache`, and the
-training blocks' inputs of layer l are captured the first time a block is drawn, then reused
-every time the pool cycles (and by every repeat).
+training blocks' inputs of layer l are captured (in fixed groups of pool neighbours) the first
+time a block is drawn, then reused every time the pool cycles (and by every repeat).
 """
 
 from __future__ import annotations
