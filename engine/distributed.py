@@ -1,12 +1,13 @@
-"""Layer sweeps split over worker processes with torch.distributed (`--shards N`, or under torchrun).
+"""Sweeps split over worker processes with torch.distributed (`--shards N`, or under torchrun).
 
-Every worker loads the model and builds its own prefix cache, then computes its share of the
-items (layers) on its own GPU (LOCAL_RANK) or on an equal share of the CPU threads. Workers send
-every event to rank 0 as it happens (pickled objects between our own processes, over gloo); rank 0
-alone yields them, so one writer appends the session's log and saves checkpoints, and at the end
-rank 0 merges the shards' results into the result a serial run gives. The world comes from the
-environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), and
-`launch` starts the same command through torch's own launcher.
+Every worker loads the model (if the experiment has one) and computes its share of the sweep's
+units (layers, (layer, repeat) runs, trials or students: see `plan`) on its own GPU (LOCAL_RANK)
+or on an equal share of the CPU threads. Workers send every event to rank 0 as it happens
+(pickled objects between our own processes, over gloo); rank 0 alone yields them, so one writer
+appends the session's log and saves checkpoints, and at the end rank 0 merges the shards' results
+into the result a serial run gives. The world comes from the environment torchrun sets (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), and `launch` starts the same command
+through torch's own launcher.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch.distributed as dist
 
 from engine.errors import UserError
 from engine.events import Event, Progress, Result
-from engine.registry import EXPERIMENTS
+from engine.registry import BY_NAME, EXPERIMENTS
 
 T = TypeVar("T")
 
@@ -61,9 +62,16 @@ def world_from_env(env: Mapping[str, str] = os.environ) -> World | None:
 
 
 def shard(items: Sequence[T], rank: int, world: int) -> list[T]:
-    """Every world-th item from `rank` on: deterministic, and later (cheaper, thanks to the prefix
-    cache) layers are dealt out as evenly as earlier ones."""
-    return list(items[rank::world])
+    """This rank's items, dealt in snake order: round r deals one item to each of ranks 0..world-1
+    when r is even and world-1..0 when it is odd. Deterministic; shares differ by at most one item,
+    and since later layers cost less (the prefix cache starts there), no rank always gets the
+    dearer item of its round."""
+    return [item for i, item in enumerate(items) if _dealt_to(i, world) == rank]
+
+
+def _dealt_to(index: int, world: int) -> int:
+    round_, seat = divmod(index, world)
+    return seat if round_ % 2 == 0 else world - 1 - seat
 
 
 def cpu_threads(local_size: int) -> int:
@@ -233,33 +241,65 @@ def launch(argv: Sequence[str], nproc: int) -> int:
 
 # --- which sweeps split, and how -------------------------------------------------------------------
 
-SHARDABLE = tuple(entry.name for entry in EXPERIMENTS if entry.shardable)  # ablation, recovery
+SHARDABLE = tuple(entry.name for entry in EXPERIMENTS if entry.shardable)
 
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """How one experiment's sweep splits: the layers it covers, the settings of a share, the merge."""
+    """How one experiment's sweep splits: its units (layers, (layer, repeat) runs, trials or
+    students), the settings a share runs with, the merge of the shares' results, and what rank 0
+    does to the checkpoint folder before the split (with the folder and --resume)."""
 
-    items: list[int]
-    restrict: Callable[[list[int]], Any]  # a share's layers -> that share's settings
+    items: list[Any]
+    restrict: Callable[[list[Any]], Any]  # a share's units -> that share's settings
     merge: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    prepare: Callable[[Any, bool], None] | None = None
 
 
-def plan(name: str, settings: Any, n_layers: int, inputs: Mapping[str, dict[str, Any]] | None = None) -> ShardPlan:
-    """The split of `name`'s layer sweep; `inputs` are the session results it reads (recovery's
-    ablation map, for its Spearman over all layers)."""
+def plan(name: str, settings: Any, n_layers: int, inputs: Mapping[str, dict[str, Any]] | None = None,
+         model_name: str = "") -> ShardPlan:
+    """The split of `name`'s sweep; `inputs` are the session results it reads (recovery's ablation
+    map, for its Spearman over all layers; manipulate's, for its default layers). A share's units
+    reach the run through its settings (ablation's and recovery's layers) or RunContext.share
+    (manipulate's trial positions, toy-depth's students)."""
     from dataclasses import replace
 
+    inputs = inputs or {}
     if name == "ablation":
         from engine.experiments import ablation
 
         layers = range(n_layers) if settings.layers is None else sorted(set(settings.layers))
         merge = functools.partial(ablation.merge_shards, settings=settings)
-    elif name == "recovery":
+        return ShardPlan(list(layers), lambda share: replace(settings, layers=tuple(share)), merge)
+    if name == "recovery":
         from engine.experiments import recovery
 
-        layers = settings.resolve_layers(n_layers)
-        merge = functools.partial(recovery.merge_shards, settings=settings, ablation=(inputs or {}).get("ablation"))
-    else:
-        raise UserError(f"{name} does not split over workers; --shards applies to {', '.join(SHARDABLE)}")
-    return ShardPlan(list(layers), lambda share: replace(settings, layers=tuple(share)), merge)
+        runs = [(layer, repeat) for layer in settings.resolve_layers(n_layers) for repeat in range(settings.repeats)]
+        merge = functools.partial(recovery.merge_shards, settings=settings, ablation=inputs.get("ablation"))
+
+        def layers_of(share: list[tuple[int, int]]) -> Any:
+            return replace(settings, layers=tuple(dict.fromkeys(layer for layer, _ in share)))
+
+        return ShardPlan(runs, layers_of, merge)
+    if name == "manipulate":
+        from engine.experiments import manipulate
+
+        chosen, trials = manipulate.planned(settings, n_layers, inputs.get("ablation"), model_name)
+        merge = functools.partial(manipulate.merge_shards, settings=chosen)
+        return ShardPlan(list(range(len(trials))), lambda share: chosen, merge)
+    if name == "toy-depth":
+        from engine.experiments import toy_depth
+
+        merge = functools.partial(toy_depth.merge_shards, settings=settings)
+        prepare = functools.partial(toy_depth.prepare_run, settings=settings)
+        return ShardPlan(toy_depth.students(settings), lambda share: settings, merge, prepare)
+    raise UserError(f"{name} does not split over workers; --shards applies to {', '.join(SHARDABLE)}")
+
+
+def known_units(name: str, settings: Any) -> int | None:
+    """How many units `name`'s sweep has when the settings alone fix it (layers given, or no model
+    at all); None when it depends on the model's depth."""
+    layers = getattr(settings, "layers", None)
+    if layers:
+        return len(plan(name, settings, max(layers) + 1).items)
+    return None if BY_NAME[name].needs_model else len(plan(name, settings, 0).items)

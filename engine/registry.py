@@ -31,7 +31,9 @@ class RunContext:
     `checkpoint_dir` is the experiment's own folder in the session (checkpoints, saved layers);
     `output_dir` the session folder, for files a run leaves for later (growth's final models);
     `resume` asks it to continue from what is there; `inputs` holds earlier results of the session
-    the experiment reads (the ablation map, say), by result name."""
+    the experiment reads (the ablation map, say), by result name. `share` is this worker's units of
+    a split sweep (engine/distributed.py `plan`), where the experiment reads them from the context
+    rather than its settings (manipulate's trials, toy-depth's students); None: all of them."""
 
     model: LoadedModel | None = None
     cancel: CancelToken = field(default_factory=CancelToken)
@@ -39,6 +41,7 @@ class RunContext:
     output_dir: Path | None = None
     resume: bool = False
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    share: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class Experiment:
     reads: tuple[str, ...] = ()  # session results handed over in RunContext.inputs
     long: bool = False  # the console runs it as its own process rather than in a thread
     preset: str = ""  # the preset `--preset` starts from when not given (experiments with PRESETS)
-    shardable: bool = False  # its layer sweep splits over worker processes (`--shards N`, torchrun)
+    shardable: bool = False  # its sweep splits over worker processes (`--shards N`, torchrun): distributed.plan
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -93,13 +96,12 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                "engine.experiments.scaling_fit", "ScalingFitSettings", needs_model=False, writes="scaling-fit"),
     Experiment("toy-depth", "teacher-student toy models: student loss against depth, fitted a_l",
                "engine.experiments.toy_depth", "ToyDepthSettings", needs_model=False, resumable=True,
-               writes="toy-depth",
-               long=True, preset="tiny"),
+               writes="toy-depth", long=True, preset="tiny", shardable=True),
     Experiment("weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox",
                "engine.experiments.weights", "WeightsSettings", writes="weights"),
     Experiment("manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples",
                "engine.experiments.manipulate", "ManipulationSettings", writes="manipulate",
-               reads=("ablation",)),
+               reads=("ablation",), shardable=True),
     Experiment("prune", "remove layers by four criteria, heal the cut, export the pruned model",
                "engine.experiments.prune", "PruneSettings", writes="prune", reads=("ablation",), long=True),
 )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from tiny_models import tiny_model
 
 from engine.distributed import World, _Done, _Failed, _Merger, cpu_threads, launch, plan, shard, world_from_env
@@ -27,13 +30,21 @@ def worker_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def test_shard_is_a_deterministic_partition():
-    items = list(range(30))
+def test_shard_deals_in_snake_order():
+    items = list(range(10))
     parts = [shard(items, rank, 4) for rank in range(4)]
-    assert sorted(sum(parts, [])) == items
-    assert parts[1] == [1, 5, 9, 13, 17, 21, 25, 29]
+    assert parts == [[0, 7, 8], [1, 6, 9], [2, 5], [3, 4]]  # rounds 0-3, 7-4, 8-9
     assert shard(items, 2, 4) == parts[2]
     assert shard([0, 1], 2, 3) == []
+
+
+@given(st.integers(0, 60), st.integers(1, 9))
+def test_shares_partition_the_items_evenly(n, world):
+    items = [f"item{i}" for i in range(n)]
+    parts = [shard(items, rank, world) for rank in range(world)]
+    assert sorted(sum(parts, [])) == sorted(items)
+    assert all(part == sorted(part, key=items.index) for part in parts)  # each share keeps the items' order
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
 def test_world_from_env():
@@ -95,7 +106,9 @@ def test_plans_split_layers_and_refuse_other_experiments():
     split = plan("ablation", AblationSettings(), 4)
     assert split.items == [0, 1, 2, 3] and split.restrict([1, 3]).layers == (1, 3)
     assert plan("ablation", AblationSettings(layers=(3, 1)), 4).items == [1, 3]
-    assert plan("recovery", RecoverySettings(layers=(3, 1, 3)), 4).items == [3, 1]
+    recovery = plan("recovery", RecoverySettings(layers=(3, 1, 3), repeats=2), 4)
+    assert recovery.items == [(3, 0), (3, 1), (1, 0), (1, 1)]
+    assert recovery.restrict([(1, 1), (3, 0), (1, 0)]).layers == (1, 3)
     with pytest.raises(UserError, match="dynamics does not split"):
         plan("dynamics", None, 4)
 
@@ -125,11 +138,16 @@ def test_ablation_shards_merge_to_the_serial_map(tokenizer):
     assert {k: v for k, v in merged.items() if k != "seconds"} == {k: v for k, v in serial.items() if k != "seconds"}
 
 
-def test_recovery_shards_merge_to_the_serial_result(tokenizer, tmp_path):
-    from dataclasses import replace
+def untimed(doc):
+    """A result without its wall-clock times (every `seconds...` key, at any depth)."""
+    if isinstance(doc, dict):
+        return {k: untimed(v) for k, v in doc.items() if not k.startswith("seconds")}
+    return [untimed(v) for v in doc] if isinstance(doc, list) else doc
 
-    from engine.experiments.recovery import RecoverySettings, run_recovery
-    from engine.experiments.recovery import merge_shards as merge_recovery
+
+def test_recovery_shards_of_layer_repeat_runs_merge_to_the_serial_result(tokenizer, tmp_path):
+    from engine.events import RecoveryLayer
+    from engine.experiments.recovery import RecoverySettings, run_recovery, whole_layers
 
     (tmp_path / "train.txt").write_text("\n".join(f"The cat {i} sat on the mat." for i in range(40)), encoding="utf-8")
     (tmp_path / "eval.txt").write_text("The dog sat on the mat.\nA cat looked at the dog.", encoding="utf-8")
@@ -139,19 +157,16 @@ def test_recovery_shards_merge_to_the_serial_result(tokenizer, tmp_path):
     model = tiny_model("llama", seed=3)
     ablation = result_of(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", eval_batch_size=4)))
     serial = result_of(run_recovery(model, tokenizer, settings, ablation=ablation))
-    shards = [result_of(run_recovery(model, tokenizer, replace(settings, layers=tuple(shard(settings.layers, r, 2))),
-                                     ablation=ablation)) for r in range(2)]
-    merged = merge_recovery(shards, settings, ablation)
-    timing = ("seconds", "seconds_per_step")
-
-    def untimed(doc: dict) -> dict:
-        rows = [{k: v for k, v in row.items() if k not in ("seconds", "seconds_per_step", "repeats")}
-                for row in doc["layers"]]
-        budget_free = {k: v for k, v in doc.items() if k not in (*timing, "layers")}
-        return budget_free | {"layers": rows}
-
+    split = plan("recovery", settings, 4, {"ablation": ablation})
+    assert split.items == [(3, 0), (3, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    shares = [shard(split.items, rank, 2) for rank in range(2)]
+    assert shares[0] == [(3, 0), (1, 1), (2, 0)]  # every layer's repeats are on both workers
+    events = [list(run_recovery(model, tokenizer, split.restrict(share), ablation=ablation, runs=set(share)))
+              for share in shares]
+    merged = split.merge([result_of(part) for part in events])
     assert [row["layer"] for row in merged["layers"]] == [3, 1, 2]
     assert untimed(merged) == untimed(serial)
-    assert [[run["curve"] for run in row["repeats"]] for row in merged["layers"]] == [
-        [run["curve"] for run in row["repeats"]] for row in serial["layers"]
-    ]
+    interleaved = [event for pair in itertools.zip_longest(*events) for event in pair if event is not None]
+    joined = [e for e in whole_layers(interleaved, settings) if isinstance(e, RecoveryLayer)]
+    assert [e.layer for e in joined] == [3, 1, 2]  # each layer once, when its second run is in
+    assert untimed(json.loads(json.dumps([e.result for e in joined], default=vars))) == untimed(serial["layers"])

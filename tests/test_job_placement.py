@@ -97,3 +97,70 @@ async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_
                 break
             await pilot.pause(0.1)
         assert len(loads) == 2 and app.loaded is stub and app.released_for is None
+
+
+def shards_of(argv: list[str]) -> list[str]:
+    return [arg for arg in argv if arg.startswith("--shards")]
+
+
+@pytest.mark.parametrize("gpus", [2, 0])
+def test_sweeps_started_as_jobs_take_every_visible_gpu(gpus, monkeypatch, tiny_folder):
+    import dataclasses
+
+    import torch
+
+    from engine.experiments.recovery import RecoverySettings
+    from tui.cli import build_parser
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    options = ModelOptions(str(tiny_folder), device="cuda:0", dtype="float16")
+    every = ["--shards=2"] if gpus == 2 else []
+    argv = job_argv("ablation", AblationSettings(), options, "s", resume=False)
+    assert shards_of(argv) == every
+    assert build_parser("ablation").parse_args(argv[3:]).shards == (2 if gpus == 2 else None)
+
+    def recovery(**changes) -> list[str]:
+        return shards_of(job_argv("recovery", RecoverySettings(**changes), options, "s", resume=False))
+
+    assert recovery(layers=None) == recovery(layers=(3, 5)) == recovery(layers=(3,), repeats=2) == every
+    assert recovery(layers=(3,)) == []  # one run: one worker
+    spread = dataclasses.replace(options, device_map="auto")
+    assert shards_of(job_argv("ablation", AblationSettings(), spread, "s", resume=False)) == []
+    from engine.experiments.growth import PRESETS
+
+    assert shards_of(job_argv("growth", PRESETS["tiny"], None, "s", resume=False)) == []  # does not split
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("gpus", [2, 0])
+async def test_the_console_starts_the_map_job_on_every_gpu(gpus, isolated_home, monkeypatch, tiny_folder):
+    import torch
+
+    import tui.app as app_module
+    from tui.app import AnatomyApp
+    from tui.console_settings import ConsoleSettings
+
+    stub, started = on_gpu(tiny_folder), []
+
+    def fake_launch(session, experiment, argv):
+        started.append(argv)
+        process = subprocess.Popen([sys.executable, "-c", "pass"])
+        process.wait()
+        return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr("engine.models.load_model", lambda name, **kwargs: stub)
+    monkeypatch.setattr(app_module, "launch_job", fake_launch)
+    monkeypatch.setattr(app_module, "job_placement", lambda *args, **kwargs: "beside")
+    app = AnatomyApp(session="demo", options=ModelOptions(str(tiny_folder)), console=ConsoleSettings(auto_map=False))
+    async with app.run_test(size=(120, 36)) as pilot:
+        for _ in range(100):
+            if app.loaded is stub:
+                break
+            await pilot.pause(0.1)
+        await pilot.press("b")  # the layer map as a job
+        await pilot.pause()
+        [argv] = started
+        assert shards_of(argv) == (["--shards=2"] if gpus == 2 else [])
+        assert argv[argv.index("--session") + 1] == "demo"

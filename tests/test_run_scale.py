@@ -131,13 +131,13 @@ def test_two_shards_give_the_serial_map(tiny_folder, worker_env, capsys):
     assert only_job("sharded")["pid"] != os.getpid()  # written by rank 0 of the launched workers
 
 
-def test_sharded_recovery_resumes_only_the_missing_layers(tiny_folder, worker_env, tmp_path, capsys):
+def test_sharded_recovery_by_layer_and_repeat_resumes_the_missing_layers(tiny_folder, worker_env, tmp_path, capsys):
     train, held_out = tmp_path / "train.txt", tmp_path / "eval.txt"
     train.write_text("\n".join(f"The cat {i} sat on the mat." for i in range(40)), encoding="utf-8")
     held_out.write_text("The dog sat on the mat.\nA cat looked at the dog.", encoding="utf-8")
     argv = ["run", "recovery", "--model", str(tiny_folder), "--sigma", "3", "--steps", "2", "--lr", "0.01",
             "--batch-size", "2", "--block-size", "16", "--train-blocks", "4", "--train-file", str(train),
-            "--eval-file", str(held_out)]
+            "--eval-file", str(held_out), "--repeats", "2"]
     assert serially([*argv, "--layers", "1,2", "--session", "r"]) == 0  # a sweep stopped after two layers
     assert main([*argv, "--layers", "0,1,2,3", "--session", "r", "--resume", "--shards", "2"]) == 0
     assert serially([*argv, "--layers", "0,1,2,3", "--session", "fresh"]) == 0
@@ -145,10 +145,17 @@ def test_sharded_recovery_resumes_only_the_missing_layers(tiny_folder, worker_en
     resumed, fresh = store.open("r").load_result("recovery"), store.open("fresh").load_result("recovery")
     assert resumed["resumed_layers"] == [1, 2]
 
-    def curves(doc: dict) -> list:
-        return [(row["layer"], [run["curve"] for run in row["repeats"]]) for row in doc["layers"]]
+    def untimed(doc):
+        if isinstance(doc, dict):
+            return {k: untimed(v) for k, v in doc.items() if not k.startswith("seconds")}
+        return [untimed(v) for v in doc] if isinstance(doc, list) else doc
 
-    assert curves(resumed) == curves(fresh)
+    assert [len(row["repeats"]) for row in resumed["layers"]] == [2, 2, 2, 2]  # (layer, repeat) runs joined again
+    assert untimed(resumed["layers"]) == untimed(fresh["layers"])
+    assert resumed["budget"] == fresh["budget"] and resumed["ranking"] == fresh["ranking"]
+    log = [json.loads(line) for line in (store.open("r").path / "events.jsonl").read_text().splitlines()]
+    layers = [e for e in log if e["kind"] == "recovery.layer"]  # the log holds whole layers only
+    assert sorted(e["layer"] for e in layers) == [0, 1, 2, 3] and {len(e["result"]["repeats"]) for e in layers} == {2}
     checkpoint = json.loads((store.open("r").checkpoint_dir("recovery") / "layers.json").read_text())
     assert sorted(checkpoint["layers"], key=int) == ["0", "1", "2", "3"]
 
@@ -159,3 +166,43 @@ def test_shards_take_one_gpu_each(tiny_folder, monkeypatch, capsys):
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line == ("anatomy-tui: error: --shards 2 but 1 GPU(s) are visible here: one worker per GPU, "
                     "so at most 1 on this machine")
+
+
+def untimed(doc):
+    """A result without its wall-clock times (every `seconds...` key, at any depth)."""
+    if isinstance(doc, dict):
+        return {k: untimed(v) for k, v in doc.items() if not k.startswith("seconds")}
+    return [untimed(v) for v in doc] if isinstance(doc, list) else doc
+
+
+def test_two_shards_give_the_serial_manipulation_trials(tiny_folder, worker_env, capsys):
+    argv = ["run", "manipulate", "--model", str(tiny_folder), "--eval-set", "paper", "--eval-batch-size", "4",
+            "--layers", "1,2", "--strategies", "zero,blend,scale", "--alphas", "0.5,0.9", "--together",
+            "--sample-tokens", "3"]
+    assert main([*argv, "--shards", "2", "--session", "sharded"]) == 0
+    assert serially([*argv, "--session", "serial"]) == 0
+    store = SessionStore()
+    sharded, serial = store.open("sharded").load_result("manipulate"), store.open("serial").load_result("manipulate")
+    assert len(serial["results"]) == 12 and serial["results"][-1]["together"]
+    assert untimed(sharded) == untimed(serial)
+    log = [json.loads(line) for line in (store.open("sharded").path / "events.jsonl").read_text().splitlines()]
+    assert sum(e["kind"] == "manipulate.trial" for e in log) == 12
+
+
+def test_two_shards_give_the_serial_toy_depth_and_resume_a_lost_student(worker_env, capsys):
+    argv = ["run", "toy-depth", "--preset", "tiny", "--width", "8", "--outputs", "8", "--teacher-depth", "4",
+            "--student-depths", "1,2,3", "--steps", "20", "--batch-size", "16", "--eval-size", "64",
+            "--bootstrap", "20", "--log-every", "10"]
+    assert main([*argv, "--shards", "2", "--session", "sharded"]) == 0
+    assert main([*argv, "--session", "serial"]) == 0
+    store = SessionStore()
+    sharded, serial = store.open("sharded"), store.open("serial")
+    assert untimed(sharded.load_result("toy-depth")) == untimed(serial.load_result("toy-depth"))
+    folder = sharded.checkpoint_dir("toy-depth")
+    assert len(list(folder.glob("student-*.json"))) == 6  # two regimes x three depths, one file each
+    (folder / "student-independent-T1.0-d2.json").unlink()  # a student killed before it finished
+    assert main([*argv, "--shards", "2", "--session", "sharded", "--resume"]) == 0
+    assert untimed(sharded.load_result("toy-depth")) == untimed(serial.load_result("toy-depth"))
+    log = [json.loads(line) for line in (sharded.path / "events.jsonl").read_text().splitlines()]
+    restored = [e for e in log if e["kind"] == "job.message" and "restored from its checkpoint" in e["text"]]
+    assert len(restored) == 5

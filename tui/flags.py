@@ -71,7 +71,7 @@ def experiment_flags(parser: argparse.ArgumentParser, experiment: Experiment) ->
     if experiment.shardable:
         taken.add("--shards")
         parser.add_argument("--shards", type=_shards, default=None, metavar="N",
-                            help="split the layer sweep over N worker processes on this machine (one per GPU, "
+                            help="split the sweep over N worker processes on this machine (one per GPU, "
                             "or an equal share of the CPU threads); under torchrun the workers are torchrun's")
     presets = experiment.presets
     if presets:

@@ -56,8 +56,9 @@ def job_argv(
     experiment: str, settings: Settings, options: ModelOptions | None, session: str, resume: bool
 ) -> list[str]:
     """The exact `anatomy-tui run` command for these settings: `--preset` where the experiment has
-    presets, then one flag for every setting that differs from where it starts. `--trust-remote-code`
-    appears only if `options` asks for it (options read from a file never do: `untrusted()`)."""
+    presets, then one flag for every setting that differs from where it starts, and `--shards` for
+    a sweep that splits over the visible GPUs. `--trust-remote-code` appears only if `options` asks
+    for it (options read from a file never do: `untrusted()`)."""
     entry = find_experiment(experiment)
     argv = [sys.executable, "-m", "tui.cli", "run", experiment]
     base = entry.defaults()
@@ -77,7 +78,23 @@ def job_argv(
         default = ModelOptions()
         argv += [_flag(spec, getattr(options, spec.name)) for spec in options.fields()
                  if getattr(options, spec.name) != getattr(default, spec.name)]
-    return [*argv, "--session", session, *(["--resume"] if resume else [])]
+    return [*argv, *shards_flag(experiment, settings, options), "--session", session, *(["--resume"] if resume else [])]
+
+
+def shards_flag(experiment: str, settings: Settings, options: ModelOptions | None) -> list[str]:
+    """`--shards=K` for a sweep that splits, K the visible GPUs when there are several (one worker
+    per GPU, so the map or the recovery sweep uses all of them), or fewer when the sweep has fewer
+    units (one layer noised once needs one); nothing otherwise, nor for a model spread over the
+    GPUs by --device-map."""
+    if not find_experiment(experiment).shardable or (options is not None and options.device_map is not None):
+        return []
+    import torch
+
+    from engine.distributed import known_units
+
+    gpus = torch.cuda.device_count()
+    shards = gpus if gpus < 2 else min(gpus, known_units(experiment, settings) or gpus)
+    return [f"--shards={shards}"] if shards >= 2 else []
 
 
 def job_options(options: ModelOptions, loaded: Any | None) -> ModelOptions:

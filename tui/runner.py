@@ -8,7 +8,7 @@ behind. A cancelled run exits 130, a user error 2.
 Before the model loads, its memory plan (engine/memory.py) is printed and checked against the free
 memory of the device. `--shards N` relaunches the command as N workers through torch's launcher;
 under torchrun (or that launcher) every worker loads the model on its own device and computes its
-share of the layers, and rank 0 alone opens the session and writes events, checkpoints and results.
+share of the sweep, and rank 0 alone opens the session and writes events, checkpoints and results.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from engine.atomic import atomic_write_json, check_writable_path
 from engine.errors import UserError
 from engine.events import Event, Finished, Message, Progress, Result
 from engine.options import ModelOptions
-from engine.registry import Experiment, RunContext
+from engine.registry import EXPERIMENTS, Experiment, RunContext
 from engine.settings import Settings
 from sessions.jobs import run_job
 from sessions.store import Session, SessionStore
@@ -131,8 +131,8 @@ def _world(experiment: Experiment, args: argparse.Namespace, options: ModelOptio
         raise UserError("--shards (or torchrun) runs a whole model in each worker, --device-map spreads one model "
                         "over the GPUs: use one of them")
     if world is not None and not experiment.shardable:
-        raise UserError(f"{experiment.name} does not split over workers; run it without torchrun "
-                        "(ablation and recovery do)")
+        shardable = ", ".join(entry.name for entry in EXPERIMENTS if entry.shardable)
+        raise UserError(f"{experiment.name} does not split over workers; run it without torchrun ({shardable} do)")
     if world is not None and shards not in (None, world.size):
         raise UserError(f"--shards {shards} but torchrun started {world.size} workers; drop --shards under torchrun")
     return world
@@ -185,16 +185,34 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
 
 def sharded_events(name: str, settings: Settings, context: RunContext, workers: Workers) -> Iterator[Event]:
     """This worker's share of the sweep. On rank 0: every worker's events, then the merged Result
-    (with recovery, each finished layer checkpointed by rank 0 alone); on the others: nothing."""
+    (with recovery, each finished layer checkpointed by rank 0 alone); on the others: nothing.
+    Rank 0 hands every worker the session results it read (manipulate chooses its layers from the
+    ablation map) and, once it has prepared it, the checkpoint folder (toy-depth's students)."""
+    import torch.distributed as dist
+
     from engine.distributed import plan
 
     loaded = context.model
-    split = plan(name, settings, loaded.n_layers, context.inputs)
-    if name != "recovery":
-        share_context = RunContext(model=loaded, cancel=context.cancel)
-        return workers.sweep(lambda share: _run_share(name, split.restrict(share), share_context), split.items,
-                             split.merge)
-    return _sharded_recovery(settings, context, workers, split)
+    n_layers, model_name = (loaded.n_layers, loaded.name) if loaded is not None else (0, "")  # toy-depth: no model
+    split = None
+    if workers.world.is_main:  # a plan that cannot be made stops rank 0 before the others wait on it
+        split = plan(name, settings, n_layers, context.inputs, model_name)
+        if split.prepare is not None:
+            split.prepare(context.checkpoint_dir, context.resume)
+    shared = [context.inputs, str(context.checkpoint_dir) if context.checkpoint_dir is not None else None]
+    dist.broadcast_object_list(shared, src=0, group=workers.group)
+    context = dataclasses.replace(context, inputs=shared[0])
+    split = split or plan(name, settings, n_layers, context.inputs, model_name)
+    if name == "recovery":
+        return _sharded_recovery(settings, context, workers, split)
+    where = Path(shared[1]) if shared[1] else None
+    share_context = RunContext(model=loaded, cancel=context.cancel, inputs=context.inputs,
+                               checkpoint_dir=where if where is not None and where.is_dir() else None)
+
+    def run_share(share: list[Any]) -> Iterator[Event]:
+        return _run_share(name, split.restrict(share), dataclasses.replace(share_context, share=share))
+
+    return workers.sweep(run_share, split.items, split.merge)
 
 
 def _run_share(name: str, settings: Settings, context: RunContext) -> Iterator[Event]:
@@ -204,8 +222,10 @@ def _run_share(name: str, settings: Settings, context: RunContext) -> Iterator[E
 
 
 def _sharded_recovery(settings: Settings, context: RunContext, workers: Workers, split: Any) -> Iterator[Event]:
-    """Rank 0 reads the checkpoint (with --resume) and hands every worker the finished layers, which
-    are dealt last so the work left is shared evenly; only the missing layers are trained again."""
+    """Rank 0 reads the checkpoint (with --resume) and hands every worker the finished layers, whose
+    runs are dealt last so the work left is shared evenly; only the missing layers are trained
+    again. Each share is some (layer, repeat) runs; rank 0 checkpoints a layer once all of its
+    runs are in."""
     import torch.distributed as dist
 
     from engine.experiments import recovery
@@ -224,7 +244,7 @@ def _sharded_recovery(settings: Settings, context: RunContext, workers: Workers,
     dist.broadcast_object_list(shared, src=0, group=workers.group)
     done = list(shared[0].values())
     finished = {int(layer) for layer in shared[0]}
-    items = [i for i in split.items if i not in finished] + [i for i in split.items if i in finished]
+    items = [run for run in split.items if run[0] not in finished] + [run for run in split.items if run[0] in finished]
     where = Path(shared[1]) if shared[1] else None
     keep = None
     if where is not None and where.parent.is_dir():  # the session is on this worker's disk: keep its layers there
@@ -232,13 +252,13 @@ def _sharded_recovery(settings: Settings, context: RunContext, workers: Workers,
         def keep(index: int, tensors: dict[str, Any]) -> None:
             recovery.save_layer_weights(where / recovery.WEIGHTS_FOLDER, index, tensors, loaded.name)
 
-    def run_share(share: list[int]) -> Iterator[Event]:
+    def run_share(share: list[tuple[int, int]]) -> Iterator[Event]:
         return recovery.run_recovery(
             loaded.model, loaded.tokenizer, split.restrict(share), context.cancel, loaded.name, done_layers=done,
-            ablation=context.inputs.get("ablation"), keep_weights=keep,
+            ablation=context.inputs.get("ablation"), keep_weights=keep, runs=set(share),
         )  # fmt: skip
 
-    events = workers.sweep(run_share, items, split.merge)
+    events = recovery.whole_layers(workers.sweep(run_share, items, split.merge), settings)  # type: ignore[arg-type]
     if workers.world.is_main and folder is not None:
         events = recovery.checkpointed(events, folder / recovery.CHECKPOINT_FILE, state)
     yield from note

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -213,8 +213,12 @@ def trials(settings: ManipulationSettings, layers: Sequence[int]) -> list[Trial]
 
 
 def run_manipulation(
-    model, tokenizer, settings: ManipulationSettings, cancel: CancelToken | None = None, model_name: str = ""
+    model, tokenizer, settings: ManipulationSettings, cancel: CancelToken | None = None, model_name: str = "",
+    only: Collection[int] | None = None,
 ) -> Iterator[Event]:
+    """Every trial of `trials`, or those at the positions in `only` (a worker's share of a split
+    run; `merge_shards` puts the rows back in order). A trial's numbers depend on it alone: each
+    starts from the weights as they were, and the samples are greedy."""
     settings.validate()
     started = time.perf_counter()
     evaluator = Evaluator.for_settings(model, tokenizer, settings)
@@ -224,7 +228,7 @@ def run_manipulation(
     if needs_neighbours and (len(stack) < 2 or (settings.together and len(layers) == len(stack))):
         raise UserError("clone, blend and svd need a layer left as it is: choose fewer --layers "
                         "(or drop --together), or use --strategies zero,scale")
-    plan = trials(settings, layers)
+    plan = [trial for k, trial in enumerate(trials(settings, layers)) if only is None or k in only]
     baseline = evaluator.build_cache().perplexity
     baseline_sample = generate_text(model, tokenizer, settings.prompt, settings.sample_tokens)
     yield Progress(0, len(plan), "manipulate")
@@ -262,4 +266,29 @@ def run(settings: ManipulationSettings, context: RunContext) -> Iterator[Event]:
         chosen, why = default_layers(context.inputs.get("ablation"), loaded.name)
         yield Message(f"layers: {why}")
         settings = replace(settings, layers=chosen)
-    yield from run_manipulation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name)
+    yield from run_manipulation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name, context.share)
+
+
+def planned(settings: ManipulationSettings, n_layers: int, ablation: dict | None, model_name: str
+            ) -> tuple[ManipulationSettings, list[Trial]]:
+    """The settings with their layers chosen (as `run` chooses them) and the run's trials, for a
+    split run: every worker must agree on them."""
+    if settings.layers is None:
+        settings = replace(settings, layers=default_layers(ablation, model_name)[0])
+    layers = sorted(set(settings.layers or range(n_layers)))
+    outside = [i for i in layers if not 0 <= i < n_layers]
+    if outside:
+        raise UserError(f"layer {outside[0]} is out of range; this model has layers 0 to {n_layers - 1}")
+    return settings, trials(settings, layers)
+
+
+def merge_shards(docs: list[dict], settings: ManipulationSettings) -> dict:
+    """One result from the results of a split run (each over some trials): the rows in the order
+    of the trials, as a serial run lists them."""
+    position = {trial: k for k, trial in reversed(list(enumerate(trials(settings, docs[0]["layers"]))))}
+
+    def place(row: dict) -> int:
+        return position[(tuple(row["layers"]), row["strategy"], row["param"])]
+
+    rows = sorted((row for doc in docs for row in doc["results"]), key=place)
+    return json_safe(docs[0] | {"results": rows, "seconds": max(doc["seconds"] for doc in docs)})

@@ -5,8 +5,8 @@ each run.
 
 Layers below l are frozen and unchanged, so both training and evaluation start at layer l from a
 prefix cache: the evaluation inputs of every layer come from `Evaluator.build_cache`, and the
-training blocks' inputs of layer l are captured the first time a block is drawn, then reused
-every time the pool cycles (and by every repeat).
+training blocks' inputs of layer l are captured (in fixed groups of pool neighbours) the first
+time a block is drawn, then reused every time the pool cycles (and by every repeat).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -209,21 +209,30 @@ class _Sweep:
         return self.evaluator.perplexity(self._start(index))
 
     def layer_inputs(self, index: int, rows: list[int], prefix: dict[int, torch.Tensor]) -> torch.Tensor:
-        """Input of layer `index` for these training blocks, captured once per block."""
-        missing = [r for r in dict.fromkeys(rows) if r not in prefix]
-        if missing:
-            got: list[torch.Tensor] = []
-
-            def keep(i: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
-                if i == index:
-                    got.append(layer_input.detach())
-                    raise _PrefixDone
-
-            with torch.no_grad(), self.stack.capture(keep), contextlib.suppress(_PrefixDone):
-                self.model(input_ids=self.blocks[missing], use_cache=False)
-            for k, row in enumerate(missing):
-                prefix[row] = got[0][k]
+        """Input of layer `index` for these training blocks, captured once per block. A block is
+        captured with the fixed group of `batch_size` pool neighbours it belongs to (the first time
+        any of them is drawn), never with whichever blocks a step drew: a GPU's kernels may sum a
+        row differently in a batch of another make-up, and so a run's numbers would depend on the
+        runs before it. This way a repeat run alone (a worker's share of a split sweep) gets the
+        bits the serial sweep gets."""
+        size = self.settings.batch_size
+        for group in dict.fromkeys(r // size for r in rows if r not in prefix):
+            members = list(range(group * size, min((group + 1) * size, len(self.blocks))))
+            prefix.update(zip(members, self._captured(index, members), strict=True))
         return torch.stack([prefix[r] for r in rows])
+
+    def _captured(self, index: int, members: list[int]) -> torch.Tensor:
+        """Layer `index`'s input for these blocks, from one forward stopped there."""
+        got: list[torch.Tensor] = []
+
+        def keep(i: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
+            if i == index:
+                got.append(layer_input.detach())
+                raise _PrefixDone
+
+        with torch.no_grad(), self.stack.capture(keep), contextlib.suppress(_PrefixDone):
+            self.model(input_ids=self.blocks[members], use_cache=False)
+        return got[0]
 
     def train_loss(self, index: int, rows: list[int], prefix: dict[int, torch.Tensor]) -> torch.Tensor:
         """Mean next-token loss of these blocks, with the graph from layer `index` up."""
@@ -321,6 +330,7 @@ def layer_row(index: int, runs: list[RecoveryRepeat], budget: int) -> RecoveryRo
     Non-finite numbers become null here, so the row can be saved as it is."""
     shared = {f.name for f in fields(RecoveryRow)}
     top = {k: v for k, v in asdict(runs[0]).items() if k in shared}
+    final_ratios = [math.nan if run.final_ratio is None else run.final_ratio for run in runs]  # None: saved inf/nan
     mean, sd, reached = {}, {}, {}
     for threshold in THRESHOLDS:
         key = threshold_key(threshold)
@@ -332,7 +342,7 @@ def layer_row(index: int, runs: list[RecoveryRepeat], budget: int) -> RecoveryRo
         "layer": index,
         **top,
         "difficulty": float(np.mean([difficulty(run.steps_to, budget) for run in runs])),
-        "mean_final_ratio": float(np.mean([run.final_ratio for run in runs])),
+        "mean_final_ratio": float(np.mean(final_ratios)),
         "steps_to_mean": mean,
         "steps_to_sd": sd,
         "steps_to_reached": reached,
@@ -407,10 +417,14 @@ def run_recovery(
     done_layers: Sequence[dict[str, Any]] = (),
     ablation: dict[str, Any] | None = None,
     keep_weights: KeepWeights = None,
+    runs: Collection[tuple[int, int]] | None = None,
 ) -> Iterator[Event]:
     """The sweep. `done_layers` are rows finished earlier with the same settings (--resume), as
     saved (JSON): those layers are not run again. `ablation` is an ablation result document for the
-    Spearman.
+    Spearman. `runs` limits it to these (layer, repeat) runs, a worker's share of a split sweep:
+    a layer's row then holds its runs made here (`whole_layers` and `merge_shards` join them).
+    Every run's numbers depend on its layer and repeat alone (`noise_seed`, `layer_inputs`), not on
+    the runs made before it.
     `keep_weights(index, matrices)` receives each layer's recovered matrices (first repeat) before
     the original weights are restored, so a front end can save them (the console's prompt pane)."""
     settings.validate()
@@ -420,7 +434,8 @@ def run_recovery(
     done = [RecoveryRow.from_json(row) for row in done_layers]
     rows = {row.layer: row for row in done if row.layer in layers}
     todo = [index for index in layers if index not in rows]
-    sweep.steps_total = len(todo) * settings.repeats * settings.steps
+    repeats = {index: [r for r in range(settings.repeats) if runs is None or (index, r) in runs] for index in todo}
+    sweep.steps_total = sum(map(len, repeats.values())) * settings.steps
     if rows:
         yield Message(f"resuming: layers {', '.join(map(str, rows))} already finished, skipped")
     ablation_map = AblationMap.from_json(ablation) if ablation else None
@@ -431,11 +446,11 @@ def run_recovery(
     yield Progress(0, sweep.steps_total, "recovery")
     for index in todo:
         prefix: dict[int, torch.Tensor] = {}
-        runs = []
-        for repeat in range(settings.repeats):
+        made = []
+        for repeat in repeats[index]:
             run = yield from sweep.recover(index, repeat, prefix)
-            runs.append(run)
-        rows[index] = layer_row(index, runs, settings.steps)
+            made.append(run)
+        rows[index] = layer_row(index, made, settings.steps)
         yield RecoveryLayer(index, rows[index])
     ordered = [rows[index] for index in layers]
     doc = {
@@ -563,11 +578,27 @@ def run(settings: RecoverySettings, context: RunContext) -> Iterator[Event]:
     yield from events if folder is None else checkpointed(events, Path(folder) / CHECKPOINT_FILE, state)
 
 
+def whole_layers(events: Iterable[Event], settings: RecoverySettings) -> Iterator[Event]:
+    """A split sweep's events with every layer's RecoveryLayer whole: the rows of workers that ran
+    some of a layer's repeats are held back and sent on as one row (repeats in order, the row a
+    serial sweep makes) once the last of them arrives; whole rows pass at once."""
+    parts: dict[int, dict[int, RecoveryRepeat]] = {}
+    for event in events:
+        if isinstance(event, RecoveryLayer) and len(event.result.repeats) < settings.repeats:
+            got = parts.setdefault(event.layer, {})
+            got.update({run.repeat: run for run in event.result.repeats})
+            if len(got) < settings.repeats:
+                continue
+            event = RecoveryLayer(event.layer, layer_row(event.layer, [got[r] for r in sorted(got)], settings.steps))
+        yield event
+
+
 def merge_shards(docs: list[dict[str, Any]], settings: RecoverySettings, ablation: dict[str, Any] | None = None
                  ) -> dict[str, Any]:
-    """One result from the results of a split sweep (each over some layers): rows in the order the
-    layers were asked for, and every comparison across layers made again over all of them."""
-    rows = {row.layer: row for doc in docs for row in map(RecoveryRow.from_json, doc["layers"])}
+    """One result from the results of a split sweep (each over some (layer, repeat) runs): rows in
+    the order the layers were asked for, and every comparison across layers made again over all."""
+    parts = (RecoveryLayer(row.layer, row) for doc in docs for row in map(RecoveryRow.from_json, doc["layers"]))
+    rows = {event.layer: event.result for event in whole_layers(parts, settings)}  # type: ignore[attr-defined]
     order = sorted(rows) if settings.layers is None else list(dict.fromkeys(settings.layers))
     resumed = {index for doc in docs for index in doc["resumed_layers"]}
     ablation_map = AblationMap.from_json(ablation) if ablation else None

@@ -21,7 +21,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -372,6 +372,14 @@ def load_student(folder: Path, name: str, regime: str, temperature: float, depth
     return record, ""
 
 
+def prepare_run(checkpoint_dir: Path | None, resume: bool, settings: ToyDepthSettings) -> None:
+    """The checkpoint folder made ready before any student trains (cleared, or checked for --resume)."""
+    if resume and checkpoint_dir is None:
+        raise UserError("--resume needs the session whose toy-depth run to continue (--session NAME)")
+    if checkpoint_dir is not None:
+        prepare_checkpoints(checkpoint_dir, settings, resume)
+
+
 def run_toy_depth(settings: ToyDepthSettings, preset: str = "", cancel: CancelToken | None = None,
                   checkpoint_dir: Path | None = None, resume: bool = False) -> Iterator[Event]:
     """Trains every (regime, temperature, depth) group of students, then fits a_l per regime.
@@ -379,83 +387,126 @@ def run_toy_depth(settings: ToyDepthSettings, preset: str = "", cancel: CancelTo
     With `checkpoint_dir`, each finished group is saved there (weights as safetensors, held-out
     losses as JSON); `resume` continues a run saved there, refusing other settings."""
     settings.validate()
-    if resume and checkpoint_dir is None:
-        raise UserError("--resume needs the session whose toy-depth run to continue (--session NAME)")
-    if checkpoint_dir is not None:
-        prepare_checkpoints(checkpoint_dir, settings, resume)
+    prepare_run(checkpoint_dir, resume, settings)
     with torch_threads(settings.threads):
         yield from _run(settings, preset, cancel, checkpoint_dir)
 
 
+Student = tuple[str, float, int]  # a group of students: (regime, temperature, depth)
+
+
+def students(settings: ToyDepthSettings) -> list[Student]:
+    """Every group of students a run trains, in the order it trains them."""
+    depths = sorted(set(settings.student_depths))
+    return [(regime, t, depth) for regime in settings.regimes for t in settings.temperatures for depth in depths]
+
+
 def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
-         checkpoint_dir: Path | None = None) -> Iterator[Event]:
+         checkpoint_dir: Path | None = None, only: Collection[Student] | None = None) -> Iterator[Event]:
+    """Trains the groups of students (those in `only`: a worker's share of a split run, whose
+    Result lists its students' losses for `merge_shards`), fitting each complete (regime,
+    temperature) curve as it ends."""
     started = time.perf_counter()
     settings = replace(settings, **training_precision(settings.device, settings.dtype))
     depths = sorted(set(settings.student_depths))
-    total = len(settings.regimes) * len(settings.temperatures) * len(depths)
-    done = 0
+    wanted = [student for student in students(settings) if only is None or student in only]
+    losses: dict[Student, list[float]] = {}
     by_temperature: dict[str, dict[str, Any]] = {}
-    yield Progress(0, total, "students")
-    for regime in settings.regimes:
+    yield Progress(0, len(wanted), "students")
+    for regime in dict.fromkeys(regime for regime, _, _ in wanted):
         generator = torch.Generator().manual_seed(settings.seed)
         teacher = Teacher(regime, settings, generator).to(settings.device)
         eval_x = torch.randn(settings.eval_size, settings.width, generator=generator)
         yield Message(f"{regime} teacher: {settings.teacher_depth} layers, width {settings.width}")
         for temperature in settings.temperatures:
-            losses = []
             for depth in depths:
-                t0 = time.perf_counter()
-                name = student_name(regime, temperature, depth)
-                record, why = (None, "") if checkpoint_dir is None else load_student(
-                    checkpoint_dir, name, regime, temperature, depth, settings.seeds)
-                if record is not None:
-                    losses.append(record["losses"])
-                    done += 1
-                    yield Message(f"{regime} T={temperature:g} depth {depth}: restored from its checkpoint")
-                    yield StudentDone(regime=regime, temperature=temperature, depth=depth, losses=losses[-1],
-                                      loss=float(np.mean(losses[-1])), seconds=float(record["seconds"]))
-                    yield Progress(done, total, f"{regime} T={temperature:g} depth {depth}")
+                if (regime, temperature, depth) not in wanted:
                     continue
-                if why not in ("", "absent"):
-                    yield Message(f"{regime} T={temperature:g} depth {depth}: checkpoint not used ({why}); "
-                                  "training it again")
-                save = None if checkpoint_dir is None else (
-                    lambda students, name=name: save_student(checkpoint_dir, name, students))
-                student_gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + depth)
-                for item in train_students(teacher, depth, temperature, settings, student_gen, eval_x,
-                                           cancel, on_trained=save):
-                    if isinstance(item, StudentStep):
-                        yield item
-                    else:
-                        losses.append(item)
-                done += 1
-                seconds = time.perf_counter() - t0
-                if checkpoint_dir is not None:
-                    finish_student(checkpoint_dir, name, {"regime": regime, "temperature": temperature,
-                                                          "depth": depth, "losses": losses[-1],
-                                                          "seconds": seconds})
-                yield StudentDone(regime=regime, temperature=temperature, depth=depth, losses=losses[-1],
-                                  loss=float(np.mean(losses[-1])), seconds=seconds)
-                yield Progress(done, total, f"{regime} T={temperature:g} depth {depth}")
-            fit = fit_depth_law(depths, losses, settings.fit_floor, settings.bootstrap, settings.seed)
-            by_temperature.setdefault(f"{temperature:g}", {})[regime] = {
-                "depths": depths,
-                "loss": [float(np.mean(v)) for v in losses],
-                "loss_per_seed": losses,
-                **fit,
-            }
-            yield Message(f"{regime} T={temperature:g}: alpha_l={fit['alpha_l']} ci95={fit['ci95']}")
-    primary = f"{settings.temperatures[0]:g}"
-    doc = {
-        "preset": preset or "custom",
-        "regimes": by_temperature[primary],
-        "temperature": settings.temperatures[0],
-        "by_temperature": by_temperature,
-        "fit": "L = c / l^alpha_l + L0" if settings.fit_floor else "L = c / l^alpha_l",
-        "settings": settings.to_dict(),
-        "seconds": time.perf_counter() - started,
+                losses[regime, temperature, depth] = yield from _student(
+                    teacher, temperature, depth, settings, eval_x, cancel, checkpoint_dir)
+                yield Progress(len(losses), len(wanted), f"{regime} T={temperature:g} depth {depth}")
+            if only is None:
+                fit = group_fit(settings, [losses[regime, temperature, depth] for depth in depths])
+                by_temperature.setdefault(f"{temperature:g}", {})[regime] = fit
+                yield Message(f"{regime} T={temperature:g}: alpha_l={fit['alpha_l']} ci95={fit['ci95']}")
+    seconds = time.perf_counter() - started
+    if only is None:
+        yield Result(name="toy-depth", data=result_doc(settings.to_dict(), preset, by_temperature, seconds))
+    else:
+        yield Result(name="toy-depth", data={"students": [[*key, value] for key, value in losses.items()],
+                                             "settings": settings.to_dict(), "seconds": seconds})
+
+
+def _student(teacher: Teacher, temperature: float, depth: int, settings: ToyDepthSettings, eval_x: torch.Tensor,
+             cancel: CancelToken | None, checkpoint_dir: Path | None) -> Generator[Event, None, list[float]]:
+    """One group of students, restored from its checkpoint or trained (its generator depends on
+    the seed and depth alone, so it does not matter which groups came before); returns the
+    held-out losses of its seeds."""
+    regime, t0 = teacher.regime, time.perf_counter()
+    name = student_name(regime, temperature, depth)
+    record, why = (None, "") if checkpoint_dir is None else load_student(
+        checkpoint_dir, name, regime, temperature, depth, settings.seeds)
+    if record is not None:
+        yield Message(f"{regime} T={temperature:g} depth {depth}: restored from its checkpoint")
+        yield StudentDone(regime=regime, temperature=temperature, depth=depth, losses=record["losses"],
+                          loss=float(np.mean(record["losses"])), seconds=float(record["seconds"]))
+        return record["losses"]
+    if why not in ("", "absent"):
+        yield Message(f"{regime} T={temperature:g} depth {depth}: checkpoint not used ({why}); training it again")
+    save = None if checkpoint_dir is None else (lambda students: save_student(checkpoint_dir, name, students))
+    student_gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + depth)
+    losses: list[float] = []
+    for item in train_students(teacher, depth, temperature, settings, student_gen, eval_x, cancel, on_trained=save):
+        if isinstance(item, StudentStep):
+            yield item
+        else:
+            losses = item
+    seconds = time.perf_counter() - t0
+    if checkpoint_dir is not None:
+        finish_student(checkpoint_dir, name, {"regime": regime, "temperature": temperature, "depth": depth,
+                                              "losses": losses, "seconds": seconds})
+    yield StudentDone(regime=regime, temperature=temperature, depth=depth, losses=losses,
+                      loss=float(np.mean(losses)), seconds=seconds)
+    return losses
+
+
+def group_fit(settings: ToyDepthSettings, losses: list[list[float]]) -> dict[str, Any]:
+    """One (regime, temperature) curve: the losses of every depth and the fitted law."""
+    depths = sorted(set(settings.student_depths))
+    return {
+        "depths": depths,
+        "loss": [float(np.mean(v)) for v in losses],
+        "loss_per_seed": losses,
+        **fit_depth_law(depths, losses, settings.fit_floor, settings.bootstrap, settings.seed),
     }
-    yield Result(name="toy-depth", data=doc)
+
+
+def result_doc(settings: dict[str, Any], preset: str, by_temperature: dict[str, dict[str, Any]], seconds: float
+               ) -> dict[str, Any]:
+    """results/toy-depth.json from the fitted curves; `settings` as the run resolved them."""
+    temperature = settings["temperatures"][0]
+    return {
+        "preset": preset or "custom",
+        "regimes": by_temperature[f"{temperature:g}"],
+        "temperature": temperature,
+        "by_temperature": by_temperature,
+        "fit": "L = c / l^alpha_l + L0" if settings["fit_floor"] else "L = c / l^alpha_l",
+        "settings": settings,
+        "seconds": seconds,
+    }
+
+
+def merge_shards(docs: list[dict[str, Any]], settings: ToyDepthSettings) -> dict[str, Any]:
+    """One result from the results of a split run (each over some groups of students): every
+    curve fitted over all its depths, as a serial run fits it."""
+    losses = {(regime, t, depth): value for doc in docs for regime, t, depth, value in doc["students"]}
+    depths = sorted(set(settings.student_depths))
+    by_temperature: dict[str, dict[str, Any]] = {}
+    for regime in settings.regimes:
+        for t in settings.temperatures:
+            curve = [losses[regime, t, depth] for depth in depths]
+            by_temperature.setdefault(f"{t:g}", {})[regime] = group_fit(settings, curve)
+    return result_doc(docs[0]["settings"], settings.preset, by_temperature, max(doc["seconds"] for doc in docs))
 
 
 def preset_settings(name: str, **changes: Any) -> ToyDepthSettings:
@@ -466,5 +517,12 @@ def preset_settings(name: str, **changes: Any) -> ToyDepthSettings:
 
 
 def run(settings: ToyDepthSettings, context: RunContext) -> Iterator[Event]:
-    """The registry's entry: checkpoints per student in the session, so `--resume` continues a kill."""
-    yield from run_toy_depth(settings, settings.preset, context.cancel, context.checkpoint_dir, context.resume)
+    """The registry's entry: checkpoints per student in the session, so `--resume` continues a kill.
+    A worker's share of a split run (`context.share`) finds the folder prepared by rank 0 (cleared,
+    or checked for --resume) and keeps or restores the checkpoints of its own students there."""
+    if context.share is None:
+        yield from run_toy_depth(settings, settings.preset, context.cancel, context.checkpoint_dir, context.resume)
+        return
+    settings.validate()
+    with torch_threads(settings.threads):
+        yield from _run(settings, settings.preset, context.cancel, context.checkpoint_dir, set(context.share))
