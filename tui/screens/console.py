@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from engine.events import DynamicsRow
 
 RATIO_LINES = (("2x", 2.0), ("1.5x", 1.5), ("1.1x", 1.1))
-CURVE_COLOURS = ("cyan", "magenta", "yellow", "green", "blue", "red")
+CURVE_COLOURS = ("cyan", "magenta", "orange", "green", "blue", "red")
 ARM_COLOURS = {"growth_100": "green", "growth_50": "cyan", "uniform_100": "magenta"}
 ANALYSES = (
     ("weights", "Weight statistics and their null models", "anatomy-tui run weights --session {s}"),
@@ -262,7 +262,7 @@ class ConsoleScreen(Screen[None]):
     def redraw_growth_plot(self, state: SessionState) -> None:
         growth = state.growth
         curves = [
-            Curve(f"{arm} train", pts, ARM_COLOURS.get(arm.split("/")[0]))
+            Curve(f"{arm} train", pts, ARM_COLOURS.get(arm.split("/")[0], "blue"))
             for arm, pts in growth.train.items()
         ]
         curves += [Curve(f"{arm} val", pts, "white") for arm, pts in growth.val.items()]

@@ -21,7 +21,7 @@ def profile_curves(doc: dict[str, Any]) -> list[Curve]:
     interval = doc.get("alpha_l_profile_ci95")
     if isinstance(interval, (list, tuple)) and len(interval) == 2 and None not in interval:
         for bound in interval:
-            curves.append(Curve(f"95% {interval[0]:.3g}..{interval[1]:.3g}", [(bound, low), (bound, high)], "yellow"))
+            curves.append(Curve(f"95% {interval[0]:.3g}..{interval[1]:.3g}", [(bound, low), (bound, high)], "orange"))
     return curves
 
 
