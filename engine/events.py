@@ -722,6 +722,18 @@ class DepthPoints:
 
 
 @dataclass(frozen=True)
+class PcaSample:
+    """results/dynamics.json `pca.sample`: a fixed random sample of the tokens (at most a few
+    hundred) in the first two PCA components, with their clusters, for a scatter of the clusters
+    (absent before anatomy-tui 0.3). `token` indexes the analysed tokens in reading order."""
+
+    token: list[int]
+    pc1: list[float]
+    pc2: list[float]
+    label: list[int]
+
+
+@dataclass(frozen=True)
 class GrowthArm:
     """One arm of results/growth.json: losses per seed and their spread, time and throughput."""
 
