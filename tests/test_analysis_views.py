@@ -109,10 +109,9 @@ def test_every_analysis_has_a_summary_not_the_raw_tree(name: str) -> None:
 
 
 def test_results_written_before_the_plot_data_say_which_command_fills_them() -> None:
-    old_fit = scaling_fit_doc(with_points=False)
     old_dynamics = dynamics_doc()
     del old_dynamics["pca"]["sample"]
-    for name, doc in (("scaling-fit", old_fit), ("dynamics", old_dynamics)):
+    for name, doc in (("scaling-fit", scaling_fit_doc(with_points=False)), ("dynamics", old_dynamics)):
         text = text_of(SUMMARIES[name](doc, "anatomy-tui run X --session s"))
         assert "run:  anatomy-tui run X --session s" in text
 

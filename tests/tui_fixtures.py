@@ -205,6 +205,17 @@ def analyses_session(store: SessionStore) -> Session:
     return session
 
 
+def older_analyses_session(store: SessionStore) -> Session:
+    """A session with a scaling fit and a dynamics result of anatomy-tui 0.2 (no runs to plot against
+    depth, no PCA sample) and no other analysis: the views say which command fills what is missing."""
+    session = dashboard_session(store, "map")
+    session.save_result("scaling-fit", scaling_fit_doc(with_points=False))
+    dynamics = dynamics_doc()
+    del dynamics["pca"]["sample"]
+    session.save_result("dynamics", dynamics)
+    return session
+
+
 def manipulate_doc() -> dict:
     rows = [
         {"layers": [3], "strategy": strategy, "param": param, "ppl": BASELINE * (1 + d / 100), "degradation_pct": d,

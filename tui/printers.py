@@ -163,15 +163,16 @@ def scaling_fit_view(doc: dict[str, Any]) -> Group:
     """The fit's terms (exponent, bootstrap interval, coefficient), then its a_l profile interval,
     objective and errors. Read defensively: the console shows it for any session's file."""
     params, ci95 = doc.get("params") or {}, doc.get("ci95") or {}
-    table = Table(title=f"L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 fitted to {doc.get('n_points', '?')} runs "
-                        f"({doc.get('optimizer', 'lm')}, {doc.get('loss_function', 'least_squares')})")
+    heading = Text(f"L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 fitted to {doc.get('n_points', '?')} runs "
+                   f"({doc.get('optimizer', 'lm')}, {doc.get('loss_function', 'least_squares')})", style="italic")
+    table = Table()
     for column in ("term", "exponent", "95% (bootstrap)", "coefficient"):
         table.add_column(column, justify="left" if column == "term" else "right")
     for term, key in (("width m", "m"), ("depth l", "l"), ("tokens D", "D")):
-        table.add_row(term, fmt(params.get(f"alpha_{key}")), _interval(ci95.get(f"alpha_{key}")),
-                      fmt(params.get(f"c_{key}"), ".4g"))
+        table.add_row(f"{term} (alpha_{key}, c_{key})", fmt(params.get(f"alpha_{key}")),
+                      _interval(ci95.get(f"alpha_{key}")), fmt(params.get(f"c_{key}"), ".4g"))
     table.add_row("floor L0", "", _interval(ci95.get("L0")), fmt(params.get("L0"), ".4g"))
-    lines: list[Any] = [table]
+    lines: list[Any] = [heading, table]
     if "alpha_l_profile_ci95" in doc:
         lines.append(Text(f"a_l profile-likelihood 95% {_interval(doc['alpha_l_profile_ci95'])}"))
     lines.append(Text(f"objective {fmt(doc.get('objective'), '.6g')} (mean squared log residual) · train RMSE "
@@ -290,8 +291,9 @@ def prune_view(doc: dict[str, Any]) -> Group:
     and which layers it removed (healed perplexity beside it where healed)."""
     curve = doc.get("curve") or []
     methods = list(dict.fromkeys(str(p.get("method")) for p in curve))
-    table = Table(title=f"{doc.get('model', '')}  baseline PPL {fmt(doc.get('baseline_ppl'), '.2f')}: perplexity "
-                        "(layers removed) per criterion")
+    heading = Text(f"{doc.get('model', '')}  baseline PPL {fmt(doc.get('baseline_ppl'), '.2f')}: perplexity "
+                   "(and the layers removed) per criterion", style="italic")
+    table = Table()
     table.add_column("removed", justify="right")
     for method in methods:
         table.add_column(method, justify="right")
@@ -304,7 +306,7 @@ def prune_view(doc: dict[str, Any]) -> Group:
             row.append("" if point is None else f"{fmt(point.get('ppl'), '.2f', 'inf')} "
                        f"({_layer_list(point.get('layers', []))})" + ("" if healed is None else f" → {healed:.2f}"))
         table.add_row(*row)
-    return Group(table, *prune_notes(doc))
+    return Group(heading, table, *prune_notes(doc))
 
 
 def print_prune(doc: dict[str, Any]) -> None:

@@ -76,13 +76,15 @@ class CurvePlot(PlotextPlot):
             return math.log10(value) if log_y and value > 0 else value
 
         xs_all = [x for curve in curves for x, _ in curve.points]
-        for curve in curves:
+        for curve in sorted(curves, key=lambda c: c.scatter):  # points on top of the lines
             if not curve.points:
                 continue
             xs = [x for x, _ in curve.points]
             ys = [y(v) for _, v in curve.points]
-            draw = plt.scatter if curve.scatter else plt.plot
-            draw(xs, ys, color=colour_code(curve.colour), marker="braille")
+            if curve.scatter:  # a braille dot is an eighth of a cell: too faint for a measured point
+                plt.scatter(xs, ys, color=colour_code(curve.colour), marker="dot")
+            else:
+                plt.plot(xs, ys, color=colour_code(curve.colour), marker="braille")
         ys_all = [y(v) for curve in curves for _, v in curve.points] + [y(v) for _, v in references]
         if log_y and ys_all:
             low, high = min(ys_all), max(ys_all)
