@@ -707,6 +707,33 @@ class DynamicsRow:
 
 
 @dataclass(frozen=True)
+class DepthPoints:
+    """results/scaling-fit.json `depth_points`: the runs fitted, each with its depth, its loss and
+    `rest`, the fit's width and token terms plus L0 at that run, so loss - rest is the part of the
+    loss the depth term c_l / l^a_l has to explain (absent before anatomy-tui 0.3)."""
+
+    depth: list[float]
+    loss: list[float]
+    rest: list[float]
+
+    def depth_part(self) -> list[tuple[float, float]]:
+        """(depth, loss - rest) for every run."""
+        return [(d, loss - rest) for d, loss, rest in zip(self.depth, self.loss, self.rest, strict=True)]
+
+
+@dataclass(frozen=True)
+class PcaSample:
+    """results/dynamics.json `pca.sample`: a fixed random sample of the tokens (at most a few
+    hundred) in the first two PCA components, with their clusters, for a scatter of the clusters
+    (absent before anatomy-tui 0.3). `token` indexes the analysed tokens in reading order."""
+
+    token: list[int]
+    pc1: list[float]
+    pc2: list[float]
+    label: list[int]
+
+
+@dataclass(frozen=True)
 class GrowthArm:
     """One arm of results/growth.json: losses per seed and their spread, time and throughput."""
 

@@ -13,7 +13,7 @@ from tiny_models import TINY_CONFIGS, save_tiny, tiny_model
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.events import Result
+from engine.events import PcaSample, Result, from_doc
 from engine.experiments.dynamics import (
     DynamicsSettings,
     LastBlockLens,
@@ -24,6 +24,7 @@ from engine.experiments.dynamics import (
     keep_mask,
     profiles_from_states,
     run_dynamics,
+    scatter_sample,
     stream_profiles,
     trajectory,
 )
@@ -184,6 +185,25 @@ def test_clustering_recovers_known_synthetic_clusters():
     assert c.explained[0] > 0.9
 
 
+def test_scatter_sample_is_a_fixed_bounded_sample_at_its_pca_coordinates():
+    """The sample's coordinates are sklearn's PCA transform of those very tokens, its labels their
+    clusters; at most the asked size, without repeats, the same for the same seed."""
+    from sklearn.decomposition import PCA
+
+    rng = np.random.default_rng(2)
+    matrix = np.concatenate([rng.normal(90.0, 3.0, size=(700, 6)), rng.normal(40.0, 3.0, size=(50, 6))])
+    c = cluster_profiles(matrix, components=4, clusters=2)
+    sample = scatter_sample(c, seed=5, size=120)
+    assert len(sample.token) == 120 == len(set(sample.token)) and sample.token == sorted(sample.token)
+    expected = PCA(n_components=4, random_state=0).fit(matrix).transform(matrix[sample.token])
+    np.testing.assert_allclose(np.stack([sample.pc1, sample.pc2], axis=1), expected[:, :2], atol=1e-8)
+    assert sample.label == c.labels[sample.token].tolist() and set(sample.label) == {0, 1}
+    assert scatter_sample(c, seed=5, size=120) == sample and scatter_sample(c, seed=6, size=120) != sample
+    assert scatter_sample(c, seed=5, size=10_000).token == list(range(750))  # fewer tokens: all of them
+    one = scatter_sample(cluster_profiles(matrix, components=1, clusters=2), seed=5, size=10)
+    assert one.pc2 == [0.0] * 10
+
+
 def test_fixed_cluster_count_and_too_many_clusters():
     rng = np.random.default_rng(1)
     matrix = rng.normal(90.0, 5.0, size=(50, 4))
@@ -254,6 +274,8 @@ def test_run_dynamics_document(tiny_llama, tmp_path):
     assert clusters[0]["bulk"] and clusters[0]["fraction"] == doc["pca"]["bulk_fraction"]
     assert [c["size"] for c in clusters] == sorted((c["size"] for c in clusters), reverse=True)
     assert all("[[" in example for c in clusters for example in c["examples"])
+    sample = from_doc(PcaSample, doc["pca"]["sample"])
+    assert len(sample.token) == min(doc["tokens"], 300) and set(sample.label) <= {c["label"] for c in clusters}
     assert len(doc["logit_lens"]["loss"]) == 4 and doc["logit_lens"]["lens"] == "plain"
     last = doc["layers"][-1]
     assert last["progress"] == {"median": 1.0, "q1": 1.0, "q3": 1.0}

@@ -3,6 +3,7 @@ against scipy, input errors, the CLI, and (where present) the Chinchilla data.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -12,7 +13,7 @@ from scipy.optimize import minimize
 
 from engine import powerfit
 from engine.errors import UserError
-from engine.events import Result
+from engine.events import DepthPoints, Result, from_doc
 from engine.experiments.scaling_fit import (
     Runs,
     ScalingFitSettings,
@@ -254,3 +255,19 @@ def test_cli_optimizer_paper_and_a_bad_optimizer(tmp_path, monkeypatch, capsys) 
     assert "alpha_l" in capsys.readouterr().out
     assert main(["run", "scaling-fit", "--csv", str(csv), "--optimizer", "adam", "--session", "bad"]) == 2
     assert "--optimizer adam" in capsys.readouterr().err
+
+
+def test_depth_points_are_the_runs_fitted_and_their_depth_part_follows_the_fitted_depth_term() -> None:
+    """The plot's points: the runs left after --exclude-highest, in order; loss minus the fitted width,
+    token and floor terms is, without noise, the fitted depth term c_l / l^a_l itself."""
+    runs = synthetic_runs(noise=0.0)
+    doc = json.loads(json.dumps(fit(runs, dataclasses.replace(FAST, exclude_highest=10, bootstrap=0,
+                                                              heldout_splits=0))))
+    points = from_doc(DepthPoints, doc["depth_points"])
+    kept = exclude_highest(runs, 10)
+    assert points.depth == kept.depth.tolist() and points.loss == kept.loss.tolist()
+    p = doc["params"]
+    for depth, part in points.depth_part():
+        assert part == pytest.approx(p["c_l"] / depth ** p["alpha_l"], rel=1e-3, abs=1e-6)
+    assert [part for _, part in points.depth_part()] == pytest.approx(
+        [TRUE["c_l"] / d ** TRUE["alpha_l"] for d in kept.depth], rel=2e-2)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from tui_fixtures import analyses_session, dashboard_session, demo_session
+from tui_fixtures import analyses_session, dashboard_session, demo_session, older_analyses_session
 
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
@@ -59,10 +59,17 @@ def test_dashboard(snap_compare, isolated_home, stage: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "keys", [["f6"], ["f6", *["pagedown"] * 2], ["f6", *["pagedown"] * 4], ["f6", "end"]],
-    ids=["top", "page2", "page3", "bottom"],
+    "keys", [["f6"], *(["f6", *["pagedown"] * n] for n in (1, 2, 3)), ["f6", "end"]],
+    ids=["top", "page2", "page3", "page4", "bottom"],
 )
 def test_analyses_views(snap_compare, isolated_home, keys: list[str]) -> None:
     analyses_session(SessionStore())
     app = AnatomyApp(session="map", load_model=False)
     assert snap_compare(app, press=[*keys, "_"], run_before=_settled, terminal_size=(200, 50))
+
+
+def test_analyses_views_of_older_results(snap_compare, isolated_home) -> None:
+    """Results without the data a plot needs, and analyses not run: each view says which command fills it."""
+    older_analyses_session(SessionStore())
+    app = AnatomyApp(session="map", load_model=False)
+    assert snap_compare(app, press=["f6", "pagedown", "_"], run_before=_settled, terminal_size=(200, 50))

@@ -10,10 +10,13 @@ from engine.atomic import atomic_write_json
 from engine.events import (
     AblationMap,
     AblationRow,
+    DepthPoints,
     Event,
     GrowthPhase,
     GrowthPlan,
     GrowthStep,
+    ParadoxRow,
+    PcaSample,
     RecoveryPoint,
     RecoveryRow,
     RecoveryStart,
@@ -158,11 +161,24 @@ def dashboard_session(store: SessionStore, stage: str) -> Session:
     return session
 
 
-def scaling_fit_doc() -> dict:
-    """The parts of results/scaling-fit.json its view draws: the estimate, its interval, the profile."""
+SCALING = {"alpha_m": 0.5, "alpha_l": 0.3, "alpha_D": 0.3, "c_m": 4.0, "c_l": 2.0, "c_D": 50.0, "L0": 1.5}
+
+
+def scaling_fit_doc(with_points: bool = True) -> dict:
+    """The parts of results/scaling-fit.json its view draws: the estimate, its intervals, the profile
+    and (unless `with_points` is off, as in a result of anatomy-tui 0.2) the runs against depth,
+    whose depth part lies on the fitted term 2 / l^0.3 but for a +-2 % wobble."""
     profile = [{"alpha_l": 0.1 + 0.02 * i, "objective": 0.01 + (0.1 + 0.02 * i - 0.3) ** 2} for i in range(21)]
-    return {"params": {"alpha_l": 0.3, "alpha_m": 0.3, "alpha_D": 0.3, "L0": 1.5},
-            "profile": {"alpha_l": profile}, "alpha_l_profile_ci95": [0.24, 0.37], "n_points": 40}  # fmt: skip
+    depths = [2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0]
+    rest = [1.5 + 0.1 * (i % 3) for i in range(len(depths))]
+    loss = [r + SCALING["c_l"] / d ** SCALING["alpha_l"] * (1.02 if i % 2 else 0.98)
+            for i, (d, r) in enumerate(zip(depths, rest, strict=True))]
+    doc = {"params": SCALING, "profile": {"alpha_l": profile}, "alpha_l_profile_ci95": [0.24, 0.37], "n_points": 8,
+           "optimizer": "lm", "loss_function": "least_squares", "objective": 1.25e-4, "train_rmse": 0.011,
+           "heldout_rmse": 0.014, "ci95": {"alpha_l": [0.22, 0.41], "alpha_m": [0.45, 0.55], "L0": [1.4, 1.6]}}
+    if with_points:
+        doc["depth_points"] = json_safe(DepthPoints(depth=depths, loss=loss, rest=rest))
+    return doc  # fmt: skip
 
 
 def prune_doc() -> dict:
@@ -173,7 +189,8 @@ def prune_doc() -> dict:
         for method, factor in growth.items()
         for k in range(1, 5)
     ]
-    return {"model": "tiny", "baseline_ppl": BASELINE, "n_layers": 6, "methods": list(growth), "curve": curve}
+    return {"model": "tiny", "baseline_ppl": BASELINE, "n_layers": 6, "methods": list(growth), "curve": curve,
+            "agreement": {"angular": 0.6, "bi": 0.8}, "depth_fit": {"a": 1.1, "ci95": [0.7, 1.6]}}  # fmt: skip
 
 
 def analyses_session(store: SessionStore) -> Session:
@@ -184,6 +201,18 @@ def analyses_session(store: SessionStore) -> Session:
     session.save_result("manipulate", manipulate_doc())
     session.save_result("toy-depth", toy_depth_doc())
     session.save_result("dynamics", dynamics_doc())
+    session.save_result("weights", weights_doc())
+    return session
+
+
+def older_analyses_session(store: SessionStore) -> Session:
+    """A session with a scaling fit and a dynamics result of anatomy-tui 0.2 (no runs to plot against
+    depth, no PCA sample) and no other analysis: the views say which command fills what is missing."""
+    session = dashboard_session(store, "map")
+    session.save_result("scaling-fit", scaling_fit_doc(with_points=False))
+    dynamics = dynamics_doc()
+    del dynamics["pca"]["sample"]
+    session.save_result("dynamics", dynamics)
     return session
 
 
@@ -223,4 +252,34 @@ def dynamics_doc() -> dict:
         {"label": 1, "bulk": False, "size": 100, "fraction": 0.1, "top_tokens": [["<s>", 50]],
          "examples": ["[<s>] Once"]},
     ]  # fmt: skip
-    return {"n_layers": 6, "layers": layers, "pca": {"explained": [0.6, 0.2], "k": 2, "clusters": clusters}}
+    return {"n_layers": 6, "layers": layers,
+            "pca": {"explained": [0.6, 0.2], "k": 2, "clusters": clusters, "sample": json_safe(pca_sample())}}
+
+
+def pca_sample() -> PcaSample:
+    """40 sampled tokens: the bulk (label 0) on a ring round the origin, cluster 1 in a clump at (6, 3)."""
+    import math
+
+    bulk = [(math.cos(i / 5), math.sin(i / 5)) for i in range(30)]
+    clump = [(6.0 + 0.1 * (i % 3), 3.0 + 0.1 * (i // 3)) for i in range(10)]
+    points = bulk + clump
+    return PcaSample(token=list(range(0, 80, 2)), pc1=[x for x, _ in points], pc2=[y for _, y in points],
+                     label=[0] * 30 + [1] * 10)
+
+
+def weights_doc() -> dict:
+    """results/weights.json for two components: the real fit beside both nulls, and the paradox."""
+    def stats(r2_in: float, r2_loo: float) -> dict:
+        return {"r2_in_sample": r2_in, "r2_loo": r2_loo, "cosine_loo": r2_loo / 2, "delta_corr_mean": -0.2,
+                "delta_corr_sd": 0.05}
+
+    components = {
+        name: {**stats(r2, r2 - 0.3), "null_shuffled": stats(r2 - 0.2, r2 - 0.6),
+               "null_independent": stats(0.3, -0.1), "all_layers": stats(r2 + 0.05, r2 - 0.25)}
+        for name, r2 in (("attn.q", 0.9), ("mlp.down", 0.7))
+    }
+    paradox = [ParadoxRow(layers_replaced=layers, ppl=BASELINE * (1 + len(layers)), degradation_pct=100.0 * len(layers),
+                          r2_in_sample_mean=0.8, r2_loo_mean=0.5, cosine_mean=0.4, prediction="loo")
+               for layers in ([3], [2, 3, 4])]
+    return json_safe({"model": "tiny", "predicted_layers": [1, 5], "components": components, "paradox": paradox,
+                      "baseline_ppl": BASELINE})  # fmt: skip

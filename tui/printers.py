@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 
-def _fmt(value: Any, spec: str = ".3f", missing: str = "n/a") -> str:
+def fmt(value: Any, spec: str = ".3f", missing: str = "n/a") -> str:
     return missing if value is None else format(value, spec)
 
 
@@ -49,10 +49,10 @@ def print_recovery(doc: dict[str, Any]) -> None:
     for row in doc["layers"]:
         steps = row["steps_to"]
         table.add_row(
-            str(row["layer"]), row["status"], _fmt(row["ppl_after_noise"], ".1f", "-"),
+            str(row["layer"]), row["status"], fmt(row["ppl_after_noise"], ".1f", "-"),
             _steps(steps["2.0"]), _steps(steps["1.5"]), _steps(steps["1.1"]),
-            _fmt(row["best_ppl"], ".2f", "-"), _fmt(row["final_ppl"], ".2f", "-"),
-            _fmt(row["final_ratio"], ".2f", "-"), "yes" if row["improved_over_baseline"] else "no",
+            fmt(row["best_ppl"], ".2f", "-"), fmt(row["final_ppl"], ".2f", "-"),
+            fmt(row["final_ratio"], ".2f", "-"), "yes" if row["improved_over_baseline"] else "no",
         )  # fmt: skip
     console = Console()
     console.print(table)
@@ -127,7 +127,7 @@ def print_dynamics(doc: dict[str, Any]) -> None:
             str(row["layer"]),
             _spread(row["angle_state"]),
             _spread(row["angle_update"]),
-            _fmt(row["norm"]["median"], ".1f", ""),
+            fmt(row["norm"]["median"], ".1f", ""),
             f"{row['relative_update']['median']:.3f}",
         ]
         if lens:
@@ -136,8 +136,8 @@ def print_dynamics(doc: dict[str, Any]) -> None:
     console.print(table)
     core = doc["core"]
     console.print(f"core layers {core['layers'][0]}-{core['layers'][1]}: median theta(dh, dh') "
-                  f"{_fmt(core['angle_update_median'], '.1f', '')} deg, "
-                  f"theta(h, h') {_fmt(core['angle_state_median'], '.1f', '')} deg, "
+                  f"{fmt(core['angle_update_median'], '.1f', '')} deg, "
+                  f"theta(h, h') {fmt(core['angle_state_median'], '.1f', '')} deg, "
                   f"|dh|/|h| {core['relative_update_median']:.3f}", highlight=False)
     pca = doc["pca"]
     explained = ", ".join(f"{x:.3f}" for x in pca["explained"][:5])
@@ -152,26 +152,55 @@ def print_dynamics(doc: dict[str, Any]) -> None:
             console.print(f"    {example}", markup=False, highlight=False)
 
 
+def _interval(pair: Any, spec: str = ".3f") -> str:
+    """[low, high], a missing side "open"; "n/a" when there is no interval."""
+    if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+        return "n/a"
+    return "[" + ", ".join(fmt(v, spec, "open") for v in pair) + "]"
+
+
+def scaling_fit_view(doc: dict[str, Any]) -> Group:
+    """The fit's terms (exponent, bootstrap interval, coefficient), then its a_l profile interval,
+    objective and errors. Read defensively: the console shows it for any session's file."""
+    params, ci95 = doc.get("params") or {}, doc.get("ci95") or {}
+    heading = Text(f"L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 fitted to {doc.get('n_points', '?')} runs "
+                   f"({doc.get('optimizer', 'lm')}, {doc.get('loss_function', 'least_squares')})", style="italic")
+    table = Table()
+    for column in ("term", "exponent", "95% (bootstrap)", "coefficient"):
+        table.add_column(column, justify="left" if column == "term" else "right")
+    for term, key in (("width m", "m"), ("depth l", "l"), ("tokens D", "D")):
+        table.add_row(f"{term} (alpha_{key}, c_{key})", fmt(params.get(f"alpha_{key}")),
+                      _interval(ci95.get(f"alpha_{key}")), fmt(params.get(f"c_{key}"), ".4g"))
+    table.add_row("floor L0", "", _interval(ci95.get("L0")), fmt(params.get("L0"), ".4g"))
+    lines: list[Any] = [heading, table]
+    if "alpha_l_profile_ci95" in doc:
+        lines.append(Text(f"a_l profile-likelihood 95% {_interval(doc['alpha_l_profile_ci95'])}"))
+    lines.append(Text(f"objective {fmt(doc.get('objective'), '.6g')} (mean squared log residual) · train RMSE "
+                      f"{fmt(doc.get('train_rmse'), '.4g')} · held-out RMSE {fmt(doc.get('heldout_rmse'), '.4g')}"))
+    return Group(*lines)
+
+
 def print_scaling_fit(doc: dict[str, Any]) -> None:
-    params, ci95 = doc["params"], doc.get("ci95", {})
-    for key in ("alpha_m", "alpha_l", "alpha_D", "L0"):
-        interval = f"[{ci95[key][0]:.3f}, {ci95[key][1]:.3f}]" if ci95.get(key) else "n/a"
-        print(f"{key:8s} {params[key]:.3f}  95% {interval}")
-    profile_ci = doc.get("alpha_l_profile_ci95")
-    if profile_ci:
-        low, high = (f"{v:.3f}" if v is not None else "open" for v in profile_ci)
-        print(f"alpha_l  profile-likelihood 95% [{low}, {high}]")
-    print(f"n_points {doc['n_points']}  objective {doc['objective']:.6g} (mean squared log residual)  "
-          f"heldout_rmse {doc.get('heldout_rmse')}")
+    Console().print(scaling_fit_view(doc))
+
+
+def toy_depth_view(doc: dict[str, Any]) -> Table:
+    """One row per regime: the fitted a_l with its interval, then the held-out loss at each depth."""
+    regimes = doc.get("regimes") or {}
+    depths = sorted({d for fit in regimes.values() for d in fit.get("depths", [])})
+    table = Table(title=f"{doc.get('fit', 'L = c / l^alpha_l')}  (preset {doc.get('preset', '?')}, "
+                        f"temperature {doc.get('temperature', '?')}): held-out loss by student depth")
+    for column in ("regime", "a_l", "95% CI", *(f"l={d}" for d in depths)):
+        table.add_column(column, justify="left" if column == "regime" else "right")
+    for regime, fit in regimes.items():
+        loss = dict(zip(fit.get("depths", []), fit.get("loss", []), strict=True))
+        table.add_row(regime, fmt(fit.get("alpha_l"), ".2f"), _interval(fit.get("ci95"), ".2f"),
+                      *(fmt(loss.get(d), ".4f", "") for d in depths))
+    return table
 
 
 def print_toy_depth(doc: dict[str, Any]) -> None:
-    for regime, fit in doc["regimes"].items():
-        ci = fit["ci95"]
-        interval = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "n/a"
-        alpha = f"{fit['alpha_l']:.2f}" if fit["alpha_l"] is not None else "n/a"
-        print(f"{regime:12s} alpha_l {alpha}  95% {interval}  loss by depth "
-              + " ".join(f"{d}:{v:.4f}" for d, v in zip(fit["depths"], fit["loss"], strict=True)))
+    Console().print(toy_depth_view(doc))
 
 
 def weights_view(doc: dict[str, Any]) -> Group:
@@ -189,11 +218,11 @@ def weights_view(doc: dict[str, Any]) -> Group:
         shuffled, independent = comp.get("null_shuffled") or {}, comp.get("null_independent") or {}
 
         def cell(key: str, comp=comp, shuffled=shuffled, independent=independent) -> str:
-            return f"{_fmt(comp.get(key))} / {_fmt(shuffled.get(key))} / {_fmt(independent.get(key))}"
+            return f"{fmt(comp.get(key))} / {fmt(shuffled.get(key))} / {fmt(independent.get(key))}"
 
         every = comp.get("all_layers") or {}
         table.add_row(name, cell("r2_in_sample"), cell("r2_loo"), cell("cosine_loo"), cell("delta_corr_mean"),
-                      cell("delta_corr_sd"), f"{_fmt(every.get('r2_in_sample'))} / {_fmt(every.get('r2_loo'))}")
+                      cell("delta_corr_sd"), f"{fmt(every.get('r2_in_sample'))} / {fmt(every.get('r2_loo'))}")
     for name, comp in components.items():
         reading = comp.get("reading") or {}
         if reading:
@@ -201,16 +230,16 @@ def weights_view(doc: dict[str, Any]) -> Group:
                               f"leave-one-out R² {reading.get('r2_loo')}"))
     rows = doc.get("paradox") or []
     if rows:
-        paradox = Table(title=f"R²-perplexity paradox (baseline PPL {_fmt(doc.get('baseline_ppl'), '.2f')}, "
+        paradox = Table(title=f"R²-perplexity paradox (baseline PPL {fmt(doc.get('baseline_ppl'), '.2f')}, "
                               f"{rows[0].get('prediction')} predictions)")
         for column in ("layers replaced", "PPL", "D %", "mean R² in-sample", "mean R² LOO", "mean cos"):
             paradox.add_column(column, justify="right")
         for row in rows:
             layers = row.get("layers_replaced") or []
             label = ",".join(map(str, layers)) if len(layers) <= 9 else f"{len(layers)} layers"
-            paradox.add_row(label, _fmt(row.get("ppl"), ".2f", "inf"), _fmt(row.get("degradation_pct"), ".1f", "inf"),
-                            _fmt(row.get("r2_in_sample_mean")), _fmt(row.get("r2_loo_mean")),
-                            _fmt(row.get("cosine_mean")))
+            paradox.add_row(label, fmt(row.get("ppl"), ".2f", "inf"), fmt(row.get("degradation_pct"), ".1f", "inf"),
+                            fmt(row.get("r2_in_sample_mean")), fmt(row.get("r2_loo_mean")),
+                            fmt(row.get("cosine_mean")))
         lines.append(paradox)
     return Group(*lines)
 
@@ -228,10 +257,56 @@ def print_manipulate(doc: dict[str, Any]) -> None:
         layers = row["layers"]
         label = ",".join(map(str, layers)) if len(layers) <= 6 else f"{len(layers)} together"
         param = "" if row["param"] is None else f"{row['param']:g}"
-        table.add_row(label, row["strategy"], param, _fmt(row["ppl"], ".2f", "inf"),
-                      _fmt(row["degradation_pct"], ".1f", "inf"), row["sample"].replace("\n", " ")[:60])
+        table.add_row(label, row["strategy"], param, fmt(row["ppl"], ".2f", "inf"),
+                      fmt(row["degradation_pct"], ".1f", "inf"), row["sample"].replace("\n", " ")[:60])
     console.print(table)
     console.print(f"baseline sample: {doc['baseline_sample']!r}", highlight=False)
+
+
+def _layer_list(layers: list[int]) -> str:
+    """0-3,7: runs of consecutive layers as ranges."""
+    runs: list[list[int]] = []
+    for layer in sorted(layers):
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def prune_notes(doc: dict[str, Any]) -> list[Text]:
+    """The lines under either prune table: agreement with the ppl criterion, the depth law, the export."""
+    agreement = ", ".join(f"{name} {fmt(rho, '.2f')}" for name, rho in (doc.get("agreement") or {}).items())
+    lines = [Text(f"Spearman with the ppl criterion: {agreement or 'n/a'}")]
+    fit = doc.get("depth_fit") or {}
+    if fit.get("a") is not None:
+        lines.append(Text(f"depth law (exploratory): a = {fit['a']:.2f} {_interval(fit.get('ci95'), '.2f')}"))
+    if doc.get("exported"):
+        lines.append(Text(f"exported: {doc['exported']}"))
+    return lines
+
+
+def prune_view(doc: dict[str, Any]) -> Group:
+    """The console's compact prune table: per number of layers removed, each criterion's perplexity
+    and which layers it removed (healed perplexity beside it where healed)."""
+    curve = doc.get("curve") or []
+    methods = list(dict.fromkeys(str(p.get("method")) for p in curve))
+    heading = Text(f"{doc.get('model', '')}  baseline PPL {fmt(doc.get('baseline_ppl'), '.2f')}: perplexity "
+                   "(and the layers removed) per criterion", style="italic")
+    table = Table()
+    table.add_column("removed", justify="right")
+    for method in methods:
+        table.add_column(method, justify="right")
+    cells = {(p.get("method"), p.get("removed")): p for p in curve}
+    for removed in sorted({p.get("removed") for p in curve}):
+        row = [str(removed)]
+        for method in methods:
+            point = cells.get((method, removed))
+            healed = (point or {}).get("healed_ppl")
+            row.append("" if point is None else f"{fmt(point.get('ppl'), '.2f', 'inf')} "
+                       f"({_layer_list(point.get('layers', []))})" + ("" if healed is None else f" → {healed:.2f}"))
+        table.add_row(*row)
+    return Group(heading, table, *prune_notes(doc))
 
 
 def print_prune(doc: dict[str, Any]) -> None:
@@ -242,17 +317,10 @@ def print_prune(doc: dict[str, Any]) -> None:
     for row in doc["curve"]:
         ci = "" if row["ci_low"] is None else f"[{row['ci_low']:.1f}, {row['ci_high']:.1f}]"
         table.add_row(row["method"], str(row["removed"]), ",".join(map(str, row["layers"])),
-                      _fmt(row["ppl"], ".2f", "inf"), ci, _fmt(row["healed_ppl"], ".2f", "-"))
+                      fmt(row["ppl"], ".2f", "inf"), ci, fmt(row["healed_ppl"], ".2f", "-"))
     console.print(table)
-    agreement = ", ".join(f"{name} {_fmt(rho, '.2f')}" for name, rho in doc["agreement"].items())
-    console.print(f"Spearman with the ppl criterion: {agreement or 'n/a'}", highlight=False)
-    fit = doc.get("depth_fit") or {}
-    if fit.get("a") is not None:
-        low, high = fit["ci95"]
-        console.print(f"depth law (exploratory): a = {fit['a']:.2f} [{_fmt(low, '.2f')}, {_fmt(high, '.2f')}]",
-                      highlight=False)
-    if doc.get("exported"):
-        console.print(f"exported: {doc['exported']}", highlight=False)
+    for line in prune_notes(doc):
+        console.print(line, highlight=False)
 
 
 PRINTERS: dict[str, Callable[[dict[str, Any]], None]] = {

@@ -27,6 +27,7 @@ from engine.events import (
     DynamicsRow,
     Event,
     Message,
+    PcaSample,
     Progress,
     Quartiles,
     Result,
@@ -42,6 +43,7 @@ LENSES = ("plain", "last-block")
 CLUSTER_K = (2, 6)  # silhouette picks k in this range unless --clusters fixes it
 SILHOUETTE_SAMPLE = 4000  # tokens the silhouette score is computed on (a random sample)
 SILHOUETTE_WORKING_MB = 8  # scikit-learn's chunk size for the pairwise distances
+SCATTER_POINTS = 300  # tokens kept with their PCA coordinates for the console's scatter
 CORE = (0.25, 0.75)  # the "core" layers of the summary: the middle half of the stack
 # Where each family keeps its final norm, for the logit lens (the head is get_output_embeddings()).
 FINAL_NORMS = {
@@ -433,6 +435,18 @@ def cluster_profiles(matrix: np.ndarray, components: int, clusters: int = 0, see
                       best.cluster_centers_[order])
 
 
+def scatter_sample(c: Clustering, seed: int, size: int = SCATTER_POINTS) -> PcaSample:
+    """At most `size` tokens, drawn without replacement by `seed` and kept in reading order, with
+    their first two PCA coordinates (the second 0 when PCA kept one) and clusters: enough to see the
+    clusters, small enough for the result file."""
+    n = len(c.labels)
+    picked = np.sort(np.random.default_rng(seed).choice(n, size=min(size, n), replace=False))
+    coords = c.coordinates[picked]
+    second = coords[:, 1] if coords.shape[1] > 1 else np.zeros(len(picked))
+    return PcaSample(token=picked.tolist(), pc1=coords[:, 0].tolist(), pc2=second.tolist(),
+                     label=c.labels[picked].tolist())
+
+
 def token_in_context(tokenizer, ids: Sequence[int], position: int, before: int = 8, after: int = 3) -> str:
     """'...context [[token]] context...' with the token at `position` marked."""
     left = tokenizer.decode(ids[max(0, position - before) : position])
@@ -552,6 +566,7 @@ def run_dynamics(
             "silhouette": {str(k): s for k, s in clustering.silhouette.items()},
             "bulk_fraction": clusters[0]["fraction"],
             "clusters": clusters,
+            "sample": scatter_sample(clustering, settings.seed),
         },
         "logit_lens": None if lens_losses is None else {
             "lens": settings.lens,

@@ -19,7 +19,7 @@ import numpy as np
 
 from engine import powerfit
 from engine.errors import UserError
-from engine.events import CancelToken, Event, FitStage, Message, Progress, Result
+from engine.events import CancelToken, DepthPoints, Event, FitStage, Message, Progress, Result, json_safe
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, Settings, setting
 
@@ -298,6 +298,7 @@ def run_scaling_fit(
         "huber_delta": delta,
         "params": best,
         "objective": objective,
+        "depth_points": depth_points(best, data),
         "profile": {"alpha_l": profile},
         "alpha_l_profile_ci95": profile_ci,
         "ci95": ci95,
@@ -312,7 +313,15 @@ def run_scaling_fit(
         "settings": settings.to_dict(),
         "seconds": time.perf_counter() - started,
     }
-    yield Result(name="scaling-fit", data=doc)
+    yield Result(name="scaling-fit", data=json_safe(doc))
+
+
+def depth_points(params: dict[str, float], runs: Runs) -> DepthPoints:
+    """The fitted runs against depth, for the plot of loss against depth beside the fitted depth
+    term: each run's loss and the fit's other terms (width, tokens, L0) at that run."""
+    rest = (params["c_m"] / runs.width ** params["alpha_m"] + params["c_D"] / runs.tokens ** params["alpha_D"]
+            + params["L0"])
+    return DepthPoints(depth=runs.depth.tolist(), loss=runs.loss.tolist(), rest=rest.tolist())
 
 
 def mean_squared_log_residual(params: dict[str, float], runs: Runs) -> float:
@@ -402,6 +411,7 @@ def _run_paper(data: Runs, x: np.ndarray, y: np.ndarray, settings: ScalingFitSet
         "huber_delta": None,
         "params": best,
         "objective": objective,
+        "depth_points": depth_points(best, data),
         "paper": {
             "steps": settings.steps,
             "units": {"width": 1.0, "depth": float(PAPER_UNITS[1]), "tokens": float(PAPER_UNITS[2])},
@@ -413,7 +423,7 @@ def _run_paper(data: Runs, x: np.ndarray, y: np.ndarray, settings: ScalingFitSet
         "settings": settings.to_dict(),
         "seconds": time.perf_counter() - started,
     }
-    yield Result(name="scaling-fit", data=doc)
+    yield Result(name="scaling-fit", data=json_safe(doc))
 
 
 def _starts_around(best_theta: np.ndarray, groups: int, per_group: int, y: np.ndarray,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import shlex
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import events, on
@@ -22,13 +22,14 @@ from tui.console_settings import ConsoleSettings
 from tui.messages import ConsoleReady, GenerateRequested, GrowthRequested, InjectRequested, Notice, TabShown
 from tui.state import JobView, SessionState
 from tui.widgets.curve_plot import Curve, CurvePlot
+from tui.widgets.dynamics_clusters import ClusterScatter
 from tui.widgets.growth_timeline import GrowthTable, GrowthTimeline
 from tui.widgets.layer_detail import LayerDetail
 from tui.widgets.layer_map import LayerMap
 from tui.widgets.prompt_column import PromptColumn
 from tui.widgets.prune_plot import PrunePlot
 from tui.widgets.result_view import ResultView
-from tui.widgets.scaling_profile import ScalingProfilePlot
+from tui.widgets.scaling_profile import ScalingDepthPlot, ScalingProfilePlot
 from tui.widgets.status_line import StatusLine
 from tui.widgets.toy_depth_plot import ToyDepthPlot
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from engine.events import DynamicsRow
 
 RATIO_LINES = (("2x", 2.0), ("1.5x", 1.5), ("1.1x", 1.1))
-CURVE_COLOURS = ("cyan", "magenta", "yellow", "green", "blue", "red")
+CURVE_COLOURS = ("cyan", "magenta", "orange", "green", "blue", "red")
 ARM_COLOURS = {"growth_100": "green", "growth_50": "cyan", "uniform_100": "magenta"}
 ANALYSES = (
     ("weights", "Weight statistics and their null models", "anatomy-tui run weights --session {s}"),
@@ -113,8 +114,11 @@ class ConsoleScreen(Screen[None]):
                     yield Static(Text(title, style="bold"), classes="analysis-title")
                     if name == "dynamics":
                         yield CurvePlot(id="angle-plot")
+                        yield ClusterScatter(id="cluster-plot", classes="analysis-plot")
                     elif name == "scaling-fit":
-                        yield ScalingProfilePlot(id="scaling-plot", classes="analysis-plot")
+                        with Horizontal(id="scaling-plots", classes="analysis-plot"):
+                            yield ScalingDepthPlot(id="scaling-depth-plot")
+                            yield ScalingProfilePlot(id="scaling-plot")
                     elif name == "toy-depth":
                         yield ToyDepthPlot(id="toy-plot", classes="analysis-plot")
                     elif name == "prune":
@@ -174,7 +178,8 @@ class ConsoleScreen(Screen[None]):
                 self.redraw_growth_plot(state)
             if "results" in dirty:
                 self.redraw_angles(state.dynamics)
-                self.query_one(ScalingProfilePlot).show(state.results.get("scaling-fit"))
+                self.query_one(ClusterScatter).show(state.results.get("dynamics"))
+                self.redraw_scaling(state.results.get("scaling-fit"))
                 self.query_one(PrunePlot).show(state.results.get("prune"))
                 self.query_one(ToyDepthPlot).show(state.results.get("toy-depth"))
                 for name, _, command in ANALYSES:
@@ -232,6 +237,13 @@ class ConsoleScreen(Screen[None]):
             now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else "waiting for the first point"
             info.update(f"{current.label} {current.status}\n{now}")
 
+    def redraw_scaling(self, doc: dict[str, Any] | None) -> None:
+        """Loss against depth beside the profile over a_l; the row is hidden while neither can be drawn."""
+        depth, profile = self.query_one(ScalingDepthPlot), self.query_one(ScalingProfilePlot)
+        depth.show(doc)
+        profile.show(doc)
+        self.query_one("#scaling-plots").display = depth.display or profile.display
+
     def redraw_angles(self, rows: list[DynamicsRow]) -> None:
         """The angle profiles: per layer, the median angle between the state and its update, and
         between consecutive states (degrees)."""
@@ -262,7 +274,7 @@ class ConsoleScreen(Screen[None]):
     def redraw_growth_plot(self, state: SessionState) -> None:
         growth = state.growth
         curves = [
-            Curve(f"{arm} train", pts, ARM_COLOURS.get(arm.split("/")[0]))
+            Curve(f"{arm} train", pts, ARM_COLOURS.get(arm.split("/")[0], "blue"))
             for arm, pts in growth.train.items()
         ]
         curves += [Curve(f"{arm} val", pts, "white") for arm, pts in growth.val.items()]

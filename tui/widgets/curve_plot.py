@@ -6,26 +6,45 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from plotext._dict import color_codes  # plotext's colour names, the table textual-plotext reads too
+from rich.color import Color as RichColor
 from rich.markup import escape
+from textual.color import Color
 from textual_plotext import PlotextPlot
 
-REFERENCE_COLOURS = ["white", "red", "orange", "yellow"]  # baseline, then the 2x / 1.5x / 1.1x lines
+PlotColour = str | int  # one of plotext's colour names, or an xterm-256 index
+# baseline, then the 2x / 1.5x / 1.1x lines (plotext's "orange" is ANSI 3, what terminals call yellow)
+REFERENCE_COLOURS: list[PlotColour] = ["white", "red", "orange", "orange+"]
 
 
 @dataclass
 class Curve:
     label: str
     points: Sequence[tuple[float, float]]
-    colour: str | int | None = None
+    colour: PlotColour = "white"
+    scatter: bool = False  # measured points: dots, not joined by lines
 
 
-def legend_markup(entries: Sequence[tuple[str, str | int | None]]) -> str:
-    """A one-line legend, each label after a line in its colour (markup for a border subtitle)."""
-    parts = []
-    for label, colour in entries:
-        name = colour if isinstance(colour, str) else "white"  # plotext's names are CSS names too
-        parts.append(f"[{name}]━━[/] {escape(label)}")
-    return "  ".join(parts)
+def colour_code(colour: PlotColour) -> int:
+    """The xterm-256 index plotext draws `colour` with. A name plotext does not know (it has no
+    "yellow") raises ValueError: plotext would quietly draw it in its next theme colour, unlike the
+    legend."""
+    if isinstance(colour, int) and 0 <= colour <= 255:
+        return colour
+    if isinstance(colour, str) and colour in color_codes:
+        return color_codes[colour]
+    raise ValueError(f"{colour!r} is not a plotext colour (one of {', '.join(color_codes)} or 0..255)")
+
+
+def legend_colour(colour: PlotColour) -> str:
+    """`colour` as Textual markup names the colour the plot is drawn in: plotext writes an xterm
+    index, which Textual reads as an ANSI colour (ansi_yellow for 3), not a CSS name like yellow."""
+    return Color.from_rich_color(RichColor.from_ansi(colour_code(colour))).css
+
+
+def legend_markup(entries: Sequence[tuple[str, PlotColour]]) -> str:
+    """A one-line legend, each label after a line in its curve's colour (markup for a border subtitle)."""
+    return "  ".join(f"[{legend_colour(colour)}]━━[/] {escape(label)}" for label, colour in entries)
 
 
 class CurvePlot(PlotextPlot):
@@ -57,12 +76,15 @@ class CurvePlot(PlotextPlot):
             return math.log10(value) if log_y and value > 0 else value
 
         xs_all = [x for curve in curves for x, _ in curve.points]
-        for curve in curves:
+        for curve in sorted(curves, key=lambda c: c.scatter):  # points on top of the lines
             if not curve.points:
                 continue
             xs = [x for x, _ in curve.points]
             ys = [y(v) for _, v in curve.points]
-            plt.plot(xs, ys, color=curve.colour, marker="braille")
+            if curve.scatter:  # a braille dot is an eighth of a cell: too faint for a measured point
+                plt.scatter(xs, ys, color=colour_code(curve.colour), marker="dot")
+            else:
+                plt.plot(xs, ys, color=colour_code(curve.colour), marker="braille")
         ys_all = [y(v) for curve in curves for _, v in curve.points] + [y(v) for _, v in references]
         if log_y and ys_all:
             low, high = min(ys_all), max(ys_all)
@@ -75,7 +97,7 @@ class CurvePlot(PlotextPlot):
         if span is not None:
             plt.xlim(*span)
             for (_, value), colour in zip(references, REFERENCE_COLOURS, strict=False):
-                plt.plot(list(span), [y(value)] * 2, color=colour, marker="dot")
+                plt.plot(list(span), [y(value)] * 2, color=colour_code(colour), marker="dot")
         entries = [(curve.label, curve.colour) for curve in curves if curve.points]
         if span is not None:
             entries += [(label, colour) for (label, _), colour in zip(references, REFERENCE_COLOURS, strict=False)]

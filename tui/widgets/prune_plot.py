@@ -6,7 +6,7 @@ from typing import Any
 
 from tui.widgets.curve_plot import Curve, CurvePlot
 
-METHOD_COLOURS = {"angular": "cyan", "bi": "magenta", "ppl": "green", "map": "yellow"}
+METHOD_COLOURS = {"angular": "cyan", "bi": "magenta", "ppl": "green", "map": "orange"}
 
 
 def prune_curves(doc: dict[str, Any]) -> list[Curve]:
@@ -15,7 +15,7 @@ def prune_curves(doc: dict[str, Any]) -> list[Curve]:
     by_method: dict[str, list[tuple[float, float]]] = {}
     for point in doc["curve"]:
         by_method.setdefault(str(point["method"]), [(0.0, base)]).append((float(point["removed"]), float(point["ppl"])))
-    return [Curve(method, sorted(points), METHOD_COLOURS.get(method)) for method, points in by_method.items()]
+    return [Curve(method, sorted(points), METHOD_COLOURS.get(method, "white")) for method, points in by_method.items()]
 
 
 class PrunePlot(CurvePlot):

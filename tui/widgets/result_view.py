@@ -1,16 +1,17 @@
-"""A view of one saved result (weight statistics, angle profiles, scaling fit): its numbers in a
-readable tree, or one line that says the experiment is not there yet and how to run it."""
+"""A view of one saved result: its summary (a table and a few lines), a readable tree for a result
+without one, or one line that says the experiment is not there yet and how to run it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from rich.console import Group
 from rich.pretty import Pretty
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.printers import weights_view
+from tui.printers import prune_view, scaling_fit_view, toy_depth_view, weights_view
 from tui.widgets.dynamics_clusters import clusters_table
 from tui.widgets.manipulate_table import manipulate_table
 
@@ -28,10 +29,27 @@ def _trimmed(value: Any) -> Any:
     return value
 
 
-SUMMARIES: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "weights": weights_view,
-    "manipulate": manipulate_table,
+def _without_command(view: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any], str], Any]:
+    return lambda doc, _command: view(doc)
+
+
+def scaling_fit_summary(doc: dict[str, Any], command: str) -> Any:
+    """The fit's figures; a line with `command` for a result without the runs to plot against depth."""
+    view = scaling_fit_view(doc)
+    if doc.get("depth_points"):
+        return view
+    hint = f"no runs in this result to plot loss against depth; run:  {command}"
+    return Group(view, Text(hint, style="dim"))
+
+
+# each summary gets the document and the command that (re)fills the view
+SUMMARIES: dict[str, Callable[[dict[str, Any], str], Any]] = {
+    "weights": _without_command(weights_view),
+    "manipulate": _without_command(manipulate_table),
     "dynamics": clusters_table,
+    "scaling-fit": scaling_fit_summary,
+    "toy-depth": _without_command(toy_depth_view),
+    "prune": _without_command(prune_view),
 }
 
 
@@ -41,7 +59,7 @@ class ResultView(Static):
     def show(self, name: str, doc: dict[str, Any] | None, command: str, available: bool) -> None:
         if doc is not None:
             summary = SUMMARIES.get(name)
-            self.update(summary(doc) if summary else Pretty(_trimmed(doc), expand_all=False))
+            self.update(summary(doc, command) if summary else Pretty(_trimmed(doc), expand_all=False))
         elif not available:
             self.update(Text("this experiment is not in this version of anatomy-tui yet", style="dim"))
         else:

@@ -8,7 +8,8 @@ from typing import Any
 
 from tui.widgets.curve_plot import Curve, CurvePlot
 
-REGIME_COLOURS = ("cyan", "magenta", "yellow", "green")
+REGIME_COLOURS = ("cyan", "magenta", "orange", "green")
+FIT_COLOURS = ("cyan+", "magenta+", "orange+", "green+")  # each regime's fitted line: its bright twin
 
 
 def _fitted(fit: dict[str, Any], depth: float) -> float | None:
@@ -24,14 +25,15 @@ def toy_curves(doc: dict[str, Any]) -> list[Curve]:
     for index, (regime, fit) in enumerate(doc["regimes"].items()):
         colour = REGIME_COLOURS[index % len(REGIME_COLOURS)]
         points = [(math.log10(d), math.log10(v)) for d, v in zip(fit["depths"], fit["loss"], strict=True) if v > 0]
-        curves.append(Curve(regime, points, colour))
+        curves.append(Curve(regime, points, colour, scatter=True))
         depths = [float(d) for d in fit["depths"]]
         line = [(math.log10(d), _fitted(fit, d)) for d in depths]
         interval = fit.get("ci95")
         ci = f" [{interval[0]:.2f}, {interval[1]:.2f}]" if isinstance(interval, list) else ""
         alpha = fit.get("alpha_l")
         label = f"{regime} fit a_l={alpha:.2f}{ci}" if isinstance(alpha, (int, float)) else f"{regime} (no fit)"
-        curves.append(Curve(label, [(x, math.log10(y)) for x, y in line if y is not None and y > 0], "white"))
+        fitted = [(x, math.log10(y)) for x, y in line if y is not None and y > 0]
+        curves.append(Curve(label, fitted, FIT_COLOURS[index % len(FIT_COLOURS)]))
     return curves
 
 

@@ -1,0 +1,144 @@
+"""The Analyses views drawn from result documents: every plot's legend in the colour its curve is
+drawn in, and each view's plot and summary present (or the line that says how to fill it)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from rich.color import Color as RichColor
+from rich.console import Console
+from textual.color import Color
+from tui_fixtures import (
+    SCALING,
+    analyses_session,
+    dynamics_doc,
+    manipulate_doc,
+    prune_doc,
+    scaling_fit_doc,
+    toy_depth_doc,
+    weights_doc,
+)
+
+from sessions.store import SessionStore
+from tui.app import AnatomyApp
+from tui.screens import console
+from tui.widgets import curve_plot, dynamics_clusters, prune_plot, toy_depth_plot
+from tui.widgets.curve_plot import Curve, CurvePlot, colour_code
+from tui.widgets.dynamics_clusters import scatter_curves
+from tui.widgets.result_view import SUMMARIES
+from tui.widgets.scaling_profile import depth_curves
+
+ANSI = re.compile(r"\x1b\[38;5;(\d+)m")
+
+
+def drawn_codes(plot: CurvePlot) -> set[int]:
+    plot.plt.plotsize(30, 8)
+    return {int(code) for code in ANSI.findall(plot.plt.build())}
+
+
+def every_colour() -> set[curve_plot.PlotColour]:
+    """The colours the console hands plotext, wherever they are named."""
+    return {*curve_plot.REFERENCE_COLOURS, *console.CURVE_COLOURS, *console.ARM_COLOURS.values(),
+            *prune_plot.METHOD_COLOURS.values(), *toy_depth_plot.REGIME_COLOURS,
+            *toy_depth_plot.FIT_COLOURS, *dynamics_clusters.CLUSTER_COLOURS}  # fmt: skip
+
+
+@pytest.mark.parametrize("colour", sorted(every_colour(), key=str))
+def test_the_legend_shows_a_curve_in_the_colour_plotext_draws_it(colour) -> None:
+    empty = CurvePlot()
+    empty.draw([Curve("x", [(0.0, 0.0)], "black")])  # the axes alone (black is the axes' colour)
+    plot = CurvePlot()
+    plot.draw([Curve("c", [(0.0, 0.0), (1.0, 1.0)], colour)])
+    (drawn,) = drawn_codes(plot) - drawn_codes(empty)
+    (legend,) = re.findall(r"\[([^\]/]+)\]━━", str(plot.border_subtitle))
+    assert legend == Color.from_rich_color(RichColor.from_ansi(drawn)).css
+
+
+def test_a_colour_plotext_does_not_know_is_refused() -> None:
+    """plotext has no "yellow": it drew such a curve in its next theme colour (blue) under a yellow legend."""
+    with pytest.raises(ValueError, match="yellow"):
+        colour_code("yellow")
+    with pytest.raises(ValueError):
+        CurvePlot().draw([Curve("c", [(0.0, 1.0)], "yellow")])
+
+
+# --- the views ------------------------------------------------------------------------------------
+
+
+def text_of(renderable) -> str:
+    console = Console(width=200, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_depth_curves_are_the_runs_depth_part_and_the_fitted_depth_term() -> None:
+    doc = scaling_fit_doc()
+    runs, line = depth_curves(doc)
+    assert runs.scatter and [x for x, _ in runs.points] == doc["depth_points"]["depth"]
+    for (depth, part), loss, rest in zip(runs.points, doc["depth_points"]["loss"], doc["depth_points"]["rest"],
+                                         strict=True):
+        assert part == pytest.approx(loss - rest)
+        assert part == pytest.approx(SCALING["c_l"] / depth ** SCALING["alpha_l"], rel=0.021)
+    assert line.points[0][0] == 2.0 and line.points[-1][0] == pytest.approx(48.0)
+    assert all(y == pytest.approx(2.0 / x**0.3) for x, y in line.points) and "a_l = 0.3" in line.label
+
+
+def test_scatter_curves_colour_each_cluster_and_name_its_size() -> None:
+    curves = scatter_curves(dynamics_doc())
+    assert [c.label for c in curves] == ["bulk (900 tokens)", "cluster 1 (100 tokens)"]
+    assert [len(c.points) for c in curves] == [30, 10] and len({c.colour for c in curves}) == 2
+    assert all(c.scatter for c in curves) and (6.0, 3.0) in curves[1].points
+
+
+@pytest.mark.parametrize("name", ["scaling-fit", "toy-depth", "prune", "dynamics", "weights", "manipulate"])
+def test_every_analysis_has_a_summary_not_the_raw_tree(name: str) -> None:
+    doc = {"scaling-fit": scaling_fit_doc, "toy-depth": toy_depth_doc, "prune": prune_doc,
+           "dynamics": dynamics_doc, "weights": weights_doc, "manipulate": manipulate_doc}[name]()  # fmt: skip
+    text = text_of(SUMMARIES[name](doc, "CMD"))
+    assert "{'" not in text and "CMD" not in text  # a table, not the document; nothing missing
+    expected = {
+        "scaling-fit": ["depth l", "0.300", "[0.220, 0.410]", "[0.240, 0.370]"],
+        "toy-depth": ["compositional", "0.90", "[0.80, 1.00]", "l=16"],
+        "prune": ["101.25 (0-3)", "a = 1.10 [0.70, 1.60]", "bi 0.80"],
+        "dynamics": ["bulk", "900", "of [the] city"],
+        "weights": ["attn.q", "0.900 / 0.700 / 0.300", "0.600 / 0.300 / -0.100"],
+        "manipulate": ["svd", "+11.0", "The capital of France is Paris (zero)"],
+    }[name]
+    assert all(part in text for part in expected), text
+
+
+def test_results_written_before_the_plot_data_say_which_command_fills_them() -> None:
+    old_dynamics = dynamics_doc()
+    del old_dynamics["pca"]["sample"]
+    for name, doc in (("scaling-fit", scaling_fit_doc(with_points=False)), ("dynamics", old_dynamics)):
+        text = text_of(SUMMARIES[name](doc, "anatomy-tui run X --session s"))
+        assert "run:  anatomy-tui run X --session s" in text
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_analyses_pane_draws_each_view_and_hides_what_a_result_cannot_fill(isolated_home) -> None:
+    session = analyses_session(SessionStore())
+    app = AnatomyApp(session="map", load_model=False)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.press("f6")
+        await pilot.pause()
+        screen = app.screen
+        for plot in ("#scaling-depth-plot", "#scaling-plot", "#cluster-plot", "#toy-plot", "#prune-plot"):
+            assert screen.query_one(plot).display, plot
+        assert "fit c_l/l^a_l" in str(screen.query_one("#scaling-depth-plot").border_subtitle)
+        session.save_result("scaling-fit", scaling_fit_doc(with_points=False))
+        old = dynamics_doc()
+        del old["pca"]["sample"]
+        session.save_result("dynamics", old)
+        app.state.set_result("scaling-fit", session.load_result("scaling-fit"))
+        app.state.set_result("dynamics", session.load_result("dynamics"))
+        app.redraw({"results"})
+        await pilot.pause()
+        assert not screen.query_one("#scaling-depth-plot").display and screen.query_one("#scaling-plot").display
+        assert not screen.query_one("#cluster-plot").display and screen.query_one("#angle-plot").display
