@@ -23,7 +23,8 @@ from engine.errors import UserError
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 MARGIN = 0.9  # plan at most 90 % of free memory: the allocator and CUDA context need the rest
 SOFTMAX_CHUNK_BYTES = 64 * 2**20  # float32 logits handled at once by perplexity.token_nll
-CPU_EVAL_BATCH = 8  # on the CPU a wider padded batch does not run faster, it only pads more
+CPU_EVAL_BATCH = 8  # on the CPU a wider batch only pads more: the 48 texts on the embedded model, one thread,
+# take 4.2 s in batches of 8 or 16 and 5.3 s in one batch of 48 (992 vs 1344 padded tokens)
 GB = 1e9
 
 
