@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, not an installed copy
+# figures only: no progress bars (tqdm's, the hub's) and no library warnings between the lines
+export TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
 python3 benchmarks/gpu_check.py "$@"
 echo "--- console startup (device auto: the GPU when there is one)"
 if [[ " $* " == *" --quick "* ]]; then

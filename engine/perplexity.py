@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -96,6 +97,7 @@ class Evaluator:
         self.model = model
         self.stack = LayerStack(model)
         self.texts = list(texts)
+        self.batch_size = batch_size
         self.batches = tokenize_batches(tokenizer, self.texts, batch_size, max_length, self.stack.input_device())
         self.tokens = np.zeros(len(self.texts))
         for batch in self.batches:
@@ -105,12 +107,16 @@ class Evaluator:
         self._layer_inputs: list[list[torch.Tensor]] | None = None
 
     @classmethod
-    def for_settings(cls, model, tokenizer, settings) -> Evaluator:
-        """The evaluator an experiment's settings ask for (its evaluation-text group)."""
+    def for_settings(cls, model, tokenizer, settings, texts: Sequence[str] | None = None) -> Evaluator:
+        """The evaluator an experiment's settings ask for (its evaluation-text group, unless `texts`
+        are given), its batch sized by the free memory when the settings leave it auto."""
+        from engine.memory import loaded_eval_batch
         from engine.text import eval_texts
 
-        texts = eval_texts(settings.eval_file, settings.eval_set)
-        return cls(model, tokenizer, texts, settings.eval_batch_size, settings.max_length)
+        if texts is None:
+            texts = eval_texts(Path(settings.eval_file) if settings.eval_file else None, settings.eval_set)
+        batch_size = loaded_eval_batch(model, tokenizer, texts, settings)
+        return cls(model, tokenizer, texts, batch_size, settings.max_length)
 
     @property
     def n_tokens(self) -> int:

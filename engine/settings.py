@@ -338,6 +338,10 @@ def _plain(value: Any) -> Any:
     return value
 
 
+EVAL_BATCH_HELP = ("evaluation texts per forward pass (auto: on a GPU the most that fit in its free memory, "
+                   "up to all of them; 8 on the CPU)")
+
+
 @dataclass(frozen=True)
 class EvalTextSettings(Settings):
     """The evaluation-text group that every perplexity-measuring experiment shares."""
@@ -346,7 +350,7 @@ class EvalTextSettings(Settings):
                             choices=("full", "paper"))
     eval_file: str | None = setting(None, "UTF-8 file, one evaluation text per line (instead of --eval-set)",
                                      file="evaluation file")
-    eval_batch_size: int = setting(8, "evaluation texts per forward pass", low=1, aliases=("--batch-size",),
-                                   resume_free=True)
+    eval_batch_size: int | None = setting(None, EVAL_BATCH_HELP, low=1, none_word="auto", aliases=("--batch-size",),
+                                          resume_free=True)
     max_length: int = setting(256, "tokens per evaluation text at most", low=2)
 

@@ -208,8 +208,9 @@ def test_only_existing_layers_train():
     assert changed == {"1"}
 
 
-def test_resume_equals_uninterrupted(tmp_path):
-    settings = small_settings()
+@pytest.mark.parametrize("dtype", ["float32", "float16"])  # float16: the loss scaler resumes too
+def test_resume_equals_uninterrupted(tmp_path, dtype):
+    settings = small_settings(device="cpu", dtype=dtype)
     whole = list(run_growth(settings, checkpoint_dir=tmp_path / "a", model_dir=tmp_path / "ma"))
     expected = next(e.data for e in whole if isinstance(e, Result))
 
@@ -312,3 +313,28 @@ def test_training_runs_keep_float32_weights_under_autocast(vocab):
     assert all(p.dtype == torch.float32 for p in outcome.model.model.parameters())
     with pytest.raises(UserError, match="not understood"):
         list(run_growth(small_settings(device="gpu")))
+
+
+def test_float16_resume_continues_with_the_saved_loss_scale(tmp_path):
+    """The GradScaler's state is in the checkpoint's JSON: a resumed float16 run goes on from the
+    saved scale and growth counter (a scale that grows after 2000 clean steps), not from a fresh one."""
+    settings = small_settings(steps=12, arms=("uniform_100",), checkpoint_every=5, device="cpu", dtype="float16")
+
+    def run_until(step: int, resume: bool) -> None:
+        cancel = CancelToken()
+        with pytest.raises(Cancelled):
+            for event in run_growth(settings, cancel, checkpoint_dir=tmp_path, resume=resume):
+                if isinstance(event, GrowthStep) and event.step == step:
+                    cancel.cancel()
+
+    run_until(6, resume=False)
+    path = tmp_path / "state.json"
+    state = json.loads(path.read_text(encoding="utf-8"))
+    assert state["arm"]["step"] == 5
+    assert state["arm"]["scaler"] == {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                                      "growth_interval": 2000, "_growth_tracker": 5}
+    state["arm"]["scaler"].update(scale=1024.0, _growth_tracker=1996)  # four clean steps from doubling
+    path.write_text(json.dumps(state), encoding="utf-8")
+    run_until(11, resume=True)
+    after = json.loads(path.read_text(encoding="utf-8"))["arm"]
+    assert after["step"] == 10 and after["scaler"]["scale"] == 2048.0 and after["scaler"]["_growth_tracker"] == 1

@@ -208,3 +208,63 @@ def test_plan_run_reads_the_model_folder_and_the_settings_before_any_load(tmp_pa
     layer = sum(p.numel() for p in LayerStack(loaded.model).matrices(0).values())
     assert plan.training > memory.training_state_bytes(layer, "bfloat16") > 0
     assert plan.device == "cpu" and plan.dtype == "bfloat16"
+
+
+SMOLLM = ModelShape(params=134_515_008, n_layers=30, hidden=576, intermediate=1536, heads=9, vocab=49_152)
+
+
+def fits(batch: int, lengths, free: int) -> bool:
+    return plan_memory(SMOLLM, "float16", "cuda:0", lengths, batch).total <= memory.MARGIN * free
+
+
+def test_auto_eval_batch_is_the_largest_that_fits_on_a_gpu_and_8_on_the_cpu():
+    lengths = [20 + 3 * i for i in range(48)]
+    auto = memory.auto_eval_batch
+    assert auto("cuda:0", SMOLLM, "float16", lengths, 10**12) == 48  # one batch of every text
+    weights = SMOLLM.params * 2
+    assert auto("cuda:0", SMOLLM, "float16", lengths, weights) == 1  # nothing fits: 1, check_fits says so
+    small = int(plan_memory(SMOLLM, "float16", "cuda:0", lengths, 12).total / memory.MARGIN) + 1
+    chosen = auto("cuda", SMOLLM, "float16", lengths, small)
+    assert 12 <= chosen < 48 and fits(chosen, lengths, small)
+    assert not any(fits(b, lengths, small) for b in range(chosen + 1, 49))
+    assert auto("cpu", SMOLLM, "float16", lengths, 10**12) == auto("cpu", SMOLLM, "float16", lengths, 1) == 8
+
+
+def test_plan_and_evaluator_choose_the_same_auto_batch_and_the_same_perplexity(tmp_path, monkeypatch):
+    """On a (pretended) GPU plan_run, before the load, and the evaluator, after it, size the batch
+    from the same memory; an explicit --eval-batch-size wins; the batch never changes the result."""
+    from tiny_models import save_tiny
+
+    import engine.models
+    from engine.experiments.ablation import AblationSettings
+    from engine.models import load_model
+
+    folder = save_tiny(tmp_path / "tiny")
+    evaluation = tmp_path / "eval.txt"
+    evaluation.write_text("\n".join(TEXTS), encoding="utf-8")
+    settings = AblationSettings(eval_file=str(evaluation), max_length=64)
+    assert settings.eval_batch_size is None  # auto by default
+    loaded = load_model(str(folder), device="cpu", dtype="float32")
+    assert Evaluator.for_settings(loaded.model, loaded.tokenizer, settings).batch_size == memory.CPU_EVAL_BATCH
+    shape = ModelShape.from_config(loaded.model.config)
+    lengths = memory.text_lengths(loaded.tokenizer, TEXTS, 64)
+    free = int(plan_memory(shape, "float32", "cuda:0", lengths, 2).total / memory.MARGIN) + 1
+    monkeypatch.setattr(engine.models, "choose_device", lambda requested: "cuda:0")
+    monkeypatch.setattr(memory, "cuda_devices", lambda model: ["cuda:0"])
+    before_load, after_load = free, free - memory.model_bytes(loaded.model)
+    monkeypatch.setattr(memory, "free_memory", lambda device: before_load)
+    plan = memory.plan_run(str(folder), settings, device="cuda", dtype="float32")
+    assert 2 <= plan.eval_batch_size < len(TEXTS) and f"evaluation batches of {plan.eval_batch_size}" in plan.line()
+    monkeypatch.setattr(memory, "free_memory", lambda device: after_load)
+    evaluator = Evaluator.for_settings(loaded.model, loaded.tokenizer, settings)
+    assert evaluator.batch_size == plan.eval_batch_size
+    assert len(evaluator.batches[0].text_index) == evaluator.batch_size
+    monkeypatch.setattr(memory, "free_memory", lambda device: 10**12)
+    everything = Evaluator.for_settings(loaded.model, loaded.tokenizer, settings)
+    assert len(everything.batches) == 1 and everything.batch_size == len(TEXTS)
+    three = settings.override({"eval_batch_size": 3})
+    explicit = Evaluator.for_settings(loaded.model, loaded.tokenizer, three)
+    assert explicit.batch_size == memory.plan_run(str(folder), three, "cuda", "float32").eval_batch_size == 3
+    one = Evaluator(loaded.model, loaded.tokenizer, TEXTS, 1, 64).perplexity()
+    for each in (evaluator, everything, explicit):
+        assert each.perplexity() == pytest.approx(one, rel=1e-6)

@@ -39,7 +39,7 @@ from engine.experiments.export import check_export_folder, save_model_folder
 from engine.perplexity import Batch, Evaluator, TextScores, token_nll
 from engine.pruning import removed
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, EvalTextSettings, setting
+from engine.settings import EVAL_BATCH_HELP, MAX_SEED, EvalTextSettings, setting
 from engine.statistics import bootstrap_perplexity, spearman
 from engine.text import Corpus, corpus, eval_texts, token_blocks
 
@@ -67,7 +67,7 @@ class PruneSettings(EvalTextSettings):
     batch_size: int = setting(4, "training blocks per healing step", low=1)
     block_size: int = setting(128, "tokens per training block", low=2)
     train_blocks: int = setting(128, "training blocks in the healing pool, cycled in a seeded order", low=1)
-    eval_batch_size: int = setting(8, "evaluation texts per forward pass", low=1, resume_free=True)
+    eval_batch_size: int | None = setting(None, EVAL_BATCH_HELP, low=1, none_word="auto", resume_free=True)
     export: str | None = setting(None, "save the pruned (and healed) model here as a Hugging Face folder")
     export_count: int | None = setting(None, "how many layers the exported model lacks (default: the largest count)",
                                        low=1, none_word="largest")
@@ -167,7 +167,7 @@ def greedy_ppl(model, tokenizer, texts: Sequence[str], settings: PruneSettings, 
     first: list[float] = []
     for round_ in range(rounds):
         with removed(model, order) as kept:
-            evaluator = Evaluator(model, tokenizer, texts, settings.eval_batch_size, settings.max_length)
+            evaluator = Evaluator.for_settings(model, tokenizer, settings, texts)
             evaluator.build_cache()
             trial = []
             for position in range(len(kept)):
@@ -449,7 +449,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         healer = Healer(model, tokenizer, settings, text)
 
     texts = eval_texts(Path(settings.eval_file) if settings.eval_file else None, settings.eval_set)
-    evaluator = Evaluator(model, tokenizer, texts, settings.eval_batch_size, settings.max_length)
+    evaluator = Evaluator.for_settings(model, tokenizer, settings, texts)
     influence = InfluenceMeter(n)
     angular = AngularMeter(n, sorted({1, *counts}) if "angular" in methods else (1,))
 

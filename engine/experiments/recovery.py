@@ -43,7 +43,7 @@ from engine.perplexity import Evaluator, token_nll
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, EvalTextSettings, setting
 from engine.statistics import spearman
-from engine.text import corpus, eval_texts, token_blocks
+from engine.text import corpus, token_blocks
 
 PAPER_LAYERS = (11, 14, 17)
 THRESHOLDS = (2.0, 1.5, 1.1)
@@ -189,10 +189,9 @@ class _Sweep:
         self.settings = settings
         self.cancel = cancel
         self.keep_weights = keep_weights
-        texts = eval_texts(Path(settings.eval_file) if settings.eval_file else None, settings.eval_set)
         source = corpus(Path(settings.train_file) if settings.train_file else None)
         self.train_source = source.source
-        self.evaluator = Evaluator(model, tokenizer, texts, settings.eval_batch_size, settings.max_length)
+        self.evaluator = Evaluator.for_settings(model, tokenizer, settings)
         self.stack = self.evaluator.stack
         blocks = token_blocks(tokenizer, source.train, settings.block_size, settings.train_blocks)
         self.blocks = blocks.to(self.stack.input_device())

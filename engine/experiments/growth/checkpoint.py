@@ -4,7 +4,8 @@ The tensor file gets a new name each time (`state-<tag>.safetensors`) and is wri
 before `state.json`, which names it; a kill at any moment therefore leaves a JSON that points at a
 complete tensor file. Older tensor files are deleted only after the JSON is replaced.
 Optimizer state: each AdamW moment and step counter is a tensor `opt.<index>.<key>`, the parameter
-groups (lr, betas, ...) go to JSON; the torch RNG state is the uint8 tensor `rng.torch`.
+groups (lr, betas, ...) go to JSON, and so does float16's GradScaler state (the loss scale and its
+growth counter, a few numbers); the torch RNG state is the uint8 tensor `rng.torch`.
 """
 
 from __future__ import annotations

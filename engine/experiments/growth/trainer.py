@@ -158,13 +158,16 @@ def train_arm(
             for name, p in grow.named.items():
                 p.copy_(tensors[f"model.{name}"])
         restore_optimizer(optimizer, tensors, state["optimizer"])
+        if state.get("scaler"):  # float16: the loss scale and its growth counter continue
+            scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(tensors["rng.torch"])
         step, seconds, phase_seconds = state["step"], state["seconds"], list(state["phase_seconds"])
 
     def checkpoint() -> None:
         if save is not None:
             tensors, groups = _tensors(grow, optimizer)
-            state = {"step": step, "seconds": seconds, "phase_seconds": phase_seconds, "optimizer": groups}
+            state = {"step": step, "seconds": seconds, "phase_seconds": phase_seconds, "optimizer": groups,
+                     "scaler": scaler.state_dict()}  # a few numbers ({} unless float16): JSON
             save(state, tensors)
 
     model.train()
