@@ -88,6 +88,7 @@ def test_device_map_and_max_memory_flags(tiny_folder, capsys):
     assert model_options_from_args(run).device_map == "sequential"
     cases = [
         (["--shards", "2", "--device-map", "auto"], "use one of them"),
+        (["--shards", "2", "--device", "cuda:1"], "every worker on that one GPU"),
         (["--max-memory", "0=14"], "--max-memory size '14' not understood"),
         (["--max-memory", "0=14GiB"], "--max-memory only applies with --device-map"),
     ]
@@ -95,6 +96,8 @@ def test_device_map_and_max_memory_flags(tiny_folder, capsys):
         assert main(["run", "ablation", "--model", str(tiny_folder), *flags]) == 2
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert line.startswith("anatomy-tui: error: ") and fragment in line
+    assert main(["run", "toy-depth", "--preset", "tiny", "--shards", "2", "--device", "cuda:0"]) == 2
+    assert "use --device auto: each worker takes its own GPU" in capsys.readouterr().err
     assert main(["run", "dynamics", "--shards", "2"]) == 2  # not a flag of dynamics: one line
     assert "unrecognized arguments: --shards 2" in capsys.readouterr().err
 

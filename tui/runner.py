@@ -55,7 +55,7 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     settings = settings_from_args(experiment, args)
     options = model_options_from_args(args) if experiment.needs_model else None
     settings.check_inputs()
-    world = _world(experiment, args, options)
+    world = _world(experiment, args, options, settings)
     main = world is None or world.is_main
     if args.json is not None and main:
         check_writable_path(args.json, "--json")
@@ -118,7 +118,8 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     return 0
 
 
-def _world(experiment: Experiment, args: argparse.Namespace, options: ModelOptions | None) -> World | None:
+def _world(experiment: Experiment, args: argparse.Namespace, options: ModelOptions | None,
+           settings: Settings) -> World | None:
     """The torchrun world this process is a worker of (None when run alone), with the one-line
     refusals of what cannot be split."""
     shards = getattr(args, "shards", None)
@@ -130,6 +131,10 @@ def _world(experiment: Experiment, args: argparse.Namespace, options: ModelOptio
     if (shards or world is not None) and options is not None and options.device_map is not None:
         raise UserError("--shards (or torchrun) runs a whole model in each worker, --device-map spreads one model "
                         "over the GPUs: use one of them")
+    device = str(options.device if options is not None else getattr(settings, "device", ""))
+    if (shards or world is not None) and device.startswith("cuda:"):
+        raise UserError(f"--device {device} would put every worker on that one GPU; with --shards (or torchrun) "
+                        "use --device auto: each worker takes its own GPU")
     if world is not None and not experiment.shardable:
         shardable = ", ".join(entry.name for entry in EXPERIMENTS if entry.shardable)
         raise UserError(f"{experiment.name} does not split over workers; run it without torchrun ({shardable} do)")
