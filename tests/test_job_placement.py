@@ -30,6 +30,28 @@ def on_gpu(folder: Path, device: str = "cuda:0", dtype: str = "float16", device_
                        device_map=device_map)
 
 
+def console_with_fake_jobs(monkeypatch, folder: Path, load, launch, placement: str):
+    """The console on `folder` with the model load, the job launcher and the placement faked."""
+    import tui.app as app_module
+    from tui.app import AnatomyApp
+    from tui.console_settings import ConsoleSettings
+
+    monkeypatch.setattr("engine.models.load_model", load)
+    monkeypatch.setattr(app_module, "launch_job", launch)
+    monkeypatch.setattr(app_module, "job_placement", lambda *args, **kwargs: placement)
+    return AnatomyApp(session="demo", options=ModelOptions(str(folder)), console=ConsoleSettings(auto_map=False))
+
+
+async def press_b_once_loaded(pilot, app, stub) -> None:
+    """Waits for the (fake) model, then starts the layer map as a job."""
+    for _ in range(100):
+        if app.loaded is stub:
+            break
+        await pilot.pause(0.1)
+    await pilot.press("b")
+    await pilot.pause()
+
+
 def test_jobs_get_the_resolved_device_and_dtype(tiny_folder):
     options = ModelOptions(str(tiny_folder))  # auto, auto
     resolved = job_options(options, on_gpu(tiny_folder))
@@ -61,9 +83,6 @@ def test_placement_against_a_fake_gpu_budget(tiny_folder):
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_home, monkeypatch, tiny_folder):
-    import tui.app as app_module
-    from tui.app import AnatomyApp
-
     stub = on_gpu(tiny_folder)
     loads, started = [], []
 
@@ -76,19 +95,9 @@ async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_
         started.append(argv)
         return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
 
-    monkeypatch.setattr("engine.models.load_model", fake_load)
-    monkeypatch.setattr(app_module, "launch_job", fake_launch)
-    monkeypatch.setattr(app_module, "job_placement", lambda *args, **kwargs: "release")
-    from tui.console_settings import ConsoleSettings
-
-    app = AnatomyApp(session="demo", options=ModelOptions(str(tiny_folder)), console=ConsoleSettings(auto_map=False))
+    app = console_with_fake_jobs(monkeypatch, tiny_folder, fake_load, fake_launch, "release")
     async with app.run_test(size=(120, 36)) as pilot:
-        for _ in range(100):
-            if app.loaded is stub:
-                break
-            await pilot.pause(0.1)
-        await pilot.press("b")  # the layer map as a job
-        await pilot.pause()
+        await press_b_once_loaded(pilot, app, stub)
         assert app.loaded is None and "released from cuda:0" in app.model_status
         [argv] = started
         assert "--device=cuda:0" in argv and "--dtype=float16" in argv
@@ -137,10 +146,6 @@ def test_sweeps_started_as_jobs_take_every_visible_gpu(gpus, monkeypatch, tiny_f
 async def test_the_console_starts_the_map_job_on_every_gpu(gpus, isolated_home, monkeypatch, tiny_folder):
     import torch
 
-    import tui.app as app_module
-    from tui.app import AnatomyApp
-    from tui.console_settings import ConsoleSettings
-
     stub, started = on_gpu(tiny_folder), []
 
     def fake_launch(session, experiment, argv):
@@ -150,17 +155,9 @@ async def test_the_console_starts_the_map_job_on_every_gpu(gpus, isolated_home, 
         return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr("engine.models.load_model", lambda name, **kwargs: stub)
-    monkeypatch.setattr(app_module, "launch_job", fake_launch)
-    monkeypatch.setattr(app_module, "job_placement", lambda *args, **kwargs: "beside")
-    app = AnatomyApp(session="demo", options=ModelOptions(str(tiny_folder)), console=ConsoleSettings(auto_map=False))
+    app = console_with_fake_jobs(monkeypatch, tiny_folder, lambda name, **kwargs: stub, fake_launch, "beside")
     async with app.run_test(size=(120, 36)) as pilot:
-        for _ in range(100):
-            if app.loaded is stub:
-                break
-            await pilot.pause(0.1)
-        await pilot.press("b")  # the layer map as a job
-        await pilot.pause()
+        await press_b_once_loaded(pilot, app, stub)
         [argv] = started
         assert shards_of(argv) == (["--shards=2"] if gpus == 2 else [])
         assert argv[argv.index("--session") + 1] == "demo"
