@@ -254,6 +254,8 @@ class ShardPlan:
     restrict: Callable[[list[Any]], Any]  # a share's units -> that share's settings
     merge: Callable[[list[dict[str, Any]]], dict[str, Any]]
     prepare: Callable[[Any, bool], None] | None = None
+    notes: tuple[str, ...] = ()  # lines rank 0 logs before the split (why these layers)
+    summary: Callable[[dict[str, Any]], list[str]] | None = None  # lines from the merged result (the fits)
 
 
 def plan(name: str, settings: Any, n_layers: int, inputs: Mapping[str, dict[str, Any]] | None = None,
@@ -284,15 +286,17 @@ def plan(name: str, settings: Any, n_layers: int, inputs: Mapping[str, dict[str,
     if name == "manipulate":
         from engine.experiments import manipulate
 
-        chosen, trials = manipulate.planned(settings, n_layers, inputs.get("ablation"), model_name)
+        chosen, trials, why = manipulate.planned(settings, n_layers, inputs.get("ablation"), model_name)
         merge = functools.partial(manipulate.merge_shards, settings=chosen)
-        return ShardPlan(list(range(len(trials))), lambda share: chosen, merge)
+        notes = (f"layers: {why}",) if why else ()
+        return ShardPlan(list(range(len(trials))), lambda share: chosen, merge, notes=notes)
     if name == "toy-depth":
         from engine.experiments import toy_depth
 
         merge = functools.partial(toy_depth.merge_shards, settings=settings)
         prepare = functools.partial(toy_depth.prepare_run, settings=settings)
-        return ShardPlan(toy_depth.students(settings), lambda share: settings, merge, prepare)
+        return ShardPlan(toy_depth.students(settings), lambda share: settings, merge, prepare,
+                         summary=toy_depth.fit_lines)
     raise UserError(f"{name} does not split over workers; --shards applies to {', '.join(SHARDABLE)}")
 
 

@@ -113,6 +113,15 @@ def test_plans_split_layers_and_refuse_other_experiments():
         plan("dynamics", None, 4)
 
 
+def test_a_split_manipulation_logs_why_its_layers_as_a_serial_run_does():
+    from engine.experiments.manipulate import ManipulationSettings
+
+    chosen = plan("manipulate", ManipulationSettings(), 4, {}, "tiny")
+    assert chosen.notes == ("layers: no ablation map of this model in the session: every layer",)
+    assert chosen.restrict([0]).layers == ()  # () is every layer, as in a serial run
+    assert plan("manipulate", ManipulationSettings(layers=(1, 2)), 4, {}, "tiny").notes == ()
+
+
 def test_launch_needs_two_workers():
     with pytest.raises(UserError, match="at least 2"):
         launch([str(WORKER)], 1)

@@ -201,6 +201,12 @@ def test_two_shards_give_the_serial_toy_depth_and_resume_a_lost_student(worker_e
     store = SessionStore()
     sharded, serial = store.open("sharded"), store.open("serial")
     assert untimed(sharded.load_result("toy-depth")) == untimed(serial.load_result("toy-depth"))
+
+    def fit_lines(session) -> set[str]:
+        log = [json.loads(line) for line in (session.path / "events.jsonl").read_text().splitlines()]
+        return {e["text"] for e in log if e["kind"] == "job.message" and "alpha_l=" in e["text"]}
+
+    assert len(fit_lines(serial)) == 2 and fit_lines(sharded) == fit_lines(serial)  # logged after the merge
     folder = sharded.checkpoint_dir("toy-depth")
     assert len(list(folder.glob("student-*.json"))) == 6  # two regimes x three depths, one file each
     (folder / "student-independent-T1.0-d2.json").unlink()  # a student killed before it finished

@@ -34,7 +34,7 @@ from sessions.store import Session, SessionStore
 from tui.flags import model_options_from_args, settings_from_args
 
 if TYPE_CHECKING:
-    from engine.distributed import Workers, World
+    from engine.distributed import ShardPlan, Workers, World
     from engine.memory import MemoryPlan
 
 CANCELLED = 130
@@ -217,7 +217,18 @@ def sharded_events(name: str, settings: Settings, context: RunContext, workers: 
     def run_share(share: list[Any]) -> Iterator[Event]:
         return _run_share(name, split.restrict(share), dataclasses.replace(share_context, share=share))
 
-    return workers.sweep(run_share, split.items, split.merge)
+    events = workers.sweep(run_share, split.items, split.merge)
+    return _logged(events, split) if workers.world.is_main else events
+
+
+def _logged(events: Iterator[Event], split: ShardPlan) -> Iterator[Event]:
+    """Rank 0's events with the log lines a serial run writes on its own: why these layers, before
+    the split, and the lines of what the merge computed (fits), before the Result."""
+    yield from (Message(line) for line in split.notes)
+    for event in events:
+        if isinstance(event, Result) and split.summary is not None:
+            yield from (Message(line) for line in split.summary(event.data))
+        yield event
 
 
 def _run_share(name: str, settings: Settings, context: RunContext) -> Iterator[Event]:

@@ -270,16 +270,18 @@ def run(settings: ManipulationSettings, context: RunContext) -> Iterator[Event]:
 
 
 def planned(settings: ManipulationSettings, n_layers: int, ablation: dict | None, model_name: str
-            ) -> tuple[ManipulationSettings, list[Trial]]:
-    """The settings with their layers chosen (as `run` chooses them) and the run's trials, for a
-    split run: every worker must agree on them."""
+            ) -> tuple[ManipulationSettings, list[Trial], str]:
+    """The settings with their layers chosen (as `run` chooses them), the run's trials, and why those
+    layers ("" when --layers named them), for a split run: every worker must agree on them."""
+    why = ""
     if settings.layers is None:
-        settings = replace(settings, layers=default_layers(ablation, model_name)[0])
+        chosen, why = default_layers(ablation, model_name)
+        settings = replace(settings, layers=chosen)
     layers = sorted(set(settings.layers or range(n_layers)))
     outside = [i for i in layers if not 0 <= i < n_layers]
     if outside:
         raise UserError(f"layer {outside[0]} is out of range; this model has layers 0 to {n_layers - 1}")
-    return settings, trials(settings, layers)
+    return settings, trials(settings, layers), why
 
 
 def merge_shards(docs: list[dict], settings: ManipulationSettings) -> dict:

@@ -428,7 +428,7 @@ def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
             if only is None:
                 fit = group_fit(settings, [losses[regime, temperature, depth] for depth in depths])
                 by_temperature.setdefault(f"{temperature:g}", {})[regime] = fit
-                yield Message(f"{regime} T={temperature:g}: alpha_l={fit['alpha_l']} ci95={fit['ci95']}")
+                yield Message(fit_line(regime, temperature, fit))
     seconds = time.perf_counter() - started
     if only is None:
         yield Result(name="toy-depth", data=result_doc(settings.to_dict(), preset, by_temperature, seconds))
@@ -494,6 +494,17 @@ def result_doc(settings: dict[str, Any], preset: str, by_temperature: dict[str, 
         "settings": settings,
         "seconds": seconds,
     }
+
+
+def fit_line(regime: str, temperature: float, fit: dict[str, Any]) -> str:
+    return f"{regime} T={temperature:g}: alpha_l={fit['alpha_l']} ci95={fit['ci95']}"
+
+
+def fit_lines(doc: dict[str, Any]) -> list[str]:
+    """The per-curve log lines of a serial run, from a result: a split run fits its curves only
+    once every share is in, so it logs them then."""
+    fits = doc["by_temperature"]
+    return [fit_line(regime, float(t), fit) for t in fits for regime, fit in fits[t].items()]
 
 
 def merge_shards(docs: list[dict[str, Any]], settings: ToyDepthSettings) -> dict[str, Any]:
