@@ -13,7 +13,7 @@ before any time is spent loading.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -293,6 +293,16 @@ def fits_beside(plan: MemoryPlan, loaded_bytes: int, free_bytes: int) -> Placeme
     if plan.total <= MARGIN * (free_bytes + loaded_bytes):
         return "release"
     return "never"
+
+
+def other_gpu(plan: MemoryPlan, busy: str, gpus: int, free_of: Callable[[str], int]) -> str | None:
+    """The first of the `gpus` GPUs, other than `busy` (the one the console's model is on), whose
+    free memory (`free_of(device)`) holds the plan; None when none does."""
+    taken = int(busy.split(":")[1]) if ":" in busy else 0  # bare 'cuda' is the current GPU, 0 in the console
+    for index in range(gpus):
+        if index != taken and plan.total <= MARGIN * free_of(f"cuda:{index}"):
+            return f"cuda:{index}"
+    return None
 
 
 def free_memory(device: str) -> int:

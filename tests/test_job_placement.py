@@ -108,6 +108,51 @@ async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_
         assert len(loads) == 2 and app.loaded is stub and app.released_for is None
 
 
+def test_a_job_goes_to_another_gpu_with_room_before_the_console_releases_its_model(tiny_folder, monkeypatch):
+    import torch
+
+    from engine.experiments.recovery import RecoverySettings
+    from engine.memory import other_gpu
+
+    loaded = on_gpu(tiny_folder)  # the console's model on cuda:0
+    options = job_options(ModelOptions(str(tiny_folder)), loaded)
+    one_run = RecoverySettings(layers=(1,), eval_set="paper", steps=2)
+    need = plan_run(str(tiny_folder), one_run, "cpu", "float16").total
+    held = sum(t.numel() * t.element_size() for t in [*loaded.model.parameters(), *loaded.model.buffers()])
+    free = {"cuda:0": int(need / 0.9) - held // 2, "cuda:1": need // 2, "cuda:2": 2 * need}  # 0: only if released
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr("engine.memory.free_memory", lambda device: free.get(device, 2**40))  # the host: plenty
+    assert job_placement("recovery", one_run, options, loaded, free_bytes=free["cuda:0"]) == "cuda:2"
+    free["cuda:2"] = need // 2  # no GPU with room: the console frees its own
+    assert job_placement("recovery", one_run, options, loaded, free_bytes=free["cuda:0"]) == "release"
+    free["cuda:2"] = 2 * need  # a sweep split over every GPU needs the console's GPU too
+    assert job_placement("recovery", RecoverySettings(eval_set="paper"), options, loaded,
+                         free_bytes=free["cuda:0"]) == "release"
+    plan = plan_run(str(tiny_folder), one_run, "cpu", "float16")
+    assert other_gpu(plan, "cuda:2", 3, free.get) is None  # the busy GPU is never the other one
+    assert other_gpu(plan, "cuda", 3, free.get) == "cuda:2"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_console_keeps_its_model_when_the_job_goes_to_another_gpu(isolated_home, monkeypatch, tiny_folder):
+    stub, started = on_gpu(tiny_folder), []
+
+    def fake_launch(session, experiment, argv):
+        started.append(argv)
+        process = subprocess.Popen([sys.executable, "-c", "pass"])
+        process.wait()
+        return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
+
+    app = console_with_fake_jobs(monkeypatch, tiny_folder, lambda name, **kwargs: stub, fake_launch, "cuda:1")
+    async with app.run_test(size=(120, 36)) as pilot:
+        await press_b_once_loaded(pilot, app, stub)
+        [argv] = started
+        assert "--device=cuda:1" in argv and "--device=cuda:0" not in argv
+        assert app.loaded is stub and app.released_for is None
+        assert any("runs on cuda:1" in text for _, text in app.state.log)
+
+
 def shards_of(argv: list[str]) -> list[str]:
     return [arg for arg in argv if arg.startswith("--shards")]
 

@@ -488,6 +488,10 @@ class AnatomyApp(App[None]):
             return None
         if placement == "release" and not self.release_model(experiment, options):
             return None
+        if placement.startswith("cuda"):  # another GPU has room: the console keeps its model
+            options = replace(options, device=placement)
+            argv = job_argv(experiment, settings, options, self.session.name, resume)
+            self.say(f"the {experiment} job runs on {placement}: {self.loaded.device} holds the console's model")
         job = self.launch(experiment, argv)
         if placement == "release":
             self.released_for = job

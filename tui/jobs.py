@@ -109,16 +109,18 @@ def job_options(options: ModelOptions, loaded: Any | None) -> ModelOptions:
 
 
 def job_placement(experiment: str, settings: Settings, options: ModelOptions, loaded: Any | None,
-                  free_bytes: int | None = None) -> Placement:
+                  free_bytes: int | None = None) -> Placement | str:
     """Whether a model job can run beside the console's loaded model: 'beside' (on the CPU, or the
-    GPU holds both), 'release' (the console must free its copy first: also for a model spread over
-    GPUs, and when the job cannot be planned); a job that cannot fit even then is a one-line
-    UserError. `free_bytes` is the GPU's free memory (read from the driver when not given)."""
+    GPU holds both), another GPU with room for it ('cuda:1', when the console's cannot hold both
+    and the job is not split over every GPU), 'release' (the console must free its copy first: also
+    for a model spread over GPUs, and when the job cannot be planned); a job that cannot fit even
+    then is a one-line UserError. `free_bytes` is the GPU's free memory (read from the driver when
+    not given)."""
     if loaded is None or not str(loaded.device).startswith("cuda"):
         return "beside"
     if loaded.device_map is not None:
         return "release"
-    from engine.memory import check_fits, fits_beside, free_memory, model_bytes, plan_run
+    from engine.memory import check_fits, fits_beside, free_memory, model_bytes, other_gpu, plan_run
 
     try:  # the plan's sizes depend on the dtype, not the device: planned on "cpu", touching no GPU
         plan = plan_run(options.model, settings, "cpu", loaded.dtype_name, options.trust_remote_code)
@@ -128,6 +130,12 @@ def job_placement(experiment: str, settings: Settings, options: ModelOptions, lo
     free = free_memory(loaded.device) if free_bytes is None else free_bytes
     held = model_bytes(loaded.model)
     placement = fits_beside(plan, held, free)
+    if placement != "beside" and not shards_flag(experiment, settings, options):
+        import torch
+
+        elsewhere = other_gpu(plan, loaded.device, torch.cuda.device_count(), free_memory)
+        if elsewhere is not None:
+            return elsewhere
     if placement == "never":
         check_fits(plan, free + held, f"the {experiment} job")  # one line: what it needs, what to change
     return placement
