@@ -142,3 +142,18 @@ async def test_the_analyses_pane_draws_each_view_and_hides_what_a_result_cannot_
         await pilot.pause()
         assert not screen.query_one("#scaling-depth-plot").display and screen.query_one("#scaling-plot").display
         assert not screen.query_one("#cluster-plot").display and screen.query_one("#angle-plot").display
+
+
+@pytest.mark.anyio
+async def test_the_two_scaling_plots_stand_side_by_side_when_wide_and_stack_when_narrow(isolated_home) -> None:
+    analyses_session(SessionStore())
+    app = AnatomyApp(session="map", load_model=False)
+    async with app.run_test(size=(200, 50)) as pilot:
+        await pilot.press("f6")
+        await pilot.pause()
+        depth, profile = app.screen.query_one("#scaling-depth-plot"), app.screen.query_one("#scaling-plot")
+        assert depth.region.y == profile.region.y and depth.region.right <= profile.region.x
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert depth.region.x == profile.region.x and depth.region.bottom <= profile.region.y
+        assert profile.region.width > 70  # each at the pane's full width
