@@ -42,6 +42,19 @@ def console_with_fake_jobs(monkeypatch, folder: Path, load, launch, placement: s
     return AnatomyApp(session="demo", options=ModelOptions(str(folder)), console=ConsoleSettings(auto_map=False))
 
 
+def recording_launcher(started: list[list[str]], code: str = "pass", wait: bool = True):
+    """A stand-in for launch_job: records each argv and runs `python -c code` as the job."""
+
+    def launch(session, experiment, argv):
+        started.append(argv)
+        process = subprocess.Popen([sys.executable, "-c", code])
+        if wait:
+            process.wait()
+        return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
+
+    return launch
+
+
 async def press_b_once_loaded(pilot, app, stub) -> None:
     """Waits for the (fake) model, then starts the layer map as a job."""
     for _ in range(100):
@@ -90,12 +103,8 @@ async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_
         loads.append(name)
         return stub
 
-    def fake_launch(session, experiment, argv):
-        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
-        started.append(argv)
-        return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
-
-    app = console_with_fake_jobs(monkeypatch, tiny_folder, fake_load, fake_launch, "release")
+    launch = recording_launcher(started, "import time; time.sleep(1.5)", wait=False)
+    app = console_with_fake_jobs(monkeypatch, tiny_folder, fake_load, launch, "release")
     async with app.run_test(size=(120, 36)) as pilot:
         await press_b_once_loaded(pilot, app, stub)
         assert app.loaded is None and "released from cuda:0" in app.model_status
@@ -138,13 +147,8 @@ def test_a_job_goes_to_another_gpu_with_room_before_the_console_releases_its_mod
 async def test_the_console_keeps_its_model_when_the_job_goes_to_another_gpu(isolated_home, monkeypatch, tiny_folder):
     stub, started = on_gpu(tiny_folder), []
 
-    def fake_launch(session, experiment, argv):
-        started.append(argv)
-        process = subprocess.Popen([sys.executable, "-c", "pass"])
-        process.wait()
-        return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
-
-    app = console_with_fake_jobs(monkeypatch, tiny_folder, lambda name, **kwargs: stub, fake_launch, "cuda:1")
+    app = console_with_fake_jobs(monkeypatch, tiny_folder, lambda name, **kwargs: stub, recording_launcher(started),
+                                 "cuda:1")
     async with app.run_test(size=(120, 36)) as pilot:
         await press_b_once_loaded(pilot, app, stub)
         [argv] = started
@@ -193,14 +197,9 @@ async def test_the_console_starts_the_map_job_on_every_gpu(gpus, isolated_home, 
 
     stub, started = on_gpu(tiny_folder), []
 
-    def fake_launch(session, experiment, argv):
-        started.append(argv)
-        process = subprocess.Popen([sys.executable, "-c", "pass"])
-        process.wait()
-        return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
-
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    app = console_with_fake_jobs(monkeypatch, tiny_folder, lambda name, **kwargs: stub, fake_launch, "beside")
+    app = console_with_fake_jobs(monkeypatch, tiny_folder, lambda name, **kwargs: stub, recording_launcher(started),
+                                 "beside")
     async with app.run_test(size=(120, 36)) as pilot:
         await press_b_once_loaded(pilot, app, stub)
         [argv] = started
