@@ -23,8 +23,10 @@ from engine.errors import UserError
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 MARGIN = 0.9  # plan at most 90 % of free memory: the allocator and CUDA context need the rest
 SOFTMAX_CHUNK_BYTES = 64 * 2**20  # float32 logits handled at once by perplexity.token_nll
-CPU_EVAL_BATCH = 8  # on the CPU a wider batch only pads more: the 48 texts on the embedded model, one thread,
-# take 4.2 s in batches of 8 or 16 and 5.3 s in one batch of 48 (992 vs 1344 padded tokens)
+# The auto evaluation batch on the CPU, where a wider batch only pads more (the 48 texts on the embedded
+# model, one thread, take 4.2 s in batches of 8 or 16 and 5.3 s in one batch of 48: 992 vs 1344 padded
+# tokens), and for a model placed by --device-map (no one device's free memory says what fits).
+FIXED_EVAL_BATCH = 8
 GB = 1e9
 
 
@@ -184,9 +186,9 @@ def auto_eval_batch(
     """The evaluation batch when none is asked for. On a GPU: the largest, up to every text in one
     forward, whose whole plan (weights, prefix cache, activations, logits, training) passes
     `check_fits` against `free_bytes`, the memory free before the weights loaded; 1 when none does
-    (check_fits then says what to change). On the CPU: CPU_EVAL_BATCH."""
+    (check_fits then says what to change). On the CPU: FIXED_EVAL_BATCH."""
     if not device.startswith("cuda"):
-        return CPU_EVAL_BATCH
+        return FIXED_EVAL_BATCH
     fitting = [size for size in range(1, len(lengths) + 1)
                if plan_memory(shape, dtype, device, lengths, size, prefix_cache, training).total <= MARGIN * free_bytes]
     return max(fitting, default=1)
@@ -194,15 +196,16 @@ def auto_eval_batch(
 
 def loaded_eval_batch(model: Any, tokenizer: Any, texts: Sequence[str], settings: Any) -> int:
     """`settings.eval_batch_size`, or when it is auto (None), `auto_eval_batch` for a loaded model:
-    the memory its weights hold counts as free, as `plan_run` saw it before the load. A model spread
-    over several GPUs is planned against their free memory in all."""
+    the memory its weights hold counts as free, as `plan_run` saw it before the load. A model placed
+    by --device-map keeps the fixed batch: its activations and logits do not split evenly over the
+    devices, so no one device's free memory says what fits."""
     if settings.eval_batch_size:
         return int(settings.eval_batch_size)
     devices = cuda_devices(model)
-    if not devices:
-        return CPU_EVAL_BATCH
+    if not devices or getattr(model, "hf_device_map", None):
+        return FIXED_EVAL_BATCH
     shape = ModelShape.from_config(model.config)
-    free = sum(free_memory(d) for d in devices) + model_bytes(model)
+    free = free_memory(devices[0]) + model_bytes(model)
     return auto_eval_batch(devices[0], shape, str(model.dtype).removeprefix("torch."),
                            text_lengths(tokenizer, texts, settings.max_length), free,
                            getattr(settings, "prefix_cache", True), training_of(shape, settings))
@@ -224,7 +227,7 @@ def text_lengths(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[
 
 
 def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto",
-             trust_remote_code: bool = False) -> MemoryPlan:
+             trust_remote_code: bool = False, device_map: str | None = None) -> MemoryPlan:
     """The plan of an experiment on a model, made before its weights load: the config and the
     tokenizer are read (cheap), the evaluation texts the settings name are tokenized. Recovery-like
     settings (block_size and lr) add one layer's training state. An auto evaluation batch is chosen
@@ -254,8 +257,10 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
     lengths = text_lengths(tokenizer, texts, max_length)
     training = training_of(shape, settings)
     prefix_cache = getattr(settings, "prefix_cache", True)
-    batch_size = getattr(settings, "eval_batch_size", getattr(settings, "batch_size", CPU_EVAL_BATCH))
-    if not batch_size:  # auto: what the evaluator will choose, from the memory free now
+    batch_size = getattr(settings, "eval_batch_size", getattr(settings, "batch_size", FIXED_EVAL_BATCH))
+    if not batch_size and device_map is not None:  # as `loaded_eval_batch` will choose
+        batch_size = FIXED_EVAL_BATCH
+    elif not batch_size:  # auto: what the evaluator will choose, from the memory free now
         batch_size = auto_eval_batch(chosen_device, shape, chosen_dtype, lengths, free_memory(chosen_device),
                                      prefix_cache, training)
     return plan_memory(shape, chosen_dtype, chosen_device, lengths, batch_size, prefix_cache, training)

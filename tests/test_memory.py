@@ -245,7 +245,7 @@ def test_plan_and_evaluator_choose_the_same_auto_batch_and_the_same_perplexity(t
     settings = AblationSettings(eval_file=str(evaluation), max_length=64)
     assert settings.eval_batch_size is None  # auto by default
     loaded = load_model(str(folder), device="cpu", dtype="float32")
-    assert Evaluator.for_settings(loaded.model, loaded.tokenizer, settings).batch_size == memory.CPU_EVAL_BATCH
+    assert Evaluator.for_settings(loaded.model, loaded.tokenizer, settings).batch_size == memory.FIXED_EVAL_BATCH
     shape = ModelShape.from_config(loaded.model.config)
     lengths = memory.text_lengths(loaded.tokenizer, TEXTS, 64)
     free = int(plan_memory(shape, "float32", "cuda:0", lengths, 2).total / memory.MARGIN) + 1
@@ -265,6 +265,11 @@ def test_plan_and_evaluator_choose_the_same_auto_batch_and_the_same_perplexity(t
     three = settings.override({"eval_batch_size": 3})
     explicit = Evaluator.for_settings(loaded.model, loaded.tokenizer, three)
     assert explicit.batch_size == memory.plan_run(str(folder), three, "cuda", "float32").eval_batch_size == 3
+    spread_plan = memory.plan_run(str(folder), settings, "cuda", "float32", device_map="auto")
+    loaded.model.hf_device_map = {"model.embed_tokens": 0, "model.layers.1": 1}  # as accelerate marks it
+    spread = Evaluator.for_settings(loaded.model, loaded.tokenizer, settings)
+    assert spread.batch_size == spread_plan.eval_batch_size == memory.FIXED_EVAL_BATCH  # not the sum of GPUs
+    del loaded.model.hf_device_map
     one = Evaluator(loaded.model, loaded.tokenizer, TEXTS, 1, 64).perplexity()
     for each in (evaluator, everything, explicit):
         assert each.perplexity() == pytest.approx(one, rel=1e-6)

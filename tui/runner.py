@@ -169,7 +169,8 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
     from engine.memory import check_fits, free_memory, plan_run
 
     try:
-        plan = plan_run(options.model, settings, options.device, options.dtype, options.trust_remote_code)
+        plan = plan_run(options.model, settings, options.device, options.dtype, options.trust_remote_code,
+                        options.device_map)
     except UserError:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError,
