@@ -1,6 +1,6 @@
 """How `anatomy-tui run` prints each experiment's result: one function per experiment name, a plain
 JSON dump for the rest. Rich renderables only (no Textual), so the console's result view shows the
-same tables (`weights_view`)."""
+same tables (`weights_view`, `manipulate_view`, ...)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ from rich import box
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
+
+from engine.events import ManipulateRow, from_doc
+from tui.palette import class_style
+
+SAMPLE_WIDTH = 70
 
 
 def fmt(value: Any, spec: str = ".3f", missing: str = "n/a") -> str:
@@ -248,18 +253,32 @@ def print_weights(doc: dict[str, Any]) -> None:
     Console().print(weights_view(doc))
 
 
+def manipulate_view(doc: dict[str, Any]) -> Table:
+    """results/manipulate.json as rows: layers, strategy, its parameter, ppl, D %, the sample."""
+    table = Table(title=f"baseline ppl {doc['baseline_ppl']:,.2f} · sample: {doc.get('baseline_sample', '')[:60]!r}",
+                  expand=False)  # fmt: skip
+    for column, justify in (("layers", "left"), ("strategy", "left"), ("param", "right"), ("ppl", "right"),
+                            ("D %", "right"), ("greedy sample", "left")):  # fmt: skip
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for raw in doc["results"]:
+        row = from_doc(ManipulateRow, raw)
+        d = row.degradation_pct
+        style = class_style("anti") if d is not None and d < 0 else ""  # the edit helps: as on the map
+        table.add_row(
+            ",".join(map(str, row.layers)) + (" (together)" if row.together else ""),
+            row.strategy,
+            "" if row.param is None else f"{row.param:g}",
+            "" if row.ppl is None else f"{row.ppl:,.2f}",
+            Text("" if d is None else f"{d:+,.1f}", style=style),
+            row.sample.replace("\n", " ")[:SAMPLE_WIDTH],
+        )
+    return table
+
+
 def print_manipulate(doc: dict[str, Any]) -> None:
     console = Console()
-    table = Table(title=f"{doc['model']}  baseline PPL {doc['baseline_ppl']:.2f}  prompt {doc['prompt']!r}")
-    for column in ("layers", "strategy", "param", "PPL", "D %", "sample"):
-        table.add_column(column, justify="right" if column in ("PPL", "D %") else "left")
-    for row in doc["results"]:
-        layers = row["layers"]
-        label = ",".join(map(str, layers)) if len(layers) <= 6 else f"{len(layers)} together"
-        param = "" if row["param"] is None else f"{row['param']:g}"
-        table.add_row(label, row["strategy"], param, fmt(row["ppl"], ".2f", "inf"),
-                      fmt(row["degradation_pct"], ".1f", "inf"), row["sample"].replace("\n", " ")[:60])
-    console.print(table)
+    console.print(f"{doc['model']}  prompt {doc['prompt']!r}", highlight=False)
+    console.print(manipulate_view(doc))
     console.print(f"baseline sample: {doc['baseline_sample']!r}", highlight=False)
 
 

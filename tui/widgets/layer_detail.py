@@ -7,8 +7,8 @@ from dataclasses import fields
 from rich.text import Text
 from textual.widgets import Static
 
+from tui.palette import class_style
 from tui.state import SessionState, layer_class
-from tui.widgets.palette import class_style
 
 _ROW_FIELDS = (
     ("ppl", "perplexity ablated", "{:,.2f}"),

@@ -12,8 +12,8 @@ from textual.widgets import DataTable
 
 from engine.events import RecoveryRow
 from engine.variants import pruned_layers
+from tui.palette import class_style
 from tui.state import SessionState, layer_class
-from tui.widgets.palette import class_style
 
 log = logging.getLogger("anatomy_tui.console")
 BAR_WIDTH = 16

@@ -11,9 +11,8 @@ from rich.pretty import Pretty
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.printers import prune_view, scaling_fit_view, toy_depth_view, weights_view
+from tui.printers import manipulate_view, prune_view, scaling_fit_view, toy_depth_view, weights_view
 from tui.widgets.dynamics_clusters import clusters_table
-from tui.widgets.manipulate_table import manipulate_table
 
 MAX_ITEMS = 40  # long lists are cut in the view; the file has everything
 
@@ -45,7 +44,7 @@ def scaling_fit_summary(doc: dict[str, Any], command: str) -> Any:
 # each summary gets the document and the command that (re)fills the view
 SUMMARIES: dict[str, Callable[[dict[str, Any], str], Any]] = {
     "weights": _without_command(weights_view),
-    "manipulate": _without_command(manipulate_table),
+    "manipulate": _without_command(manipulate_view),
     "dynamics": clusters_table,
     "scaling-fit": scaling_fit_summary,
     "toy-depth": _without_command(toy_depth_view),
