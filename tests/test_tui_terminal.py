@@ -3,11 +3,13 @@ runs in a real terminal (tmux: send-keys, capture-pane) and draws the layer map.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,17 +61,25 @@ def _wait_for(name: str, *needles: str, limit: float = 60.0) -> str:
     raise AssertionError(f"{needles} never appeared; the pane shows:\n{_pane(name)}")
 
 
+@contextlib.contextmanager
+def console_in_tmux(home: Path, flags: str, size: tuple[int, int]) -> Iterator[str]:
+    """`anatomy-tui FLAGS` in a detached tmux session of this size; yields the session's name."""
+    name = f"anatomy-tui-{os.getpid()}-{time.monotonic_ns()}"
+    command = f"cd {ROOT} && ANATOMY_TUI_HOME={home} TERM=xterm-256color {sys.executable} -m tui.cli {flags}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]), command],
+                   check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
 def test_console_in_a_real_terminal(isolated_home, tmp_path) -> None:
     demo_session(SessionStore())
     folder = save_tiny(tmp_path / "tiny")
-    name = f"anatomy-tui-smoke-{os.getpid()}"
-    command = (
-        f"cd {ROOT} && ANATOMY_TUI_HOME={isolated_home} TERM=xterm-256color {sys.executable} -m tui.cli "
-        f"--session demo --model {folder} --device cpu --dtype float32"
-    )
-    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "100", "-y", "30", command], check=True)
-    try:
+    flags = f"--session demo --model {folder} --device cpu --dtype float32"
+    with console_in_tmux(isolated_home, flags, (100, 30)) as name:
         _wait_for(name, "D% (log)", "critical", "important", "anti")
         screen = _wait_for(name, "tiny · cpu")  # the model loaded behind the console
         assert "Loading" not in screen and "Warning" not in screen  # nothing printed over the UI
@@ -82,21 +92,13 @@ def test_console_in_a_real_terminal(isolated_home, tmp_path) -> None:
         while subprocess.run(["tmux", "has-session", "-t", name], capture_output=True).returncode == 0:
             assert time.monotonic() < deadline, "the console did not quit on q"
             time.sleep(0.3)
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
 def test_first_run_draws_the_map_unasked(isolated_home, tmp_path) -> None:
     """An empty store and no key pressed: the console opens a new session and maps its layers."""
     folder = save_tiny(tmp_path / "tiny")
-    name = f"anatomy-tui-first-{os.getpid()}"
-    command = (
-        f"cd {ROOT} && ANATOMY_TUI_HOME={isolated_home} TERM=xterm-256color {sys.executable} -m tui.cli "
-        f"--model {folder} --device cpu --dtype float32"
-    )
-    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "80", "-y", "24", command], check=True)
-    try:
+    with console_in_tmux(isolated_home, f"--model {folder} --device cpu --dtype float32", (80, 24)) as name:
         deadline = time.monotonic() + 120
         while not list(Path(isolated_home).glob("*/results/ablation.json")):
             assert time.monotonic() < deadline, f"no map was computed; the pane shows:\n{_pane(name)}"
@@ -107,5 +109,3 @@ def test_first_run_draws_the_map_unasked(isolated_home, tmp_path) -> None:
             assert time.monotonic() < deadline, f"the map was not drawn; the pane shows:\n{_pane(name)}"
             time.sleep(0.3)
         assert "Sessions:" not in _pane(name)  # no picker on a first run
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
