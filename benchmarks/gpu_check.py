@@ -19,6 +19,7 @@ import torch
 from engine.events import Result
 from engine.experiments.ablation import AblationSettings, run_ablation
 from engine.experiments.growth.experiment import preset_settings, run_growth
+from engine.experiments.growth.trainer import synchronize
 from engine.experiments.recovery import RecoverySettings, run_recovery
 from engine.memory import ModelShape, free_memory, loaded_eval_batch, model_bytes
 from engine.models import load_model
@@ -31,11 +32,6 @@ QUICK_LAYERS = (10, 20, 29)  # late layers: the map from the prefix cache stays 
 
 def result_of(events) -> dict:
     return next(e for e in events if isinstance(e, Result)).data
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def layer_map(device: str, dtype: str, settings: AblationSettings) -> tuple[dict, float, int, int]:
