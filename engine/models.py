@@ -8,6 +8,7 @@ a local Hugging Face folder, a `.gguf` file, or a hub id. A GGUF load dequantize
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -213,6 +214,16 @@ def training_precision(device: str, dtype: str) -> dict[str, str]:
     resolved as for a model load; the run keeps float32 weights and autocasts to the dtype."""
     chosen = choose_device(device)
     return {"device": chosen, "dtype": choose_dtype(dtype, chosen)}
+
+
+def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager:
+    """Mixed precision for a from-scratch training run: matmuls in the half dtype, float32
+    parameters and optimizer untouched (a no-op for float32)."""
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
 
 
 def dtype_warnings(dtype: str, device: str, model_type: str = "") -> list[str]:

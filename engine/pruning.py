@@ -100,8 +100,3 @@ def removed(model: nn.Module, indices: Sequence[int]) -> Iterator[tuple[int, ...
         yield kept
     finally:
         undo()
-
-
-def remove_layers(model: nn.Module, indices: Sequence[int]) -> tuple[int, ...]:
-    """Removes the layers for good (for a model about to be saved); returns the kept indices."""
-    return _apply(model, indices)[0]

@@ -325,6 +325,13 @@ class Settings:
         return {k: v for k, v in self.to_dict().items() if k not in free}
 
 
+def from_preset(presets: Mapping[str, S], name: str, **changes: Any) -> S:
+    """Preset `name` with some fields changed; an unknown name is a one-line error."""
+    if name not in presets:
+        raise UserError(f"unknown preset {name!r}; use {', '.join(presets)}")
+    return dataclasses.replace(presets[name], **changes)
+
+
 def _number(bound: float) -> str:
     """A bound as typed: 2147483647, not 2.14748e+09; 1e-06 stays short."""
     return str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e16 else f"{bound:g}"

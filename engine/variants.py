@@ -51,19 +51,12 @@ def modified(model: Any, layers: Sequence[int]) -> Iterator[Any]:
     """Each of `layers` replaced by the mean of its neighbours as they were before any change
     (so marking two adjacent layers gives each the mean of its original neighbours, the
     ablation experiment's `mean` method layer by layer)."""
-    import torch
-
     from engine.anatomy import LayerStack
     from engine.experiments.ablation import neighbour_mean
 
     stack = LayerStack(model)
-    marked = sorted(set(layers))
-    targets = {index: neighbour_mean(stack, stack.check_index(index)) for index in marked}
-    with stack.preserved(marked):
-        with torch.no_grad():
-            for index, tensors in targets.items():
-                for name, param in stack.matrices(index).items():
-                    param.copy_(tensors[name])
+    targets = {index: neighbour_mean(stack, stack.check_index(index)) for index in sorted(set(layers))}
+    with stack.holding(targets):
         yield model
 
 

@@ -9,7 +9,7 @@ from tiny_models import TINY_CONFIGS, tiny_model
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.pruning import check_removal, remove_layers, removed
+from engine.pruning import check_removal, removed
 
 IDS = torch.tensor([[5, 17, 99, 3, 42, 8, 250, 11, 64, 7, 1, 200], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 10, 20]])
 
@@ -65,12 +65,6 @@ def test_sliding_layer_types_follow_their_layers():
         assert idx == [0, 1, 2]
     assert list(model.config.layer_types) == before
     assert [layer.self_attn.layer_idx for layer in LayerStack(model).layers] == [0, 1, 2, 3]
-
-
-def test_remove_layers_is_permanent():
-    model = tiny_model("llama")
-    assert remove_layers(model, (3, 1)) == (0, 2)
-    assert len(LayerStack(model)) == 2 and model.config.num_hidden_layers == 2
 
 
 def test_one_line_errors():

@@ -33,9 +33,9 @@ from engine import powerfit
 from engine.atomic import atomic_write_bytes, atomic_write_json
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, StudentDone, StudentStep
-from engine.models import training_precision
+from engine.models import autocast, training_precision
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, Settings, setting
+from engine.settings import MAX_SEED, Settings, from_preset, setting
 
 REGIMES = ("tied", "independent")
 
@@ -62,9 +62,10 @@ class ToyDepthSettings(Settings):
     eval_size: int = setting(8192, "held-out inputs for the final loss", low=1)
     fit_floor: bool = setting(False, "fit L = c/l^a + L0 instead of L = c/l^a")
     bootstrap: int = setting(1000, "bootstrap resamples for the a_l interval", low=0)
-    log_every: int = setting(50, "emit a training-loss event every N steps", low=1)
+    log_every: int = setting(50, "emit a training-loss event every N steps", low=1, resume_free=True)
     seed: int = setting(0, "random seed of teachers, students and data", low=0, high=MAX_SEED)
-    threads: int = setting(1, "torch CPU threads while training (one is fastest for these small matrices)", low=1)
+    threads: int = setting(1, "torch CPU threads while training (one is fastest for these small matrices)", low=1,
+                           resume_free=True)
     device: str = setting("auto", "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N")
     dtype: str = setting("auto", "students' forward precision; weights and Adam stay float32 (mixed precision)",
                          choices=("auto", "float32", "bfloat16", "float16"))
@@ -194,8 +195,7 @@ def train_students(
     students = Students(depth, settings.seeds, settings, generator).to(device)  # float32 master weights
     optimiser = torch.optim.Adam(students.parameters(), lr=settings.lr)
     scaler = torch.amp.GradScaler(torch.device(device).type, enabled=dtype == "float16")
-    half = contextlib.nullcontext() if dtype == "float32" else torch.autocast(
-        torch.device(device).type, dtype=getattr(torch, dtype))
+    half = autocast(device, dtype)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, settings.steps) / settings.steps))
     )
@@ -293,12 +293,6 @@ def torch_threads(n: int) -> Iterator[None]:
 # of an uninterrupted run. A student's JSON is written after its weights: it marks the student done.
 
 RUN_FILE = "toy-depth-run.json"
-RESUME_FREE = ("threads", "log_every")  # settings that cannot change any number
-
-
-def _resume_key(settings: ToyDepthSettings) -> dict[str, Any]:
-    doc = settings.to_dict()
-    return {k: v for k, v in doc.items() if k not in RESUME_FREE}
 
 
 def student_name(regime: str, temperature: float, depth: int) -> str:
@@ -323,8 +317,8 @@ def prepare_checkpoints(folder: Path, settings: ToyDepthSettings, resume: bool) 
                 raise TypeError("settings is not an object")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UserError(f"the toy-depth checkpoint {run_file} is damaged ({exc}); run without --resume") from None
-        now = _resume_key(settings)
-        differ = sorted(k for k in set(now) | set(saved) if k not in RESUME_FREE and saved.get(k) != now.get(k))
+        now = settings.resume_key()
+        differ = sorted(k for k in set(now) | set(saved) if saved.get(k) != now.get(k))
         if differ:
             k = differ[0]
             raise UserError(f"the checkpoint was made with other settings ({k}: {saved.get(k)} there, "
@@ -333,7 +327,7 @@ def prepare_checkpoints(folder: Path, settings: ToyDepthSettings, resume: bool) 
     folder.mkdir(parents=True, exist_ok=True)
     for path in _student_files(folder):
         path.unlink()
-    atomic_write_json(run_file, {"experiment": "toy-depth", "settings": _resume_key(settings)})
+    atomic_write_json(run_file, {"experiment": "toy-depth", "settings": settings.resume_key()})
 
 
 def save_student(folder: Path, name: str, students: Students) -> None:
@@ -521,10 +515,7 @@ def merge_shards(docs: list[dict[str, Any]], settings: ToyDepthSettings) -> dict
 
 
 def preset_settings(name: str, **changes: Any) -> ToyDepthSettings:
-    """A preset with some fields changed."""
-    if name not in PRESETS:
-        raise UserError(f"unknown preset {name!r}; use {' or '.join(PRESETS)}")
-    return replace(PRESETS[name], **changes)
+    return from_preset(PRESETS, name, **changes)
 
 
 def run(settings: ToyDepthSettings, context: RunContext) -> Iterator[Event]:

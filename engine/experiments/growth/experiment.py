@@ -66,7 +66,7 @@ from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, 
 from engine.generation import generate_text
 from engine.models import training_precision
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, Settings, setting
+from engine.settings import MAX_SEED, Settings, from_preset, setting
 
 ARMS = ("growth_100", "growth_50", "uniform_100")
 PROMPTS = (
@@ -199,10 +199,7 @@ PRESETS: dict[str, GrowthSettings] = {
 
 
 def preset_settings(name: str, **changes: Any) -> GrowthSettings:
-    """A preset with some fields changed."""
-    if name not in PRESETS:
-        raise UserError(f"unknown preset {name!r}; use {', '.join(PRESETS)}")
-    return dataclasses.replace(PRESETS[name], **changes)
+    return from_preset(PRESETS, name, **changes)
 
 
 def saved_settings(checkpoint_dir: Path) -> GrowthSettings | None:

@@ -9,7 +9,6 @@ arm's whole budget (linear warm-up, cosine decay to 10 %), the same shape for ev
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -24,6 +23,7 @@ from engine.experiments.growth.architecture import GrowingModel, build_model
 from engine.experiments.growth.checkpoint import optimizer_tensors, restore_optimizer
 from engine.experiments.growth.data import train_batch
 from engine.experiments.growth.protocol import Phase
+from engine.models import autocast
 
 
 @dataclass(frozen=True)
@@ -89,13 +89,6 @@ def learning_rate(step: int, total: int, peak: float, warmup_frac: float) -> flo
         return peak * (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager:
-    """Mixed precision: matmuls in the half dtype, float32 parameters and optimizer untouched."""
-    if dtype == "float32":
-        return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=getattr(torch, dtype))
 
 
 def synchronize(device: str) -> None:
