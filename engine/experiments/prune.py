@@ -121,13 +121,14 @@ def map_degradation(doc: dict[str, Any] | None) -> dict[int, float]:
 
 class AngularMeter:
     """Angular distance between the inputs of layers l and l+n for each requested n, averaged over
-    real tokens, gathered while the prefix cache is built (the layer inputs are already kept)."""
+    real tokens, gathered while the prefix cache is built (the layer inputs are already kept). The
+    sums stay tensors on the states' device until `distances`: no host sync per batch."""
 
     def __init__(self, n_layers: int, blocks: Sequence[int]) -> None:
         self.n_layers = n_layers
         self.blocks = tuple(blocks)
-        self.sums = {n: np.zeros(n_layers - n + 1) for n in self.blocks}
-        self.count = 0.0
+        self.sums: dict[tuple[int, int], torch.Tensor] = {}
+        self.count: torch.Tensor | int = 0
         self._states: list[torch.Tensor] = []
 
     def __call__(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
@@ -137,15 +138,17 @@ class AngularMeter:
         states = self._states + [layer_output]
         self._states = []
         mask = batch.attention_mask.to(torch.float32)
-        self.count += float(mask.sum())
+        self.count = self.count + batch.attention_mask.sum()
         for n in self.blocks:
             for start in range(self.n_layers - n + 1):
-                cos = torch.nn.functional.cosine_similarity(states[start].float(), states[start + n].float(), dim=-1)
+                first = states[start].float()
+                cos = torch.nn.functional.cosine_similarity(first, states[start + n].to(first.device).float(), dim=-1)
                 angle = torch.arccos(cos.clamp(-1.0, 1.0)) / math.pi
-                self.sums[n][start] += float((angle * mask).sum())
+                total = (angle * mask.to(angle.device)).sum().double()
+                self.sums[n, start] = self.sums.get((n, start), 0) + total
 
     def distances(self, n: int) -> np.ndarray:
-        return self.sums[n] / self.count
+        return np.array([float(self.sums[n, start]) for start in range(self.n_layers - n + 1)]) / float(self.count)
 
 
 # --- evaluation of a cut ----------------------------------------------------------------------------
@@ -158,7 +161,7 @@ def cut_scores(evaluator: Evaluator, layers: Sequence[int]) -> TextScores:
 
 
 def greedy_ppl(model, tokenizer, texts: Sequence[str], settings: PruneSettings, rounds: int,
-               cancel) -> Iterator[Event]:
+               cancel, batch_size: int) -> Iterator[Event]:
     """SLEB: `rounds` greedy removals. Returns (the order of removal, the first round's perplexity
     of each single-layer removal). Each round builds the prefix cache of the model cut so far and
     evaluates every remaining layer from its own position, skipped (equal to removed; tested)."""
@@ -167,7 +170,7 @@ def greedy_ppl(model, tokenizer, texts: Sequence[str], settings: PruneSettings, 
     first: list[float] = []
     for round_ in range(rounds):
         with removed(model, order) as kept:
-            evaluator = Evaluator.for_settings(model, tokenizer, settings, texts)
+            evaluator = Evaluator(model, tokenizer, texts, batch_size, settings.max_length)  # sized once, by the caller
             evaluator.build_cache()
             trial = []
             for position in range(len(kept)):
@@ -372,7 +375,7 @@ def depth_law(n_layers: int, points: Sequence[tuple[int, TextScores]], resamples
 # --- the run ---------------------------------------------------------------------------------------
 
 
-def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angular: AngularMeter,
+def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angular: AngularMeter | None,
                      greedy: Sequence[int], degradation: dict[int, float]) -> dict[int, tuple[int, ...]]:
     """The layers (original indices, sorted) each count removes under one criterion."""
     if method == "angular":
@@ -451,11 +454,12 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     texts = eval_texts(Path(settings.eval_file) if settings.eval_file else None, settings.eval_set)
     evaluator = Evaluator.for_settings(model, tokenizer, settings, texts)
     influence = InfluenceMeter(n)
-    angular = AngularMeter(n, sorted({1, *counts}) if "angular" in methods else (1,))
+    angular = AngularMeter(n, sorted({1, *counts})) if "angular" in methods else None
 
     def observe(batch, index, layer_input, layer_output):
         influence(batch, index, layer_input, layer_output)
-        angular(batch, index, layer_input, layer_output)
+        if angular is not None:
+            angular(batch, index, layer_input, layer_output)
 
     base = evaluator.build_cache(observe=observe)
     baseline = base.perplexity
@@ -465,8 +469,9 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     greedy: list[int] = []
     single: list[float] = []
     if "ppl" in methods:
-        greedy, single = yield from greedy_ppl(model, tokenizer, texts, settings, counts[-1], cancel)
-    scores = {"angular": angular.distances(1) if 1 in angular.blocks else None, "bi": bi,
+        greedy, single = yield from greedy_ppl(model, tokenizer, texts, settings, counts[-1], cancel,
+                                               evaluator.batch_size)
+    scores = {"angular": angular.distances(1) if angular is not None else None, "bi": bi,
               "ppl": np.array(single) if single else None,
               "map": np.array([degradation[i] for i in range(n)]) if "map" in methods else None}
     for method in methods:
