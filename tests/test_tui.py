@@ -16,6 +16,7 @@ from tui_fixtures import BASELINE, CURVE, MAP, demo_session, recovery_row
 
 from engine.events import AblationProxies, RecoveryLayer
 from engine.process import pid_alive
+from engine.variants import pruned_layers
 from sessions.store import SessionStore
 from tui import app as app_module
 from tui.app import ACTIONS, AnatomyApp, ModelOptions
@@ -641,6 +642,7 @@ def test_the_map_marks_the_layers_the_prune_run_removes(isolated_home) -> None:
     state = SessionState()
     state.set_result("ablation", session.load_result("ablation"))
     state.set_result("prune", {"exported_point": {"method": "bi", "layers": [2, 4]}, "curve": []})
-    pruned = {2, 4}
+    pruned = set(pruned_layers(state.results["prune"]))  # as LayerMap.show reads it
+    assert pruned == {2, 4}
     marks = [str(LayerMap._cells(state, index, pruned=index in pruned)[0]) for index in range(5)]
     assert [LayerMap.PRUNED in mark for mark in marks] == [False, False, True, False, True]
