@@ -53,7 +53,7 @@ async def _settled(pilot) -> None:
 @pytest.mark.parametrize("stage", ["empty", "map", "recovery", "growth"])
 def test_dashboard(snap_compare, isolated_home, stage: str) -> None:
     dashboard_session(SessionStore(), stage)
-    press = ["down", "_"] if stage == "recovery" else ["_"]
+    press = ["down", "wait:600", "_"] if stage == "recovery" else ["_"]  # the selection is drawn on the next poll
     app = AnatomyApp(session=stage, load_model=False)
     assert snap_compare(app, press=press, run_before=_settled, terminal_size=(200, 50))
 
