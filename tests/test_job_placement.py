@@ -12,7 +12,7 @@ from tiny_models import save_tiny, tiny_model
 
 from engine.errors import UserError
 from engine.experiments.ablation import AblationSettings
-from engine.memory import plan_run
+from engine.memory import model_bytes, plan_run
 from engine.models import LoadedModel
 from engine.options import ModelOptions
 from tui.jobs import BackgroundJob, job_argv, job_options, job_placement
@@ -81,7 +81,7 @@ def test_placement_against_a_fake_gpu_budget(tiny_folder):
     loaded = on_gpu(tiny_folder)
     options = job_options(ModelOptions(str(tiny_folder)), loaded)
     need = plan_run(str(tiny_folder), settings, "cpu", "float16").total
-    held = sum(t.numel() * t.element_size() for t in [*loaded.model.parameters(), *loaded.model.buffers()])
+    held = model_bytes(loaded.model)
     assert job_placement("ablation", settings, options, loaded, free_bytes=10 * need) == "beside"
     assert job_placement("ablation", settings, options, loaded, free_bytes=int(need / 0.9) - held // 2) == "release"
     with pytest.raises(UserError, match=r"^the ablation job needs about .* on cuda:0 but .* is free"):
@@ -127,7 +127,7 @@ def test_a_job_goes_to_another_gpu_with_room_before_the_console_releases_its_mod
     options = job_options(ModelOptions(str(tiny_folder)), loaded)
     one_run = RecoverySettings(layers=(1,), eval_set="paper", steps=2)
     need = plan_run(str(tiny_folder), one_run, "cpu", "float16").total
-    held = sum(t.numel() * t.element_size() for t in [*loaded.model.parameters(), *loaded.model.buffers()])
+    held = model_bytes(loaded.model)
     free = {"cuda:0": int(need / 0.9) - held // 2, "cuda:1": need // 2, "cuda:2": 2 * need}  # 0: only if released
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
     monkeypatch.setattr("engine.memory.free_memory", lambda device: free.get(device, 2**40))  # the host: plenty

@@ -163,7 +163,6 @@ class AnatomyApp(App[None]):
         self.modified_layers: set[int] = set()
         self.generation: Generation | None = None
         self.generations = 0
-        self.experiments = set(BY_NAME)
         self.first_paint: float | None = None
 
     # startup -----------------------------------------------------------------------------------
@@ -328,7 +327,7 @@ class AnatomyApp(App[None]):
             screen.write_log(self.state.take_new_log())
 
     def panel_data(self) -> PanelData:
-        return PanelData(self.state, self.n_layers, self.session_name, frozenset(self.experiments))
+        return PanelData(self.state, self.n_layers, self.session_name)
 
     def update_status(self) -> None:
         screen = self._console()
@@ -366,9 +365,6 @@ class AnatomyApp(App[None]):
     @property
     def n_layers(self) -> int:
         return self.loaded.n_layers if self.loaded is not None else self.state.n_layers
-
-    def has_experiment(self, name: str) -> bool:
-        return name in self.experiments
 
     def say(self, text: str, level: str = "info") -> None:
         """A notification, a line in the log panel and one in app.log."""
@@ -473,24 +469,21 @@ class AnatomyApp(App[None]):
         (the same command a user would type; it outlives the console)."""
         if self.session is None:
             return None
-        entry = BY_NAME.get(experiment)
-        if entry is None:
-            self.say(f"the {experiment} experiment is not in this version of anatomy-tui yet", "warning")
-            return None
+        entry = BY_NAME[experiment]
         options = None
         if entry.needs_model:  # the device and dtype the console's model resolved to, not `auto` again
             options = self.released_options or job_options(self.options, self.loaded)
         try:
-            argv = job_argv(experiment, settings, options, self.session.name, resume)
             placement = job_placement(experiment, settings, options, self.loaded) if options else "beside"
+            if placement.startswith("cuda"):  # another GPU has room: the console keeps its model
+                options = replace(options, device=placement)
+            argv = job_argv(experiment, settings, options, self.session.name, resume)
         except UserError as exc:
             self.say(str(exc), "error")
             return None
         if placement == "release" and not self.release_model(experiment, options):
             return None
-        if placement.startswith("cuda"):  # another GPU has room: the console keeps its model
-            options = replace(options, device=placement)
-            argv = job_argv(experiment, settings, options, self.session.name, resume)
+        if placement.startswith("cuda"):
             self.say(f"the {experiment} job runs on {placement}: {self.loaded.device} holds the console's model")
         job = self.launch(experiment, argv)
         if placement == "release":

@@ -59,7 +59,6 @@ class PanelData:
     state: SessionState
     n_layers: int
     session_name: str
-    experiments: frozenset[str]
 
 
 PANELS = ("layers", "recovery", "growth", "prompt")  # the dashboard's four, in reading order
@@ -187,7 +186,6 @@ class ConsoleScreen(Screen[None]):
                         name,
                         state.results.get(name),
                         command.format(s=data.session_name),
-                        name in data.experiments,
                     )
             if "selection" in dirty:
                 self.query_one(LayerDetail).show(state, self.selected_layer)
@@ -198,10 +196,6 @@ class ConsoleScreen(Screen[None]):
         info = self.query_one("#recovery-info", Static)
         plot = self.query_one("#recovery-plot", CurvePlot)
         label.update(Text(f"layer {layer if layer is not None else '-'}\ni inject · c cancel", style="bold"))
-        if "recovery" not in data.experiments:
-            info.update(Text("The recovery experiment is not in this version yet.", style="dim"))
-            plot.draw([], title="recovery: not available")
-            return
         everything = data.state.recovery
         runs = [run for run in everything if run.layer == layer]  # the map's selection drives the plot
         curves = [

@@ -53,13 +53,11 @@ SUMMARIES: dict[str, Callable[[dict[str, Any], str], Any]] = {
 
 
 class ResultView(Static):
-    """Shows `results/<name>.json`; `available` says whether the experiment exists in this install."""
+    """Shows `results/<name>.json`, or the command that fills it."""
 
-    def show(self, name: str, doc: dict[str, Any] | None, command: str, available: bool) -> None:
+    def show(self, name: str, doc: dict[str, Any] | None, command: str) -> None:
         if doc is not None:
             summary = SUMMARIES.get(name)
             self.update(summary(doc, command) if summary else Pretty(_trimmed(doc), expand_all=False))
-        elif not available:
-            self.update(Text("this experiment is not in this version of anatomy-tui yet", style="dim"))
         else:
             self.update(Text(f"not run in this session yet; run:  {command}", style="dim"))
