@@ -8,19 +8,19 @@ import sys
 from pathlib import Path
 
 from engine.errors import UserError
-
-GROWTH_ARMS = {"growth": "growth_100", "uniform": "uniform_100"}  # folders under <session>/growth_models
+from engine.options import DTYPES
+from engine.variants import SAVED_ARMS  # growth and uniform: their arm's folder under <session>/growth_models
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("session", help="the session that made the model")
     parser.add_argument("folder", type=Path, help="where to save the Hugging Face folder")
-    parser.add_argument("--model", required=True, choices=("recovered", "growth", "uniform"),
+    parser.add_argument("--model", required=True, choices=("recovered", *SAVED_ARMS),
                         help="recovered: the session's model with recovery's fine-tuned layers put in; "
                              "growth, uniform: the growth experiment's models")
     parser.add_argument("--force", action="store_true", help="export into a folder that is not empty")
     parser.add_argument("--device", default="cpu", help="where to load the base model (recovered; default cpu)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="auto", choices=DTYPES)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -29,8 +29,8 @@ def main(args: argparse.Namespace) -> int:
 
     session = SessionStore().open(args.session)
     check_export_folder(args.folder, args.force)
-    if args.model in GROWTH_ARMS:
-        folder = export_growth(session.path / "growth_models" / GROWTH_ARMS[args.model], args.folder, args.force)
+    if args.model in SAVED_ARMS:
+        folder = export_growth(session.path / "growth_models" / SAVED_ARMS[args.model], args.folder, args.force)
     else:
         from engine.models import load_model
         from sessions.layer_weights import load_layers
