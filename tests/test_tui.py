@@ -646,3 +646,13 @@ def test_the_map_marks_the_layers_the_prune_run_removes(isolated_home) -> None:
     assert pruned == {2, 4}
     marks = [str(LayerMap._cells(state, index, pruned=index in pruned)[0]) for index in range(5)]
     assert [LayerMap.PRUNED in mark for mark in marks] == [False, False, True, False, True]
+
+
+async def test_a_result_the_console_cannot_draw_is_reported_as_damage(isolated_home) -> None:
+    session = SessionStore().create("odd")
+    session.save_result("recovery", {"layers": [{"layer": 1}]})  # passes the store, not the decoder
+    app = AnatomyApp(session="odd", load_model=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app._console(), 10)
+        assert any(line.startswith("result recovery cannot be shown") for line in app.session.damage)
+        assert app.state.results["recovery"] == {"layers": [{"layer": 1}]}  # kept raw

@@ -194,10 +194,9 @@ class AnatomyApp(App[None]):
             log_to_file(app_log)
         log.info("opened session %s (%s)", self.session.name, self.session.path)
         for result, doc in self.session.results().items():
-            try:
-                self.state.set_result(result, doc)
-            except (KeyError, TypeError, ValueError) as exc:
-                self.session.damage.append(f"result {result} cannot be shown ({type(exc).__name__}: {exc})")
+            why = self.state.set_result(result, doc)
+            if why:
+                self.session.damage.append(f"result {result} cannot be shown ({why})")
         for reason in self.session.check():  # the session opens with what is readable; say what is not
             self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
         self.push_screen(ConsoleScreen(self.console_settings))

@@ -132,13 +132,17 @@ class SessionState:
         self.dirty: set[str] = set()
 
     # results --------------------------------------------------------------------------------
-    def set_result(self, name: str, doc: dict[str, Any]) -> None:
+    def set_result(self, name: str, doc: dict[str, Any]) -> str:
+        """Keeps the result and decodes what the panels draw from it. Returns why it cannot be drawn
+        ("" when it can): written by another version or damaged, it is kept raw and its panels stay empty."""
         self.results[name] = doc
         self.dirty.add("results")
         try:
             self._decode_result(name, doc)
-        except (KeyError, TypeError) as exc:  # written by another version: shown raw, not drawn
+        except (KeyError, TypeError, ValueError) as exc:
             log.warning("result %s does not fit this version (%s); its panels stay empty", name, exc)
+            return f"{type(exc).__name__}: {exc}"
+        return ""
 
     def _decode_result(self, name: str, doc: dict[str, Any]) -> None:
         if name == "ablation":
