@@ -71,11 +71,23 @@ def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
+def _hooks(module: nn.Module) -> list[Any]:
+    hook = getattr(module, "_hf_hook", None)
+    return [part for part in getattr(hook, "hooks", (hook,)) if part is not None]
+
+
+def _offloaded(module: nn.Module) -> torch.Tensor:
+    """The weight accelerate keeps for an offloaded module (its hook refills it on each forward)."""
+    for hook in _hooks(module):
+        if getattr(hook, "weights_map", None) is not None:
+            return hook.weights_map["weight"]
+    raise UserError("a layer's weights are neither loaded nor offloaded by accelerate; reload the model")
+
+
 def execution_device(module: nn.Module) -> torch.device:
     """Where a module computes: accelerate's hook knows it (the weights may be offloaded
     placeholders on `meta`), else the device of its first real parameter, else the CPU."""
-    hook = getattr(module, "_hf_hook", None)
-    for part in getattr(hook, "hooks", (hook,)):
+    for part in _hooks(module):
         device = getattr(part, "execution_device", None)
         if device is not None:
             return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
@@ -121,6 +133,16 @@ class LayerStack:
         layer = self.layers[self.check_index(index)]
         return {name: layer.get_submodule(path).weight for name, path in self.spec.matrices}
 
+    def readable_matrices(self, index: int) -> dict[str, torch.Tensor]:
+        """The layer's matrices as values to read: an offloaded layer's parameters are `meta`
+        placeholders, so its values come from accelerate's store (CPU memory or a file on disk)."""
+        layer = self.layers[self.check_index(index)]
+        found = {}
+        for name, path in self.spec.matrices:
+            module = layer.get_submodule(path)
+            found[name] = (module.weight if module.weight.device.type != "meta" else _offloaded(module)).detach()
+        return found
+
     def check_matrix_names(self, names: Sequence[str]) -> tuple[str, ...]:
         unknown = [n for n in names if n not in self.matrix_names]
         if unknown:
@@ -135,10 +157,8 @@ class LayerStack:
         """True when accelerate keeps this layer's weights off the device (CPU or disk offload): its
         parameters are placeholders on `meta`, refilled from `weights_map` on every forward."""
         layer = self.layers[self.check_index(index)]
-        for module in layer.modules():
-            hook = getattr(module, "_hf_hook", None)
-            if any(getattr(h, "offload", False) for h in getattr(hook, "hooks", (hook,))):
-                return True
+        if any(getattr(hook, "offload", False) for module in layer.modules() for hook in _hooks(module)):
+            return True
         return any(p.device.type == "meta" for p in layer.parameters())
 
     def check_editable(self, indices: Sequence[int]) -> None:
@@ -169,29 +189,40 @@ class LayerStack:
         """Where input ids and masks go: where the embedding runs."""
         return execution_device(self.model.get_input_embeddings())
 
+    def copies(self, indices: Sequence[int], host: bool = False) -> dict[int, dict[str, torch.Tensor]]:
+        """Copies of every parameter of these layers, by the layer's own names
+        (`self_attn.q_proj.weight`, `input_layernorm.weight`), where they are or, with `host`, on the CPU."""
+        return {i: {name: p.detach().to("cpu" if host else p.device, copy=True)
+                    for name, p in self.layers[self.check_index(i)].named_parameters()} for i in indices}
+
     @contextlib.contextmanager
-    def preserved(self, indices: Sequence[int]) -> Iterator[None]:
-        """Restores the matrices of these layers bit for bit on exit, whatever happened inside."""
+    def preserved(self, indices: Sequence[int], host: bool = False) -> Iterator[None]:
+        """Restores every parameter of these layers bit for bit on exit, whatever happened inside
+        (training changes norms too). The originals are kept where the layers are, or with `host` in
+        CPU memory: no second copy on the GPU, for one transfer each way."""
         self.check_editable(indices)
-        saved = {i: {n: p.detach().clone() for n, p in self.matrices(i).items()} for i in indices}
+        saved = self.copies(indices, host)
         try:
             yield
         finally:
-            with torch.no_grad():
-                for i, tensors in saved.items():
-                    for name, param in self.matrices(i).items():
-                        param.copy_(tensors[name])
+            self._put(saved)
 
     @contextlib.contextmanager
     def holding(self, weights: dict[int, dict[str, torch.Tensor]]) -> Iterator[None]:
-        """These layers take the given matrices (e.g. a recovered layer) for the block, then the
-        originals come back bit for bit."""
+        """These layers take the given tensors (e.g. a recovered layer, a healed one) for the block,
+        then the originals come back bit for bit. Tensors are named as in `matrices` (q, k, ...) or
+        by the layer's own parameter names, as `copies` names them."""
         with self.preserved(list(weights)):
-            with torch.no_grad():
-                for index, tensors in weights.items():
-                    for name, param in self.matrices(index).items():
-                        param.copy_(tensors[name])
+            self._put(weights)
             yield
+
+    def _put(self, weights: dict[int, dict[str, torch.Tensor]]) -> None:
+        with torch.no_grad():
+            for index, tensors in weights.items():
+                matrices = self.matrices(index)
+                for name, tensor in tensors.items():
+                    param = matrices[name] if name in matrices else self.layers[index].get_parameter(name)
+                    param.copy_(tensor)
 
     @contextlib.contextmanager
     def skipped(self, indices: Sequence[int]) -> Iterator[None]:

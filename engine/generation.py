@@ -109,8 +109,10 @@ def generate_text(
         eos_token_id=sorted(eos) or None,
         pad_token_id=pad if pad is not None else (min(eos) if eos else 0),
     )
-    device = next(model.parameters()).device
-    input_ids = torch.tensor([ids], device=device)
+    from engine.anatomy import execution_device
+
+    # where the embedding runs: its weights are `meta` placeholders when accelerate offloads it
+    input_ids = torch.tensor([ids], device=execution_device(model.get_input_embeddings()))
     with torch.no_grad():
         model.generate(
             input_ids,

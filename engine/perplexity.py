@@ -86,8 +86,13 @@ def token_nll(
         F.cross_entropy(flat[i : i + step].float(), targets[i : i + step], reduction="none")
         for i in range(0, flat.shape[0], step)
     ]) if flat.shape[0] else flat.new_zeros(0, dtype=torch.float32)  # fmt: skip
-    mask = attention_mask[:, 1:].to(losses.device, torch.float32)
-    return (losses.view(rows, width - 1) * mask).sum(dim=1)
+    return masked(losses.view(rows, width - 1), attention_mask[:, 1:]).sum(dim=1)
+
+
+def masked(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """`values` at real tokens, 0 at padding. A `where`, not a product with the mask: a non-finite
+    value at a pad position (a float16 logit past its range) times 0 is NaN, and would spoil the sum."""
+    return torch.where(attention_mask.to(values.device, torch.bool), values, 0)
 
 
 class Evaluator:

@@ -26,7 +26,7 @@ from engine.events import (
     Result,
     json_safe,
 )
-from engine.perplexity import Batch, Evaluator
+from engine.perplexity import Batch, Evaluator, masked
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, EvalTextSettings, setting
 from engine.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
@@ -87,21 +87,24 @@ class InfluenceMeter:
 
     def __init__(self, n_layers: int) -> None:
         self.n_layers = n_layers
-        self.sums: torch.Tensor | None = None  # (influence, angular, count) per layer, on the model's device
+        self.sums: dict[int, torch.Tensor] = {}  # layer -> (influence, angular, count), on that layer's device
 
     def __call__(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
-        """Accumulates on the device: no host sync inside the forward's per-layer hooks."""
+        """Accumulates on the layer's own device (the layers of a split model sit on several GPUs):
+        no host sync inside the forward's per-layer hooks."""
         cos = torch.nn.functional.cosine_similarity(layer_input.float(), layer_output.float(), dim=-1)
         cos = cos.clamp(-1.0, 1.0)
-        mask = batch.attention_mask.to(cos.device, cos.dtype)
-        if self.sums is None:
-            self.sums = torch.zeros(3, self.n_layers, dtype=torch.float64, device=cos.device)
-        self.sums[0, index] += ((1 - cos) * mask).sum()
-        self.sums[1, index] += (torch.arccos(cos) / math.pi * mask).sum()
-        self.sums[2, index] += mask.sum()
+        mask = batch.attention_mask
+        values = torch.stack([masked(1 - cos, mask).sum(), masked(torch.arccos(cos) / math.pi, mask).sum(),
+                              mask.to(cos.device).sum()]).double()
+        self.sums[index] = self.sums[index] + values if index in self.sums else values
 
     def means(self) -> tuple[np.ndarray, np.ndarray]:
-        sums = self.sums.cpu().numpy() if self.sums is not None else np.zeros((3, self.n_layers))
+        """One host copy at the end, after gathering the sums on one device."""
+        if not self.sums:
+            return np.full(self.n_layers, np.nan), np.full(self.n_layers, np.nan)
+        home = self.sums[min(self.sums)].device
+        sums = torch.stack([self.sums[i].to(home) for i in range(self.n_layers)], dim=1).cpu().numpy()
         return sums[0] / sums[2], sums[1] / sums[2]
 
 

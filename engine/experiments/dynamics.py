@@ -187,7 +187,9 @@ def trajectory(states: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Where each state h_0..h_L ([N, H] each) sits on the way from h_0 to the final state h_L:
     the angle theta(h_l, h_L) and the progress s_l = <h_l - h_0, h_L - h_0> / |h_L - h_0|^2 (paper B's
     scripts). Both [N, L+1]; s_0 = 0 and s_L = 1 exactly (NaN where h_L = h_0), theta(h_L, h_L) = 0."""
-    final, start = states[-1], states[0]
+    final = states[-1]
+    states = [h.to(final.device) for h in states]  # a split model's layers sit on several GPUs
+    start = states[0]
     span = final - start
     scale = (span * span).sum(dim=-1)
     progress = [((h - start) * span).sum(dim=-1) / scale for h in states]
@@ -214,7 +216,7 @@ class LogitLens:
         self.norm = model.get_submodule(FINAL_NORMS[model_type])
         self.head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
-        self.nll = np.zeros(n_layers)
+        self.nll: list[torch.Tensor | None] = [None] * n_layers  # float64 sums on the head's device
         self.count = 0.0
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -234,16 +236,22 @@ class LogitLens:
         self._score(batch, index, layer_output)
 
     def _score(self, batch: Batch, index: int, hidden: torch.Tensor) -> None:
-        """One row at a time, so the logits held are [S, vocab], not [B, S, vocab]."""
+        """One row at a time, so the logits held are [S, vocab], not [B, S, vocab]; the sums stay on
+        the device (no host read per row and layer)."""
         for row in range(hidden.shape[0]):
             logits = self.logits(hidden[row : row + 1])
             ids, mask = batch.input_ids[row : row + 1], batch.attention_mask[row : row + 1]
-            self.nll[index] += float(token_nll(logits, ids, mask).sum())
-            if index == 0:
-                self.count += float(mask[:, 1:].sum())
+            value = token_nll(logits, ids, mask).sum().double()
+            self.nll[index] = value if self.nll[index] is None else self.nll[index] + value
+        if index == 0:
+            self.count += float(batch.attention_mask[:, 1:].sum())
 
     def losses(self) -> list[float]:
-        return [float(x) for x in self.nll / max(self.count, 1.0)]
+        """One host copy of every layer's sum."""
+        if self.nll[0] is None:
+            return [0.0] * len(self.nll)
+        sums = torch.stack([value.to(self.nll[0].device) for value in self.nll]).cpu().numpy()
+        return [float(x) for x in sums / max(self.count, 1.0)]
 
 
 class LastBlockLens(LogitLens):

@@ -14,7 +14,6 @@ same distribution as generating the matrices element by element.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -124,12 +123,13 @@ def gram_of(tensors: Sequence[torch.Tensor], chunk: int = 1 << 14) -> Gram:
     shapes = {tuple(t.shape) for t in tensors}
     if len(shapes) != 1:
         raise UserError(f"this component's shape differs across layers ({sorted(shapes)}); pick others")
+    home = tensors[0].device  # layers of a split model sit on several GPUs (or offloaded on the host)
     flat = [t.detach().reshape(-1) for t in tensors]
     size = flat[0].numel()
     gram = np.zeros((len(flat), len(flat)))
     sums = np.zeros(len(flat))
     for start in range(0, size, chunk):
-        block = torch.stack([f[start : start + chunk] for f in flat]).double()
+        block = torch.stack([f[start : start + chunk].to(home) for f in flat]).double()
         gram += (block @ block.T).cpu().numpy()
         sums += block.sum(dim=1).cpu().numpy()
     return Gram(gram, sums / size, size)
@@ -256,14 +256,15 @@ def predicted_weights(
 ) -> dict[int, torch.Tensor]:
     """Ridge predictions Ŵ_t = Σ_j H[t, j] W_j (or the leave-one-out ones) for the target layers.
 
-    One layer at a time: the sum runs in float32 on the weights' device (a half-precision sum of
-    ~30 terms would round at every one) and is cast once to the weights' dtype, then kept in host
-    memory, so the device never holds more than one prediction beside the model."""
+    One layer at a time: the sum runs in float32 on the target layer's device (a half-precision
+    sum of ~30 terms would round at every one; the other layers may sit on other GPUs) and is cast
+    once to the weights' dtype, then kept in host memory, so the device never holds more than one
+    prediction beside the model."""
     position = {int(layer): i for i, layer in enumerate(rows)}
     out = {}
     for layer in targets:
-        i = position[layer]
-        pred = sum(float(hat[i, j]) * tensors[int(r)].detach().float() for j, r in enumerate(rows))
+        i, home = position[layer], tensors[layer].device
+        pred = sum(float(hat[i, j]) * tensors[int(r)].detach().to(home).float() for j, r in enumerate(rows))
         if loo:
             own = tensors[layer].detach().float()
             pred = own - (own - pred) / (1.0 - float(hat[i, i]))
@@ -298,7 +299,7 @@ def run_weights(
     for step, name in enumerate(names):
         if cancel is not None:
             cancel.check()
-        tensors = [stack.matrices(i)[name] for i in range(n)]
+        tensors = [stack.readable_matrices(i)[name] for i in range(n)]
         g = gram_of(tensors, settings.chunk)
         values, fit, deltas = analysis.summary(g)
         every = ridge_fit(g, analysis.hat_every, analysis.every)
@@ -366,20 +367,6 @@ def paradox_order(fits: dict[str, Fit], settings: WeightsSettings) -> list[int]:
     return [int(fit.rows[i]) for i in np.argsort(-score, kind="stable")]
 
 
-@contextlib.contextmanager
-def _preserved_on_host(stack: LayerStack, layers: Sequence[int]) -> Iterator[None]:
-    """stack.preserved with the originals in host memory rather than a second copy on the GPU;
-    restored bit for bit."""
-    saved = {i: {n: p.detach().to("cpu", copy=True) for n, p in stack.matrices(i).items()} for i in layers}
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for i, tensors in saved.items():
-                for name, param in stack.matrices(i).items():
-                    param.copy_(tensors[name])
-
-
 def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
     evaluator = Evaluator.for_settings(model, tokenizer, settings)
     baseline = evaluator.build_cache().perplexity
@@ -391,9 +378,9 @@ def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
         if cancel is not None:
             cancel.check()
         layers = sorted(order[:count])
-        with _preserved_on_host(stack, layers):
+        with stack.preserved(layers, host=True):  # the originals in host memory, not beside the model
             for name in names:  # one component at a time: components do not feed each other's predictions
-                tensors = [stack.matrices(i)[name] for i in range(len(stack))]
+                tensors = [stack.readable_matrices(i)[name] for i in range(len(stack))]
                 predicted = predicted_weights(tensors, analysis.hat_predicted, analysis.predicted, layers,
                                               loo)
                 with torch.no_grad():

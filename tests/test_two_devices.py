@@ -1,0 +1,184 @@
+"""Every experiment on a model split over two GPUs, simulated on the CPU (tests/virtual_devices.py).
+
+Each run happens twice: on the plain model, and with the model's layers spread over a virtual
+cuda:0 and cuda:1 by accelerate's hooks, where an operation that mixes the two devices raises as
+it would on CUDA. The numbers must be the plain run's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import tiny_model
+from virtual_devices import DeviceMismatch, VirtualDevices, device_of, place, two_gpus
+
+from engine.anatomy import LayerStack
+from engine.events import Result
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SPLIT = ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+EVAL = ["The dog sat on the mat.", "A cat looked at the dog for a while.", "Number seven sat on the mat."]
+TRAIN = "\n".join(f"The cat number {i} sat on the mat and looked at the dog for a while." for i in range(40))
+
+
+@pytest.fixture
+def files(tmp_path):
+    evaluation, train = tmp_path / "eval.txt", tmp_path / "train.txt"
+    evaluation.write_text("\n".join(EVAL), encoding="utf-8")
+    train.write_text(TRAIN, encoding="utf-8")
+    return str(evaluation), str(train)
+
+
+def result(events) -> dict:
+    events = list(events)
+    assert isinstance(events[-1], Result)
+    return events[-1].data
+
+
+def without_times(doc):
+    """A result document less its wall-clock fields, which no two runs share."""
+    if isinstance(doc, dict):
+        return {k: without_times(v) for k, v in doc.items() if "second" not in k and k != "tokens_per_s"}
+    if isinstance(doc, list):
+        return [without_times(v) for v in doc]
+    return doc
+
+
+def on_both(monkeypatch, run, seed: int = 3, family: str = "llama", **placement):
+    """run(model) on the plain model and on the same model split over two virtual GPUs."""
+    expected = run(tiny_model(family, seed=seed))
+    with two_gpus(monkeypatch) as mode:
+        got = run(place(tiny_model(family, seed=seed), SPLIT, **placement))
+    assert mode.crossings > 0  # activations really went from one GPU to the other
+    return expected, got
+
+
+# --- the harness itself ------------------------------------------------------------------------------
+
+
+def test_mixing_two_devices_raises_as_cuda_does():
+    with VirtualDevices():
+        a, b = torch.ones(3, device="cuda:0"), torch.ones(3).to("cuda:1")
+        with pytest.raises(DeviceMismatch, match="cuda:0 and cuda:1"):
+            a + b
+        with pytest.raises(DeviceMismatch, match="cuda:0 and cpu"):
+            a * torch.ones(3)
+        with pytest.raises(TypeError, match="can't convert cuda:0"):
+            a.numpy()
+        with pytest.raises(RuntimeError, match="'cuda' device type for generator"):
+            torch.randn(3, device="cuda:0", generator=torch.Generator().manual_seed(0))
+        assert (a + b.to(a.device)).device == torch.device("cuda:0")
+        assert (a + torch.tensor(2.0)).device == torch.device("cuda:0")  # a CPU scalar is fine
+        assert a.new_zeros(2).device == torch.zeros_like(a).device == torch.device("cuda:0")
+        assert a.cpu().numpy().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_place_spreads_layers_and_keeps_the_numbers(monkeypatch, tokenizer):
+    ids = torch.tensor([tokenizer.encode("The cat sat on the mat.")])
+    expected = tiny_model("llama", seed=3)(input_ids=ids).logits
+    with two_gpus(monkeypatch) as mode:
+        model = place(tiny_model("llama", seed=3), SPLIT)
+        stack = LayerStack(model)
+        assert stack.layer_devices() == SPLIT
+        assert stack.input_device() == torch.device("cuda:0")
+        assert device_of(stack.matrices(3)["q"]) == torch.device("cuda:1")
+        logits = model(input_ids=ids.to(stack.input_device())).logits
+        assert logits.device == torch.device("cuda:0")  # accelerate hands the output back where the input was
+        torch.testing.assert_close(logits.cpu(), expected, rtol=0, atol=0)
+        assert mode.crossings >= 1
+
+
+# --- the experiments -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["mean", "skip", "zero"])
+def test_ablation_map_with_its_meter_and_prefix_cache(monkeypatch, tokenizer, method):
+    from engine.experiments.ablation import AblationSettings, run_ablation
+
+    settings = AblationSettings(method=method, eval_set="paper", eval_batch_size=4)
+    expected, got = on_both(monkeypatch, lambda model: result(run_ablation(model, tokenizer, settings)))
+    assert without_times(got) == without_times(expected)
+
+
+@pytest.mark.parametrize("lens", ["plain", "last-block"])
+def test_dynamics_angles_trajectories_and_lens(monkeypatch, tokenizer, files, lens):
+    from engine.experiments.dynamics import DynamicsSettings, run_dynamics
+
+    settings = DynamicsSettings(text_file=files[0], max_tokens=200, max_length=64, logit_lens=True, lens=lens,
+                                clusters=2)
+    expected, got = on_both(monkeypatch, lambda model: result(run_dynamics(model, tokenizer, settings)))
+    assert without_times(got) == without_times(expected)
+
+
+def test_weights_with_the_paradox(monkeypatch, tokenizer, files):
+    from engine.experiments.weights import WeightsSettings, run_weights
+
+    settings = WeightsSettings(first_layer=0, eval_file=files[0], null_draws=2, paradox_counts=(1, 0),
+                               components=("q", "gate"))
+    expected, got = on_both(monkeypatch, lambda model: result(run_weights(model, tokenizer, settings)))
+    assert without_times(got) == without_times(expected)
+
+
+def test_manipulate(monkeypatch, tokenizer, files):
+    from engine.experiments.manipulate import ManipulationSettings, run_manipulation
+
+    settings = ManipulationSettings(layers=(1, 2), eval_file=files[0], alphas=(0.5,), rank=2, together=True,
+                                    sample_tokens=4)
+    expected, got = on_both(monkeypatch, lambda model: result(run_manipulation(model, tokenizer, settings)))
+    assert without_times(got) == without_times(expected)
+
+
+def test_recovery(monkeypatch, tokenizer, files):
+    from engine.experiments.recovery import RecoverySettings, run_recovery
+
+    settings = RecoverySettings(layers=(1, 2), sigma=3.0, steps=3, lr=1e-2, batch_size=2, block_size=16,
+                                train_blocks=4, train_file=files[1], eval_file=files[0])
+    expected, got = on_both(monkeypatch, lambda model: result(run_recovery(model, tokenizer, settings)))
+    assert without_times(got) == without_times(expected)
+
+
+@pytest.mark.parametrize("heal", ["adjacent", "lora"])
+@pytest.mark.parametrize("embedding", [None, "disk"], ids=["embedding-on-gpu", "embedding-offloaded"])
+def test_prune_with_healing_and_export(monkeypatch, tokenizer, files, tmp_path, heal, embedding):
+    from engine.experiments.prune import PruneSettings
+    from engine.models import LoadedModel
+    from engine.registry import RunContext, experiment
+
+    def run(model, folder):
+        settings = PruneSettings(eval_file=files[0], train_file=files[1], remove=(1, 2), heal_steps=2, heal=heal,
+                                 export=str(folder), export_count=1)
+        loaded = LoadedModel(model, tokenizer, "tiny", "test", "cpu", "float32", "llama", 4)
+        doc = result(experiment("prune").run(settings, RunContext(model=loaded)))
+        exported = tiny_model("llama").from_pretrained(folder)
+        return doc, {k: v.clone() for k, v in exported.state_dict().items()}
+
+    folders = iter((tmp_path / "plain", tmp_path / "split"))
+    (plain, plain_weights), (split, split_weights) = on_both(
+        monkeypatch, lambda model: run(model, next(folders)), embedding=embedding, offload_dir=tmp_path / "offload")
+    for doc in (plain, split):
+        doc["exported"] = doc["settings"]["export"] = None
+    assert without_times(split) == without_times(plain)
+    assert split_weights.keys() == plain_weights.keys()
+    assert all(torch.equal(split_weights[k], plain_weights[k]) for k in plain_weights)
+
+
+@pytest.mark.parametrize("embedding", [None, "disk"], ids=["embedding-on-gpu", "embedding-offloaded"])
+def test_prompt_variants_and_generation(monkeypatch, tokenizer, tmp_path, embedding):
+    from engine.generation import generate_text
+    from engine.variants import Variant, applied
+
+    variants = [Variant("original"), Variant("modified", layers=(1, 2)), Variant("noised", layers=(2,), sigma=2.0),
+                Variant("pruned", layers=(1, 2))]
+
+    def answers(model):
+        before = {k: v.clone() for k, v in model.state_dict().items() if v.device.type != "meta"}
+        texts = []
+        for variant in variants:
+            with applied(model, variant):
+                texts.append(generate_text(model, tokenizer, "The cat", 6))
+        after = model.state_dict()
+        assert all(torch.equal(after[k], before[k]) for k in before)
+        return texts
+
+    expected, got = on_both(monkeypatch, answers, embedding=embedding, offload_dir=tmp_path / "offload")
+    assert got == expected
