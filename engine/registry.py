@@ -59,6 +59,7 @@ class Experiment:
     long: bool = False  # the console runs it as its own process rather than in a thread
     preset: str = ""  # the preset `--preset` starts from when not given (experiments with PRESETS)
     shardable: bool = False  # its sweep splits over worker processes (`--shards N`, torchrun): distributed.plan
+    oom_advice: str = "a smaller --eval-batch-size or --max-length, or --dtype float16"  # flags that need less memory
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -77,8 +78,13 @@ class Experiment:
         return self.presets[self.preset] if self.preset else self.settings_class()
 
     def run(self, settings: Settings, context: RunContext) -> Iterator[Event]:
+        """The experiment's events. Out of memory anywhere in it is one line naming the experiment and
+        the flags to change, raised after the memory is given back (every front end, every worker)."""
+        from engine.oom import out_of_memory_guard
+
         runner: Callable[[Any, RunContext], Iterator[Event]] = self.load().run
-        return runner(settings, context)
+        with out_of_memory_guard(self.name, self.oom_advice):
+            yield from runner(settings, context)
 
 
 EXPERIMENTS: tuple[Experiment, ...] = (
@@ -86,24 +92,30 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                "engine.experiments.ablation", "AblationSettings", writes="ablation", shardable=True),
     Experiment("recovery", "recovery speed: noise one layer, fine-tune it alone, follow its PPL",
                "engine.experiments.recovery", "RecoverySettings", resumable=True, writes="recovery",
-               reads=("ablation",), long=True, shardable=True),
+               reads=("ablation",), long=True, shardable=True,
+               oom_advice="a smaller --batch-size, --block-size or --eval-batch-size, or --dtype float16"),
     Experiment("growth", "grow a transformer phase by phase from an importance profile vs a uniform one",
                "engine.experiments.growth", "GrowthSettings", needs_model=False, resumable=True,
-               writes="growth", reads=("ablation",), long=True, preset="paper"),
+               writes="growth", reads=("ablation",), long=True, preset="paper",
+               oom_advice="a smaller --batch-size or --hidden-size, or --preset tiny"),
     Experiment("dynamics", "hidden-state angles per layer, PCA and clusters of token profiles",
-               "engine.experiments.dynamics", "DynamicsSettings", writes="dynamics"),
+               "engine.experiments.dynamics", "DynamicsSettings", writes="dynamics",
+               oom_advice="a smaller --eval-batch-size, --max-length or --max-tokens"),
     Experiment("scaling-fit", "fit L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 to training runs (CSV)",
                "engine.experiments.scaling_fit", "ScalingFitSettings", needs_model=False, writes="scaling-fit"),
     Experiment("toy-depth", "teacher-student toy models: student loss against depth, fitted a_l",
                "engine.experiments.toy_depth", "ToyDepthSettings", needs_model=False, resumable=True,
-               writes="toy-depth", long=True, preset="tiny", shardable=True),
+               writes="toy-depth", long=True, preset="tiny", shardable=True,
+               oom_advice="a smaller --batch-size or --width, or --device cpu"),
     Experiment("weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox",
-               "engine.experiments.weights", "WeightsSettings", writes="weights"),
+               "engine.experiments.weights", "WeightsSettings", writes="weights",
+               oom_advice="--no-paradox, fewer --components, or a smaller --eval-batch-size"),
     Experiment("manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples",
                "engine.experiments.manipulate", "ManipulationSettings", writes="manipulate",
                reads=("ablation",), shardable=True),
     Experiment("prune", "remove layers by four criteria, heal the cut, export the pruned model",
-               "engine.experiments.prune", "PruneSettings", writes="prune", reads=("ablation",), long=True),
+               "engine.experiments.prune", "PruneSettings", writes="prune", reads=("ablation",), long=True,
+               oom_advice="a smaller --eval-batch-size or --batch-size, or --heal-steps 0"),
 )
 
 BY_NAME: dict[str, Experiment] = {experiment.name: experiment for experiment in EXPERIMENTS}

@@ -182,3 +182,28 @@ def test_prompt_variants_and_generation(monkeypatch, tokenizer, tmp_path, embedd
 
     expected, got = on_both(monkeypatch, answers, embedding=embedding, offload_dir=tmp_path / "offload")
     assert got == expected
+
+
+# --- out of memory anywhere in an experiment ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "target", "flag"), [
+    ("dynamics", "engine.experiments.dynamics.trajectory", "--max-tokens"),
+    ("weights", "engine.experiments.weights.gram_of", "--no-paradox"),
+])
+def test_out_of_memory_is_one_line_naming_the_experiment_and_flag(monkeypatch, tokenizer, files, name, target, flag):
+    from engine.errors import UserError
+    from engine.models import LoadedModel
+    from engine.registry import RunContext, experiment
+
+    def exhausted(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(target, exhausted)
+    record = experiment(name)
+    text = {"text_file": files[0]} if name == "dynamics" else {"eval_file": files[0], "first_layer": 0}
+    settings = record.settings_class(**text)
+    loaded = LoadedModel(tiny_model("llama"), tokenizer, "tiny", "test", "cpu", "float32", "llama", 4)
+    with pytest.raises(UserError, match=f"^out of memory in {name}; try .*{flag}") as caught:
+        list(record.run(settings, RunContext(model=loaded)))
+    assert caught.value.__suppress_context__  # one line, not the allocator's traceback
