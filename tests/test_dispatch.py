@@ -7,6 +7,7 @@ hook refills on every forward."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -163,3 +164,18 @@ def test_placement_runs():
     assert placement(devices) == [{"device": "cuda:0", "layers": [0, 2]}, {"device": "cuda:1", "layers": [3, 4]},
                                   {"device": "disk", "layers": [5, 5]}]
     assert placement_text(devices) == "layers 0-2 cuda:0, 3-4 cuda:1, 5 disk"
+
+
+def test_weights_reads_offloaded_layers_and_refuses_to_replace_them(tokenizer, tmp_path):
+    """Offloaded layers' parameters are `meta` placeholders: the statistics read accelerate's store."""
+    from engine.experiments.weights import WeightsSettings, run_weights
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(EVAL), encoding="utf-8")
+    settings = WeightsSettings(first_layer=0, eval_file=str(texts), null_draws=2, paradox=False)
+    expected = result(run_weights(tiny_model("llama", seed=3), tokenizer, settings))
+    offloaded = dispatched(tiny_model("llama", seed=3), offload=(2, 3), folder=tmp_path / "offload")
+    got = result(run_weights(offloaded, tokenizer, settings))
+    assert got["components"] == expected["components"]
+    with pytest.raises(UserError, match="layer [23] is offloaded"):
+        result(run_weights(offloaded, tokenizer, dataclasses.replace(settings, paradox=True, paradox_counts=(0,))))

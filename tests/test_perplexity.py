@@ -63,3 +63,30 @@ def test_cache_holds_one_copy_per_layer(tiny_llama):
     for batch, per_layer in zip(evaluator.batches, evaluator._layer_inputs, strict=True):
         assert len(per_layer) == len(evaluator.stack)
         assert all(h.shape[:2] == batch.input_ids.shape for h in per_layer)
+
+
+def test_a_non_finite_value_at_a_pad_position_does_not_spoil_the_sums():
+    """float16 logits and states can overflow at pad positions (large auto batches): masking by a
+    product gave inf * 0 = NaN, and that text's perplexity inf. Every masked sum must ignore them."""
+    from engine.experiments.ablation import InfluenceMeter
+    from engine.experiments.prune import AngularMeter
+    from engine.perplexity import Batch, token_nll
+
+    ids = torch.tensor([[1, 2, 3, 0], [4, 5, 6, 7]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    logits = torch.randn(2, 4, 9)
+    clean = token_nll(logits, ids, mask)
+    logits[0, 2] = torch.nan  # the prediction of the pad token
+    got = token_nll(logits, ids, mask)
+    assert torch.equal(got, clean)
+
+    batch = Batch(ids, mask, np.arange(2))
+    states = torch.randn(2, 4, 8)
+    spoiled = states.clone()
+    spoiled[0, 3] = torch.inf
+    influence, angular = InfluenceMeter(2), AngularMeter(2, (1,))
+    for index in range(2):
+        influence(batch, index, states, spoiled)
+        angular(batch, index, spoiled, spoiled)
+    assert np.isfinite(np.concatenate(influence.means())).all()
+    assert np.isfinite(angular.distances(1)).all()

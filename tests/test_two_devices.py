@@ -207,3 +207,45 @@ def test_out_of_memory_is_one_line_naming_the_experiment_and_flag(monkeypatch, t
     with pytest.raises(UserError, match=f"^out of memory in {name}; try .*{flag}") as caught:
         list(record.run(settings, RunContext(model=loaded)))
     assert caught.value.__suppress_context__  # one line, not the allocator's traceback
+
+
+# --- growth and toy-depth: their own models, placed on a GPU of their --device ----------------------
+
+
+def on_second_gpu(monkeypatch, run):
+    """run(device) on the CPU and on the second of two virtual GPUs."""
+    expected = run("cpu")
+    with two_gpus(monkeypatch):
+        got = run("cuda:1")
+    return expected, got
+
+
+def test_growth_on_a_gpu(monkeypatch):
+    from test_growth import small_settings
+
+    from engine.experiments.growth.experiment import run_growth
+
+    def run(device):
+        settings = small_settings(steps=8, arms=("growth_100", "uniform_100"), checkpoint_every=0, device=device,
+                                  dtype="float32")
+        doc = result(run_growth(settings))
+        doc["settings"]["device"] = None
+        return doc
+
+    expected, got = on_second_gpu(monkeypatch, run)
+    assert without_times(got)["arms"] == without_times(expected)["arms"]
+
+
+def test_toy_depth_on_a_gpu(monkeypatch):
+    import dataclasses
+
+    from test_toy_depth import MICRO
+
+    from engine.experiments.toy_depth import run_toy_depth
+
+    def run(device):
+        doc = result(run_toy_depth(dataclasses.replace(MICRO, device=device, dtype="float32"), preset="micro"))
+        return doc["regimes"]
+
+    expected, got = on_second_gpu(monkeypatch, run)
+    assert got == expected

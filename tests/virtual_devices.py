@@ -282,6 +282,7 @@ def two_gpus(monkeypatch, free: int = 16 * 2**30, capability: tuple[int, int] = 
         "memory_reserved": lambda device=None: 0, "max_memory_allocated": lambda device=None: 0,
         "reset_peak_memory_stats": lambda device=None: None, "empty_cache": lambda: None,
         "set_device": lambda device: None, "current_device": lambda: 0, "Event": _FakeEvent,
+        "current_stream": lambda device=None: None,
     }
     for name, fake in fakes.items():
         monkeypatch.setattr(cuda, name, fake)
