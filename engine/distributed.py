@@ -81,11 +81,13 @@ def cpu_threads(local_size: int) -> int:
 
 
 class Workers:
-    """The process group of a split sweep; use as a context manager (it leaves the group on exit)."""
+    """The process group of a split sweep; use as a context manager (it leaves the group on exit).
+    `device` is the run's --device: a worker takes the GPU of its LOCAL_RANK unless it is `cpu`
+    (or no GPU is visible), when it takes its share of the CPU threads."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, device: str = "auto") -> None:
         self.world = world
-        if torch.cuda.is_available():
+        if device != "cpu" and torch.cuda.is_available():
             index = world.local_rank % torch.cuda.device_count()
             torch.cuda.set_device(index)
             self.device, backend = f"cuda:{index}", "nccl"

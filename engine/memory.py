@@ -41,28 +41,29 @@ class ModelShape:
     heads: int
     vocab: int
     layer_matrices: int = 0  # parameters in one layer's weight matrices (what recovery trains)
+    layer_params: int = 0  # every parameter of one layer, norms too (what prune's adjacent healing trains)
+    layer_matrix_sides: int = 0  # rows + columns of one layer's matrices (a rank-1 LoRA on each has this many)
 
     @classmethod
-    def from_config(cls, config: Any) -> ModelShape:
-        """Counts parameters by building the model on the meta device (no memory is allocated)."""
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+    def from_config(cls, config: Any, trust_remote_code: bool = False) -> ModelShape:
+        """Counts parameters on the meta model (no memory is allocated), as `run_dtype` counts them."""
         from engine.anatomy import LayerStack
+        from engine.models import meta_model, parameter_count
 
-        params = sum(p.numel() for p in model.parameters())  # tied weights are counted once
-        matrices = sum(p.numel() for p in LayerStack(model).matrices(0).values())
+        model = meta_model(config, trust_remote_code)
+        stack = LayerStack(model)
+        matrices = stack.matrices(0).values()
         hidden = _first(config, "hidden_size", "n_embd", "d_model")
         return cls(
-            params=params,
+            params=parameter_count(model),
             n_layers=_first(config, "num_hidden_layers", "n_layer"),
             hidden=hidden,
             intermediate=_first(config, "intermediate_size", "ffn_dim", "n_inner") or 4 * hidden,
             heads=_first(config, "num_attention_heads", "n_head"),
             vocab=config.vocab_size,
-            layer_matrices=matrices,
+            layer_matrices=sum(p.numel() for p in matrices),
+            layer_params=sum(p.numel() for p in stack.layers[0].parameters()),
+            layer_matrix_sides=sum(sum(p.shape) for p in matrices),
         )
 
 
@@ -168,10 +169,23 @@ def training_bytes(shape: ModelShape, dtype: str, training: Training) -> int:
 
 
 def training_of(shape: ModelShape, settings: Any) -> Training | None:
-    """What recovery-like settings (block_size and lr) train: one layer's matrices at a time."""
-    if hasattr(settings, "block_size") and hasattr(settings, "lr"):
+    """What settings that train (block_size and lr) hold at once, at most. Recovery: one layer's
+    matrices. Prune's healing (heal_steps): nothing at 0 steps; adjacent healing, every kept layer
+    next to a cut (up to two per removed layer, as `neighbours_of_cuts` finds them); LoRA, the
+    adapters of every kept layer; the graph spans the kept layers."""
+    if not (hasattr(settings, "block_size") and hasattr(settings, "lr")):
+        return None
+    if not hasattr(settings, "heal_steps"):
         return Training(shape.layer_matrices, settings.batch_size, settings.block_size, shape.n_layers)
-    return None
+    if not settings.heal_steps:
+        return None
+    counts = settings.counts(shape.n_layers)
+    kept = shape.n_layers - min(counts)
+    if settings.heal == "lora":
+        params = kept * settings.lora_rank * shape.layer_matrix_sides
+    else:
+        params = max(min(2 * count, shape.n_layers - count) for count in counts) * shape.layer_params
+    return Training(params, settings.batch_size, settings.block_size, kept)
 
 
 def auto_eval_batch(
@@ -229,9 +243,9 @@ def text_lengths(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[
 def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto",
              trust_remote_code: bool = False, device_map: str | None = None) -> MemoryPlan:
     """The plan of an experiment on a model, made before its weights load: the config and the
-    tokenizer are read (cheap), the evaluation texts the settings name are tokenized. Recovery-like
-    settings (block_size and lr) add one layer's training state. An auto evaluation batch is chosen
-    here as the evaluator will choose it (`auto_eval_batch`)."""
+    tokenizer are read (cheap), the evaluation texts the settings name are tokenized. Settings that
+    train add their training state (`training_of`). An auto evaluation batch is chosen here as the
+    evaluator will choose it (`auto_eval_batch`)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from engine.models import _gguf_cache_dir, choose_device, choose_dtype, resolve
@@ -248,7 +262,7 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
             location, where = str(Path(location).parent), {"gguf_file": Path(location).name}
     config = AutoConfig.from_pretrained(location, **where)
     tokenizer = AutoTokenizer.from_pretrained(location, **where)
-    shape = ModelShape.from_config(config)
+    shape = ModelShape.from_config(config, trust_remote_code)
     chosen_device = choose_device(device)
     chosen_dtype = choose_dtype(dtype, chosen_device, shape.params, config.model_type)
     max_length = getattr(settings, "max_length", 256)
@@ -311,20 +325,56 @@ def other_gpu(plan: MemoryPlan, busy: str, gpus: int, free_of: Callable[[str], i
 
 
 def free_memory(device: str) -> int:
-    """Bytes free on this device now: the CUDA driver's figure plus what torch's allocator holds
-    unused (its cache, ours to reuse), or the host's available RAM."""
+    """Bytes free on this device now: the driver's figure (`gpu_free`) plus what torch's allocator
+    holds unused (its cache, ours to reuse), or the host's available RAM."""
     if device.startswith("cuda"):
         import torch
 
         index = torch.device(device).index or 0
         cached = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
-        return int(torch.cuda.mem_get_info(index)[0] + cached)
+        return int(gpu_free(index) + cached)
     try:
         import psutil
 
         return int(psutil.virtual_memory().available)
     except ImportError:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def gpu_free(index: int) -> int:
+    """Free bytes on CUDA device `index` as the driver counts them: through NVML (`nvml_free`),
+    else `torch.cuda.mem_get_info`, which makes a CUDA context on the GPU it asks about."""
+    found = nvml_free(index)
+    if found is None:
+        import torch
+
+        return int(torch.cuda.mem_get_info(index)[0])
+    return found
+
+
+def nvml_free(index: int) -> int | None:
+    """Free bytes on CUDA device `index` read through NVML (the nvidia-ml-py package), which opens
+    no CUDA context (mem_get_info makes one, 300-500 MB, on every GPU it asks about, other users'
+    too). NVML numbers GPUs in PCI order, CUDA by CUDA_VISIBLE_DEVICES and speed, so the GPU is
+    found by the UUID torch reports for the CUDA index (a device query). None without NVML (no
+    package, no driver library) or when NVML lists no GPU of that UUID (a MIG slice)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        import torch
+
+        handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(index).uuid}")
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def cuda_devices(model: Any) -> list[str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
+from engine.events import Message
 from engine.process import pid_alive
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -65,6 +66,7 @@ class LoadedModel:
     layer_devices: list[str] = field(default_factory=list)  # where each layer lives ('disk': offloaded)
     device_map: str | None = None  # the --device-map strategy, None when the model sits on one device
     tf32: bool = False  # float32 matmuls run as TensorFloat-32 (Ampere+ GPUs)
+    deterministic: bool = True  # deterministic kernels asked for (in force on a GPU; the CPU is anyway)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -73,6 +75,7 @@ class LoadedModel:
             "device": self.device,
             "dtype": self.dtype_name,
             "tf32": self.tf32,
+            "deterministic": self.deterministic,
             "family": self.family,
             "n_layers": self.n_layers,
             "device_map": self.device_map,
@@ -209,11 +212,39 @@ def choose_dtype(requested: str, device: str, n_params: int | None = None, model
     return "float32"
 
 
+def run_dtype(requested: str, device: str, config: Any, trust_remote_code: bool = False) -> str:
+    """The dtype a model of this config loads in: `choose_dtype` given the exact parameter count
+    (`parameter_count` of the `meta_model`), the count the memory plan weighs, so the plan and the
+    load decide alike. Counted only for `auto` (a given dtype needs no count)."""
+    params = parameter_count(meta_model(config, trust_remote_code)) if requested == "auto" else None
+    return choose_dtype(requested, device, params, config.model_type)
+
+
+def meta_model(config: Any, trust_remote_code: bool = False) -> Any:
+    """The model of this config built on the meta device: every parameter's shape, no memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+
+
+def parameter_count(model: Any) -> int:
+    """A model's parameters, tied weights counted once."""
+    return sum(p.numel() for p in model.parameters())
+
+
 def training_precision(device: str, dtype: str) -> dict[str, str]:
     """The device and forward dtype of a from-scratch training run (growth, toy-depth), 'auto'
     resolved as for a model load; the run keeps float32 weights and autocasts to the dtype."""
     chosen = choose_device(device)
     return {"device": chosen, "dtype": choose_dtype(dtype, chosen)}
+
+
+def precision_messages(device: str, dtype: str) -> list[Message]:
+    """`dtype_warnings` as log lines of a run that trains its own model (growth, toy-depth): what
+    `run` and the console print before a model loads."""
+    return [Message(line, "warning") for line in dtype_warnings(dtype, device)]
 
 
 def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager:
@@ -238,16 +269,34 @@ def dtype_warnings(dtype: str, device: str, model_type: str = "") -> list[str]:
     return found
 
 
-def enable_tf32(device: str, dtype: str) -> bool:
-    """TensorFloat-32 matmuls for float32 on Ampere and later (about 8x the float32 throughput,
-    10-bit mantissa inputs with float32 accumulation). Returns whether it is on."""
-    if not device.startswith("cuda") or dtype != "float32" or _capability(device)[0] < 8:
+def enable_tf32(device: str, dtype: str, wanted: bool = True) -> bool:
+    """TensorFloat-32 matmuls for float32 on Ampere and later when `wanted` (about 8x the float32
+    throughput, 10-bit mantissa inputs with float32 accumulation; deterministic, only less precise).
+    Set on a GPU either way, so --no-tf32 holds; returns whether it is on."""
+    if not device.startswith("cuda"):
         return False
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    return True
+    on = wanted and dtype == "float32" and _capability(device)[0] >= 8
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+    return on
+
+
+CUBLAS_WORKSPACE = ":4096:8"  # the cuBLAS workspace that makes its matmuls deterministic (CUDA >= 10.2)
+
+
+def set_deterministic(device: str, on: bool) -> None:
+    """Deterministic kernels on a GPU (`torch.use_deterministic_algorithms`, and the cuBLAS
+    workspace it needs, set before the first cuBLAS call unless the user set one), or not. The CPU
+    kernels are deterministic anyway and are left alone."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(on)
 
 
 # --- the embedded model -------------------------------------------------------------------------
@@ -442,11 +491,14 @@ def load_model(
     report: Report = _quiet,
     device_map: str | None = None,
     max_memory: str | None = None,
+    deterministic: bool = True,
+    tf32: bool = True,
 ) -> LoadedModel:
     """Loads a causal LM for experiments (eval mode, gradients off) and checks its family.
 
     `device_map` (auto, balanced, sequential) spreads the layers over every visible GPU, then the
-    CPU and the disk, through accelerate; `max_memory` ('0=14GiB,1=14GiB,cpu=30GiB') caps each."""
+    CPU and the disk, through accelerate; `max_memory` ('0=14GiB,1=14GiB,cpu=30GiB') caps each.
+    `deterministic` and `tf32` set up torch for the run on a GPU (`set_deterministic`, `enable_tf32`)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -457,16 +509,18 @@ def load_model(
     location = source.location
     device_name = choose_device(device)
     placed = _placement_kwargs(device_map, max_memory, location)
+    set_deterministic(device_name, deterministic)  # before the first cuBLAS call
+    dtype_name = None
     try:
         if source.kind == "gguf":  # the GGUF header has the config: the dtype is chosen before dequantizing
             gguf = Path(location)
             config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
             LayerStack.check_family(config.model_type)
-            dtype_name = choose_dtype(dtype, device_name, _rough_param_count(config), config.model_type)
+            dtype_name = run_dtype(dtype, device_name, config)
             location = str(dequantized_folder(gguf, report, dtype_name))
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
         LayerStack.check_family(config.model_type)
-        dtype_name = choose_dtype(dtype, device_name, _rough_param_count(config), config.model_type)
+        dtype_name = dtype_name or run_dtype(dtype, device_name, config, trust_remote_code)
         for line in dtype_warnings(dtype_name, device_name, config.model_type):
             report("warning: " + line)
         # straight onto the device, tensor by tensor: no full copy in host RAM first
@@ -486,7 +540,7 @@ def load_model(
                 "(bfloat16 on Ampere and later) or --device cpu"
             ) from None
         raise _friendly_load_error(exc, source) from exc
-    tf32 = enable_tf32(device_name, dtype_name)
+    tf32_on = enable_tf32(device_name, dtype_name, tf32)
     model.eval()
     model.requires_grad_(False)
     if tokenizer.pad_token_id is None:
@@ -495,12 +549,4 @@ def load_model(
     if placed:
         device_name = str(stack.input_device())
     return LoadedModel(model, tokenizer, source.display, location, device_name, dtype_name,
-                       stack.family, len(stack), stack.layer_devices(), device_map, tf32)
-
-
-def _rough_param_count(config: Any) -> int | None:
-    hidden = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
-    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
-    if not hidden or not layers:
-        return None
-    return int(12 * layers * hidden * hidden + 2 * hidden * getattr(config, "vocab_size", 0))
+                       stack.family, len(stack), stack.layer_devices(), device_map, tf32_on, deterministic)

@@ -3,6 +3,7 @@
 Torch-free, so the CLI derives `--model`, `--device`, `--dtype` and `--trust-remote-code` from
 these fields before anything heavy is imported, and a job file can record them as data.
 `--device-map` and `--max-memory` spread a model that does not fit one GPU over several (accelerate).
+`--deterministic` and `--tf32` say how torch runs on a GPU; jobs and shard workers get them as flags.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ class ModelOptions(Settings):
                                      "(accelerate)", choices=DEVICE_MAPS, none_word="none")
     max_memory: str | None = setting(None, "with --device-map: memory each device may take, "
                                      "e.g. 0=14GiB,1=14GiB,cpu=30GiB", none_word="none")
+    deterministic: bool = setting(True, "on a GPU, deterministic kernels (torch.use_deterministic_algorithms), so "
+                                  "resumes and shards give the serial run's bits; off: faster, equal within "
+                                  "floating-point noise")
+    tf32: bool = setting(True, "float32 matmuls as TensorFloat-32 on Ampere and later GPUs (faster, 10-bit "
+                         "mantissa inputs)")
 
     def check(self) -> None:
         from engine.models import parse_max_memory  # torch-free at import; the text is checked now
@@ -45,7 +51,8 @@ class ModelOptions(Settings):
 
         return load_model(self.model, device=self.device, dtype=self.dtype,
                           trust_remote_code=self.trust_remote_code, report=report,
-                          device_map=self.device_map, max_memory=self.max_memory)
+                          device_map=self.device_map, max_memory=self.max_memory,
+                          deterministic=self.deterministic, tf32=self.tf32)
 
     def untrusted(self) -> ModelOptions:
         """These options as read from a file someone may have sent: never running a model's code."""

@@ -58,6 +58,28 @@ def test_world_from_env():
     assert cpu_threads(10**6) == 1
 
 
+@pytest.mark.parametrize(("device", "taken", "backend"), [("cpu", "cpu", "gloo"), ("auto", "cuda:1", "nccl"),
+                                                       ("cuda", "cuda:1", "nccl")])
+def test_workers_use_the_device_the_run_asked_for(device, taken, backend, monkeypatch):
+    """On a machine with GPUs, --device cpu keeps every worker on the CPU (gloo, a share of the
+    threads); otherwise a worker takes the GPU of its LOCAL_RANK."""
+    import torch.distributed as dist
+
+    from engine.distributed import Workers
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    gpus, threads, backends = [], [], []
+    monkeypatch.setattr(torch.cuda, "set_device", gpus.append)
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kwargs: backends.append(backend))
+    monkeypatch.setattr(dist, "new_group", lambda **kwargs: "events")
+    workers = Workers(World(1, 2, 1, 2), device)
+    assert workers.device == taken and backends == [backend]
+    assert (gpus, bool(threads)) == (([], True) if device == "cpu" else ([1], False))
+
+
 def test_merger_sums_progress_and_names_a_failed_worker():
     merger = _Merger()
     (first,) = merger.take(0, Progress(1, 2, "ablation"))

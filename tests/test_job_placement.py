@@ -30,8 +30,8 @@ def on_gpu(folder: Path, device: str = "cuda:0", dtype: str = "float16", device_
                        device_map=device_map)
 
 
-def console_with_fake_jobs(monkeypatch, folder: Path, load, launch, placement: str):
-    """The console on `folder` with the model load, the job launcher and the placement faked."""
+def console_with_fake_jobs(monkeypatch, folder: Path, load, launch, placement: str, device: str = "auto"):
+    """The console on `folder` (`--device`) with the model load, the job launcher and the placement faked."""
     import tui.app as app_module
     from tui.app import AnatomyApp
     from tui.console_settings import ConsoleSettings
@@ -39,7 +39,8 @@ def console_with_fake_jobs(monkeypatch, folder: Path, load, launch, placement: s
     monkeypatch.setattr("engine.models.load_model", load)
     monkeypatch.setattr(app_module, "launch_job", launch)
     monkeypatch.setattr(app_module, "job_placement", lambda *args, **kwargs: placement)
-    return AnatomyApp(session="demo", options=ModelOptions(str(folder)), console=ConsoleSettings(auto_map=False))
+    return AnatomyApp(session="demo", options=ModelOptions(str(folder), device=device),
+                      console=ConsoleSettings(auto_map=False))
 
 
 def recording_launcher(started: list[list[str]], code: str = "pass", wait: bool = True):
@@ -123,7 +124,7 @@ def test_a_job_goes_to_another_gpu_with_room_before_the_console_releases_its_mod
     from engine.experiments.recovery import RecoverySettings
     from engine.memory import other_gpu
 
-    loaded = on_gpu(tiny_folder)  # the console's model on cuda:0
+    loaded = on_gpu(tiny_folder, device="cuda")  # the console's model where its `auto` put it
     options = job_options(ModelOptions(str(tiny_folder)), loaded)
     one_run = RecoverySettings(layers=(1,), eval_set="paper", steps=2)
     need = plan_run(str(tiny_folder), one_run, "cpu", "float16").total
@@ -132,6 +133,9 @@ def test_a_job_goes_to_another_gpu_with_room_before_the_console_releases_its_mod
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
     monkeypatch.setattr("engine.memory.free_memory", lambda device: free.get(device, 2**40))  # the host: plenty
     assert job_placement("recovery", one_run, options, loaded, free_bytes=free["cuda:0"]) == "cuda:2"
+    pinned = on_gpu(tiny_folder, device="cuda:0")  # started with --device cuda:0: its jobs stay on that GPU
+    assert job_placement("recovery", one_run, job_options(ModelOptions(str(tiny_folder), device="cuda:0"), pinned),
+                         pinned, free_bytes=free["cuda:0"]) == "release"
     free["cuda:2"] = need // 2  # no GPU with room: the console frees its own
     assert job_placement("recovery", one_run, options, loaded, free_bytes=free["cuda:0"]) == "release"
     free["cuda:2"] = 2 * need  # a sweep split over every GPU needs the console's GPU too
@@ -171,7 +175,7 @@ def test_sweeps_started_as_jobs_take_every_visible_gpu(gpus, monkeypatch, tiny_f
     from tui.cli import build_parser
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    options = ModelOptions(str(tiny_folder), device="cuda:0", dtype="float16")
+    options = ModelOptions(str(tiny_folder), device="cuda", dtype="float16")  # a console's `auto` on a GPU
     every = ["--shards=2"] if gpus == 2 else []
     argv = job_argv("ablation", AblationSettings(), options, "s", resume=False)
     assert shards_of(argv) == every
@@ -189,13 +193,33 @@ def test_sweeps_started_as_jobs_take_every_visible_gpu(gpus, monkeypatch, tiny_f
     assert shards_of(job_argv("growth", PRESETS["tiny"], None, "s", resume=False)) == []  # does not split
 
 
+@pytest.mark.parametrize("device", ["cuda:0", "cpu"])
+def test_a_job_pinned_to_one_device_is_not_sharded_so_run_accepts_it(device, monkeypatch, tiny_folder):
+    """A console started with --device cuda:0 (or cpu) on a 2-GPU machine: its sweeps run where it
+    was pinned, one process, not `--device=cuda:0 --shards=2`, which `run` refuses."""
+    import torch
+
+    from engine.registry import experiment
+    from tui.cli import build_parser
+    from tui.flags import model_options_from_args, settings_from_args
+    from tui.runner import _world
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    options = ModelOptions(str(tiny_folder), device=device, dtype="float16")
+    argv = job_argv("ablation", AblationSettings(), options, "s", resume=False)
+    assert shards_of(argv) == [] and f"--device={device}" in argv
+    args = build_parser("ablation").parse_args(argv[3:])
+    entry = experiment("ablation")
+    assert _world(entry, args, model_options_from_args(args), settings_from_args(entry, args)) is None  # no refusal
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("gpus", [2, 0])
 async def test_the_console_starts_the_map_job_on_every_gpu(gpus, isolated_home, monkeypatch, tiny_folder):
     import torch
 
-    stub, started = on_gpu(tiny_folder), []
+    stub, started = on_gpu(tiny_folder, device="cuda"), []  # where `auto` loads on a GPU
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     app = console_with_fake_jobs(monkeypatch, tiny_folder, lambda name, **kwargs: stub, recording_launcher(started),
@@ -205,3 +229,19 @@ async def test_the_console_starts_the_map_job_on_every_gpu(gpus, isolated_home, 
         [argv] = started
         assert shards_of(argv) == (["--shards=2"] if gpus == 2 else [])
         assert argv[argv.index("--session") + 1] == "demo"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_console_pinned_to_one_gpu_starts_its_map_job_there(isolated_home, monkeypatch, tiny_folder):
+    import torch
+
+    stub, started = on_gpu(tiny_folder, device="cuda:0"), []
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    app = console_with_fake_jobs(monkeypatch, tiny_folder, lambda name, **kwargs: stub, recording_launcher(started),
+                                 "beside", device="cuda:0")
+    async with app.run_test(size=(120, 36)) as pilot:
+        await press_b_once_loaded(pilot, app, stub)
+        [argv] = started
+        assert "--device=cuda:0" in argv and shards_of(argv) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -104,6 +105,33 @@ def test_a_job_fits_beside_the_console_model_or_after_it_is_released():
     assert fits_beside(job, loaded_bytes=1_000, free_bytes=2_000) == "never"
 
 
+def fake_nvml(monkeypatch, free_by_uuid: dict[str, int] | None):
+    """A pynvml module in sys.modules: GPUs by UUID with their free bytes, or (None) no NVML library."""
+    import types
+
+    class NVMLError(Exception):
+        pass
+
+    calls = []
+
+    def init():
+        if free_by_uuid is None:
+            raise NVMLError("NVML Shared Library Not Found")
+        calls.append("init")
+
+    def handle_by_uuid(uuid):
+        if uuid not in free_by_uuid:
+            raise NVMLError("Not Found")
+        return uuid
+
+    module = types.SimpleNamespace(
+        NVMLError=NVMLError, nvmlInit=init, nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetHandleByUUID=handle_by_uuid,
+        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(free=free_by_uuid[handle], total=16_000))
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    return calls
+
+
 def test_free_memory_asks_the_driver_on_a_gpu(monkeypatch):
     asked = []
 
@@ -112,8 +140,32 @@ def test_free_memory_asks_the_driver_on_a_gpu(monkeypatch):
         return 5_000, 16_000
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", fake_info)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails
     assert memory.free_memory("cuda:1") == 5_000 and asked == [1]
+    fake_nvml(monkeypatch, None)  # installed, but no driver library
+    assert memory.free_memory("cuda:0") == 5_000 and asked == [1, 0]
     assert memory.free_memory("cpu") > 0
+
+
+def test_free_memory_reads_nvml_by_uuid_and_makes_no_cuda_context(monkeypatch):
+    """NVML lists GPUs in PCI order, CUDA (CUDA_VISIBLE_DEVICES=1,0, or FASTEST_FIRST) in another:
+    CUDA index 0 is found by its UUID, never by NVML's index 0; mem_get_info, which makes a CUDA
+    context on the GPU it asks about, is not called."""
+    import types
+
+    uuids = {0: "5f1e-b", 1: "07aa-a"}  # CUDA 0 is the second GPU on the PCI bus
+    calls = fake_nvml(monkeypatch, {"GPU-07aa-a": 1_000, "GPU-5f1e-b": 9_000})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(uuid=uuids[index]))
+
+    def no_context(index):
+        raise AssertionError("mem_get_info makes a CUDA context")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", no_context)
+    assert memory.free_memory("cuda:0") == 9_000 and memory.free_memory("cuda:1") == 1_000
+    assert calls == ["init", "shutdown"] * 2
+    uuids[1] = "MIG-slice"  # a GPU NVML does not list under that UUID: the driver's figure after all
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (3_000, 16_000))
+    assert memory.free_memory("cuda:1") == 3_000
 
 
 def test_chunked_softmax_equals_unchunked():
@@ -273,3 +325,126 @@ def test_plan_and_evaluator_choose_the_same_auto_batch_and_the_same_perplexity(t
     one = Evaluator(loaded.model, loaded.tokenizer, TEXTS, 1, 64).perplexity()
     for each in (evaluator, everything, explicit):
         assert each.perplexity() == pytest.approx(one, rel=1e-6)
+
+
+def fake_gpu_run(monkeypatch, capability: tuple[int, int], free: int) -> list[bool]:
+    """One GPU of this compute capability with `free` bytes; the calls that set up torch for a run
+    are recorded, not made (returned: use_deterministic_algorithms' arguments), and the TF32 flags
+    and the environment are restored afterwards."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: capability)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=0: (free, 16 * 2**30))
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    deterministic: list[bool] = []
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on, **kwargs: deterministic.append(on))
+    return deterministic
+
+
+def loaded_on_the_cpu(monkeypatch) -> dict:
+    """from_pretrained asked for a GPU loads on the CPU instead; returns what it was asked."""
+    from transformers import AutoModelForCausalLM
+
+    real, seen = AutoModelForCausalLM.from_pretrained, {}
+
+    def on_cpu(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **{**kwargs, "device_map": "cpu"})
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", on_cpu)
+    return seen
+
+
+def test_the_plan_and_the_load_pick_one_auto_dtype(tmp_path, monkeypatch):
+    """Auto dtype on a P100 hangs on the parameter count (float16 when float32 would not fit): a free
+    memory between the exact count's need and a rough formula's (12 L h^2 + 2 h V, 22 % more on this
+    model) must give the plan and the load the same dtype."""
+    from tiny_models import save_tiny
+    from transformers import AutoConfig
+
+    from engine.experiments.ablation import AblationSettings
+    from engine.models import load_model
+
+    folder = save_tiny(tmp_path / "tiny")
+    config = AutoConfig.from_pretrained(folder)
+    exact = ModelShape.from_config(config).params
+    rough = 12 * config.num_hidden_layers * config.hidden_size**2 + 2 * config.hidden_size * config.vocab_size
+    free = int((exact + rough) / 2 * 4 * 1.3)  # float32 fits by the exact count, not by the rough one
+    assert exact * 4 * 1.3 < free < rough * 4 * 1.3
+    fake_gpu_run(monkeypatch, (6, 0), free)  # a P100: neither bfloat16 nor float16 tensor cores
+    loaded_on_the_cpu(monkeypatch)
+    plan = memory.plan_run(str(folder), AblationSettings(eval_set="paper", eval_batch_size=2), "cuda:0", "auto")
+    loaded = load_model(str(folder), device="cuda:0", dtype="auto")
+    assert plan.dtype == loaded.dtype_name == "float32"
+
+
+def test_run_loads_the_dtype_its_plan_names(tmp_path, monkeypatch, capsys):
+    """Whatever the plan decided is what loads and is recorded (the job file keeps the asked `auto`)."""
+    import dataclasses
+
+    from tiny_models import save_tiny
+
+    from sessions.store import SessionStore
+    from tui.cli import main
+
+    folder = save_tiny(tmp_path / "tiny")
+    real_plan = memory.plan_run
+
+    def bfloat16_plan(*args, **kwargs):
+        return dataclasses.replace(real_plan(*args, **kwargs), dtype="bfloat16")
+
+    monkeypatch.setattr(memory, "plan_run", bfloat16_plan)
+    assert main(["run", "ablation", "--model", str(folder), "--eval-set", "paper", "--session", "d"]) == 0
+    assert "on cpu in bfloat16" in capsys.readouterr().err
+    (job,) = SessionStore().open("d").jobs().values()
+    assert job["spec"]["model"]["dtype"] == job["spec"]["memory_plan"]["dtype"] == "bfloat16"
+    assert job["model"]["dtype"] == "auto"
+
+
+def every_cut(n_layers: int, count: int):
+    import itertools
+
+    return itertools.combinations(range(n_layers), count)
+
+
+@pytest.mark.parametrize("remove", [(1,), (2,), (1, 2, 4), (5,)])
+def test_prune_healing_is_planned_for_every_layer_it_trains(remove):
+    """Adjacent healing trains every kept layer next to a cut: up to two per removed layer when the
+    cuts are scattered. The plan holds the most any cut of these counts trains, no more."""
+    from engine.experiments.prune import PruneSettings, neighbours_of_cuts
+
+    model = tiny_model("llama")
+    shape = ModelShape.from_config(model.config)
+    layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    assert shape.layer_params == layer > shape.layer_matrices
+    twelve = ModelShape(**{**shape.__dict__, "n_layers": 12})
+    settings = PruneSettings(remove=remove, heal_steps=5)
+    training = memory.training_of(twelve, settings)
+    most = max(len(neighbours_of_cuts(12, cut)) for count in remove for cut in every_cut(12, count))
+    assert training.params == most * layer
+    assert training.layers_with_graph == 12 - min(remove)  # the graph spans the cut model's layers
+    assert (training.batch_size, training.block_size) == (settings.batch_size, settings.block_size)
+
+
+def test_prune_without_healing_plans_no_training_and_lora_its_adapters(tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    from engine.experiments.prune import PruneSettings
+
+    model = tiny_model("llama")
+    shape = ModelShape.from_config(model.config)
+    assert memory.training_of(shape, PruneSettings(heal_steps=0, remove=(1,))) is None
+    assert plan_memory(shape, "float32", "cpu", [10], 1,
+                       training=memory.training_of(shape, PruneSettings(remove=(1,)))).training == 0
+    lora = PruneSettings(heal="lora", lora_rank=4, heal_steps=5, remove=(1,))
+    targets = sorted({path.rsplit(".", 1)[-1] for _, path in LayerStack(model).spec.matrices})
+    adapted = get_peft_model(model, LoraConfig(r=4, target_modules=targets))
+    adapters = sum(p.numel() for name, p in adapted.named_parameters() if "lora_" in name)
+    assert memory.training_of(shape, lora).params == adapters * (shape.n_layers - 1) // shape.n_layers
+    from engine.experiments.recovery import RecoverySettings
+
+    recovery = memory.training_of(shape, RecoverySettings())
+    assert (recovery.params, recovery.layers_with_graph) == (shape.layer_matrices, shape.n_layers)

@@ -214,7 +214,7 @@ def test_load_goes_straight_to_the_device_and_records_precision(tmp_path, monkey
     assert seen["device_map"] == "cpu" and seen["dtype"] == torch.bfloat16
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
     assert loaded.describe() | {"source": None} == {"name": "tiny", "source": None, "device": "cpu",
-                                                     "dtype": "bfloat16", "tf32": False,
+                                                     "dtype": "bfloat16", "tf32": False, "deterministic": True,
                                                      "family": "Llama / SmolLM", "n_layers": 4,
                                                      "device_map": None,
                                                      "placement": [{"device": "cpu", "layers": [0, 3]}]}

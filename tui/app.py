@@ -242,10 +242,7 @@ class AnatomyApp(App[None]):
         a first load (a minute of dequantising) would not quit at once. The thread only posts messages."""
         options = self.options
         self.model_status = f"model: loading {options.model}…"
-        work = partial(
-            load_model_work, self.post_message, options.model, options.device, options.dtype,
-            options.trust_remote_code, options.device_map, options.max_memory,
-        )  # fmt: skip
+        work = partial(load_model_work, self.post_message, options)
         threading.Thread(target=work, name="load model", daemon=True).start()
         self.update_status()
 

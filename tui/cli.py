@@ -28,6 +28,7 @@ def chosen_experiment(argv: Sequence[str]) -> str | None:
 
 
 TOO_LARGE = ("out of memory", "can't allocate memory", "storage size calculation overflowed")  # torch's words
+NOT_DETERMINISTIC = " does not have a deterministic implementation"  # torch's words, under --deterministic
 
 
 def one_line(text: str) -> str:
@@ -105,6 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"anatomy-tui: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as exc:  # a huge count or size (--restarts 10**12) asks for terabytes
+        if NOT_DETERMINISTIC in str(exc):
+            operation = str(exc).split(NOT_DETERMINISTIC)[0].strip()
+            print(f"anatomy-tui: error: {one_line(operation)} has no deterministic GPU kernel; rerun with "
+                  "--no-deterministic (results then agree within floating-point noise)", file=sys.stderr)
+            return 2
         if not isinstance(exc, MemoryError) and not any(w in str(exc).lower() for w in TOO_LARGE):
             raise
         print(f"anatomy-tui: error: out of memory ({one_line(str(exc)) or 'MemoryError'}); the settings ask "

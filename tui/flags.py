@@ -115,6 +115,21 @@ def settings_from_args(experiment: Experiment, args: argparse.Namespace) -> Sett
     return base.override(given)
 
 
+def flag_text(spec: FieldSpec, value: Any) -> str:
+    """The one flag that sets this field to `value`, as `add_settings_arguments` reads it back."""
+    if spec.base is bool and not spec.is_tuple:
+        return spec.flag if value else "--no-" + spec.flag[2:]
+    return f"{spec.flag}={spec.show_text(value)}"
+
+
+def model_flags(options: ModelOptions) -> list[str]:
+    """The flags that give these model options (those that differ from the defaults): how jobs and
+    the served console get the console's model, device, dtype, determinism and TF32."""
+    default = ModelOptions()
+    return [flag_text(spec, getattr(options, spec.name)) for spec in options.fields()
+            if getattr(options, spec.name) != getattr(default, spec.name)]
+
+
 def model_options_from_args(args: argparse.Namespace) -> ModelOptions:
     defaults = ModelOptions()
     given = {spec.name: getattr(args, spec.name) for spec in defaults.fields() if hasattr(args, spec.name)}

@@ -23,8 +23,9 @@ from engine.options import ModelOptions
 from engine.process import job_identity_matches, pid_alive
 from engine.registry import BY_NAME
 from engine.registry import experiment as find_experiment
-from engine.settings import FieldSpec, Settings
+from engine.settings import Settings
 from sessions.store import Session
+from tui.flags import flag_text, model_flags
 
 if TYPE_CHECKING:
     from engine.memory import Placement
@@ -44,12 +45,6 @@ class BackgroundJob:
         if self.process is not None:
             return self.process.poll() is None
         return pid_alive(self.pid)
-
-
-def _flag(spec: FieldSpec, value: Any) -> str:
-    if spec.base is bool and not spec.is_tuple:
-        return spec.flag if value else "--no-" + spec.flag[2:]
-    return f"{spec.flag}={spec.show_text(value)}"
 
 
 def job_argv(
@@ -73,11 +68,9 @@ def job_argv(
             continue
         if not spec.meta.get("cli", True):
             raise UserError(f"setting {spec.name} has no flag, so this {experiment} run cannot be started as a job")
-        argv.append(_flag(spec, value))
+        argv.append(flag_text(spec, value))
     if options is not None:
-        default = ModelOptions()
-        argv += [_flag(spec, getattr(options, spec.name)) for spec in options.fields()
-                 if getattr(options, spec.name) != getattr(default, spec.name)]
+        argv += model_flags(options)
     return [*argv, *shards_flag(experiment, settings, options), "--session", session, *(["--resume"] if resume else [])]
 
 
@@ -85,8 +78,12 @@ def shards_flag(experiment: str, settings: Settings, options: ModelOptions | Non
     """`--shards=K` for a sweep that splits, K the visible GPUs when there are several (one worker
     per GPU, so the map or the recovery sweep uses all of them), or fewer when the sweep has fewer
     units (one layer noised once needs one); nothing otherwise, nor for a model spread over the
-    GPUs by --device-map."""
+    GPUs by --device-map, nor for a job pinned to one device (`cpu`, or `cuda:N`: a console
+    started on one GPU keeps its jobs off the others; `run` refuses --shards with cuda:N anyway)."""
     if not find_experiment(experiment).shardable or (options is not None and options.device_map is not None):
+        return []
+    device = options.device if options is not None else getattr(settings, "device", "auto")
+    if device == "cpu" or device.startswith("cuda:"):
         return []
     import torch
 
@@ -111,11 +108,11 @@ def job_options(options: ModelOptions, loaded: Any | None) -> ModelOptions:
 def job_placement(experiment: str, settings: Settings, options: ModelOptions, loaded: Any | None,
                   free_bytes: int | None = None) -> Placement | str:
     """Whether a model job can run beside the console's loaded model: 'beside' (on the CPU, or the
-    GPU holds both), another GPU with room for it ('cuda:1', when the console's cannot hold both
-    and the job is not split over every GPU), 'release' (the console must free its copy first: also
-    for a model spread over GPUs, and when the job cannot be planned); a job that cannot fit even
-    then is a one-line UserError. `free_bytes` is the GPU's free memory (read from the driver when
-    not given)."""
+    GPU holds both), another GPU with room for it ('cuda:1', when the console's cannot hold both,
+    the job is not split over every GPU and the console was not pinned to its GPU with
+    --device cuda:N), 'release' (the console must free its copy first: also for a model spread over
+    GPUs, and when the job cannot be planned); a job that cannot fit even then is a one-line
+    UserError. `free_bytes` is the GPU's free memory (read from the driver when not given)."""
     if loaded is None or not str(loaded.device).startswith("cuda"):
         return "beside"
     if loaded.device_map is not None:
@@ -130,7 +127,7 @@ def job_placement(experiment: str, settings: Settings, options: ModelOptions, lo
     free = free_memory(loaded.device) if free_bytes is None else free_bytes
     held = model_bytes(loaded.model)
     placement = fits_beside(plan, held, free)
-    if placement != "beside" and not shards_flag(experiment, settings, options):
+    if placement != "beside" and options.device == "cuda" and not shards_flag(experiment, settings, options):
         import torch
 
         elsewhere = other_gpu(plan, loaded.device, torch.cuda.device_count(), free_memory)

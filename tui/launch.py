@@ -10,23 +10,9 @@ import sys
 
 def serve_command(args: argparse.Namespace) -> str:
     """The command textual-serve runs for each browser connection: this console, same flags."""
-    parts = [
-        sys.executable,
-        "-m",
-        "tui.cli",
-        "--model",
-        args.model,
-        "--device",
-        args.device,
-        "--dtype",
-        args.dtype,
-    ]
-    if args.trust_remote_code:
-        parts.append("--trust-remote-code")
-    for flag, value in (("--device-map", getattr(args, "device_map", None)),
-                        ("--max-memory", getattr(args, "max_memory", None))):
-        if value is not None:
-            parts += [flag, value]
+    from tui.flags import model_flags, model_options_from_args
+
+    parts = [sys.executable, "-m", "tui.cli", *model_flags(model_options_from_args(args))]
     if args.session:
         parts += ["--session", args.session]
     elif args.resume:

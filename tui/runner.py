@@ -72,23 +72,26 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
         if session is not None:
             session.check_writable(experiment.writes)  # the event log and the result file: one line now
     shards = getattr(args, "shards", None) or 1
+    device = _asked_device(options, settings)
     if world is None and shards > 1:
         from engine.distributed import launch
 
-        _one_gpu_each(shards, "--shards")
+        _one_gpu_each(shards, "--shards", device)
         return launch(["-m", "tui.cli", *argv], shards)
     if world is not None:
-        _one_gpu_each(world.local_size, "torchrun's --nproc-per-node")
+        _one_gpu_each(world.local_size, "torchrun's --nproc-per-node", device)
     source = settings.inputs_from()
     inputs = _inputs(store.open(source) if source else session, experiment) if main else {}
 
-    with _workers(world) as workers:
+    with _workers(world, device) as workers:
         loaded, plan = None, None
         if options is not None:
             if workers is not None:  # one worker per GPU (LOCAL_RANK), or the CPU
                 options = dataclasses.replace(options, device=workers.device)
             plan = memory_plan(experiment, settings, options, quiet=not main)
-            loaded = options.load(_report)
+            # the dtype the plan names and was checked in is the one that loads (the job file keeps `auto`)
+            planned = dataclasses.replace(options, dtype=plan.dtype) if plan is not None else options
+            loaded = planned.load(_report)
             if main:
                 _report(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
         if session is None and main:
@@ -131,7 +134,7 @@ def _world(experiment: Experiment, args: argparse.Namespace, options: ModelOptio
     if (shards or world is not None) and options is not None and options.device_map is not None:
         raise UserError("--shards (or torchrun) runs a whole model in each worker, --device-map spreads one model "
                         "over the GPUs: use one of them")
-    device = str(options.device if options is not None else getattr(settings, "device", ""))
+    device = _asked_device(options, settings)
     if (shards or world is not None) and device.startswith("cuda:"):
         raise UserError(f"--device {device} would put every worker on that one GPU; with --shards (or torchrun) "
                         "use --device auto: each worker takes its own GPU")
@@ -143,8 +146,16 @@ def _world(experiment: Experiment, args: argparse.Namespace, options: ModelOptio
     return world
 
 
-def _one_gpu_each(workers: int, what: str) -> None:
-    """Workers on GPUs talk nccl, which refuses two workers on one GPU: at most one per GPU."""
+def _asked_device(options: ModelOptions | None, settings: Settings) -> str:
+    """The --device of the run: the model's, or the settings' own (toy-depth trains on its own)."""
+    return str(options.device if options is not None else getattr(settings, "device", "auto"))
+
+
+def _one_gpu_each(workers: int, what: str, device: str) -> None:
+    """Workers on GPUs talk nccl, which refuses two workers on one GPU: at most one per GPU
+    (workers on the CPU, --device cpu, share its threads instead)."""
+    if device == "cpu":
+        return
     import torch
 
     gpus = torch.cuda.device_count()
@@ -153,12 +164,12 @@ def _one_gpu_each(workers: int, what: str) -> None:
                         f"so at most {gpus} on this machine")
 
 
-def _workers(world: World | None) -> contextlib.AbstractContextManager[Workers | None]:
+def _workers(world: World | None, device: str) -> contextlib.AbstractContextManager[Workers | None]:
     if world is None:
         return contextlib.nullcontext()
     from engine.distributed import Workers
 
-    return Workers(world)
+    return Workers(world, device)
 
 
 def memory_plan(experiment: Experiment, settings: Settings, options: ModelOptions, quiet: bool = False

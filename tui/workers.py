@@ -35,24 +35,21 @@ log = logging.getLogger("anatomy_tui.console")
 Post = Callable[[Message], Any]
 
 
-def load_model_work(post: Post, model: str, device: str, dtype: str, trust_remote_code: bool,
-                    device_map: str | None = None, max_memory: str | None = None) -> None:
-    """Loads the model (over several devices with `device_map`); posts ModelLoaded, or ModelFailed
-    with the reason."""
+def load_model_work(post: Post, options: ModelOptions) -> None:
+    """Loads the model as `options` say (over several devices with --device-map); posts
+    ModelLoaded, or ModelFailed with the reason."""
     from tui.logging_setup import route_transformers_logs
 
     route_transformers_logs()
-    from engine.models import load_model
 
     def report(text: str) -> None:
         log.info(text)
         post(ModelProgress(text))
 
     try:
-        loaded = load_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code, report=report,
-                            device_map=device_map, max_memory=max_memory)
+        loaded = options.load(report)
     except Exception as exc:
-        log.exception("loading %s failed", model)
+        log.exception("loading %s failed", options.model)
         post(ModelFailed(f"{type(exc).__name__}: {exc}"))
         return
     post(ModelLoaded(loaded))

@@ -33,7 +33,7 @@ from engine import powerfit
 from engine.atomic import atomic_write_bytes, atomic_write_json
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, StudentDone, StudentStep
-from engine.models import autocast, training_precision
+from engine.models import autocast, precision_messages, training_precision
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, Settings, from_preset, setting
 
@@ -402,6 +402,7 @@ def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
     temperature) curve as it ends."""
     started = time.perf_counter()
     settings = replace(settings, **training_precision(settings.device, settings.dtype))
+    yield from precision_messages(settings.device, settings.dtype)
     depths = sorted(set(settings.student_depths))
     wanted = [student for student in students(settings) if only is None or student in only]
     losses: dict[Student, list[float]] = {}

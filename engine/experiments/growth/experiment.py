@@ -64,7 +64,7 @@ from engine.experiments.growth.protocol import (
 )
 from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
 from engine.generation import generate_text
-from engine.models import training_precision
+from engine.models import precision_messages, training_precision
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, Settings, from_preset, setting
 
@@ -319,6 +319,7 @@ def _run(
     resume: bool,
 ) -> Iterator[Event]:
     settings = dataclasses.replace(settings, **training_precision(settings.device, settings.dtype))
+    yield from precision_messages(settings.device, settings.dtype)
     corpus = load_corpus(settings.train_file)
     plan = design(settings, corpus.tokenizer.vocab_size, len(corpus.train))
     spec = settings.to_dict()
