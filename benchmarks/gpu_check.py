@@ -19,12 +19,12 @@ import torch
 from engine.events import Result
 from engine.experiments.ablation import AblationSettings, run_ablation
 from engine.experiments.growth.experiment import preset_settings, run_growth
-from engine.experiments.growth.trainer import synchronize
 from engine.experiments.recovery import RecoverySettings, run_recovery
 from engine.memory import ModelShape, free_memory, loaded_eval_batch, model_bytes
 from engine.models import load_model
 from engine.statistics import spearman
 from engine.text import eval_texts
+from engine.training import synchronize
 
 DTYPES = ("float32", "float16", "bfloat16")
 QUICK_LAYERS = (10, 20, 29)  # late layers: the map from the prefix cache stays cheap on a CPU

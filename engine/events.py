@@ -361,7 +361,8 @@ class GrowthPhase(Event):
 @event_type
 @dataclass(frozen=True)
 class GrowthStep(Event):
-    """One optimizer step: training loss on its batch, throughput of that step, learning rate."""
+    """One optimizer step: training loss on its batch, learning rate, and the throughput of the steps
+    reported with it (timed together, sent together at an evaluation, a checkpoint or a phase end)."""
 
     kind: ClassVar[str] = "growth.step"
     arm: str

@@ -112,3 +112,41 @@ def test_bad_layer_index_and_component():
         stack.matrices(4)
     with pytest.raises(UserError, match="unknown component"):
         stack.check_matrix_names(["q", "c_attn"])
+
+
+@pytest.mark.parametrize("host", [False, True])
+def test_preserved_restores_every_parameter_from_device_or_host_copies(host, monkeypatch):
+    """Training changes norms too: all of a layer's parameters come back; with `host` the copies
+    wait in CPU memory."""
+    model = tiny_model("llama")
+    stack = LayerStack(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    copies = stack.copies
+    kept = []
+
+    def spy(indices, on_host=False):
+        kept.append(on_host)
+        return copies(indices, on_host)
+
+    monkeypatch.setattr(stack, "copies", spy)
+    with torch.no_grad(), stack.preserved([1, 2], host=host):
+        for param in model.model.layers[1].parameters():
+            param.add_(1.0)
+        model.model.layers[2].input_layernorm.weight.zero_()
+    assert kept == [host]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+def test_holding_takes_canonical_or_parameter_names():
+    model = tiny_model("llama")
+    stack = LayerStack(model)
+    layer = model.model.layers[1]
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    new_q = torch.full_like(layer.self_attn.q_proj.weight, 0.5)
+    new_norm = torch.full_like(layer.post_attention_layernorm.weight, 2.0)
+    with stack.holding({1: {"q": new_q, "post_attention_layernorm.weight": new_norm}}):
+        assert torch.equal(layer.self_attn.q_proj.weight, new_q)
+        assert torch.equal(layer.post_attention_layernorm.weight, new_norm)
+        assert torch.equal(layer.mlp.down_proj.weight, before["mlp.down_proj.weight"])
+    assert all(torch.equal(layer.state_dict()[k], v) for k, v in before.items())
+    assert stack.copies([1], host=True)[1]["self_attn.q_proj.weight"].device.type == "cpu"

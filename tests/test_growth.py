@@ -338,3 +338,79 @@ def test_float16_resume_continues_with_the_saved_loss_scale(tmp_path):
     run_until(11, resume=True)
     after = json.loads(path.read_text(encoding="utf-8"))["arm"]
     assert after["step"] == 10 and after["scaler"]["scale"] == 2048.0 and after["scaler"]["_growth_tracker"] == 1
+
+
+def finished(run):
+    """Drives a generator to its end: (the events it yielded, the value it returned)."""
+    events = []
+    while True:
+        try:
+            events.append(next(run))
+        except StopIteration as done:
+            return events, done.value
+
+
+def test_step_losses_are_read_from_the_device_once_per_report(monkeypatch, vocab):
+    """Each step's loss stays on the device and the host reads them together at a report point (an
+    evaluation, a checkpoint, a phase end; on a GPU each read waits for the queued work), and every
+    step still gets its event with its own loss, rate and learning rate."""
+    import sys
+    from pathlib import Path
+
+    from engine.experiments.growth.trainer import ArmPlan, TrainConfig, learning_rate, train_arm
+
+    engine_dir = str(Path(train_arm.__code__.co_filename).parents[2])
+    reads = []
+
+    def counted(name):
+        method = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            if self.is_floating_point() and sys._getframe(1).f_code.co_filename.startswith(engine_dir):
+                reads.append(name)  # a loss read by the engine (token ids read on the host do not wait)
+            return method(self, *args, **kwargs)
+
+        return read
+
+    for name in ("item", "tolist", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
+    losses = []
+    cross_entropy = torch.nn.functional.cross_entropy
+
+    def kept(*args, **kwargs):
+        loss = cross_entropy(*args, **kwargs)
+        if torch.is_grad_enabled():
+            losses.append(loss.detach().clone())
+        return loss
+
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", kept)
+    config = TrainConfig(vocab_size=vocab, hidden_size=16, heads=2, seq_len=16, batch_size=2, lr=3e-3,
+                         warmup_frac=0.1, weight_decay=0.0, grad_clip=1.0, eval_every=6, checkpoint_every=0)
+    corpus = load_corpus()
+    plan = ArmPlan("uniform", (Phase("uniform", (0, 1), steps=12),), (8, 8), True)
+    events, _ = finished(train_arm(plan, 0, config, (0, 1), corpus.train, [corpus.val[:34].view(2, 17)]))
+    assert len(reads) <= 5  # reports after steps 6 and 12: their losses and validation loss; the final evaluation
+    steps = [e for e in events if isinstance(e, GrowthStep)]
+    assert [e.step for e in steps] == list(range(1, 13))
+    assert [e.train_loss for e in steps] == [float(loss) for loss in losses]
+    assert [e.lr for e in steps] == [learning_rate(step, 12, 3e-3, 0.1) for step in range(12)]
+    assert all(e.tokens_per_s > 0 and e.n_layers == 2 and e.total_steps == 12 for e in steps)
+
+
+def test_out_of_memory_in_training_is_one_line(monkeypatch):
+    from engine import oom
+
+    freed = []
+    monkeypatch.setattr(oom, "release_memory", lambda: freed.append(True))
+    cross_entropy = torch.nn.functional.cross_entropy
+
+    def out_of_memory(*args, **kwargs):
+        if torch.is_grad_enabled():
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return cross_entropy(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", out_of_memory)
+    with pytest.raises(UserError, match=r"^out of memory in growth training of uniform_100; try .*--batch-size"
+                       ) as info:
+        list(run_growth(small_settings(steps=6, arms=("uniform_100",), checkpoint_every=0)))
+    assert "\n" not in str(info.value) and freed == [True]

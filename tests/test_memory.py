@@ -7,14 +7,14 @@ import sys
 
 import pytest
 import torch
-from tiny_models import tiny_model
+from tiny_models import out_of_memory_in_training, tiny_model
 
 from engine import memory, oom
 from engine.anatomy import LayerStack
 from engine.errors import UserError
-from engine.experiments.recovery import MasterTrainer
 from engine.memory import MemoryPlan, ModelShape, Training, check_fits, fits_beside, plan_memory
 from engine.perplexity import Evaluator, token_nll
+from engine.training import Trainer
 
 TEXTS = ["The dog sat on the mat.", "A cat looked at the dog for a while.", "Seven.", "x" * 300,
          "Number seven sat for a while, then it left."]
@@ -48,20 +48,19 @@ def test_prefix_cache_estimate_is_the_cache_built(tokenizer, dtype, batch_size, 
 def test_training_state_is_what_the_trainer_holds(dtype):
     model = tiny_model("llama").to(dtype)
     params = [model.model.layers[1].mlp.down_proj.weight, model.model.layers[1].self_attn.q_proj.weight]
-    for param in params:
-        param.requires_grad_(True)
-    trainer = MasterTrainer(params, 1e-3)
-    with trainer.autocast():
-        loss = model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits.float().square().mean()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    trainer.scaler.scale(loss).backward()
-    grads = sum(p.grad.numel() * p.grad.element_size() for p in params)  # the step moves them to the master
-    trainer.step(model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits.float().square().mean())
-    held = grads + sum(
-        t.numel() * t.element_size()
-        for m in trainer.master for t in [m.grad, *trainer.optimizer.state[m].values()] if t is not None and t.dim()
-    )
-    if trainer.half:  # the model's half gradients (moved to the master at the step) and the master
+    with Trainer(params, torch.device("cpu"), dtype, lr=1e-3, what="a test", advice="nothing") as trainer:
+        with trainer.forward():
+            loss = model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits.float().square().mean()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.scaler.scale(loss).backward()
+        grads = sum(p.grad.numel() * p.grad.element_size() for p in params)  # the step moves them to the master
+        trainer.step(model(input_ids=torch.tensor([[1, 2, 3, 4]])).logits.float().square().mean())
+        held = grads + sum(
+            t.numel() * t.element_size()
+            for m in trainer.master for t in [m.grad, *trainer.optimizer.state[m].values()]
+            if t is not None and t.dim()
+        )
+    if dtype != torch.float32:  # the model's half gradients (moved to the master at the step) and the master
         held += sum(m.numel() * m.element_size() for m in trainer.master)
     else:  # float32: the master is the parameter itself, its gradient is counted once
         held -= grads
@@ -225,15 +224,7 @@ def test_out_of_memory_in_recovery_training_names_it_and_restores(tiny_llama, tm
     evaluation.write_text("\n".join(TEXTS), encoding="utf-8")
     settings = RecoverySettings(layers=(1,), steps=2, batch_size=2, block_size=16, train_blocks=4,
                                 train_file=str(train), eval_file=str(evaluation))
-    layer = model.model.layers[3]
-    original = layer.forward
-
-    def forward(*args, **kwargs):
-        if torch.is_grad_enabled():
-            raise torch.OutOfMemoryError("CUDA out of memory")
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(layer, "forward", forward)
+    out_of_memory_in_training(monkeypatch, model.model.layers[3])
     with pytest.raises(UserError, match=r"^out of memory in recovery training of layer 1; try .*--batch-size"):
         list(run_recovery(model, tokenizer, settings))
     monkeypatch.undo()

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from tiny_models import TINY_CONFIGS, tiny_model
+from tiny_models import TINY_CONFIGS, out_of_memory_in_training, tiny_model
 from transformers import AutoModelForCausalLM
 
 from engine.anatomy import LayerStack
@@ -212,10 +212,20 @@ def test_embedded_healing_lowers_heldout_ppl_and_export_round_trips(embedded, tm
                                                                                            rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heal", ["adjacent", "lora"])
-def test_half_precision_healing_trains_float32_masters_and_restores(tokenizer, files, heal):
-    """A bfloat16 model heals under autocast (float32 masters) and is bfloat16 and unchanged after."""
-    model = tiny_model("llama").to(torch.bfloat16)
+def test_half_precision_healing_trains_float32_masters_and_restores(tokenizer, files, monkeypatch, heal, dtype):
+    """A half model heals under autocast (float32 masters), float16 with every step's loss scaled
+    (its gradients below 6e-8 would flush to zero), as recovery's; it is half and unchanged after."""
+    scaled = []
+    scale = torch.amp.GradScaler.scale
+
+    def spy(self, outputs):
+        scaled.append(self.is_enabled())
+        return scale(self, outputs)
+
+    monkeypatch.setattr(torch.amp.GradScaler, "scale", spy)
+    model = tiny_model("llama").to(dtype)
     ids = torch.tensor([[5, 6, 7, 8]])
     before = model(input_ids=ids).logits
     settings = PruneSettings(method="bi", eval_file=files[0], train_file=files[1], remove=(1,), bootstrap=0,
@@ -223,7 +233,8 @@ def test_half_precision_healing_trains_float32_masters_and_restores(tokenizer, f
     _, doc = run_prune(model, tokenizer, settings)
     point = doc["curve"][0]
     assert math.isfinite(point["healed_ppl"]) and point["healed_ppl"] < point["ppl"]
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert scaled == [dtype == torch.float16] * 3
+    assert {p.dtype for p in model.parameters()} == {dtype}
     assert torch.equal(model(input_ids=ids).logits, before)
 
 
@@ -270,3 +281,35 @@ def test_angular_block_by_hand(tokenizer, files):
     start = int(np.argmin(distance))
     assert doc["curve"][1]["layers"] == [start, start + 1]
     assert len(doc["scores"]["angular"]) == 4
+
+
+@pytest.mark.parametrize("heal", ["adjacent", "lora"])
+def test_healing_refuses_an_offloaded_layer_before_training(tokenizer, files, tmp_path, heal):
+    """Layer 3 lives on disk (accelerate refills it at every forward, so training it would change
+    nothing): the cut of layer 2 has it as a neighbour, and LoRA trains every kept layer."""
+    from test_dispatch import dispatched
+
+    model = dispatched(tiny_model("llama"), offload=(3,), folder=tmp_path / "offload")
+    settings = PruneSettings(method="map", eval_file=files[0], train_file=files[1], remove=(1,), bootstrap=0,
+                             heal_steps=2, heal=heal, lr=1e-2, block_size=16, batch_size=2, train_blocks=4)
+    with pytest.raises(UserError, match="^layer 3 is offloaded; .*--device-map") as info:
+        run_prune(model, tokenizer, settings, {"ablation": ablation_map([50.0, 40.0, 1.0, 30.0])})
+    assert "\n" not in str(info.value)
+
+
+def test_out_of_memory_in_healing_is_one_line_and_restores(tokenizer, files, monkeypatch):
+    from engine import oom
+
+    freed = []
+    monkeypatch.setattr(oom, "release_memory", lambda: freed.append(True))
+    model = tiny_model("llama")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    out_of_memory_in_training(monkeypatch, model.model.layers[3])
+    settings = PruneSettings(method="map", eval_file=files[0], train_file=files[1], remove=(1,), bootstrap=0,
+                             heal_steps=2, lr=1e-2, block_size=16, batch_size=2, train_blocks=4)
+    with pytest.raises(UserError, match=r"^out of memory in prune healing; try .*--batch-size") as info:
+        run_prune(model, tokenizer, settings, {"ablation": ablation_map([50.0, 40.0, 1.0, 30.0])})
+    assert "\n" not in str(info.value) and freed == [True]
+    monkeypatch.undo()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    assert not any(p.requires_grad for p in model.parameters())

@@ -244,3 +244,19 @@ def test_auto_precision_is_recorded_resolved_and_bad_devices_are_one_line() -> N
         assert result.data["settings"]["dtype"] == "float32" and result.data["settings"]["device"] == "cpu"
     with pytest.raises(UserError, match="not understood"):
         list(run_toy_depth(dataclasses.replace(MICRO, device="cuda:x")))
+
+
+def test_out_of_memory_in_training_is_one_line(monkeypatch) -> None:
+    from engine import oom
+
+    freed = []
+    monkeypatch.setattr(oom, "release_memory", lambda: freed.append(True))
+
+    def out_of_memory(self, x):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(Students, "forward", out_of_memory)
+    with pytest.raises(UserError, match=r"^out of memory in toy-depth training of depth 1; try .*--batch-size"
+                       ) as info:
+        list(run_toy_depth(MICRO))
+    assert "\n" not in str(info.value) and freed == [True]

@@ -74,3 +74,16 @@ def save_tiny(folder: Path, model_type: str = "llama", seed: int = 0) -> Path:
     tiny_model(model_type, seed).save_pretrained(folder)
     byte_tokenizer().save_pretrained(folder)
     return folder
+
+
+def out_of_memory_in_training(monkeypatch, module) -> None:
+    """`module` raises CUDA's out-of-memory error in every forward with gradients on (a training
+    step) and runs as before otherwise (evaluation)."""
+    original = module.forward
+
+    def forward(*args, **kwargs):
+        if torch.is_grad_enabled():
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "forward", forward)

@@ -31,17 +31,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.anatomy import LayerStack
+from engine.anatomy import LayerStack, execution_device
 from engine.errors import UserError
 from engine.events import Event, Message, Progress, PruneExported, PrunePoint, PruneScores, Result, json_safe
 from engine.experiments.ablation import InfluenceMeter
 from engine.experiments.export import check_export_folder, save_model_folder
-from engine.perplexity import Batch, Evaluator, TextScores, token_nll
+from engine.perplexity import Batch, Evaluator, TextScores
 from engine.pruning import removed
 from engine.registry import RunContext
 from engine.settings import EVAL_BATCH_HELP, MAX_SEED, EvalTextSettings, setting
 from engine.statistics import bootstrap_perplexity, spearman
 from engine.text import Corpus, corpus, eval_texts, token_blocks
+from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
 
 METHODS = ("angular", "bi", "ppl", "map")
 HEALS = ("adjacent", "lora")
@@ -199,118 +200,63 @@ def neighbours_of_cuts(n_layers: int, layers: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
-@contextlib.contextmanager
-def master_weights(modules: Sequence[torch.nn.Module],
-                   device: torch.device) -> Iterator[contextlib.AbstractContextManager]:
-    """Half-precision models train in float32: the trained modules become float32 (master weights)
-    and forwards run under autocast in the model's dtype; afterwards the modules go back to it.
-    Yields the autocast context to wrap forwards in (a no-op for float32 models)."""
-    dtypes = {p.dtype for m in modules for p in m.parameters()}
-    half = next((d for d in dtypes if d in (torch.float16, torch.bfloat16)), None)
-    if half is None:
-        yield contextlib.nullcontext()
-        return
-    for module in modules:
-        module.float()
-    try:
-        yield torch.autocast(device_type=device.type, dtype=half)
-    finally:
-        for module in modules:
-            module.to(half)
-
-
 class Healer:
     """Fine-tunes a cut model on the training half of the corpus (the split recovery uses)."""
 
     def __init__(self, model, tokenizer, settings: PruneSettings, text: Corpus) -> None:
         self.model = model
         self.settings = settings
-        self.device = next(model.parameters()).device
-        self.blocks = token_blocks(tokenizer, text.train, settings.block_size, settings.train_blocks).to(self.device)
+        self.stack = LayerStack(model)  # every layer, numbered as in the uncut model (a cut keeps the modules)
+        self.dtype = model.dtype
+        self.blocks = token_blocks(tokenizer, text.train, settings.block_size, settings.train_blocks)
+        self.blocks = self.blocks.to(self.stack.input_device())
         self.source = text.source
 
-    def _steps(self, params: list[torch.nn.Parameter], autocast, cancel) -> list[float]:
-        settings = self.settings
-        generator = torch.Generator().manual_seed(settings.seed)
-        order = torch.randperm(len(self.blocks), generator=generator).tolist()
-        optimizer = torch.optim.AdamW(params, lr=settings.lr)
-        losses = []
-        for step in range(settings.heal_steps):
-            if cancel is not None:
-                cancel.check()
-            rows = [order[(step * settings.batch_size + i) % len(order)] for i in range(settings.batch_size)]
-            ids = self.blocks[rows]
-            with torch.enable_grad(), autocast:
-                logits = self.model(input_ids=ids, use_cache=False).logits
-            mask = torch.ones_like(ids)
-            loss = token_nll(logits, ids, mask).sum() / mask[:, 1:].sum()
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                break
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(value)
-        for param in params:
-            param.grad = None
-        return losses
-
     @contextlib.contextmanager
-    def healed(self, kept: Sequence[int], layers: Sequence[int], cancel,
+    def healed(self, layers: Sequence[int], cancel,
                keep: bool = False) -> Iterator[dict[int, dict[str, torch.Tensor]] | None]:
         """Inside `removed(model, layers)`: the cut model fine-tuned for the block, then restored
-        exactly. With `keep`, yields the changed layers' weights ({position: state_dict}, on the
-        CPU) for export; else None."""
-        stack = LayerStack(self.model)
-        if self.settings.heal == "adjacent":
-            positions = [kept.index(i) for i in neighbours_of_cuts(len(kept) + len(layers), layers)]
-        else:
-            positions = list(range(len(stack)))
-        modules = [stack.layers[p] for p in positions]
-        saved = {p: {k: v.detach().clone() for k, v in stack.layers[p].state_dict().items()} for p in positions}
-        try:
+        exactly (an offloaded layer it would train is refused first). With `keep`, yields the
+        trained layers' weights ({original index: tensors by the layer's names}, on the CPU) for
+        export; else None."""
+        trained = (neighbours_of_cuts(len(self.stack), layers) if self.settings.heal == "adjacent"
+                   else tuple(i for i in range(len(self.stack)) if i not in layers))
+        with self.stack.preserved(trained, host=self.settings.heal == "lora"):  # LoRA: the whole model's layers
             if self.settings.heal == "adjacent":
-                self._adjacent(modules, cancel)
+                self._train([p for i in trained for p in self.stack.layers[i].parameters()], trained[0], cancel)
             else:
-                self._lora(stack, cancel)
-            yield ({p: {k: v.detach().cpu().clone() for k, v in stack.layers[p].state_dict().items()}
-                    for p in positions} if keep else None)
-        finally:
-            with torch.no_grad():
-                for p, state in saved.items():
-                    stack.layers[p].load_state_dict(state)
+                self._lora(trained[0], cancel)
+            yield self.stack.copies(trained, host=True) if keep else None
 
-    def _adjacent(self, modules: list[torch.nn.Module], cancel) -> None:
-        with master_weights(modules, self.device) as autocast:
-            params = [p for m in modules for p in m.parameters()]
-            flags = [p.requires_grad for p in params]
-            try:
-                for param in params:
-                    param.requires_grad_(True)
-                self._steps(params, autocast, cancel)
-            finally:
-                for param, flag in zip(params, flags, strict=True):
-                    param.requires_grad_(flag)
+    def _train(self, params: list[torch.nn.Parameter], layer: int, cancel) -> None:
+        """`heal_steps` steps on the seeded batches; a non-finite loss ends the healing there."""
+        settings = self.settings
+        batches = seeded_batches(len(self.blocks), settings.batch_size, torch.Generator().manual_seed(settings.seed))
+        with Trainer(params, execution_device(self.stack.layers[layer]), self.dtype, lr=settings.lr,
+                     init_scale=FINE_TUNE_SCALE, what="prune healing", advice=FINE_TUNE_ADVICE) as trainer:
+            for _ in range(settings.heal_steps):
+                if cancel is not None:
+                    cancel.check()
+                ids = self.blocks[next(batches)]
+                with trainer.forward():
+                    loss = next_token_loss(self.model(input_ids=ids, use_cache=False).logits, ids)
+                if not math.isfinite(float(loss.detach())):
+                    break
+                trainer.step(loss)
 
-    def _lora(self, stack: LayerStack, cancel) -> None:
+    def _lora(self, layer: int, cancel) -> None:
         """LoRA on every matrix of every kept layer, trained, then merged into the weights."""
         try:
             from peft import LoraConfig, get_peft_model
         except ImportError:
             raise UserError("--heal lora needs peft: pip install 'peft>=0.10'") from None
 
-        targets = sorted({path.rsplit(".", 1)[-1] for _, path in stack.spec.matrices})
+        targets = sorted({path.rsplit(".", 1)[-1] for _, path in self.stack.spec.matrices})
         config = LoraConfig(r=self.settings.lora_rank, lora_alpha=2 * self.settings.lora_rank, lora_dropout=0.0,
                             target_modules=targets, bias="none")
-        dtype = next(self.model.parameters()).dtype
         peft_model = get_peft_model(self.model, config)
         try:
-            params = [p for name, p in peft_model.named_parameters() if "lora_" in name]
-            for param in params:
-                param.requires_grad_(True)
-            half = dtype in (torch.float16, torch.bfloat16)
-            autocast = torch.autocast(device_type=self.device.type, dtype=dtype) if half else contextlib.nullcontext()
-            self._steps(params, autocast, cancel)
+            self._train([p for name, p in peft_model.named_parameters() if "lora_" in name], layer, cancel)
         finally:
             peft_model.merge_and_unload()
 
@@ -426,7 +372,8 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     started = time.perf_counter()
     loaded, cancel = context.model, context.cancel
     model, tokenizer = loaded.model, loaded.tokenizer
-    n = len(LayerStack(model))
+    stack = LayerStack(model)
+    n = len(stack)
     counts = settings.counts(n)
     methods = list(settings.methods())
     degradation = map_degradation(context.inputs.get("ablation"))
@@ -500,8 +447,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
                                                  settings.seed + count)
             healed_ppl, weights = healed.get(layers), None
             if healer is not None and layers not in healed:  # the same cut heals the same way (seeded)
-                with removed(model, layers) as kept, \
-                        healer.healed(kept, layers, cancel, keep=count == export_count) as weights:
+                with removed(model, layers), healer.healed(layers, cancel, keep=count == export_count) as weights:
                     healed_ppl = healed[layers] = evaluator.perplexity()
             point = {"method": method, "removed": count, "layers": list(layers), "ppl": ppl,
                      "ci_low": low, "ci_high": high, "healed_ppl": healed_ppl}
@@ -517,11 +463,9 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         final, point, weights = best_export
         why = WHY[point["method"]] + (f"; of the criteria compared ({', '.join(methods)}), its cut of "
                                       f"{point['removed']} layers gave the lowest perplexity")
-        with removed(model, point["layers"]):
-            stack = LayerStack(model)
-            with _holding_states(stack, weights or {}):
-                save_model_folder(model, tokenizer, export,
-                                  _card(loaded.name, point, baseline, n, settings, why), settings.force)
+        with stack.holding(weights or {}), removed(model, point["layers"]):
+            save_model_folder(model, tokenizer, export, _card(loaded.name, point, baseline, n, settings, why),
+                              settings.force)
         exported = str(export)
         yield PruneExported(exported, point["method"], point["layers"], final)
 
@@ -553,18 +497,3 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         "seconds": time.perf_counter() - started,
     }
     yield Result("prune", json_safe(doc))
-
-
-@contextlib.contextmanager
-def _holding_states(stack: LayerStack, states: dict[int, dict[str, torch.Tensor]]) -> Iterator[None]:
-    """These layers (positions in the cut model) take the given state dicts, then get theirs back."""
-    saved = {p: {k: v.detach().clone() for k, v in stack.layers[p].state_dict().items()} for p in states}
-    try:
-        with torch.no_grad():
-            for p, state in states.items():
-                stack.layers[p].load_state_dict(state)
-        yield
-    finally:
-        with torch.no_grad():
-            for p, state in saved.items():
-                stack.layers[p].load_state_dict(state)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.anatomy import LayerStack
+from engine.anatomy import LayerStack, execution_device
 from engine.errors import UserError
 from engine.events import (
     AblationMap,
@@ -38,17 +38,16 @@ from engine.events import (
     Result,
     json_safe,
 )
-from engine.oom import out_of_memory_guard
-from engine.perplexity import Evaluator, token_nll
+from engine.perplexity import Evaluator
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, EvalTextSettings, setting
 from engine.statistics import spearman
 from engine.text import corpus, token_blocks
+from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
 
 PAPER_LAYERS = (11, 14, 17)
 THRESHOLDS = (2.0, 1.5, 1.1)
 DIFFICULTY_THRESHOLD = 1.1  # difficulty = steps to get below 1.1x the baseline
-TRAIN_OOM_ADVICE = "a smaller --batch-size or --block-size, or --dtype float16"
 
 
 @dataclass(frozen=True)
@@ -111,66 +110,6 @@ def add_noise(stack: LayerStack, index: int, sigma: float, generator: torch.Gene
             scale = sigma * float(param.detach().float().std())
             noise = torch.randn(param.shape, generator=generator, dtype=torch.float32) * scale
             param.add_(noise.to(param.device, param.dtype))
-
-
-@contextlib.contextmanager
-def trainable(stack: LayerStack, index: int) -> Iterator[list[torch.nn.Parameter]]:
-    """The layer's matrices require grad inside the block; every flag is put back after."""
-    params = list(stack.matrices(index).values())
-    before = [p.requires_grad for p in params]
-    try:
-        for param in params:
-            param.requires_grad_(True)
-        yield params
-    finally:
-        for param, flag in zip(params, before, strict=True):
-            param.requires_grad_(flag)
-            param.grad = None
-
-
-class MasterTrainer:
-    """AdamW on one layer's matrices, right in every precision.
-
-    A float32 model is updated in place. A half-precision model never is: AdamW updates a float32
-    master copy (in float16 its eps of 1e-8 rounds to 0 and the update becomes m/0; in bfloat16
-    updates below the weights' spacing are lost), the forward runs under autocast in the model's
-    dtype, float16 gradients go through a GradScaler (small gradients would flush to zero), and the
-    master, rounded to the model's dtype, is written back after every step."""
-
-    def __init__(self, params: list[torch.nn.Parameter], lr: float) -> None:
-        self.params = params
-        self.dtype = params[0].dtype
-        self.device_type = params[0].device.type
-        self.half = self.dtype in (torch.float16, torch.bfloat16)
-        if self.half:
-            self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
-        else:
-            self.master = params
-        self.optimizer = torch.optim.AdamW(self.master, lr=lr)
-        self.scaler = torch.amp.GradScaler(self.device_type, init_scale=2.0**12,
-                                           enabled=self.dtype == torch.float16)
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The forward's precision: the model's own dtype for a half model, untouched for float32."""
-        if not self.half:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
-
-    def step(self, loss: torch.Tensor) -> None:
-        """One optimizer step from this loss (a step whose scaled float16 gradients overflowed
-        is skipped and the scale lowered, as GradScaler does)."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
-        if self.half:
-            for master, param in zip(self.master, self.params, strict=True):
-                master.grad = None if param.grad is None else param.grad.float()
-                param.grad = None
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        if self.half:
-            with torch.no_grad():
-                for master, param in zip(self.master, self.params, strict=True):
-                    param.copy_(master)
 
 
 class _PrefixDone(Exception):
@@ -238,10 +177,9 @@ class _Sweep:
         ids = self.blocks[rows]
         start = self._start(index)
         hidden = self.layer_inputs(index, rows, prefix) if start > 0 else None
-        with torch.enable_grad(), self.stack.starting_at(start, hidden):
+        with self.stack.starting_at(start, hidden):
             logits = self.model(input_ids=ids, use_cache=False).logits
-        mask = torch.ones_like(ids)
-        return token_nll(logits, ids, mask).sum() / mask[:, 1:].sum()
+        return next_token_loss(logits, ids)
 
     def recover(
         self, index: int, repeat: int, prefix: dict[int, torch.Tensor]
@@ -250,40 +188,39 @@ class _Sweep:
         settings, baseline = self.settings, self.baseline
         seed = noise_seed(settings.seed, index, repeat)
         generator = torch.Generator().manual_seed(seed)
-        order = torch.randperm(len(self.blocks), generator=generator).tolist()
+        batches = seeded_batches(len(self.blocks), settings.batch_size, generator)  # drawn before the noise
         started = time.perf_counter()
         status, diverged_at = "done", None
         losses: list[list[float]] = []
-        with self.stack.preserved([index]), trainable(self.stack, index) as params:
+        with self.stack.preserved([index]):
             add_noise(self.stack, index, settings.sigma, generator)
             after = self.evaluate(index)
             curve = [[0, after]]
             yield RecoveryStart(index, repeat, after, baseline, settings.steps)
             yield RecoveryPoint(index, repeat, 0, None, after, after / baseline)
-            trainer = MasterTrainer(params, settings.lr)
-            for step in range(1, settings.steps + 1):
-                if self.cancel is not None:
-                    self.cancel.check()
-                first = (step - 1) * settings.batch_size
-                rows = [order[(first + i) % len(order)] for i in range(settings.batch_size)]
-                with out_of_memory_guard(f"recovery training of layer {index}", TRAIN_OOM_ADVICE):
-                    with trainer.autocast():
-                        loss = self.train_loss(index, rows, prefix)
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    status, diverged_at = "diverged", step
-                    self.steps_done += settings.steps - step + 1  # the progress bar still ends full
-                    yield Message(f"layer {index}: training loss {value} at step {step}; stopped", "warning")
-                    break
-                with out_of_memory_guard(f"recovery training of layer {index}", TRAIN_OOM_ADVICE):
+            params = list(self.stack.matrices(index).values())
+            with Trainer(params, execution_device(self.stack.layers[index]), params[0].dtype, lr=settings.lr,
+                         init_scale=FINE_TUNE_SCALE, what=f"recovery training of layer {index}",
+                         advice=FINE_TUNE_ADVICE) as trainer:
+                for step in range(1, settings.steps + 1):
+                    if self.cancel is not None:
+                        self.cancel.check()
+                    with trainer.forward():
+                        loss = self.train_loss(index, next(batches), prefix)
+                    value = float(loss.detach())
+                    if not math.isfinite(value):
+                        status, diverged_at = "diverged", step
+                        self.steps_done += settings.steps - step + 1  # the progress bar still ends full
+                        yield Message(f"layer {index}: training loss {value} at step {step}; stopped", "warning")
+                        break
                     trainer.step(loss)
-                losses.append([step, value])
-                self.steps_done += 1
-                if step % settings.eval_every == 0 or step == settings.steps:
-                    ppl = self.evaluate(index)
-                    curve.append([step, ppl])
-                    yield RecoveryPoint(index, repeat, step, value, ppl, ppl / baseline)
-                yield Progress(self.steps_done, self.steps_total, f"recovery layer {index}")
+                    losses.append([step, value])
+                    self.steps_done += 1
+                    if step % settings.eval_every == 0 or step == settings.steps:
+                        ppl = self.evaluate(index)
+                        curve.append([step, ppl])
+                        yield RecoveryPoint(index, repeat, step, value, ppl, ppl / baseline)
+                    yield Progress(self.steps_done, self.steps_total, f"recovery layer {index}")
             if repeat == 0 and self.keep_weights is not None:
                 self.keep_weights(index, {n: p.detach().cpu().clone() for n, p in self.stack.matrices(index).items()})
         seconds = time.perf_counter() - started

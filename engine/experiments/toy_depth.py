@@ -33,9 +33,10 @@ from engine import powerfit
 from engine.atomic import atomic_write_bytes, atomic_write_json
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, StudentDone, StudentStep
-from engine.models import autocast, precision_messages, training_precision
+from engine.models import precision_messages, training_precision
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, Settings, from_preset, setting
+from engine.training import Trainer
 
 REGIMES = ("tied", "independent")
 
@@ -190,35 +191,30 @@ def train_students(
 ) -> Iterator[StudentStep | list[float]]:
     """Trains `settings.seeds` students of one depth; yields StudentStep events, then the held-out KLs.
     `on_trained` receives the trained students (for a checkpoint) before the KLs are yielded."""
-    device = "cpu" if settings.device == "auto" else settings.device
+    device = torch.device("cpu" if settings.device == "auto" else settings.device)
     dtype = "float32" if settings.dtype == "auto" else settings.dtype
     students = Students(depth, settings.seeds, settings, generator).to(device)  # float32 master weights
-    optimiser = torch.optim.Adam(students.parameters(), lr=settings.lr)
-    scaler = torch.amp.GradScaler(torch.device(device).type, enabled=dtype == "float16")
-    half = autocast(device, dtype)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimiser, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, settings.steps) / settings.steps))
-    )
-    for step in range(1, settings.steps + 1):
-        if cancel is not None:
-            cancel.check()
-        x = torch.randn(settings.batch_size, settings.width, generator=generator).to(device)
-        with half:  # the teacher's targets stay float32; the KL is taken in float32
-            student_log = students(x)
-        per_seed = kl(teacher.log_probs(x, temperature), student_log.float()).mean(dim=1)
-        optimiser.zero_grad(set_to_none=True)
-        scaler.scale(per_seed.sum()).backward()  # seeds do not interact: each gets its own mean KL's gradient
-        scaler.step(optimiser)
-        scaler.update()
-        schedule.step()
-        if step % settings.log_every == 0 or step == settings.steps:
-            yield StudentStep(regime=teacher.regime, temperature=temperature, depth=depth, step=step,
-                              steps=settings.steps, loss=float(per_seed.detach().mean()))
+    trainer = Trainer(list(students.parameters()), device, getattr(torch, dtype), lr=settings.lr,
+                      weight_decay=0.0,  # AdamW without decay is Adam, as in the paper's code
+                      what=f"toy-depth training of depth {depth}", advice="a smaller --batch-size or fewer --seeds")
+    with trainer:
+        for step in range(1, settings.steps + 1):
+            if cancel is not None:
+                cancel.check()
+            x = torch.randn(settings.batch_size, settings.width, generator=generator).to(device)
+            with trainer.forward():  # the teacher's targets stay float32; the KL is taken in float32
+                student_log = students(x)
+            per_seed = kl(teacher.log_probs(x, temperature), student_log.float()).mean(dim=1)
+            cosine = 0.5 * (1 + math.cos(math.pi * (step - 1) / settings.steps))  # decays to zero
+            trainer.step(per_seed.sum(), settings.lr * cosine)  # seeds do not interact: each its own mean KL
+            if step % settings.log_every == 0 or step == settings.steps:
+                yield StudentStep(regime=teacher.regime, temperature=temperature, depth=depth, step=step,
+                                  steps=settings.steps, loss=float(per_seed.detach().mean()))
     if on_trained is not None:
         on_trained(students)
     with torch.no_grad():
         eval_x = eval_x.to(device)
-        with half:
+        with trainer.autocast():
             student_log = students(eval_x)
         yield [float(v) for v in kl(teacher.log_probs(eval_x, temperature), student_log.float()).mean(dim=1)]
 

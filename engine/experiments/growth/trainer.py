@@ -5,12 +5,16 @@ yet get no gradient, so AdamW leaves them and their state alone; a layer joins w
 and its own step counter (Adam's bias correction starts over for it), while the layers already
 trained keep their moments across the boundary. The learning rate follows one schedule over the
 arm's whole budget (linear warm-up, cosine decay to 10 %), the same shape for every arm.
+
+A step reads nothing back from the device: the losses stay there and are read together at each
+report point (an evaluation, a checkpoint, a phase end), and the time between report points is
+measured with one wait at its end (CUDA events on a GPU); each step's event is sent then, with the
+interval's throughput.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +27,7 @@ from engine.experiments.growth.architecture import GrowingModel, build_model
 from engine.experiments.growth.checkpoint import optimizer_tensors, restore_optimizer
 from engine.experiments.growth.data import train_batch
 from engine.experiments.growth.protocol import Phase
-from engine.models import autocast
+from engine.training import Stopwatch, Trainer
 
 
 @dataclass(frozen=True)
@@ -91,21 +95,14 @@ def learning_rate(step: int, total: int, peak: float, warmup_frac: float) -> flo
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def synchronize(device: str) -> None:
-    """Waits for queued GPU work, so a timing covers the work and not only its launch."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
-def evaluate(
-    model: torch.nn.Module, batches: Sequence[torch.Tensor], device: str = "cpu", dtype: str = "float32"
-) -> float:
+def evaluate(model: torch.nn.Module, batches: Sequence[torch.Tensor], trainer: Trainer) -> float:
+    """Mean validation loss, in the trainer's precision on its device."""
     model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
+    total = torch.zeros((), dtype=torch.float64, device=trainer.device)
     for batch in batches:
-        batch = batch.to(device)
-        with autocast(device, dtype):
+        batch = batch.to(trainer.device)
+        with trainer.autocast():
             logits = model(batch[:, :-1], use_cache=False).logits
         total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
     model.train()
@@ -137,12 +134,13 @@ def train_arm(
     `resume` is what such a call saved, and training continues exactly where it stopped.
     """
     c = config
+    device = torch.device(c.device)
     model = build_model(c.vocab_size, c.hidden_size, c.heads, plan.widths, c.seq_len + 1, seed, plan.uniform)
-    model.to(c.device)  # float32 parameters (the master weights); the forward runs under autocast
+    model.to(device)  # float32 parameters (the master weights); the forward runs under autocast
     grow = GrowingModel(model, kept)
-    params = list(grow.named.values())
-    optimizer = torch.optim.AdamW(params, lr=c.lr, betas=(0.9, 0.95), weight_decay=c.weight_decay)
-    scaler = torch.amp.GradScaler(torch.device(c.device).type, enabled=c.dtype == "float16")
+    trainer = Trainer(list(grow.named.values()), device, getattr(torch, c.dtype), lr=c.lr, clip=c.grad_clip,
+                      betas=(0.9, 0.95), weight_decay=c.weight_decay, what=f"growth training of {plan.name}",
+                      advice="a smaller --batch-size or --seq-len")
     total, tokens_per_step = plan.total_steps, c.batch_size * c.seq_len
     step, seconds, phase_seconds = 0, 0.0, [0.0] * len(plan.phases)
     if resume is not None:
@@ -150,77 +148,83 @@ def train_arm(
         with torch.no_grad():
             for name, p in grow.named.items():
                 p.copy_(tensors[f"model.{name}"])
-        restore_optimizer(optimizer, tensors, state["optimizer"])
+        restore_optimizer(trainer.optimizer, tensors, state["optimizer"])
         if state.get("scaler"):  # float16: the loss scale and its growth counter continue
-            scaler.load_state_dict(state["scaler"])
+            trainer.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(tensors["rng.torch"])
         step, seconds, phase_seconds = state["step"], state["seconds"], list(state["phase_seconds"])
 
     def checkpoint() -> None:
         if save is not None:
-            tensors, groups = _tensors(grow, optimizer)
+            tensors, groups = _tensors(grow, trainer.optimizer)
             state = {"step": step, "seconds": seconds, "phase_seconds": phase_seconds, "optimizer": groups,
-                     "scaler": scaler.state_dict()}  # a few numbers ({} unless float16): JSON
+                     "scaler": trainer.scaler.state_dict()}  # a few numbers ({} unless float16): JSON
             save(state, tensors)
 
     model.train()
-    for index, (phase, start) in enumerate(zip(plan.phases, plan.starts(), strict=True)):
-        end = start + phase.steps
-        if step >= end:
-            continue
-        if step == start:
-            for layer, source in phase.clone_from:
-                grow.clone(layer, source, phase.ffn_scale)
-            added = [{"layer": t, "source": s, "ffn_scale": phase.ffn_scale} for t, s in phase.clone_from]
-            yield GrowthPhase(
-                arm=plan.name, seed=seed, phase=phase.name, phase_index=index, start_step=start,
-                steps=phase.steps, layers=list(phase.layers), added=added,
+    clock = Stopwatch(device)
+    with trainer:
+        for index, (phase, start) in enumerate(zip(plan.phases, plan.starts(), strict=True)):
+            end = start + phase.steps
+            if step >= end:
+                continue
+            if step == start:
+                for layer, source in phase.clone_from:
+                    grow.clone(layer, source, phase.ffn_scale)
+                added = [{"layer": t, "source": s, "ffn_scale": phase.ffn_scale} for t, s in phase.clone_from]
+                yield GrowthPhase(
+                    arm=plan.name, seed=seed, phase=phase.name, phase_index=index, start_step=start,
+                    steps=phase.steps, layers=list(phase.layers), added=added,
+                )  # fmt: skip
+            grow.set_active(phase.layers)
+            losses: list[torch.Tensor] = []  # since the last report, on the device
+            lrs: list[float] = []  # their learning rates
+            clock.start()
+            while step < end:
+                if cancel is not None:
+                    cancel.check()
+                batch = train_batch(train_tokens, seed, step, c.batch_size, c.seq_len).to(device)
+                with trainer.forward():
+                    logits = model(batch[:, :-1], use_cache=False).logits
+                    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+                lrs.append(learning_rate(step, total, c.lr, c.warmup_frac))
+                trainer.step(loss, lrs[-1])
+                losses.append(loss.detach())
+                step += 1
+                evaluating = step % c.eval_every == 0 or step == end
+                saving = step == end or bool(c.checkpoint_every and step % c.checkpoint_every == 0)
+                if not (evaluating or saving):
+                    continue
+                took = clock.stop()
+                seconds += took
+                phase_seconds[index] += took
+                speed = len(losses) * tokens_per_step / max(took, 1e-9)
+                first = step - len(losses) + 1
+                for at, (value, lr) in enumerate(zip(torch.stack(losses).tolist(), lrs, strict=True), first):
+                    if cancel is not None:
+                        cancel.check()
+                    yield GrowthStep(
+                        arm=plan.name, seed=seed, phase=phase.name, step=at, total_steps=total, train_loss=value,
+                        tokens_per_s=speed, lr=lr, n_layers=len(phase.layers),
+                    )  # fmt: skip
+                losses, lrs = [], []
+                if evaluating:
+                    val_loss = evaluate(model, val_set, trainer)
+                    yield GrowthEval(arm=plan.name, seed=seed, phase=phase.name, step=step, val_loss=val_loss)
+                if saving:
+                    checkpoint()
+                clock.start()
+            rate = phase.steps * tokens_per_step / max(phase_seconds[index], 1e-9)
+            yield GrowthPhaseEnd(
+                arm=plan.name, seed=seed, phase=phase.name, phase_index=index, steps=phase.steps,
+                seconds=phase_seconds[index], tokens_per_s=rate,
             )  # fmt: skip
-        grow.set_active(phase.layers)
-        while step < end:
-            if cancel is not None:
-                cancel.check()
-            batch = train_batch(train_tokens, seed, step, c.batch_size, c.seq_len)
-            lr = learning_rate(step, total, c.lr, c.warmup_frac)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            batch = batch.to(c.device)
-            synchronize(c.device)
-            began = time.perf_counter()
-            with autocast(c.device, c.dtype):
-                logits = model(batch[:, :-1], use_cache=False).logits
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)  # clip the true gradients
-            torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], c.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            synchronize(c.device)
-            took = time.perf_counter() - began
-            step, seconds = step + 1, seconds + took
-            phase_seconds[index] += took
-            yield GrowthStep(
-                arm=plan.name, seed=seed, phase=phase.name, step=step, total_steps=total,
-                train_loss=loss.item(), tokens_per_s=tokens_per_step / took, lr=lr,
-                n_layers=len(phase.layers),
-            )  # fmt: skip
-            if step % c.eval_every == 0 or step == end:
-                val_loss = evaluate(model, val_set, c.device, c.dtype)
-                yield GrowthEval(arm=plan.name, seed=seed, phase=phase.name, step=step, val_loss=val_loss)
-            if step == end or (c.checkpoint_every and step % c.checkpoint_every == 0):
-                checkpoint()
-        rate = phase.steps * tokens_per_step / max(phase_seconds[index], 1e-9)
-        yield GrowthPhaseEnd(
-            arm=plan.name, seed=seed, phase=phase.name, phase_index=index, steps=phase.steps,
-            seconds=phase_seconds[index], tokens_per_s=rate,
-        )  # fmt: skip
     stats = [
         {"name": p.name, "steps": p.steps, "seconds": s,
          "tokens_per_s": p.steps * tokens_per_step / max(s, 1e-9)}
         for p, s in zip(plan.phases, phase_seconds, strict=True)
     ]  # fmt: skip
     grow.set_active(kept)
-    final = evaluate(model, val_set, c.device, c.dtype)
+    final = evaluate(model, val_set, trainer)
     model.to("cpu")  # generation and saving read the final model on the host
     return ArmOutcome(final, seconds, step, step * tokens_per_step, stats, grow)
