@@ -121,3 +121,28 @@ def test_pruned_drops_the_prune_runs_layers_and_comes_back() -> None:
             pruned = model(ids).logits
         assert torch.allclose(pruned, skipped, atol=1e-6)
         assert len(model.model.layers) == 4 and torch.equal(model(ids).logits, whole)
+
+
+def test_out_of_memory_in_a_prompt_column_is_said_there_and_the_others_go_on(monkeypatch, tokenizer, tmp_path):
+    """A console thread must not die with the allocator's traceback (which pins the tensors)."""
+    import threading
+
+    import engine.generation
+    from engine.models import LoadedModel
+    from tui.messages import GenerationDone, TextGenerated
+    from tui.workers import Column, GenerationPlan, generate_work
+
+    def exhausted(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(engine.generation, "generate_text", exhausted)
+    posted = []
+    loaded = LoadedModel(tiny_model("llama"), tokenizer, "tiny", "test", "cpu", "float32", "llama", 4)
+    plan = GenerationPlan(1, "The cat", (Column("left", Variant("original")), Column("right", problem="no model")),
+                          4, loaded, threading.Lock(), threading.Event(), None, None)
+    generate_work(posted.append, plan)
+    texts = [m for m in posted if isinstance(m, TextGenerated)]
+    assert [(m.column, m.note) for m in texts] == [
+        ("left", "out of memory in generation; try stopping the job that holds the GPU, or --dtype float16"),
+        ("right", "no model")]
+    assert isinstance(posted[-1], GenerationDone) and not plan.lock.locked()

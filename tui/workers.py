@@ -14,6 +14,7 @@ from typing import Any
 
 from textual.message import Message
 
+from engine.errors import UserError
 from engine.events import CancelToken
 from engine.models import LoadedModel
 from engine.options import ModelOptions
@@ -75,7 +76,6 @@ def experiment_work(
 
 def growth_preview_work(post: Post, flags: tuple[str, ...]) -> None:
     """The growth form's planned phases (torch is imported here, off the UI thread)."""
-    from engine.errors import UserError
     from engine.experiments.growth.experiment import planned_arms
     from engine.registry import BY_NAME
     from tui.flags import settings_from_flags
@@ -122,13 +122,17 @@ def generate_work(post: Post, plan: GenerationPlan) -> None:
             elif column.problem:
                 post(TextGenerated(plan.run, column.id, "", column.problem))
             else:
-                _generate_column(post, plan, column)
+                try:
+                    _generate_column(post, plan, column)
+                except UserError as exc:  # out of memory, a layer that cannot be changed: said in the column
+                    post(TextGenerated(plan.run, column.id, "", str(exc)))
     finally:
         post(GenerationDone(plan.run))
 
 
 def _generate_column(post: Post, plan: GenerationPlan, column: Column) -> None:
     from engine.generation import generate_text
+    from engine.oom import out_of_memory_guard
     from engine.variants import ON_LOADED_MODEL, applied
     from sessions.layer_weights import load_layers
 
@@ -154,5 +158,6 @@ def _generate_column(post: Post, plan: GenerationPlan, column: Column) -> None:
             tokenizer = plan.loaded.tokenizer
         else:
             model, tokenizer = plan.saved_models.get(variant.path)
-        generate_text(model, tokenizer, plan.prompt, plan.tokens, stop=plan.stop.is_set, on_text=show)
+        with out_of_memory_guard("generation", "stopping the job that holds the GPU, or --dtype float16"):
+            generate_text(model, tokenizer, plan.prompt, plan.tokens, stop=plan.stop.is_set, on_text=show)
     show(note="stopped" if plan.stop.is_set() else "")

@@ -36,7 +36,7 @@ from engine.errors import UserError
 from engine.events import Event, Message, Progress, PruneExported, PrunePoint, PruneScores, Result, json_safe
 from engine.experiments.ablation import InfluenceMeter
 from engine.experiments.export import check_export_folder, save_model_folder
-from engine.perplexity import Batch, Evaluator, TextScores
+from engine.perplexity import Batch, Evaluator, TextScores, masked
 from engine.pruning import removed
 from engine.registry import RunContext
 from engine.settings import EVAL_BATCH_HELP, MAX_SEED, EvalTextSettings, setting
@@ -138,14 +138,13 @@ class AngularMeter:
             return
         states = self._states + [layer_output]
         self._states = []
-        mask = batch.attention_mask.to(torch.float32)
         self.count = self.count + batch.attention_mask.sum()
         for n in self.blocks:
             for start in range(self.n_layers - n + 1):
                 first = states[start].float()
                 cos = torch.nn.functional.cosine_similarity(first, states[start + n].to(first.device).float(), dim=-1)
                 angle = torch.arccos(cos.clamp(-1.0, 1.0)) / math.pi
-                total = (angle * mask.to(angle.device)).sum().double()
+                total = masked(angle, batch.attention_mask).sum().double()
                 self.sums[n, start] = self.sums.get((n, start), 0) + total
 
     def distances(self, n: int) -> np.ndarray:
