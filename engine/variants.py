@@ -63,18 +63,15 @@ def modified(model: Any, layers: Sequence[int]) -> Iterator[Any]:
 @contextlib.contextmanager
 def noised(model: Any, layers: Sequence[int], sigma: float, seed: int = NOISE_SEED) -> Iterator[Any]:
     """W += N(0, (sigma * std(W))^2) on every matrix of `layers`, as the recovery experiment
-    noises a layer; one generator seeded with `seed` draws for the layers in ascending order."""
-    import torch
-
+    noises a layer: each layer gets the noise of a recovery run with this seed (its first repeat)."""
     from engine.anatomy import LayerStack
-    from engine.experiments.recovery import add_noise
+    from engine.experiments.recovery import add_noise, noise_seed
 
     stack = LayerStack(model)
     marked = [stack.check_index(index) for index in sorted(set(layers))]
     with stack.preserved(marked):
-        generator = torch.Generator().manual_seed(seed)
         for index in marked:
-            add_noise(stack, index, sigma, generator)
+            add_noise(stack, index, sigma, noise_seed(seed, index, 0))
         yield model
 
 

@@ -249,3 +249,23 @@ def test_toy_depth_on_a_gpu(monkeypatch):
 
     expected, got = on_second_gpu(monkeypatch, run)
     assert got == expected
+
+
+def test_noise_is_drawn_on_the_layers_gpu(monkeypatch):
+    """No noise matrix is drawn on the host and copied up; the prompt pane's noised variant is a
+    recovery run's first noise."""
+    from engine.experiments.recovery import add_noise, noise_seed
+    from engine.variants import noised
+
+    with two_gpus(monkeypatch) as mode:
+        model = place(tiny_model("llama", seed=3), SPLIT)
+        stack = LayerStack(model)
+        before = {n: p.clone() for n, p in stack.matrices(3).items()}
+        with stack.preserved([3]):
+            add_noise(stack, 3, 0.5, noise_seed(7, 3, 0))
+            assert mode.uploads == 0
+            recovery_noise = {n: p.clone() for n, p in stack.matrices(3).items()}
+        with noised(model, [3], 0.5, seed=7):
+            assert all(torch.equal(p, recovery_noise[n]) for n, p in stack.matrices(3).items())
+        assert all(device_of(p) == torch.device("cuda:1") for p in recovery_noise.values())
+        assert not any(torch.equal(recovery_noise[n], before[n]) for n in before)

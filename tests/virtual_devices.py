@@ -79,6 +79,7 @@ class VirtualDevices(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.crossings = 0  # explicit moves between two GPUs (what a split model pays per forward)
+        self.uploads = 0  # host-to-GPU copies of more than one number
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -144,6 +145,8 @@ class VirtualDevices(TorchFunctionMode):
             return tag(func(*args, **kwargs), source if target is None or target == source else None)
         if source is not None and source.type == "cuda" and target.type == "cuda":
             self.crossings += 1
+        if source is not None and source.type == "cpu" and target.type == "cuda" and args[0].numel() > 1:
+            self.uploads += 1
         if name in ("cpu", "cuda"):
             out = func(*args, **kwargs).clone()
         else:

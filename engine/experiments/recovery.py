@@ -103,13 +103,17 @@ def noise_seed(seed: int, layer: int, repeat: int) -> int:
     return (seed * 1_000_003 + layer * 1_009 + repeat) % 2**63
 
 
-def add_noise(stack: LayerStack, index: int, sigma: float, generator: torch.Generator) -> None:
-    """W += N(0, (sigma * std(W))^2) on each matrix of the layer, in canonical order."""
+def add_noise(stack: LayerStack, index: int, sigma: float, seed: int) -> None:
+    """W += N(0, (sigma * std(W))^2) on each matrix of the layer, in canonical order, drawn where the
+    layer lives by a generator of that device seeded with `seed`: no noise matrix crosses from the
+    host and no std is read back. A GPU's generator draws other numbers than the CPU's, so the device
+    is part of a run's identity (recovery's resume key holds it)."""
+    generator = torch.Generator(device=execution_device(stack.layers[index])).manual_seed(seed)
     with torch.no_grad():
         for param in stack.matrices(index).values():
-            scale = sigma * float(param.detach().float().std())
-            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32) * scale
-            param.add_(noise.to(param.device, param.dtype))
+            scale = sigma * param.detach().float().std()
+            noise = torch.randn(param.shape, generator=generator, device=param.device, dtype=torch.float32)
+            param.add_((noise * scale).to(param.dtype))
 
 
 class _PrefixDone(Exception):
@@ -193,7 +197,7 @@ class _Sweep:
         status, diverged_at = "done", None
         losses: list[list[float]] = []
         with self.stack.preserved([index]):
-            add_noise(self.stack, index, settings.sigma, generator)
+            add_noise(self.stack, index, settings.sigma, seed)
             after = self.evaluate(index)
             curve = [[0, after]]
             yield RecoveryStart(index, repeat, after, baseline, settings.steps)
