@@ -1,0 +1,110 @@
+"""The GPU check (benchmarks/gpu_check.sh): its CPU dry run on a tiny saved model prints only verdict
+lines and a summary, and exits 0 exactly when nothing failed; the GPU-only verdicts, fed the runs a
+GPU would give, judge as their bounds say (no GPU is needed to check the judging)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_models import save_tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+LINE = re.compile(r"(?:(?:PASS|FAIL) [^:]+: .+ \(.+\)|SKIP [^:]+: .+|INFO .+)")
+SUMMARY = re.compile(r"SUMMARY (\d+) PASS, (\d+) FAIL, (\d+) SKIP in \d+ s")
+
+
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_on_a_tiny_model(tmp_path):
+    model = save_tiny(tmp_path / "tiny")
+    done = subprocess.run([str(ROOT / "benchmarks" / "gpu_check.sh"), "--device", "cpu", "--quick", "--model",
+                           str(model)], capture_output=True, text=True, timeout=900)
+    lines = done.stdout.splitlines()
+    assert done.stderr == "" and "Traceback" not in done.stdout
+    assert lines and all(LINE.fullmatch(line) for line in lines[:-1]), done.stdout
+    summary = SUMMARY.fullmatch(lines[-1])
+    assert summary, lines[-1]
+    status = [line.split(" ", 1)[0] for line in lines[:-1]]
+    assert [int(n) for n in summary.groups()] == [status.count(s) for s in ("PASS", "FAIL", "SKIP")]
+    assert done.returncode == (1 if "FAIL" in status else 0), done.stdout
+    figures = [line.split(" ", 1)[1].split(":", 1)[0] for line in lines[:-1] if not line.startswith("INFO")]
+    assert len(figures) == len(set(figures)), "one line per figure"
+    for dtype in ("float32", "float16", "bfloat16"):
+        assert {f"map {dtype} baseline", f"map {dtype} D% Spearman", f"map {dtype} finite layers"} <= set(figures)
+    assert {"map twice (float32)", "recovery twice (float16)", "float16 recovery loss scale",
+            "prune float16 healing", "prune float32 healing"} <= set(figures)
+    skipped = {line.split(" ", 1)[1].split(":", 1)[0] for line in lines if line.startswith("SKIP")}
+    assert skipped == {"peak/plan map float32", "peak/plan map float16", "peak/plan map bfloat16",
+                       "peak/plan recovery float16", "host syncs per ablated layer", "host syncs per recovery step",
+                       "host syncs per growth step", "out of memory in ablation", "out of memory in recovery",
+                       "out of memory in growth", "out of memory in prune"}
+    assert any(line.startswith("INFO two-GPU figures skipped") for line in lines)
+
+
+def _gpu(tmp_path):
+    gpu_check = _gpu_check()
+    args = argparse.Namespace(device="cuda:0", quick=True, model="tiny", timeout=60)
+    return gpu_check, gpu_check.Check(args, tmp_path)
+
+
+def _run(gpu_check, **fields):
+    base = dict(name="run", rc=0, stderr="", result={}, plan={"total": 1000}, probe={}, seconds=1.0)
+    return gpu_check.Run(**{**base, **fields})
+
+
+def test_gpu_verdicts_judge_by_their_bounds(tmp_path, capsys):
+    gpu_check, check = _gpu(tmp_path)
+    gpu_check.peak_figure(check, "peak/plan map float32", _run(gpu_check, probe={"peak": 900}))
+    gpu_check.peak_figure(check, "peak/plan map float16", _run(gpu_check, probe={"peak": 1200}))
+    events = [["Progress", i, 3 * i] for i in range(4)]  # 3 syncs a layer
+    gpu_check.sync_figure(check, "host syncs per ablated layer", _run(gpu_check, probe={"events": events}),
+                          "Progress", 5, "layers")
+    evals = [["GrowthEval", 10, 5], ["GrowthEval", 20, 105]]  # 100 syncs over 10 steps
+    gpu_check.sync_figure(check, "host syncs per growth step", _run(gpu_check, probe={"events": evals}),
+                          "GrowthEval", 5, "intervals")
+    scalers = [{"first": 4096.0, "final": 2048.0, "steps": 20, "skipped": 1}]
+    gpu_check.scaler_figure(check, _run(gpu_check, probe={"scalers": scalers}))
+    gpu_check.peak_figure(check, "peak/plan recovery float16", _run(gpu_check, rc=2, stderr="anatomy-tui: error: x"))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "PASS peak/plan map float32", "FAIL peak/plan map float16", "PASS host syncs per ablated layer",
+        "FAIL host syncs per growth step", "PASS float16 recovery loss scale", "FAIL peak/plan recovery float16"]
+    assert "median 3, max 3 over 3 layers" in lines[2] and "median 10" in lines[3]
+    assert "run exited 2: anatomy-tui: error: x" in lines[5]
+
+
+@pytest.mark.parametrize(("rc", "stderr", "passed"), [
+    (2, "memory plan on cuda:0 ...\nanatomy-tui: error: out of memory in ablation; try a smaller --eval-batch-size\n",
+     True),
+    (0, "", False),  # nothing ran out
+    (2, "Traceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory\n", False),
+    (2, "out of memory\nanatomy-tui: error: out of memory in ablation\n", False),  # two lines
+])
+def test_out_of_memory_verdict(tmp_path, capsys, rc, stderr, passed):
+    gpu_check, check = _gpu(tmp_path)
+    check.run = lambda *args, **kwargs: _run(gpu_check, rc=rc, stderr=stderr)
+    gpu_check.oom_figure(check, "ablation", [])
+    assert capsys.readouterr().out.startswith("PASS" if passed else "FAIL")
+
+
+def test_results_compare_by_their_numbers_not_their_clocks():
+    gpu_check = _gpu_check()
+    doc = {"baseline_ppl": 10.0, "seconds": 3.0, "layers": [{"layer": 0, "ppl": 12.0, "seconds_per_step": 1.0}]}
+    assert gpu_check.largest_difference(doc, {**doc, "seconds": 9.0}) == (0.0, "")
+    other = {**doc, "layers": [{"layer": 0, "ppl": 12.0 * (1 + 1e-6), "seconds_per_step": 2.0}]}
+    gap, where = gpu_check.largest_difference(doc, other)
+    assert where == "layers[0].ppl" and gap == pytest.approx(1e-6, rel=1e-3)
+    assert gpu_check.largest_difference(doc, {**doc, "layers": []})[0] == float("inf")
