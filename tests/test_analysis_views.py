@@ -23,11 +23,11 @@ from tui_fixtures import (
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
 from tui.screens import console
-from tui.widgets import curve_plot, dynamics_clusters, prune_plot, toy_depth_plot
+from tui.views import analyses, dynamics, prune, toy_depth, view
+from tui.views.dynamics import scatter_curves
+from tui.views.scaling_fit import depth_curves
+from tui.widgets import curve_plot
 from tui.widgets.curve_plot import Curve, CurvePlot, colour_code
-from tui.widgets.dynamics_clusters import scatter_curves
-from tui.widgets.result_view import SUMMARIES
-from tui.widgets.scaling_profile import depth_curves
 
 ANSI = re.compile(r"\x1b\[38;5;(\d+)m")
 
@@ -40,8 +40,8 @@ def drawn_codes(plot: CurvePlot) -> set[int]:
 def every_colour() -> set[curve_plot.PlotColour]:
     """The colours the console hands plotext, wherever they are named."""
     return {*curve_plot.REFERENCE_COLOURS, *console.CURVE_COLOURS, *console.ARM_COLOURS.values(),
-            *prune_plot.METHOD_COLOURS.values(), *toy_depth_plot.REGIME_COLOURS,
-            *toy_depth_plot.FIT_COLOURS, *dynamics_clusters.CLUSTER_COLOURS}  # fmt: skip
+            *prune.METHOD_COLOURS.values(), *toy_depth.REGIME_COLOURS,
+            *toy_depth.FIT_COLOURS, *dynamics.CLUSTER_COLOURS}  # fmt: skip
 
 
 @pytest.mark.parametrize("colour", sorted(every_colour(), key=str))
@@ -91,11 +91,15 @@ def test_scatter_curves_colour_each_cluster_and_name_its_size() -> None:
     assert all(c.scatter for c in curves) and (6.0, 3.0) in curves[1].points
 
 
-@pytest.mark.parametrize("name", ["scaling-fit", "toy-depth", "prune", "dynamics", "weights", "manipulate"])
-def test_every_analysis_has_a_summary_not_the_raw_tree(name: str) -> None:
-    doc = {"scaling-fit": scaling_fit_doc, "toy-depth": toy_depth_doc, "prune": prune_doc,
-           "dynamics": dynamics_doc, "weights": weights_doc, "manipulate": manipulate_doc}[name]()  # fmt: skip
-    text = text_of(SUMMARIES[name](doc, "CMD"))
+SAMPLES = {"scaling-fit": scaling_fit_doc, "toy-depth": toy_depth_doc, "prune": prune_doc,
+           "dynamics": dynamics_doc, "weights": weights_doc, "manipulate": manipulate_doc}  # fmt: skip
+
+
+@pytest.mark.parametrize("name, module", analyses(), ids=[name for name, _ in analyses()])
+def test_every_analysis_has_a_summary_not_the_raw_tree(name: str, module) -> None:
+    if name not in SAMPLES:
+        pytest.fail(f"no sample {name} result to draw: add one to tests/tui_fixtures.py and SAMPLES here")
+    text = text_of(module.summary(SAMPLES[name](), "CMD"))
     assert "{'" not in text and "CMD" not in text  # a table, not the document; nothing missing
     expected = {
         "scaling-fit": ["depth l", "0.300", "[0.220, 0.410]", "[0.240, 0.370]"],
@@ -112,7 +116,7 @@ def test_results_written_before_the_plot_data_say_which_command_fills_them() -> 
     old_dynamics = dynamics_doc()
     del old_dynamics["pca"]["sample"]
     for name, doc in (("scaling-fit", scaling_fit_doc(with_points=False)), ("dynamics", old_dynamics)):
-        text = text_of(SUMMARIES[name](doc, "anatomy-tui run X --session s"))
+        text = text_of(view(name).summary(doc, "anatomy-tui run X --session s"))
         assert "run:  anatomy-tui run X --session s" in text
 
 

@@ -34,12 +34,12 @@ from engine.events import (
     upgrade_event,
     upgrade_result,
 )
+from engine.registry import EXPERIMENTS
 from sessions.store import SessionStore
 from tui.state import SessionState
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-COMMANDS = ("job", "ablation", "recovery", "growth", "dynamics", "weights", "manipulate", "scaling-fit",
-            "toy-depth", "prune")  # fmt: skip
+COMMANDS = ("job", *(entry.name for entry in EXPERIMENTS))
 
 
 def sample(hint: Any) -> Any:

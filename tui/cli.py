@@ -13,9 +13,9 @@ import sys
 import typing
 from collections.abc import Sequence
 
+from engine import registry
 from engine.errors import UserError
 from engine.options import ModelOptions
-from engine.registry import BY_NAME, EXPERIMENTS
 from sessions.store import SessionError
 from tui.flags import add_settings_arguments, experiment_flags
 
@@ -24,7 +24,7 @@ def chosen_experiment(argv: Sequence[str]) -> str | None:
     """The experiment named after `run`, if any (only its flags are built)."""
     if "run" not in argv:
         return None
-    return next((word for word in argv[list(argv).index("run") + 1 :] if word in BY_NAME), None)
+    return next((word for word in argv[list(argv).index("run") + 1 :] if word in registry.BY_NAME), None)
 
 
 TOO_LARGE = ("out of memory", "can't allocate memory", "storage size calculation overflowed")  # torch's words
@@ -66,7 +66,7 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
 
     run = commands.add_parser("run", help="run an experiment headless into a session")
     experiments = run.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
-    for entry in EXPERIMENTS:
+    for entry in registry.EXPERIMENTS:  # read now, not at import: a row added since (a test's) is listed
         sub = experiments.add_parser(entry.name, help=entry.help, description=entry.help)
         if entry.name == experiment:
             experiment_flags(sub, entry)
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             from tui.runner import run_command
 
-            return run_command(BY_NAME[args.experiment], args, argv)
+            return run_command(registry.BY_NAME[args.experiment], args, argv)
         if args.command == "export":
             return int(args.handler(args) or 0)
         if args.command == "sessions":

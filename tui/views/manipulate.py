@@ -1,0 +1,46 @@
+"""The manipulate result, as `anatomy-tui run manipulate` prints it and the Analyses pane shows it:
+per layer edit, its strategy and parameter, perplexity, degradation and the greedy sample."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from engine.events import ManipulateRow, from_doc
+from tui.palette import class_style
+from tui.views import Analysis
+
+ANALYSIS = Analysis("Weight manipulation strategies", place=2)
+SAMPLE_WIDTH = 70
+
+
+def summary(doc: dict[str, Any], command: str = "") -> Table:
+    """results/manipulate.json as rows: layers, strategy, its parameter, ppl, D %, the sample."""
+    table = Table(title=f"baseline ppl {doc['baseline_ppl']:,.2f} · sample: {doc.get('baseline_sample', '')[:60]!r}",
+                  expand=False)  # fmt: skip
+    for column, justify in (("layers", "left"), ("strategy", "left"), ("param", "right"), ("ppl", "right"),
+                            ("D %", "right"), ("greedy sample", "left")):  # fmt: skip
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for raw in doc["results"]:
+        row = from_doc(ManipulateRow, raw)
+        d = row.degradation_pct
+        style = class_style("anti") if d is not None and d < 0 else ""  # the edit helps: as on the map
+        table.add_row(
+            ",".join(map(str, row.layers)) + (" (together)" if row.together else ""),
+            row.strategy,
+            "" if row.param is None else f"{row.param:g}",
+            "" if row.ppl is None else f"{row.ppl:,.2f}",
+            Text("" if d is None else f"{d:+,.1f}", style=style),
+            row.sample.replace("\n", " ")[:SAMPLE_WIDTH],
+        )
+    return table
+
+
+def print_result(doc: dict[str, Any]) -> None:
+    console = Console()
+    console.print(f"{doc['model']}  prompt {doc['prompt']!r}", highlight=False)
+    console.print(summary(doc))
+    console.print(f"baseline sample: {doc['baseline_sample']!r}", highlight=False)

@@ -1,0 +1,45 @@
+"""The recovery result as `anatomy-tui run recovery` prints it (the console draws its curves on the
+Recovery tab)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from tui.views._format import fmt
+
+
+def _steps(value: int | None) -> str:
+    return "never" if value is None else str(value)
+
+
+def print_result(doc: dict[str, Any]) -> None:
+    settings = doc["settings"]
+    table = Table(
+        box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+        title=f"{doc['model']}  baseline PPL {doc['baseline_ppl']:.2f}  sigma {settings['sigma']}  "
+        f"{settings['steps']} steps  lr {settings['lr']}"
+    )  # fmt: skip
+    columns = ("layer", "status", "noised", "<2x", "<1.5x", "<1.1x", "best", "final", "x base", "better")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for row in doc["layers"]:
+        steps = row["steps_to"]
+        table.add_row(
+            str(row["layer"]), row["status"], fmt(row["ppl_after_noise"], ".1f", "-"),
+            _steps(steps["2.0"]), _steps(steps["1.5"]), _steps(steps["1.1"]),
+            fmt(row["best_ppl"], ".2f", "-"), fmt(row["final_ppl"], ".2f", "-"),
+            fmt(row["final_ratio"], ".2f", "-"), "yes" if row["improved_over_baseline"] else "no",
+        )  # fmt: skip
+    console = Console()
+    console.print(table)
+    budget = doc["budget"]
+    console.print(f"hardest first: {', '.join(map(str, doc['ranking']))}", highlight=False)
+    console.print(f"Spearman(difficulty, ablation D): {doc['spearman_vs_ablation']}", highlight=False)
+    console.print(
+        f"budget: uniform {budget['uniform_total']} steps, by difficulty {budget['proposed_total']} "
+        f"(saves {budget['saving_pct']:.0f}%)", highlight=False,
+    )  # fmt: skip

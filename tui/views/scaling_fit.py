@@ -1,0 +1,122 @@
+"""The scaling-fit result: as `anatomy-tui run scaling-fit` prints it, and its Analyses view: the
+fit's terms, loss against depth beside the fitted depth term (`depth_points`), and the profile of the
+fit's objective over the depth exponent a_l with the estimate and its profile interval
+(`profile.alpha_l`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+from textual.containers import Horizontal
+from textual.widget import Widget
+
+from engine.events import DepthPoints, from_doc
+from tui.views import Analysis
+from tui.views._format import fmt, interval
+from tui.widgets.curve_plot import Curve, CurvePlot
+
+if TYPE_CHECKING:
+    from tui.state import SessionState
+
+ANALYSIS = Analysis("Scaling fit (loss decomposition)", place=4)
+DEPTH_LINE_POINTS = 60  # the fitted depth term is drawn through this many depths
+
+
+def figures(doc: dict[str, Any]) -> Group:
+    """The fit's terms (exponent, bootstrap interval, coefficient), then its a_l profile interval,
+    objective and errors. Read defensively: the console shows it for any session's file."""
+    params, ci95 = doc.get("params") or {}, doc.get("ci95") or {}
+    heading = Text(f"L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 fitted to {doc.get('n_points', '?')} runs "
+                   f"({doc.get('optimizer', 'lm')}, {doc.get('loss_function', 'least_squares')})", style="italic")
+    table = Table()
+    for column in ("term", "exponent", "95% (bootstrap)", "coefficient"):
+        table.add_column(column, justify="left" if column == "term" else "right")
+    for term, key in (("width m", "m"), ("depth l", "l"), ("tokens D", "D")):
+        table.add_row(f"{term} (alpha_{key}, c_{key})", fmt(params.get(f"alpha_{key}")),
+                      interval(ci95.get(f"alpha_{key}")), fmt(params.get(f"c_{key}"), ".4g"))
+    table.add_row("floor L0", "", interval(ci95.get("L0")), fmt(params.get("L0"), ".4g"))
+    lines: list[Any] = [heading, table]
+    if "alpha_l_profile_ci95" in doc:
+        lines.append(Text(f"a_l profile-likelihood 95% {interval(doc['alpha_l_profile_ci95'])}"))
+    lines.append(Text(f"objective {fmt(doc.get('objective'), '.6g')} (mean squared log residual) · train RMSE "
+                      f"{fmt(doc.get('train_rmse'), '.4g')} · held-out RMSE {fmt(doc.get('heldout_rmse'), '.4g')}"))
+    return Group(*lines)
+
+
+def print_result(doc: dict[str, Any]) -> None:
+    Console().print(figures(doc))
+
+
+def summary(doc: dict[str, Any], command: str) -> Any:
+    """The fit's figures; a line with `command` for a result without the runs to plot against depth."""
+    view = figures(doc)
+    if doc.get("depth_points"):
+        return view
+    hint = f"no runs in this result to plot loss against depth; run:  {command}"
+    return Group(view, Text(hint, style="dim"))
+
+
+def depth_curves(doc: dict[str, Any]) -> list[Curve]:
+    """Every run's loss less the fit's width and token terms and L0, against its depth (points), and
+    the fitted depth term c_l / l^a_l over the same depths (line): how well depth is explained."""
+    runs = from_doc(DepthPoints, doc["depth_points"])
+    curves = [Curve("runs: loss - fitted width, token terms - L0", runs.depth_part(), "cyan", scatter=True)]
+    c, alpha = doc["params"].get("c_l"), doc["params"].get("alpha_l")
+    if runs.depth and isinstance(c, (int, float)) and isinstance(alpha, (int, float)):
+        low, high = min(runs.depth), max(runs.depth)
+        depths = [low * (high / low) ** (i / (DEPTH_LINE_POINTS - 1)) for i in range(DEPTH_LINE_POINTS)]
+        curves.append(Curve(f"fit c_l/l^a_l, a_l = {alpha:.3g}", [(d, c / d**alpha) for d in depths], "green"))
+    return curves
+
+
+def profile_curves(doc: dict[str, Any]) -> list[Curve]:
+    """The objective against a_l, and vertical marks at the estimate and the 95 % interval."""
+    points = [(float(p["alpha_l"]), float(p["objective"])) for p in doc["profile"]["alpha_l"]]
+    curves = [Curve("objective", points, "cyan")]
+    if not points:
+        return curves
+    low, high = min(y for _, y in points), max(y for _, y in points)
+    estimate = doc["params"].get("alpha_l")
+    if isinstance(estimate, (int, float)):
+        curves.append(Curve(f"a_l = {estimate:.3g}", [(estimate, low), (estimate, high)], "green"))
+    interval = doc.get("alpha_l_profile_ci95")
+    if isinstance(interval, (list, tuple)) and len(interval) == 2 and None not in interval:
+        for bound in interval:
+            curves.append(Curve(f"95% {interval[0]:.3g}..{interval[1]:.3g}", [(bound, low), (bound, high)], "orange"))
+    return curves
+
+
+class ScalingDepthPlot(CurvePlot):
+    def show(self, doc: dict[str, Any] | None) -> None:
+        """Draws the runs against depth; hidden for a result without them (the summary says how)."""
+        self.display = bool(doc and doc.get("depth_points"))
+        if not self.display or doc is None:
+            return
+        self.draw(depth_curves(doc), title="loss against depth, less the other fitted terms", xlabel="depth l",
+                  ylabel="loss part")  # fmt: skip
+
+
+class ScalingProfilePlot(CurvePlot):
+    def show(self, doc: dict[str, Any] | None) -> None:
+        """Draws the profile of results/scaling-fit.json; hidden until there is one."""
+        self.display = bool(doc and doc.get("profile", {}).get("alpha_l"))
+        if not self.display or doc is None:
+            return
+        self.draw(profile_curves(doc), title="objective over the depth exponent a_l", xlabel="a_l", ylabel="objective")
+
+
+def plots() -> list[Widget]:
+    return [Horizontal(ScalingDepthPlot(id="scaling-depth-plot"), ScalingProfilePlot(id="scaling-plot"),
+                       id="scaling-plots", classes="analysis-plot")]
+
+
+def show(pane: Widget, state: SessionState) -> None:
+    """Loss against depth beside the profile over a_l; the row is hidden while neither can be drawn."""
+    doc = state.results.get("scaling-fit")
+    depth, profile = pane.query_one(ScalingDepthPlot), pane.query_one(ScalingProfilePlot)
+    depth.show(doc)
+    profile.show(doc)
+    pane.query_one("#scaling-plots").display = depth.display or profile.display
