@@ -1,5 +1,7 @@
 """One model per GPU: jobs the console starts load the model it resolved (device, dtype), and the
-console frees its copy when the GPU cannot hold both, reloading it when the job ends."""
+console frees its copy when the GPU cannot hold both, reloading it when the job ends. The console's
+choices are tested without a terminal in tests/test_lab.py; here the planner and the flags, and the
+whole path from a key once."""
 
 from __future__ import annotations
 
@@ -28,42 +30,6 @@ def on_gpu(folder: Path, device: str = "cuda:0", dtype: str = "float16", device_
     """The console's model as if loaded on a GPU (the tensors stay on the CPU: only sizes are read)."""
     return LoadedModel(tiny_model("llama"), None, folder.name, str(folder), device, dtype, "llama", 4,
                        device_map=device_map)
-
-
-def console_with_fake_jobs(monkeypatch, folder: Path, load, launch, placement: str, device: str = "auto"):
-    """The console on `folder` (`--device`) with the model load, the job launcher and the placement faked."""
-    import tui.app as app_module
-    from tui.app import AnatomyApp
-    from tui.console_settings import ConsoleSettings
-
-    monkeypatch.setattr("engine.models.load_model", load)
-    monkeypatch.setattr(app_module, "launch_job", launch)
-    monkeypatch.setattr(app_module, "job_placement", lambda *args, **kwargs: placement)
-    return AnatomyApp(session="demo", options=ModelOptions(str(folder), device=device),
-                      console=ConsoleSettings(auto_map=False))
-
-
-def recording_launcher(started: list[list[str]], code: str = "pass", wait: bool = True):
-    """A stand-in for launch_job: records each argv and runs `python -c code` as the job."""
-
-    def launch(session, experiment, argv):
-        started.append(argv)
-        process = subprocess.Popen([sys.executable, "-c", code])
-        if wait:
-            process.wait()
-        return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
-
-    return launch
-
-
-async def press_b_once_loaded(pilot, app, stub) -> None:
-    """Waits for the (fake) model, then starts the layer map as a job."""
-    for _ in range(100):
-        if app.loaded is stub:
-            break
-        await pilot.pause(0.1)
-    await pilot.press("b")
-    await pilot.pause()
 
 
 def test_jobs_get_the_resolved_device_and_dtype(tiny_folder):
@@ -97,6 +63,11 @@ def test_placement_against_a_fake_gpu_budget(tiny_folder):
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_home, monkeypatch, tiny_folder):
+    """From the key to the reload: `b` starts the map job where the console's model must go first,
+    and the model loads again once the job's process has ended."""
+    from tui.app import AnatomyApp
+    from tui.console_settings import ConsoleSettings
+
     stub = on_gpu(tiny_folder)
     loads, started = [], []
 
@@ -104,18 +75,30 @@ async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_
         loads.append(name)
         return stub
 
-    launch = recording_launcher(started, "import time; time.sleep(1.5)", wait=False)
-    app = console_with_fake_jobs(monkeypatch, tiny_folder, fake_load, launch, "release")
+    def launch(session, experiment, argv):  # the job: a process that ends on its own
+        started.append(argv)
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+        return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
+
+    monkeypatch.setattr("engine.models.load_model", fake_load)
+    monkeypatch.setattr("tui.lab.launch_job", launch)
+    monkeypatch.setattr("tui.lab.job_placement", lambda *args, **kwargs: "release")
+    app = AnatomyApp(session="demo", options=ModelOptions(str(tiny_folder)), console=ConsoleSettings(auto_map=False))
     async with app.run_test(size=(120, 36)) as pilot:
-        await press_b_once_loaded(pilot, app, stub)
-        assert app.loaded is None and "released from cuda:0" in app.model_status
+        for _ in range(100):
+            if app.loaded is stub:
+                break
+            await pilot.pause(0.1)
+        await pilot.press("b")
+        await pilot.pause()
+        assert app.loaded is None and "released from cuda:0" in app.lab.model_status
         [argv] = started
         assert "--device=cuda:0" in argv and "--dtype=float16" in argv
         for _ in range(100):
             if len(loads) == 2 and app.loaded is stub:
                 break
             await pilot.pause(0.1)
-        assert len(loads) == 2 and app.loaded is stub and app.released_for is None
+        assert len(loads) == 2 and app.loaded is stub and app.lab.released_for is None
 
 
 def test_a_job_goes_to_another_gpu_with_room_before_the_console_releases_its_model(tiny_folder, monkeypatch):
@@ -144,21 +127,6 @@ def test_a_job_goes_to_another_gpu_with_room_before_the_console_releases_its_mod
     plan = plan_run(str(tiny_folder), one_run, "cpu", "float16")
     assert other_gpu(plan, "cuda:2", 3, free.get) is None  # the busy GPU is never the other one
     assert other_gpu(plan, "cuda", 3, free.get) == "cuda:2"
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_the_console_keeps_its_model_when_the_job_goes_to_another_gpu(isolated_home, monkeypatch, tiny_folder):
-    stub, started = on_gpu(tiny_folder), []
-
-    app = console_with_fake_jobs(monkeypatch, tiny_folder, lambda name, **kwargs: stub, recording_launcher(started),
-                                 "cuda:1")
-    async with app.run_test(size=(120, 36)) as pilot:
-        await press_b_once_loaded(pilot, app, stub)
-        [argv] = started
-        assert "--device=cuda:1" in argv and "--device=cuda:0" not in argv
-        assert app.loaded is stub and app.released_for is None
-        assert any("runs on cuda:1" in text for _, text in app.state.log)
 
 
 def shards_of(argv: list[str]) -> list[str]:
@@ -211,37 +179,3 @@ def test_a_job_pinned_to_one_device_is_not_sharded_so_run_accepts_it(device, mon
     args = build_parser("ablation").parse_args(argv[3:])
     entry = experiment("ablation")
     assert _world(entry, args, model_options_from_args(args), settings_from_args(entry, args)) is None  # no refusal
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-@pytest.mark.parametrize("gpus", [2, 0])
-async def test_the_console_starts_the_map_job_on_every_gpu(gpus, isolated_home, monkeypatch, tiny_folder):
-    import torch
-
-    stub, started = on_gpu(tiny_folder, device="cuda"), []  # where `auto` loads on a GPU
-
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
-    app = console_with_fake_jobs(monkeypatch, tiny_folder, lambda name, **kwargs: stub, recording_launcher(started),
-                                 "beside")
-    async with app.run_test(size=(120, 36)) as pilot:
-        await press_b_once_loaded(pilot, app, stub)
-        [argv] = started
-        assert shards_of(argv) == (["--shards=2"] if gpus == 2 else [])
-        assert argv[argv.index("--session") + 1] == "demo"
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_a_console_pinned_to_one_gpu_starts_its_map_job_there(isolated_home, monkeypatch, tiny_folder):
-    import torch
-
-    stub, started = on_gpu(tiny_folder, device="cuda:0"), []
-
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    app = console_with_fake_jobs(monkeypatch, tiny_folder, lambda name, **kwargs: stub, recording_launcher(started),
-                                 "beside", device="cuda:0")
-    async with app.run_test(size=(120, 36)) as pilot:
-        await press_b_once_loaded(pilot, app, stub)
-        [argv] = started
-        assert "--device=cuda:0" in argv and shards_of(argv) == []

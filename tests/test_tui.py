@@ -19,11 +19,11 @@ from engine.process import pid_alive
 from engine.variants import pruned_layers
 from sessions.store import SessionStore
 from tui import app as app_module
-from tui.app import ACTIONS, AnatomyApp, ModelOptions
+from tui.app import AnatomyApp, ModelOptions
 from tui.console_settings import ConsoleSettings
 from tui.jobs import BackgroundJob
 from tui.screens.confirm import ConfirmScreen
-from tui.screens.console import ConsoleScreen
+from tui.screens.console import ACTIONS, ConsoleScreen
 from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
 from tui.state import GrowthView, SessionState, thin
@@ -149,7 +149,7 @@ async def test_layer_map_select_and_detail(isolated_home) -> None:
             "critical",
         ]
         await pilot.press("down", "down")
-        assert app.selected_layer == 2
+        assert app.screen.selected_layer == 2
         await until(pilot, lambda: "Layer 2" in str(app.screen.query_one("#detail").render()), 5)
         await pilot.press("d")
         assert isinstance(app.screen, LayerDetailScreen)
@@ -190,9 +190,9 @@ async def test_first_run_opens_a_session_and_draws_the_map_unasked(isolated_home
         await pilot.pause()
         assert app.session is not None and isinstance(app.screen, ConsoleScreen)  # no picker
         await until(pilot, lambda: "ablation" in app.state.results)
-        assert app.state.proxies is not None and len(app.state.proxies.block_influence) == app.n_layers
+        assert app.state.proxies is not None and len(app.state.proxies.block_influence) == app.lab.n_layers
         table = app.screen.query_one(LayerMap)
-        assert table.row_count == app.n_layers
+        assert table.row_count == app.lab.n_layers
         assert table.get_cell("0", "ang") != ""
 
 
@@ -210,7 +210,7 @@ async def test_dashboard_switches_live_and_keeps_selection_and_inputs(isolated_h
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
         assert not screen.dashboard and not screen.query_one("#recovery").display
-        assert app.selected_layer == 2 and screen.query_one("#sigma", Input).value == "0.25"
+        assert app.screen.selected_layer == 2 and screen.query_one("#sigma", Input).value == "0.25"
         await pilot.press("w")
         await pilot.pause()
         assert screen.dashboard  # forced, whatever the size
@@ -219,7 +219,7 @@ async def test_dashboard_switches_live_and_keeps_selection_and_inputs(isolated_h
         assert screen.has_class("-overlay") and screen.query_one("#analyses").display
         await pilot.press("f2")
         await pilot.pause()
-        assert not screen.has_class("-overlay") and app.selected_layer == 2
+        assert not screen.has_class("-overlay") and app.screen.selected_layer == 2
 
 
 # work in the console ------------------------------------------------------------------------------
@@ -260,7 +260,7 @@ async def test_an_engine_error_becomes_a_notification(isolated_home, tiny_folder
         assert any("boom from the engine" in n.message for n in app._notifications)
         assert app.is_running
         await pilot.press("down")  # still answering keys
-        assert app.selected_layer == 1
+        assert app.screen.selected_layer == 1
     log_text = (isolated_home / "s" / "app.log").read_text()
     assert "boom from the engine" in log_text
 
@@ -280,9 +280,9 @@ async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         await pilot.press("a")
-        await until(pilot, lambda: "ablation" in app.cancels and app.state.running_jobs())
+        await until(pilot, lambda: "ablation" in app.lab.cancels and app.state.running_jobs())
         await pilot.press("down", "down", "f4")
-        assert app.selected_layer == 2 and app.screen.active_tab == "growth"
+        assert app.screen.selected_layer == 2 and app.screen.active_tab == "growth"
         await pilot.press("q")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
@@ -367,7 +367,7 @@ async def test_jobs_run_live_cancel_and_survive_the_console(isolated_home, tiny_
         assert app.state.recovery[-1].layer == 1
         await pilot.press("c")
         await until(pilot, lambda: app.state.recovery[-1].status == "cancelled", 60)
-        growth, recovery = app.background
+        growth, recovery = app.lab.background
         assert (growth.experiment, recovery.experiment) == ("growth", "recovery")
     recovery.process.wait(30)
     deadline = time.monotonic() + 240
@@ -407,7 +407,7 @@ async def test_an_interrupted_job_offers_to_resume(isolated_home, monkeypatch) -
         started.append((experiment, argv))
         return BackgroundJob(experiment, 1, Path("fake.log"), argv)
 
-    monkeypatch.setattr(app_module, "launch_job", fake_launch)
+    monkeypatch.setattr("tui.lab.launch_job", fake_launch)
     app = AnatomyApp(session="demo", load_model=False)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10)
@@ -460,7 +460,7 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
         stack = LayerStack(app.loaded.model)
         scrambled = {name: torch.randn_like(param) for name, param in stack.matrices(2).items()}
         save_layer_weights(app.session.checkpoint_dir("recovery") / "weights", 2, scrambled, app.loaded.name)
-        app.modified_layers = {1}
+        app.lab.modified_layers = {1}
         await pilot.press("f5")
         left, right = app.screen.query(PromptColumn)
         texts = {}
@@ -534,7 +534,7 @@ async def test_generation_streams_through_messages(isolated_home, tiny_folder) -
         app.screen.query_one("#prompt-input").focus()
         await pilot.press(*"The layer", "enter")
         await app.workers.wait_for_complete()
-        await until(pilot, lambda: app.generation is None, 10)
+        await until(pilot, lambda: app.lab.generation is None, 10)
         left, right = app.screen.query(PromptColumn)
     texts = [m.text for m in seen if isinstance(m, TextGenerated) and m.column == "left"]
     assert len(texts) > 1 and texts[-1] == left.text and left.text
@@ -567,7 +567,7 @@ async def test_the_noised_model_uses_the_sigma_of_the_request(isolated_home, tin
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        app.modified_layers = {1}
+        app.lab.modified_layers = {1}
         app.screen.query_one("#sigma").value = "1.5"
         await pilot.press("f5")
         right = app.screen.query(PromptColumn).last()

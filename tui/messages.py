@@ -90,11 +90,21 @@ class ConsoleReady(Message):
 
 
 class TabShown(Message):
-    """A tab came into view; its panel is redrawn from the state."""
+    """A tab came into view; `redraw` names the parts of it to draw again from the state (its plots,
+    which were drawn while hidden: `tui.state.Dirty` names)."""
 
-    def __init__(self, tab: str) -> None:
+    def __init__(self, tab: str, redraw: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.tab = tab
+        self.redraw = redraw
+
+
+class LayerSelected(Message):
+    """The map's cursor moved to `layer`: what shows the selected layer is redrawn on the next poll."""
+
+    def __init__(self, layer: int | None) -> None:
+        super().__init__()
+        self.layer = layer
 
 
 class Notice(Message):
@@ -115,6 +125,55 @@ class InjectRequested(Message):
         self.sigma = sigma
         self.steps = steps
         self.lr = lr
+
+
+class MapRequested(Message):
+    """Compute the layer map: in the console (a thread worker), or as its own process (`job`)."""
+
+    def __init__(self, job: bool) -> None:
+        super().__init__()
+        self.job = job
+
+
+class DetailRequested(Message):
+    """Show everything the session knows about `layer` (the map's selection)."""
+
+    def __init__(self, layer: int | None) -> None:
+        super().__init__()
+        self.layer = layer
+
+
+class MarkRequested(Message):
+    """Mark `layer` ablated in the prompt pane's modified model, or unmark it."""
+
+    def __init__(self, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+
+
+class CancelRequested(Message):
+    """Cancel the running jobs of `experiment` (the job of the panel in view)."""
+
+    def __init__(self, experiment: str) -> None:
+        super().__init__()
+        self.experiment = experiment
+
+
+class StopGenerationRequested(Message):
+    """Stop the text being generated."""
+
+
+class ResumeRequested(Message):
+    """Offer the newest interrupted job for resume."""
+
+
+class GrowthPreviewRequested(Message):
+    """Plan the phases a growth run with the growth form's `flags` would go through (the app asked
+    for them once the model is settled)."""
+
+    def __init__(self, flags: tuple[str, ...]) -> None:
+        super().__init__()
+        self.flags = flags
 
 
 class GrowthRequested(Message):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,22 @@ from engine.events import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class Dirty:
+    """The parts of the console a change marks for redrawing (`SessionState.dirty`), named once:
+    the state marks them, the app and the console screen read them."""
+
+    LAYERS = "layers"  # the layer map and the layer detail
+    RECOVERY = "recovery"
+    GROWTH = "growth"
+    RESULTS = "results"  # a result file: the map's columns and every analysis
+    JOBS = "jobs"  # the status line's running jobs
+    SELECTION = "selection"  # the map's selected layer
+    LOG = "log"
+    EVERY = frozenset({LAYERS, RECOVERY, GROWTH, RESULTS, JOBS, SELECTION, LOG})
+
+
 CLASSES = ("critical", "important", "minor", "redundant", "anti")
 MAX_POINTS = 400  # per curve: about twice the widest plot, older points are thinned
 
@@ -62,7 +78,7 @@ class JobView:
     """One job as the status line and the picker show it."""
 
     id: str
-    experiment: str
+    experiment: str  # as its Started event or its job file records it; "" until one is read
     status: str = "running"
     done: int = 0
     total: int = 0
@@ -136,7 +152,7 @@ class SessionState:
         """Keeps the result and decodes what the panels draw from it. Returns why it cannot be drawn
         ("" when it can): written by another version or damaged, it is kept raw and its panels stay empty."""
         self.results[name] = doc
-        self.dirty.add("results")
+        self.dirty.add(Dirty.RESULTS)
         try:
             self._decode_result(name, doc)
         except (KeyError, TypeError, ValueError) as exc:
@@ -149,15 +165,15 @@ class SessionState:
             self.ablation_map = AblationMap.from_json(doc)
             self.ablation = {row.layer: row for row in self.ablation_map.layers}
             self.ablation_baseline = self.ablation_map.baseline_ppl
-            self.dirty.add("layers")
+            self.dirty.add(Dirty.LAYERS)
         elif name == "recovery":
             for row in doc["layers"]:
                 summary = RecoveryRow.from_json(row)
                 self.difficulty[summary.layer] = summary
-            self.dirty.add("layers")
+            self.dirty.add(Dirty.LAYERS)
         elif name == "growth":
             self.growth_arms = GrowthArm.arms_of(doc)
-            self.dirty.add("growth")
+            self.dirty.add(Dirty.GROWTH)
         elif name == "dynamics":
             self.dynamics = DynamicsRow.rows_of(doc)
 
@@ -173,16 +189,16 @@ class SessionState:
     def _started(self, event: Started) -> None:
         self.jobs[event.job] = JobView(event.job, event.experiment)
         self.specs[event.job] = event.spec
-        self.dirty.add("jobs")
+        self.dirty.add(Dirty.JOBS)
         if event.experiment == "growth":
             self.growth = GrowthView(job=event.job, status="running")
-            self.dirty.add("growth")
+            self.dirty.add(Dirty.GROWTH)
 
     def _progress(self, event: Progress) -> None:
         view = self.jobs.get(event.job)
         if view is not None:
             view.done, view.total, view.label = event.done, event.total, event.label
-            self.dirty.add("jobs")
+            self.dirty.add(Dirty.JOBS)
 
     def _message(self, event: Message) -> None:
         self.add_log(event.level, f"{event.job}: {event.text}" if event.job else event.text)
@@ -192,24 +208,40 @@ class SessionState:
 
     def _finished(self, event: Finished) -> None:
         job = event.job
-        view = self.jobs.setdefault(job, JobView(job, job.split("-")[0]))
+        view = self._job(job)
         view.error = event.error
         level = "info" if event.status == "done" else "error" if event.status == "failed" else "warning"
         self.add_log(level, f"{job} {event.status} {view.error}".rstrip())
         self.mark_job(job, event.status)
 
+    def _job(self, job: str) -> JobView:
+        """The job's view; one the log never saw start (its line torn) knows its experiment once
+        `follow_job_files` reads its job file: a job id is never parsed for it."""
+        return self.jobs.setdefault(job, JobView(job, ""))
+
     def mark_job(self, job: str, status: str) -> None:
         """A job ended (its own word, or its process is gone): so did its runs."""
-        view = self.jobs.setdefault(job, JobView(job, job.split("-")[0]))
+        view = self._job(job)
         view.status = status
-        self.dirty.add("jobs")
+        self.dirty.add(Dirty.JOBS)
         for run in self.recovery:
             if run.job == job and run.status == "running":
                 run.status = status
-                self.dirty.add("recovery")
+                self.dirty.add(Dirty.RECOVERY)
         if self.growth.job == job:
             self.growth.status = status
-            self.dirty.add("growth")
+            self.dirty.add(Dirty.GROWTH)
+
+    def follow_job_files(self, docs: Mapping[str, Mapping[str, Any]]) -> None:
+        """Reads the job files (`Session.jobs()`) into the jobs: where each runs (its pid), the
+        experiment its file records, and a job whose process is gone without a 'finished' event (or
+        that left no job file) reads as its file says: interrupted."""
+        for job_id, view in self.jobs.items():
+            doc = docs.get(job_id, {"status": "interrupted"})
+            view.pid = doc.get("pid")
+            view.experiment = view.experiment or str(doc.get("experiment") or "")
+            if view.status == "running" and doc.get("status") != "running":
+                self.mark_job(job_id, str(doc.get("status")))
 
     def _ablation_layer(self, event: LayerAblated) -> None:
         self.ablation[event.layer] = AblationRow(
@@ -219,14 +251,14 @@ class SessionState:
         if self.ablation_baseline is None:
             self.ablation_baseline = event.baseline_ppl
         self.ablation_layers = event.n_layers
-        self.dirty.add("layers")
+        self.dirty.add(Dirty.LAYERS)
 
     def _ablation_proxies(self, event: AblationProxies) -> None:
         self.proxies = event
         self.ablation_layers = len(event.block_influence)
         if self.ablation_baseline is None:
             self.ablation_baseline = event.baseline_ppl
-        self.dirty.update({"layers", "recovery"})
+        self.dirty.update({Dirty.LAYERS, Dirty.RECOVERY})
 
     def proxy(self, layer: int) -> tuple[float | None, float | None]:
         """(Block Influence, angular distance) of a layer: the map's, else the first pass's."""
@@ -257,14 +289,14 @@ class SessionState:
         run.baseline_ppl = _number(event.baseline_ppl)
         run.noised_ppl = _number(event.ppl_after_noise)
         run.steps = event.steps
-        self.dirty.add("recovery")
+        self.dirty.add(Dirty.RECOVERY)
 
     def _recovery_point(self, event: RecoveryPoint) -> None:
         run = self._run_for(event.job, event.layer, event.repeat)
         ppl = _number(event.eval_ppl)
         if ppl is not None:
             run.points = thin([*run.points, (float(event.step), ppl)])
-        self.dirty.add("recovery")
+        self.dirty.add(Dirty.RECOVERY)
 
     def _recovery_layer(self, event: RecoveryLayer) -> None:
         for run in self.recovery:
@@ -272,18 +304,18 @@ class SessionState:
                 run.status = "done"
                 run.summary = event.result
         self.difficulty[event.layer] = event.result
-        self.dirty.update({"recovery", "layers"})
+        self.dirty.update({Dirty.RECOVERY, Dirty.LAYERS})
 
     # growth -----------------------------------------------------------------------------------
     def _growth_plan(self, event: GrowthPlan) -> None:
         if self.growth.job != event.job:
             self.growth = GrowthView(job=event.job, status="running")
         self.growth.plan = event
-        self.dirty.add("growth")
+        self.dirty.add(Dirty.GROWTH)
 
     def _growth_phase(self, event: GrowthPhase) -> None:
         self.growth.current[event.arm] = event
-        self.dirty.add("growth")
+        self.dirty.add(Dirty.GROWTH)
 
     def _growth_step(self, event: GrowthStep) -> None:
         arm = _arm_key(event.arm, event.seed)
@@ -291,27 +323,27 @@ class SessionState:
         loss = _number(event.train_loss)
         if loss is not None:
             self.growth.train[arm] = thin([*self.growth.train.get(arm, []), (float(event.step), loss)])
-        self.dirty.add("growth")
+        self.dirty.add(Dirty.GROWTH)
 
     def _growth_eval(self, event: GrowthEval) -> None:
         arm = _arm_key(event.arm, event.seed)
         loss = _number(event.val_loss)
         if loss is not None:
             self.growth.val[arm] = thin([*self.growth.val.get(arm, []), (float(event.step), loss)])
-        self.dirty.add("growth")
+        self.dirty.add(Dirty.GROWTH)
 
     def _growth_phase_end(self, event: GrowthPhaseEnd) -> None:
         self.growth.phase_done.setdefault(event.arm, []).append(event)
-        self.dirty.add("growth")
+        self.dirty.add(Dirty.GROWTH)
 
     def _growth_arm_done(self, event: GrowthArmDone) -> None:
         self.growth.arm_done[_arm_key(event.arm, event.seed)] = event
-        self.dirty.add("growth")
+        self.dirty.add(Dirty.GROWTH)
 
     def add_log(self, level: str, text: str) -> None:
         self.log.append((level, text))
         self.new_log.append((level, text))
-        self.dirty.add("log")
+        self.dirty.add(Dirty.LOG)
 
     def take_new_log(self) -> list[tuple[str, str]]:
         lines = list(self.new_log)

@@ -1,38 +1,73 @@
 """The console screen: status line, then the panels as tabs (Layers, Recovery, Growth, Prompt,
 Analyses, Log). Wide terminals show the layer detail and the recovery form beside their panels.
 
-It owns its forms: what they hold goes up to the app as a request (tui/messages.py), read and
-checked here on the UI thread; the app calls down to redraw the panels from the session state."""
+It owns its forms and the console's keys: what a key needs (the selected layer, the form's values)
+goes up to the app as a request (tui/messages.py), read and checked here on the UI thread; the app
+calls down to redraw the panels from the session state."""
 
 from __future__ import annotations
 
 import logging
 import shlex
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, RichLog, Static, Tab, Tabs
 
 from tui.console_settings import ConsoleSettings
-from tui.messages import ConsoleReady, GenerateRequested, GrowthRequested, InjectRequested, Notice, TabShown
-from tui.state import JobView, SessionState
-from tui.views import analyses_widgets, show_analyses
+from tui.messages import (
+    CancelRequested,
+    ConsoleReady,
+    DetailRequested,
+    GenerateRequested,
+    GrowthPreviewRequested,
+    GrowthRequested,
+    InjectRequested,
+    LayerSelected,
+    MapRequested,
+    MarkRequested,
+    Notice,
+    ResumeRequested,
+    StopGenerationRequested,
+    TabShown,
+)
+from tui.state import Dirty, JobView, SessionState
 from tui.widgets.curve_plot import Curve, CurvePlot
+from tui.widgets.dynamics_clusters import ClusterScatter
 from tui.widgets.growth_timeline import GrowthTable, GrowthTimeline
 from tui.widgets.layer_detail import LayerDetail
 from tui.widgets.layer_map import LayerMap
 from tui.widgets.prompt_column import PromptColumn
+from tui.widgets.prune_plot import PrunePlot
+from tui.widgets.result_view import ResultView
+from tui.widgets.scaling_profile import ScalingDepthPlot, ScalingProfilePlot
 from tui.widgets.status_line import StatusLine
+from tui.widgets.toy_depth_plot import ToyDepthPlot
+
+if TYPE_CHECKING:
+    from engine.events import DynamicsRow
 
 RATIO_LINES = (("2x", 2.0), ("1.5x", 1.5), ("1.1x", 1.1))
 CURVE_COLOURS = ("cyan", "magenta", "orange", "green", "blue", "red")
 ARM_COLOURS = {"growth_100": "green", "growth_50": "cyan", "uniform_100": "magenta"}
+ANALYSES = (
+    ("weights", "Weight statistics and their null models", "anatomy-tui run weights --session {s}"),
+    ("manipulate", "Weight manipulation strategies", "anatomy-tui run manipulate --session {s}"),
+    ("dynamics", "Angle profiles (layer dynamics)", "anatomy-tui run dynamics --session {s}"),
+    ("scaling-fit", "Scaling fit (loss decomposition)", "anatomy-tui run scaling-fit --session {s}"),
+    ("toy-depth", "Toy depth models", "anatomy-tui run toy-depth --session {s}"),
+    ("prune", "Pruning curves (every criterion)", "anatomy-tui run prune --session {s}"),
+)
 log = logging.getLogger("anatomy_tui.console")
 TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")
+JOB_OF_TAB = {"layers": "ablation", "recovery": "recovery", "growth": "growth"}  # what c cancels there
+REDRAW_ON_SHOW = {"recovery": frozenset({Dirty.RECOVERY}), "growth": frozenset({Dirty.GROWTH})}  # sized as shown
 DEFAULT_SIGMA = 0.5  # the noised model's sigma while the recovery form holds no usable number
 
 
@@ -46,6 +81,36 @@ class PanelData:
 
 
 PANELS = ("layers", "recovery", "growth", "prompt")  # the dashboard's four, in reading order
+
+# (key, action, title, description): one table drives the console's bindings, the help screen and the
+# palette. Help and quit are the app's (they work on every screen); the others are this screen's.
+ACTIONS: tuple[tuple[str, str, str, str], ...] = (
+    ("f1,h", "help", "Help", "every key and what it does"),
+    ("f2", "show_tab('layers')", "Layers tab", "the layer map and the selected layer's detail"),
+    ("f3", "show_tab('recovery')", "Recovery tab", "noise injection and live recovery curves"),
+    ("f4", "show_tab('growth')", "Growth tab", "the growth timeline and loss curves"),
+    ("f5", "show_tab('prompt')", "Prompt tab", "generate text with two models side by side"),
+    ("f6", "show_tab('analyses')", "Analyses tab", "weight statistics, angle profiles, scaling fit"),
+    ("f7", "show_tab('log')", "Log tab", "messages from jobs and the console"),
+    ("w", "toggle_layout", "Dashboard / tabs", "all four panels at once, or one tab at a time"),
+    ("a", "compute_map", "Compute layer map", "ablate every layer in the console (thread worker)"),
+    ("b", "map_job", "Layer map as a job", "run the ablation map as its own process"),
+    ("d", "detail", "Layer detail", "everything the session knows about the selected layer"),
+    ("i", "inject", "Inject noise", "noise the selected layer and watch it recover (own process)"),
+    ("c", "cancel", "Cancel job", "cancel the running job of this tab"),
+    ("g", "growth", "Start growth run", "a tiny growth run against its uniform baseline (own process)"),
+    ("x", "toggle_modified", "Mark layer ablated", "mark or unmark the selected layer in the modified model"),
+    ("f9,s", "stop_generation", "Stop generation", "stop the text being generated"),
+    ("r", "resume_job", "Resume interrupted job", "restart an interrupted job from its checkpoint"),
+    ("q,ctrl+q", "quit", "Quit", "quit (jobs in their own process keep running)"),
+)
+FOOTER = {"help", "compute_map", "detail", "inject", "cancel", "growth", "quit"}
+APP_ACTIONS = ("help", "quit")
+
+
+def binding_action(action: str) -> str:
+    """`action` as the console screen (or the palette) runs it: help and quit are the app's."""
+    return f"app.{action}" if action in APP_ACTIONS else action
 TITLES = {"layers": "Layer map", "recovery": "Recovery", "growth": "Growth", "prompt": "Prompt",
           "analyses": "Analyses", "log": "Log"}  # fmt: skip
 
@@ -56,6 +121,11 @@ class ConsoleScreen(Screen[None]):
     and the plots survive. In the dashboard, Analyses and Log open over the grid."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    # quit's ctrl+q leads the footer, as Textual's own ctrl+q does on every other screen
+    BINDINGS = [
+        Binding("ctrl+q", "app.quit", "Quit"),
+        *(Binding(key, binding_action(action), title, show=action in FOOTER) for key, action, title, _ in ACTIONS),
+    ]
 
     def __init__(self, settings: ConsoleSettings | None = None) -> None:
         super().__init__()
@@ -93,7 +163,20 @@ class ConsoleScreen(Screen[None]):
                     yield PromptColumn("original", id="left")
                     yield PromptColumn("modified", id="right")
             with VerticalScroll(id="analyses", classes="pane overlay"):
-                yield from analyses_widgets()  # each experiment's own (tui/views/)
+                for name, title, _ in ANALYSES:
+                    yield Static(Text(title, style="bold"), classes="analysis-title")
+                    if name == "dynamics":
+                        yield CurvePlot(id="angle-plot")
+                        yield ClusterScatter(id="cluster-plot", classes="analysis-plot")
+                    elif name == "scaling-fit":
+                        with Horizontal(id="scaling-plots", classes="analysis-plot"):
+                            yield ScalingDepthPlot(id="scaling-depth-plot")
+                            yield ScalingProfilePlot(id="scaling-plot")
+                    elif name == "toy-depth":
+                        yield ToyDepthPlot(id="toy-plot", classes="analysis-plot")
+                    elif name == "prune":
+                        yield PrunePlot(id="prune-plot", classes="analysis-plot")
+                    yield ResultView(id=f"result-{name}")
             with Vertical(id="log", classes="pane overlay"):
                 yield RichLog(id="log-view", wrap=True, markup=False, max_lines=2000)
         yield Footer()
@@ -123,7 +206,7 @@ class ConsoleScreen(Screen[None]):
             log.info("layout: %s at %dx%d", "dashboard" if wanted else "tabs", columns, rows)
         self.set_class(wanted and self.current in ("analyses", "log"), "-overlay")
 
-    def toggle_layout(self) -> None:
+    def action_toggle_layout(self) -> None:
         """Forces the other layout (key w), whatever the terminal size."""
         self.settings = replace(self.settings, layout="tabs" if self.dashboard else "dashboard")
         self.apply_layout(self.size.width, self.size.height)
@@ -137,18 +220,28 @@ class ConsoleScreen(Screen[None]):
     def redraw(self, data: PanelData, dirty: set[str]) -> None:
         state = data.state
         with self.app.batch_update():
-            if dirty & {"layers", "recovery", "results"}:
+            if dirty & {Dirty.LAYERS, Dirty.RECOVERY, Dirty.RESULTS}:
                 self.query_one(LayerMap).show(state, data.n_layers)
                 self.query_one(LayerDetail).show(state, self.selected_layer)
-            if dirty & {"recovery", "layers", "selection"}:
+            if dirty & {Dirty.RECOVERY, Dirty.LAYERS, Dirty.SELECTION}:
                 self.redraw_recovery(data)
-            if dirty & {"growth", "results"}:
+            if dirty & {Dirty.GROWTH, Dirty.RESULTS}:
                 self.query_one(GrowthTimeline).show(state.growth, state.growth_preview)
                 self.query_one(GrowthTable).show(state.growth_arms)
                 self.redraw_growth_plot(state)
-            if "results" in dirty:
-                show_analyses(self, state, data.session_name)
-            if "selection" in dirty:
+            if Dirty.RESULTS in dirty:
+                self.redraw_angles(state.dynamics)
+                self.query_one(ClusterScatter).show(state.results.get("dynamics"))
+                self.redraw_scaling(state.results.get("scaling-fit"))
+                self.query_one(PrunePlot).show(state.results.get("prune"))
+                self.query_one(ToyDepthPlot).show(state.results.get("toy-depth"))
+                for name, _, command in ANALYSES:
+                    self.query_one(f"#result-{name}", ResultView).show(
+                        name,
+                        state.results.get(name),
+                        command.format(s=data.session_name),
+                    )
+            if Dirty.SELECTION in dirty:
                 self.query_one(LayerDetail).show(state, self.selected_layer)
 
     def redraw_recovery(self, data: PanelData) -> None:
@@ -192,6 +285,40 @@ class ConsoleScreen(Screen[None]):
             now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else "waiting for the first point"
             info.update(f"{current.label} {current.status}\n{now}")
 
+    def redraw_scaling(self, doc: dict[str, Any] | None) -> None:
+        """Loss against depth beside the profile over a_l; the row is hidden while neither can be drawn."""
+        depth, profile = self.query_one(ScalingDepthPlot), self.query_one(ScalingProfilePlot)
+        depth.show(doc)
+        profile.show(doc)
+        self.query_one("#scaling-plots").display = depth.display or profile.display
+
+    def redraw_angles(self, rows: list[DynamicsRow]) -> None:
+        """The angle profiles: per layer, the median angle between the state and its update, and
+        between consecutive states (degrees)."""
+        plot = self.query_one("#angle-plot", CurvePlot)
+        plot.display = bool(rows)
+        if not rows:
+            return
+
+        def series(key: str, part: str = "median") -> list[tuple[float, float]]:
+            points = [(row.layer, getattr(getattr(row, key), part)) for row in rows]
+            return [(float(x), y) for x, y in points if y is not None]
+
+        plot.draw(
+            [
+                Curve("angle(state, update) median", series("angle_update"), "cyan"),
+                Curve("quartiles", series("angle_update", "q1"), "blue"),
+                Curve("quartiles", series("angle_update", "q3"), "blue"),
+                Curve("angle(state in, state out) median", series("angle_state"), "magenta"),
+                Curve("quartiles ", series("angle_state", "q1"), "red"),
+                Curve("quartiles ", series("angle_state", "q3"), "red"),
+            ],
+            [("90°", 90.0)],
+            title="angle profiles (median over tokens)",
+            xlabel="layer",
+            ylabel="degrees",
+        )
+
     def redraw_growth_plot(self, state: SessionState) -> None:
         growth = state.growth
         curves = [
@@ -232,11 +359,15 @@ class ConsoleScreen(Screen[None]):
             self.query_one("#log-view", RichLog).focus()
         else:
             self.query_one(Tabs).focus()
-        self.post_message(TabShown(tab))
+        self.post_message(TabShown(tab, REDRAW_ON_SHOW.get(tab, frozenset())))
 
     def show_tab(self, tab: str) -> None:
         self.query_one(Tabs).active = f"tab-{tab}"
         self._switch(tab)
+
+    def action_show_tab(self, tab: str) -> None:
+        if tab in TABS:
+            self.show_tab(tab)
 
     @property
     def active_tab(self) -> str:
@@ -250,8 +381,45 @@ class ConsoleScreen(Screen[None]):
         for level, text in lines:
             view.write(f"[{level}] {text}")
 
-    # the forms: requests up to the app ---------------------------------------------------------
-    def request_inject(self) -> None:
+    # the keys and the forms: requests up to the app -------------------------------------------
+    def action_compute_map(self) -> None:
+        self.post_message(MapRequested(job=False))
+
+    def action_map_job(self) -> None:
+        self.post_message(MapRequested(job=True))
+
+    def action_detail(self) -> None:
+        self.post_message(DetailRequested(self.selected_layer))
+
+    @on(LayerMap.RowHighlighted, "#map")
+    def layer_highlighted(self) -> None:
+        self.post_message(LayerSelected(self.selected_layer))
+
+    @on(LayerMap.RowSelected, "#map")
+    def layer_chosen(self) -> None:
+        self.action_detail()
+
+    def action_toggle_modified(self) -> None:
+        if self.selected_layer is not None:
+            self.post_message(MarkRequested(self.selected_layer))
+
+    def action_cancel(self) -> None:
+        """Cancels the running jobs of the panel in view (the layer map's, recovery's or growth's);
+        in the prompt pane, the generation."""
+        if self.current == "prompt":
+            self.post_message(StopGenerationRequested())
+        elif self.current in JOB_OF_TAB:
+            self.post_message(CancelRequested(JOB_OF_TAB[self.current]))
+        else:
+            self.post_message(Notice("open the tab of the job to cancel (Layers, Recovery or Growth) and press c"))
+
+    def action_stop_generation(self) -> None:
+        self.post_message(StopGenerationRequested())
+
+    def action_resume_job(self) -> None:
+        self.post_message(ResumeRequested())
+
+    def action_inject(self) -> None:
         """InjectRequested for the selected layer with the recovery form's numbers."""
         if self.selected_layer is None:
             self.post_message(Notice("select a layer first (Layers tab, arrows)", "warning"))
@@ -272,7 +440,7 @@ class ConsoleScreen(Screen[None]):
         """The growth form's flags, split like a shell would; ValueError if they do not parse."""
         return tuple(shlex.split(self.query_one("#growth-flags", Input).value))
 
-    def request_growth(self) -> None:
+    def action_growth(self) -> None:
         """GrowthRequested with the growth form's flags."""
         try:
             flags = self.growth_flags()
@@ -280,6 +448,15 @@ class ConsoleScreen(Screen[None]):
             self.post_message(Notice(f"growth flags: {exc}", "error"))
             return
         self.post_message(GrowthRequested(flags))
+
+    def ask_growth_preview(self) -> None:
+        """GrowthPreviewRequested with the growth form's flags (the app asks once the model is settled);
+        nothing while they do not parse."""
+        try:
+            flags = self.growth_flags()
+        except ValueError:
+            return
+        self.post_message(GrowthPreviewRequested(flags))
 
     @on(Input.Submitted, "#prompt-input")
     def request_generation(self, event: Input.Submitted) -> None:
