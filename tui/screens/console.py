@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import shlex
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import events, on
@@ -38,32 +37,17 @@ from tui.messages import (
     TabShown,
 )
 from tui.state import Dirty, JobView, SessionState
+from tui.views import analyses_widgets, show_analyses
 from tui.widgets.curve_plot import Curve, CurvePlot
-from tui.widgets.dynamics_clusters import ClusterScatter
 from tui.widgets.growth_timeline import GrowthTable, GrowthTimeline
 from tui.widgets.layer_detail import LayerDetail
 from tui.widgets.layer_map import LayerMap
 from tui.widgets.prompt_column import PromptColumn
-from tui.widgets.prune_plot import PrunePlot
-from tui.widgets.result_view import ResultView
-from tui.widgets.scaling_profile import ScalingDepthPlot, ScalingProfilePlot
 from tui.widgets.status_line import StatusLine
-from tui.widgets.toy_depth_plot import ToyDepthPlot
-
-if TYPE_CHECKING:
-    from engine.events import DynamicsRow
 
 RATIO_LINES = (("2x", 2.0), ("1.5x", 1.5), ("1.1x", 1.1))
 CURVE_COLOURS = ("cyan", "magenta", "orange", "green", "blue", "red")
 ARM_COLOURS = {"growth_100": "green", "growth_50": "cyan", "uniform_100": "magenta"}
-ANALYSES = (
-    ("weights", "Weight statistics and their null models", "anatomy-tui run weights --session {s}"),
-    ("manipulate", "Weight manipulation strategies", "anatomy-tui run manipulate --session {s}"),
-    ("dynamics", "Angle profiles (layer dynamics)", "anatomy-tui run dynamics --session {s}"),
-    ("scaling-fit", "Scaling fit (loss decomposition)", "anatomy-tui run scaling-fit --session {s}"),
-    ("toy-depth", "Toy depth models", "anatomy-tui run toy-depth --session {s}"),
-    ("prune", "Pruning curves (every criterion)", "anatomy-tui run prune --session {s}"),
-)
 log = logging.getLogger("anatomy_tui.console")
 TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")
 JOB_OF_TAB = {"layers": "ablation", "recovery": "recovery", "growth": "growth"}  # what c cancels there
@@ -163,20 +147,7 @@ class ConsoleScreen(Screen[None]):
                     yield PromptColumn("original", id="left")
                     yield PromptColumn("modified", id="right")
             with VerticalScroll(id="analyses", classes="pane overlay"):
-                for name, title, _ in ANALYSES:
-                    yield Static(Text(title, style="bold"), classes="analysis-title")
-                    if name == "dynamics":
-                        yield CurvePlot(id="angle-plot")
-                        yield ClusterScatter(id="cluster-plot", classes="analysis-plot")
-                    elif name == "scaling-fit":
-                        with Horizontal(id="scaling-plots", classes="analysis-plot"):
-                            yield ScalingDepthPlot(id="scaling-depth-plot")
-                            yield ScalingProfilePlot(id="scaling-plot")
-                    elif name == "toy-depth":
-                        yield ToyDepthPlot(id="toy-plot", classes="analysis-plot")
-                    elif name == "prune":
-                        yield PrunePlot(id="prune-plot", classes="analysis-plot")
-                    yield ResultView(id=f"result-{name}")
+                yield from analyses_widgets()  # each experiment's own (tui/views/)
             with Vertical(id="log", classes="pane overlay"):
                 yield RichLog(id="log-view", wrap=True, markup=False, max_lines=2000)
         yield Footer()
@@ -230,17 +201,7 @@ class ConsoleScreen(Screen[None]):
                 self.query_one(GrowthTable).show(state.growth_arms)
                 self.redraw_growth_plot(state)
             if Dirty.RESULTS in dirty:
-                self.redraw_angles(state.dynamics)
-                self.query_one(ClusterScatter).show(state.results.get("dynamics"))
-                self.redraw_scaling(state.results.get("scaling-fit"))
-                self.query_one(PrunePlot).show(state.results.get("prune"))
-                self.query_one(ToyDepthPlot).show(state.results.get("toy-depth"))
-                for name, _, command in ANALYSES:
-                    self.query_one(f"#result-{name}", ResultView).show(
-                        name,
-                        state.results.get(name),
-                        command.format(s=data.session_name),
-                    )
+                show_analyses(self, state, data.session_name)
             if Dirty.SELECTION in dirty:
                 self.query_one(LayerDetail).show(state, self.selected_layer)
 
@@ -284,40 +245,6 @@ class ConsoleScreen(Screen[None]):
             last = current.points[-1] if current.points else None
             now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else "waiting for the first point"
             info.update(f"{current.label} {current.status}\n{now}")
-
-    def redraw_scaling(self, doc: dict[str, Any] | None) -> None:
-        """Loss against depth beside the profile over a_l; the row is hidden while neither can be drawn."""
-        depth, profile = self.query_one(ScalingDepthPlot), self.query_one(ScalingProfilePlot)
-        depth.show(doc)
-        profile.show(doc)
-        self.query_one("#scaling-plots").display = depth.display or profile.display
-
-    def redraw_angles(self, rows: list[DynamicsRow]) -> None:
-        """The angle profiles: per layer, the median angle between the state and its update, and
-        between consecutive states (degrees)."""
-        plot = self.query_one("#angle-plot", CurvePlot)
-        plot.display = bool(rows)
-        if not rows:
-            return
-
-        def series(key: str, part: str = "median") -> list[tuple[float, float]]:
-            points = [(row.layer, getattr(getattr(row, key), part)) for row in rows]
-            return [(float(x), y) for x, y in points if y is not None]
-
-        plot.draw(
-            [
-                Curve("angle(state, update) median", series("angle_update"), "cyan"),
-                Curve("quartiles", series("angle_update", "q1"), "blue"),
-                Curve("quartiles", series("angle_update", "q3"), "blue"),
-                Curve("angle(state in, state out) median", series("angle_state"), "magenta"),
-                Curve("quartiles ", series("angle_state", "q1"), "red"),
-                Curve("quartiles ", series("angle_state", "q3"), "red"),
-            ],
-            [("90°", 90.0)],
-            title="angle profiles (median over tokens)",
-            xlabel="layer",
-            ylabel="degrees",
-        )
 
     def redraw_growth_plot(self, state: SessionState) -> None:
         growth = state.growth
