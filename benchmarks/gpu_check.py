@@ -13,8 +13,8 @@ Bounds, and why:
   within 0.7-1.1: the plan counts what our code keeps alive, so a run far under it wastes the
   evaluation batch it could have had, and one over it can run out of memory where the plan said it fits.
 - the map in each dtype against the CPU float32 map: baseline perplexity within 1e-5 relative in
-  float32 (TF32 is off with --deterministic? no: TF32 stays on; 1e-5 is what float32 kernels give)
-  and 1e-2 in half precision, Spearman of D % >= 0.99, and no inf/NaN layer.
+  float32 (run with --no-tf32: TF32 rounds matmul inputs to 10 bits) and 1e-2 in half precision,
+  Spearman of D % >= 0.99, and no inf/NaN layer.
 - host syncs (torch.cuda.set_sync_debug_mode("warn"), counted from the experiment's start): per
   ablated layer at most 2 + 3 per evaluation batch (Evaluator._gather copies a layer's scores to the
   host once; transformers' mask code reads the padding mask, up to 3 times a forward; one spare);
@@ -97,6 +97,7 @@ class Check:
     args: argparse.Namespace
     work: Path
     counts: Counter = field(default_factory=Counter)
+    clock: dict[str, float] = field(default_factory=dict)  # seconds of each run, for the closing INFO line
 
     @property
     def gpu(self) -> bool:
@@ -152,9 +153,10 @@ class Check:
             os.killpg(process.pid, signal.SIGKILL)
             _, stderr = process.communicate()
             rc, stderr = 124, f"{stderr}\nerror: timed out after {self.args.timeout} s"
+        self.clock[name] = time.perf_counter() - started
         result_file = out if argv is None else home / name / "results" / f"{experiment}.json"
         return Run(name, rc, stderr, _read(result_file), _job_plan(home / name), _read(report) or {},
-                   time.perf_counter() - started)
+                   self.clock[name])
 
 
 def _read(path: Path) -> dict | None:
@@ -540,6 +542,8 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m", help="smollm2-135m (embedded), or a Hugging Face folder")
     parser.add_argument("--timeout", type=int, default=600, help="seconds one run may take (default 600)")
     args = parser.parse_args()
+    if Path(args.model).exists():  # a folder: runs start in the checkout, not where this was typed
+        args.model = str(Path(args.model).resolve())
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
         check = Check(args, Path(work))
@@ -547,6 +551,7 @@ def main() -> int:
             figures(check)
         except Exception as exc:  # the check's own mistake: one FAIL line, never a traceback
             check.verdict("gpu check", False, f"stopped: {type(exc).__name__}: {str(exc)[:200]}", "runs to the end")
+        check.info("seconds per run: " + ", ".join(f"{name} {took:.0f}" for name, took in check.clock.items()))
     counts = check.counts
     print(f"SUMMARY {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['SKIP']} SKIP in "
           f"{time.perf_counter() - started:.0f} s", flush=True)

@@ -7,8 +7,8 @@
 # Dry run without a GPU (GPU-only figures print SKIP): benchmarks/gpu_check.sh --device cpu --quick
 # The figures and their bounds: benchmarks/gpu_check.py; how runs are measured: benchmarks/gpu_probe.py.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, not an installed copy
+here="$(cd "$(dirname "$0")/.." && pwd)"
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, not an installed copy
 # verdict lines only: no progress bars (tqdm's, the hub's), no library warnings or logs between them
 export TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error PYTHONWARNINGS=ignore
-exec python3 benchmarks/gpu_check.py "$@"
+exec python3 "$here/benchmarks/gpu_check.py" "$@"
