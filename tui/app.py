@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -176,14 +176,8 @@ class AnatomyApp(App[None]):
     @on(GrowthPreviewRequested)
     def plan_growth_preview(self, request: GrowthPreviewRequested) -> None:
         """Plans the growth form's phases in a worker (torch)."""
-        self.run_worker(
-            partial(growth_preview_work, self.post_message, request.flags),
-            name="growth preview",
-            group="preview",
-            thread=True,
-            exit_on_error=False,
-            description="planning the growth phases",
-        )
+        self.in_thread(partial(growth_preview_work, self.post_message, request.flags), "growth preview", "preview",
+                       "planning the growth phases")
 
     @on(GrowthPreview)
     def growth_preview(self, message: GrowthPreview) -> None:
@@ -263,7 +257,11 @@ class AnatomyApp(App[None]):
     def layer_selected(self) -> None:
         self.lab.state.dirty.add(Dirty.SELECTION)  # drawn on the next poll, with whatever else changed
 
-    # failures of any worker ------------------------------------------------------------------------
+    # thread workers, and the failures of any worker ------------------------------------------------
+    def in_thread(self, work: Callable[[], None], name: str, group: str, description: str) -> None:
+        """`work` in a thread worker; a failure is said (below), never raised into the app."""
+        self.run_worker(work, name=name, group=group, thread=True, exit_on_error=False, description=description)
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
         if event.state == WorkerState.ERROR:
@@ -298,15 +296,9 @@ class AnatomyApp(App[None]):
         if run is None:
             return
         lab = self.lab
-        self.run_worker(
-            partial(experiment_work, self.post_message, lab.session, lab.loaded, lab.options, lab.model_lock,
-                    run.name, run.settings, run.token),
-            name=run.name,
-            group="experiment",
-            thread=True,
-            exit_on_error=False,
-            description=run.description,
-        )
+        work = partial(experiment_work, self.post_message, lab.session, lab.loaded, lab.options, lab.model_lock,
+                       run.name, run.settings, run.token)
+        self.in_thread(work, run.name, "experiment", run.description)
 
     @on(InjectRequested)
     def inject(self, request: InjectRequested) -> None:
@@ -380,14 +372,7 @@ class AnatomyApp(App[None]):
             saved_models=lab.saved_models,
         )
         screen.begin_generation(request.prompt)
-        self.run_worker(
-            partial(generate_work, self.post_message, plan),
-            name="generate",
-            group="generate",
-            thread=True,
-            exit_on_error=False,
-            description="generation",
-        )
+        self.in_thread(partial(generate_work, self.post_message, plan), "generate", "generate", "generation")
 
     @on(TextGenerated)
     def text_generated(self, message: TextGenerated) -> None:
