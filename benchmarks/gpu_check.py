@@ -438,9 +438,9 @@ def two_gpus(check: Check, settings: Settings, serial_map: Run) -> None:
         one = serial_map if experiment == "ablation" else check.run(
             f"one-{experiment}", experiment, [*model_flags(check, "float32"), *flags])
         spread = check.run(f"balanced-{experiment}", experiment, [*auto, "--device-map", "balanced", *flags])
-        spread_figure(check, f"--device-map balanced vs one GPU: {experiment}", spread, one)
+        spread_figure(check, f"{experiment} --device-map balanced vs one GPU", spread, one)
     sharded = check.run("shards-ablation", "ablation", [*auto, "--shards", "2", *settings.map])
-    spread_figure(check, "--shards 2 vs serial: map", sharded, serial_map)
+    spread_figure(check, "map --shards 2 vs serial", sharded, serial_map)
     # recovery splits by (layer, repeat): two repeats give the console's job two units to share
     recovery = [*settings.recovery, "--repeats", "2"]
     serial_recovery = check.run("serial-recovery", "recovery", [*model_flags(check, "float16"), *recovery])

@@ -108,3 +108,31 @@ def test_results_compare_by_their_numbers_not_their_clocks():
     gap, where = gpu_check.largest_difference(doc, other)
     assert where == "layers[0].ppl" and gap == pytest.approx(1e-6, rel=1e-3)
     assert gpu_check.largest_difference(doc, {**doc, "layers": []})[0] == float("inf")
+
+
+def test_two_gpu_figures_run_what_the_issue_lists(tmp_path, capsys, monkeypatch):
+    """With two GPUs (faked: the runs are recorded, not made): a model spread by --device-map against
+    one GPU for four experiments, --shards 2 against the serial map, and the console's map and
+    recovery jobs, whose commands carry --shards=2."""
+    import torch
+
+    gpu_check, check = _gpu(tmp_path)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    commands = {}
+
+    def run(name, experiment, flags, env=None, argv=None):
+        commands[name] = argv or flags
+        return _run(gpu_check, name=name, result={"baseline_ppl": 10.0})
+
+    check.run = run
+    settings = gpu_check.Settings.choose(True, 4)
+    gpu_check.two_gpus(check, settings, _run(gpu_check, result={"baseline_ppl": 10.0}))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        *(f"PASS {e} --device-map balanced vs one GPU" for e in ("ablation", "dynamics", "weights", "prune")),
+        "PASS map --shards 2 vs serial", "PASS console ablation job vs serial", "PASS console recovery job vs serial"]
+    assert all("--device-map" in commands[f"balanced-{e}"] for e in ("ablation", "dynamics", "weights", "prune"))
+    assert "--shards" in commands["shards-ablation"]
+    for experiment in ("ablation", "recovery"):
+        job = commands[f"console-{experiment}"]
+        assert job[1:5] == ["-m", "tui.cli", "run", experiment] and "--shards=2" in job
