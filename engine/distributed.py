@@ -12,7 +12,6 @@ through torch's own launcher.
 
 from __future__ import annotations
 
-import functools
 import os
 import pickle
 import queue
@@ -25,9 +24,9 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from engine import registry
 from engine.errors import UserError
 from engine.events import Event, Progress, Result
-from engine.registry import BY_NAME, EXPERIMENTS
 
 T = TypeVar("T")
 
@@ -108,6 +107,11 @@ class Workers:
             dist.destroy_process_group()
 
     # --- objects between our own processes --------------------------------------------------------
+    def broadcast(self, objects: list[Any]) -> list[Any]:
+        """Rank 0's `objects` on every worker, in place (each passes a list of the same length)."""
+        dist.broadcast_object_list(objects, src=0, group=self.group)
+        return objects
+
     def _send(self, item: Any) -> None:
         data = torch.frombuffer(bytearray(pickle.dumps(item)), dtype=torch.uint8)
         dist.send(torch.tensor([data.numel()], dtype=torch.int64), dst=0, group=self.group)
@@ -243,14 +247,13 @@ def launch(argv: Sequence[str], nproc: int) -> int:
 
 # --- which sweeps split, and how -------------------------------------------------------------------
 
-SHARDABLE = tuple(entry.name for entry in EXPERIMENTS if entry.shardable)
-
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """How one experiment's sweep splits: its units (layers, (layer, repeat) runs, trials or
-    students), the settings a share runs with, the merge of the shares' results, and what rank 0
-    does to the checkpoint folder before the split (with the folder and --resume)."""
+    """How one experiment's sweep splits, as its module's `shard_plan` declares it: its units
+    (layers, (layer, repeat) runs, trials or students), the settings a share runs with, the merge of
+    the shares' results, and what rank 0 does to the checkpoint folder before the split (with the
+    folder and --resume)."""
 
     items: list[Any]
     restrict: Callable[[list[Any]], Any]  # a share's units -> that share's settings
@@ -258,48 +261,23 @@ class ShardPlan:
     prepare: Callable[[Any, bool], None] | None = None
     notes: tuple[str, ...] = ()  # lines rank 0 logs before the split (why these layers)
     summary: Callable[[dict[str, Any]], list[str]] | None = None  # lines from the merged result (the fits)
+    # the experiment's own run of the split, (this plan, RunContext, Workers) -> rank 0's events, in
+    # place of the shared one (recovery: rank 0 reads the checkpoint, hands out the finished layers
+    # and checkpoints each layer as its runs come in)
+    sweep: Callable[[ShardPlan, Any, Workers], Iterator[Event]] | None = None
 
 
 def plan(name: str, settings: Any, n_layers: int, inputs: Mapping[str, dict[str, Any]] | None = None,
          model_name: str = "") -> ShardPlan:
-    """The split of `name`'s sweep; `inputs` are the session results it reads (recovery's ablation
-    map, for its Spearman over all layers; manipulate's, for its default layers). A share's units
-    reach the run through its settings (ablation's and recovery's layers) or RunContext.share
-    (manipulate's trial positions, toy-depth's students)."""
-    from dataclasses import replace
-
-    inputs = inputs or {}
-    if name == "ablation":
-        from engine.experiments import ablation
-
-        layers = range(n_layers) if settings.layers is None else sorted(set(settings.layers))
-        merge = functools.partial(ablation.merge_shards, settings=settings)
-        return ShardPlan(list(layers), lambda share: replace(settings, layers=tuple(share)), merge)
-    if name == "recovery":
-        from engine.experiments import recovery
-
-        runs = [(layer, repeat) for layer in settings.resolve_layers(n_layers) for repeat in range(settings.repeats)]
-        merge = functools.partial(recovery.merge_shards, settings=settings, ablation=inputs.get("ablation"))
-
-        def layers_of(share: list[tuple[int, int]]) -> Any:
-            return replace(settings, layers=tuple(dict.fromkeys(layer for layer, _ in share)))
-
-        return ShardPlan(runs, layers_of, merge)
-    if name == "manipulate":
-        from engine.experiments import manipulate
-
-        chosen, trials, why = manipulate.planned(settings, n_layers, inputs.get("ablation"), model_name)
-        merge = functools.partial(manipulate.merge_shards, settings=chosen)
-        notes = (f"layers: {why}",) if why else ()
-        return ShardPlan(list(range(len(trials))), lambda share: chosen, merge, notes=notes)
-    if name == "toy-depth":
-        from engine.experiments import toy_depth
-
-        merge = functools.partial(toy_depth.merge_shards, settings=settings)
-        prepare = functools.partial(toy_depth.prepare_run, settings=settings)
-        return ShardPlan(toy_depth.students(settings), lambda share: settings, merge, prepare,
-                         summary=toy_depth.fit_lines)
-    raise UserError(f"{name} does not split over workers; --shards applies to {', '.join(SHARDABLE)}")
+    """The split of `name`'s sweep, from its module's `shard_plan`; `inputs` are the session results
+    it reads (recovery's ablation map, for its Spearman over all layers; manipulate's, for its
+    default layers). A share's units reach the run through its settings (ablation's and recovery's
+    layers) or RunContext.share (manipulate's trial positions, toy-depth's students)."""
+    make = registry.experiment(name).shard_plan
+    if make is None:
+        shardable = ", ".join(entry.name for entry in registry.EXPERIMENTS if entry.shardable)
+        raise UserError(f"{name} does not split over workers; --shards applies to {shardable}")
+    return make(settings, n_layers, inputs or {}, model_name)
 
 
 def known_units(name: str, settings: Any) -> int | None:
@@ -308,4 +286,4 @@ def known_units(name: str, settings: Any) -> int | None:
     layers = getattr(settings, "layers", None)
     if layers:
         return len(plan(name, settings, max(layers) + 1).items)
-    return None if BY_NAME[name].needs_model else len(plan(name, settings, 0).items)
+    return None if registry.experiment(name).needs_model else len(plan(name, settings, 0).items)

@@ -169,23 +169,13 @@ def training_bytes(shape: ModelShape, dtype: str, training: Training) -> int:
 
 
 def training_of(shape: ModelShape, settings: Any) -> Training | None:
-    """What settings that train (block_size and lr) hold at once, at most. Recovery: one layer's
-    matrices. Prune's healing (heal_steps): nothing at 0 steps; adjacent healing, every kept layer
-    next to a cut (up to two per removed layer, as `neighbours_of_cuts` finds them); LoRA, the
-    adapters of every kept layer; the graph spans the kept layers."""
-    if not (hasattr(settings, "block_size") and hasattr(settings, "lr")):
-        return None
-    if not hasattr(settings, "heal_steps"):
-        return Training(shape.layer_matrices, settings.batch_size, settings.block_size, shape.n_layers)
-    if not settings.heal_steps:
-        return None
-    counts = settings.counts(shape.n_layers)
-    kept = shape.n_layers - min(counts)
-    if settings.heal == "lora":
-        params = kept * settings.lora_rank * shape.layer_matrix_sides
-    else:
-        params = max(min(2 * count, shape.n_layers - count) for count in counts) * shape.layer_params
-    return Training(params, settings.batch_size, settings.block_size, kept)
+    """What a run with these settings trains at once, at most, as its experiment's module declares
+    it (`training_needs`, read through the registry); None for settings of no experiment, or of
+    one that trains nothing."""
+    from engine.registry import owner
+
+    experiment = owner(settings)
+    return experiment.training_needs(settings, shape) if experiment is not None else None
 
 
 def auto_eval_batch(

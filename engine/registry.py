@@ -2,7 +2,10 @@
 and tests alike.
 
 Adding an experiment means one module under `engine/experiments/` (its Settings dataclass, its
-`run(settings, context)` generator) and one record here. This module imports no torch: the record
+`run(settings, context)` generator) and one record here. The module is the experiment's adapter: it
+also declares, where it has them, what the sharding, the memory plan and the readers of its result
+need (`shard_plan`, `training_needs`, `RESULT`: see `Experiment`), so `engine/distributed.py`,
+`engine/memory.py` and the runner name no experiment. This module imports no torch: the record
 names its module, which is imported only when the experiment's settings or run are wanted, so the
 console paints and `anatomy-tui --help` answers before torch loads.
 """
@@ -10,6 +13,7 @@ console paints and `anatomy-tui --help` answers before torch loads.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,11 +50,20 @@ class RunContext:
 
 @dataclass(frozen=True)
 class Experiment:
-    """One command: `anatomy-tui run NAME`."""
+    """One command: `anatomy-tui run NAME`.
+
+    Its module defines `settings_name` and `run(settings, context) -> Iterator[Event]`, and may
+    define (each read through the property or method of the same name, with its default):
+      shard_plan(settings, n_layers, inputs, model_name) -> engine.distributed.ShardPlan
+                   how its sweep splits over workers (with `shardable`); none: it does not split
+      training_needs(settings, shape) -> engine.memory.Training | None
+                   what a run trains at once, for the memory plan; none: it trains nothing
+      RESULT       the class of its result document (engine/events.py); none: an untyped dict
+    """
 
     name: str
     help: str
-    module: str  # defines `settings_class` (below) and `run(settings, context) -> Iterator[Event]`
+    module: str  # defines `settings_class` (below), `run` and the optional names above
     settings_name: str
     needs_model: bool = True
     resumable: bool = False
@@ -76,6 +89,23 @@ class Experiment:
     def defaults(self) -> Settings:
         """The settings a run starts from before any flag: the default preset, or the field defaults."""
         return self.presets[self.preset] if self.preset else self.settings_class()
+
+    @property
+    def shard_plan(self) -> Callable[..., Any] | None:
+        """The module's `shard_plan(settings, n_layers, inputs, model_name) -> ShardPlan` (its units,
+        a share's settings, the merge, what rank 0 prepares), when the record is `shardable`."""
+        return getattr(self.load(), "shard_plan", None) if self.shardable else None
+
+    def training_needs(self, settings: Settings, shape: Any) -> Any:
+        """What a run with these settings trains at once on a model of this `engine.memory.ModelShape`
+        (an `engine.memory.Training`), from the module's `training_needs`; None: it trains nothing."""
+        needs = getattr(self.load(), "training_needs", None)
+        return needs(settings, shape) if needs is not None else None
+
+    @property
+    def result_class(self) -> type | None:
+        """The class of its result document (the module's `RESULT`), None where it has none yet."""
+        return getattr(self.load(), "RESULT", None)
 
     def run(self, settings: Settings, context: RunContext) -> Iterator[Event]:
         """The experiment's events. Out of memory anywhere in it is one line naming the experiment and
@@ -119,6 +149,16 @@ EXPERIMENTS: tuple[Experiment, ...] = (
 )
 
 BY_NAME: dict[str, Experiment] = {experiment.name: experiment for experiment in EXPERIMENTS}
+
+
+def owner(settings: Any) -> Experiment | None:
+    """The experiment whose Settings class made `settings` (its module is imported, since the
+    instance exists); None for other settings. The memory plan asks it what the run trains."""
+    for entry in EXPERIMENTS:
+        module = sys.modules.get(entry.module)
+        if module is not None and type(settings) is getattr(module, entry.settings_name, None):
+            return entry
+    return None
 
 
 def experiment(name: str) -> Experiment:

@@ -201,12 +201,11 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
 
 
 def sharded_events(name: str, settings: Settings, context: RunContext, workers: Workers) -> Iterator[Event]:
-    """This worker's share of the sweep. On rank 0: every worker's events, then the merged Result
-    (with recovery, each finished layer checkpointed by rank 0 alone); on the others: nothing.
-    Rank 0 hands every worker the session results it read (manipulate chooses its layers from the
-    ablation map) and, once it has prepared it, the checkpoint folder (toy-depth's students)."""
-    import torch.distributed as dist
-
+    """This worker's share of the sweep. On rank 0: every worker's events, then the merged Result;
+    on the others: nothing. Rank 0 hands every worker the session results it read (manipulate
+    chooses its layers from the ablation map) and, once it has prepared it, the checkpoint folder
+    (toy-depth's students). An experiment whose plan has its own `sweep` runs the split itself
+    (recovery: rank 0 reads and writes its checkpoint)."""
     from engine.distributed import plan
 
     loaded = context.model
@@ -216,12 +215,12 @@ def sharded_events(name: str, settings: Settings, context: RunContext, workers: 
         split = plan(name, settings, n_layers, context.inputs, model_name)
         if split.prepare is not None:
             split.prepare(context.checkpoint_dir, context.resume)
-    shared = [context.inputs, str(context.checkpoint_dir) if context.checkpoint_dir is not None else None]
-    dist.broadcast_object_list(shared, src=0, group=workers.group)
+    folder = str(context.checkpoint_dir) if context.checkpoint_dir is not None else None
+    shared = workers.broadcast([context.inputs, folder])
     context = dataclasses.replace(context, inputs=shared[0])
     split = split or plan(name, settings, n_layers, context.inputs, model_name)
-    if name == "recovery":
-        return _sharded_recovery(settings, context, workers, split)
+    if split.sweep is not None:
+        return split.sweep(split, context, workers)
     where = Path(shared[1]) if shared[1] else None
     share_context = RunContext(model=loaded, cancel=context.cancel, inputs=context.inputs,
                                checkpoint_dir=where if where is not None and where.is_dir() else None)
@@ -247,50 +246,6 @@ def _run_share(name: str, settings: Settings, context: RunContext) -> Iterator[E
     from engine.registry import experiment
 
     return experiment(name).run(settings, context)
-
-
-def _sharded_recovery(settings: Settings, context: RunContext, workers: Workers, split: Any) -> Iterator[Event]:
-    """Rank 0 reads the checkpoint (with --resume) and hands every worker the finished layers, whose
-    runs are dealt last so the work left is shared evenly; only the missing layers are trained
-    again. Each share is some (layer, repeat) runs; rank 0 checkpoints a layer once all of its
-    runs are in."""
-    import torch.distributed as dist
-
-    from engine.experiments import recovery
-
-    loaded = context.model
-    key = recovery.sweep_key(settings, loaded)  # type: ignore[arg-type]
-    state: dict[str, Any] = {"key": key, "layers": {}}
-    folder = Path(context.checkpoint_dir) if context.checkpoint_dir is not None else None
-    note = []
-    if workers.world.is_main and folder is not None and context.resume:
-        found = recovery.load_finished(folder / recovery.CHECKPOINT_FILE, key)
-        if found is None:
-            note.append(Message("no finished layer to resume from: the sweep starts from its first layer"))
-        state = found or state
-    shared = [state["layers"], str(folder) if folder is not None else None]
-    dist.broadcast_object_list(shared, src=0, group=workers.group)
-    done = list(shared[0].values())
-    finished = {int(layer) for layer in shared[0]}
-    items = [run for run in split.items if run[0] not in finished] + [run for run in split.items if run[0] in finished]
-    where = Path(shared[1]) if shared[1] else None
-    keep = None
-    if where is not None and where.parent.is_dir():  # the session is on this worker's disk: keep its layers there
-
-        def keep(index: int, tensors: dict[str, Any]) -> None:
-            recovery.save_layer_weights(where / recovery.WEIGHTS_FOLDER, index, tensors, loaded.name)
-
-    def run_share(share: list[tuple[int, int]]) -> Iterator[Event]:
-        return recovery.run_recovery(
-            loaded.model, loaded.tokenizer, split.restrict(share), context.cancel, loaded.name, done_layers=done,
-            ablation=context.inputs.get("ablation"), keep_weights=keep, runs=set(share),
-        )  # fmt: skip
-
-    events = recovery.whole_layers(workers.sweep(run_share, items, split.merge), settings)  # type: ignore[arg-type]
-    if workers.world.is_main and folder is not None:
-        events = recovery.checkpointed(events, folder / recovery.CHECKPOINT_FILE, state)
-    yield from note
-    yield from events
 
 
 def drive(

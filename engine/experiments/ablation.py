@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from engine.anatomy import LayerStack
+from engine.distributed import ShardPlan
 from engine.errors import UserError
 from engine.events import (
     AblationMap,
@@ -32,6 +34,7 @@ from engine.settings import MAX_SEED, EvalTextSettings, setting
 from engine.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
 
 METHODS = ("mean", "skip", "zero")
+RESULT = AblationMap  # results/ablation.json
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,13 @@ def merge_shards(docs: list[dict], settings: AblationSettings) -> dict:
         spearman=spearmans(layers),
     )
     return json_safe(merged)
+
+
+def shard_plan(settings: AblationSettings, n_layers: int, inputs: Mapping[str, dict], model_name: str) -> ShardPlan:
+    """The registry's split (`--shards`): by layer, each share's layers through its settings."""
+    layers = range(n_layers) if settings.layers is None else sorted(set(settings.layers))
+    merge = functools.partial(merge_shards, settings=settings)
+    return ShardPlan(list(layers), lambda share: dataclasses.replace(settings, layers=tuple(share)), merge)
 
 
 def run(settings: AblationSettings, context: RunContext) -> Iterator[Event]:

@@ -10,13 +10,15 @@ outside the chosen set. So a trial can write its layers one by one in any order.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from engine.anatomy import LayerStack
+from engine.distributed import ShardPlan
 from engine.errors import UserError
 from engine.events import (
     AblationMap,
@@ -282,6 +284,16 @@ def planned(settings: ManipulationSettings, n_layers: int, ablation: dict | None
     if outside:
         raise UserError(f"layer {outside[0]} is out of range; this model has layers 0 to {n_layers - 1}")
     return settings, trials(settings, layers), why
+
+
+def shard_plan(settings: ManipulationSettings, n_layers: int, inputs: Mapping[str, dict], model_name: str
+               ) -> ShardPlan:
+    """The registry's split (`--shards`): by trial, each share's trial positions in RunContext.share;
+    the layers are chosen once (`planned`) and logged as a serial run logs them."""
+    chosen, planned_trials, why = planned(settings, n_layers, inputs.get("ablation"), model_name)
+    merge = functools.partial(merge_shards, settings=chosen)
+    notes = (f"layers: {why}",) if why else ()
+    return ShardPlan(list(range(len(planned_trials))), lambda share: chosen, merge, notes=notes)
 
 
 def merge_shards(docs: list[dict], settings: ManipulationSettings) -> dict:

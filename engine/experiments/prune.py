@@ -36,6 +36,7 @@ from engine.errors import UserError
 from engine.events import Event, Message, Progress, PruneExported, PrunePoint, PruneScores, Result, json_safe
 from engine.experiments.ablation import InfluenceMeter
 from engine.experiments.export import check_export_folder, save_model_folder
+from engine.memory import ModelShape, Training
 from engine.perplexity import Batch, Evaluator, TextScores, masked
 from engine.pruning import removed
 from engine.registry import RunContext
@@ -354,6 +355,22 @@ def _card(model_name: str, point: dict[str, Any], baseline: float, n_layers: int
         f"{heal}\nLoad with `AutoModelForCausalLM.from_pretrained(folder)`; `num_hidden_layers` and the per-layer "
         "config lists describe the remaining layers.\n"
     )
+
+
+def training_needs(settings: PruneSettings, shape: ModelShape) -> Training | None:
+    """The registry's memory need: what healing trains at once, at most. Nothing at 0 steps;
+    adjacent healing, every kept layer next to a cut (up to two per removed layer, as
+    `neighbours_of_cuts` finds them); LoRA, the adapters of every kept layer; the graph spans the
+    kept layers."""
+    if not settings.heal_steps:
+        return None
+    counts = settings.counts(shape.n_layers)
+    kept = shape.n_layers - min(counts)
+    if settings.heal == "lora":
+        params = kept * settings.lora_rank * shape.layer_matrix_sides
+    else:
+        params = max(min(2 * count, shape.n_layers - count) for count in counts) * shape.layer_params
+    return Training(params, settings.batch_size, settings.block_size, kept)
 
 
 WHY = {

@@ -12,10 +12,11 @@ time a block is drawn, then reused every time the pool cycles (and by every repe
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
-from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from engine.anatomy import LayerStack, execution_device
+from engine.distributed import ShardPlan, Workers
 from engine.errors import UserError
 from engine.events import (
     AblationMap,
@@ -38,6 +40,7 @@ from engine.events import (
     Result,
     json_safe,
 )
+from engine.memory import ModelShape, Training
 from engine.perplexity import Evaluator
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, EvalTextSettings, setting
@@ -491,31 +494,95 @@ def save_layer_weights(folder: Path, index: int, tensors: dict[str, torch.Tensor
     return path
 
 
+def resumed(settings: RecoverySettings, loaded: Any, folder: Path | None, resume: bool
+            ) -> tuple[dict[str, Any], list[Event]]:
+    """The checkpoint state a sweep starts from: with `resume` and a folder, the finished layers of
+    the earlier sweep there (checked against this sweep's key), else none; and the note to log when
+    there was none to resume."""
+    state: dict[str, Any] = {"key": sweep_key(settings, loaded), "layers": {}}
+    if folder is None or not resume:
+        return state, []
+    found = load_finished(Path(folder) / CHECKPOINT_FILE, state["key"])
+    if found is None:
+        return state, [Message("no finished layer to resume from: the sweep starts from its first layer")]
+    return found, []
+
+
+def weights_keeper(folder: Path, model_name: str) -> KeepWeights:
+    """Saves each recovered layer under the checkpoint folder (the console's prompt pane reads them)."""
+
+    def keep(index: int, tensors: dict[str, torch.Tensor]) -> None:
+        save_layer_weights(Path(folder) / WEIGHTS_FOLDER, index, tensors, model_name)
+
+    return keep
+
+
 def run(settings: RecoverySettings, context: RunContext) -> Iterator[Event]:
     """The sweep on the context's model; with a checkpoint folder every finished layer is kept
     there, and `context.resume` skips the layers an earlier sweep with the same key finished."""
     loaded = context.model
     settings.resolve_layers(loaded.n_layers)  # layer range errors before anything runs
-    key = sweep_key(settings, loaded)
-    state: dict[str, Any] = {"key": key, "layers": {}}
-    keep: KeepWeights = None
     folder = context.checkpoint_dir
-    if folder is not None:
-        path = Path(folder) / CHECKPOINT_FILE
-        found = load_finished(path, key) if context.resume else None
-        if context.resume and found is None:
-            yield Message("no finished layer to resume from: the sweep starts from its first layer")
-        state = found or state
-        weights = Path(folder) / WEIGHTS_FOLDER
-
-        def keep(index: int, tensors: dict[str, torch.Tensor]) -> None:
-            save_layer_weights(weights, index, tensors, loaded.name)
-
+    state, note = resumed(settings, loaded, folder, context.resume)
+    yield from note
+    keep = weights_keeper(folder, loaded.name) if folder is not None else None
     events = run_recovery(
         loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name,
         done_layers=list(state["layers"].values()), ablation=context.inputs.get("ablation"), keep_weights=keep,
     )  # fmt: skip
     yield from events if folder is None else checkpointed(events, Path(folder) / CHECKPOINT_FILE, state)
+
+
+def training_needs(settings: RecoverySettings, shape: ModelShape) -> Training:
+    """The registry's memory need: one layer's matrices trained at once, the graph over every layer."""
+    return Training(shape.layer_matrices, settings.batch_size, settings.block_size, shape.n_layers)
+
+
+# --- the registry's split over workers (`--shards`): by (layer, repeat) run -------------------------
+
+
+def shard_plan(settings: RecoverySettings, n_layers: int, inputs: Mapping[str, dict[str, Any]], model_name: str
+               ) -> ShardPlan:
+    """Every (layer, repeat) run is a unit; a share's layers reach it through its settings; the
+    merge makes the comparisons across layers again over all (the Spearman with the session's
+    ablation map); `sharded_sweep` runs the split."""
+    runs = [(layer, repeat) for layer in settings.resolve_layers(n_layers) for repeat in range(settings.repeats)]
+    merge = functools.partial(merge_shards, settings=settings, ablation=inputs.get("ablation"))
+
+    def layers_of(share: list[tuple[int, int]]) -> RecoverySettings:
+        return replace(settings, layers=tuple(dict.fromkeys(layer for layer, _ in share)))
+
+    return ShardPlan(runs, layers_of, merge, sweep=functools.partial(sharded_sweep, settings))
+
+
+def sharded_sweep(settings: RecoverySettings, split: ShardPlan, context: RunContext, workers: Workers
+                  ) -> Iterator[Event]:
+    """Rank 0 reads the checkpoint (with --resume) and hands every worker the finished layers, whose
+    runs are dealt last so the work left is shared evenly; only the missing layers are trained
+    again. Each share is some (layer, repeat) runs; rank 0 checkpoints a layer once all of its
+    runs are in. A worker that sees the session folder saves the layers it recovered there."""
+    loaded = context.model
+    folder = Path(context.checkpoint_dir) if context.checkpoint_dir is not None else None
+    state, note = resumed(settings, loaded, folder if workers.world.is_main else None, context.resume)
+    shared = workers.broadcast([state["layers"], str(folder) if folder is not None else None])
+    done = list(shared[0].values())
+    finished = {int(layer) for layer in shared[0]}
+    items = [run for run in split.items if run[0] not in finished] + [run for run in split.items if run[0] in finished]
+    where = Path(shared[1]) if shared[1] else None
+    # the session is on this worker's disk: keep its layers there
+    keep = weights_keeper(where, loaded.name) if where is not None and where.parent.is_dir() else None
+
+    def run_share(share: list[tuple[int, int]]) -> Iterator[Event]:
+        return run_recovery(
+            loaded.model, loaded.tokenizer, split.restrict(share), context.cancel, loaded.name, done_layers=done,
+            ablation=context.inputs.get("ablation"), keep_weights=keep, runs=set(share),
+        )  # fmt: skip
+
+    events = whole_layers(workers.sweep(run_share, items, split.merge), settings)
+    if workers.world.is_main and folder is not None:
+        events = checkpointed(events, folder / CHECKPOINT_FILE, state)
+    yield from note
+    yield from events
 
 
 def whole_layers(events: Iterable[Event], settings: RecoverySettings) -> Iterator[Event]:

@@ -18,10 +18,11 @@ inputs for every seed), which costs little more than one seed on a small CPU.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import time
-from collections.abc import Callable, Collection, Generator, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ import torch
 
 from engine import powerfit
 from engine.atomic import atomic_write_bytes, atomic_write_json
+from engine.distributed import ShardPlan
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, StudentDone, StudentStep
 from engine.models import precision_messages, training_precision
@@ -509,6 +511,15 @@ def merge_shards(docs: list[dict[str, Any]], settings: ToyDepthSettings) -> dict
             curve = [losses[regime, t, depth] for depth in depths]
             by_temperature.setdefault(f"{t:g}", {})[regime] = group_fit(settings, curve)
     return result_doc(docs[0]["settings"], settings.preset, by_temperature, max(doc["seconds"] for doc in docs))
+
+
+def shard_plan(settings: ToyDepthSettings, n_layers: int, inputs: Mapping[str, dict], model_name: str) -> ShardPlan:
+    """The registry's split (`--shards`): by group of students, each share's in RunContext.share;
+    rank 0 prepares the checkpoint folder first (cleared, or checked for --resume) and logs the
+    fits once the merge has made them."""
+    merge = functools.partial(merge_shards, settings=settings)
+    prepare = functools.partial(prepare_run, settings=settings)
+    return ShardPlan(students(settings), lambda share: settings, merge, prepare, summary=fit_lines)
 
 
 def preset_settings(name: str, **changes: Any) -> ToyDepthSettings:
