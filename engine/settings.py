@@ -361,3 +361,24 @@ class EvalTextSettings(Settings):
                                           resume_free=True)
     max_length: int = setting(256, "tokens per evaluation text at most", low=2)
 
+
+
+@dataclass(frozen=True)
+class TrainTextSettings(Settings):
+    """The training-pool group that every experiment fine-tuning a loaded model on text shares
+    (recovery, prune's healing): the text, cut into blocks, and how many blocks a step draws. The
+    training file is read before the model loads, as the evaluation file is."""
+
+    train_file: str | None = setting(None, "UTF-8 training text (default: built-in)", file="training file")
+    batch_size: int = setting(4, "training blocks per step", low=1)
+    block_size: int = setting(128, "tokens per training block", low=2)
+    train_blocks: int = setting(128, "training pool size in blocks, cycled in a seeded order", low=1)
+
+    def training_corpus(self) -> Any:
+        """The training text (engine.text.Corpus): the file given, or the built-in corpus, split
+        90/10 by paragraph."""
+        from pathlib import Path
+
+        from engine.text import corpus
+
+        return corpus(Path(self.train_file) if self.train_file else None)

@@ -162,6 +162,8 @@ def test_only_the_latest_interrupted_job_that_resumes_is_offered():
         (["ablation", "--max-length", "1"], "--max-length 1"),
         (["manipulate", "--layers", "abc"], "--layers abc"),
         (["recovery", "--eval-file", "/nope/eval.txt"], "does not exist"),
+        (["recovery", "--train-file", "/nope/train.txt"], "training file /nope/train.txt does not exist"),
+        (["prune", "--train-file", "/nope/train.txt", "--heal-steps", "2"], "training file /nope/train.txt"),
         (["ablation", "--json", "/"], "is a directory"),
     ],
 )

@@ -40,9 +40,9 @@ from engine.memory import ModelShape, Training
 from engine.perplexity import Batch, Evaluator, TextScores, masked
 from engine.pruning import removed
 from engine.registry import RunContext
-from engine.settings import EVAL_BATCH_HELP, MAX_SEED, EvalTextSettings, setting
+from engine.settings import MAX_SEED, EvalTextSettings, TrainTextSettings, setting
 from engine.statistics import bootstrap_perplexity, spearman
-from engine.text import Corpus, corpus, eval_texts, token_blocks
+from engine.text import Corpus, eval_texts, token_blocks
 from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
 
 METHODS = ("angular", "bi", "ppl", "map")
@@ -51,7 +51,7 @@ CHINCHILLA_A_L = {"a_l": 1.2, "sd": 0.3, "source": "Paper B, fit to reconstructe
 
 
 @dataclass(frozen=True)
-class PruneSettings(EvalTextSettings):
+class PruneSettings(TrainTextSettings, EvalTextSettings):
     """Defaults: every criterion, 1, 2, 4 and 8 layers removed, no healing, no export."""
 
     method: str = setting("all", "criterion: angular, bi, ppl, map, or all of them", choices=METHODS + ("all",))
@@ -65,11 +65,6 @@ class PruneSettings(EvalTextSettings):
                         choices=HEALS)
     lora_rank: int = setting(8, "rank of the LoRA adapters (--heal lora)", low=1)
     lr: float = setting(1e-4, "AdamW learning rate of healing", above=0.0)
-    train_file: str | None = setting(None, "UTF-8 training text for healing (default: the built-in corpus)")
-    batch_size: int = setting(4, "training blocks per healing step", low=1)
-    block_size: int = setting(128, "tokens per training block", low=2)
-    train_blocks: int = setting(128, "training blocks in the healing pool, cycled in a seeded order", low=1)
-    eval_batch_size: int | None = setting(None, EVAL_BATCH_HELP, low=1, none_word="auto", resume_free=True)
     export: str | None = setting(None, "save the pruned (and healed) model here as a Hugging Face folder")
     export_count: int | None = setting(None, "how many layers the exported model lacks (default: the largest count)",
                                        low=1, none_word="largest")
@@ -408,7 +403,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     healer = None
     if settings.heal_steps:
         try:
-            text = corpus(Path(settings.train_file) if settings.train_file else None)
+            text = settings.training_corpus()
         except ImportError:
             raise UserError("healing needs training text: the built-in corpus (pydoc_data) is missing here; "
                             "give --train-file") from None

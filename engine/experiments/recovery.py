@@ -43,9 +43,9 @@ from engine.events import (
 from engine.memory import ModelShape, Training
 from engine.perplexity import Evaluator
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, EvalTextSettings, setting
+from engine.settings import MAX_SEED, EvalTextSettings, TrainTextSettings, setting
 from engine.statistics import spearman
-from engine.text import corpus, token_blocks
+from engine.text import token_blocks
 from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
 
 PAPER_LAYERS = (11, 14, 17)
@@ -54,7 +54,7 @@ DIFFICULTY_THRESHOLD = 1.1  # difficulty = steps to get below 1.1x the baseline
 
 
 @dataclass(frozen=True)
-class RecoverySettings(EvalTextSettings):
+class RecoverySettings(TrainTextSettings, EvalTextSettings):
     """Defaults follow the paper (A5): sigma 0.5, AdamW lr 1e-4, 200 steps, layers 11, 14, 17."""
 
     layers: tuple[int, ...] | None = setting(PAPER_LAYERS, "layers to noise and recover, in this order",
@@ -62,13 +62,9 @@ class RecoverySettings(EvalTextSettings):
     sigma: float = setting(0.5, "noise = sigma * std(W) per matrix", above=0)
     steps: int = setting(200, "fine-tuning steps per layer", low=1)
     lr: float = setting(1e-4, "AdamW learning rate", above=0)
-    batch_size: int = setting(4, "training blocks per step", low=1)
-    block_size: int = setting(128, "tokens per training block", low=2)
-    train_blocks: int = setting(128, "training pool size in blocks, cycled in a seeded order", low=1)
     eval_every: int = setting(1, "evaluate every N steps", low=1)
     repeats: int = setting(1, "noise seeds per layer", low=1)
     seed: int = setting(0, "seed for noise and batch order", low=0, high=MAX_SEED)
-    train_file: str | None = setting(None, "UTF-8 training text (default: built-in)", file="training file")
     prefix_cache: bool = setting(True, "start at the noised layer from cached inputs (off only to measure "
                                  "the straightforward version)", cli=False, resume_free=True)
 
@@ -135,7 +131,7 @@ class _Sweep:
         self.settings = settings
         self.cancel = cancel
         self.keep_weights = keep_weights
-        source = corpus(Path(settings.train_file) if settings.train_file else None)
+        source = settings.training_corpus()
         self.train_source = source.source
         self.evaluator = Evaluator.for_settings(model, tokenizer, settings)
         self.stack = self.evaluator.stack
