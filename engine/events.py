@@ -756,6 +756,75 @@ class GrowthArm:
         return {name: from_doc(cls, arm) for name, arm in doc["arms"].items()}
 
 
+
+# prune -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PruneCut:
+    """One point of results/prune.json's `curve` (and its `exported_point`): the `removed` layers
+    `layers` (original indices from 0) that `method` cuts, the perplexity without them with its
+    bootstrap interval, and after healing (None without --heal-steps)."""
+
+    method: str
+    removed: int
+    layers: list[int]
+    ppl: float | None  # None: the saved inf or nan
+    ci_low: float | None
+    ci_high: float | None
+    healed_ppl: float | None
+
+
+@dataclass(frozen=True)
+class DepthLaw:
+    """results/prune.json `depth_fit` (exploratory): the ppl criterion's loss (ln PPL) against the
+    remaining depth l, fitted to c / l^a + L0, with a's bootstrap interval."""
+
+    a: float | None
+    c: float | None
+    L0: float | None
+    ci95: list[float] | None
+    points: int
+    depths: list[float]
+    label: str
+    chinchilla: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PruneHeal:
+    """results/prune.json `heal`: how every cut was healed."""
+
+    steps: int
+    what: str  # adjacent or lora
+    train_source: str
+    train_blocks: int
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """results/prune.json."""
+
+    model: str
+    baseline_ppl: float
+    eval_tokens: int
+    eval_texts: int
+    n_layers: int
+    settings: dict[str, Any]
+    methods: list[str]
+    curve: list[PruneCut]
+    agreement: dict[str, float | None]  # Spearman of each criterion's scores with the ppl criterion's
+    agreement_note: str
+    scores: dict[str, list[float | None]]  # criterion -> per-layer score
+    depth_fit: DepthLaw | None
+    heal: PruneHeal | None
+    exported: str | None  # the folder of the exported model
+    exported_point: PruneCut | None
+    seconds: float
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> PruneResult:
+        return from_doc(cls, upgrade_result("prune", dict(doc)))
+
 def events_markdown() -> str:
     """The README's table of live events, generated from the classes above (a test compares)."""
     lines = ["| kind | fields | meaning |", "|---|---|---|"]

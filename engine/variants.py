@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
+from engine.events import PruneResult
 
 ON_LOADED_MODEL = ("original", "modified", "noised", "recovered", "pruned")
 SAVED_ARMS = {"growth": "growth_100", "uniform": "uniform_100"}  # variant -> the growth run's arm
@@ -109,14 +110,17 @@ def applied(model: Any, variant: Variant) -> Iterator[Any]:
 
 def pruned_layers(prune_result: Mapping[str, Any] | None) -> tuple[int, ...]:
     """The layers the session's prune run removed at its exported point (else its ppl criterion's
-    deepest cut): what the `pruned` variant drops. () when there is no prune result."""
+    deepest cut): what the `pruned` variant drops. () when there is no prune result, or one this
+    version cannot read (damaged, or written by another version)."""
     if not prune_result:
         return ()
-    point = prune_result.get("exported_point")
-    if not point:
-        curve = [row for row in prune_result.get("curve") or [] if row.get("method") == "ppl"]
-        point = max(curve, key=lambda row: row.get("removed", 0), default=None)
-    return tuple(int(layer) for layer in (point or {}).get("layers") or ())
+    try:
+        result = PruneResult.from_json(prune_result)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return ()
+    point = result.exported_point or max((cut for cut in result.curve if cut.method == "ppl"),
+                                         key=lambda cut: cut.removed, default=None)
+    return tuple(int(layer) for layer in point.layers) if point is not None else ()
 
 
 def saved_model_path(growth_result: Mapping[str, Any] | None, name: str) -> Path | None:

@@ -20,14 +20,16 @@ from tui_fixtures import (
     weights_doc,
 )
 
+from engine.events import PruneResult
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
 from tui.screens import console
-from tui.views import analyses, dynamics, prune, toy_depth, view
+from tui.views import analyses, decoded, dynamics, prune, toy_depth, view
 from tui.views.dynamics import scatter_curves
 from tui.views.scaling_fit import depth_curves
 from tui.widgets import curve_plot
 from tui.widgets.curve_plot import Curve, CurvePlot, colour_code
+from tui.widgets.result_view import _summarised
 
 ANSI = re.compile(r"\x1b\[38;5;(\d+)m")
 
@@ -118,6 +120,15 @@ def test_results_written_before_the_plot_data_say_which_command_fills_them() -> 
     for name, doc in (("scaling-fit", scaling_fit_doc(with_points=False)), ("dynamics", old_dynamics)):
         text = text_of(view(name).summary(doc, "anatomy-tui run X --session s"))
         assert "run:  anatomy-tui run X --session s" in text
+
+
+def test_a_result_that_does_not_fit_its_class_is_a_tree_and_no_plot() -> None:
+    """A damaged result (or one of another version) reads as none for the plots and as the raw tree
+    in the summary's place, never as a traceback in the console."""
+    damaged = {"model": "tiny", "curve": [{"method": "bi"}]}
+    assert decoded(PruneResult, damaged) is None and decoded(PruneResult, None) is None
+    assert _summarised(damaged, "CMD", prune.summary) is None
+    assert decoded(PruneResult, prune_doc()) == PruneResult.from_json(prune_doc())
 
 
 @pytest.fixture

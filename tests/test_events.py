@@ -12,16 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tui_fixtures import prune_doc
 
 from engine.events import (
     AblationMap,
     AblationRow,
+    DepthLaw,
     DynamicsRow,
     GrowthArm,
     GrowthPhase,
     LayerAblated,
     ManipulateRow,
     ParadoxRow,
+    PruneCut,
+    PruneHeal,
+    PruneResult,
     RecoveryLayer,
     RecoveryRow,
     Started,
@@ -34,7 +39,7 @@ from engine.events import (
     upgrade_event,
     upgrade_result,
 )
-from engine.registry import EXPERIMENTS
+from engine.registry import EXPERIMENTS, experiment
 from sessions.store import SessionStore
 from tui.state import SessionState
 
@@ -89,10 +94,38 @@ def test_a_missing_field_is_an_error_not_a_default():
         event_from_json({"v": 2, "kind": "nobody.knows"})
 
 
-@pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow, ManipulateRow, ParadoxRow])
+@pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow, ManipulateRow, ParadoxRow,
+                                 PruneResult])  # fmt: skip
 def test_result_types_round_trip(cls):
     value = build(cls)
     assert from_doc(cls, json.loads(json.dumps(json_safe(value)))) == value
+
+
+# Each result class's document keys, in the order the engine wrote them when it built the document as
+# a dict: the class replaced the dict, the file stays byte for byte what it was.
+RESULT_KEYS: dict[type, list[str]] = {
+    PruneResult: ["model", "baseline_ppl", "eval_tokens", "eval_texts", "n_layers", "settings", "methods", "curve",
+                  "agreement", "agreement_note", "scores", "depth_fit", "heal", "exported", "exported_point",
+                  "seconds"],
+    PruneCut: ["method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl"],
+    DepthLaw: ["a", "c", "L0", "ci95", "points", "depths", "label", "chinchilla"],
+    PruneHeal: ["steps", "what", "train_source", "train_blocks"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("cls", list(RESULT_KEYS), ids=lambda cls: cls.__name__)
+def test_result_documents_keep_the_keys_of_the_dicts_they_replace(cls):
+    assert list(json_safe(build(cls))) == RESULT_KEYS[cls]
+
+
+SAMPLES = {"prune": prune_doc}  # tests/tui_fixtures.py's results, built from the classes
+
+
+@pytest.mark.parametrize("name", list(SAMPLES))
+def test_each_experiment_declares_its_result_class_and_its_sample_round_trips(name):
+    cls = experiment(name).result_class
+    doc = SAMPLES[name]()
+    assert cls is not None and json.dumps(json_safe(cls.from_json(doc))) == json.dumps(doc)
 
 
 def test_version_2_documents_pass_the_upgrade_unchanged():

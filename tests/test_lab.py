@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tui_fixtures import demo_session, write_events
+from tui_fixtures import cut, demo_session, prune_result, write_events
 
 from engine.errors import UserError
 from engine.events import CancelToken, Finished, Started
@@ -280,7 +280,7 @@ def test_the_prompt_pane_models_this_session_has(monkeypatch, tmp_path):
     assert lab.variant("recovered", 0.5) == (None, "no recovered layer in this session yet (inject noise: key i)")
     assert lab.variant("pruned", 0.5)[1].startswith("no prune result in this session yet")
     assert lab.variant("growth", 0.5) == (None, "no growth model in this session yet (run growth: key g)")
-    lab.state.set_result("prune", {"exported_point": {"method": "bi", "layers": [2, 4]}, "curve": []})
+    lab.state.set_result("prune", prune_result([cut("bi", [1])], exported_point=cut("bi", [2, 4])))
     assert lab.variant("pruned", 0.5)[0].layers == (2, 4)
     lab.state.set_result("growth", {"arms": {"uniform_100": {"model": str(tmp_path)}}})
     assert lab.variant("uniform", 0.5)[0].path == tmp_path

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 from textual.widgets import Input
 from tiny_models import save_tiny
-from tui_fixtures import BASELINE, CURVE, MAP, demo_session, recovery_row
+from tui_fixtures import BASELINE, CURVE, MAP, cut, demo_session, prune_result, recovery_row
 
 from engine.events import AblationProxies, RecoveryLayer
 from engine.process import pid_alive
@@ -641,7 +641,7 @@ def test_the_map_marks_the_layers_the_prune_run_removes(isolated_home) -> None:
     session = demo_session(SessionStore())
     state = SessionState()
     state.set_result("ablation", session.load_result("ablation"))
-    state.set_result("prune", {"exported_point": {"method": "bi", "layers": [2, 4]}, "curve": []})
+    state.set_result("prune", prune_result([cut("bi", [1])], exported_point=cut("bi", [2, 4])))
     pruned = set(pruned_layers(state.results["prune"]))  # as LayerMap.show reads it
     assert pruned == {2, 4}
     marks = [str(LayerMap._cells(state, index, pruned=index in pruned)[0]) for index in range(5)]

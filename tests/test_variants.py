@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny_models import tiny_model
+from tui_fixtures import cut, prune_result
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
@@ -108,10 +109,10 @@ def test_pruned_drops_the_prune_runs_layers_and_comes_back() -> None:
 
     model = tiny_model("llama", seed=5)
     ids = torch.tensor([[5, 9, 13, 21, 34]])
-    result = {"exported_point": {"method": "bi", "layers": [1, 2]},
-              "curve": [{"method": "ppl", "removed": 1, "layers": [3]}]}
-    assert pruned_layers(result) == (1, 2)
-    assert pruned_layers({"curve": result["curve"]}) == (3,) and pruned_layers(None) == ()
+    curve = [cut("ppl", [3]), cut("ppl", [3, 4]), cut("bi", [0, 1, 2])]
+    assert pruned_layers(prune_result(curve, exported_point=cut("bi", [1, 2]))) == (1, 2)
+    assert pruned_layers(prune_result(curve)) == (3, 4) and pruned_layers(None) == ()
+    assert pruned_layers({"curve": []}) == ()  # a result this version cannot read removes nothing
     with torch.no_grad():
         whole = model(ids).logits
         with LayerStack(model).skipped([1, 2]):

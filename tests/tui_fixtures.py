@@ -10,6 +10,7 @@ from engine.atomic import atomic_write_json
 from engine.events import (
     AblationMap,
     AblationRow,
+    DepthLaw,
     DepthPoints,
     Event,
     GrowthPhase,
@@ -17,6 +18,8 @@ from engine.events import (
     GrowthStep,
     ParadoxRow,
     PcaSample,
+    PruneCut,
+    PruneResult,
     RecoveryPoint,
     RecoveryRow,
     RecoveryStart,
@@ -181,16 +184,31 @@ def scaling_fit_doc(with_points: bool = True) -> dict:
     return doc  # fmt: skip
 
 
+def prune_result(curve: list[PruneCut], exported_point: PruneCut | None = None,
+                 depth_fit: DepthLaw | None = None, agreement: dict | None = None) -> dict:
+    """A prune result document with this curve, as the engine writes it."""
+    methods = list(dict.fromkeys(cut.method for cut in curve))
+    return json_safe(PruneResult(
+        model="tiny", baseline_ppl=BASELINE, eval_tokens=100, eval_texts=4, n_layers=6, settings={},
+        methods=methods, curve=curve, agreement=agreement or {}, agreement_note="", scores={}, depth_fit=depth_fit,
+        heal=None, exported="pruned" if exported_point else None, exported_point=exported_point, seconds=1.0,
+    ))  # fmt: skip
+
+
+def cut(method: str, layers: list[int], ppl: float = BASELINE) -> PruneCut:
+    """One point of a prune curve: `layers` removed by `method`, not healed."""
+    return PruneCut(method=method, removed=len(layers), layers=layers, ppl=ppl, ci_low=None, ci_high=None,
+                    healed_ppl=None)  # fmt: skip
+
+
 def prune_doc() -> dict:
     """results/prune.json's curve: perplexity with 1..4 layers removed by each criterion."""
     growth = {"angular": 1.3, "bi": 1.5, "ppl": 1.2}
-    curve = [
-        {"method": method, "removed": k, "layers": list(range(k)), "ppl": BASELINE * factor**k}
-        for method, factor in growth.items()
-        for k in range(1, 5)
-    ]
-    return {"model": "tiny", "baseline_ppl": BASELINE, "n_layers": 6, "methods": list(growth), "curve": curve,
-            "agreement": {"angular": 0.6, "bi": 0.8}, "depth_fit": {"a": 1.1, "ci95": [0.7, 1.6]}}  # fmt: skip
+    curve = [cut(method, list(range(k)), BASELINE * factor**k)
+             for method, factor in growth.items() for k in range(1, 5)]  # fmt: skip
+    fit = DepthLaw(a=1.1, c=2.0, L0=1.0, ci95=[0.7, 1.6], points=5, depths=[6.0, 5.0, 4.0, 3.0, 2.0], label="",
+                   chinchilla={})  # fmt: skip
+    return prune_result(curve, depth_fit=fit, agreement={"angular": 0.6, "bi": 0.8})
 
 
 def analyses_session(store: SessionStore) -> Session:

@@ -33,7 +33,20 @@ import torch
 
 from engine.anatomy import LayerStack, execution_device
 from engine.errors import UserError
-from engine.events import Event, Message, Progress, PruneExported, PrunePoint, PruneScores, Result, json_safe
+from engine.events import (
+    DepthLaw,
+    Event,
+    Message,
+    Progress,
+    PruneCut,
+    PruneExported,
+    PruneHeal,
+    PrunePoint,
+    PruneResult,
+    PruneScores,
+    Result,
+    json_safe,
+)
 from engine.experiments.ablation import InfluenceMeter
 from engine.experiments.export import check_export_folder, save_model_folder
 from engine.memory import ModelShape, Training
@@ -48,6 +61,7 @@ from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_tok
 METHODS = ("angular", "bi", "ppl", "map")
 HEALS = ("adjacent", "lora")
 CHINCHILLA_A_L = {"a_l": 1.2, "sd": 0.3, "source": "Paper B, fit to reconstructed Chinchilla runs"}
+RESULT = PruneResult  # results/prune.json
 
 
 @dataclass(frozen=True)
@@ -286,7 +300,7 @@ def fit_depth(depths: np.ndarray, losses: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def depth_law(n_layers: int, points: Sequence[tuple[int, TextScores]], resamples: int,
-              seed: int) -> dict[str, Any] | None:
+              seed: int) -> DepthLaw | None:
     """The `ppl` curve's loss (ln PPL) against remaining depth, fitted; ci95 from refits on
     bootstrap resamples of the evaluation texts. Exploratory: a pruned trained model is not a model
     trained at that depth."""
@@ -305,12 +319,12 @@ def depth_law(n_layers: int, points: Sequence[tuple[int, TextScores]], resamples
             fit_depth(depths, nll[:, chunk].sum(axis=2).T / tokens[chunk].sum(axis=1)[:, None])["a"]
             for chunk in np.array_split(draws, max(1, resamples // 100))])
         ci = [float(v) for v in np.percentile(values, [2.5, 97.5])]
-    return {
-        **best, "ci95": ci, "points": len(depths), "depths": depths.tolist(),
-        "label": "exploratory: loss (ln PPL) of the ppl criterion's cuts against remaining depth l, "
-                 "fitted to c / l^a + L0; a pruned trained model is not a model trained at depth l",
-        "chinchilla": CHINCHILLA_A_L,
-    }
+    return DepthLaw(
+        **best, ci95=ci, points=len(depths), depths=depths.tolist(),
+        label="exploratory: loss (ln PPL) of the ppl criterion's cuts against remaining depth l, "
+              "fitted to c / l^a + L0; a pruned trained model is not a model trained at depth l",
+        chinchilla=CHINCHILLA_A_L,
+    )
 
 
 # --- the run ---------------------------------------------------------------------------------------
@@ -334,19 +348,19 @@ def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angu
     return {n: tuple(sorted(order[:n])) for n in counts}
 
 
-def _card(model_name: str, point: dict[str, Any], baseline: float, n_layers: int, settings: PruneSettings,
+def _card(model_name: str, point: PruneCut, baseline: float, n_layers: int, settings: PruneSettings,
           why: str) -> str:
-    healed = point["healed_ppl"]
+    healed = point.healed_ppl
     heal = (f"Healed afterwards with {settings.heal_steps} steps of AdamW (lr {settings.lr:g}) on "
             + ("the layers next to each cut" if settings.heal == "adjacent"
                else f"LoRA adapters of rank {settings.lora_rank} on every layer, merged into the weights")
-            + f": perplexity {point['ppl']:.3f} -> {healed:.3f}.\n" if healed is not None else "Not healed.\n")
+            + f": perplexity {point.ppl:.3f} -> {healed:.3f}.\n" if healed is not None else "Not healed.\n")
     return (
-        f"# {model_name or 'model'} with {point['removed']} of {n_layers} layers removed\n\n"
+        f"# {model_name or 'model'} with {point.removed} of {n_layers} layers removed\n\n"
         f"Exported by anatomy-tui (`prune`). Removed layers (indices from 0 of the original model): "
-        f"{', '.join(map(str, point['layers']))}.\n\n"
-        f"Chosen by the `{point['method']}` criterion: {why}.\n\n"
-        f"Perplexity on the evaluation texts: {baseline:.3f} before the cut, {point['ppl']:.3f} after.\n"
+        f"{', '.join(map(str, point.layers))}.\n\n"
+        f"Chosen by the `{point.method}` criterion: {why}.\n\n"
+        f"Perplexity on the evaluation texts: {baseline:.3f} before the cut, {point.ppl:.3f} after.\n"
         f"{heal}\nLoad with `AutoModelForCausalLM.from_pretrained(folder)`; `num_hidden_layers` and the per-layer "
         "config lists describe the remaining layers.\n"
     )
@@ -440,8 +454,8 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
               for m in methods}
     measured: dict[tuple[int, ...], TextScores] = {}
     healed: dict[tuple[int, ...], float] = {}
-    curve: list[dict[str, Any]] = []
-    best_export: tuple[float, dict[str, Any], dict[int, dict[str, torch.Tensor]] | None] | None = None
+    curve: list[PruneCut] = []
+    best_export: tuple[float, PruneCut, dict[int, dict[str, torch.Tensor]] | None] | None = None
     total = len(methods) * len(counts)
     for m_index, method in enumerate(methods):
         for c_index, count in enumerate(counts):
@@ -460,8 +474,8 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
             if healer is not None and layers not in healed:  # the same cut heals the same way (seeded)
                 with removed(model, layers), healer.healed(layers, cancel, keep=count == export_count) as weights:
                     healed_ppl = healed[layers] = evaluator.perplexity()
-            point = {"method": method, "removed": count, "layers": list(layers), "ppl": ppl,
-                     "ci_low": low, "ci_high": high, "healed_ppl": healed_ppl}
+            point = PruneCut(method=method, removed=count, layers=list(layers), ppl=ppl, ci_low=low, ci_high=high,
+                             healed_ppl=healed_ppl)
             curve.append(point)
             yield PrunePoint(method, count, list(layers), ppl, baseline, low, high, healed_ppl)
             yield Progress(m_index * len(counts) + c_index + 1, total, f"prune: {method}")
@@ -472,39 +486,39 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     exported = None
     if export is not None and best_export is not None:
         final, point, weights = best_export
-        why = WHY[point["method"]] + (f"; of the criteria compared ({', '.join(methods)}), its cut of "
-                                      f"{point['removed']} layers gave the lowest perplexity")
-        with stack.holding(weights or {}), removed(model, point["layers"]):
+        why = WHY[point.method] + (f"; of the criteria compared ({', '.join(methods)}), its cut of "
+                                   f"{point.removed} layers gave the lowest perplexity")
+        with stack.holding(weights or {}), removed(model, point.layers):
             save_model_folder(model, tokenizer, export, _card(loaded.name, point, baseline, n, settings, why),
                               settings.force)
         exported = str(export)
-        yield PruneExported(exported, point["method"], point["layers"], final)
+        yield PruneExported(exported, point.method, point.layers, final)
 
-    ppl_points = [(0, base)] + [(p["removed"], measured[tuple(p["layers"])]) for p in curve if p["method"] == "ppl"]
+    ppl_points = [(0, base)] + [(p.removed, measured[tuple(p.layers)]) for p in curve if p.method == "ppl"]
     depth_fit = depth_law(n, ppl_points, settings.bootstrap, settings.seed) if "ppl" in methods else None
     if "ppl" in methods and depth_fit is None:
         yield Message("depth law: fewer than 4 usable points on the ppl curve; not fitted", "warning")
     agreement = {m: spearman(scores[m], scores["ppl"]) for m in methods
                  if m != "ppl" and scores["ppl"] is not None and scores[m] is not None}
-    doc = {
-        "model": loaded.name,
-        "baseline_ppl": baseline,
-        "eval_tokens": evaluator.n_tokens,
-        "eval_texts": len(texts),
-        "n_layers": n,
-        "settings": settings.to_dict(),
-        "methods": methods,
-        "curve": curve,
-        "agreement": agreement,
-        "agreement_note": "Spearman between each criterion's per-layer score (angular: distance over one "
-                          "layer; bi: Block Influence; map: D%) and the perplexity with that single layer "
-                          "removed (the ppl criterion's first round)",
-        "scores": {m: [float(v) for v in scores[m]] for m in methods if scores[m] is not None},
-        "depth_fit": depth_fit,
-        "heal": ({"steps": settings.heal_steps, "what": settings.heal, "train_source": healer.source,
-                  "train_blocks": len(healer.blocks)} if healer is not None else None),
-        "exported": exported,
-        "exported_point": best_export[1] if exported else None,
-        "seconds": time.perf_counter() - started,
-    }
+    doc = PruneResult(
+        model=loaded.name,
+        baseline_ppl=baseline,
+        eval_tokens=evaluator.n_tokens,
+        eval_texts=len(texts),
+        n_layers=n,
+        settings=settings.to_dict(),
+        methods=methods,
+        curve=curve,
+        agreement=agreement,
+        agreement_note="Spearman between each criterion's per-layer score (angular: distance over one "
+                       "layer; bi: Block Influence; map: D%) and the perplexity with that single layer "
+                       "removed (the ppl criterion's first round)",
+        scores={m: [float(v) for v in scores[m]] for m in methods if scores[m] is not None},
+        depth_fit=depth_fit,
+        heal=(PruneHeal(steps=settings.heal_steps, what=settings.heal, train_source=healer.source,
+                        train_blocks=len(healer.blocks)) if healer is not None else None),
+        exported=exported,
+        exported_point=best_export[1] if exported else None,
+        seconds=time.perf_counter() - started,
+    )
     yield Result("prune", json_safe(doc))

@@ -11,17 +11,20 @@ one of them, gets the plain form:
   plots()               the pane's widgets above the summary (plain: none)
   show(pane, state)     redraws those widgets from the session state (tui/state.py)
 
-View modules read result documents as the engine writes them and import no torch (the console
-paints before torch loads); `_format.py` holds the number formats they share.
+View modules read result documents through their classes in engine/events.py (`RESULT` of the
+experiment's module: `PruneResult.from_json(doc)`), so a renamed field fails where the engine builds
+it and here alike; they import no torch (the console paints before torch loads). `_format.py` holds
+the number formats they share.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from rich.text import Text
 from textual.widget import Widget
@@ -33,6 +36,13 @@ from tui.widgets.result_view import ResultView
 if TYPE_CHECKING:
     from tui.state import SessionState
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Decodes(Protocol[T]):  # a result class of engine/events.py
+    def from_json(self, doc: Mapping[str, Any]) -> T: ...
+
 
 @dataclass(frozen=True)
 class Analysis:
@@ -40,6 +50,18 @@ class Analysis:
 
     title: str
     place: int = 100  # the pane's order, top first; the registry's order among equals
+
+
+def decoded(cls: Decodes[T], doc: Mapping[str, Any] | None) -> T | None:
+    """A session's result document as its class; None when there is none, or when it does not fit
+    this version (damaged, or written by another version): the plots it feeds stay hidden."""
+    if doc is None:
+        return None
+    try:
+        return cls.from_json(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        log.warning("a result does not fit this version (%s); its plots stay empty", exc)
+        return None
 
 
 def view(name: str) -> ModuleType | None:

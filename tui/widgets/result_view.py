@@ -26,11 +26,22 @@ def _trimmed(value: Any) -> Any:
     return value
 
 
+def _summarised(doc: dict[str, Any], command: str, summary: Summary | None) -> Any:
+    """The summary of `doc`; None without one, or when the document does not fit its result class
+    (damaged, or written by another version): the tree then shows what it holds."""
+    if summary is None:
+        return None
+    try:
+        return summary(doc, command)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 class ResultView(Static):
     """Shows `results/<name>.json` through its view's summary, or the command that fills it."""
 
     def show(self, doc: dict[str, Any] | None, command: str, summary: Summary | None = None) -> None:
         if doc is not None:
-            self.update(summary(doc, command) if summary else Pretty(_trimmed(doc), expand_all=False))
+            self.update(_summarised(doc, command, summary) or Pretty(_trimmed(doc), expand_all=False))
         else:
             self.update(Text(f"not run in this session yet; run:  {command}", style="dim"))
