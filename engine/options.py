@@ -18,6 +18,20 @@ from engine.settings import Settings, setting
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAPS = ("auto", "balanced", "sequential")  # engine.models.DEVICE_MAPS, without importing it here
 
+TRAIN_DEVICE_HELP = "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N"  # growth, toy-depth
+
+
+def device_setting(help: str = "auto, cpu, cuda or cuda:N") -> Any:
+    """The one declaration of `--device` (a model's, and growth's and toy-depth's, which train models
+    of their own): auto, cpu, cuda or cuda:N, resolved by engine.models.choose_device. `help` says
+    what the device is for."""
+    return setting("auto", help)
+
+
+def dtype_setting(help: str) -> Any:
+    """The one declaration of `--dtype`: auto or one of DTYPES; `help` says what runs in it."""
+    return setting("auto", help, choices=DTYPES)
+
 
 @dataclass(frozen=True)
 class ModelOptions(Settings):
@@ -25,8 +39,8 @@ class ModelOptions(Settings):
 
     model: str = setting("smollm2-135m",
                          "smollm2-135m (embedded default), a local HF folder, a .gguf file, or a hub id")
-    device: str = setting("auto", "auto, cpu, cuda or cuda:N")
-    dtype: str = setting("auto", "weights' precision", choices=DTYPES)
+    device: str = device_setting()
+    dtype: str = dtype_setting("weights' precision")
     trust_remote_code: bool = setting(False, "allow a hub model's own code (off by default)")
     device_map: str | None = setting(None, "spread the layers over every visible GPU, then CPU and disk "
                                      "(accelerate)", choices=DEVICE_MAPS, none_word="none")

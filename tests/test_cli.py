@@ -48,6 +48,7 @@ def test_sessions_show_prints_results(tiny_folder, capsys):
         (["run", "ablation", "--bootstrap", "-1"], "--bootstrap"),
         (["run", "ablation", "--session", "../escape"], "bad name"),
         (["sessions", "show", "missing"], "no session"),
+        (["export", "s", "out", "--model", "recovered", "--dtype", "half"], "--dtype half: must be one of auto"),
     ],
 )
 def test_errors_are_one_line(argv, fragment, tiny_folder, capsys):

@@ -5,7 +5,7 @@ user types into a form (growth's), so both accept exactly the same words."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,14 @@ def _default_text(spec: FieldSpec, value: Any) -> str:
         return str(value)
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, defaults: Settings, taken: set[str]) -> None:
-    """One flag per settings field (its aliases too, where no other flag has the name). Flags
-    default to SUPPRESS, so the namespace holds exactly the values given on the command line."""
+def add_settings_arguments(parser: argparse.ArgumentParser, defaults: Settings, taken: set[str],
+                           only: Collection[str] | None = None) -> None:
+    """One flag per settings field (its aliases too, where no other flag has the name); `only`: the
+    flags of these fields alone. Flags default to SUPPRESS, so the namespace holds exactly the
+    values given on the command line."""
     primary = {spec.flag for spec in defaults.fields()}
     for spec in defaults.fields():
-        if not spec.meta.get("cli", True):
+        if not spec.meta.get("cli", True) or (only is not None and spec.name not in only):
             continue
         names = [spec.flag, *(a for a in spec.meta.get("aliases", ()) if a not in taken | primary)]
         taken.update(names)

@@ -36,6 +36,7 @@ from engine.distributed import ShardPlan
 from engine.errors import UserError
 from engine.events import CancelToken, Event, Message, Progress, Result, StudentDone, StudentStep
 from engine.models import precision_messages, training_precision
+from engine.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, Settings, from_preset, setting
 from engine.training import Trainer
@@ -69,9 +70,8 @@ class ToyDepthSettings(Settings):
     seed: int = setting(0, "random seed of teachers, students and data", low=0, high=MAX_SEED)
     threads: int = setting(1, "torch CPU threads while training (one is fastest for these small matrices)", low=1,
                            resume_free=True)
-    device: str = setting("auto", "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N")
-    dtype: str = setting("auto", "students' forward precision; weights and Adam stay float32 (mixed precision)",
-                         choices=("auto", "float32", "bfloat16", "float16"))
+    device: str = device_setting(TRAIN_DEVICE_HELP)
+    dtype: str = dtype_setting("students' forward precision; weights and Adam stay float32 (mixed precision)")
 
     def check(self) -> None:
         if not self.student_depths or not self.temperatures or not self.regimes:

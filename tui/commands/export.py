@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from engine.errors import UserError
-from engine.options import DTYPES
+from engine.options import ModelOptions
 from engine.variants import SAVED_ARMS  # growth and uniform: their arm's folder under <session>/growth_models
+from tui.flags import add_settings_arguments
+
+EXPORT_LOAD = ModelOptions(device="cpu")  # the base model loads on the CPU unless --device says otherwise
+LOAD_FLAGS = ("device", "dtype")  # of the model options, the ones export takes (--model is what to export)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="recovered: the session's model with recovery's fine-tuned layers put in; "
                              "growth, uniform: the growth experiment's models")
     parser.add_argument("--force", action="store_true", help="export into a folder that is not empty")
-    parser.add_argument("--device", default="cpu", help="where to load the base model (recovered; default cpu)")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES)
+    # where the base model loads (recovered): --device and --dtype as declared for every model run
+    add_settings_arguments(parser, EXPORT_LOAD, {"--model", "--force", "-h", "--help"}, only=LOAD_FLAGS)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -32,13 +37,13 @@ def main(args: argparse.Namespace) -> int:
     if args.model in SAVED_ARMS:
         folder = export_growth(session.path / "growth_models" / SAVED_ARMS[args.model], args.folder, args.force)
     else:
-        from engine.models import load_model
         from sessions.layer_weights import load_layers
 
         name = str(session.manifest.get("model", ""))
         if not name:
             raise UserError(f"session {args.session} records no model; nothing to put recovered layers into")
-        loaded = load_model(name, device=args.device, dtype=args.dtype)
+        given = {field: getattr(args, field) for field in LOAD_FLAGS if hasattr(args, field)}
+        loaded = replace(EXPORT_LOAD, model=name).override(given).load()
         layers = load_layers(session, "recovery", loaded.name)
         folder = export_recovered(loaded.model, loaded.tokenizer, layers, args.folder, loaded.name, args.force)
     print(f"exported {args.model} model of session {session.name} to {folder}", file=sys.stderr)

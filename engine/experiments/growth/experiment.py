@@ -65,6 +65,7 @@ from engine.experiments.growth.protocol import (
 from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
 from engine.generation import generate_text
 from engine.models import precision_messages, training_precision
+from engine.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, Settings, from_preset, setting
 
@@ -165,9 +166,8 @@ class GrowthSettings(Settings):
     train_file: str | None = setting(None, "UTF-8 training text, one paragraph a line, every tenth held out "
                                      "(default: built-in)", file="training file")
     threads: int = setting(0, "torch CPU threads (0: torch's default)", low=0)
-    device: str = setting("auto", "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N")
-    dtype: str = setting("auto", "forward precision; the weights and AdamW stay float32 (mixed precision)",
-                         choices=("auto", "float32", "bfloat16", "float16"))
+    device: str = device_setting(TRAIN_DEVICE_HELP)
+    dtype: str = dtype_setting("forward precision; the weights and AdamW stay float32 (mixed precision)")
 
     def check(self) -> None:
         check_profile(self.profile)
