@@ -26,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="export into a folder that is not empty")
     # where the base model loads (recovered): --device and --dtype as declared for every model run
     add_settings_arguments(parser, EXPORT_LOAD, {"--model", "--force", "-h", "--help"}, only=LOAD_FLAGS)
+    parser.set_defaults(**{name: getattr(EXPORT_LOAD, name) for name in LOAD_FLAGS})  # over the console's
 
 
 def main(args: argparse.Namespace) -> int:
@@ -42,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
         name = str(session.manifest.get("model", ""))
         if not name:
             raise UserError(f"session {args.session} records no model; nothing to put recovered layers into")
-        given = {field: getattr(args, field) for field in LOAD_FLAGS if hasattr(args, field)}
+        given = {field: getattr(args, field) for field in LOAD_FLAGS}
         loaded = replace(EXPORT_LOAD, model=name).override(given).load()
         layers = load_layers(session, "recovery", loaded.name)
         folder = export_recovered(loaded.model, loaded.tokenizer, layers, args.folder, loaded.name, args.force)
