@@ -206,6 +206,11 @@ def largest_difference(a: dict, b: dict) -> tuple[float, str]:
     return worst, where
 
 
+def finite(value: Any) -> bool:
+    """A finite number (result documents save inf and NaN as None)."""
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
 def unit_syncs(run: Run, event: str) -> list[float]:
     """Host syncs per unit: between consecutive `event`s (Progress: one layer or one step), or per
     step between consecutive growth validations (GrowthEval marks its step)."""
@@ -327,6 +332,8 @@ def map_figures(check: Check, dtype: str, run: Run, reference: Run) -> None:
 
     def baseline() -> tuple[bool, str]:
         ours, cpu = run.result["baseline_ppl"], reference.result["baseline_ppl"]
+        if not (finite(ours) and finite(cpu)):
+            return False, f"{ours} vs {cpu} on the CPU in float32"
         gap = abs(ours - cpu) / cpu
         return gap <= limit, f"{ours:.4f} vs {cpu:.4f} on the CPU in float32, relative difference {gap:.1e}"
 
@@ -337,16 +344,16 @@ def map_figures(check: Check, dtype: str, run: Run, reference: Run) -> None:
         shown = "undefined" if rho is None else f"{rho:.4f}"
         return rho is not None and rho >= SPEARMAN_BOUND, f"{shown} over {len(rows)} layers"
 
-    def finite() -> tuple[bool, str]:
+    def no_inf() -> tuple[bool, str]:
         rows = run.result["layers"]
-        bad = [row["layer"] for row in rows if not all(math.isfinite(row[k]) for k in ("ppl", "degradation_pct"))]
+        bad = [row["layer"] for row in rows if not all(finite(row[k]) for k in ("ppl", "degradation_pct"))]
         shown = f"{len(rows) - len(bad)} of {len(rows)} layers" + (f"; inf/NaN: {bad}" if bad else "")
-        return not bad and math.isfinite(run.result["baseline_ppl"]), shown
+        return not bad and finite(run.result["baseline_ppl"]), shown
 
     limit = BASELINE_BOUND[dtype]
     check.judge(f"map {dtype} baseline", f"<= {limit:g} relative", (run, reference), baseline)
     check.judge(f"map {dtype} D% Spearman", f">= {SPEARMAN_BOUND}", (run, reference), ranks)
-    check.judge(f"map {dtype} finite layers", "no inf/NaN", (run,), finite)
+    check.judge(f"map {dtype} finite layers", "no inf/NaN", (run,), no_inf)
 
 
 def sync_figure(check: Check, figure: str, run: Run, event: str, bound: float, unit: str, note: str = "") -> None:
@@ -387,11 +394,12 @@ def scaler_figure(check: Check, run: Run) -> None:
 
 def prune_figure(check: Check, dtype: str, run: Run) -> None:
     def verdict() -> tuple[bool, str]:
-        points = run.result["curve"]
-        bad = [p for p in points if p["healed_ppl"] is None or not math.isfinite(p["healed_ppl"])
-               or p["healed_ppl"] > HEALED_RATIO * p["ppl"]]
-        shown = "; ".join(f"{p['ppl']:.3f} -> {p['healed_ppl']:.3f} ({p['removed']} cut by {p['method']})"
-                          if p["healed_ppl"] is not None else f"{p['ppl']:.3f} -> not healed" for p in points)
+        points = run.result["curve"]  # a perplexity saved as None was inf or NaN
+        cut = [(p["ppl"] if finite(p["ppl"]) else math.inf, p["healed_ppl"]) for p in points]
+        bad = [healed for ppl, healed in cut if not finite(healed) or healed > HEALED_RATIO * ppl]
+        shown = "; ".join(f"{ppl:.3f} -> {healed if healed is None else f'{healed:.3f}'} "
+                          f"({p['removed']} cut by {p['method']})"
+                          for (ppl, healed), p in zip(cut, points, strict=True))
         return bool(points) and not bad, f"PPL unhealed -> healed {shown}"
 
     check.judge(f"prune {dtype} healing", f"finite, <= {HEALED_RATIO} x unhealed", (run,), verdict)

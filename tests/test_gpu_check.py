@@ -136,3 +136,17 @@ def test_two_gpu_figures_run_what_the_issue_lists(tmp_path, capsys, monkeypatch)
     for experiment in ("ablation", "recovery"):
         job = commands[f"console-{experiment}"]
         assert job[1:5] == ["-m", "tui.cli", "run", experiment] and "--shards=2" in job
+
+
+def test_inf_or_nan_saved_as_none_is_judged_not_a_check_error(tmp_path, capsys):
+    gpu_check, check = _gpu(tmp_path)
+    rows = [{"layer": i, "ppl": 11.0 + i, "degradation_pct": 10.0 * i} for i in range(3)]
+    reference = _run(gpu_check, result={"baseline_ppl": 10.0, "layers": rows})
+    broken = _run(gpu_check, result={"baseline_ppl": None, "layers": [{**row, "ppl": None} for row in rows]})
+    gpu_check.map_figures(check, "float16", broken, reference)
+    for dtype, ppl, healed in (("float16", None, 9.0), ("float32", 9.0, None)):  # unhealed inf; healed inf
+        point = {"removed": 2, "method": "bi", "ppl": ppl, "healed_ppl": healed}
+        gpu_check.prune_figure(check, dtype, _run(gpu_check, result={"curve": [point]}))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line[:4] for line in lines] == ["FAIL", "PASS", "FAIL", "PASS", "FAIL"]
+    assert not any("check error" in line for line in lines)
