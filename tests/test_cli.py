@@ -64,3 +64,18 @@ def test_error_from_the_real_command_has_no_traceback():
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_an_error_after_the_load_prints_once(tiny_folder, capsys, monkeypatch):
+    """The job records the failure; the terminal gets the one error line, not the job's as well."""
+    import engine.experiments.ablation as ablation
+    from engine.errors import UserError
+
+    def broken(*args, **kwargs):
+        raise UserError("layer 7 went away; rerun")
+        yield
+
+    monkeypatch.setattr(ablation, "run_ablation", broken)
+    assert main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("layer 7 went away") == 1 and "anatomy-tui: error: layer 7 went away; rerun" in err

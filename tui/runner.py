@@ -280,7 +280,7 @@ def drive(
                 bar.update(task, completed=event.done, total=event.total, description=event.label or experiment)
             elif isinstance(event, Message):
                 bar.console.print(f"[{event.level}] {event.text}", markup=False, highlight=False)
-            elif isinstance(event, Finished) and event.status != "done":
+            elif isinstance(event, Finished) and event.status == "cancelled":  # a failure is raised, said once
                 bar.console.print(f"{experiment} {event.status} {event.error}".rstrip(), markup=False)
 
         result = run_job(
