@@ -653,6 +653,66 @@ class RecoveryRow:
 
 
 @dataclass(frozen=True)
+class LayerBudget:
+    """One layer of results/recovery.json `budget.per_layer`: its steps under each rule."""
+
+    layer: int
+    difficulty: float
+    uniform_steps: int
+    proposed_steps: int  # the steps it needed to get below 1.1x the baseline (never: the budget)
+    reallocated_steps: int  # the uniform total split in proportion to difficulty
+
+
+@dataclass(frozen=True)
+class RecoveryBudget:
+    """results/recovery.json `budget`: the paper's Table 10 idea, a uniform budget against steps
+    sized by measured difficulty."""
+
+    rule: str
+    uniform_total: int
+    proposed_total: int
+    saving_steps: int
+    saving_pct: float
+    per_layer: list[LayerBudget]
+
+
+@dataclass(frozen=True)
+class RecoveryVsAblation:
+    """results/recovery.json `versus_ablation`: Spearman of each recovery measure against the
+    session's ablation map's D%, over the `layers` both have."""
+
+    layers: int
+    ablation_method: str
+    difficulty: float | None
+    final_ratio: float | None
+    ratio_after_noise: float | None
+
+
+@dataclass(frozen=True)
+class RecoveryResult:
+    """results/recovery.json."""
+
+    model: str
+    baseline_ppl: float
+    eval_tokens: int
+    eval_texts: int
+    train_source: str
+    train_blocks: int
+    settings: dict[str, Any]
+    layers: list[RecoveryRow]  # in the order the layers were asked for
+    ranking: list[int]  # hardest first
+    spearman_vs_ablation: float | None  # versus_ablation's difficulty
+    versus_ablation: RecoveryVsAblation | None  # None without the session's map of this model
+    budget: RecoveryBudget
+    seconds_per_step: float | None
+    resumed_layers: list[int]
+    seconds: float
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> RecoveryResult:
+        return from_doc(cls, upgrade_result("recovery", dict(doc)))
+
+@dataclass(frozen=True)
 class ManipulateRow:
     """One trial of results/manipulate.json (`results[]`)."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tui_fixtures import prune_doc
+from tui_fixtures import prune_doc, recovery_doc
 
 from engine.events import (
     AblationMap,
@@ -22,13 +22,17 @@ from engine.events import (
     GrowthArm,
     GrowthPhase,
     LayerAblated,
+    LayerBudget,
     ManipulateRow,
     ParadoxRow,
     PruneCut,
     PruneHeal,
     PruneResult,
+    RecoveryBudget,
     RecoveryLayer,
+    RecoveryResult,
     RecoveryRow,
+    RecoveryVsAblation,
     Started,
     StudentStep,
     event_from_json,
@@ -95,7 +99,7 @@ def test_a_missing_field_is_an_error_not_a_default():
 
 
 @pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow, ManipulateRow, ParadoxRow,
-                                 PruneResult])  # fmt: skip
+                                 PruneResult, RecoveryResult])  # fmt: skip
 def test_result_types_round_trip(cls):
     value = build(cls)
     assert from_doc(cls, json.loads(json.dumps(json_safe(value)))) == value
@@ -110,6 +114,12 @@ RESULT_KEYS: dict[type, list[str]] = {
     PruneCut: ["method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl"],
     DepthLaw: ["a", "c", "L0", "ci95", "points", "depths", "label", "chinchilla"],
     PruneHeal: ["steps", "what", "train_source", "train_blocks"],
+    RecoveryResult: ["model", "baseline_ppl", "eval_tokens", "eval_texts", "train_source", "train_blocks", "settings",
+                     "layers", "ranking", "spearman_vs_ablation", "versus_ablation", "budget", "seconds_per_step",
+                     "resumed_layers", "seconds"],
+    RecoveryBudget: ["rule", "uniform_total", "proposed_total", "saving_steps", "saving_pct", "per_layer"],
+    LayerBudget: ["layer", "difficulty", "uniform_steps", "proposed_steps", "reallocated_steps"],
+    RecoveryVsAblation: ["layers", "ablation_method", "difficulty", "final_ratio", "ratio_after_noise"],
 }  # fmt: skip
 
 
@@ -118,7 +128,7 @@ def test_result_documents_keep_the_keys_of_the_dicts_they_replace(cls):
     assert list(json_safe(build(cls))) == RESULT_KEYS[cls]
 
 
-SAMPLES = {"prune": prune_doc}  # tests/tui_fixtures.py's results, built from the classes
+SAMPLES = {"prune": prune_doc, "recovery": recovery_doc}  # tests/tui_fixtures.py's results, built from the classes
 
 
 @pytest.mark.parametrize("name", list(SAMPLES))

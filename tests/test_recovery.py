@@ -129,14 +129,14 @@ def hand_row(layer: int, hardness: float, final_ratio: float, after_noise: float
 def test_budget_and_spearman_on_hand_rows():
     rows = [hand_row(11, 200.0, 7.8, 40.0), hand_row(14, 10.0, 0.8, 1.2), hand_row(17, 50.0, 0.9, 1.5)]
     budget = training_budget(rows, steps=200)
-    assert budget["uniform_total"] == 600 and budget["proposed_total"] == 260
-    assert budget["saving_steps"] == 340 and budget["saving_pct"] == pytest.approx(100 * 340 / 600)
-    assert [item["reallocated_steps"] for item in budget["per_layer"]] == [462, 23, 115]
+    assert budget.uniform_total == 600 and budget.proposed_total == 260
+    assert budget.saving_steps == 340 and budget.saving_pct == pytest.approx(100 * 340 / 600)
+    assert [item.reallocated_steps for item in budget.per_layer] == [462, 23, 115]
     ablation = AblationMap.from_json(ablation_map([
         AblationRow(layer, 1.0, d, "minor") for layer, d in ((11, 7946.0), (14, 1.0), (17, 20.0), (20, 5.0))
     ]))
     result = versus_ablation(rows, ablation)
-    assert result["layers"] == 3 and result["difficulty"] == pytest.approx(1.0)
+    assert result.layers == 3 and result.difficulty == pytest.approx(1.0)
     assert versus_ablation(rows, None) is None
 
 

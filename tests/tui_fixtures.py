@@ -16,13 +16,17 @@ from engine.events import (
     GrowthPhase,
     GrowthPlan,
     GrowthStep,
+    LayerBudget,
     ParadoxRow,
     PcaSample,
     PruneCut,
     PruneResult,
+    RecoveryBudget,
     RecoveryPoint,
+    RecoveryResult,
     RecoveryRow,
     RecoveryStart,
+    RecoveryVsAblation,
     Started,
     json_safe,
 )
@@ -73,6 +77,24 @@ def recovery_row(layer: int = 1, difficulty: float = 40.0) -> RecoveryRow:
         difficulty=difficulty, mean_final_ratio=CURVE[-1][1] / BASELINE, steps_to_mean={"2.0": 10.0},
         steps_to_sd={"2.0": None}, steps_to_reached={"2.0": 1}, repeats=[],
     )  # fmt: skip
+
+
+def recovery_doc() -> dict:
+    """results/recovery.json of a sweep over layers 1 and 3, as the engine writes it."""
+    rows = [recovery_row(1, 40.0), recovery_row(3, 10.0)]
+    budget = RecoveryBudget(
+        rule="proposed: steps to get below 1.1x baseline", uniform_total=80, proposed_total=50, saving_steps=30,
+        saving_pct=37.5, per_layer=[LayerBudget(layer=row.layer, difficulty=row.difficulty, uniform_steps=40,
+                                                proposed_steps=int(row.difficulty), reallocated_steps=40)
+                                    for row in rows],
+    )  # fmt: skip
+    versus = RecoveryVsAblation(layers=2, ablation_method="mean", difficulty=1.0, final_ratio=None,
+                                ratio_after_noise=-1.0)  # fmt: skip
+    return json_safe(RecoveryResult(
+        model="tiny", baseline_ppl=BASELINE, eval_tokens=100, eval_texts=4, train_source="built-in", train_blocks=16,
+        settings={"sigma": 0.5, "steps": 40, "lr": 1e-4}, layers=rows, ranking=[1, 3], spearman_vs_ablation=1.0,
+        versus_ablation=versus, budget=budget, seconds_per_step=0.05, resumed_layers=[], seconds=4.0,
+    ))  # fmt: skip
 
 
 def recovery_events(job: str = "recovery-1", layer: int = 1) -> list[Event]:

@@ -33,6 +33,7 @@ from engine.events import (
     Progress,
     RecoveryLayer,
     RecoveryPoint,
+    RecoveryResult,
     RecoveryRow,
     RecoveryStart,
     Result,
@@ -167,8 +168,7 @@ class SessionState:
             self.ablation_baseline = self.ablation_map.baseline_ppl
             self.dirty.add(Dirty.LAYERS)
         elif name == "recovery":
-            for row in doc["layers"]:
-                summary = RecoveryRow.from_json(row)
+            for summary in RecoveryResult.from_json(doc).layers:
                 self.difficulty[summary.layer] = summary
             self.dirty.add(Dirty.LAYERS)
         elif name == "growth":

@@ -30,13 +30,17 @@ from engine.events import (
     AblationMap,
     CancelToken,
     Event,
+    LayerBudget,
     Message,
     Progress,
+    RecoveryBudget,
     RecoveryLayer,
     RecoveryPoint,
     RecoveryRepeat,
+    RecoveryResult,
     RecoveryRow,
     RecoveryStart,
+    RecoveryVsAblation,
     Result,
     json_safe,
 )
@@ -51,6 +55,7 @@ from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_tok
 PAPER_LAYERS = (11, 14, 17)
 THRESHOLDS = (2.0, 1.5, 1.1)
 DIFFICULTY_THRESHOLD = 1.1  # difficulty = steps to get below 1.1x the baseline
+RESULT = RecoveryResult  # results/recovery.json
 
 
 @dataclass(frozen=True)
@@ -289,7 +294,7 @@ def layer_row(index: int, runs: list[RecoveryRepeat], budget: int) -> RecoveryRo
     }))
 
 
-def training_budget(rows: list[RecoveryRow], steps: int) -> dict[str, Any]:
+def training_budget(rows: list[RecoveryRow], steps: int) -> RecoveryBudget:
     """The paper's Table 10 idea: a uniform budget against steps sized by measured difficulty.
 
     `proposed_steps` gives each layer the steps it needed to get below 1.1x the baseline (the full
@@ -302,40 +307,40 @@ def training_budget(rows: list[RecoveryRow], steps: int) -> dict[str, Any]:
     for row in rows:
         share = row.difficulty / total_difficulty if total_difficulty else 1 / len(rows)
         per_layer.append(
-            {
-                "layer": row.layer,
-                "difficulty": row.difficulty,
-                "uniform_steps": steps,
-                "proposed_steps": min(steps, math.ceil(row.difficulty)),
-                "reallocated_steps": round(uniform_total * share),
-            }
+            LayerBudget(
+                layer=row.layer,
+                difficulty=row.difficulty,
+                uniform_steps=steps,
+                proposed_steps=min(steps, math.ceil(row.difficulty)),
+                reallocated_steps=round(uniform_total * share),
+            )
         )
-    proposed_total = sum(item["proposed_steps"] for item in per_layer)
-    return {
-        "rule": "proposed: steps to get below 1.1x baseline (never reached = the full budget); "
+    proposed_total = sum(item.proposed_steps for item in per_layer)
+    return RecoveryBudget(
+        rule="proposed: steps to get below 1.1x baseline (never reached = the full budget); "
         "reallocated: the uniform total split in proportion to that difficulty",
-        "uniform_total": uniform_total,
-        "proposed_total": proposed_total,
-        "saving_steps": uniform_total - proposed_total,
-        "saving_pct": 100.0 * (uniform_total - proposed_total) / uniform_total if uniform_total else 0.0,
-        "per_layer": per_layer,
-    }
+        uniform_total=uniform_total,
+        proposed_total=proposed_total,
+        saving_steps=uniform_total - proposed_total,
+        saving_pct=100.0 * (uniform_total - proposed_total) / uniform_total if uniform_total else 0.0,
+        per_layer=per_layer,
+    )
 
 
-def versus_ablation(rows: list[RecoveryRow], ablation: AblationMap | None) -> dict[str, Any] | None:
+def versus_ablation(rows: list[RecoveryRow], ablation: AblationMap | None) -> RecoveryVsAblation | None:
     """Spearman of recovery measures against the ablation map's D%, over the layers both have."""
     if ablation is None:
         return None
     degradation = {row.layer: row.degradation_pct for row in ablation.layers}
     shared = [row for row in rows if row.layer in degradation]
     d = [degradation[row.layer] for row in shared]
-    return {
-        "layers": len(shared),
-        "ablation_method": ablation.method,
-        "difficulty": spearman([row.difficulty for row in shared], d),
-        "final_ratio": spearman([row.mean_final_ratio for row in shared], d),
-        "ratio_after_noise": spearman([row.ratio_after_noise for row in shared], d),
-    }
+    return RecoveryVsAblation(
+        layers=len(shared),
+        ablation_method=ablation.method,
+        difficulty=spearman([row.difficulty for row in shared], d),
+        final_ratio=spearman([row.mean_final_ratio for row in shared], d),
+        ratio_after_noise=spearman([row.ratio_after_noise for row in shared], d),
+    )
 
 
 def ranking(rows: list[RecoveryRow]) -> list[int]:
@@ -392,31 +397,32 @@ def run_recovery(
         rows[index] = layer_row(index, made, settings.steps)
         yield RecoveryLayer(index, rows[index])
     ordered = [rows[index] for index in layers]
-    doc = {
-        "model": model_name,
-        "baseline_ppl": sweep.baseline,
-        "eval_tokens": sweep.evaluator.n_tokens,
-        "eval_texts": len(sweep.evaluator.texts),
-        "train_source": sweep.train_source,
-        "train_blocks": len(sweep.blocks),
-        "settings": settings.to_dict(),
+    doc = RecoveryResult(
+        model=model_name,
+        baseline_ppl=sweep.baseline,
+        eval_tokens=sweep.evaluator.n_tokens,
+        eval_texts=len(sweep.evaluator.texts),
+        train_source=sweep.train_source,
+        train_blocks=len(sweep.blocks),
+        settings=settings.to_dict(),
         **over_layers(ordered, settings, ablation_map),
-        "resumed_layers": [index for index in layers if index not in todo],
-        "seconds": time.perf_counter() - started,
-    }
+        resumed_layers=[index for index in layers if index not in todo],
+        seconds=time.perf_counter() - started,
+    )
     yield Result("recovery", json_safe(doc))
 
 
 def over_layers(ordered: list[RecoveryRow], settings: RecoverySettings, ablation_map: AblationMap | None
                 ) -> dict[str, Any]:
-    """The parts of the result that compare layers: ranking, Spearman, budget, mean step time."""
+    """The fields of the result (`RecoveryResult`) that compare layers: ranking, Spearman, budget,
+    mean step time."""
     vs_ablation = versus_ablation(ordered, ablation_map)
     runs = [run for row in ordered for run in row.repeats]
     run_seconds = [run.seconds_per_step for run in runs if run.seconds_per_step]
     return {
         "layers": ordered,
         "ranking": ranking(ordered),
-        "spearman_vs_ablation": vs_ablation["difficulty"] if vs_ablation else None,
+        "spearman_vs_ablation": vs_ablation.difficulty if vs_ablation else None,
         "versus_ablation": vs_ablation,
         "budget": training_budget(ordered, settings.steps),
         "seconds_per_step": float(np.mean(run_seconds)) if run_seconds else None,
@@ -600,14 +606,16 @@ def merge_shards(docs: list[dict[str, Any]], settings: RecoverySettings, ablatio
                  ) -> dict[str, Any]:
     """One result from the results of a split sweep (each over some (layer, repeat) runs): rows in
     the order the layers were asked for, and every comparison across layers made again over all."""
-    parts = (RecoveryLayer(row.layer, row) for doc in docs for row in map(RecoveryRow.from_json, doc["layers"]))
+    shares = [RecoveryResult.from_json(doc) for doc in docs]
+    parts = (RecoveryLayer(row.layer, row) for share in shares for row in share.layers)
     rows = {event.layer: event.result for event in whole_layers(parts, settings)}  # type: ignore[attr-defined]
     order = sorted(rows) if settings.layers is None else list(dict.fromkeys(settings.layers))
-    resumed = {index for doc in docs for index in doc["resumed_layers"]}
+    resumed = {index for share in shares for index in share.resumed_layers}
     ablation_map = AblationMap.from_json(ablation) if ablation else None
-    return json_safe(docs[0] | {
-        "settings": settings.to_dict(),
+    return json_safe(replace(
+        shares[0],
+        settings=settings.to_dict(),
         **over_layers([rows[index] for index in order], settings, ablation_map),
-        "resumed_layers": [index for index in order if index in resumed],
-        "seconds": max(doc["seconds"] for doc in docs),
-    })
+        resumed_layers=[index for index in order if index in resumed],
+        seconds=max(share.seconds for share in shares),
+    ))

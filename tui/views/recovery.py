@@ -9,6 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from engine.events import RecoveryResult
 from tui.views._format import fmt
 
 
@@ -17,29 +18,30 @@ def _steps(value: int | None) -> str:
 
 
 def print_result(doc: dict[str, Any]) -> None:
-    settings = doc["settings"]
+    result = RecoveryResult.from_json(doc)
+    settings = result.settings
     table = Table(
         box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
-        title=f"{doc['model']}  baseline PPL {doc['baseline_ppl']:.2f}  sigma {settings['sigma']}  "
+        title=f"{result.model}  baseline PPL {result.baseline_ppl:.2f}  sigma {settings['sigma']}  "
         f"{settings['steps']} steps  lr {settings['lr']}"
     )  # fmt: skip
     columns = ("layer", "status", "noised", "<2x", "<1.5x", "<1.1x", "best", "final", "x base", "better")
     for column in columns:
         table.add_column(column, justify="right")
-    for row in doc["layers"]:
-        steps = row["steps_to"]
+    for row in result.layers:
+        steps = row.steps_to
         table.add_row(
-            str(row["layer"]), row["status"], fmt(row["ppl_after_noise"], ".1f", "-"),
+            str(row.layer), row.status, fmt(row.ppl_after_noise, ".1f", "-"),
             _steps(steps["2.0"]), _steps(steps["1.5"]), _steps(steps["1.1"]),
-            fmt(row["best_ppl"], ".2f", "-"), fmt(row["final_ppl"], ".2f", "-"),
-            fmt(row["final_ratio"], ".2f", "-"), "yes" if row["improved_over_baseline"] else "no",
+            fmt(row.best_ppl, ".2f", "-"), fmt(row.final_ppl, ".2f", "-"),
+            fmt(row.final_ratio, ".2f", "-"), "yes" if row.improved_over_baseline else "no",
         )  # fmt: skip
     console = Console()
     console.print(table)
-    budget = doc["budget"]
-    console.print(f"hardest first: {', '.join(map(str, doc['ranking']))}", highlight=False)
-    console.print(f"Spearman(difficulty, ablation D): {doc['spearman_vs_ablation']}", highlight=False)
+    budget = result.budget
+    console.print(f"hardest first: {', '.join(map(str, result.ranking))}", highlight=False)
+    console.print(f"Spearman(difficulty, ablation D): {result.spearman_vs_ablation}", highlight=False)
     console.print(
-        f"budget: uniform {budget['uniform_total']} steps, by difficulty {budget['proposed_total']} "
-        f"(saves {budget['saving_pct']:.0f}%)", highlight=False,
+        f"budget: uniform {budget.uniform_total} steps, by difficulty {budget.proposed_total} "
+        f"(saves {budget.saving_pct:.0f}%)", highlight=False,
     )  # fmt: skip
