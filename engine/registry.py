@@ -12,7 +12,10 @@ console paints and `anatomy-tui --help` answers before torch loads.
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -73,6 +76,7 @@ class Experiment:
     preset: str = ""  # the preset `--preset` starts from when not given (experiments with PRESETS)
     shardable: bool = False  # its sweep splits over worker processes (`--shards N`, torchrun): distributed.plan
     oom_advice: str = "a smaller --eval-batch-size or --max-length, or --dtype float16"  # flags that need less memory
+    console_flags: tuple[str, ...] = ()  # the flags the console's form for it starts with (growth: its tiny preset)
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -85,6 +89,12 @@ class Experiment:
     def presets(self) -> dict[str, Settings]:
         """Named Settings instances (`--preset NAME`), if the experiment has any."""
         return dict(getattr(self.load(), "PRESETS", {}))
+
+    def declared_defaults(self) -> dict[str, str]:
+        """The literal defaults its settings class declares, as written there (`setting(1e-4, ...)`:
+        '1e-4'), read from the module's source without importing it, so no torch: what the
+        console's forms show before the first paint. Fields declared in the class itself."""
+        return _declared_defaults(self.module, self.settings_name)
 
     def defaults(self) -> Settings:
         """The settings a run starts from before any flag: the default preset, or the field defaults."""
@@ -127,7 +137,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("growth", "grow a transformer phase by phase from an importance profile vs a uniform one",
                "engine.experiments.growth", "GrowthSettings", needs_model=False, resumable=True,
                writes="growth", reads=("ablation",), long=True, preset="paper",
-               oom_advice="a smaller --batch-size or --hidden-size, or --preset tiny"),
+               oom_advice="a smaller --batch-size or --hidden-size, or --preset tiny",
+               console_flags=("--preset", "tiny")),
     Experiment("dynamics", "hidden-state angles per layer, PCA and clusters of token profiles",
                "engine.experiments.dynamics", "DynamicsSettings", writes="dynamics",
                oom_advice="a smaller --eval-batch-size, --max-length or --max-tokens"),
@@ -149,6 +160,36 @@ EXPERIMENTS: tuple[Experiment, ...] = (
 )
 
 BY_NAME: dict[str, Experiment] = {experiment.name: experiment for experiment in EXPERIMENTS}
+
+
+@functools.cache
+def _declared_defaults(module: str, class_name: str) -> dict[str, str]:
+    spec = importlib.util.find_spec(module)  # imports the parent packages only
+    if spec is None or spec.origin is None:
+        raise UserError(f"no module {module}")
+    paths = [Path(spec.origin)]
+    if spec.submodule_search_locations:  # a package: the class may live in any of its modules
+        paths += sorted(p for folder in spec.submodule_search_locations for p in Path(folder).glob("*.py"))
+    for path in paths:
+        source = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and node.name == class_name:
+                return {
+                    item.target.id: ast.get_source_segment(source, item.value.args[0]) or ""
+                    for item in node.body
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                    and isinstance(item.value, ast.Call) and isinstance(item.value.func, ast.Name)
+                    and item.value.func.id == "setting" and item.value.args and _literal(item.value.args[0])
+                }  # fmt: skip
+    raise UserError(f"no class {class_name} in {module}")
+
+
+def _literal(node: ast.expr) -> bool:
+    try:
+        ast.literal_eval(node)
+    except ValueError:
+        return False
+    return True
 
 
 def owner(settings: Any) -> Experiment | None:

@@ -19,6 +19,7 @@ from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, RichLog, Static, Tab, Tabs
 
+from engine.registry import BY_NAME
 from tui.console_settings import ConsoleSettings
 from tui.messages import (
     CancelRequested,
@@ -52,7 +53,7 @@ log = logging.getLogger("anatomy_tui.console")
 TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")
 JOB_OF_TAB = {"layers": "ablation", "recovery": "recovery", "growth": "growth"}  # what c cancels there
 REDRAW_ON_SHOW = {"recovery": frozenset({Dirty.RECOVERY}), "growth": frozenset({Dirty.GROWTH})}  # sized as shown
-DEFAULT_SIGMA = 0.5  # the noised model's sigma while the recovery form holds no usable number
+RECOVERY_FORM = ("sigma", "steps", "lr")  # the recovery form's fields, RecoverySettings' own defaults in them
 
 
 @dataclass(frozen=True)
@@ -126,18 +127,19 @@ class ConsoleScreen(Screen[None]):
             with Horizontal(id="recovery", classes="pane panel"):
                 with Vertical(id="recovery-form"):
                     yield Label("", id="recovery-layer")
+                    declared = BY_NAME["recovery"].declared_defaults()
                     yield Label("sigma (x std of W)")
-                    yield Input("0.5", id="sigma", type="number")
+                    yield Input(declared["sigma"], id="sigma", type="number")
                     yield Label("steps")
-                    yield Input("200", id="steps", type="integer")
+                    yield Input(declared["steps"], id="steps", type="integer")
                     yield Label("lr")
-                    yield Input("1e-4", id="lr")
+                    yield Input(declared["lr"], id="lr")
                     yield Static("", id="recovery-info")
                 yield CurvePlot(id="recovery-plot")
             with Horizontal(id="growth", classes="pane panel"):
                 with VerticalScroll(id="growth-left"):
                     yield Label("g starts: anatomy-tui run growth FLAGS")
-                    yield Input("--preset tiny", id="growth-flags")
+                    yield Input(shlex.join(BY_NAME["growth"].console_flags), id="growth-flags")
                     yield GrowthTimeline(id="timeline")
                     yield GrowthTable(id="growth-table")
                 yield CurvePlot(id="growth-plot")
@@ -352,7 +354,7 @@ class ConsoleScreen(Screen[None]):
             self.post_message(Notice("select a layer first (Layers tab, arrows)", "warning"))
             return
         values: dict[str, float] = {}
-        for name in ("sigma", "steps", "lr"):
+        for name in RECOVERY_FORM:
             raw = self.query_one(f"#{name}", Input).value.strip()
             try:
                 values[name] = int(raw) if name == "steps" else float(raw)
@@ -402,11 +404,13 @@ class ConsoleScreen(Screen[None]):
         return steps if steps > 0 else None
 
     def noise_sigma(self) -> float:
+        """The recovery form's sigma; recovery's default while the form holds no usable number."""
+        default = float(BY_NAME["recovery"].declared_defaults()["sigma"])
         try:
             value = float(self.query_one("#sigma", Input).value)
         except ValueError:
-            return DEFAULT_SIGMA
-        return value if value > 0 else DEFAULT_SIGMA
+            return default
+        return value if value > 0 else default
 
     # the prompt pane, drawn as the app hears from its worker -------------------------------------
     def begin_generation(self, prompt: str) -> None:
