@@ -36,7 +36,7 @@ from engine.experiments.recovery import (
     versus_ablation,
 )
 from engine.registry import RunContext
-from sessions.jobs import run_job
+from sessions.job_runner import run_job
 from sessions.store import SessionStore
 from tui import cli
 

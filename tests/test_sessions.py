@@ -11,7 +11,7 @@ import pytest
 from engine.atomic import atomic_write_json
 from engine.events import Finished, Message, Progress, Result, Started
 from engine.process import process_identity
-from sessions.jobs import run_job
+from sessions.job_runner import run_job
 from sessions.store import SessionError, SessionStore
 
 

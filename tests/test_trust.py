@@ -19,7 +19,7 @@ from engine.atomic import atomic_write_json, check_writable_path
 from engine.errors import UserError
 from engine.events import Message, Progress, Result
 from engine.process import job_identity_matches, process_identity
-from sessions.jobs import run_job
+from sessions.job_runner import run_job
 from sessions.store import SessionError, SessionStore
 from tui import jobs as jobs_module
 from tui.cli import main

@@ -29,7 +29,7 @@ from engine.events import Event, Finished, Message, Progress, Result
 from engine.options import ModelOptions
 from engine.registry import EXPERIMENTS, Experiment, RunContext
 from engine.settings import Settings
-from sessions.jobs import run_job
+from sessions.job_runner import run_job
 from sessions.store import Session, SessionStore
 from tui.flags import model_options_from_args, settings_from_args
 

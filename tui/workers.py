@@ -63,7 +63,7 @@ def experiment_work(
     """An experiment of the registry in the console (the layer map), written into the session like a
     job of its own, with its settings and model recorded as data."""
     from engine.registry import RunContext, experiment
-    from sessions.jobs import run_job
+    from sessions.job_runner import run_job
 
     try:
         with lock:
