@@ -810,11 +810,6 @@ class GrowthArm:
     phases: list[dict[str, Any]]
     model: str | None
 
-    @classmethod
-    def arms_of(cls, doc: Mapping[str, Any]) -> dict[str, GrowthArm]:
-        """The arms of a growth result document, by name."""
-        return {name: from_doc(cls, arm) for name, arm in doc["arms"].items()}
-
 
 
 # prune -------------------------------------------------------------------------------------------
@@ -884,6 +879,62 @@ class PruneResult:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> PruneResult:
         return from_doc(cls, upgrade_result("prune", dict(doc)))
+
+
+# growth ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GrowthBudgetRow:
+    """One layer of results/growth.json `budget_table`: the effective steps and epochs it trains
+    in each arm (arm name -> number)."""
+
+    layer: int
+    layer_class: str
+    steps: dict[str, int]
+    epochs: dict[str, float]
+
+
+@dataclass(frozen=True)
+class GrowthWidths:
+    """results/growth.json `widths`: the growth arm's FFN width per layer, the uniform arm's one width."""
+
+    growth: list[int] | None
+    uniform: int | None
+
+
+@dataclass(frozen=True)
+class GrowthData:
+    """results/growth.json `data`: the character-level corpus the arms trained on."""
+
+    source: str
+    tokenizer: str
+    vocab_size: int
+    train_tokens: int
+    val_tokens: int
+    batch_tokens: int
+
+
+@dataclass(frozen=True)
+class GrowthResult:
+    """results/growth.json."""
+
+    preset: str
+    params: dict[str, int]  # growth and uniform: parameters of each arm's full model
+    arms: dict[str, GrowthArm]
+    phases: list[dict[str, Any]]  # the growth arm's phases: the phase table's entry, start, seconds, tokens/s
+    generations: list[dict[str, str]]  # per prompt: "prompt" and each arm's greedy text
+    budget_table: list[GrowthBudgetRow]
+    ratio_uniform_over_growth_seconds: float | None
+    profile: list[str]
+    widths: GrowthWidths
+    data: GrowthData
+    settings: dict[str, Any]
+    paper: dict[str, float]
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> GrowthResult:
+        return from_doc(cls, upgrade_result("growth", dict(doc)))
 
 def events_markdown() -> str:
     """The README's table of live events, generated from the classes above (a test compares)."""

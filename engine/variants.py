@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
-from engine.events import PruneResult
+from engine.events import GrowthResult, PruneResult
 
 ON_LOADED_MODEL = ("original", "modified", "noised", "recovered", "pruned")
 SAVED_ARMS = {"growth": "growth_100", "uniform": "uniform_100"}  # variant -> the growth run's arm
@@ -124,9 +124,16 @@ def pruned_layers(prune_result: Mapping[str, Any] | None) -> tuple[int, ...]:
 
 
 def saved_model_path(growth_result: Mapping[str, Any] | None, name: str) -> Path | None:
-    """The folder a growth run saved the `growth` or `uniform` model in, if it still exists."""
-    arm = ((growth_result or {}).get("arms") or {}).get(SAVED_ARMS[name]) or {}
-    path = arm.get("model")
+    """The folder a growth run saved the `growth` or `uniform` model in, if it still exists (None
+    without a growth result, or with one this version cannot read)."""
+    wanted = SAVED_ARMS[name]
+    if not growth_result:
+        return None
+    try:
+        arm = GrowthResult.from_json(growth_result).arms.get(wanted)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    path = arm.model if arm is not None else None
     return Path(path) if path and Path(path).exists() else None
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tui_fixtures import prune_doc, recovery_doc
+from tui_fixtures import growth_doc, prune_doc, recovery_doc, round_trips
 
 from engine.events import (
     AblationMap,
@@ -20,7 +20,11 @@ from engine.events import (
     DepthLaw,
     DynamicsRow,
     GrowthArm,
+    GrowthBudgetRow,
+    GrowthData,
     GrowthPhase,
+    GrowthResult,
+    GrowthWidths,
     LayerAblated,
     LayerBudget,
     ManipulateRow,
@@ -99,7 +103,7 @@ def test_a_missing_field_is_an_error_not_a_default():
 
 
 @pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow, ManipulateRow, ParadoxRow,
-                                 PruneResult, RecoveryResult])  # fmt: skip
+                                 PruneResult, RecoveryResult, GrowthResult])  # fmt: skip
 def test_result_types_round_trip(cls):
     value = build(cls)
     assert from_doc(cls, json.loads(json.dumps(json_safe(value)))) == value
@@ -120,6 +124,13 @@ RESULT_KEYS: dict[type, list[str]] = {
     RecoveryBudget: ["rule", "uniform_total", "proposed_total", "saving_steps", "saving_pct", "per_layer"],
     LayerBudget: ["layer", "difficulty", "uniform_steps", "proposed_steps", "reallocated_steps"],
     RecoveryVsAblation: ["layers", "ablation_method", "difficulty", "final_ratio", "ratio_after_noise"],
+    GrowthResult: ["preset", "params", "arms", "phases", "generations", "budget_table",
+                   "ratio_uniform_over_growth_seconds", "profile", "widths", "data", "settings", "paper"],
+    GrowthArm: ["val_loss", "mean", "sd", "seconds", "seconds_sd", "tokens_per_s", "tokens_per_s_sd", "steps", "tokens",
+                "phases", "model"],
+    GrowthBudgetRow: ["layer", "layer_class", "steps", "epochs"],
+    GrowthWidths: ["growth", "uniform"],
+    GrowthData: ["source", "tokenizer", "vocab_size", "train_tokens", "val_tokens", "batch_tokens"],
 }  # fmt: skip
 
 
@@ -128,14 +139,13 @@ def test_result_documents_keep_the_keys_of_the_dicts_they_replace(cls):
     assert list(json_safe(build(cls))) == RESULT_KEYS[cls]
 
 
-SAMPLES = {"prune": prune_doc, "recovery": recovery_doc}  # tests/tui_fixtures.py's results, built from the classes
+# tests/tui_fixtures.py's results, built from the classes
+SAMPLES = {"prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc}
 
 
 @pytest.mark.parametrize("name", list(SAMPLES))
 def test_each_experiment_declares_its_result_class_and_its_sample_round_trips(name):
-    cls = experiment(name).result_class
-    doc = SAMPLES[name]()
-    assert cls is not None and json.dumps(json_safe(cls.from_json(doc))) == json.dumps(doc)
+    assert experiment(name).result_class is not None and round_trips(name, SAMPLES[name]())
 
 
 def test_version_2_documents_pass_the_upgrade_unchanged():

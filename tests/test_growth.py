@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from tui_fixtures import ablation_map
+from tui_fixtures import ablation_map, round_trips
 
 from engine.errors import UserError
 from engine.events import AblationRow, Cancelled, CancelToken, GrowthPhase, GrowthStep, Result, event_from_json
@@ -239,6 +239,7 @@ def test_saved_models_load_with_automodel(tmp_path):
     settings = small_settings(steps=6, arms=("growth_100", "uniform_100"), checkpoint_every=0)
     doc = next(e.data for e in run_growth(settings, model_dir=tmp_path) if isinstance(e, Result))
     assert set(doc) >= {"preset", "params", "arms", "phases", "generations", "budget_table"}
+    assert round_trips("growth", doc)  # built from GrowthResult, read back the same
     assert len(doc["generations"]) == 12
     for arm in ("growth_100", "uniform_100"):
         model, tokenizer = load_growth_model(tmp_path / arm)

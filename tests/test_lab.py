@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tui_fixtures import cut, demo_session, prune_result, write_events
+from tui_fixtures import cut, demo_session, growth_doc, prune_result, write_events
 
 from engine.errors import UserError
 from engine.events import CancelToken, Finished, Started
@@ -282,7 +282,7 @@ def test_the_prompt_pane_models_this_session_has(monkeypatch, tmp_path):
     assert lab.variant("growth", 0.5) == (None, "no growth model in this session yet (run growth: key g)")
     lab.state.set_result("prune", prune_result([cut("bi", [1])], exported_point=cut("bi", [2, 4])))
     assert lab.variant("pruned", 0.5)[0].layers == (2, 4)
-    lab.state.set_result("growth", {"arms": {"uniform_100": {"model": str(tmp_path)}}})
+    lab.state.set_result("growth", growth_doc({"uniform_100": str(tmp_path)}))
     assert lab.variant("uniform", 0.5)[0].path == tmp_path
     lab.toggle_mark(3)
     assert lab.variant("modified", 0.5)[0].layers == (1,)

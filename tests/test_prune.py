@@ -10,6 +10,7 @@ import pytest
 import torch
 from tiny_models import TINY_CONFIGS, out_of_memory_in_training, tiny_model
 from transformers import AutoModelForCausalLM
+from tui_fixtures import round_trips
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
@@ -44,6 +45,7 @@ def run_prune(model, tokenizer, settings: PruneSettings, inputs=None, name="tiny
     context = RunContext(model=loaded(model, tokenizer, name), inputs=inputs or {})
     events = list(experiment("prune").run(settings, context))
     assert isinstance(events[-1], Result) and events[-1].name == "prune"
+    assert round_trips("prune", events[-1].data)  # built from PruneResult, read back the same
     return events, events[-1].data
 
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from tiny_models import save_tiny
-from tui_fixtures import ablation_map
+from tui_fixtures import ablation_map, round_trips
 
 from engine.errors import UserError
 from engine.events import (
@@ -83,7 +83,7 @@ def settings_for(texts, **changes) -> RecoverySettings:
 
 def drain(events) -> tuple[list, dict]:
     seen = list(events)
-    assert isinstance(seen[-1], Result)
+    assert isinstance(seen[-1], Result) and round_trips(seen[-1].name, seen[-1].data)
     return seen, seen[-1].data
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny_models import tiny_model
-from tui_fixtures import cut, prune_result
+from tui_fixtures import cut, growth_doc, prune_result
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
@@ -94,7 +94,7 @@ def test_variant_checks_what_it_is_given(tmp_path) -> None:
     with pytest.raises(UserError, match="out of range"), modified(tiny_model("llama"), [9]):
         pass
     folder = tmp_path / "growth_100"
-    result = {"arms": {"growth_100": {"model": str(folder)}, "uniform_100": {"model": str(tmp_path / "gone")}}}
+    result = growth_doc({"growth_100": str(folder), "uniform_100": str(tmp_path / "gone")})
     assert saved_model_path(result, "growth") is None  # not saved yet
     folder.mkdir()
     assert saved_model_path(result, "growth") == folder

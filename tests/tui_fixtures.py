@@ -13,9 +13,14 @@ from engine.events import (
     DepthLaw,
     DepthPoints,
     Event,
+    GrowthArm,
+    GrowthBudgetRow,
+    GrowthData,
     GrowthPhase,
     GrowthPlan,
+    GrowthResult,
     GrowthStep,
+    GrowthWidths,
     LayerBudget,
     ParadoxRow,
     PcaSample,
@@ -31,6 +36,7 @@ from engine.events import (
     json_safe,
 )
 from engine.process import process_identity
+from engine.registry import experiment
 from sessions.store import Session, SessionStore
 
 T0 = 1_700_000_000.0
@@ -45,6 +51,13 @@ MAP = [
     (150.0, "critical", False),
 ]
 CURVE = [(0, 80.0), (5, 50.0), (10, 35.0), (20, 25.0), (40, 21.5)]
+
+
+def round_trips(name: str, doc: dict) -> bool:
+    """Whether `doc` is exactly a document of experiment `name`'s result class: decoded and written
+    again, the same JSON, byte for byte."""
+    cls = experiment(name).result_class
+    return json.dumps(json_safe(cls.from_json(doc))) == json.dumps(doc)
 
 
 def ablation_map(rows: list[AblationRow], model: str = "tiny") -> dict:
@@ -144,6 +157,33 @@ def growth_events(job: str = "growth-1", upto: int = 14) -> list[Event]:
             tokens_per_s=1000.0, lr=1e-3, n_layers=2, job=job, t=T0 + step,
         ))  # fmt: skip
     return events
+
+
+def growth_doc(models: dict[str, str | None] | None = None) -> dict:
+    """results/growth.json of the plan above, one seed, as the engine writes it; `models` gives an
+    arm's saved model folder (none saved by default)."""
+    models = models or {}
+    arms = {
+        name: GrowthArm(val_loss=[loss], mean=loss, sd=0.0, seconds=seconds, seconds_sd=0.0, tokens_per_s=1000.0,
+                        tokens_per_s_sd=0.0, steps=30, tokens=30 * 64,
+                        phases=[{"name": p["name"], "steps": p["steps"], "seconds": 1.0, "tokens_per_s": 1000.0}
+                                for p in GROWTH_PLAN[name]["phases"]], model=models.get(name))
+        for name, loss, seconds in (("growth_100", 1.2, 3.0), ("uniform_100", 1.5, 3.5))
+    }  # fmt: skip
+    steps = {0: 30, 1: 20, 2: 20, 3: 10, 4: 10, 5: 30}
+    budget = [GrowthBudgetRow(layer=layer, layer_class=name, steps={"growth_100": steps[layer], "uniform_100": 30},
+                              epochs={"growth_100": steps[layer] / 60, "uniform_100": 0.5})
+              for layer, (_, name, _) in enumerate(MAP)]  # fmt: skip
+    return json_safe(GrowthResult(
+        preset="tiny", params={"growth": 1000, "uniform": 1004}, arms=arms,
+        phases=[{**p, "seconds": 1.0, "tokens_per_s": 1000.0} for p in GROWTH_PLAN["growth_100"]["phases"]],
+        generations=[{"prompt": "The", "growth_100": " cat", "uniform_100": " the"}], budget_table=budget,
+        ratio_uniform_over_growth_seconds=3.5 / 3.0, profile=["C", "I", "M", "R", "A", "C"],
+        widths=GrowthWidths(growth=[64, 48, 32, 16, 16, 64], uniform=40),
+        data=GrowthData(source="built-in", tokenizer="character", vocab_size=96, train_tokens=9000, val_tokens=1000,
+                        batch_tokens=64),
+        settings={}, paper={"growth_val_loss": 0.127},
+    ))  # fmt: skip
 
 
 def write_events(session: Session, events: list[Event]) -> None:

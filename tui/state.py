@@ -27,6 +27,7 @@ from engine.events import (
     GrowthPhase,
     GrowthPhaseEnd,
     GrowthPlan,
+    GrowthResult,
     GrowthStep,
     LayerAblated,
     Message,
@@ -172,7 +173,7 @@ class SessionState:
                 self.difficulty[summary.layer] = summary
             self.dirty.add(Dirty.LAYERS)
         elif name == "growth":
-            self.growth_arms = GrowthArm.arms_of(doc)
+            self.growth_arms = GrowthResult.from_json(doc).arms
             self.dirty.add(Dirty.GROWTH)
         elif name == "dynamics":
             self.dynamics = DynamicsRow.rows_of(doc)

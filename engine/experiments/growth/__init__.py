@@ -11,6 +11,6 @@ experiment.py    settings, presets and `run_growth`: every arm and seed, generat
                  `run(settings, context)`, the registry's entry
 """
 
-from engine.experiments.growth.experiment import PRESETS, GrowthSettings, run
+from engine.experiments.growth.experiment import PRESETS, RESULT, GrowthSettings, run
 
-__all__ = ["PRESETS", "GrowthSettings", "run"]
+__all__ = ["PRESETS", "RESULT", "GrowthSettings", "run"]

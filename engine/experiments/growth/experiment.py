@@ -30,8 +30,12 @@ from engine.events import (
     Event,
     GrowthArm,
     GrowthArmDone,
+    GrowthBudgetRow,
+    GrowthData,
     GrowthPlan,
+    GrowthResult,
     GrowthStep,
+    GrowthWidths,
     Message,
     Progress,
     Result,
@@ -67,6 +71,7 @@ from engine.generation import generate_text
 from engine.models import precision_messages, training_precision
 from engine.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
 from engine.registry import RunContext
+from engine.session_layout import GROWTH_MODELS
 from engine.settings import MAX_SEED, Settings, from_preset, setting
 
 ARMS = ("growth_100", "growth_50", "uniform_100")
@@ -87,6 +92,7 @@ PROMPTS = (
 PAPER_RESULTS = {
     "growth_val_loss": 0.127, "uniform_val_loss": 0.599, "growth_seconds": 52.0, "uniform_seconds": 59.6,
 }  # fmt: skip
+RESULT = GrowthResult  # results/growth.json
 
 
 def _seeds_text(text: str) -> tuple[int, ...]:
@@ -410,14 +416,14 @@ def _run(
     yield Result(name="growth", data=result_doc(settings, plan, completed, corpus, model_dir))
 
 
-def budget_table(settings: GrowthSettings, plan: Design) -> list[dict[str, Any]]:
+def budget_table(settings: GrowthSettings, plan: Design) -> list[GrowthBudgetRow]:
     """Effective steps and epochs each layer receives in each arm."""
     counts = {name: layer_steps(arm.phases) for name, arm in plan.arms.items()}
     rows = []
     for layer in plan.kept:
         steps = {name: counts[name].get(layer, 0) for name in plan.arms}
         epochs = {name: round(n / plan.steps_per_epoch, 3) for name, n in steps.items()}
-        rows.append({"layer": layer, "layer_class": settings.profile[layer], "steps": steps, "epochs": epochs})
+        rows.append(GrowthBudgetRow(layer=layer, layer_class=settings.profile[layer], steps=steps, epochs=epochs))
     return rows
 
 
@@ -461,23 +467,23 @@ def result_doc(
     ratio = None
     if "growth_100" in arms and "uniform_100" in arms and arms["growth_100"].seconds > 0:
         ratio = arms["uniform_100"].seconds / arms["growth_100"].seconds
-    return json_safe({
-        "preset": settings.preset,
-        "params": plan.params,
-        "arms": arms,
-        "phases": phases,
-        "generations": generations,
-        "budget_table": budget_table(settings, plan),
-        "ratio_uniform_over_growth_seconds": ratio,
-        "profile": list(settings.profile),
-        "widths": {"growth": list(plan.arms[next(iter(plan.arms))].widths) if growth else None,
-                   "uniform": plan.arms["uniform_100"].widths[0] if "uniform_100" in plan.arms else None},
-        "data": {"source": corpus.source, "tokenizer": "character", "vocab_size": corpus.tokenizer.vocab_size,
-                 "train_tokens": len(corpus.train), "val_tokens": len(corpus.val),
-                 "batch_tokens": settings.batch_size * settings.seq_len},
-        "settings": settings.to_dict(),
-        "paper": PAPER_RESULTS,
-    })  # fmt: skip
+    return json_safe(GrowthResult(
+        preset=settings.preset,
+        params=plan.params,
+        arms=arms,
+        phases=phases,
+        generations=generations,
+        budget_table=budget_table(settings, plan),
+        ratio_uniform_over_growth_seconds=ratio,
+        profile=list(settings.profile),
+        widths=GrowthWidths(growth=list(plan.arms[next(iter(plan.arms))].widths) if growth else None,
+                            uniform=plan.arms["uniform_100"].widths[0] if "uniform_100" in plan.arms else None),
+        data=GrowthData(source=corpus.source, tokenizer="character", vocab_size=corpus.tokenizer.vocab_size,
+                        train_tokens=len(corpus.train), val_tokens=len(corpus.val),
+                        batch_tokens=settings.batch_size * settings.seq_len),
+        settings=settings.to_dict(),
+        paper=PAPER_RESULTS,
+    ))  # fmt: skip
 
 
 def run(settings: GrowthSettings, context: RunContext) -> Iterator[Event]:
@@ -499,5 +505,5 @@ def run(settings: GrowthSettings, context: RunContext) -> Iterator[Event]:
         yield Message(f"profile from session {settings.profile_from}'s ablation map: {','.join(profile)}")
         settings = dataclasses.replace(settings, profile=profile, profile_from=None)
         settings.validate()
-    models = context.output_dir / "growth_models" if context.output_dir is not None else None
+    models = context.output_dir / GROWTH_MODELS if context.output_dir is not None else None
     yield from run_growth(settings, context.cancel, folder, models, context.resume)
