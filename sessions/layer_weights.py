@@ -8,14 +8,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+from engine.session_layout import CHECKPOINTS, LAYER_WEIGHTS
 from sessions.store import Session, SessionError
 
 _FILE = re.compile(r"^layer-(\d+)\.safetensors$")
 
 
 def _folder(session: Session, job: str) -> Path:
-    # engine.experiments.recovery.WEIGHTS_FOLDER; part() refuses a linked folder on the way
-    return session.part("checkpoints", job, "weights")
+    return session.part(CHECKPOINTS, job, LAYER_WEIGHTS)  # part() refuses a linked folder on the way
 
 
 def saved_layers(session: Session, job: str) -> list[int]:

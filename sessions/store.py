@@ -7,6 +7,8 @@
                             checkpoints/     whatever a resumable job needs (safetensors + JSON)
                             logs/            the output of jobs the console started
                             app.log          the console's log file
+                            growth_models/   the growth run's final models
+    (each part's name: engine/session_layout.py)
 
 Nothing in a session folder is trusted: every field read is checked (a bad one is reported as
 the session's damage, one line each, and the rest stays usable), none of its parts may be a
@@ -32,15 +34,13 @@ from engine.atomic import atomic_write_json
 from engine.errors import UserError
 from engine.events import Event, event_from_json, upgrade_result
 from engine.process import identity_problem, pid_alive, valid_pid
+from engine.session_layout import CHECKPOINTS, EVENTS, FOLDERS, JOBS, LOGS, MANIFEST, PARTS, RESULTS
 
 MANIFEST_SCHEMA_VERSION = 1
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _VERSIONED_PACKAGES = ("anatomy-tui", "torch", "transformers", "textual", "numpy", "scikit-learn")
-# Every part of a session folder the app reads or writes; none may be a symbolic link.
-SESSION_PARTS = (
-    "manifest.json", "events.jsonl", "results", "jobs", "checkpoints", "logs", "app.log", "growth_models"
-)
+SESSION_PARTS = PARTS  # every part of a session folder the app reads or writes; none may be a symbolic link
 JOB_STATUSES = frozenset({"running", "done", "failed", "cancelled"})
 
 
@@ -190,18 +190,18 @@ class Session:
 
     @property
     def results_dir(self) -> Path:
-        return self.part("results")
+        return self.part(RESULTS)
 
     @property
     def events_path(self) -> Path:
-        return self.part("events.jsonl")
+        return self.part(EVENTS)
 
     @property
     def logs_dir(self) -> Path:
-        return self.part("logs")
+        return self.part(LOGS)
 
     def checkpoint_dir(self, job: str) -> Path:
-        folder = self.part("checkpoints", _checked_name(job))
+        folder = self.part(CHECKPOINTS, _checked_name(job))
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
@@ -221,7 +221,7 @@ class Session:
         from engine.atomic import check_writable_path
 
         check_writable_path(self.events_path, f"session {self.name!r}: events.jsonl")
-        for name in ("results", "jobs", "checkpoints", "logs", "growth_models"):
+        for name in FOLDERS:
             folder = self.part(name)
             if folder.exists() and not folder.is_dir():
                 raise UserError(f"session {self.name!r}: {folder} is not a folder; move it away")
@@ -232,7 +232,7 @@ class Session:
     def update_manifest(self, **changes: Any) -> None:
         self.manifest.update(changes)
         self.manifest["updated"] = time.time()
-        atomic_write_json(self.part("manifest.json"), self.manifest, "manifest")
+        atomic_write_json(self.part(MANIFEST), self.manifest, "manifest")
 
     # events -------------------------------------------------------------------------------
     def append_event(self, event: Event) -> None:
@@ -304,7 +304,7 @@ class Session:
         """Writes results/<name>.json. If that cannot be written (it became a directory, the
         folder a link...), the result goes to a spare file in the session folder and the
         one-line error says where: a finished computation is never lost."""
-        path = self.path / "results" / f"{_checked_name(name)}.json"
+        path = self.path / RESULTS / f"{_checked_name(name)}.json"
         try:
             path = self.results_dir / path.name
             atomic_write_json(path, doc, f"result {name!r}")
@@ -321,9 +321,9 @@ class Session:
         """The result document, None when there is none, or a one-line SessionError saying why
         it cannot be used (unreadable, not JSON, or the wrong shape). A 0.1 session's rows come back
         in the current field names."""
-        path = self.path / "results" / f"{_checked_name(name)}.json"
+        path = self.path / RESULTS / f"{_checked_name(name)}.json"
         try:
-            path = self.part("results", path.name)
+            path = self.part(RESULTS, path.name)
             if not path.exists():
                 return None
             if not path.is_file():
@@ -345,7 +345,7 @@ class Session:
         return self.damage
 
     def _check_events(self) -> None:
-        events = self.path / "events.jsonl"
+        events = self.path / EVENTS
         if events.exists() and not events.is_file():
             self._note("events.jsonl is not a regular file; move it away to log new events")
 
@@ -374,7 +374,7 @@ class Session:
 
     # jobs ---------------------------------------------------------------------------------
     def write_job(self, job_id: str, doc: dict[str, Any]) -> None:
-        atomic_write_json(self.part("jobs", f"{_checked_name(job_id)}.json"), doc, "job file")
+        atomic_write_json(self.part(JOBS, f"{_checked_name(job_id)}.json"), doc, "job file")
 
     def jobs(self) -> dict[str, dict[str, Any]]:
         """Every valid job with its status. A 'running' job whose process is gone reads
@@ -383,7 +383,7 @@ class Session:
         file that does not parse or has a bad field is left out and noted in `damage`."""
         found: dict[str, dict[str, Any]] = {}
         try:
-            folder = self.part("jobs")
+            folder = self.part(JOBS)
             paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
         except (OSError, SessionError) as exc:
             self._note(f"jobs cannot be listed ({_reason(exc)})")
@@ -438,7 +438,7 @@ class SessionStore:
         return path
 
     def exists(self, name: str) -> bool:
-        return (self._path(name) / "manifest.json").exists()
+        return (self._path(name) / MANIFEST).exists()
 
     def create(self, name: str | None = None, model: str = "", settings: dict | None = None) -> Session:
         """A new session; the default name is a timestamp."""
@@ -449,9 +449,9 @@ class SessionStore:
                 suffix += 1
                 name = f"{time.strftime('%Y%m%d-%H%M%S')}-{suffix}"
         path = self._path(name)
-        if (path / "manifest.json").exists():
+        if (path / MANIFEST).exists():
             raise SessionError(f"session {name!r} already exists; open it or choose another name")
-        (path / "results").mkdir(parents=True, exist_ok=True)
+        (path / RESULTS).mkdir(parents=True, exist_ok=True)
         now = time.time()
         manifest = {
             "schema_version": MANIFEST_SCHEMA_VERSION,
@@ -462,14 +462,14 @@ class SessionStore:
             "created": now,
             "updated": now,
         }
-        atomic_write_json(path / "manifest.json", manifest)
+        atomic_write_json(path / MANIFEST, manifest)
         return Session(path, manifest)
 
     def open(self, name: str) -> Session:
         """The session, or a one-line SessionError when it cannot be opened: no manifest, one that
         does not parse or has a bad field, or a part of the folder that is a symbolic link."""
         path = self._path(name)
-        manifest_path = path / "manifest.json"
+        manifest_path = path / MANIFEST
         if not manifest_path.exists() and not manifest_path.is_symlink():
             raise SessionError(f"no session {name!r} in {self.home}; see `anatomy-tui sessions list`")
         linked = _link_problem(path)

@@ -22,6 +22,7 @@ from engine.errors import UserError
 from engine.events import CancelToken
 from engine.options import ModelOptions
 from engine.registry import BY_NAME
+from engine.session_layout import APP_LOG
 from engine.settings import Settings
 from engine.variants import SavedModels, Variant, pruned_layers, saved_model_path
 from sessions.layer_weights import saved_layers
@@ -154,7 +155,7 @@ class Lab:
         saved_model = self.session.manifest.get("model")
         if saved_model and saved_model != self.options.model and not self.model_explicit:
             self.options = replace(self.options, model=saved_model)
-        app_log = self.session.writable_part("app.log")
+        app_log = self.session.writable_part(APP_LOG)
         if app_log is not None:
             log_to_file(app_log)
         log.info("opened session %s (%s)", self.session.name, self.session.path)

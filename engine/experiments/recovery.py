@@ -47,6 +47,7 @@ from engine.events import (
 from engine.memory import ModelShape, Training
 from engine.perplexity import Evaluator
 from engine.registry import RunContext
+from engine.session_layout import LAYER_WEIGHTS  # each recovered layer, for the prompt pane (sessions/layer_weights.py)
 from engine.settings import MAX_SEED, EvalTextSettings, TrainTextSettings, setting
 from engine.statistics import spearman
 from engine.text import token_blocks
@@ -431,7 +432,6 @@ def over_layers(ordered: list[RecoveryRow], settings: RecoverySettings, ablation
 
 # --- the registry's entry: checkpoints after every layer, --resume ---------------------------------
 CHECKPOINT_FILE = "layers.json"
-WEIGHTS_FOLDER = "weights"  # each recovered layer, for the console's prompt pane (sessions/layer_weights.py)
 
 
 def sweep_key(settings: RecoverySettings, loaded: Any) -> dict[str, Any]:
@@ -514,7 +514,7 @@ def weights_keeper(folder: Path, model_name: str) -> KeepWeights:
     """Saves each recovered layer under the checkpoint folder (the console's prompt pane reads them)."""
 
     def keep(index: int, tensors: dict[str, torch.Tensor]) -> None:
-        save_layer_weights(Path(folder) / WEIGHTS_FOLDER, index, tensors, model_name)
+        save_layer_weights(Path(folder) / LAYER_WEIGHTS, index, tensors, model_name)
 
     return keep
 

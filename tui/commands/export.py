@@ -10,7 +10,8 @@ from pathlib import Path
 
 from engine.errors import UserError
 from engine.options import ModelOptions
-from engine.variants import SAVED_ARMS  # growth and uniform: their arm's folder under <session>/growth_models
+from engine.session_layout import GROWTH_MODELS
+from engine.variants import SAVED_ARMS  # growth and uniform: their arm's folder under <session>/GROWTH_MODELS
 from tui.flags import add_settings_arguments
 
 EXPORT_LOAD = ModelOptions(device="cpu")  # the base model loads on the CPU unless --device says otherwise
@@ -36,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
     session = SessionStore().open(args.session)
     check_export_folder(args.folder, args.force)
     if args.model in SAVED_ARMS:
-        folder = export_growth(session.path / "growth_models" / SAVED_ARMS[args.model], args.folder, args.force)
+        folder = export_growth(session.path / GROWTH_MODELS / SAVED_ARMS[args.model], args.folder, args.force)
     else:
         from sessions.layer_weights import load_layers
 
