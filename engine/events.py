@@ -726,6 +726,25 @@ class ManipulateRow:
 
 
 @dataclass(frozen=True)
+class ManipulateResult:
+    """results/manipulate.json: every trial, one layer at a time (then together with --together)."""
+
+    model: str
+    baseline_ppl: float
+    baseline_sample: str  # the unchanged model's greedy sample of `prompt`
+    prompt: str
+    layers: list[int]  # the layers manipulated
+    eval_tokens: int
+    seconds: float
+    settings: dict[str, Any]
+    results: list[ManipulateRow]  # in the order of the trials
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ManipulateResult:
+        return from_doc(cls, upgrade_result("manipulate", dict(doc)))
+
+
+@dataclass(frozen=True)
 class ParadoxRow:
     """One row of results/weights.json's `paradox`: predicted weights in `layers_replaced`."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tui_fixtures import growth_doc, prune_doc, recovery_doc, round_trips
+from tui_fixtures import growth_doc, manipulate_doc, prune_doc, recovery_doc, round_trips
 
 from engine.events import (
     AblationMap,
@@ -27,6 +27,7 @@ from engine.events import (
     GrowthWidths,
     LayerAblated,
     LayerBudget,
+    ManipulateResult,
     ManipulateRow,
     ParadoxRow,
     PruneCut,
@@ -103,7 +104,7 @@ def test_a_missing_field_is_an_error_not_a_default():
 
 
 @pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow, ManipulateRow, ParadoxRow,
-                                 PruneResult, RecoveryResult, GrowthResult])  # fmt: skip
+                                 PruneResult, RecoveryResult, GrowthResult, ManipulateResult])  # fmt: skip
 def test_result_types_round_trip(cls):
     value = build(cls)
     assert from_doc(cls, json.loads(json.dumps(json_safe(value)))) == value
@@ -131,6 +132,9 @@ RESULT_KEYS: dict[type, list[str]] = {
     GrowthBudgetRow: ["layer", "layer_class", "steps", "epochs"],
     GrowthWidths: ["growth", "uniform"],
     GrowthData: ["source", "tokenizer", "vocab_size", "train_tokens", "val_tokens", "batch_tokens"],
+    ManipulateResult: ["model", "baseline_ppl", "baseline_sample", "prompt", "layers", "eval_tokens", "seconds",
+                       "settings", "results"],
+    ManipulateRow: ["layers", "strategy", "param", "ppl", "degradation_pct", "sample", "together"],
 }  # fmt: skip
 
 
@@ -140,7 +144,7 @@ def test_result_documents_keep_the_keys_of_the_dicts_they_replace(cls):
 
 
 # tests/tui_fixtures.py's results, built from the classes
-SAMPLES = {"prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc}
+SAMPLES = {"prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc, "manipulate": manipulate_doc}
 
 
 @pytest.mark.parametrize("name", list(SAMPLES))

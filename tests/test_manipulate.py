@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from tui_fixtures import ablation_map
+from tui_fixtures import ablation_map, round_trips
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
@@ -131,7 +131,9 @@ def short_texts(tmp_path):
 
 def _run(model, tok, settings) -> dict:
     events = run_manipulation(model, tok, settings, model_name="tiny")
-    return [e for e in events if isinstance(e, Result)][0].data
+    doc = [e for e in events if isinstance(e, Result)][0].data
+    assert round_trips("manipulate", doc)  # built from ManipulateResult, read back the same
+    return doc
 
 
 def test_run_matches_direct_evaluation_and_restores_weights(tiny_llama, short_texts):

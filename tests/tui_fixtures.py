@@ -22,6 +22,8 @@ from engine.events import (
     GrowthStep,
     GrowthWidths,
     LayerBudget,
+    ManipulateResult,
+    ManipulateRow,
     ParadoxRow,
     PcaSample,
     PruneCut,
@@ -298,12 +300,14 @@ def older_analyses_session(store: SessionStore) -> Session:
 
 def manipulate_doc() -> dict:
     rows = [
-        {"layers": [3], "strategy": strategy, "param": param, "ppl": BASELINE * (1 + d / 100), "degradation_pct": d,
-         "sample": f"The capital of France is Paris ({strategy})", "together": False}
+        ManipulateRow(layers=[3], strategy=strategy, param=param, ppl=BASELINE * (1 + d / 100), degradation_pct=d,
+                      sample=f"The capital of France is Paris ({strategy})", together=False)
         for strategy, param, d in (("scale", 0.5, 2.5), ("svd", 8, 11.0), ("zero", None, 40.0), ("mean", None, -1.5))
     ]  # fmt: skip
-    return {"model": "tiny", "baseline_ppl": BASELINE, "baseline_sample": "The capital of France is Paris",
-            "prompt": "The capital of France is", "layers": [3], "results": rows}  # fmt: skip
+    return json_safe(ManipulateResult(
+        model="tiny", baseline_ppl=BASELINE, baseline_sample="The capital of France is Paris",
+        prompt="The capital of France is", layers=[3], eval_tokens=100, seconds=1.0, settings={}, results=rows,
+    ))  # fmt: skip
 
 
 def toy_depth_doc() -> dict:

@@ -24,6 +24,7 @@ from engine.events import (
     AblationMap,
     CancelToken,
     Event,
+    ManipulateResult,
     ManipulateRow,
     Message,
     Progress,
@@ -39,6 +40,7 @@ from engine.statistics import degradation_pct
 
 STRATEGIES = ("zero", "clone", "blend", "svd", "scale")
 PAPER_ALPHAS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
+RESULT = ManipulateResult  # results/manipulate.json
 
 
 def _layers_text(text: str) -> tuple[int, ...]:
@@ -246,17 +248,17 @@ def run_manipulation(
                                   degradation_pct=d, sample=sample, together=len(group) > 1))
         yield TrialDone(group, strategy, param, ppl, baseline, d, sample)
         yield Progress(done, len(plan), "manipulate")
-    doc = {
-        "model": model_name,
-        "baseline_ppl": baseline,
-        "baseline_sample": baseline_sample,
-        "prompt": settings.prompt,
-        "layers": layers,
-        "eval_tokens": evaluator.n_tokens,
-        "seconds": time.perf_counter() - started,
-        "settings": settings.to_dict(),
-        "results": rows,
-    }
+    doc = ManipulateResult(
+        model=model_name,
+        baseline_ppl=baseline,
+        baseline_sample=baseline_sample,
+        prompt=settings.prompt,
+        layers=layers,
+        eval_tokens=evaluator.n_tokens,
+        seconds=time.perf_counter() - started,
+        settings=settings.to_dict(),
+        results=rows,
+    )
     yield Result("manipulate", json_safe(doc))
 
 
@@ -299,10 +301,11 @@ def shard_plan(settings: ManipulationSettings, n_layers: int, inputs: Mapping[st
 def merge_shards(docs: list[dict], settings: ManipulationSettings) -> dict:
     """One result from the results of a split run (each over some trials): the rows in the order
     of the trials, as a serial run lists them."""
-    position = {trial: k for k, trial in reversed(list(enumerate(trials(settings, docs[0]["layers"]))))}
+    shares = [ManipulateResult.from_json(doc) for doc in docs]
+    position = {trial: k for k, trial in reversed(list(enumerate(trials(settings, shares[0].layers))))}
 
-    def place(row: dict) -> int:
-        return position[(tuple(row["layers"]), row["strategy"], row["param"])]
+    def place(row: ManipulateRow) -> int:
+        return position[(tuple(row.layers), row.strategy, row.param)]
 
-    rows = sorted((row for doc in docs for row in doc["results"]), key=place)
-    return json_safe(docs[0] | {"results": rows, "seconds": max(doc["seconds"] for doc in docs)})
+    rows = sorted((row for share in shares for row in share.results), key=place)
+    return json_safe(replace(shares[0], results=rows, seconds=max(share.seconds for share in shares)))

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from engine.events import ManipulateRow, from_doc
+from engine.events import ManipulateResult
 from tui.palette import class_style
 from tui.views import Analysis
 
@@ -19,13 +19,13 @@ SAMPLE_WIDTH = 70
 
 def summary(doc: dict[str, Any], command: str = "") -> Table:
     """results/manipulate.json as rows: layers, strategy, its parameter, ppl, D %, the sample."""
-    table = Table(title=f"baseline ppl {doc['baseline_ppl']:,.2f} · sample: {doc.get('baseline_sample', '')[:60]!r}",
+    result = ManipulateResult.from_json(doc)
+    table = Table(title=f"baseline ppl {result.baseline_ppl:,.2f} · sample: {result.baseline_sample[:60]!r}",
                   expand=False)  # fmt: skip
     for column, justify in (("layers", "left"), ("strategy", "left"), ("param", "right"), ("ppl", "right"),
                             ("D %", "right"), ("greedy sample", "left")):  # fmt: skip
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for raw in doc["results"]:
-        row = from_doc(ManipulateRow, raw)
+    for row in result.results:
         d = row.degradation_pct
         style = class_style("anti") if d is not None and d < 0 else ""  # the edit helps: as on the map
         table.add_row(
@@ -40,7 +40,8 @@ def summary(doc: dict[str, Any], command: str = "") -> Table:
 
 
 def print_result(doc: dict[str, Any]) -> None:
+    result = ManipulateResult.from_json(doc)
     console = Console()
-    console.print(f"{doc['model']}  prompt {doc['prompt']!r}", highlight=False)
+    console.print(f"{result.model}  prompt {result.prompt!r}", highlight=False)
     console.print(summary(doc))
-    console.print(f"baseline sample: {doc['baseline_sample']!r}", highlight=False)
+    console.print(f"baseline sample: {result.baseline_sample!r}", highlight=False)
