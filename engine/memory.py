@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,6 +97,7 @@ class MemoryPlan:
     logits: int
     training: int = 0
     eval_batch_size: int = 0  # evaluation texts per forward the plan assumes
+    dtype_reason: str = ""  # why this dtype (`engine.models.dtype_choice`), when the run chose it
 
     @property
     def total(self) -> int:
@@ -110,11 +111,12 @@ class MemoryPlan:
         """The plan in one printable line."""
         shown = " + ".join(f"{name} {_gb(size)}" for name, size in self.parts().items() if size)
         batches = f"; evaluation batches of {self.eval_batch_size} texts" if self.eval_batch_size else ""
-        return f"memory plan on {self.device} ({self.dtype}): {shown} = {_gb(self.total)}{batches}"
+        why = f"; dtype {self.dtype} ({self.dtype_reason})" if self.dtype_reason else ""
+        return f"memory plan on {self.device} ({self.dtype}): {shown} = {_gb(self.total)}{batches}{why}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": self.device, "dtype": self.dtype, **{k.replace(" ", "_"): v for k, v in self.parts().items()},
-                "total": self.total, "eval_batch_size": self.eval_batch_size}
+                "total": self.total, "eval_batch_size": self.eval_batch_size, "dtype_reason": self.dtype_reason}
 
 
 def _gb(size: float) -> str:
@@ -238,7 +240,7 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
     evaluator will choose it (`auto_eval_batch`)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from engine.models import _gguf_cache_dir, choose_device, choose_dtype, resolve
+    from engine.models import _gguf_cache_dir, choose_device, dtype_choice, resolve
     from engine.text import eval_texts
 
     source = resolve(name)
@@ -254,7 +256,7 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
     tokenizer = AutoTokenizer.from_pretrained(location, **where)
     shape = ModelShape.from_config(config, trust_remote_code)
     chosen_device = choose_device(device)
-    chosen_dtype = choose_dtype(dtype, chosen_device, shape.params, config.model_type)
+    chosen_dtype, dtype_reason = dtype_choice(dtype, chosen_device, shape.params, config.model_type)
     max_length = getattr(settings, "max_length", 256)
     eval_file = getattr(settings, "eval_file", None)
     texts = eval_texts(Path(eval_file) if eval_file else None, getattr(settings, "eval_set", "full"))
@@ -267,7 +269,8 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
     elif not batch_size:  # auto: what the evaluator will choose, from the memory free now
         batch_size = auto_eval_batch(chosen_device, shape, chosen_dtype, lengths, free_memory(chosen_device),
                                      prefix_cache, training)
-    return plan_memory(shape, chosen_dtype, chosen_device, lengths, batch_size, prefix_cache, training)
+    plan = plan_memory(shape, chosen_dtype, chosen_device, lengths, batch_size, prefix_cache, training)
+    return replace(plan, dtype_reason=dtype_reason)
 
 
 _ADVICE = {

@@ -88,15 +88,72 @@ def test_embedded_model_is_real_smollm2(embedded):
 
 
 def test_auto_dtype_follows_the_gpu(monkeypatch):
-    capability = {"value": (7, 5)}  # a T4
+    from engine.models import FLOAT16_MAP_AGREEMENT, dtype_choice
+
+    capability = {"value": (7, 5)}  # a T4: float16 tensor cores, no native bfloat16
     free = {"value": 15 * 2**30}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: capability["value"])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=0: (free["value"], 16 * 2**30))
-    assert choose_dtype("auto", "cuda", n_params=135_000_000) == "float32"
-    free["value"] = 300 * 2**20  # float32 would not fit, float16 would
-    assert choose_dtype("auto", "cuda", n_params=135_000_000) == "float16"
+    for model_type in ("llama", "mistral", "qwen2", ""):  # float16 whether float32 fits or not
+        assert choose_dtype("auto", "cuda", n_params=135_000_000, model_type=model_type) == "float16"
+    dtype, why = dtype_choice("auto", "cuda", 135_000_000, "llama")
+    assert dtype == "float16" and why.startswith("auto, no native bfloat16 on compute capability 7.5")
+    assert FLOAT16_MAP_AGREEMENT in why and "Spearman" in why
+    assert dtype_choice("auto", "cuda:0", 135_000_000, "gemma2") == (
+        "float32", "auto, no native bfloat16 on compute capability 7.5 and float16 overflows Gemma 2/3")
+    capability["value"] = (7, 0)  # a V100: tensor cores too
+    assert choose_dtype("auto", "cuda", n_params=135_000_000, model_type="llama") == "float16"
     capability["value"] = (8, 0)  # an A100
-    assert choose_dtype("auto", "cuda:0", n_params=135_000_000) == "bfloat16"
+    assert dtype_choice("auto", "cuda:0", 135_000_000, "llama") == (
+        "bfloat16", "auto, native bfloat16 on compute capability 8.0")
+    assert choose_dtype("auto", "cuda:0", n_params=135_000_000, model_type="gemma2") == "bfloat16"
+    capability["value"] = (6, 1)  # a GTX 1080: no tensor cores, float16 is no faster
+    assert dtype_choice("auto", "cuda", 135_000_000, "llama") == (
+        "float32", "auto, no native bfloat16 and no float16 tensor cores on compute capability 6.1")
+    free["value"] = 300 * 2**20  # float32 would not fit, float16 would
+    dtype, why = dtype_choice("auto", "cuda", 135_000_000, "llama")
+    assert dtype == "float16" and why.startswith("auto, float32 would not fit in 0.3 GB free")
+
+
+def test_the_dtype_reason_is_on_the_plan_line(monkeypatch):
+    from engine.memory import MemoryPlan
+    from engine.models import dtype_choice
+
+    assert dtype_choice("auto", "cpu", 135_000_000, "llama") == ("float32", "auto, the CPU")
+    assert dtype_choice("float16", "cpu") == ("float16", "--dtype float16")
+    fake_gpu(monkeypatch, (7, 5), 15 * 2**30)  # an explicit dtype is never second-guessed
+    assert dtype_choice("float32", "cuda", 135_000_000, "llama") == ("float32", "--dtype float32")
+    dtype, why = dtype_choice("auto", "cuda", 135_000_000, "llama")
+    plan = MemoryPlan("cuda", dtype, 270_000_000, 0, 0, 0, eval_batch_size=8, dtype_reason=why)
+    line = plan.line()
+    assert line.startswith("memory plan on cuda (float16): weights 0.27 GB")
+    assert line.endswith(f"evaluation batches of 8 texts; dtype float16 ({why})") and "\n" not in line
+    assert plan.to_dict()["dtype_reason"] == why
+    assert "; dtype" not in MemoryPlan("cuda", "float16", 1, 0, 0, 0).line()  # a plan made without a choice
+
+
+@pytest.mark.parametrize(("capability", "model_type", "dtype", "reason"), [
+    ((7, 5), "llama", "float16", "auto, no native bfloat16 on compute capability 7.5; the float16 layer map agrees"),
+    ((7, 5), "gemma2", "float32", "auto, no native bfloat16 on compute capability 7.5 and float16 overflows Gemma"),
+    ((8, 0), "llama", "bfloat16", "auto, native bfloat16 on compute capability 8.0"),
+    ((8, 0), "gemma2", "bfloat16", "auto, native bfloat16 on compute capability 8.0"),
+    (None, "llama", "float32", "auto, the CPU"),
+])
+def test_the_plan_of_a_run_names_the_auto_dtype_and_why(capability, model_type, dtype, reason, tmp_path,
+                                                        monkeypatch):
+    import engine.memory
+    import engine.models
+    from engine.experiments.ablation import AblationSettings
+
+    folder = save_tiny(tmp_path / model_type, model_type)
+    if capability is not None:  # a pretended GPU with room to spare
+        fake_gpu(monkeypatch, capability, 15 * 2**30)
+        monkeypatch.setattr(engine.models, "choose_device", lambda requested: "cuda:0")
+        monkeypatch.setattr(engine.memory, "free_memory", lambda device: 15 * 2**30)
+    plan = engine.memory.plan_run(str(folder), AblationSettings(eval_set="paper"), device="auto", dtype="auto")
+    assert plan.dtype == dtype and plan.dtype_reason.startswith(reason)
+    assert plan.line().endswith(f"; dtype {dtype} ({plan.dtype_reason})")
+    assert plan.to_dict()["dtype_reason"] == plan.dtype_reason
 
 
 def test_missing_wheel_is_fetched_into_the_cache(tmp_path, monkeypatch):
