@@ -59,7 +59,7 @@ def straightforward(model, batches, settings) -> int:
     for batch in batches:
         keep = keep_mask(batch.attention_mask, settings.include_first)
 
-        def observe(index, layer_input, layer_output, keep=keep):
+        def observe(_batch, index, layer_input, layer_output, keep=keep):
             states[index].append(layer_input[keep].float().clone())
             if index == len(stack) - 1:
                 states[index + 1].append(layer_output[keep].float().clone())

@@ -9,7 +9,7 @@ transposed (Conv1D, shape in x out); they are exposed as stored.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,11 @@ import torch
 from torch import nn
 
 from engine.errors import UserError
+
+# The one observer of a forward, layer by layer (LayerStack.capture, Evaluator.build_cache, the
+# meters): observe(batch, index, layer_input, layer_output); `batch` is what the forward is of (an
+# engine.perplexity.Batch, for its mask), None where the caller does not say.
+LayerObserver = Callable[[Any, int, torch.Tensor, torch.Tensor], None]
 
 _LLAMA_MATRICES = (
     ("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
@@ -271,15 +276,16 @@ class LayerStack:
         with self._forwards_replaced(replacements):
             yield
 
-    def capture(self, observe: Any) -> contextlib.AbstractContextManager:
-        """Calls observe(index, layer_input, layer_output) for every layer in the next forwards.
-        The input is handed over on the output's device (they differ where a dispatched model
-        crosses from one GPU to the next)."""
+    def capture(self, observe: LayerObserver, batch: Any = None) -> contextlib.AbstractContextManager:
+        """Calls observe(batch, index, layer_input, layer_output) for every layer in the next
+        forwards, `batch` being what the caller says they are of (None: it says nothing). The input
+        is handed over on the output's device (they differ where a dispatched model crosses from
+        one GPU to the next)."""
         stack = contextlib.ExitStack()
         for index, layer in enumerate(self.layers):
 
             def hook(module, args, kwargs, output, index=index):
-                observe(index, _hidden_of(args, kwargs).to(output.device), output)
+                observe(batch, index, _hidden_of(args, kwargs).to(output.device), output)
 
             stack.enter_context(layer.register_forward_hook(hook, with_kwargs=True))
         return stack

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from engine.anatomy import LayerStack
+from engine.anatomy import LayerObserver, LayerStack
 from engine.errors import UserError
 from engine.oom import out_of_memory_guard
 
@@ -155,27 +155,28 @@ class Evaluator:
         return self.scores(start_layer).perplexity
 
     @torch.no_grad()
-    def build_cache(self, observe=None) -> TextScores:
+    def build_cache(self, observe: LayerObserver | None = None) -> TextScores:
         """One full forward per batch keeping each layer's input; returns the baseline scores.
 
-        `observe(batch, index, layer_input, layer_output)` sees every layer on the way, so cheap
-        per-layer statistics (Block Influence) come from the same pass.
+        `observe(batch, index, layer_input, layer_output)` (engine.anatomy.LayerObserver, as for
+        LayerStack.capture) sees every layer on the way, so cheap per-layer statistics (Block
+        Influence) come from the same pass.
         """
         with out_of_memory_guard("building the prefix cache", OOM_ADVICE):
             return self._build_cache(observe)
 
-    def _build_cache(self, observe) -> TextScores:
+    def _build_cache(self, observe: LayerObserver | None) -> TextScores:
         inputs: list[list[torch.Tensor]] = []
         per_batch = []
         for batch in self.batches:
             per_layer: list[torch.Tensor] = []
 
-            def keep(index, layer_input, layer_output, batch=batch, per_layer=per_layer):
+            def keep(batch, index, layer_input, layer_output, per_layer=per_layer):
                 per_layer.append(layer_input.detach())
                 if observe is not None:
                     observe(batch, index, layer_input, layer_output)
 
-            with self.stack.capture(keep):
+            with self.stack.capture(keep, batch):
                 per_batch.append(self._forward_nll(batch))
             inputs.append(per_layer)
         self._layer_inputs = inputs

@@ -77,7 +77,7 @@ def test_prefix_cache_equals_full_forward(family_model):
     stack = LayerStack(model)
     ids, mask = _inputs()
     inputs: dict[int, torch.Tensor] = {}
-    with torch.no_grad(), stack.capture(lambda i, h_in, h_out: inputs.__setitem__(i, h_in.clone())):
+    with torch.no_grad(), stack.capture(lambda _, i, h_in, h_out: inputs.__setitem__(i, h_in.clone())):
         full = model(input_ids=ids, attention_mask=mask).logits
     for start in range(1, len(stack)):
         with torch.no_grad(), stack.starting_at(start, inputs[start]):

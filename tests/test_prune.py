@@ -264,7 +264,7 @@ def test_angular_block_by_hand(tokenizer, files):
     evaluator = Evaluator(model, tokenizer, EVAL, 8, 256)
     states: dict[int, list] = {}
 
-    def keep(index, layer_input, layer_output):
+    def keep(_batch, index, layer_input, layer_output):
         states.setdefault(index, []).append(layer_input)
         if index == 3:
             states.setdefault(4, []).append(layer_output)

@@ -333,12 +333,12 @@ def stream_profiles(
         keep = keep_mask(batch.attention_mask, include_first)
         meter = _BatchMeter(keep)
 
-        def observe(index, layer_input, layer_output, meter=meter, batch=batch):
+        def observe(batch, index, layer_input, layer_output, meter=meter):
             meter(index, layer_input, layer_output)
             if lens is not None:
                 lens.observe(batch, index, layer_input, layer_output)
 
-        with torch.no_grad(), stack.capture(observe), (lens.attached() if lens else contextlib.nullcontext()):
+        with torch.no_grad(), stack.capture(observe, batch), (lens.attached() if lens else contextlib.nullcontext()):
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
                   logits_to_keep=1)
         for name, value in meter.finish().items():

@@ -172,7 +172,7 @@ class _Sweep:
         """Layer `index`'s input for these blocks, from one forward stopped there."""
         got: list[torch.Tensor] = []
 
-        def keep(i: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
+        def keep(_batch: Any, i: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
             if i == index:
                 got.append(layer_input.detach())
                 raise _PrefixDone
