@@ -758,6 +758,92 @@ class ParadoxRow:
 
 
 @dataclass(frozen=True)
+class WeightStats:
+    """How predictable one component's matrices are from the layer index (Ridge R² in-sample and
+    leave-one-layer-out, the mean leave-one-out cosine) and how its layer-to-layer differences
+    correlate, over the predicted layers: of the real weights, or mean of a null's draws."""
+
+    r2_in_sample: float | None
+    r2_loo: float | None
+    cosine_loo: float | None
+    delta_corr_mean: float | None
+    delta_corr_sd: float | None
+
+
+@dataclass(frozen=True)
+class NullModel(WeightStats):
+    """results/weights.json `null_shuffled` (the layers in a random order) or `null_independent`
+    (independent layers of the same means and spreads): the mean of each statistic over the draws,
+    with its [min, max] `range`."""
+
+    range: dict[str, list[float | None]]
+    draws: int
+
+
+@dataclass(frozen=True)
+class FitSummary:
+    """A component's Ridge fit over every layer (`all_layers`)."""
+
+    r2_in_sample: float | None
+    r2_loo: float | None
+    cosine_loo: float | None
+
+
+@dataclass(frozen=True)
+class LayerFit:
+    """One layer's prediction: R² and cosine with its real matrix, in-sample and leave-one-out."""
+
+    r2_in_sample: float | None
+    r2_loo: float | None
+    cosine_in_sample: float | None
+    cosine_loo: float | None
+
+
+@dataclass(frozen=True)
+class WeightsLayer:
+    """One layer of a component's `per_layer`."""
+
+    layer: int
+    predicted: LayerFit | None  # None below --first-layer
+    all_layers: LayerFit
+    delta_corr: float | None  # corr(W_l+1 - W_l, W_l+2 - W_l+1); None on the last two layers
+    mean: float
+    std: float
+
+
+@dataclass(frozen=True)
+class WeightsComponent(WeightStats):
+    """One component (attn.q, mlp.down...) of results/weights.json `components`: its statistics
+    beside both nulls', a line `reading` each against them, and every layer."""
+
+    shape: list[int]
+    all_layers: FitSummary
+    null_shuffled: NullModel
+    null_independent: NullModel
+    reading: dict[str, str]
+    per_layer: list[WeightsLayer]
+
+
+@dataclass(frozen=True)
+class WeightsResult:
+    """results/weights.json."""
+
+    model: str
+    family: str
+    n_layers: int
+    predicted_layers: list[int]  # [first, last]
+    settings: dict[str, Any]
+    components: dict[str, WeightsComponent]
+    paradox: list[ParadoxRow]  # [] with --no-paradox
+    baseline_ppl: float | None  # None with --no-paradox
+    seconds: float
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> WeightsResult:
+        return from_doc(cls, upgrade_result("weights", dict(doc)))
+
+
+@dataclass(frozen=True)
 class Quartiles:
     """Median and quartiles over tokens; null where no token had a value."""
 

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tui_fixtures import growth_doc, manipulate_doc, prune_doc, recovery_doc, round_trips
+from tui_fixtures import growth_doc, manipulate_doc, prune_doc, recovery_doc, round_trips, weights_doc
 
 from engine.events import (
     AblationMap,
     AblationRow,
     DepthLaw,
     DynamicsRow,
+    FitSummary,
     GrowthArm,
     GrowthBudgetRow,
     GrowthData,
@@ -27,8 +28,10 @@ from engine.events import (
     GrowthWidths,
     LayerAblated,
     LayerBudget,
+    LayerFit,
     ManipulateResult,
     ManipulateRow,
+    NullModel,
     ParadoxRow,
     PruneCut,
     PruneHeal,
@@ -40,6 +43,9 @@ from engine.events import (
     RecoveryVsAblation,
     Started,
     StudentStep,
+    WeightsComponent,
+    WeightsLayer,
+    WeightsResult,
     event_from_json,
     event_types,
     events_markdown,
@@ -104,7 +110,8 @@ def test_a_missing_field_is_an_error_not_a_default():
 
 
 @pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow, ManipulateRow, ParadoxRow,
-                                 PruneResult, RecoveryResult, GrowthResult, ManipulateResult])  # fmt: skip
+                                 PruneResult, RecoveryResult, GrowthResult, ManipulateResult,
+                                 WeightsResult])  # fmt: skip
 def test_result_types_round_trip(cls):
     value = build(cls)
     assert from_doc(cls, json.loads(json.dumps(json_safe(value)))) == value
@@ -135,6 +142,16 @@ RESULT_KEYS: dict[type, list[str]] = {
     ManipulateResult: ["model", "baseline_ppl", "baseline_sample", "prompt", "layers", "eval_tokens", "seconds",
                        "settings", "results"],
     ManipulateRow: ["layers", "strategy", "param", "ppl", "degradation_pct", "sample", "together"],
+    WeightsResult: ["model", "family", "n_layers", "predicted_layers", "settings", "components", "paradox",
+                    "baseline_ppl", "seconds"],
+    WeightsComponent: ["r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean", "delta_corr_sd", "shape",
+                       "all_layers", "null_shuffled", "null_independent", "reading", "per_layer"],
+    NullModel: ["r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean", "delta_corr_sd", "range", "draws"],
+    FitSummary: ["r2_in_sample", "r2_loo", "cosine_loo"],
+    WeightsLayer: ["layer", "predicted", "all_layers", "delta_corr", "mean", "std"],
+    LayerFit: ["r2_in_sample", "r2_loo", "cosine_in_sample", "cosine_loo"],
+    ParadoxRow: ["layers_replaced", "ppl", "degradation_pct", "r2_in_sample_mean", "r2_loo_mean", "cosine_mean",
+                 "prediction"],
 }  # fmt: skip
 
 
@@ -144,7 +161,8 @@ def test_result_documents_keep_the_keys_of_the_dicts_they_replace(cls):
 
 
 # tests/tui_fixtures.py's results, built from the classes
-SAMPLES = {"prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc, "manipulate": manipulate_doc}
+SAMPLES = {"prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc, "manipulate": manipulate_doc,
+           "weights": weights_doc}
 
 
 @pytest.mark.parametrize("name", list(SAMPLES))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from sklearn.linear_model import Ridge
+from tui_fixtures import round_trips
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
@@ -32,7 +33,9 @@ def _stack(layers: np.ndarray) -> list[torch.Tensor]:
 
 
 def _result(events) -> dict:
-    return [e for e in events if isinstance(e, Result)][-1].data
+    doc = [e for e in events if isinstance(e, Result)][-1].data
+    assert round_trips("weights", doc)  # built from WeightsResult, read back the same
+    return doc
 
 
 def test_gram_matches_direct_products():

@@ -5,6 +5,7 @@ Times are fixed so that nothing on screen depends on the clock."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from engine.atomic import atomic_write_json
 from engine.events import (
@@ -13,6 +14,7 @@ from engine.events import (
     DepthLaw,
     DepthPoints,
     Event,
+    FitSummary,
     GrowthArm,
     GrowthBudgetRow,
     GrowthData,
@@ -24,6 +26,7 @@ from engine.events import (
     LayerBudget,
     ManipulateResult,
     ManipulateRow,
+    NullModel,
     ParadoxRow,
     PcaSample,
     PruneCut,
@@ -35,6 +38,8 @@ from engine.events import (
     RecoveryStart,
     RecoveryVsAblation,
     Started,
+    WeightsComponent,
+    WeightsResult,
     json_safe,
 )
 from engine.process import process_identity
@@ -353,17 +358,21 @@ def pca_sample() -> PcaSample:
 
 def weights_doc() -> dict:
     """results/weights.json for two components: the real fit beside both nulls, and the paradox."""
-    def stats(r2_in: float, r2_loo: float) -> dict:
-        return {"r2_in_sample": r2_in, "r2_loo": r2_loo, "cosine_loo": r2_loo / 2, "delta_corr_mean": -0.2,
-                "delta_corr_sd": 0.05}
+    def stats(cls: type, r2_in: float, r2_loo: float, **more) -> Any:
+        return cls(r2_in_sample=r2_in, r2_loo=r2_loo, cosine_loo=r2_loo / 2, delta_corr_mean=-0.2, delta_corr_sd=0.05,
+                   **more)
+
+    def null(r2_in: float, r2_loo: float) -> NullModel:
+        return stats(NullModel, r2_in, r2_loo, range={}, draws=5)
 
     components = {
-        name: {**stats(r2, r2 - 0.3), "null_shuffled": stats(r2 - 0.2, r2 - 0.6),
-               "null_independent": stats(0.3, -0.1), "all_layers": stats(r2 + 0.05, r2 - 0.25)}
+        name: stats(WeightsComponent, r2, r2 - 0.3, shape=[8, 8],
+                    all_layers=FitSummary(r2_in_sample=r2 + 0.05, r2_loo=r2 - 0.25, cosine_loo=(r2 - 0.25) / 2),
+                    null_shuffled=null(r2 - 0.2, r2 - 0.6), null_independent=null(0.3, -0.1), reading={}, per_layer=[])
         for name, r2 in (("attn.q", 0.9), ("mlp.down", 0.7))
-    }
+    }  # fmt: skip
     paradox = [ParadoxRow(layers_replaced=layers, ppl=BASELINE * (1 + len(layers)), degradation_pct=100.0 * len(layers),
                           r2_in_sample_mean=0.8, r2_loo_mean=0.5, cosine_mean=0.4, prediction="loo")
                for layers in ([3], [2, 3, 4])]
-    return json_safe({"model": "tiny", "predicted_layers": [1, 5], "components": components, "paradox": paradox,
-                      "baseline_ppl": BASELINE})  # fmt: skip
+    return json_safe(WeightsResult(model="tiny", family="llama", n_layers=6, predicted_layers=[1, 5], settings={},
+                                   components=components, paradox=paradox, baseline_ppl=BASELINE, seconds=1.0))

@@ -28,11 +28,17 @@ from engine.events import (
     CancelToken,
     ComponentAnalysed,
     Event,
+    FitSummary,
+    LayerFit,
     Message,
+    NullModel,
     ParadoxRow,
     ParadoxTrial,
     Progress,
     Result,
+    WeightsComponent,
+    WeightsLayer,
+    WeightsResult,
     json_safe,
 )
 from engine.perplexity import Evaluator
@@ -41,7 +47,8 @@ from engine.settings import MAX_SEED, EvalTextSettings, setting
 from engine.statistics import degradation_pct
 
 PREDICTIONS = ("in_sample", "loo")
-SUMMARY_KEYS = ("r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean", "delta_corr_sd")
+SUMMARY_KEYS = ("r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean", "delta_corr_sd")  # WeightStats' fields
+RESULT = WeightsResult  # results/weights.json
 
 
 @dataclass(frozen=True)
@@ -229,21 +236,22 @@ class Analysis:
         }
         return values, fit, deltas
 
-    def null(self, draws: list[Gram]) -> dict:
+    def null(self, draws: list[Gram]) -> NullModel:
         """Mean of each statistic over the null draws, with its [min, max] range."""
         values = [self.summary(g)[0] for g in draws]
-        doc: dict = {key: float(np.mean([v[key] for v in values])) for key in SUMMARY_KEYS}
-        doc["range"] = {k: [min(v[k] for v in values), max(v[k] for v in values)] for k in SUMMARY_KEYS}
-        doc["draws"] = len(values)
-        return doc
+        return NullModel(
+            **{key: float(np.mean([v[key] for v in values])) for key in SUMMARY_KEYS},
+            range={k: [min(v[k] for v in values), max(v[k] for v in values)] for k in SUMMARY_KEYS},
+            draws=len(values),
+        )
 
 
-def reading(real: float, shuffled: dict, independent: dict, key: str) -> str:
+def reading(real: float, shuffled: NullModel, independent: NullModel, key: str) -> str:
     """One line: where the real value sits against the two nulls' ranges."""
-    low, high = independent["range"][key]
+    low, high = independent.range[key]
     if low <= real <= high:
         return "indistinguishable from independent layers"
-    s_low, s_high = shuffled["range"][key]
+    s_low, s_high = shuffled.range[key]
     if s_low <= real <= s_high:
         return "indistinguishable from a shuffled layer order (depth order adds nothing)"
     side = "above" if real > max(high, s_high) else "below" if real < min(low, s_low) else "between"
@@ -273,13 +281,13 @@ def predicted_weights(
     return out
 
 
-def _fit_doc(fit: Fit, position: int) -> dict[str, float]:
-    return {
-        "r2_in_sample": fit.layer_r2_in[position],
-        "r2_loo": fit.layer_r2_loo[position],
-        "cosine_in_sample": fit.layer_cos_in[position],
-        "cosine_loo": fit.layer_cos_loo[position],
-    }
+def _fit_doc(fit: Fit, position: int) -> LayerFit:
+    return LayerFit(
+        r2_in_sample=fit.layer_r2_in[position],
+        r2_loo=fit.layer_r2_loo[position],
+        cosine_in_sample=fit.layer_cos_in[position],
+        cosine_loo=fit.layer_cos_loo[position],
+    )
 
 
 def run_weights(
@@ -292,7 +300,7 @@ def run_weights(
     n = len(stack)
     analysis = Analysis(n, settings)
     rng = np.random.default_rng(settings.seed)
-    components: dict[str, dict] = {}
+    components: dict[str, WeightsComponent] = {}
     fits: dict[str, Fit] = {}
     steps = len(names) + (1 if settings.paradox else 0)
     yield Progress(0, steps, "weights")
@@ -311,48 +319,49 @@ def run_weights(
         per_layer = []
         for layer in range(n):
             in_predicted = layer >= settings.first_layer
-            per_layer.append({
-                "layer": layer,
-                "predicted": _fit_doc(fit, layer - settings.first_layer) if in_predicted else None,
-                "all_layers": _fit_doc(every, layer),
-                "delta_corr": deltas[layer] if layer < n - 2 else None,
-                "mean": means[layer],
-                "std": stds[layer],
-            })
-        components[name] = {
+            per_layer.append(WeightsLayer(
+                layer=layer,
+                predicted=_fit_doc(fit, layer - settings.first_layer) if in_predicted else None,
+                all_layers=_fit_doc(every, layer),
+                delta_corr=deltas[layer] if layer < n - 2 else None,
+                mean=means[layer],
+                std=stds[layer],
+            ))
+        components[name] = WeightsComponent(
             **values,
-            "shape": list(tensors[0].shape),
-            "all_layers": {
-                "r2_in_sample": every.r2_in_sample,
-                "r2_loo": every.r2_loo,
-                "cosine_loo": float(np.mean(every.layer_cos_loo)),
-            },
-            "null_shuffled": shuffled,
-            "null_independent": independent,
-            "reading": {key: reading(values[key], shuffled, independent, key) for key in SUMMARY_KEYS},
-            "per_layer": per_layer,
-        }
+            shape=list(tensors[0].shape),
+            all_layers=FitSummary(
+                r2_in_sample=every.r2_in_sample,
+                r2_loo=every.r2_loo,
+                cosine_loo=float(np.mean(every.layer_cos_loo)),
+            ),
+            null_shuffled=shuffled,
+            null_independent=independent,
+            reading={key: reading(values[key], shuffled, independent, key) for key in SUMMARY_KEYS},
+            per_layer=per_layer,
+        )
         fits[name] = fit
         yield ComponentAnalysed(name, fit.r2_in_sample, fit.r2_loo, values["delta_corr_mean"],
-                                independent["delta_corr_mean"])
+                                independent.delta_corr_mean)
         yield Progress(step + 1, steps, "weights")
 
-    doc = {
-        "model": model_name,
-        "family": stack.family,
-        "n_layers": n,
-        "predicted_layers": [settings.first_layer, n - 1],
-        "settings": settings.to_dict(),
-        "components": components,
-        "paradox": [],
-        "baseline_ppl": None,
-    }
+    rows: list[ParadoxRow] = []
+    baseline = None
     if settings.paradox:
         yield Message("paradox: putting predicted weights into the model")
         rows, baseline = yield from _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel)
-        doc["paradox"], doc["baseline_ppl"] = rows, baseline
         yield Progress(steps, steps, "weights")
-    doc["seconds"] = time.perf_counter() - started
+    doc = WeightsResult(
+        model=model_name,
+        family=stack.family,
+        n_layers=n,
+        predicted_layers=[settings.first_layer, n - 1],
+        settings=settings.to_dict(),
+        components=components,
+        paradox=rows,
+        baseline_ppl=baseline,
+        seconds=time.perf_counter() - started,
+    )
     yield Result("weights", json_safe(doc))
 
 

@@ -3,12 +3,14 @@ predictability against the two nulls, then the R²-perplexity paradox."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from engine.events import WeightsResult, WeightStats
 from tui.views import Analysis
 from tui.views._format import fmt
 
@@ -16,42 +18,40 @@ ANALYSIS = Analysis("Weight statistics and their null models", place=1)
 
 
 def summary(doc: dict[str, Any], command: str = "") -> Group:
-    """Predictability against the two nulls, then the R²-perplexity paradox. Read defensively: the
-    console shows it for any session's file."""
-    components = doc.get("components") or {}
-    first, last = (doc.get("predicted_layers") or ["?", "?"])[:2]
-    table = Table(title=f"{doc.get('model', '')}: predictability of layers {first}-{last} "
+    """Predictability against the two nulls, then the R²-perplexity paradox."""
+    result = WeightsResult.from_json(doc)
+    first, last = (result.predicted_layers or ["?", "?"])[:2]
+    table = Table(title=f"{result.model}: predictability of layers {first}-{last} "
                         "(real / shuffled order / independent layers)")
     for column in ("component", "R² in-sample", "R² leave-one-out", "cos LOO", "delta corr mean", "delta sd",
                    "R² in / LOO, all layers"):
         table.add_column(column, justify="right")
     lines: list[Any] = [table]
-    for name, comp in components.items():
-        shuffled, independent = comp.get("null_shuffled") or {}, comp.get("null_independent") or {}
+    for name, comp in result.components.items():
 
-        def cell(key: str, comp=comp, shuffled=shuffled, independent=independent) -> str:
-            return f"{fmt(comp.get(key))} / {fmt(shuffled.get(key))} / {fmt(independent.get(key))}"
+        def cell(value: Callable[[WeightStats], float | None], comp=comp) -> str:
+            return f"{fmt(value(comp))} / {fmt(value(comp.null_shuffled))} / {fmt(value(comp.null_independent))}"
 
-        every = comp.get("all_layers") or {}
-        table.add_row(name, cell("r2_in_sample"), cell("r2_loo"), cell("cosine_loo"), cell("delta_corr_mean"),
-                      cell("delta_corr_sd"), f"{fmt(every.get('r2_in_sample'))} / {fmt(every.get('r2_loo'))}")
-    for name, comp in components.items():
-        reading = comp.get("reading") or {}
+        every = comp.all_layers
+        table.add_row(name, cell(lambda s: s.r2_in_sample), cell(lambda s: s.r2_loo), cell(lambda s: s.cosine_loo),
+                      cell(lambda s: s.delta_corr_mean), cell(lambda s: s.delta_corr_sd),
+                      f"{fmt(every.r2_in_sample)} / {fmt(every.r2_loo)}")
+    for name, comp in result.components.items():
+        reading = comp.reading
         if reading:
             lines.append(Text(f"{name}: delta correlation {reading.get('delta_corr_mean')}; "
                               f"leave-one-out R² {reading.get('r2_loo')}"))
-    rows = doc.get("paradox") or []
+    rows = result.paradox
     if rows:
-        paradox = Table(title=f"R²-perplexity paradox (baseline PPL {fmt(doc.get('baseline_ppl'), '.2f')}, "
-                              f"{rows[0].get('prediction')} predictions)")
+        paradox = Table(title=f"R²-perplexity paradox (baseline PPL {fmt(result.baseline_ppl, '.2f')}, "
+                              f"{rows[0].prediction} predictions)")
         for column in ("layers replaced", "PPL", "D %", "mean R² in-sample", "mean R² LOO", "mean cos"):
             paradox.add_column(column, justify="right")
         for row in rows:
-            layers = row.get("layers_replaced") or []
+            layers = row.layers_replaced
             label = ",".join(map(str, layers)) if len(layers) <= 9 else f"{len(layers)} layers"
-            paradox.add_row(label, fmt(row.get("ppl"), ".2f", "inf"), fmt(row.get("degradation_pct"), ".1f", "inf"),
-                            fmt(row.get("r2_in_sample_mean")), fmt(row.get("r2_loo_mean")),
-                            fmt(row.get("cosine_mean")))
+            paradox.add_row(label, fmt(row.ppl, ".2f", "inf"), fmt(row.degradation_pct, ".1f", "inf"),
+                            fmt(row.r2_in_sample_mean), fmt(row.r2_loo_mean), fmt(row.cosine_mean))
         lines.append(paradox)
     return Group(*lines)
 
