@@ -866,11 +866,6 @@ class DynamicsRow:
     progress: Quartiles | None = None  # <h_l+1 - h_0, h_L - h_0> / |h_L - h_0|^2; absent in 0.1 sessions
     lens_loss: float | None = None  # with --logit-lens or --lens
 
-    @classmethod
-    def rows_of(cls, doc: Mapping[str, Any]) -> list[DynamicsRow]:
-        """The layer rows of a dynamics result document."""
-        return [from_doc(cls, row) for row in upgrade_result("dynamics", dict(doc))["layers"]]
-
 
 @dataclass(frozen=True)
 class DepthPoints:
@@ -897,6 +892,79 @@ class PcaSample:
     pc1: list[float]
     pc2: list[float]
     label: list[int]
+
+
+@dataclass(frozen=True)
+class DynamicsCore:
+    """results/dynamics.json `core`: medians over the middle half of the layers (`layers`, first and
+    last), the numbers behind 'updates near 90 degrees'."""
+
+    layers: list[int]
+    angle_update_median: float | None
+    angle_state_median: float | None
+    relative_update_median: float | None
+
+
+@dataclass(frozen=True)
+class TokenCluster:
+    """One cluster of results/dynamics.json `pca.clusters`, largest (label 0, the bulk) first."""
+
+    label: int
+    bulk: bool
+    size: int  # tokens
+    fraction: float
+    median_position: float
+    top_tokens: list[list[Any]]  # [token, count], most frequent first
+    angle_state_median: list[float | None]  # per layer, over the cluster's tokens
+    angle_update_median: list[float | None]
+    examples: list[str]  # the most typical tokens in context, the token in [[ ]]
+
+
+@dataclass(frozen=True)
+class DynamicsPca:
+    """results/dynamics.json `pca`: PCA of the per-token angle profiles, KMeans in PCA space."""
+
+    profile: str
+    explained: list[float]
+    k: int
+    k_choice: str
+    silhouette: dict[str, float]  # k -> silhouette score (empty when --clusters fixed k)
+    bulk_fraction: float
+    clusters: list[TokenCluster]
+    sample: PcaSample | None = None  # absent before anatomy-tui 0.3
+
+
+@dataclass(frozen=True)
+class LensLosses:
+    """results/dynamics.json `logit_lens`: the next-token loss read at every layer."""
+
+    lens: str | None = field(default=None, kw_only=True)  # plain or last-block; absent in 0.1 sessions
+    loss: list[float | None]  # per layer
+    final_loss: float | None
+    predicted_tokens: int
+
+
+@dataclass(frozen=True)
+class DynamicsResult:
+    """results/dynamics.json."""
+
+    model: str
+    tokens: int
+    texts: int
+    text_source: str
+    first_token: str  # included or excluded
+    n_layers: int
+    seconds: float
+    settings: dict[str, Any]
+    embedding_norm: Quartiles
+    core: DynamicsCore
+    layers: list[DynamicsRow]
+    pca: DynamicsPca
+    logit_lens: LensLosses | None  # None without --logit-lens
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> DynamicsResult:
+        return from_doc(cls, upgrade_result("dynamics", dict(doc)))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from tui_fixtures import (
     weights_doc,
 )
 
-from engine.events import PruneResult
+from engine.events import DynamicsResult, PruneResult
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
 from tui.screens import console
@@ -87,7 +87,7 @@ def test_depth_curves_are_the_runs_depth_part_and_the_fitted_depth_term() -> Non
 
 
 def test_scatter_curves_colour_each_cluster_and_name_its_size() -> None:
-    curves = scatter_curves(dynamics_doc())
+    curves = scatter_curves(DynamicsResult.from_json(dynamics_doc()))
     assert [c.label for c in curves] == ["bulk (900 tokens)", "cluster 1 (100 tokens)"]
     assert [len(c.points) for c in curves] == [30, 10] and len({c.colour for c in curves}) == 2
     assert all(c.scatter for c in curves) and (6.0, 3.0) in curves[1].points

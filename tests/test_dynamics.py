@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from tiny_models import TINY_CONFIGS, save_tiny, tiny_model
+from tui_fixtures import round_trips
 
 from engine.anatomy import LayerStack
 from engine.errors import UserError
@@ -41,7 +42,7 @@ TEXTS = [
 
 def result_of(events) -> dict:
     last = list(events)[-1]
-    assert isinstance(last, Result)
+    assert isinstance(last, Result) and round_trips("dynamics", last.data)  # built from DynamicsResult
     return last.data
 
 

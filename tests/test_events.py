@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tui_fixtures import growth_doc, manipulate_doc, prune_doc, recovery_doc, round_trips, weights_doc
+from tui_fixtures import dynamics_doc, growth_doc, manipulate_doc, prune_doc, recovery_doc, round_trips, weights_doc
 
 from engine.events import (
     AblationMap,
     AblationRow,
     DepthLaw,
+    DynamicsCore,
+    DynamicsPca,
+    DynamicsResult,
     DynamicsRow,
     FitSummary,
     GrowthArm,
@@ -29,6 +32,7 @@ from engine.events import (
     LayerAblated,
     LayerBudget,
     LayerFit,
+    LensLosses,
     ManipulateResult,
     ManipulateRow,
     NullModel,
@@ -43,6 +47,7 @@ from engine.events import (
     RecoveryVsAblation,
     Started,
     StudentStep,
+    TokenCluster,
     WeightsComponent,
     WeightsLayer,
     WeightsResult,
@@ -111,7 +116,7 @@ def test_a_missing_field_is_an_error_not_a_default():
 
 @pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow, ManipulateRow, ParadoxRow,
                                  PruneResult, RecoveryResult, GrowthResult, ManipulateResult,
-                                 WeightsResult])  # fmt: skip
+                                 WeightsResult, DynamicsResult])  # fmt: skip
 def test_result_types_round_trip(cls):
     value = build(cls)
     assert from_doc(cls, json.loads(json.dumps(json_safe(value)))) == value
@@ -152,6 +157,15 @@ RESULT_KEYS: dict[type, list[str]] = {
     LayerFit: ["r2_in_sample", "r2_loo", "cosine_in_sample", "cosine_loo"],
     ParadoxRow: ["layers_replaced", "ppl", "degradation_pct", "r2_in_sample_mean", "r2_loo_mean", "cosine_mean",
                  "prediction"],
+    DynamicsResult: ["model", "tokens", "texts", "text_source", "first_token", "n_layers", "seconds", "settings",
+                     "embedding_norm", "core", "layers", "pca", "logit_lens"],
+    DynamicsCore: ["layers", "angle_update_median", "angle_state_median", "relative_update_median"],
+    DynamicsPca: ["profile", "explained", "k", "k_choice", "silhouette", "bulk_fraction", "clusters", "sample"],
+    TokenCluster: ["label", "bulk", "size", "fraction", "median_position", "top_tokens", "angle_state_median",
+                   "angle_update_median", "examples"],
+    LensLosses: ["lens", "loss", "final_loss", "predicted_tokens"],
+    DynamicsRow: ["layer", "angle_state", "angle_update", "norm", "update_norm", "relative_update", "angle_final",
+                  "progress", "lens_loss"],
 }  # fmt: skip
 
 
@@ -162,7 +176,7 @@ def test_result_documents_keep_the_keys_of_the_dicts_they_replace(cls):
 
 # tests/tui_fixtures.py's results, built from the classes
 SAMPLES = {"prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc, "manipulate": manipulate_doc,
-           "weights": weights_doc}
+           "weights": weights_doc, "dynamics": dynamics_doc}
 
 
 @pytest.mark.parametrize("name", list(SAMPLES))
@@ -244,6 +258,18 @@ def test_version_1_result_rows_are_renamed_everywhere():
     growth = upgrade_result("growth", {"budget_table": [{"layer": 0, "class": "critical"}]})
     assert growth["budget_table"] == [{"layer": 0, "layer_class": "critical"}]
     assert upgrade_result("dynamics", {"layers": [{"index": 4}]})["layers"] == [{"layer": 4}]
+
+
+def test_results_of_older_versions_decode_without_what_they_lacked():
+    """A dynamics result of 0.2 has no PCA sample, one of 0.1 no lens name (nor the angles to the final
+    state): what a newer version added reads as None."""
+    doc = dynamics_doc()
+    del doc["pca"]["sample"]
+    doc["logit_lens"] = {"loss": [1.0, 0.5], "final_loss": 0.5, "predicted_tokens": 10}
+    doc["layers"] = [{k: v for k, v in row.items() if k not in ("angle_final", "progress", "lens_loss")}
+                     for row in doc["layers"]]
+    old = DynamicsResult.from_json(doc)
+    assert old.pca.sample is None and old.logit_lens.lens is None and old.layers[0].progress is None
 
 
 # --- the README ---------------------------------------------------------------------------------

@@ -158,7 +158,8 @@ def test_without_the_declarations_nothing_splits_trains_or_is_typed(registered, 
     monkeypatch.setitem(registry.BY_NAME, ROW.name, replace(ROW, shardable=False))
     with pytest.raises(UserError, match="letter-split does not split over workers"):
         plan("letter-split", LetterSplitSettings(), 0)
-    assert registry.experiment("dynamics").shard_plan is None and registry.experiment("dynamics").result_class is None
+    monkeypatch.delattr(sys.modules[__name__], "RESULT")
+    assert registry.experiment("dynamics").shard_plan is None and registered.result_class is None
     assert memory.training_of(memory.ModelShape(1, 1, 1, 1, 1, 1), object()) is None  # settings of no experiment
 
 

@@ -13,6 +13,10 @@ from engine.events import (
     AblationRow,
     DepthLaw,
     DepthPoints,
+    DynamicsCore,
+    DynamicsPca,
+    DynamicsResult,
+    DynamicsRow,
     Event,
     FitSummary,
     GrowthArm,
@@ -31,6 +35,7 @@ from engine.events import (
     PcaSample,
     PruneCut,
     PruneResult,
+    Quartiles,
     RecoveryBudget,
     RecoveryPoint,
     RecoveryResult,
@@ -38,6 +43,7 @@ from engine.events import (
     RecoveryStart,
     RecoveryVsAblation,
     Started,
+    TokenCluster,
     WeightsComponent,
     WeightsResult,
     json_safe,
@@ -327,22 +333,28 @@ def toy_depth_doc() -> dict:
 
 
 def dynamics_doc() -> dict:
-    def q(median: float) -> dict:
-        return {"median": median, "q1": median - 5.0, "q3": median + 5.0}
+    def q(median: float) -> Quartiles:
+        return Quartiles(median=median, q1=median - 5.0, q3=median + 5.0)
 
     layers = [
-        {"layer": i, "angle_state": q(20.0 + 2 * i), "angle_update": q(95.0 - i), "norm": q(10.0 + i),
-         "update_norm": q(1.0), "relative_update": q(0.1), "angle_final": q(60.0 - 8 * i), "progress": q(i / 6)}
+        DynamicsRow(layer=i, angle_state=q(20.0 + 2 * i), angle_update=q(95.0 - i), norm=q(10.0 + i),
+                    update_norm=q(1.0), relative_update=q(0.1), angle_final=q(60.0 - 8 * i), progress=q(i / 6))
         for i in range(6)
     ]  # fmt: skip
     clusters = [
-        {"label": 0, "bulk": True, "size": 900, "fraction": 0.9, "top_tokens": [[" the", 40], [",", 30]],
-         "examples": ["of [the] city"]},
-        {"label": 1, "bulk": False, "size": 100, "fraction": 0.1, "top_tokens": [["<s>", 50]],
-         "examples": ["[<s>] Once"]},
+        TokenCluster(label=0, bulk=True, size=900, fraction=0.9, median_position=40.0,
+                     top_tokens=[[" the", 40], [",", 30]], angle_state_median=[], angle_update_median=[],
+                     examples=["of [the] city"]),
+        TokenCluster(label=1, bulk=False, size=100, fraction=0.1, median_position=0.0, top_tokens=[["<s>", 50]],
+                     angle_state_median=[], angle_update_median=[], examples=["[<s>] Once"]),
     ]  # fmt: skip
-    return {"n_layers": 6, "layers": layers,
-            "pca": {"explained": [0.6, 0.2], "k": 2, "clusters": clusters, "sample": json_safe(pca_sample())}}
+    pca = DynamicsPca(profile="angle_update", explained=[0.6, 0.2], k=2, k_choice="fixed by --clusters",
+                      silhouette={}, bulk_fraction=0.9, clusters=clusters, sample=pca_sample())
+    core = DynamicsCore(layers=[1, 4], angle_update_median=93.0, angle_state_median=25.0, relative_update_median=0.1)
+    return json_safe(DynamicsResult(
+        model="tiny", tokens=1000, texts=4, text_source="built-in", first_token="excluded", n_layers=6, seconds=1.0,
+        settings={}, embedding_norm=q(8.0), core=core, layers=layers, pca=pca, logit_lens=None,
+    ))  # fmt: skip
 
 
 def pca_sample() -> PcaSample:

@@ -18,6 +18,7 @@ from engine.events import (
     AblationMap,
     AblationProxies,
     AblationRow,
+    DynamicsResult,
     DynamicsRow,
     Event,
     Finished,
@@ -176,7 +177,7 @@ class SessionState:
             self.growth_arms = GrowthResult.from_json(doc).arms
             self.dirty.add(Dirty.GROWTH)
         elif name == "dynamics":
-            self.dynamics = DynamicsRow.rows_of(doc)
+            self.dynamics = DynamicsResult.from_json(doc).layers
 
     # events ---------------------------------------------------------------------------------
     def apply(self, event: Event) -> None:

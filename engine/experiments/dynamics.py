@@ -23,14 +23,19 @@ from engine.anatomy import LayerStack, execution_device
 from engine.errors import UserError
 from engine.events import (
     CancelToken,
+    DynamicsCore,
     DynamicsLayer,
+    DynamicsPca,
+    DynamicsResult,
     DynamicsRow,
     Event,
+    LensLosses,
     Message,
     PcaSample,
     Progress,
     Quartiles,
     Result,
+    TokenCluster,
     json_safe,
 )
 from engine.perplexity import Batch, token_nll, tokenize_batches
@@ -45,6 +50,7 @@ SILHOUETTE_SAMPLE = 4000  # tokens the silhouette score is computed on (a random
 SILHOUETTE_WORKING_MB = 8  # scikit-learn's chunk size for the pairwise distances
 SCATTER_POINTS = 300  # tokens kept with their PCA coordinates for the console's scatter
 CORE = (0.25, 0.75)  # the "core" layers of the summary: the middle half of the stack
+RESULT = DynamicsResult  # results/dynamics.json
 # Where each family keeps its final norm, for the logit lens (the head is get_output_embeddings()).
 FINAL_NORMS = {
     "llama": "model.norm", "mistral": "model.norm", "qwen2": "model.norm", "qwen3": "model.norm",
@@ -465,7 +471,7 @@ def token_in_context(tokenizer, ids: Sequence[int], position: int, before: int =
 
 def cluster_rows(
     p: Profiles, c: Clustering, tokenizer, text_ids: dict[int, list[int]], examples: int
-) -> list[dict]:
+) -> list[TokenCluster]:
     """One row per cluster, largest first: size, fraction, median profile, most typical tokens."""
     rows = []
     for label in range(c.k):
@@ -476,34 +482,34 @@ def cluster_rows(
             tokenizer.decode([text_ids[int(t)][int(pos)]]) for t, pos in p.where[members]
         )
         positions = p.where[members, 1]
-        rows.append({
-            "label": label,
-            "bulk": label == 0,
-            "size": int(len(members)),
-            "fraction": float(len(members) / p.n_tokens),
-            "median_position": float(np.median(positions)),
-            "top_tokens": [[word, count] for word, count in words.most_common(5)],
-            "angle_state_median": [float(x) for x in np.nanmedian(p.angle_state[members], axis=0)],
-            "angle_update_median": [float(x) for x in np.nanmedian(p.angle_update[members], axis=0)]
+        rows.append(TokenCluster(
+            label=label,
+            bulk=label == 0,
+            size=int(len(members)),
+            fraction=float(len(members) / p.n_tokens),
+            median_position=float(np.median(positions)),
+            top_tokens=[[word, count] for word, count in words.most_common(5)],
+            angle_state_median=[float(x) for x in np.nanmedian(p.angle_state[members], axis=0)],
+            angle_update_median=[float(x) for x in np.nanmedian(p.angle_update[members], axis=0)]
             if p.angle_update.shape[1] else [],
-            "examples": [
+            examples=[
                 token_in_context(tokenizer, text_ids[int(t)], int(pos)) for t, pos in p.where[typical]
             ],
-        })
+        ))
     return rows
 
 
-def core_summary(p: Profiles) -> dict:
+def core_summary(p: Profiles) -> DynamicsCore:
     """Medians over the middle half of the layers: the numbers behind 'updates near 90 degrees'."""
     n = p.angle_state.shape[1]
     low, high = int(n * CORE[0]), max(int(n * CORE[0]) + 1, int(math.ceil(n * CORE[1])))
     update = p.angle_update[:, low : min(high, p.angle_update.shape[1])]
-    return {
-        "layers": [low, high - 1],
-        "angle_update_median": quartiles(update.ravel()).median,
-        "angle_state_median": quartiles(p.angle_state[:, low:high].ravel()).median,
-        "relative_update_median": quartiles(p.relative_update()[:, low:high].ravel()).median,
-    }
+    return DynamicsCore(
+        layers=[low, high - 1],
+        angle_update_median=quartiles(update.ravel()).median,
+        angle_state_median=quartiles(p.angle_state[:, low:high].ravel()).median,
+        relative_update_median=quartiles(p.relative_update()[:, low:high].ravel()).median,
+    )
 
 
 # --- the experiment --------------------------------------------------------------------------------
@@ -553,36 +559,36 @@ def run_dynamics(
         for row, t in enumerate(batch.text_index):
             text_ids[int(t)] = batch.input_ids[row][batch.attention_mask[row].bool()].tolist()
     clusters = cluster_rows(profiles, clustering, tokenizer, text_ids, settings.examples)
-    doc = {
-        "model": model_name,
-        "tokens": profiles.n_tokens,
-        "texts": len(texts),
-        "text_source": source,
-        "first_token": "included" if settings.include_first else "excluded",
-        "n_layers": n_layers,
-        "seconds": time.perf_counter() - started,
-        "settings": settings.to_dict(),
-        "embedding_norm": quartiles(profiles.embedding_norm),
-        "core": core_summary(profiles),
-        "layers": layers,
-        "pca": {
-            "profile": settings.profile,
-            "explained": clustering.explained,
-            "k": clustering.k,
-            "k_choice": "fixed by --clusters" if settings.clusters else
+    doc = DynamicsResult(
+        model=model_name,
+        tokens=profiles.n_tokens,
+        texts=len(texts),
+        text_source=source,
+        first_token="included" if settings.include_first else "excluded",
+        n_layers=n_layers,
+        seconds=time.perf_counter() - started,
+        settings=settings.to_dict(),
+        embedding_norm=quartiles(profiles.embedding_norm),
+        core=core_summary(profiles),
+        layers=layers,
+        pca=DynamicsPca(
+            profile=settings.profile,
+            explained=clustering.explained,
+            k=clustering.k,
+            k_choice="fixed by --clusters" if settings.clusters else
             f"best silhouette over k={CLUSTER_K[0]}..{CLUSTER_K[1]} (KMeans in PCA space)",
-            "silhouette": {str(k): s for k, s in clustering.silhouette.items()},
-            "bulk_fraction": clusters[0]["fraction"],
-            "clusters": clusters,
-            "sample": scatter_sample(clustering, settings.seed),
-        },
-        "logit_lens": None if lens_losses is None else {
-            "lens": settings.lens,
-            "loss": lens_losses,
-            "final_loss": lens_losses[-1],
-            "predicted_tokens": int(lens.count),
-        },
-    }
+            silhouette={str(k): s for k, s in clustering.silhouette.items()},
+            bulk_fraction=clusters[0].fraction,
+            clusters=clusters,
+            sample=scatter_sample(clustering, settings.seed),
+        ),
+        logit_lens=None if lens_losses is None else LensLosses(
+            lens=settings.lens,
+            loss=lens_losses,
+            final_loss=lens_losses[-1],
+            predicted_tokens=int(lens.count),
+        ),
+    )
     yield Result("dynamics", json_safe(doc))
 
 
