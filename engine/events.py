@@ -72,8 +72,31 @@ def event_types() -> dict[str, type[Event]]:
     return dict(_EVENT_TYPES)
 
 
+class _Absent:
+    """The value of a field its document leaves out (see `ABSENT`)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __copy__(self) -> _Absent:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Absent:
+        return self
+
+
+# A field whose key a document has in one case and lacks in another (toy-depth's `se`, written only
+# when the law was fitted) defaults to ABSENT: `json_safe` writes no key for it, and a document
+# without the key reads back as ABSENT, so the class writes each shape byte for byte.
+ABSENT: Any = _Absent()
+
+
 def json_safe(value: Any) -> Any:
-    """NaN and inf are not JSON: they become null, which every reader handles."""
+    """NaN and inf are not JSON: they become null, which every reader handles. A dataclass becomes
+    its fields in their order, less those that are ABSENT."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -81,7 +104,8 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return json_safe(dataclasses.asdict(value))
+        fields = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+        return {name: json_safe(v) for name, v in fields if v is not ABSENT}
     if hasattr(value, "item") and callable(value.item):  # numpy or torch scalar
         return json_safe(value.item())
     return value
@@ -892,6 +916,40 @@ class PcaSample:
     pc1: list[float]
     pc2: list[float]
     label: list[int]
+
+
+@dataclass(frozen=True)
+class ToyDepthCurve:
+    """One (regime, temperature) curve of results/toy-depth.json: the held-out loss of every
+    student depth (mean over seeds, and per seed) and the law L = c / l^alpha_l (+ L0) fitted to it,
+    with alpha_l's bootstrap interval; all None where too few depths had a loss to fit."""
+
+    depths: list[int]
+    loss: list[float | None]
+    loss_per_seed: list[list[float | None]]
+    alpha_l: float | None
+    c: float | None
+    L0: float | None
+    ci95: list[float] | None
+    se: float | None = field(default=ABSENT, kw_only=True)  # alpha_l's bootstrap sd; ABSENT where not fitted
+    bootstrap_valid: int  # bootstrap draws with enough depths to fit
+
+
+@dataclass(frozen=True)
+class ToyDepthResult:
+    """results/toy-depth.json."""
+
+    preset: str
+    regimes: dict[str, ToyDepthCurve]  # at the first temperature
+    temperature: float  # the first temperature
+    by_temperature: dict[str, dict[str, ToyDepthCurve]]  # temperature (as %g) -> regime -> curve
+    fit: str  # the law fitted
+    settings: dict[str, Any]
+    seconds: float
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ToyDepthResult:
+        return from_doc(cls, upgrade_result("toy-depth", dict(doc)))
 
 
 @dataclass(frozen=True)

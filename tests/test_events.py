@@ -12,9 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tui_fixtures import dynamics_doc, growth_doc, manipulate_doc, prune_doc, recovery_doc, round_trips, weights_doc
+from tui_fixtures import (
+    dynamics_doc,
+    growth_doc,
+    manipulate_doc,
+    prune_doc,
+    recovery_doc,
+    round_trips,
+    toy_depth_doc,
+    weights_doc,
+)
 
 from engine.events import (
+    ABSENT,
     AblationMap,
     AblationRow,
     DepthLaw,
@@ -48,6 +58,8 @@ from engine.events import (
     Started,
     StudentStep,
     TokenCluster,
+    ToyDepthCurve,
+    ToyDepthResult,
     WeightsComponent,
     WeightsLayer,
     WeightsResult,
@@ -116,7 +128,7 @@ def test_a_missing_field_is_an_error_not_a_default():
 
 @pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow, ManipulateRow, ParadoxRow,
                                  PruneResult, RecoveryResult, GrowthResult, ManipulateResult,
-                                 WeightsResult, DynamicsResult])  # fmt: skip
+                                 WeightsResult, DynamicsResult, ToyDepthResult])  # fmt: skip
 def test_result_types_round_trip(cls):
     value = build(cls)
     assert from_doc(cls, json.loads(json.dumps(json_safe(value)))) == value
@@ -166,6 +178,8 @@ RESULT_KEYS: dict[type, list[str]] = {
     LensLosses: ["lens", "loss", "final_loss", "predicted_tokens"],
     DynamicsRow: ["layer", "angle_state", "angle_update", "norm", "update_norm", "relative_update", "angle_final",
                   "progress", "lens_loss"],
+    ToyDepthResult: ["preset", "regimes", "temperature", "by_temperature", "fit", "settings", "seconds"],
+    ToyDepthCurve: ["depths", "loss", "loss_per_seed", "alpha_l", "c", "L0", "ci95", "se", "bootstrap_valid"],
 }  # fmt: skip
 
 
@@ -176,7 +190,7 @@ def test_result_documents_keep_the_keys_of_the_dicts_they_replace(cls):
 
 # tests/tui_fixtures.py's results, built from the classes
 SAMPLES = {"prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc, "manipulate": manipulate_doc,
-           "weights": weights_doc, "dynamics": dynamics_doc}
+           "weights": weights_doc, "dynamics": dynamics_doc, "toy-depth": toy_depth_doc}
 
 
 @pytest.mark.parametrize("name", list(SAMPLES))
@@ -270,6 +284,18 @@ def test_results_of_older_versions_decode_without_what_they_lacked():
                      for row in doc["layers"]]
     old = DynamicsResult.from_json(doc)
     assert old.pca.sample is None and old.logit_lens.lens is None and old.layers[0].progress is None
+
+
+def test_a_key_a_document_has_in_one_shape_only_stays_out_when_absent():
+    """toy-depth writes `se` only beside a fitted law: a curve without a fit has no such key, and
+    reads back as it was."""
+    unfitted = {"depths": [1], "loss": [0.5], "loss_per_seed": [[0.5]], "alpha_l": None, "c": None, "L0": None,
+                "ci95": None, "bootstrap_valid": 0}
+    curve = from_doc(ToyDepthCurve, unfitted)
+    assert curve.se is ABSENT and json.dumps(json_safe(curve)) == json.dumps(unfitted)
+    fitted = {**unfitted, "alpha_l": 1.0, "ci95": None, "se": None, "bootstrap_valid": 1}
+    fitted = {key: fitted[key] for key in RESULT_KEYS[ToyDepthCurve]}
+    assert json.dumps(json_safe(from_doc(ToyDepthCurve, fitted))) == json.dumps(fitted)
 
 
 # --- the README ---------------------------------------------------------------------------------

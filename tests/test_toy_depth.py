@@ -11,6 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from tui_fixtures import round_trips
 
 from engine.errors import UserError
 from engine.events import Cancelled, CancelToken, Result, StudentDone, StudentStep
@@ -102,7 +103,7 @@ def test_micro_run_emits_student_events_and_the_documented_result() -> None:
     assert {e.step for e in steps} == {4, 8, 12}
     assert len([e for e in events if isinstance(e, StudentDone)]) == 6
     result = events[-1]
-    assert isinstance(result, Result) and result.name == "toy-depth"
+    assert isinstance(result, Result) and result.name == "toy-depth" and round_trips("toy-depth", result.data)
     doc = json.loads(json.dumps(result.data))
     assert doc["preset"] == "micro"
     for regime in ("tied", "independent"):
@@ -153,7 +154,7 @@ def test_cli_runs_a_micro_config(tmp_path, monkeypatch) -> None:
 
 def _result(events) -> dict:
     last = list(events)[-1]
-    assert isinstance(last, Result)
+    assert isinstance(last, Result) and round_trips("toy-depth", last.data)  # built from ToyDepthResult
     return {k: v for k, v in last.data.items() if k != "seconds"}
 
 

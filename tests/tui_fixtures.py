@@ -44,6 +44,8 @@ from engine.events import (
     RecoveryVsAblation,
     Started,
     TokenCluster,
+    ToyDepthCurve,
+    ToyDepthResult,
     WeightsComponent,
     WeightsResult,
     json_safe,
@@ -322,14 +324,15 @@ def manipulate_doc() -> dict:
 
 
 def toy_depth_doc() -> dict:
-    def regime(c: float, alpha: float) -> dict:
+    def regime(c: float, alpha: float) -> ToyDepthCurve:
         depths = [1, 2, 4, 8, 16]
-        return {"depths": depths, "loss": [c / d**alpha * (1.02 if d % 4 else 0.98) for d in depths],
-                "alpha_l": alpha, "c": c, "L0": None, "ci95": [alpha - 0.1, alpha + 0.1]}  # fmt: skip
+        loss = [c / d**alpha * (1.02 if d % 4 else 0.98) for d in depths]
+        return ToyDepthCurve(depths=depths, loss=loss, loss_per_seed=[[v] for v in loss], alpha_l=alpha, c=c, L0=None,
+                             ci95=[alpha - 0.1, alpha + 0.1], se=0.05, bootstrap_valid=50)  # fmt: skip
 
     regimes = {"compositional": regime(2.0, 0.9), "ensemble": regime(1.5, 0.4)}
-    return {"preset": "tiny", "regimes": regimes, "temperature": 1.0, "by_temperature": {"1": regimes},
-            "fit": "L = c / l^alpha_l"}  # fmt: skip
+    return json_safe(ToyDepthResult(preset="tiny", regimes=regimes, temperature=1.0, by_temperature={"1": regimes},
+                                    fit="L = c / l^alpha_l", settings={}, seconds=1.0))  # fmt: skip
 
 
 def dynamics_doc() -> dict:

@@ -34,7 +34,18 @@ from engine import powerfit
 from engine.atomic import atomic_write_bytes, atomic_write_json
 from engine.distributed import ShardPlan
 from engine.errors import UserError
-from engine.events import CancelToken, Event, Message, Progress, Result, StudentDone, StudentStep
+from engine.events import (
+    CancelToken,
+    Event,
+    Message,
+    Progress,
+    Result,
+    StudentDone,
+    StudentStep,
+    ToyDepthCurve,
+    ToyDepthResult,
+    json_safe,
+)
 from engine.models import precision_messages, training_precision
 from engine.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
 from engine.registry import RunContext
@@ -42,6 +53,7 @@ from engine.settings import MAX_SEED, Settings, from_preset, setting
 from engine.training import Trainer
 
 REGIMES = ("tied", "independent")
+RESULT = ToyDepthResult  # results/toy-depth.json
 
 
 @dataclass(frozen=True)
@@ -404,7 +416,7 @@ def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
     depths = sorted(set(settings.student_depths))
     wanted = [student for student in students(settings) if only is None or student in only]
     losses: dict[Student, list[float]] = {}
-    by_temperature: dict[str, dict[str, Any]] = {}
+    by_temperature: dict[str, dict[str, ToyDepthCurve]] = {}
     yield Progress(0, len(wanted), "students")
     for regime in dict.fromkeys(regime for regime, _, _ in wanted):
         generator = torch.Generator().manual_seed(settings.seed)
@@ -463,40 +475,40 @@ def _student(teacher: Teacher, temperature: float, depth: int, settings: ToyDept
     return losses
 
 
-def group_fit(settings: ToyDepthSettings, losses: list[list[float]]) -> dict[str, Any]:
+def group_fit(settings: ToyDepthSettings, losses: list[list[float]]) -> ToyDepthCurve:
     """One (regime, temperature) curve: the losses of every depth and the fitted law."""
     depths = sorted(set(settings.student_depths))
-    return {
-        "depths": depths,
-        "loss": [float(np.mean(v)) for v in losses],
-        "loss_per_seed": losses,
+    return ToyDepthCurve(
+        depths=depths,
+        loss=[float(np.mean(v)) for v in losses],
+        loss_per_seed=losses,
         **fit_depth_law(depths, losses, settings.fit_floor, settings.bootstrap, settings.seed),
-    }
+    )
 
 
-def result_doc(settings: dict[str, Any], preset: str, by_temperature: dict[str, dict[str, Any]], seconds: float
-               ) -> dict[str, Any]:
+def result_doc(settings: dict[str, Any], preset: str, by_temperature: dict[str, dict[str, ToyDepthCurve]],
+               seconds: float) -> dict[str, Any]:
     """results/toy-depth.json from the fitted curves; `settings` as the run resolved them."""
     temperature = settings["temperatures"][0]
-    return {
-        "preset": preset or "custom",
-        "regimes": by_temperature[f"{temperature:g}"],
-        "temperature": temperature,
-        "by_temperature": by_temperature,
-        "fit": "L = c / l^alpha_l + L0" if settings["fit_floor"] else "L = c / l^alpha_l",
-        "settings": settings,
-        "seconds": seconds,
-    }
+    return json_safe(ToyDepthResult(
+        preset=preset or "custom",
+        regimes=by_temperature[f"{temperature:g}"],
+        temperature=temperature,
+        by_temperature=by_temperature,
+        fit="L = c / l^alpha_l + L0" if settings["fit_floor"] else "L = c / l^alpha_l",
+        settings=settings,
+        seconds=seconds,
+    ))
 
 
-def fit_line(regime: str, temperature: float, fit: dict[str, Any]) -> str:
-    return f"{regime} T={temperature:g}: alpha_l={fit['alpha_l']} ci95={fit['ci95']}"
+def fit_line(regime: str, temperature: float, fit: ToyDepthCurve) -> str:
+    return f"{regime} T={temperature:g}: alpha_l={fit.alpha_l} ci95={fit.ci95}"
 
 
 def fit_lines(doc: dict[str, Any]) -> list[str]:
     """The per-curve log lines of a serial run, from a result: a split run fits its curves only
     once every share is in, so it logs them then."""
-    fits = doc["by_temperature"]
+    fits = ToyDepthResult.from_json(doc).by_temperature
     return [fit_line(regime, float(t), fit) for t in fits for regime, fit in fits[t].items()]
 
 

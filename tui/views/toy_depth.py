@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from textual.widget import Widget
 
-from tui.views import Analysis
+from engine.events import ToyDepthCurve, ToyDepthResult
+from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval
 from tui.widgets.curve_plot import Curve, CurvePlot
 
@@ -26,15 +27,15 @@ FIT_COLOURS = ("cyan+", "magenta+", "orange+", "green+")  # each regime's fitted
 
 def summary(doc: dict[str, Any], command: str = "") -> Table:
     """One row per regime: the fitted a_l with its interval, then the held-out loss at each depth."""
-    regimes = doc.get("regimes") or {}
-    depths = sorted({d for fit in regimes.values() for d in fit.get("depths", [])})
-    table = Table(title=f"{doc.get('fit', 'L = c / l^alpha_l')}  (preset {doc.get('preset', '?')}, "
-                        f"temperature {doc.get('temperature', '?')}): held-out loss by student depth")
+    result = ToyDepthResult.from_json(doc)
+    depths = sorted({d for fit in result.regimes.values() for d in fit.depths})
+    table = Table(title=f"{result.fit}  (preset {result.preset}, "
+                        f"temperature {result.temperature}): held-out loss by student depth")
     for column in ("regime", "a_l", "95% CI", *(f"l={d}" for d in depths)):
         table.add_column(column, justify="left" if column == "regime" else "right")
-    for regime, fit in regimes.items():
-        loss = dict(zip(fit.get("depths", []), fit.get("loss", []), strict=True))
-        table.add_row(regime, fmt(fit.get("alpha_l"), ".2f"), interval(fit.get("ci95"), ".2f"),
+    for regime, fit in result.regimes.items():
+        loss = dict(zip(fit.depths, fit.loss, strict=True))
+        table.add_row(regime, fmt(fit.alpha_l, ".2f"), interval(fit.ci95, ".2f"),
                       *(fmt(loss.get(d), ".4f", "") for d in depths))
     return table
 
@@ -43,25 +44,25 @@ def print_result(doc: dict[str, Any]) -> None:
     Console().print(summary(doc))
 
 
-def _fitted(fit: dict[str, Any], depth: float) -> float | None:
-    c, alpha, floor = fit.get("c"), fit.get("alpha_l"), fit.get("L0") or 0.0
+def _fitted(fit: ToyDepthCurve, depth: float) -> float | None:
+    c, alpha, floor = fit.c, fit.alpha_l, fit.L0 or 0.0
     if not isinstance(c, (int, float)) or not isinstance(alpha, (int, float)):
         return None
     return c / depth**alpha + floor
 
 
-def toy_curves(doc: dict[str, Any]) -> list[Curve]:
+def toy_curves(result: ToyDepthResult) -> list[Curve]:
     """Per regime: the measured points (log10 depth, log10 loss) and the fitted line with a_l."""
     curves = []
-    for index, (regime, fit) in enumerate(doc["regimes"].items()):
+    for index, (regime, fit) in enumerate(result.regimes.items()):
         colour = REGIME_COLOURS[index % len(REGIME_COLOURS)]
-        points = [(math.log10(d), math.log10(v)) for d, v in zip(fit["depths"], fit["loss"], strict=True) if v > 0]
+        points = [(math.log10(d), math.log10(v)) for d, v in zip(fit.depths, fit.loss, strict=True) if v > 0]
         curves.append(Curve(regime, points, colour, scatter=True))
-        depths = [float(d) for d in fit["depths"]]
+        depths = [float(d) for d in fit.depths]
         line = [(math.log10(d), _fitted(fit, d)) for d in depths]
-        ci95 = fit.get("ci95")
+        ci95 = fit.ci95
         ci = f" [{ci95[0]:.2f}, {ci95[1]:.2f}]" if isinstance(ci95, list) else ""
-        alpha = fit.get("alpha_l")
+        alpha = fit.alpha_l
         label = f"{regime} fit a_l={alpha:.2f}{ci}" if isinstance(alpha, (int, float)) else f"{regime} (no fit)"
         fitted = [(x, math.log10(y)) for x, y in line if y is not None and y > 0]
         curves.append(Curve(label, fitted, FIT_COLOURS[index % len(FIT_COLOURS)]))
@@ -69,13 +70,14 @@ def toy_curves(doc: dict[str, Any]) -> list[Curve]:
 
 
 class ToyDepthPlot(CurvePlot):
-    def show(self, doc: dict[str, Any] | None) -> None:
+    def show(self, result: ToyDepthResult | None) -> None:
         """Draws results/toy-depth.json; hidden until there is one (the view's line says how)."""
-        self.display = bool(doc and doc.get("regimes"))
-        if not self.display or doc is None:
+        self.display = bool(result and result.regimes)
+        if not self.display or result is None:
             return
         self.draw(
-            toy_curves(doc), title="held-out loss against depth (log-log)", xlabel="log10 depth", ylabel="log10 loss"
+            toy_curves(result), title="held-out loss against depth (log-log)", xlabel="log10 depth",
+            ylabel="log10 loss",
         )
 
 
@@ -84,4 +86,4 @@ def plots() -> list[Widget]:
 
 
 def show(pane: Widget, state: SessionState) -> None:
-    pane.query_one(ToyDepthPlot).show(state.results.get("toy-depth"))
+    pane.query_one(ToyDepthPlot).show(decoded(ToyDepthResult, state.results.get("toy-depth")))
