@@ -907,6 +907,91 @@ class DepthPoints:
 
 
 @dataclass(frozen=True)
+class ProfilePoint:
+    """One point of results/scaling-fit.json `profile.alpha_l`: the objective with a_l held here."""
+
+    alpha_l: float
+    objective: float | None
+
+
+@dataclass(frozen=True)
+class ScalingProfile:
+    """results/scaling-fit.json `profile`: the objective profiled over a_l (None with --huber)."""
+
+    alpha_l: list[ProfilePoint] | None
+
+
+@dataclass(frozen=True)
+class FitRestarts:
+    """results/scaling-fit.json `restarts`: how many random restarts reached the best objective."""
+
+    n: int
+    reaching_best: int
+    best_objective: float | None
+
+
+@dataclass(frozen=True)
+class FitBootstrap:
+    """results/scaling-fit.json `bootstrap`: the resamples behind `ci95` and `se`."""
+
+    n: int
+    n_valid: int
+    restarts: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PaperFit:
+    """results/scaling-fit.json `paper` (--optimizer paper): paper B's Adam procedure, its units,
+    coefficients on its log scale, loss and the parameters at snapshots along the way."""
+
+    steps: int
+    units: dict[str, float]
+    log_c: dict[str, float | None]
+    loss: float | None
+    trajectory: list[dict[str, float | None]]  # step, alpha_m, alpha_l, alpha_D, L0, objective
+
+
+@dataclass(frozen=True)
+class ScalingFitResult:
+    """results/scaling-fit.json. The two optimizers write different parts: `lm` the profile,
+    bootstrap intervals, restarts and held-out error, `paper` its procedure (`paper`); what a fit
+    does not write is ABSENT, and so is what a result of an older version lacks."""
+
+    source: str
+    columns: dict[str, str]  # the CSV's column of loss, width, depth and tokens
+    n_rows: int
+    n_excluded: int
+    n_points: int
+    optimizer: str = field(default=ABSENT, kw_only=True)  # lm or paper; absent in 0.1
+    loss_function: str = field(default=ABSENT, kw_only=True)  # least_squares or huber; absent in 0.1
+    huber_delta: float | None
+    params: dict[str, float | None]  # alpha_m, alpha_l, alpha_D, c_m, c_l, c_D, L0
+    objective: float | None  # mean squared log residual (0.1 wrote the loss function's name here)
+    depth_points: DepthPoints | None = field(default=ABSENT, kw_only=True)  # absent before 0.3
+    profile: ScalingProfile = field(default=ABSENT, kw_only=True)
+    alpha_l_profile_ci95: list[float | None] | None = field(default=ABSENT, kw_only=True)
+    ci95: dict[str, list[float] | None] = field(default=ABSENT, kw_only=True)
+    se: dict[str, float | None] = field(default=ABSENT, kw_only=True)
+    train_rmse: float | None = field(default=ABSENT, kw_only=True)
+    train_rmse_log: float | None = field(default=ABSENT, kw_only=True)
+    restarts: FitRestarts = field(default=ABSENT, kw_only=True)
+    bootstrap: FitBootstrap = field(default=ABSENT, kw_only=True)
+    heldout_rmse: float | None = field(default=ABSENT, kw_only=True)
+    heldout_rmse_log: float | None = field(default=ABSENT, kw_only=True)
+    heldout_splits: int = field(default=ABSENT, kw_only=True)
+    heldout_n_test: int = field(default=ABSENT, kw_only=True)
+    paper: PaperFit = field(default=ABSENT, kw_only=True)
+    optimal_shape: dict[str, Any]  # width and depth that minimise the fit at each budget
+    settings: dict[str, Any]
+    seconds: float
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ScalingFitResult:
+        return from_doc(cls, upgrade_result("scaling-fit", dict(doc)))
+
+
+@dataclass(frozen=True)
 class PcaSample:
     """results/dynamics.json `pca.sample`: a fixed random sample of the tokens (at most a few
     hundred) in the first two PCA components, with their clusters, for a scatter of the clusters

@@ -20,7 +20,7 @@ from tui_fixtures import (
     weights_doc,
 )
 
-from engine.events import DynamicsResult, PruneResult
+from engine.events import DynamicsResult, PruneResult, ScalingFitResult
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
 from tui.screens import console
@@ -76,7 +76,7 @@ def text_of(renderable) -> str:
 
 def test_depth_curves_are_the_runs_depth_part_and_the_fitted_depth_term() -> None:
     doc = scaling_fit_doc()
-    runs, line = depth_curves(doc)
+    runs, line = depth_curves(ScalingFitResult.from_json(doc))
     assert runs.scatter and [x for x, _ in runs.points] == doc["depth_points"]["depth"]
     for (depth, part), loss, rest in zip(runs.points, doc["depth_points"]["loss"], doc["depth_points"]["rest"],
                                          strict=True):

@@ -19,6 +19,7 @@ from tui_fixtures import (
     prune_doc,
     recovery_doc,
     round_trips,
+    scaling_fit_doc,
     toy_depth_doc,
     weights_doc,
 )
@@ -55,6 +56,7 @@ from engine.events import (
     RecoveryResult,
     RecoveryRow,
     RecoveryVsAblation,
+    ScalingFitResult,
     Started,
     StudentStep,
     TokenCluster,
@@ -128,7 +130,7 @@ def test_a_missing_field_is_an_error_not_a_default():
 
 @pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow, ManipulateRow, ParadoxRow,
                                  PruneResult, RecoveryResult, GrowthResult, ManipulateResult,
-                                 WeightsResult, DynamicsResult, ToyDepthResult])  # fmt: skip
+                                 WeightsResult, DynamicsResult, ToyDepthResult, ScalingFitResult])  # fmt: skip
 def test_result_types_round_trip(cls):
     value = build(cls)
     assert from_doc(cls, json.loads(json.dumps(json_safe(value)))) == value
@@ -180,6 +182,11 @@ RESULT_KEYS: dict[type, list[str]] = {
                   "progress", "lens_loss"],
     ToyDepthResult: ["preset", "regimes", "temperature", "by_temperature", "fit", "settings", "seconds"],
     ToyDepthCurve: ["depths", "loss", "loss_per_seed", "alpha_l", "c", "L0", "ci95", "se", "bootstrap_valid"],
+    ScalingFitResult: ["source", "columns", "n_rows", "n_excluded", "n_points", "optimizer", "loss_function",
+                       "huber_delta", "params", "objective", "depth_points", "profile", "alpha_l_profile_ci95",
+                       "ci95", "se", "train_rmse", "train_rmse_log", "restarts", "bootstrap", "heldout_rmse",
+                       "heldout_rmse_log", "heldout_splits", "heldout_n_test", "paper", "optimal_shape", "settings",
+                       "seconds"],
 }  # fmt: skip
 
 
@@ -190,7 +197,8 @@ def test_result_documents_keep_the_keys_of_the_dicts_they_replace(cls):
 
 # tests/tui_fixtures.py's results, built from the classes
 SAMPLES = {"prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc, "manipulate": manipulate_doc,
-           "weights": weights_doc, "dynamics": dynamics_doc, "toy-depth": toy_depth_doc}
+           "weights": weights_doc, "dynamics": dynamics_doc, "toy-depth": toy_depth_doc,
+           "scaling-fit": scaling_fit_doc}
 
 
 @pytest.mark.parametrize("name", list(SAMPLES))

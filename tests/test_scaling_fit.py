@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 from scipy.optimize import minimize
+from tui_fixtures import round_trips
 
 from engine import powerfit
 from engine.errors import UserError
@@ -43,7 +44,7 @@ def synthetic_runs(noise: float, seed: int = 0, n: int = 160) -> Runs:
 
 def fit(runs: Runs, settings: ScalingFitSettings = FAST) -> dict:
     events = list(run_scaling_fit(runs, settings))
-    assert isinstance(events[-1], Result)
+    assert isinstance(events[-1], Result) and round_trips("scaling-fit", events[-1].data)  # from ScalingFitResult
     return events[-1].data
 
 
@@ -195,6 +196,13 @@ def test_objective_is_the_same_quantity_in_every_mode() -> None:
     # least squares minimises exactly this quantity: no other mode can beat it
     assert docs["lm"]["objective"] <= min(docs["huber"]["objective"], docs["paper"]["objective"])
     assert docs["paper"]["optimizer"] == "paper" and docs["paper"]["paper"]["steps"] == 3000
+    header = ["source", "columns", "n_rows", "n_excluded", "n_points", "optimizer", "loss_function", "huber_delta",
+              "params", "objective", "depth_points"]
+    footer = ["optimal_shape", "settings", "seconds"]
+    assert list(docs["paper"]) == [*header, "paper", *footer]  # each optimizer's document, in the order it had
+    assert list(docs["lm"]) == [*header, "profile", "alpha_l_profile_ci95", "ci95", "se", "train_rmse",
+                                "train_rmse_log", "restarts", "bootstrap", "heldout_rmse", "heldout_rmse_log",
+                                "heldout_splits", "heldout_n_test", *footer]
     last = docs["paper"]["paper"]["trajectory"][-1]
     assert last["step"] == 3000 and last["alpha_l"] == docs["paper"]["params"]["alpha_l"]
 

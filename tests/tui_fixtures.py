@@ -9,6 +9,7 @@ from typing import Any
 
 from engine.atomic import atomic_write_json
 from engine.events import (
+    ABSENT,
     AblationMap,
     AblationRow,
     DepthLaw,
@@ -18,6 +19,8 @@ from engine.events import (
     DynamicsResult,
     DynamicsRow,
     Event,
+    FitBootstrap,
+    FitRestarts,
     FitSummary,
     GrowthArm,
     GrowthBudgetRow,
@@ -33,6 +36,7 @@ from engine.events import (
     NullModel,
     ParadoxRow,
     PcaSample,
+    ProfilePoint,
     PruneCut,
     PruneResult,
     Quartiles,
@@ -42,6 +46,8 @@ from engine.events import (
     RecoveryRow,
     RecoveryStart,
     RecoveryVsAblation,
+    ScalingFitResult,
+    ScalingProfile,
     Started,
     TokenCluster,
     ToyDepthCurve,
@@ -248,17 +254,24 @@ def scaling_fit_doc(with_points: bool = True) -> dict:
     """The parts of results/scaling-fit.json its view draws: the estimate, its intervals, the profile
     and (unless `with_points` is off, as in a result of anatomy-tui 0.2) the runs against depth,
     whose depth part lies on the fitted term 2 / l^0.3 but for a +-2 % wobble."""
-    profile = [{"alpha_l": 0.1 + 0.02 * i, "objective": 0.01 + (0.1 + 0.02 * i - 0.3) ** 2} for i in range(21)]
+    profile = [ProfilePoint(alpha_l=0.1 + 0.02 * i, objective=0.01 + (0.1 + 0.02 * i - 0.3) ** 2) for i in range(21)]
     depths = [2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0]
     rest = [1.5 + 0.1 * (i % 3) for i in range(len(depths))]
     loss = [r + SCALING["c_l"] / d ** SCALING["alpha_l"] * (1.02 if i % 2 else 0.98)
             for i, (d, r) in enumerate(zip(depths, rest, strict=True))]
-    doc = {"params": SCALING, "profile": {"alpha_l": profile}, "alpha_l_profile_ci95": [0.24, 0.37], "n_points": 8,
-           "optimizer": "lm", "loss_function": "least_squares", "objective": 1.25e-4, "train_rmse": 0.011,
-           "heldout_rmse": 0.014, "ci95": {"alpha_l": [0.22, 0.41], "alpha_m": [0.45, 0.55], "L0": [1.4, 1.6]}}
-    if with_points:
-        doc["depth_points"] = json_safe(DepthPoints(depth=depths, loss=loss, rest=rest))
-    return doc  # fmt: skip
+    return json_safe(ScalingFitResult(
+        source="runs.csv", columns={"loss": "loss", "width": "width", "depth": "depth", "tokens": "tokens"},
+        n_rows=8, n_excluded=0, n_points=8, optimizer="lm", loss_function="least_squares", huber_delta=None,
+        params=SCALING, objective=1.25e-4,
+        depth_points=DepthPoints(depth=depths, loss=loss, rest=rest) if with_points else ABSENT,
+        profile=ScalingProfile(alpha_l=profile), alpha_l_profile_ci95=[0.24, 0.37],
+        ci95={"alpha_l": [0.22, 0.41], "alpha_m": [0.45, 0.55], "L0": [1.4, 1.6]}, se={}, train_rmse=0.011,
+        train_rmse_log=0.01, restarts=FitRestarts(n=64, reaching_best=10, best_objective=1.25e-4),
+        bootstrap=FitBootstrap(n=100, n_valid=100, restarts=4, seconds=1.0), heldout_rmse=0.014,
+        heldout_rmse_log=0.012, heldout_splits=10, heldout_n_test=2,
+        optimal_shape={"width_depth_exponent": None, "note": "an exponent is 0: no interior optimum"}, settings={},
+        seconds=1.0,
+    ))  # fmt: skip
 
 
 def prune_result(curve: list[PruneCut], exported_point: PruneCut | None = None,

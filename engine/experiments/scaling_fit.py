@@ -19,12 +19,28 @@ import numpy as np
 
 from engine import powerfit
 from engine.errors import UserError
-from engine.events import CancelToken, DepthPoints, Event, FitStage, Message, Progress, Result, json_safe
+from engine.events import (
+    CancelToken,
+    DepthPoints,
+    Event,
+    FitBootstrap,
+    FitRestarts,
+    FitStage,
+    Message,
+    PaperFit,
+    ProfilePoint,
+    Progress,
+    Result,
+    ScalingFitResult,
+    ScalingProfile,
+    json_safe,
+)
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, Settings, setting
 
 TERMS = ("m", "l", "D")
 PARAM_KEYS = ("alpha_m", "alpha_l", "alpha_D", "c_m", "c_l", "c_D", "L0")
+RESULT = ScalingFitResult  # results/scaling-fit.json
 CHINCHILLA_RELATIVE = Path("chinchilla") / "chinchilla_reconstructed.csv"
 OPTIMIZERS = ("lm", "paper")
 # Paper B's notebook: features in its units (width, 100 x layers, tokens in millions), the start
@@ -219,7 +235,7 @@ def optimal_shape(params: dict[str, float], budgets: tuple[float, ...]) -> dict[
 
 def _data_header(data: Runs, settings: ScalingFitSettings, n_excluded: int, n_points: int, optimizer: str
                  ) -> dict[str, Any]:
-    """What every fit's document starts with: which runs it fitted and how."""
+    """What every fit's document (`ScalingFitResult`) starts with: which runs it fitted and how."""
     return {
         "source": data.source,
         "columns": {"loss": settings.loss_column, "width": settings.width_column,
@@ -292,27 +308,27 @@ def run_scaling_fit(
     shape = optimal_shape(best, settings.budgets)
     ratios = [b["alpha_l"] / b["alpha_m"] for b in boot_params if b["alpha_m"] > 0]
     shape["width_depth_exponent_ci95"] = _percentiles(ratios)
-    doc: dict[str, Any] = {
+    doc = ScalingFitResult(
         **_data_header(data, settings, n_excluded, n, "lm"),
-        "loss_function": "huber" if delta is not None else "least_squares",
-        "huber_delta": delta,
-        "params": best,
-        "objective": objective,
-        "depth_points": depth_points(best, data),
-        "profile": {"alpha_l": profile},
-        "alpha_l_profile_ci95": profile_ci,
-        "ci95": ci95,
-        "se": se,
-        "train_rmse": float(np.sqrt(np.mean((data.loss * (np.exp(resid) - 1)) ** 2))),
-        "train_rmse_log": float(np.sqrt(np.mean(resid**2))),
-        "restarts": {"n": settings.restarts, "reaching_best": near, "best_objective": float(best_obj[0])},
-        "bootstrap": {"n": settings.bootstrap, "n_valid": boot_valid, "restarts": settings.bootstrap_restarts,
-                      "seconds": boot_seconds},
+        loss_function="huber" if delta is not None else "least_squares",
+        huber_delta=delta,
+        params=best,
+        objective=objective,
+        depth_points=depth_points(best, data),
+        profile=ScalingProfile(alpha_l=None if profile is None else [ProfilePoint(**point) for point in profile]),
+        alpha_l_profile_ci95=profile_ci,
+        ci95=ci95,
+        se=se,
+        train_rmse=float(np.sqrt(np.mean((data.loss * (np.exp(resid) - 1)) ** 2))),
+        train_rmse_log=float(np.sqrt(np.mean(resid**2))),
+        restarts=FitRestarts(n=settings.restarts, reaching_best=near, best_objective=float(best_obj[0])),
+        bootstrap=FitBootstrap(n=settings.bootstrap, n_valid=boot_valid, restarts=settings.bootstrap_restarts,
+                               seconds=boot_seconds),
         **heldout,
-        "optimal_shape": shape,
-        "settings": settings.to_dict(),
-        "seconds": time.perf_counter() - started,
-    }
+        optimal_shape=shape,
+        settings=settings.to_dict(),
+        seconds=time.perf_counter() - started,
+    )
     yield Result(name="scaling-fit", data=json_safe(doc))
 
 
@@ -405,25 +421,25 @@ def _run_paper(data: Runs, x: np.ndarray, y: np.ndarray, settings: ScalingFitSet
                            "objective": mean_squared_log_residual(doc, data)})
     yield FitStage(stage="fit", values=best, seconds=time.perf_counter() - started)
     yield Progress(1, 1, "done")
-    doc: dict[str, Any] = {
+    result = ScalingFitResult(
         **_data_header(data, settings, n_excluded, len(y), "paper"),
-        "loss_function": "least_squares",
-        "huber_delta": None,
-        "params": best,
-        "objective": objective,
-        "depth_points": depth_points(best, data),
-        "paper": {
-            "steps": settings.steps,
-            "units": {"width": 1.0, "depth": float(PAPER_UNITS[1]), "tokens": float(PAPER_UNITS[2])},
-            "log_c": {f"c_{t}": float(fit.params[j]) for j, t in enumerate(TERMS)},
-            "loss": PAPER_LOSS_SCALE * objective,
-            "trajectory": trajectory,
-        },
-        "optimal_shape": optimal_shape(best, settings.budgets),
-        "settings": settings.to_dict(),
-        "seconds": time.perf_counter() - started,
-    }
-    yield Result(name="scaling-fit", data=json_safe(doc))
+        loss_function="least_squares",
+        huber_delta=None,
+        params=best,
+        objective=objective,
+        depth_points=depth_points(best, data),
+        paper=PaperFit(
+            steps=settings.steps,
+            units={"width": 1.0, "depth": float(PAPER_UNITS[1]), "tokens": float(PAPER_UNITS[2])},
+            log_c={f"c_{t}": float(fit.params[j]) for j, t in enumerate(TERMS)},
+            loss=PAPER_LOSS_SCALE * objective,
+            trajectory=trajectory,
+        ),
+        optimal_shape=optimal_shape(best, settings.budgets),
+        settings=settings.to_dict(),
+        seconds=time.perf_counter() - started,
+    )
+    yield Result(name="scaling-fit", data=json_safe(result))
 
 
 def _starts_around(best_theta: np.ndarray, groups: int, per_group: int, y: np.ndarray,
