@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from tui_fixtures import (
+    ablation_doc,
     dynamics_doc,
     growth_doc,
     manipulate_doc,
@@ -196,14 +197,18 @@ def test_result_documents_keep_the_keys_of_the_dicts_they_replace(cls):
 
 
 # tests/tui_fixtures.py's results, built from the classes
-SAMPLES = {"prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc, "manipulate": manipulate_doc,
-           "weights": weights_doc, "dynamics": dynamics_doc, "toy-depth": toy_depth_doc,
+SAMPLES = {"ablation": ablation_doc, "prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc,
+           "manipulate": manipulate_doc, "weights": weights_doc, "dynamics": dynamics_doc, "toy-depth": toy_depth_doc,
            "scaling-fit": scaling_fit_doc}
 
 
-@pytest.mark.parametrize("name", list(SAMPLES))
+@pytest.mark.parametrize("name", [entry.name for entry in EXPERIMENTS])
 def test_each_experiment_declares_its_result_class_and_its_sample_round_trips(name):
-    assert experiment(name).result_class is not None and round_trips(name, SAMPLES[name]())
+    """Every experiment's module names its result class (RESULT), and tests/tui_fixtures.py has a
+    sample built from it that reads back byte for byte."""
+    assert experiment(name).result_class is not None, f"engine module of {name} has no RESULT"
+    assert name in SAMPLES, f"no sample {name} result: add one to tests/tui_fixtures.py, built from its class"
+    assert round_trips(name, SAMPLES[name]())
 
 
 def test_version_2_documents_pass_the_upgrade_unchanged():
