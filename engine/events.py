@@ -9,9 +9,12 @@ Spelling: a kind is `<command>.<what>` with the command as typed (`scaling-fit.s
 generic ones are `job.*`. The same thing has the same field name everywhere, in events and in
 result documents: a layer index is `layer`, an importance class is `layer_class`.
 
-Result documents the console reads have frozen dataclasses here too (`AblationMap`, `RecoveryRow`,
-`GrowthArm`...): the engine builds them and the console decodes them with `from_doc`, so a renamed
-field breaks the tests on both sides.
+Every experiment's result document has a frozen dataclass here too, named by its module's `RESULT`
+(`AblationMap`, `RecoveryResult`, `PruneResult`...): the engine builds it and puts `json_safe(doc)` in
+its Result; the printers, the console's views and state, the prompt pane's variants and the test
+fixtures read it with `Class.from_json(doc)`, so a renamed field breaks the tests on both sides. The
+JSON is what the dicts these classes replaced wrote, key for key and in their order; a key a document
+has in one shape and not another is a field that may be `ABSENT`.
 
 Version 1 (anatomy-tui 0.1) spelled some kinds with hyphens or without a command, and said `index`
 and `class`; `upgrade_event` and `upgrade_result` rewrite such documents on reading, so a 0.1
