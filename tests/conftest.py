@@ -1,9 +1,35 @@
-"""Shared fixtures: tiny models of each family, the embedded model, and an isolated session home."""
+"""Shared fixtures: tiny models of each family, the tiny model as a folder, the embedded model, an
+isolated session home, and the environment of workers started by torch's launcher.
+
+Under pytest-xdist (`./test` runs `-n 2 --dist loadgroup`) every worker is its own process with its
+own session fixtures; the tests marked `embedded` all go to one worker (one xdist group), so the
+real model loads once per run, and each worker takes an equal share of the CPU threads."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
-from tiny_models import byte_tokenizer, tiny_model
+from tiny_models import byte_tokenizer, save_tiny, tiny_model
+
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # two workers of two threads each on two cores would fight over them
+        import torch
+
+        from engine.distributed import cpu_threads
+
+        torch.set_num_threads(cpu_threads(workers))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("embedded") is not None:
+            item.add_marker(pytest.mark.xdist_group("embedded"))
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +58,22 @@ def tokenizer():
 @pytest.fixture
 def tiny_llama(tokenizer):
     return tiny_model("llama"), tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory) -> Path:
+    """The tiny llama saved as a Hugging Face folder (`--model FOLDER`), once a session: read, never
+    written (a test that changes a model folder saves its own)."""
+    return save_tiny(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture
+def worker_env(monkeypatch):
+    """Workers started by torch's launcher import this tree's engine and the tiny models, like the
+    test process does, and start outside any torchrun world."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS.parent), str(TESTS)]))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="session")

@@ -7,14 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from tiny_models import save_tiny
 
 from tui.cli import main
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("model") / "tiny")
 
 
 def test_run_ablation_writes_json_and_session(tiny_folder, tmp_path, capsys):

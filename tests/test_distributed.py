@@ -1,10 +1,10 @@
-"""Sweeps split over worker processes: the same rows as a serial run, one writer, a dead worker named."""
+"""Sweeps split over worker processes: the same rows as a serial run (shards merged here; the run
+through torch's launcher is tests/test_run_scale.py's), one writer, a dead worker named."""
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -20,14 +20,6 @@ from engine.experiments.ablation import AblationSettings, merge_shards, run_abla
 
 TESTS = Path(__file__).resolve().parent
 WORKER = TESTS / "shard_worker.py"
-
-
-@pytest.fixture
-def worker_env(monkeypatch):
-    """Workers import this tree's engine and the tiny models, like the test process does."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS.parent), str(TESTS)]))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def test_shard_deals_in_snake_order():
@@ -92,28 +84,6 @@ def test_merger_sums_progress_and_names_a_failed_worker():
         list(merger.take(1, _Failed("CUDA out of memory")))
 
 
-def test_two_workers_give_the_serial_rows(tokenizer, worker_env, tmp_path):
-    import shard_worker
-
-    out = tmp_path / "sharded.json"
-    assert launch([str(WORKER), str(out)], 2) == 0
-    sharded = json.loads(out.read_text(encoding="utf-8"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cpu_threads(2))  # the workers' share, so every sum is reduced alike
-    try:
-        events = list(run_ablation(tiny_model("llama", seed=3), tokenizer, shard_worker.SETTINGS))
-    finally:
-        torch.set_num_threads(threads)
-    assert isinstance(events[-1], Result)
-    serial = json.loads(json.dumps(events[-1].data))
-    assert sharded["result"]["layers"] == serial["layers"]
-    assert sharded["result"]["spearman"] == serial["spearman"]
-    assert sharded["result"]["baseline_ppl"] == serial["baseline_ppl"]
-    assert sharded["kinds"].count("ablation.layer") == 4 and sharded["kinds"][-1] == "job.result"
-    assert sharded["last_progress"] == [4, 4]
-    assert merge_shards([serial], shard_worker.SETTINGS)["layers"] == serial["layers"]
-
-
 def test_a_dead_worker_fails_the_job_in_one_line(worker_env, tmp_path, capsys):
     out = tmp_path / "sharded.json"
     assert launch([str(WORKER), str(out), "die"], 2) == 2
@@ -167,6 +137,7 @@ def test_ablation_shards_merge_to_the_serial_map(tokenizer):
     assert [row["layer"] for row in shards[1]["layers"]] == [1]
     merged = merge_shards(shards, settings)
     assert {k: v for k, v in merged.items() if k != "seconds"} == {k: v for k, v in serial.items() if k != "seconds"}
+    assert merge_shards([serial], settings)["layers"] == serial["layers"]  # one shard: itself
 
 
 def untimed(doc):

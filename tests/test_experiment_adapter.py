@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from in_process_workers import InProcessWorkers
 
 from engine import memory, registry
-from engine.distributed import ShardPlan, World, _Merger, known_units, plan, shard
+from engine.distributed import ShardPlan, known_units, plan, shard
 from engine.events import Event, Progress, Result
 from engine.registry import Experiment, RunContext
 from engine.settings import Settings, setting
@@ -81,24 +82,6 @@ def registered(monkeypatch) -> Experiment:
     monkeypatch.setattr(registry, "EXPERIMENTS", (*registry.EXPERIMENTS, ROW))
     monkeypatch.setitem(registry.BY_NAME, ROW.name, ROW)
     return ROW
-
-
-class InProcessWorkers:
-    """Workers.sweep's contract without processes: every rank's share run here, in rank order,
-    through the same merger rank 0 uses."""
-
-    def __init__(self, size: int) -> None:
-        self.world = World(0, size, 0, size)
-
-    def broadcast(self, objects: list[Any]) -> list[Any]:
-        return objects
-
-    def sweep(self, run_shard, items, merge) -> Iterator[Event]:
-        merger = _Merger()
-        for rank in range(self.world.size):
-            for event in run_shard(shard(items, rank, self.world.size)):
-                yield from merger.take(rank, event)
-        yield merger.result(merge)
 
 
 # the checks ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_models import save_tiny, tiny_model
+from tiny_models import tiny_model
 
 from engine.errors import UserError
 from engine.experiments.ablation import AblationSettings
@@ -18,11 +18,6 @@ from engine.memory import model_bytes, plan_run
 from engine.models import LoadedModel
 from engine.options import ModelOptions
 from tui.jobs import BackgroundJob, job_argv, job_options, job_placement
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
 def on_gpu(folder: Path, device: str = "cuda:0", dtype: str = "float16", device_map: str | None = None

@@ -1,5 +1,8 @@
 """`anatomy-tui run` at scale: the memory plan before the load, --device-map/--max-memory flags, and
---shards (torch's launcher, one writer) giving the serial run's rows."""
+--shards giving the serial run's rows: once end to end through torch's launcher (the relaunch, rank 0
+the one writer), and for every other experiment as rank 0 of a world whose shares run in this
+process (tests/in_process_workers.py), which proves the split, the merge and resume without
+starting processes."""
 
 from __future__ import annotations
 
@@ -7,27 +10,13 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 import torch
-from tiny_models import save_tiny
+from in_process_workers import rank_zero_here
 
 from sessions.store import SessionStore
 from tui.cli import build_parser, main
 
 TESTS = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("model") / "tiny", seed=3)
-
-
-@pytest.fixture
-def worker_env(monkeypatch):
-    """Workers started by --shards import this tree, and start outside any torchrun world."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS.parent), str(TESTS)]))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def only_job(session: str) -> dict:
@@ -121,43 +110,49 @@ def serially(argv: list[str]) -> int:
         torch.set_num_threads(threads)
 
 
+def logged(session) -> list[dict]:
+    return [json.loads(line) for line in (session.path / "events.jsonl").read_text().splitlines()]
+
+
 def test_two_shards_give_the_serial_map(tiny_folder, worker_env, capsys):
+    """End to end through torch's launcher: --shards relaunches the command as two processes, the
+    events travel to rank 0 over gloo (progress summed over the workers) and rank 0 alone writes."""
     argv = ["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--eval-batch-size", "4"]
     assert main([*argv, "--shards", "2", "--session", "sharded"]) == 0
     assert serially([*argv, "--session", "serial"]) == 0
     store = SessionStore()
     sharded, serial = store.open("sharded"), store.open("serial")
     assert sharded.load_result("ablation")["layers"] == serial.load_result("ablation")["layers"]
-    events = [json.loads(line) for line in (sharded.path / "events.jsonl").read_text().splitlines()]
+    assert sharded.load_result("ablation")["spearman"] == serial.load_result("ablation")["spearman"]
+    assert sharded.load_result("ablation")["baseline_ppl"] == serial.load_result("ablation")["baseline_ppl"]
+    events = logged(sharded)
     assert sorted(e["layer"] for e in events if e["kind"] == "ablation.layer") == [0, 1, 2, 3]
+    assert [e["kind"] for e in events][-2:] == ["job.result", "job.finished"]
+    progress = [e for e in events if e["kind"] == "job.progress"]
+    assert (progress[-1]["done"], progress[-1]["total"]) == (4, 4)  # summed over the two workers
     assert len(sharded.jobs()) == 1 and only_job("sharded")["status"] == "done"  # one writer, one job
     assert only_job("sharded")["pid"] != os.getpid()  # written by rank 0 of the launched workers
 
 
-def test_sharded_recovery_by_layer_and_repeat_resumes_the_missing_layers(tiny_folder, worker_env, tmp_path, capsys):
+def test_sharded_recovery_by_layer_and_repeat_resumes_the_missing_layers(tiny_folder, tmp_path, monkeypatch,
+                                                                        capsys):
     train, held_out = tmp_path / "train.txt", tmp_path / "eval.txt"
     train.write_text("\n".join(f"The cat {i} sat on the mat." for i in range(40)), encoding="utf-8")
     held_out.write_text("The dog sat on the mat.\nA cat looked at the dog.", encoding="utf-8")
     argv = ["run", "recovery", "--model", str(tiny_folder), "--sigma", "3", "--steps", "2", "--lr", "0.01",
             "--batch-size", "2", "--block-size", "16", "--train-blocks", "4", "--train-file", str(train),
             "--eval-file", str(held_out), "--repeats", "2"]
-    assert serially([*argv, "--layers", "1,2", "--session", "r"]) == 0  # a sweep stopped after two layers
-    assert main([*argv, "--layers", "0,1,2,3", "--session", "r", "--resume", "--shards", "2"]) == 0
-    assert serially([*argv, "--layers", "0,1,2,3", "--session", "fresh"]) == 0
+    assert main([*argv, "--layers", "1,2", "--session", "r"]) == 0  # a sweep stopped after two layers
+    with rank_zero_here(monkeypatch):
+        assert main([*argv, "--layers", "0,1,2,3", "--session", "r", "--resume", "--shards", "2"]) == 0
+    assert main([*argv, "--layers", "0,1,2,3", "--session", "fresh"]) == 0
     store = SessionStore()
     resumed, fresh = store.open("r").load_result("recovery"), store.open("fresh").load_result("recovery")
     assert resumed["resumed_layers"] == [1, 2]
-
-    def untimed(doc):
-        if isinstance(doc, dict):
-            return {k: untimed(v) for k, v in doc.items() if not k.startswith("seconds")}
-        return [untimed(v) for v in doc] if isinstance(doc, list) else doc
-
     assert [len(row["repeats"]) for row in resumed["layers"]] == [2, 2, 2, 2]  # (layer, repeat) runs joined again
     assert untimed(resumed["layers"]) == untimed(fresh["layers"])
     assert resumed["budget"] == fresh["budget"] and resumed["ranking"] == fresh["ranking"]
-    log = [json.loads(line) for line in (store.open("r").path / "events.jsonl").read_text().splitlines()]
-    layers = [e for e in log if e["kind"] == "recovery.layer"]  # the log holds whole layers only
+    layers = [e for e in logged(store.open("r")) if e["kind"] == "recovery.layer"]  # the log holds whole layers only
     assert sorted(e["layer"] for e in layers) == [0, 1, 2, 3] and {len(e["result"]["repeats"]) for e in layers} == {2}
     checkpoint = json.loads((store.open("r").checkpoint_dir("recovery") / "layers.json").read_text())
     assert sorted(checkpoint["layers"], key=int) == ["0", "1", "2", "3"]
@@ -178,40 +173,41 @@ def untimed(doc):
     return [untimed(v) for v in doc] if isinstance(doc, list) else doc
 
 
-def test_two_shards_give_the_serial_manipulation_trials(tiny_folder, worker_env, capsys):
+def test_two_shards_give_the_serial_manipulation_trials(tiny_folder, monkeypatch, capsys):
     argv = ["run", "manipulate", "--model", str(tiny_folder), "--eval-set", "paper", "--eval-batch-size", "4",
             "--layers", "1,2", "--strategies", "zero,blend,scale", "--alphas", "0.5,0.9", "--together",
             "--sample-tokens", "3"]
-    assert main([*argv, "--shards", "2", "--session", "sharded"]) == 0
-    assert serially([*argv, "--session", "serial"]) == 0
+    with rank_zero_here(monkeypatch):
+        assert main([*argv, "--shards", "2", "--session", "sharded"]) == 0
+    assert main([*argv, "--session", "serial"]) == 0
     store = SessionStore()
     sharded, serial = store.open("sharded").load_result("manipulate"), store.open("serial").load_result("manipulate")
     assert len(serial["results"]) == 12 and serial["results"][-1]["together"]
     assert untimed(sharded) == untimed(serial)
-    log = [json.loads(line) for line in (store.open("sharded").path / "events.jsonl").read_text().splitlines()]
-    assert sum(e["kind"] == "manipulate.trial" for e in log) == 12
+    assert sum(e["kind"] == "manipulate.trial" for e in logged(store.open("sharded"))) == 12
 
 
-def test_two_shards_give_the_serial_toy_depth_and_resume_a_lost_student(worker_env, capsys):
+def test_two_shards_give_the_serial_toy_depth_and_resume_a_lost_student(monkeypatch, capsys):
     argv = ["run", "toy-depth", "--preset", "tiny", "--width", "8", "--outputs", "8", "--teacher-depth", "4",
             "--student-depths", "1,2,3", "--steps", "20", "--batch-size", "16", "--eval-size", "64",
             "--bootstrap", "20", "--log-every", "10"]
-    assert main([*argv, "--shards", "2", "--session", "sharded"]) == 0
+    with rank_zero_here(monkeypatch):
+        assert main([*argv, "--shards", "2", "--session", "sharded"]) == 0
     assert main([*argv, "--session", "serial"]) == 0
     store = SessionStore()
     sharded, serial = store.open("sharded"), store.open("serial")
     assert untimed(sharded.load_result("toy-depth")) == untimed(serial.load_result("toy-depth"))
 
     def fit_lines(session) -> set[str]:
-        log = [json.loads(line) for line in (session.path / "events.jsonl").read_text().splitlines()]
-        return {e["text"] for e in log if e["kind"] == "job.message" and "alpha_l=" in e["text"]}
+        return {e["text"] for e in logged(session) if e["kind"] == "job.message" and "alpha_l=" in e["text"]}
 
     assert len(fit_lines(serial)) == 2 and fit_lines(sharded) == fit_lines(serial)  # logged after the merge
     folder = sharded.checkpoint_dir("toy-depth")
     assert len(list(folder.glob("student-*.json"))) == 6  # two regimes x three depths, one file each
     (folder / "student-independent-T1.0-d2.json").unlink()  # a student killed before it finished
-    assert main([*argv, "--shards", "2", "--session", "sharded", "--resume"]) == 0
+    with rank_zero_here(monkeypatch):
+        assert main([*argv, "--shards", "2", "--session", "sharded", "--resume"]) == 0
     assert untimed(sharded.load_result("toy-depth")) == untimed(serial.load_result("toy-depth"))
-    log = [json.loads(line) for line in (sharded.path / "events.jsonl").read_text().splitlines()]
-    restored = [e for e in log if e["kind"] == "job.message" and "restored from its checkpoint" in e["text"]]
+    restored = [e for e in logged(sharded)
+                if e["kind"] == "job.message" and "restored from its checkpoint" in e["text"]]
     assert len(restored) == 5

@@ -8,18 +8,12 @@ import os
 import pytest
 import torch
 from test_memory import fake_gpu_run, loaded_on_the_cpu
-from tiny_models import save_tiny
 
 from engine.models import CUBLAS_WORKSPACE, load_model
 from engine.options import ModelOptions
 from sessions.store import SessionStore
 from tui.cli import build_parser, main
 from tui.flags import model_options_from_args
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("model") / "tiny")
 
 
 def test_the_flags_parse_on_run_and_the_console_and_default_on():

@@ -13,7 +13,6 @@ import sys
 import time
 
 import pytest
-from tiny_models import save_tiny
 
 from engine.atomic import atomic_write_json, check_writable_path
 from engine.errors import UserError
@@ -23,11 +22,6 @@ from sessions.job_runner import run_job
 from sessions.store import SessionError, SessionStore
 from tui import jobs as jobs_module
 from tui.cli import main
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    return save_tiny(tmp_path_factory.mktemp("model") / "tiny")
 
 
 def one_error_line(capsys, after_a_run: bool = False) -> str:

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 from textual.widgets import Input
-from tiny_models import save_tiny
 from tui_fixtures import BASELINE, CURVE, MAP, cut, demo_session, prune_result, recovery_row
 
 from engine.events import AblationProxies, RecoveryLayer
@@ -39,11 +38,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> Path:
-    return save_tiny(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
 def tiny_app(folder: Path, session: str = "s", load_model: bool = True, auto_map: bool = False) -> AnatomyApp:

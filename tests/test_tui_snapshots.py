@@ -4,7 +4,10 @@ deliberate change of the look, and review the SVGs in tests/__snapshots__/."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from tui_fixtures import analyses_session, dashboard_session, demo_session, older_analyses_session
@@ -73,3 +76,17 @@ def test_analyses_views_of_older_results(snap_compare, isolated_home) -> None:
     older_analyses_session(SessionStore())
     app = AnatomyApp(session="map", load_model=False)
     assert snap_compare(app, press=["f6", "pagedown", "_"], run_before=_settled, terminal_size=(200, 50))
+
+
+
+def test_every_snapshot_belongs_to_a_test() -> None:
+    """syrupy fails a run that leaves a snapshot unused, but not under pytest-xdist (./test runs
+    there): a snapshot whose test was renamed or dropped is found here instead."""
+    here = Path(__file__)
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+               "--noconftest", here.name]  # the test ids only: no fixtures, no torch  # fmt: skip
+    listed = subprocess.run(command, capture_output=True, text=True, cwd=here.parent)
+    assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
+    tests = {line.partition("::")[2] for line in listed.stdout.splitlines() if "::" in line}
+    snapshots = {path.stem for path in (here.parent / "__snapshots__" / here.stem).glob("*.svg")}
+    assert snapshots and snapshots <= tests, f"snapshots of no test: {sorted(snapshots - tests)}"
