@@ -26,6 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(cpu_threads(workers))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("embedded") is not None:
