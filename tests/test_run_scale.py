@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import torch
 from in_process_workers import rank_zero_here
 
 from sessions.store import SessionStore
 from tui.cli import build_parser, main
-
-TESTS = Path(__file__).resolve().parent
 
 
 def only_job(session: str) -> dict:
