@@ -69,6 +69,17 @@ def tiny_folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def files(tmp_path) -> tuple[str, str]:
+    """An evaluation file (tiny_models.EVAL, a text a line) and a training file (TRAIN)."""
+    from tiny_models import EVAL, TRAIN
+
+    evaluation, train = tmp_path / "eval.txt", tmp_path / "train.txt"
+    evaluation.write_text("\n".join(EVAL), encoding="utf-8")
+    train.write_text(TRAIN, encoding="utf-8")
+    return str(evaluation), str(train)
+
+
+@pytest.fixture
 def worker_env(monkeypatch):
     """Workers started by torch's launcher import this tree's engine and the tiny models, like the
     test process does, and start outside any torchrun world."""

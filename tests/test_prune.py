@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from tiny_models import TINY_CONFIGS, out_of_memory_in_training, tiny_model
+from tiny_models import EVAL, TINY_CONFIGS, out_of_memory_in_training, tiny_model
 from transformers import AutoModelForCausalLM
 from tui_fixtures import round_trips
 
@@ -20,20 +20,10 @@ from engine.models import LoadedModel
 from engine.perplexity import Evaluator
 from engine.registry import RunContext, experiment
 
-EVAL = ["The dog sat on the mat.", "A cat looked at the dog for a while.", "Number seven sat on the mat."]
-TRAIN = "\n".join(f"The cat number {i} sat on the mat and looked at the dog for a while." for i in range(40))
 CURVE_KEYS = {"method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl"}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture
-def files(tmp_path):
-    evaluation, train = tmp_path / "eval.txt", tmp_path / "train.txt"
-    evaluation.write_text("\n".join(EVAL), encoding="utf-8")
-    train.write_text(TRAIN, encoding="utf-8")
-    return str(evaluation), str(train)
 
 
 def loaded(model, tokenizer, name="tiny") -> LoadedModel:

@@ -17,16 +17,6 @@ from engine.events import Result
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SPLIT = ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
-EVAL = ["The dog sat on the mat.", "A cat looked at the dog for a while.", "Number seven sat on the mat."]
-TRAIN = "\n".join(f"The cat number {i} sat on the mat and looked at the dog for a while." for i in range(40))
-
-
-@pytest.fixture
-def files(tmp_path):
-    evaluation, train = tmp_path / "eval.txt", tmp_path / "train.txt"
-    evaluation.write_text("\n".join(EVAL), encoding="utf-8")
-    train.write_text(TRAIN, encoding="utf-8")
-    return str(evaluation), str(train)
 
 
 def result(events) -> dict:

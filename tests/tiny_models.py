@@ -87,3 +87,7 @@ def out_of_memory_in_training(monkeypatch, module) -> None:
         return original(*args, **kwargs)
 
     monkeypatch.setattr(module, "forward", forward)
+
+
+EVAL = ["The dog sat on the mat.", "A cat looked at the dog for a while.", "Number seven sat on the mat."]
+TRAIN = "\n".join(f"The cat number {i} sat on the mat and looked at the dog for a while." for i in range(40))
