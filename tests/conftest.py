@@ -1,9 +1,10 @@
 """Shared fixtures: tiny models of each family, the tiny model as a folder, the embedded model, an
 isolated session home, and the environment of workers started by torch's launcher.
 
-Under pytest-xdist (`./test` runs `-n 2 --dist loadgroup`) every worker is its own process with its
+Under pytest-xdist (`./test` runs `-n auto --dist loadgroup`) every worker is its own process with its
 own session fixtures; the tests marked `embedded` all go to one worker (one xdist group), so the
-real model loads once per run, and each worker takes an equal share of the CPU threads."""
+real model loads once per run, the tests marked `slow` are handed out first, and each worker takes
+an equal share of the CPU threads."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("embedded") is not None:
             item.add_marker(pytest.mark.xdist_group("embedded"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the longest first, so no worker ends alone on one of them
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)

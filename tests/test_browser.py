@@ -45,6 +45,7 @@ def wait_for_log(path: Path, needle: str, limit: float = 90.0) -> str:
     raise AssertionError(f"{needle!r} never reached {path}:\n{path.read_text() if path.exists() else '(none)'}")
 
 
+@pytest.mark.slow
 def test_console_in_chromium(isolated_home, tmp_path) -> None:
     session = demo_session(SessionStore())
     port = free_port()

@@ -84,6 +84,7 @@ def test_merger_sums_progress_and_names_a_failed_worker():
         list(merger.take(1, _Failed("CUDA out of memory")))
 
 
+@pytest.mark.slow
 def test_a_dead_worker_fails_the_job_in_one_line(worker_env, tmp_path, capsys):
     out = tmp_path / "sharded.json"
     assert launch([str(WORKER), str(out), "die"], 2) == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 import torch
 from in_process_workers import rank_zero_here
 
@@ -111,6 +112,7 @@ def logged(session) -> list[dict]:
     return [json.loads(line) for line in (session.path / "events.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_shards_give_the_serial_map(tiny_folder, worker_env, capsys):
     """End to end through torch's launcher: --shards relaunches the command as two processes, the
     events travel to rank 0 over gloo (progress summed over the workers) and rank 0 alone writes."""

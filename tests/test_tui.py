@@ -342,6 +342,7 @@ async def test_stop_generation(isolated_home, tiny_folder, monkeypatch) -> None:
 
 
 # jobs in their own process ---------------------------------------------------------------------------
+@pytest.mark.slow
 async def test_jobs_run_live_cancel_and_survive_the_console(isolated_home, tiny_folder) -> None:
     """From the console: a recovery run whose points arrive live and that a key cancels, and a growth
     run that keeps going after the console quits; reopening shows both from the store."""

@@ -74,6 +74,7 @@ def console_in_tmux(home: Path, flags: str, size: tuple[int, int]) -> Iterator[s
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
 def test_console_in_a_real_terminal(isolated_home, tmp_path) -> None:
     demo_session(SessionStore())
@@ -94,6 +95,7 @@ def test_console_in_a_real_terminal(isolated_home, tmp_path) -> None:
             time.sleep(0.3)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
 def test_first_run_draws_the_map_unasked(isolated_home, tmp_path) -> None:
     """An empty store and no key pressed: the console opens a new session and maps its layers."""
