@@ -439,3 +439,24 @@ def test_prune_without_healing_plans_no_training_and_lora_its_adapters(tokenizer
 
     recovery = memory.training_of(shape, RecoverySettings())
     assert (recovery.params, recovery.layers_with_graph) == (shape.layer_matrices, shape.n_layers)
+
+
+def test_a_7b_config_on_a_t4_is_planned_in_float16_and_refused_where_it_cannot_fit(tmp_path, monkeypatch, tokenizer):
+    """Llama-2-7B's config (no weights: the plan reads the config and the tokenizer only): 6.74 B
+    parameters counted exactly, float16 on a T4, and one line naming --dtype/--device on a smaller card."""
+    from transformers import LlamaConfig
+
+    from engine.experiments.ablation import AblationSettings
+
+    folder = tmp_path / "llama-7b"
+    LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=32, vocab_size=32000, tie_word_embeddings=False).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    fake_gpu_run(monkeypatch, (7, 5), 15 * 2**30)
+    plan = memory.plan_run(str(folder), AblationSettings(eval_set="paper", eval_batch_size=8), "cuda:0", "auto")
+    assert plan.dtype == "float16" and plan.weights == 6_738_415_616 * 2
+    assert plan.prefix_cache > 0 and plan.logits > 0 and "no native bfloat16" in plan.dtype_reason
+    check_fits(plan, 15 * 2**30, "ablation")
+    with pytest.raises(UserError, match=r"^ablation needs about .* GB on cuda:0.*--dtype") as small:
+        check_fits(plan, 8 * 2**30, "ablation")
+    assert "\n" not in str(small.value)

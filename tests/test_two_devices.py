@@ -34,11 +34,11 @@ def without_times(doc):
     return doc
 
 
-def on_both(monkeypatch, run, seed: int = 3, family: str = "llama", **placement):
-    """run(model) on the plain model and on the same model split over two virtual GPUs."""
-    expected = run(tiny_model(family, seed=seed))
+def on_both(monkeypatch, run, seed: int = 3, family: str = "llama", dtype=torch.float32, **placement):
+    """run(model) on the plain model and on the same model (in `dtype`) split over two virtual GPUs."""
+    expected = run(tiny_model(family, seed=seed).to(dtype))
     with two_gpus(monkeypatch) as mode:
-        got = run(place(tiny_model(family, seed=seed), SPLIT, **placement))
+        got = run(place(tiny_model(family, seed=seed).to(dtype), SPLIT, **placement))
     assert mode.crossings > 0  # activations really went from one GPU to the other
     return expected, got
 
@@ -81,12 +81,13 @@ def test_place_spreads_layers_and_keeps_the_numbers(monkeypatch, tokenizer):
 # --- the experiments -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["mean", "skip", "zero"])
-def test_ablation_map_with_its_meter_and_prefix_cache(monkeypatch, tokenizer, method):
+@pytest.mark.parametrize(("method", "dtype"), [("mean", torch.float32), ("skip", torch.float32),
+                                               ("zero", torch.float32), ("mean", torch.float16)])
+def test_ablation_map_with_its_meter_and_prefix_cache(monkeypatch, tokenizer, method, dtype):
     from engine.experiments.ablation import AblationSettings, run_ablation
 
     settings = AblationSettings(method=method, eval_set="paper", eval_batch_size=4)
-    expected, got = on_both(monkeypatch, lambda model: result(run_ablation(model, tokenizer, settings)))
+    expected, got = on_both(monkeypatch, lambda model: result(run_ablation(model, tokenizer, settings)), dtype=dtype)
     assert without_times(got) == without_times(expected)
 
 
@@ -118,12 +119,15 @@ def test_manipulate(monkeypatch, tokenizer, files):
     assert without_times(got) == without_times(expected)
 
 
-def test_recovery(monkeypatch, tokenizer, files):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_recovery(monkeypatch, tokenizer, files, dtype):
+    """float16 on the GPUs: float32 masters, autocast and a loss scaler on each layer's own device."""
     from engine.experiments.recovery import RecoverySettings, run_recovery
 
     settings = RecoverySettings(layers=(1, 2), sigma=3.0, steps=3, lr=1e-2, batch_size=2, block_size=16,
                                 train_blocks=4, train_file=files[1], eval_file=files[0])
-    expected, got = on_both(monkeypatch, lambda model: result(run_recovery(model, tokenizer, settings)))
+    expected, got = on_both(monkeypatch, lambda model: result(run_recovery(model, tokenizer, settings)),
+                            dtype=dtype)
     assert without_times(got) == without_times(expected)
 
 
@@ -259,3 +263,21 @@ def test_noise_is_drawn_on_the_layers_gpu(monkeypatch):
             assert all(torch.equal(p, recovery_noise[n]) for n, p in stack.matrices(3).items())
         assert all(device_of(p) == torch.device("cuda:1") for p in recovery_noise.values())
         assert not any(torch.equal(recovery_noise[n], before[n]) for n in before)
+
+
+def test_the_logit_lens_reads_its_sums_back_once(monkeypatch, tokenizer, tmp_path):
+    """The lens scores every row of every layer; its sums stay on the GPUs, so turning it on adds
+    host reads per batch (the token count), not one per row and layer."""
+    from engine.experiments.dynamics import DynamicsSettings, run_dynamics
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(f"Sentence {i} about the cat on the mat." for i in range(16)), encoding="utf-8")
+    reads = {}
+    for lens in (False, True):
+        settings = DynamicsSettings(text_file=str(texts), max_length=32, eval_batch_size=8, logit_lens=lens,
+                                    clusters=2)
+        with two_gpus(monkeypatch) as mode:
+            result(run_dynamics(place(tiny_model("llama", seed=3), SPLIT), tokenizer, settings))
+        reads[lens] = mode.reads
+    batches, rows, layers = 2, 16, 4
+    assert reads[True] - reads[False] <= batches + 1 < rows * layers

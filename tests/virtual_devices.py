@@ -31,6 +31,7 @@ CPU = torch.device("cpu")
 _TAG = "_virtual_device"
 _MOVES = {"to", "cuda", "cpu"}
 _CROSS_DEVICE = {"copy_", "__setitem__", "set_"}  # CUDA copies between devices in these
+_READS = {"item", "tolist", "__float__", "__int__", "__bool__"}
 _NO_MATH = {"_has_compatible_shallow_copy_type"}  # compares two tensors' types; computes nothing
 _INDEXING = {"__getitem__", "__setitem__", "index_put_", "index_put"}  # CPU index tensors are allowed
 
@@ -80,6 +81,7 @@ class VirtualDevices(TorchFunctionMode):
         super().__init__()
         self.crossings = 0  # explicit moves between two GPUs (what a split model pays per forward)
         self.uploads = 0  # host-to-GPU copies of more than one number
+        self.reads = 0  # GPU-to-host reads (.item(), float(), .tolist(), .cpu()): each waits for the GPU
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -91,6 +93,8 @@ class VirtualDevices(TorchFunctionMode):
         if name == "numpy" and (device_of(args[0]) or CPU).type != "cpu":
             raise TypeError(f"can't convert {device_of(args[0])} device type tensor to numpy. "
                             "Use Tensor.cpu() to copy the tensor to host memory first.")
+        if name in _READS and (device_of(args[0]) or CPU).type == "cuda":
+            self.reads += 1
         if name in _NO_MATH:
             return func(*args, **kwargs)
         if name.startswith("_foreach_"):
@@ -147,6 +151,8 @@ class VirtualDevices(TorchFunctionMode):
             self.crossings += 1
         if source is not None and source.type == "cpu" and target.type == "cuda" and args[0].numel() > 1:
             self.uploads += 1
+        if source is not None and source.type == "cuda" and target.type == "cpu":
+            self.reads += 1
         if name in ("cpu", "cuda"):
             out = func(*args, **kwargs).clone()
         else:
