@@ -1,7 +1,7 @@
 """Multi-restart loss-decomposition fit: one batched Levenberg-Marquardt run over every restart
 against the straightforward loop of scipy.optimize.minimize (L-BFGS-B) per restart, same starts,
 same objective; checks that both reach the same optimum. Also times the default 200-resample
-bootstrap. Data: the Chinchilla runs in ../shared/data if present, else synthetic runs.
+bootstrap. Data: the Chinchilla runs shipped in the package, else synthetic runs.
 
     python benchmarks/scaling_fit.py [--restarts 64]
 """

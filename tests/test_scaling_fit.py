@@ -1,11 +1,18 @@
 """The loss-decomposition fit: recovery of known parameters, the optimal-shape algebra, the solver
-against scipy, input errors, the CLI, and (where present) the Chinchilla data."""
+against scipy, input errors, the CLI, and the Chinchilla data shipped in the package."""
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,10 +167,28 @@ def test_cli_writes_the_documented_json(tmp_path, monkeypatch) -> None:
     assert (tmp_path / "home" / "fit" / "results" / "scaling-fit.json").exists()
 
 
+def test_the_chinchilla_data_ships_in_the_package_and_loads_without_the_workspace(tmp_path) -> None:
+    """The default CSV lies inside the engine package, is declared as package data, and a copy of
+    the package alone (no repository, no ../shared/data next to it) reads all 245 runs."""
+    import engine
+
+    package = Path(engine.__file__).parent
+    relative = default_csv().relative_to(package).as_posix()
+    declared = re.search(r"^engine = \[(.*)\]$", (package.parent / "pyproject.toml").read_text(), re.M)
+    globs = json.loads(f"[{declared.group(1)}]")  # [tool.setuptools.package-data]'s engine line
+    assert any(fnmatch.fnmatch(relative, g) for g in globs)
+    assert any(fnmatch.fnmatch("data/chinchilla/README.md", g) for g in globs)  # its source, named
+    shutil.copytree(package, tmp_path / "site" / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("from engine.experiments.scaling_fit import ScalingFitSettings, default_csv, load_runs; "
+            "p = ScalingFitSettings().csv_path(); print(p); print(load_runs(p, ScalingFitSettings()).n_rows)")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0].startswith(str(tmp_path / "site" / "engine")) and out[1] == "245"
+
+
 def test_chinchilla_data_gives_a_finite_depth_exponent() -> None:
     path = default_csv()
-    if not path.is_file():
-        pytest.skip(f"Chinchilla data not found at {path} (../shared/data relative to the repository root)")
     settings = ScalingFitSettings(restarts=64, bootstrap=0, heldout_splits=0)
     runs = load_runs(path, settings)
     assert runs.n_rows == 245
@@ -237,8 +262,6 @@ def test_profile_interval_solves_the_likelihood_ratio_condition() -> None:
 
 def test_paper_optimizer_reproduces_the_notebooks_alpha_l_on_chinchilla() -> None:
     path = default_csv()
-    if not path.is_file():
-        pytest.skip(f"Chinchilla data not found at {path} (../shared/data relative to the repository root)")
     runs = load_runs(path, ScalingFitSettings())
     doc = fit(runs, ScalingFitSettings(optimizer="paper"))
     assert doc["n_points"] == 203 and doc["paper"]["steps"] == 50000

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -55,20 +56,17 @@ PROFILE_RESTARTS = 16
 CHI2_1_95 = 3.841458820694124  # 95 % quantile of chi-square with one degree of freedom
 
 
-def shared_data_dir() -> Path:
-    """The public data folder, ../shared/data relative to the repository root."""
-    return Path(__file__).resolve().parents[3] / "shared" / "data"
-
-
 def default_csv() -> Path:
-    return shared_data_dir() / CHINCHILLA_RELATIVE
+    """The Chinchilla reconstruction shipped in the package (engine/data/chinchilla, its source in
+    the README beside it), so the default fit needs no workspace."""
+    return Path(str(resources.files("engine").joinpath("data").joinpath(*CHINCHILLA_RELATIVE.parts)))
 
 
 @dataclass(frozen=True)
 class ScalingFitSettings(Settings):
     """Defaults reproduce the paper: the Chinchilla columns, the 40 highest losses dropped."""
 
-    csv: str | None = setting(None, "runs as CSV (default ../shared/data/chinchilla/chinchilla_reconstructed.csv)",
+    csv: str | None = setting(None, "runs as CSV (default: the Chinchilla reconstruction shipped in the package)",
                               file="CSV file")
     loss_column: str = setting("loss", "loss column", flag="--loss-col")
     width_column: str = setting("d_model", "width column", flag="--width-col")
@@ -100,7 +98,8 @@ class ScalingFitSettings(Settings):
             return Path(self.csv)
         path = default_csv()
         if not path.is_file():
-            raise UserError(f"no --csv given and the Chinchilla data is not at {path}; pass --csv FILE")
+            raise UserError(f"no --csv given and the Chinchilla data is not at {path} (a damaged install?); "
+                            "pass --csv FILE")
         return path
 
     def check(self) -> None:
