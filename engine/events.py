@@ -588,6 +588,27 @@ class PruneExported(Event):
 
 
 @dataclass(frozen=True)
+class EvalProtocol:
+    """How a result's perplexity was measured (engine/eval_data.py): two runs' perplexities are
+    comparable only when these match (`engine.eval_data.comparable`). `protocol` is `papers`
+    (non-overlapping windows of `context` tokens, remainder dropped), `sliding` (windows every
+    `stride` tokens, each scoring its new tokens) or `texts` (the built-in sets and --eval-file:
+    each text alone, truncated at `context` = --max-length); `windows` counts windows or texts,
+    `tokens` the scored tokens."""
+
+    dataset: str  # a hub dataset's name, a local path, or builtin:full / builtin:paper / the --eval-file
+    config: str | None
+    split: str | None
+    revision: str | None  # the hub commit where `datasets` says, else its version; None when unknown
+    text_column: str | None
+    protocol: str
+    context: int
+    stride: int | None
+    windows: int
+    tokens: int
+
+
+@dataclass(frozen=True)
 class AblationRow:
     """One layer of the importance map. A live row (from `LayerAblated`) has only the first four;
     the saved map fills in the rest."""
@@ -617,6 +638,7 @@ class AblationMap:
     settings: dict[str, Any]
     layers: list[AblationRow]
     spearman: dict[str, float | None]
+    protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> AblationMap:
@@ -734,6 +756,7 @@ class RecoveryResult:
     seconds_per_step: float | None
     resumed_layers: list[int]
     seconds: float
+    protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> RecoveryResult:
@@ -765,6 +788,7 @@ class ManipulateResult:
     seconds: float
     settings: dict[str, Any]
     results: list[ManipulateRow]  # in the order of the trials
+    protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> ManipulateResult:
@@ -864,6 +888,7 @@ class WeightsResult:
     paradox: list[ParadoxRow]  # [] with --no-paradox
     baseline_ppl: float | None  # None with --no-paradox
     seconds: float
+    protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> WeightsResult:
@@ -1194,6 +1219,7 @@ class PruneResult:
     exported: str | None  # the folder of the exported model
     exported_point: PruneCut | None
     seconds: float
+    protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> PruneResult:

@@ -200,7 +200,7 @@ def auto_eval_batch(
     return max(fitting, default=1)
 
 
-def loaded_eval_batch(model: Any, tokenizer: Any, texts: Sequence[str], settings: Any) -> int:
+def loaded_eval_batch(model: Any, tokenizer: Any, texts: Any, settings: Any) -> int:
     """`settings.eval_batch_size`, or when it is auto (None), `auto_eval_batch` for a loaded model:
     the memory its weights hold counts as free, as `plan_run` saw it before the load. A model placed
     by --device-map keeps the fixed batch: its activations and logits do not split evenly over the
@@ -227,8 +227,13 @@ def training_state_bytes(params: int, dtype: str) -> int:
     return state
 
 
-def text_lengths(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[int]:
-    """Token counts of the evaluation texts as the evaluator will see them (truncated)."""
+def text_lengths(tokenizer: Any, texts: Any, max_length: int) -> list[int]:
+    """Token counts of the evaluation rows as the evaluator will see them: the texts truncated, or
+    a dataset's windows (an engine.eval_data.EvalSource with windows: --context tokens each)."""
+    windows = getattr(texts, "windows", None)
+    if windows is not None:
+        return [len(row) for row in windows.rows]
+    texts = getattr(texts, "texts", texts)
     return [len(tokenizer(t, truncation=True, max_length=max_length)["input_ids"]) for t in texts]
 
 
@@ -258,8 +263,11 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
     chosen_device = choose_device(device)
     chosen_dtype, dtype_reason = dtype_choice(dtype, chosen_device, shape.params, config.model_type)
     max_length = getattr(settings, "max_length", 256)
-    eval_file = getattr(settings, "eval_file", None)
-    texts = eval_texts(Path(eval_file) if eval_file else None, getattr(settings, "eval_set", "full"))
+    if hasattr(settings, "eval_source"):  # the evaluation-text group: its texts or dataset windows
+        texts = settings.eval_source(tokenizer)
+    else:
+        eval_file = getattr(settings, "eval_file", None)
+        texts = eval_texts(Path(eval_file) if eval_file else None, getattr(settings, "eval_set", "full"))
     lengths = text_lengths(tokenizer, texts, max_length)
     training = training_of(shape, settings)
     prefix_cache = getattr(settings, "prefix_cache", True)

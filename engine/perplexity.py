@@ -1,4 +1,4 @@
-"""Token-weighted perplexity over a set of texts, and the prefix cache.
+"""Token-weighted perplexity over a set of texts or a dataset's token windows, and the prefix cache.
 
 The prefix cache keeps, from one full forward, the input of every layer (one copy of the hidden
 states per layer). An experiment that changes layer l and nothing below it then evaluates "from
@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -18,6 +17,8 @@ import torch.nn.functional as F
 
 from engine.anatomy import LayerObserver, LayerStack
 from engine.errors import UserError
+from engine.eval_data import EvalSource, Windows
+from engine.events import EvalProtocol
 from engine.oom import out_of_memory_guard
 
 OOM_ADVICE = "a smaller --eval-batch-size or --max-length, or --dtype float16"
@@ -49,7 +50,12 @@ def perplexity_of(nll: np.ndarray, tokens: np.ndarray) -> float:
 class Batch:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
-    text_index: np.ndarray  # which texts these rows are
+    text_index: np.ndarray  # which texts (or windows) these rows are
+    scored: torch.Tensor | None = None  # [rows, width - 1]: which next-token targets count (None: every real one)
+
+    @property
+    def target_mask(self) -> torch.Tensor:
+        return self.attention_mask[:, 1:] if self.scored is None else self.scored
 
 
 def tokenize_batches(tokenizer, texts: Sequence[str], batch_size: int, max_length: int, device) -> list[Batch]:
@@ -70,10 +76,32 @@ def tokenize_batches(tokenizer, texts: Sequence[str], batch_size: int, max_lengt
     return batches
 
 
+def window_batches(windows: Windows, batch_size: int, pad: int, device) -> list[Batch]:
+    """Right-padded batches of token windows in their order; each row scores only its last
+    `windows.scored[i]` targets (all but the first token of a papers' window, the new tokens of a
+    sliding one)."""
+    batches = []
+    for start in range(0, len(windows.rows), batch_size):
+        rows = np.arange(start, min(start + batch_size, len(windows.rows)))
+        width = max(len(windows.rows[i]) for i in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        scored = torch.zeros((len(rows), width - 1), dtype=torch.long)
+        for r, i in enumerate(rows):
+            length = len(windows.rows[i])
+            ids[r, :length] = torch.tensor(windows.rows[i])
+            mask[r, :length] = 1
+            scored[r, length - 1 - windows.scored[i] : length - 1] = 1
+        batches.append(Batch(ids.to(device), mask.to(device), rows, scored.to(device)))
+    return batches
+
+
 def token_nll(
-    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int | None = None
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int | None = None,
+    scored: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-row summed NLL of next-token prediction, padding masked. The softmax runs in float32,
+    """Per-row summed NLL of next-token prediction, padding masked (and with `scored`, [rows,
+    width - 1], only the targets it marks: a sliding window's new tokens). The softmax runs in float32,
     `chunk` tokens at a time (default: 64 MB of float32 logits), so a 128k vocabulary never needs a
     float32 copy of every logit at once."""
     from engine.memory import softmax_chunk_tokens
@@ -86,7 +114,8 @@ def token_nll(
         F.cross_entropy(flat[i : i + step].float(), targets[i : i + step], reduction="none")
         for i in range(0, flat.shape[0], step)
     ]) if flat.shape[0] else flat.new_zeros(0, dtype=torch.float32)  # fmt: skip
-    return masked(losses.view(rows, width - 1), attention_mask[:, 1:]).sum(dim=1)
+    keep = attention_mask[:, 1:] if scored is None else scored
+    return masked(losses.view(rows, width - 1), keep).sum(dim=1)
 
 
 def masked(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -96,32 +125,47 @@ def masked(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 class Evaluator:
-    """Perplexity of one model on fixed texts, with an optional prefix cache."""
+    """Perplexity of one model on fixed texts or token windows (an engine.eval_data.EvalSource),
+    with an optional prefix cache. A text or a window is one unit of the per-unit scores (what the
+    bootstrap resamples)."""
 
-    def __init__(self, model, tokenizer, texts: Sequence[str], batch_size: int = 8, max_length: int = 256):
+    def __init__(self, model, tokenizer, texts: Sequence[str] | EvalSource, batch_size: int = 8,
+                 max_length: int = 256):
         self.model = model
         self.stack = LayerStack(model)
-        self.texts = list(texts)
+        self.source = texts if isinstance(texts, EvalSource) else EvalSource(tuple(texts), None, "texts")
         self.batch_size = batch_size
-        self.batches = tokenize_batches(tokenizer, self.texts, batch_size, max_length, self.stack.input_device())
-        self.tokens = np.zeros(len(self.texts))
+        self.max_length = max_length
+        device = self.stack.input_device()
+        if self.source.windows is not None:
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+            self.batches = window_batches(self.source.windows, batch_size, pad, device)
+            self.n_texts = len(self.source.windows.rows)
+        else:
+            self.batches = tokenize_batches(tokenizer, self.source.texts, batch_size, max_length, device)
+            self.n_texts = len(self.source.texts)
+        self.tokens = np.zeros(self.n_texts)
         for batch in self.batches:
-            self.tokens[batch.text_index] = batch.attention_mask[:, 1:].sum(dim=1).cpu().numpy()
+            self.tokens[batch.text_index] = batch.target_mask.sum(dim=1).cpu().numpy()
         if not self.tokens.sum():
             raise UserError(NO_TOKENS)
         self._layer_inputs: list[list[torch.Tensor]] | None = None
 
     @classmethod
-    def for_settings(cls, model, tokenizer, settings, texts: Sequence[str] | None = None) -> Evaluator:
-        """The evaluator an experiment's settings ask for (its evaluation-text group, unless `texts`
-        are given), its batch sized by the free memory when the settings leave it auto."""
+    def for_settings(cls, model, tokenizer, settings, source: EvalSource | None = None) -> Evaluator:
+        """The evaluator an experiment's settings ask for (its evaluation-text group, unless a
+        `source` is given), its batch sized by the free memory when the settings leave it auto."""
         from engine.memory import loaded_eval_batch
-        from engine.text import eval_texts
 
-        if texts is None:
-            texts = eval_texts(Path(settings.eval_file) if settings.eval_file else None, settings.eval_set)
-        batch_size = loaded_eval_batch(model, tokenizer, texts, settings)
-        return cls(model, tokenizer, texts, batch_size, settings.max_length)
+        if source is None:
+            source = settings.eval_source(tokenizer)
+        batch_size = loaded_eval_batch(model, tokenizer, source, settings)
+        return cls(model, tokenizer, source, batch_size, settings.max_length)
+
+    @property
+    def protocol(self) -> EvalProtocol:
+        """How this evaluator measures (recorded in every result beside its perplexity)."""
+        return self.source.protocol_with(self.max_length, self.n_tokens)
 
     @property
     def n_tokens(self) -> int:
@@ -129,7 +173,7 @@ class Evaluator:
 
     def _forward_nll(self, batch: Batch) -> torch.Tensor:
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-        return token_nll(logits, batch.input_ids, batch.attention_mask)
+        return token_nll(logits, batch.input_ids, batch.attention_mask, scored=batch.scored)
 
     @torch.no_grad()
     def scores(self, start_layer: int = 0) -> TextScores:
@@ -146,7 +190,7 @@ class Evaluator:
 
     def _gather(self, per_batch: list[torch.Tensor]) -> np.ndarray:
         """Per-text NLL from the batches' device tensors, copied to the host once (one sync)."""
-        nll = np.zeros(len(self.texts))
+        nll = np.zeros(self.n_texts)
         values = torch.cat(per_batch).double().cpu().numpy()
         nll[np.concatenate([batch.text_index for batch in self.batches])] = values
         return nll

@@ -169,11 +169,12 @@ def run_ablation(
         method=settings.method,
         baseline_ppl=baseline,
         eval_tokens=evaluator.n_tokens,
-        eval_texts=len(evaluator.texts),
+        eval_texts=evaluator.n_texts,
         seconds=time.perf_counter() - started,
         settings=settings.to_dict(),
         layers=layers,
         spearman=spearmans(layers),
+        protocol=evaluator.protocol,
     )
     yield Result("ablation", json_safe(doc))
 

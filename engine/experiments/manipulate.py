@@ -258,6 +258,7 @@ def run_manipulation(
         seconds=time.perf_counter() - started,
         settings=settings.to_dict(),
         results=rows,
+        protocol=evaluator.protocol,
     )
     yield Result("manipulate", json_safe(doc))
 

@@ -25,7 +25,6 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ import torch
 
 from engine.anatomy import LayerStack, execution_device
 from engine.errors import UserError
+from engine.eval_data import EvalSource
 from engine.events import (
     DepthLaw,
     Event,
@@ -55,7 +55,6 @@ from engine.pruning import removed
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, EvalTextSettings, TrainTextSettings, setting
 from engine.statistics import bootstrap_perplexity, spearman
-from engine.text import Corpus, eval_texts, token_blocks
 from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
 
 METHODS = ("angular", "bi", "ppl", "map")
@@ -170,7 +169,7 @@ def cut_scores(evaluator: Evaluator, layers: Sequence[int]) -> TextScores:
         return evaluator.scores(min(layers))
 
 
-def greedy_ppl(model, tokenizer, texts: Sequence[str], settings: PruneSettings, rounds: int,
+def greedy_ppl(model, tokenizer, texts: EvalSource, settings: PruneSettings, rounds: int,
                cancel, batch_size: int) -> Iterator[Event]:
     """SLEB: `rounds` greedy removals. Returns (the order of removal, the first round's perplexity
     of each single-layer removal). Each round builds the prefix cache of the model cut so far and
@@ -212,14 +211,13 @@ def neighbours_of_cuts(n_layers: int, layers: Sequence[int]) -> tuple[int, ...]:
 class Healer:
     """Fine-tunes a cut model on the training half of the corpus (the split recovery uses)."""
 
-    def __init__(self, model, tokenizer, settings: PruneSettings, text: Corpus) -> None:
+    def __init__(self, model, tokenizer, settings: PruneSettings) -> None:
         self.model = model
         self.settings = settings
         self.stack = LayerStack(model)  # every layer, numbered as in the uncut model (a cut keeps the modules)
         self.dtype = model.dtype
-        self.blocks = token_blocks(tokenizer, text.train, settings.block_size, settings.train_blocks)
-        self.blocks = self.blocks.to(self.stack.input_device())
-        self.source = text.source
+        blocks, self.source = settings.training_blocks(tokenizer)  # --calib-dataset's windows, or the corpus
+        self.blocks = blocks.to(self.stack.input_device())
 
     @contextlib.contextmanager
     def healed(self, layers: Sequence[int], cancel,
@@ -417,13 +415,12 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     healer = None
     if settings.heal_steps:
         try:
-            text = settings.training_corpus()
+            healer = Healer(model, tokenizer, settings)
         except ImportError:
             raise UserError("healing needs training text: the built-in corpus (pydoc_data) is missing here; "
-                            "give --train-file") from None
-        healer = Healer(model, tokenizer, settings, text)
+                            "give --train-file or --calib-dataset") from None
 
-    texts = eval_texts(Path(settings.eval_file) if settings.eval_file else None, settings.eval_set)
+    texts = settings.eval_source(tokenizer)
     evaluator = Evaluator.for_settings(model, tokenizer, settings, texts)
     influence = InfluenceMeter(n)
     angular = AngularMeter(n, sorted({1, *counts})) if "angular" in methods else None
@@ -504,7 +501,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         model=loaded.name,
         baseline_ppl=baseline,
         eval_tokens=evaluator.n_tokens,
-        eval_texts=len(texts),
+        eval_texts=evaluator.n_texts,
         n_layers=n,
         settings=settings.to_dict(),
         methods=methods,
@@ -520,5 +517,6 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         exported=exported,
         exported_point=best_export[1] if exported else None,
         seconds=time.perf_counter() - started,
+        protocol=evaluator.protocol,
     )
     yield Result("prune", json_safe(doc))

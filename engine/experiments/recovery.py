@@ -50,7 +50,6 @@ from engine.registry import RunContext
 from engine.session_layout import LAYER_WEIGHTS  # each recovered layer, for the prompt pane (sessions/layer_weights.py)
 from engine.settings import MAX_SEED, EvalTextSettings, TrainTextSettings, setting
 from engine.statistics import spearman
-from engine.text import token_blocks
 from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
 
 PAPER_LAYERS = (11, 14, 17)
@@ -137,11 +136,9 @@ class _Sweep:
         self.settings = settings
         self.cancel = cancel
         self.keep_weights = keep_weights
-        source = settings.training_corpus()
-        self.train_source = source.source
+        blocks, self.train_source = settings.training_blocks(tokenizer)
         self.evaluator = Evaluator.for_settings(model, tokenizer, settings)
         self.stack = self.evaluator.stack
-        blocks = token_blocks(tokenizer, source.train, settings.block_size, settings.train_blocks)
         self.blocks = blocks.to(self.stack.input_device())
         self.baseline = self.evaluator.build_cache().perplexity
         if not settings.prefix_cache:
@@ -402,13 +399,14 @@ def run_recovery(
         model=model_name,
         baseline_ppl=sweep.baseline,
         eval_tokens=sweep.evaluator.n_tokens,
-        eval_texts=len(sweep.evaluator.texts),
+        eval_texts=sweep.evaluator.n_texts,
         train_source=sweep.train_source,
         train_blocks=len(sweep.blocks),
         settings=settings.to_dict(),
         **over_layers(ordered, settings, ablation_map),
         resumed_layers=[index for index in layers if index not in todo],
         seconds=time.perf_counter() - started,
+        protocol=sweep.evaluator.protocol,
     )
     yield Result("recovery", json_safe(doc))
 

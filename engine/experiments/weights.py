@@ -25,6 +25,7 @@ import torch
 from engine.anatomy import LayerStack
 from engine.errors import UserError
 from engine.events import (
+    ABSENT,
     CancelToken,
     ComponentAnalysed,
     Event,
@@ -346,10 +347,10 @@ def run_weights(
         yield Progress(step + 1, steps, "weights")
 
     rows: list[ParadoxRow] = []
-    baseline = None
+    baseline, protocol = None, ABSENT
     if settings.paradox:
         yield Message("paradox: putting predicted weights into the model")
-        rows, baseline = yield from _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel)
+        rows, baseline, protocol = yield from _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel)
         yield Progress(steps, steps, "weights")
     doc = WeightsResult(
         model=model_name,
@@ -361,6 +362,7 @@ def run_weights(
         paradox=rows,
         baseline_ppl=baseline,
         seconds=time.perf_counter() - started,
+        protocol=protocol,
     )
     yield Result("weights", json_safe(doc))
 
@@ -411,7 +413,7 @@ def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
             prediction=settings.paradox_prediction,
         ))
         yield ParadoxTrial(tuple(layers), ppl, baseline, r2_in, r2_loo)
-    return rows, baseline
+    return rows, baseline, evaluator.protocol
 
 
 def run(settings: WeightsSettings, context: RunContext) -> Iterator[Event]:
