@@ -4,15 +4,24 @@ A crash or kill at any moment leaves either the old file or the new one, never h
 The rename replaces whatever is at the target, so it happens only over a regular file or a new
 path: a device (`--json /dev/null` run as root), a directory, a FIFO or a socket is refused with
 one line, and a symbolic link is followed to the file it names rather than replaced.
+
+Logs are appended, not replaced: `append_line` writes a whole line under an exclusive lock and, when
+the write fails (a full disk), cuts the file back to its size before, so no torn line is left and
+two writers never interleave. `locked` serialises read-modify-write updates (a session's manifest).
+A full disk is said in one line by `no_space`, naming the mount point that is full.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
+import shutil
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +109,78 @@ def atomic_write_bytes(path: Path, data: bytes, what: str = "output") -> None:
 def atomic_write_json(path: Path, doc: Any, what: str = "output") -> None:
     text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
     atomic_write_bytes(path, text.encode("utf-8"), what)
+
+
+def append_line(path: Path, line: bytes) -> None:
+    """Appends `line` (ending in a newline) to the log at `path` as one write under an exclusive
+    lock. If the log's last line is torn (a killed writer left no newline), a newline ends it
+    first. If the write fails (ENOSPC), the file is cut back to its size before and the error is
+    raised: the log holds whole lines only, whatever fails."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except IsADirectoryError:
+        raise UserError(f"{path} is not a regular file; move it away") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(f"{path} is not a regular file; move it away")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        try:
+            written = os.write(fd, line)
+            while written < len(line):  # a short write (a disk filling up): the rest, or the error
+                written += os.write(fd, line[written:])
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@contextlib.contextmanager
+def locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on `folder` (flock on the directory itself, so no lock file is left) for
+    a read-modify-write of a file in it by several processes at once."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def mount_point(path: Path | str) -> Path:
+    """The mount point of the filesystem `path` (or its nearest existing folder) is on."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def is_no_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_space(path: Path | str, what: str) -> str:
+    """The one line for a full disk while writing `path`: which filesystem, and that nothing was
+    deleted to make room. `what` says what became of the work ("kept the result at X")."""
+    return f"no space left on {mount_point(path)} (writing {path}): freed nothing, {what}"
+
+
+def check_free_space(folder: Path | str, need: int, what: str) -> None:
+    """A one-line UserError when the filesystem of `folder` (or its nearest existing parent) has
+    fewer than `need` bytes free: called before a run that will write that much (a model export)."""
+    where = Path(os.path.abspath(folder))
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return  # cannot be measured here: the write itself will say
+    if free < need:
+        raise UserError(f"{what} needs about {need / 1e9:.2f} GB in {folder} but {mount_point(where)} has "
+                        f"{free / 1e9:.2f} GB free; free some space or choose a folder on another disk")

@@ -4,14 +4,19 @@ job's status to jobs/, so any front end (or a later one) can follow and resume i
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from engine.atomic import is_no_space, no_space
+from engine.errors import UserError
 from engine.events import Cancelled, Event, Finished, Result, Started
 from engine.process import process_identity
 from sessions.store import Session
+
+log = logging.getLogger(__name__)
 
 
 def new_job_id(experiment: str) -> str:
@@ -34,8 +39,10 @@ def run_job(
 
     The job file records the experiment's `settings` (Settings.to_dict()) and `model` options
     (ModelOptions.to_dict()) as data: a resume rebuilds its command from them, never from an argv.
-    Exceptions from the experiment are logged as a `Finished(status="failed")` event and
-    re-raised, so the caller decides how to show them.
+    A full disk is one line (UserError): the log is left with whole lines, the Result (when the
+    run got that far) kept where there was room and named, the job marked failed as far as the
+    disk still allows. Exceptions from the experiment are logged as a `Finished(status="failed")`
+    event and re-raised, so the caller decides how to show them.
     """
     job_id = job_id or new_job_id(experiment)
     job = {
@@ -49,6 +56,7 @@ def run_job(
         "status": "running",
         "started": time.time(),
     }
+    session.update_manifest()  # the session was used now (and a run that joined it keeps it whole)
     session.write_job(job_id, job)
 
     def emit(event: Event) -> None:
@@ -62,16 +70,41 @@ def run_job(
     status, error = "done", ""
     try:
         for event in events:
-            emit(event)  # first: a result that cannot be saved below is still in the event log
             if isinstance(event, Result):
-                session.save_result(event.name, event.data)
                 result = event
+                _keep(session, event, emit)
+            else:
+                emit(event)
     except (Cancelled, KeyboardInterrupt):
         status = "cancelled"
     except Exception as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}"
-        raise
+        if not is_no_space(exc):
+            raise
+        full = UserError(no_space(getattr(exc, "filename", None) or session.path,  # a checkpoint, the log
+                                  f"the run stopped; what it wrote before is in {session.path}"))
+        error = f"UserError: {full}"
+        raise full from None
     finally:
-        emit(Finished(status=status, error=error))
-        session.write_job(job_id, {**job, "status": status, "error": error, "ended": time.time()})
+        try:  # on a full disk these may fail too: as much as can be written
+            emit(Finished(status=status, error=error))
+        except (OSError, UserError) as exc:
+            log.warning("could not log the end of job %s: %s", job_id, exc)
+        try:
+            session.write_job(job_id, {**job, "status": status, "error": error, "ended": time.time()})
+        except (OSError, UserError) as exc:
+            log.warning("could not mark job %s %s: %s", job_id, status, exc)
     return result
+
+
+def _keep(session: Session, event: Result, emit: Callable[[Event], None]) -> None:
+    """The Result to the log, then to results/: when the log cannot take it (a full disk) it is
+    still saved (or kept elsewhere by `save_result`), and the one line says where."""
+    try:
+        emit(event)  # first: a result that cannot be saved below is still in the event log
+    except OSError as exc:
+        if not is_no_space(exc):
+            raise
+        saved = session.save_result(event.name, event.data)  # a UserError naming the spare when this fails too
+        raise UserError(no_space(session.events_path, f"kept the result at {saved}")) from None
+    session.save_result(event.name, event.data)

@@ -14,23 +14,36 @@ Nothing in a session folder is trusted: every field read is checked (a bad one i
 the session's damage, one line each, and the rest stays usable), none of its parts may be a
 symbolic link (writes would land outside the sessions folder), and a pid is signalled only with
 proof that it still is the job that wrote it (engine.process).
+
+The machine's faults: a sessions folder that is a file or cannot be written is one line
+(`SessionStore.check_home`) before anything runs. A session appears whole or not at all (made in a
+hidden folder and renamed into place: of two runs creating the same name, the first wins and the
+other joins it). Several processes may write one session at once: each event is one locked append
+(engine.atomic.append_line, cut back on failure, so a full disk leaves no torn line), the manifest is
+read, changed and written under a lock on the session folder, results and job files are atomic
+renames. A result that cannot be written (a full disk) is kept elsewhere, under the temp folder if
+nothing else has room, and the one-line error says where.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import math
 import os
 import re
-import stat
+import secrets
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import atomic_write_json
+from engine.atomic import append_line, atomic_write_json, is_no_space, locked, no_space
 from engine.errors import UserError
 from engine.events import Event, event_from_json, upgrade_result
 from engine.process import identity_problem, pid_alive, valid_pid
@@ -38,7 +51,8 @@ from engine.session_layout import CHECKPOINTS, EVENTS, FOLDERS, JOBS, LOGS, MANI
 
 MANIFEST_SCHEMA_VERSION = 1
 log = logging.getLogger(__name__)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+NAME_LIMIT = 100  # characters in a session's (or a result's, a job's) name
+_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_LIMIT - 1}}}$")
 _VERSIONED_PACKAGES = ("anatomy-tui", "torch", "transformers", "textual", "numpy", "scikit-learn")
 SESSION_PARTS = PARTS  # every part of a session folder the app reads or writes; none may be a symbolic link
 JOB_STATUSES = frozenset({"running", "done", "failed", "cancelled"})
@@ -46,6 +60,10 @@ JOB_STATUSES = frozenset({"running", "done", "failed", "cancelled"})
 
 class SessionError(Exception):
     """A session problem the user can fix; the message is one line that says how."""
+
+
+class SessionExists(SessionError):
+    """The session was there already (or another run made it first)."""
 
 
 def default_home() -> Path:
@@ -230,59 +248,71 @@ class Session:
 
     # manifest -----------------------------------------------------------------------------
     def update_manifest(self, **changes: Any) -> None:
-        self.manifest.update(changes)
-        self.manifest["updated"] = time.time()
-        atomic_write_json(self.part(MANIFEST), self.manifest, "manifest")
+        """Read, changed and written under the session folder's lock, so two runs updating it at
+        once both keep their changes. A manifest gone or unreadable is written from this one."""
+        self.path.mkdir(parents=True, exist_ok=True)  # a run that joined a session its maker discarded
+        with locked(self.path):
+            try:
+                current = json.loads(self.part(MANIFEST).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                current = None
+            if not isinstance(current, dict) or _field_problem(current, _MANIFEST_FIELDS, ()):
+                current = dict(self.manifest)
+            current.update(changes)
+            current["updated"] = time.time()
+            atomic_write_json(self.part(MANIFEST), current, "manifest")
+            self.manifest = current
 
     # events -------------------------------------------------------------------------------
     def append_event(self, event: Event) -> None:
-        """Appends one JSON line and flushes it, so a reader tailing the file sees it at once.
-
-        The line starts on a fresh line: if a killed writer left a torn last line (no newline),
-        a newline ends it first, so the fragment stays alone and this event stays whole.
-        """
+        """Appends one JSON line in one locked write, so a reader tailing the file sees it at once
+        and two writers never interleave. A torn last line (a killed writer) is ended first; a
+        write that fails (a full disk) is cut back, leaving the log as it was (append_line)."""
         line = (json.dumps(event.to_json(), allow_nan=False) + "\n").encode("utf-8")
         path = self.events_path
-        if path.exists() and not stat.S_ISREG(path.stat().st_mode):
-            raise UserError(f"session {self.name!r}: {path} is not a regular file; move it away")
-        with open(path, "ab+") as handle:
-            if handle.seek(0, os.SEEK_END) > 0:
-                handle.seek(-1, os.SEEK_END)
-                if handle.read(1) != b"\n":
-                    line = b"\n" + line
-            handle.write(line)
-            handle.flush()
+        try:
+            append_line(path, line)
+        except UserError:
+            raise UserError(f"session {self.name!r}: {path} is not a regular file; move it away") from None
 
-    def read_event_docs(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-        """Event JSON documents from byte `offset` on, and the offset to continue from.
+    def read_event_bytes(self, offset: int = 0, limit: int | None = None) -> tuple[bytes, int]:
+        """The whole lines of the event log from byte `offset` on (about `limit` bytes of them at
+        most, but always a whole line when there is one), and the offset to continue from.
 
-        A last line still being written (no newline yet) is left for the next call; a line that
-        does not parse (a torn write after a crash) is skipped. The documents are as written (any
-        schema version); `read_events` decodes them. A log that cannot be read
-        (a directory, a link) reads as empty and is noted in `damage`.
+        A last line still being written (no newline yet) is left for the next call. A log that
+        cannot be read (a directory, a link) reads as empty and is noted in `damage`.
         """
         try:
             path = self.events_path
             if not path.exists():
-                return [], offset
+                return b"", offset
             if not path.is_file():  # a directory, or a FIFO that would block the reader for ever
                 raise OSError(0, "not a regular file")
             with open(path, "rb") as handle:
                 handle.seek(offset)
-                data = handle.read()
+                data = handle.read(-1 if limit is None else limit)
+                while limit is not None and b"\n" not in data and (more := handle.read(limit)):
+                    data += more  # a line longer than the limit: read on to its end
         except (OSError, SessionError) as exc:
             self._note(f"events.jsonl cannot be read ({_reason(exc)}); move it away to log new events")
-            return [], offset
+            return b"", offset
         end = data.rfind(b"\n") + 1
+        return data[:end], offset + end
+
+    def read_event_docs(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """Event JSON documents from byte `offset` on, and the offset to continue from
+        (`read_event_bytes`); a line that does not parse (a torn write after a crash) is skipped.
+        The documents are as written (any schema version); `read_events` decodes them."""
+        data, end = self.read_event_bytes(offset)
         docs = []
-        for raw in data[:end].splitlines():
+        for raw in data.splitlines():
             try:
                 doc = json.loads(raw)
             except ValueError:
                 continue
             if isinstance(doc, dict):
                 docs.append(doc)
-        return docs, offset + end
+        return docs, end
 
     def read_events(self, offset: int = 0) -> tuple[list[Event], int]:
         """Like `read_event_docs`, rebuilt as typed events (version 1 lines upgraded); a kind this
@@ -302,20 +332,35 @@ class Session:
     # results ------------------------------------------------------------------------------
     def save_result(self, name: str, doc: dict[str, Any]) -> Path:
         """Writes results/<name>.json. If that cannot be written (it became a directory, the
-        folder a link...), the result goes to a spare file in the session folder and the
+        folder a link, the disk is full), the result goes to a spare file (`keep_spare`) and the
         one-line error says where: a finished computation is never lost."""
         path = self.path / RESULTS / f"{_checked_name(name)}.json"
         try:
             path = self.results_dir / path.name
             atomic_write_json(path, doc, f"result {name!r}")
         except (OSError, UserError, SessionError) as exc:
-            spare = self.path / f"unsaved-{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-            atomic_write_json(spare, doc, "spare result")
-            raise UserError(
-                f"could not write {path} ({_reason(exc)}); the result is kept in {spare}"
-            ) from None
+            spare = self.keep_spare(name, doc)
+            if is_no_space(exc):
+                raise UserError(no_space(path, f"kept the result at {spare}")) from None
+            raise UserError(f"could not write {path} ({_reason(exc)}); the result is kept in {spare}") from None
         self.update_manifest()
         return path
+
+    def keep_spare(self, name: str, doc: dict[str, Any]) -> Path | str:
+        """Writes a result that cannot go to results/ to the first place with room: the session
+        folder, else `<temp dir>/anatomy-tui-unsaved/`, else the working folder. Returns where it
+        went, or a phrase saying that no place could take it."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        places = (self.path / f"unsaved-{name}-{stamp}.json",
+                  Path(tempfile.gettempdir()) / "anatomy-tui-unsaved" / f"{self.name}-{name}-{stamp}.json",
+                  Path.cwd() / f"anatomy-tui-unsaved-{self.name}-{name}-{stamp}.json")
+        for spare in places:
+            try:
+                atomic_write_json(spare, doc, "spare result")
+                return spare
+            except (OSError, UserError) as exc:
+                log.warning("could not keep the result at %s: %s", spare, exc)
+        return "nowhere (no place had room: " + ", ".join(str(place.parent) for place in places) + ")"
 
     def load_result(self, name: str) -> dict[str, Any] | None:
         """The result document, None when there is none, or a one-line SessionError saying why
@@ -416,10 +461,21 @@ def _reason(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
+def _unwritable(home: Path, where: Path, exc: OSError | None = None) -> str:
+    """The one line for a sessions folder that cannot be written, saying why and what to do."""
+    try:
+        read_only = bool(os.statvfs(where).f_flag & os.ST_RDONLY) or (exc is not None and exc.errno == errno.EROFS)
+    except OSError:
+        read_only = False
+    why = "on a read-only filesystem" if read_only else f"not writable ({_reason(exc) if exc else 'permissions'})"
+    return f"sessions folder {home} is {why}; make it writable or set ANATOMY_TUI_HOME to a folder you can write"
+
+
 def _checked_name(name: str) -> str:
     if not _NAME.match(name or ""):
+        shown = repr(name) if len(name or "") <= NAME_LIMIT else f"{name[:40]!r}... ({len(name)} characters)"
         raise SessionError(
-            f"bad name {name!r}: use letters, digits, '.', '_' or '-' (no slashes), "
+            f"bad name {shown}: use at most {NAME_LIMIT} letters, digits, '.', '_' or '-' (no slashes), "
             "starting with a letter or digit"
         )
     return name
@@ -440,30 +496,92 @@ class SessionStore:
     def exists(self, name: str) -> bool:
         return (self._path(name) / MANIFEST).exists()
 
+    def check_home(self, writing: bool = True) -> None:
+        """A one-line SessionError when the sessions folder is a file, or (`writing`) cannot be
+        written: a read-only folder or filesystem. Front ends call it before anything slow."""
+        home = self.home
+        where = home
+        while not where.exists() and not where.is_symlink() and where != where.parent:
+            where = where.parent
+        if not where.is_dir():
+            what = "is a file" if where == home else f"cannot be made: {where} is a file"
+            raise SessionError(f"sessions folder {home} {what}, not a folder; move it away or set "
+                               "ANATOMY_TUI_HOME to a folder")
+        if not os.access(where, os.R_OK | os.X_OK):
+            raise SessionError(f"sessions folder {home} cannot be read ({where} is not yours); set "
+                               "ANATOMY_TUI_HOME to a folder you can read and write")
+        if writing and not os.access(where, os.W_OK | os.X_OK):
+            raise SessionError(_unwritable(home, where))
+
     def create(self, name: str | None = None, model: str = "", settings: dict | None = None) -> Session:
-        """A new session; the default name is a timestamp."""
-        if name is None:
-            name = time.strftime("%Y%m%d-%H%M%S")
-            suffix = 1
-            while self._path(name).exists():
-                suffix += 1
-                name = f"{time.strftime('%Y%m%d-%H%M%S')}-{suffix}"
-        path = self._path(name)
-        if (path / MANIFEST).exists():
-            raise SessionError(f"session {name!r} already exists; open it or choose another name")
-        (path / RESULTS).mkdir(parents=True, exist_ok=True)
-        now = time.time()
-        manifest = {
-            "schema_version": MANIFEST_SCHEMA_VERSION,
-            "name": name,
-            "model": model,
-            "settings": settings or {},
-            "versions": package_versions(),
-            "created": now,
-            "updated": now,
-        }
-        atomic_write_json(path / MANIFEST, manifest)
-        return Session(path, manifest)
+        """A new session; the default name is a timestamp. It is made whole in a hidden folder and
+        renamed into place, so it never shows half made, and of two runs creating the same name
+        the first wins: the other gets SessionExists (`open_or_create` then opens the winner's)."""
+        self.check_home()
+        stamp, suffix = time.strftime("%Y%m%d-%H%M%S"), 1
+        chosen = name if name is not None else stamp
+        while True:
+            path = self._path(chosen)
+            now = time.time()
+            manifest = {
+                "schema_version": MANIFEST_SCHEMA_VERSION,
+                "name": chosen,
+                "model": model,
+                "settings": settings or {},
+                "versions": package_versions(),
+                "created": now,
+                "updated": now,
+            }
+            if self._place(path, manifest):
+                return Session(path, manifest)
+            if name is not None:
+                if not (path / MANIFEST).exists() and not path.is_symlink() and path.is_dir():
+                    raise SessionExists(f"{path} exists but holds no session (no manifest.json); move it away "
+                                        "or choose another name")
+                raise SessionExists(f"session {name!r} already exists; open it or choose another name")
+            suffix += 1
+            chosen = f"{stamp}-{suffix}"
+
+    def _place(self, path: Path, manifest: dict[str, Any]) -> bool:
+        """Writes the session's first files in a hidden folder and renames it to `path`: True, or
+        False when something is at `path` already (rename does not replace a folder with files)."""
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+            staging = self.home / f".{path.name}.new-{secrets.token_hex(6)}"  # hidden: `list` skips it
+            staging.mkdir()
+        except OSError as exc:
+            raise SessionError(_unwritable(self.home, self.home, exc)) from None
+        try:
+            (staging / RESULTS).mkdir()
+            atomic_write_json(staging / MANIFEST, manifest, "manifest")
+            os.rename(staging, path)
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                return False
+            if is_no_space(exc):
+                raise SessionError(no_space(self.home, "made no session")) from None
+            raise SessionError(_unwritable(self.home, self.home, exc)) from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def discard_unused(self, session: Session) -> bool:
+        """Removes a session this process created that nothing was written to (a run that failed
+        before it started): True when removed. A session with anything more than what `create`
+        wrote (an event, a job, a result, another run's files) is left as it is."""
+        path = session.path
+        with contextlib.suppress(OSError):
+            with locked(path):
+                if set(os.listdir(path)) <= {MANIFEST, RESULTS, CHECKPOINTS} and not any(
+                    entry.is_file() or entry.is_symlink() for part in (RESULTS, CHECKPOINTS) if (path / part).is_dir()
+                    for entry in (path / part).rglob("*")
+                ):
+                    (path / MANIFEST).unlink()
+                    shutil.rmtree(path / CHECKPOINTS, ignore_errors=True)  # empty folders only, checked above
+                    (path / RESULTS).rmdir()
+                    path.rmdir()
+                    return True
+        return False
 
     def open(self, name: str) -> Session:
         """The session, or a one-line SessionError when it cannot be opened: no manifest, one that
@@ -491,9 +609,16 @@ class SessionStore:
         return Session(path, manifest)
 
     def open_or_create(self, name: str | None, model: str = "", settings: dict | None = None) -> Session:
+        """The session `name`, made if there is none; when another run makes it at the same time,
+        the one it made (both runs then write into it)."""
         if name is not None and self.exists(name):
             return self.open(name)
-        return self.create(name, model=model, settings=settings)
+        try:
+            return self.create(name, model=model, settings=settings)
+        except SessionExists:
+            if name is None or not self.exists(name):
+                raise
+            return self.open(name)
 
     def list(self) -> list[SessionInfo]:
         """Every session, newest first; unreadable ones are listed as damaged with the reason."""

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import socket
 import sys
+
+from engine.errors import UserError
 
 
 def serve_command(args: argparse.Namespace) -> str:
@@ -32,12 +35,31 @@ def check_session(name: str | None) -> None:
         store.open(name)
 
 
+def check_port(port: int) -> None:
+    """--serve's port: in range and free to listen on (textual-serve would fail with a traceback
+    after printing its address). The probe binds as aiohttp does (SO_REUSEADDR), so a port still in
+    TIME_WAIT from a console just stopped is not refused."""
+    if not 1 <= port <= 65535:
+        raise UserError(f"--port {port}: must be 1 to 65535 (default 8000)")
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("localhost", port))
+        except OSError as exc:
+            raise UserError(f"--port {port}: cannot listen there ({exc.strerror or exc}); "
+                            "pick another with --port") from None
+
+
 def launch(args: argparse.Namespace) -> int:
+    from sessions.store import SessionStore
+
+    SessionStore().check_home()  # a file or a read-only folder: one line before any screen (the console writes)
     check_session(args.session)
     if args.serve_token and not args.serve:
         print("anatomy-tui: error: --serve-token goes with --serve", file=sys.stderr)
         return 2
     if args.serve:
+        check_port(args.port)
         try:
             from tui.serve import TokenServer
         except ImportError:

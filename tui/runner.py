@@ -1,9 +1,10 @@
 """`anatomy-tui run EXPERIMENT`: one path for every experiment of the registry.
 
 Everything that can fail fast is checked before the slow model load: the settings, every input
-file, the --json path, the session name (and, for --resume, that the session exists). The session
-is created only once the model is loaded and the run starts, so a failed start leaves nothing
-behind. A cancelled run exits 130, a user error 2.
+file, the --json path, the sessions folder, the session name (and, for --resume, that the session
+exists), room on disk for a model export. A new session is made before the model loads (so two runs
+naming it cannot both load a model for it) and removed again when the run fails before writing
+anything, so a failed start leaves nothing behind. A cancelled run exits 130, a user error 2.
 
 Before the model loads, its memory plan (engine/memory.py) is printed and checked against the free
 memory of the device. `--shards N` relaunches the command as N workers through torch's launcher;
@@ -23,14 +24,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.atomic import atomic_write_json, check_writable_path
+from engine.atomic import atomic_write_json, check_free_space, check_writable_path
 from engine.errors import UserError
 from engine.events import Event, Finished, Message, Progress, Result
 from engine.options import ModelOptions
 from engine.registry import EXPERIMENTS, Experiment, RunContext
 from engine.settings import Settings
 from sessions.job_runner import run_job
-from sessions.store import Session, SessionStore
+from sessions.store import Session, SessionExists, SessionStore
 from tui.flags import model_options_from_args, settings_from_args
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     if args.json is not None and main:
         check_writable_path(args.json, "--json")
     store = SessionStore()
+    if main:
+        store.check_home(writing=False)  # a file: one line now (one that cannot be written: when it is made)
     resume = bool(getattr(args, "resume", False))
     session: Session | None = None
     if main:  # only rank 0 touches the session (the other workers may be on another machine)
@@ -83,7 +86,8 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     source = settings.inputs_from()
     inputs = _inputs(store.open(source) if source else session, experiment) if main else {}
 
-    with _workers(world, device) as workers:
+    with _workers(world, device) as workers, _claimed(store, session, args.session if main else None, main,
+                                                      options, settings) as session:
         loaded, plan = None, None
         if options is not None:
             if workers is not None:  # one worker per GPU (LOCAL_RANK), or the CPU
@@ -91,6 +95,8 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
             plan = memory_plan(experiment, settings, options, quiet=not main)
             # the dtype the plan names and was checked in is the one that loads (the job file keeps `auto`)
             planned = dataclasses.replace(options, dtype=plan.dtype) if plan is not None else options
+            if main and plan is not None and getattr(settings, "export", None):  # the whole model, written
+                check_free_space(settings.export, plan.weights, "--export")
             loaded = planned.load(_report)
             if main:
                 _report(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
@@ -119,6 +125,31 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
 
     print_result(experiment.name, result.data)
     return 0
+
+
+@contextlib.contextmanager
+def _claimed(store: SessionStore, session: Session | None, name: str | None, main: bool,
+             options: ModelOptions | None, settings: Settings) -> Iterator[Session | None]:
+    """The run's session: the one opened already, else one made now, before the model loads (of two
+    runs naming the same new session the first makes it, the other joins it). One this run made is
+    removed again if the run fails before it writes anything, so a failed start leaves nothing."""
+    if session is not None or not main:
+        yield session
+        return
+    try:
+        made = store.create(name, model=options.model if options else "", settings=settings.to_dict())
+    except SessionExists:
+        if name is None or not store.exists(name):
+            raise
+        joined = store.open(name)
+        _report(f"session {name} was just made by another run; this run adds to it")
+        yield joined
+        return
+    try:
+        yield made
+    except BaseException:
+        store.discard_unused(made)
+        raise
 
 
 def _world(experiment: Experiment, args: argparse.Namespace, options: ModelOptions | None,

@@ -34,7 +34,9 @@ def main(args: argparse.Namespace) -> int:
     from engine.experiments.export import check_export_folder, export_growth, export_recovered
     from sessions.store import SessionStore
 
-    session = SessionStore().open(args.session)
+    store = SessionStore()
+    store.check_home(writing=False)  # reads the session only: a read-only sessions folder is fine
+    session = store.open(args.session)
     check_export_folder(args.folder, args.force)
     if args.model in SAVED_ARMS:
         folder = export_growth(session.path / GROWTH_MODELS / SAVED_ARMS[args.model], args.folder, args.force)

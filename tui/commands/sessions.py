@@ -15,6 +15,7 @@ def _when(stamp: float) -> str:
 
 def main(args: argparse.Namespace) -> int:
     store = SessionStore()
+    store.check_home(writing=False)  # a file: one line; a read-only folder still lists (nothing is written)
     if args.sessions_command == "list":
         infos = store.list()
         if not infos:
