@@ -12,6 +12,7 @@ through torch's own launcher.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import queue
@@ -27,6 +28,7 @@ import torch.distributed as dist
 from engine import registry
 from engine.errors import UserError
 from engine.events import Event, Progress, Result
+from engine.process import STOP_EXIT_CODES, interruption, stop_signal
 
 T = TypeVar("T")
 
@@ -158,7 +160,8 @@ class Workers:
             for event in run_shard(mine) if mine else ():
                 self._send(event)
         except BaseException as exc:
-            self._send(_Failed(_one_line(exc)))
+            with contextlib.suppress(RuntimeError):  # rank 0 may be gone already (stopped with us)
+                self._send(_Failed(_one_line(exc), stop_signal(exc)))
             raise
         self._send(_Done())
 
@@ -181,9 +184,11 @@ class _Done:
 
 @dataclass(frozen=True)
 class _Failed:
-    """A worker's last word when its share raised: the error in one line."""
+    """A worker's last word when its share raised: the error in one line, or the signal that
+    stopped it (Ctrl-C, SIGTERM, SIGHUP: the job stops as interrupted, not failed)."""
 
     line: str
+    signal: int = 0
 
 
 def _one_line(exc: BaseException) -> str:
@@ -200,6 +205,8 @@ class _Merger:
         self.results: dict[int, Result] = {}
 
     def take(self, rank: int, item: Any) -> Iterator[Event]:
+        if isinstance(item, _Failed) and item.signal:
+            raise interruption(item.signal)
         if isinstance(item, _Failed):
             who = f"worker rank {rank}" if rank >= 0 else "a worker"
             raise UserError(f"{who} failed: {item.line}; the sharded job stopped")
@@ -227,7 +234,11 @@ class _Merger:
 def launch(argv: Sequence[str], nproc: int) -> int:
     """Starts `python ARGV...` as `nproc` workers on this machine through torch.distributed.run
     (--standalone); ARGV is a script path or `-m module` with its arguments. Returns 0 when every
-    worker finished; a worker that died is named in one line."""
+    worker finished; a worker that died is named in one line. A stop signal (Ctrl-C, SIGTERM,
+    SIGHUP) to this launcher goes on to every worker (torch's launcher does that, and waits for
+    them), which checkpoint and say how to resume; it returns 128 + the signal's number, as it
+    does when a worker stopped by one is the first to end."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -237,8 +248,12 @@ def launch(argv: Sequence[str], nproc: int) -> int:
     args += ["--module", *argv[1:]] if argv and argv[0] == "-m" else list(argv)
     try:
         run(get_args_parser().parse_args(args))
+    except SignalException as exc:
+        return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
+        if failure.exitcode in STOP_EXIT_CODES:  # the worker said it was stopped, and how to resume
+            return failure.exitcode
         why = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
         print(f"error: worker rank {rank} failed ({why}); the sharded job stopped", file=sys.stderr)
         return 2

@@ -1,14 +1,25 @@
-"""Proof that a pid still is the job a job file describes, before anything signals it.
+"""A job's process: proof that a pid still is the job a job file describes, before anything
+signals it, and how a run stops on a signal.
 
 A job file is only text: its pid may be 1 (`kill(-1)` would reach every process the user owns),
 a number the kernel has since given to another program, or a hostile value. A job records, from
 inside its own process, its process group, its start time (/proc/<pid>/stat field 22, clock
 ticks since boot) and its command line; a pid is signalled only while all three still match.
+
+SIGTERM (`kill`, a scheduler, `docker stop`, the end of a Kaggle session) and SIGHUP (a closed
+terminal) stop a run the way Ctrl-C does: `stop_on_signals` turns them into `Stopped`, a
+KeyboardInterrupt, so every path that checkpoints and records a cancelled job on Ctrl-C does so
+on them too; the run then exits 128 + the signal's number (143, 129), as a shell expects.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 PID_LIMIT = 2**31 - 1  # the largest value a pid_t holds; os.kill overflows beyond it
@@ -85,3 +96,61 @@ def identity_problem(doc: dict[str, Any]) -> str:
 def job_identity_matches(doc: dict[str, Any]) -> bool:
     """True only while the job file's pid provably is the job that wrote it."""
     return identity_problem(doc) == ""
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+STOP_EXIT_CODES = frozenset(128 + sig for sig in (signal.SIGINT, *STOP_SIGNALS))  # 130, 143, 129
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was stopped by `signum` (SIGTERM, SIGHUP; Ctrl-C's SIGINT stays KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+def stop_signal(exc: BaseException) -> int:
+    """The signal an interruption stands for: SIGINT for Ctrl-C's KeyboardInterrupt, 0 for anything else."""
+    if isinstance(exc, Stopped):
+        return exc.signum
+    return int(signal.SIGINT) if isinstance(exc, KeyboardInterrupt) else 0
+
+
+def interruption(signum: int) -> KeyboardInterrupt:
+    """The exception `stop_signal` reads back as `signum` (a worker's stop, raised again on rank 0)."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """What a run stopped by `exc` exits with: 128 + the signal's number (130 for Ctrl-C)."""
+    return 128 + stop_signal(exc)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `Stopped` in the main thread for as long as this lasts. Only the
+    first does: a second signal (a launcher passing on the one its group already got, `docker stop`
+    repeating itself) is let go, so the checkpoint and the finish event it interrupts are written
+    whole (SIGKILL still ends a run that will not stop)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopped = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -7,20 +7,52 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from engine.atomic import is_no_space, no_space
 from engine.errors import UserError
 from engine.events import Cancelled, Event, Finished, Result, Started
-from engine.process import process_identity
+from engine.process import Stopped, process_identity
 from sessions.store import Session
 
 log = logging.getLogger(__name__)
 
+UNFINISHED = ("interrupted", "cancelled", "failed")  # a job that a --resume run may continue
+
 
 def new_job_id(experiment: str) -> str:
     return f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def started_at(doc: Mapping[str, Any]) -> float:
+    """When the job of job file `doc` started (0 when its file does not say)."""
+    try:
+        return float(doc.get("started") or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def resumed_job(session: Session, experiment: str) -> str | None:
+    """The job a --resume run of `experiment` continues: the newest job of that experiment in the
+    session, when it did not finish (None when there is none or it finished)."""
+    mine = [(job_id, doc) for job_id, doc in session.jobs().items() if doc.get("experiment") == experiment]
+    if not mine:
+        return None
+    job_id, doc = max(mine, key=lambda item: started_at(item[1]))
+    return job_id if doc.get("status") in UNFINISHED else None
+
+
+def _mark_resumed(session: Session, job_id: Any, by: str) -> None:
+    """The job `by` resumed, and the ones that job resumed in turn, now read 'resumed', so neither
+    the console nor `sessions show` offers them again."""
+    jobs, seen = session.jobs(), set()
+    while isinstance(job_id, str) and job_id in jobs and job_id not in seen:
+        seen.add(job_id)
+        doc = jobs[job_id]
+        if doc.get("status") in UNFINISHED:
+            session.write_job(job_id, {**doc, "status": "resumed", "resumed_by": by})
+        job_id = doc.get("resumes")
 
 
 def run_job(
@@ -38,13 +70,16 @@ def run_job(
     """Drains `events` into the session and returns the final Result (None if cancelled).
 
     The job file records the experiment's `settings` (Settings.to_dict()) and `model` options
-    (ModelOptions.to_dict()) as data: a resume rebuilds its command from them, never from an argv.
+    (ModelOptions.to_dict()) as data: a resume rebuilds its command from them, never from an argv;
+    a `resume` records the job it continues (`resumes`), marked 'resumed' once this one is done.
     A full disk is one line (UserError): the log is left with whole lines, the Result (when the
     run got that far) kept where there was room and named, the job marked failed as far as the
     disk still allows. Exceptions from the experiment are logged as a `Finished(status="failed")`
-    event and re-raised, so the caller decides how to show them.
+    event and re-raised, so the caller decides how to show them; so is `Stopped` (SIGTERM, SIGHUP), after a
+    `Finished(status="interrupted")` naming the signal: the caller exits with its code.
     """
     job_id = job_id or new_job_id(experiment)
+    resumes = resumed_job(session, experiment) if resume else None
     job = {
         "id": job_id,
         "experiment": experiment,
@@ -52,6 +87,7 @@ def run_job(
         "settings": settings,
         "model": model,
         "resume": resume,
+        **({"resumes": resumes} if resumes else {}),
         **process_identity(),  # pid, pgid, start time, command line: the proof a signal needs
         "status": "running",
         "started": time.time(),
@@ -75,6 +111,9 @@ def run_job(
                 _keep(session, event, emit)
             else:
                 emit(event)
+    except Stopped as stop:  # resumable like a job that died, and the console offers it
+        status, error = "interrupted", f"stopped by {stop.name}"
+        raise
     except (Cancelled, KeyboardInterrupt):
         status = "cancelled"
     except Exception as exc:
@@ -94,6 +133,8 @@ def run_job(
             session.write_job(job_id, {**job, "status": status, "error": error, "ended": time.time()})
         except (OSError, UserError) as exc:
             log.warning("could not mark job %s %s: %s", job_id, status, exc)
+    if resumes and status == "done":
+        _mark_resumed(session, resumes, job_id)
     return result
 
 

@@ -55,7 +55,8 @@ NAME_LIMIT = 100  # characters in a session's (or a result's, a job's) name
 _NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_LIMIT - 1}}}$")
 _VERSIONED_PACKAGES = ("anatomy-tui", "torch", "transformers", "textual", "numpy", "scikit-learn")
 SESSION_PARTS = PARTS  # every part of a session folder the app reads or writes; none may be a symbolic link
-JOB_STATUSES = frozenset({"running", "done", "failed", "cancelled"})
+# interrupted: stopped by SIGTERM/SIGHUP (or its process died); resumed: a later --resume run finished it
+JOB_STATUSES = frozenset({"running", "done", "failed", "cancelled", "interrupted", "resumed"})
 
 
 class SessionError(Exception):
@@ -114,6 +115,8 @@ _JOB_FIELDS: dict[str, tuple[Any, str]] = {
     "started": (lambda v: _number(v) and v >= 0, "a time in seconds"),
     "ended": (lambda v: _number(v) and v >= 0, "a time in seconds"),
     "error": (lambda v: isinstance(v, str), "a string"),
+    "resumes": (lambda v: isinstance(v, str), "a job id"),
+    "resumed_by": (lambda v: isinstance(v, str), "a job id"),
 }
 
 

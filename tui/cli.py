@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from engine import registry
 from engine.errors import UserError
 from engine.options import ModelOptions
+from engine.process import Stopped, exit_code, stop_on_signals
 from sessions.store import SessionError
 from tui.flags import add_settings_arguments, experiment_flags
 
@@ -92,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             from tui.runner import run_command
 
-            return run_command(registry.BY_NAME[args.experiment], args, argv)
+            with stop_on_signals():  # SIGTERM, SIGHUP stop a run the way Ctrl-C does
+                return run_command(registry.BY_NAME[args.experiment], args, argv)
         if args.command == "export":
             return int(args.handler(args) or 0)
         if args.command == "sessions":
@@ -116,9 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"anatomy-tui: error: out of memory ({one_line(str(exc)) or 'MemoryError'}); the settings ask "
               "for more than this machine has: use smaller counts or sizes", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("anatomy-tui: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # before the job started (the model loading) or after it ended
+        print(f"anatomy-tui: interrupted{f' by {exc.name}' if isinstance(exc, Stopped) else ''}", file=sys.stderr)
+        return exit_code(exc)
 
 
 if __name__ == "__main__":

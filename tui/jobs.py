@@ -9,6 +9,7 @@ its output going to a log file in the session, so closing the console, a dropped
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from engine.process import job_identity_matches, pid_alive
 from engine.registry import BY_NAME
 from engine.registry import experiment as find_experiment
 from engine.settings import Settings
+from sessions.job_runner import started_at
 from sessions.store import Session
 from tui.flags import flag_text, model_flags
 
@@ -72,6 +74,11 @@ def job_argv(
     if options is not None:
         argv += model_flags(options)
     return [*argv, *shards_flag(experiment, settings, options), "--session", session, *(["--resume"] if resume else [])]
+
+
+def typed(argv: Sequence[str]) -> str:
+    """A `job_argv` command as a user types it (`anatomy-tui` for `python -m tui.cli`)."""
+    return shlex.join(["anatomy-tui", *argv[3:]])
 
 
 def shards_flag(experiment: str, settings: Settings, options: ModelOptions | None) -> list[str]:
@@ -160,20 +167,13 @@ def resumable_job(jobs: Mapping[str, Mapping[str, Any]]) -> tuple[str, Mapping[s
     """The newest interrupted job that is the latest of its experiment (not resumed since) and
     whose experiment resumes (the registry says), or None."""
     latest: dict[str, tuple[str, Mapping[str, Any]]] = {}
-    for job_id, doc in sorted(jobs.items(), key=lambda item: _started(item[1])):
+    for job_id, doc in sorted(jobs.items(), key=lambda item: started_at(item[1])):
         latest[str(doc.get("experiment"))] = (job_id, doc)
     found = [
         (job_id, doc) for name, (job_id, doc) in latest.items()
         if doc.get("status") == "interrupted" and name in BY_NAME and BY_NAME[name].resumable
     ]  # fmt: skip
-    return max(found, key=lambda item: _started(item[1]), default=None)
-
-
-def _started(doc: Mapping[str, Any]) -> float:
-    try:
-        return float(doc.get("started") or 0)
-    except (TypeError, ValueError):
-        return 0.0
+    return max(found, key=lambda item: started_at(item[1]), default=None)
 
 
 def launch_job(session: Session, experiment: str, argv: Sequence[str]) -> BackgroundJob:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -39,6 +38,7 @@ from tui.jobs import (
     resumable_job,
     resume_argv,
     stop_job,
+    typed,
 )
 from tui.logging_setup import log_to_file
 from tui.state import Dirty, JobView, SessionState
@@ -68,8 +68,7 @@ class ResumeOffer:
 
     @property
     def question(self) -> str:
-        shown = shlex.join(["anatomy-tui", *self.argv[3:]])
-        return f"Job {self.job} was interrupted. Resume it from its checkpoint?\n{shown}"
+        return f"Job {self.job} was interrupted. Resume it from its checkpoint?\n{typed(self.argv)}"
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Everything that can fail fast is checked before the slow model load: the setting
 file, the --json path, the sessions folder, the session name (and, for --resume, that the session
 exists), room on disk for a model export. A new session is made before the model loads (so two runs
 naming it cannot both load a model for it) and removed again when the run fails before writing
-anything, so a failed start leaves nothing behind. A cancelled run exits 130, a user error 2.
+anything, so a failed start leaves nothing behind. A cancelled run exits 130 (Ctrl-C), 143
+(SIGTERM) or 129 (SIGHUP) and prints the command that resumes it; a user error 2.
 
 Before the model loads, its memory plan (engine/memory.py) is printed and checked against the free
 memory of the device. `--shards N` relaunches the command as N workers through torch's launcher;
@@ -26,13 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from engine.atomic import atomic_write_json, check_free_space, check_writable_path
 from engine.errors import UserError
-from engine.events import Event, Finished, Message, Progress, Result
+from engine.events import Event, Message, Progress, Result
 from engine.options import ModelOptions
+from engine.process import Stopped, exit_code
 from engine.registry import EXPERIMENTS, Experiment, RunContext
 from engine.settings import Settings
 from sessions.job_runner import run_job
 from sessions.store import Session, SessionExists, SessionStore
 from tui.flags import model_options_from_args, settings_from_args
+from tui.jobs import job_argv, typed
 
 if TYPE_CHECKING:
     from engine.distributed import ShardPlan, Workers, World
@@ -115,16 +118,28 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
             for _ in events:
                 pass
             return 0
-        result = drive(session, experiment.name, settings, options, loaded, events, args.json, resume,
-                       plan.to_dict() if plan is not None else None)
+        try:
+            result = drive(session, experiment.name, settings, options, loaded, events, args.json, resume,
+                           plan.to_dict() if plan is not None else None)
+        except Stopped as stop:  # SIGTERM, SIGHUP: recorded as interrupted, exits 143, 129
+            return _stopped(experiment, settings, options, session, f"interrupted by {stop.name}", exit_code(stop))
     if result is None:
-        again = f"; continue with: anatomy-tui run {experiment.name} --session {session.name} --resume"
-        print(f"{experiment.name} cancelled{again if experiment.resumable else ''}", file=sys.stderr)
-        return CANCELLED
+        return _stopped(experiment, settings, options, session, "cancelled", CANCELLED)
     from tui.printers import print_result
 
     print_result(experiment.name, result.data)
     return 0
+
+
+def _stopped(experiment: Experiment, settings: Settings, options: ModelOptions | None, session: Session,
+             what: str, code: int) -> int:
+    """One line for a run stopped before its end: what stopped it and, where it resumes from its
+    checkpoint, the exact command that continues it (the settings as flags, as the console offers it)."""
+    line = f"{experiment.name} {what}"
+    if experiment.resumable:
+        line += f"; continue with: {typed(job_argv(experiment.name, settings, options, session.name, resume=True))}"
+    print(line, file=sys.stderr, flush=True)
+    return code
 
 
 @contextlib.contextmanager
@@ -311,13 +326,16 @@ def drive(
                 bar.update(task, completed=event.done, total=event.total, description=event.label or experiment)
             elif isinstance(event, Message):
                 bar.console.print(f"[{event.level}] {event.text}", markup=False, highlight=False)
-            elif isinstance(event, Finished) and event.status == "cancelled":  # a failure is raised, said once
-                bar.console.print(f"{experiment} {event.status} {event.error}".rstrip(), markup=False)
 
-        result = run_job(
-            session, experiment, spec, events, on_event=show, settings=settings.to_dict(),
-            model=options.to_dict() if options is not None else None, resume=resume,
-        )  # fmt: skip
+        try:  # how a run ends is said once, by the caller: a failure as the one error line
+            result = run_job(
+                session, experiment, spec, events, on_event=show, settings=settings.to_dict(),
+                model=options.to_dict() if options is not None else None, resume=resume,
+            )  # fmt: skip
+        except Exception:
+            if not bar.tasks[0].completed:
+                bar.live.transient = True  # no empty bar left above the error line
+            raise
     if result is not None and json_path is not None:
         try:
             atomic_write_json(json_path, result.data, "--json")
