@@ -129,6 +129,7 @@ def _local(spec: DatasetSpec, split: str, column: str) -> tuple[list[str], str |
     except json.JSONDecodeError as exc:
         raise UserError(f"dataset file {path}: line {exc.lineno} of a JSON-lines file is not JSON") from None
     datasets = _datasets()
+    datasets.disable_progress_bars()  # a local file takes a moment: no bars on the terminal
     try:
         if kind is not None:
             loaded = datasets.load_dataset(kind, data_files=str(path), split="train")

@@ -1,5 +1,6 @@
 """How `anatomy-tui run` prints a result: the experiment's view (tui/views/<command>.py
-`print_result`), or the document as JSON for an experiment without one."""
+`print_result`) and the line saying how its perplexity was measured (its `protocol`), or the
+document as JSON for an experiment without one."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from tui.views import view
 
 
 def print_result(experiment: str, doc: dict[str, Any]) -> None:
+    """The view's printout, then how its perplexity was measured (a result that records it)."""
     printer = getattr(view(experiment), "print_result", None)
     if printer is None:
         print(json.dumps(doc, indent=2))
-    else:
-        printer(doc)
+        return
+    printer(doc)
+    if isinstance(doc.get("protocol"), dict):
+        from engine.eval_data import describe
+
+        print(describe(doc["protocol"]))
