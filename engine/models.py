@@ -410,16 +410,17 @@ STAGING_OWNER = ".owner"  # the pid of the process writing a staging folder
 STAGING_GRACE_S = 60.0  # a staging folder with no owner file yet may be seconds old
 
 
-def clean_stale_staging(parent: Path) -> list[Path]:
-    """Removes staging folders left by a dequantization that was killed (their owner process is
-    gone), so a crash does not leave gigabytes behind. Returns what it removed."""
+def clean_stale_staging(parent: Path, prefix: str = ".") -> list[Path]:
+    """Removes staging folders (names starting with `prefix`) left by a dequantization or an export
+    that was killed (their owner process is gone), so a crash does not leave gigabytes behind.
+    Returns what it removed."""
     import time
 
     removed = []
     if not parent.is_dir():
         return removed
     for entry in parent.iterdir():
-        if not entry.name.startswith(".") or not entry.is_dir():
+        if not entry.name.startswith(prefix) or entry.is_symlink() or not entry.is_dir():
             continue
         owner = entry / STAGING_OWNER
         try:

@@ -12,6 +12,8 @@ import errno
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -327,3 +329,29 @@ def test_several_processes_writing_one_session_keep_it_valid(isolated_home):
     assert sorted(session.jobs()) == [f"job{w}" for w in range(WRITERS)] and not session.check()
     assert sorted(p.name for p in (isolated_home / "busy").iterdir()) == ["events.jsonl", "jobs", "manifest.json",
                                                                          "results"]
+
+
+# staging folders of an export killed half way ------------------------------------------------------------------
+def test_an_export_removes_the_staging_folders_a_killed_export_left(tokenizer, tmp_path):
+    from tiny_models import tiny_model
+
+    from engine.anatomy import LayerStack
+    from engine.experiments.export import EXPORT_STAGING, export_recovered
+    from engine.models import STAGING_OWNER
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = tmp_path / f"{EXPORT_STAGING}old.abc"  # an export killed (kill -9) while writing its weights
+    (killed / "model").mkdir(parents=True)
+    (killed / STAGING_OWNER).write_text(dead.stdout.strip())
+    (killed / "model" / "model.safetensors").write_bytes(b"0" * 1000)
+    running = tmp_path / f"{EXPORT_STAGING}other.def"  # another export writing right now
+    running.mkdir()
+    (running / STAGING_OWNER).write_text(str(os.getpid()))
+    users = tmp_path / ".config"  # a hidden folder of the user's, old and with no owner: never touched
+    users.mkdir()
+    os.utime(users, (0, 0))
+    model = tiny_model("llama")
+    layers = {1: {name: w.detach() for name, w in LayerStack(model).matrices(1).items()}}
+    folder = export_recovered(model, tokenizer, layers, tmp_path / "new", model_name="tiny")
+    assert (folder / "config.json").exists() and not killed.exists() and running.exists() and users.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, ".config", "new"])  # none of its own

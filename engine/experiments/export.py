@@ -9,6 +9,7 @@ so a failed export leaves no half-written model behind.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
+
+EXPORT_STAGING = ".anatomy-export-"  # a folder being written; one a killed export (kill -9) left, the next removes
 
 
 def check_export_folder(folder: str | Path, force: bool = False) -> Path:
@@ -30,9 +33,13 @@ def check_export_folder(folder: str | Path, force: bool = False) -> Path:
 
 def save_model_folder(model: Any, tokenizer: Any, folder: str | Path, card: str, force: bool = False) -> Path:
     """`save_pretrained` of the model and tokenizer plus README.md, written atomically."""
+    from engine.models import STAGING_OWNER, clean_stale_staging
+
     path = check_export_folder(folder, force)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+    clean_stale_staging(path.parent, EXPORT_STAGING)  # what a killed export left beside it
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f"{EXPORT_STAGING}{path.name}.") as tmp:
+        (Path(tmp) / STAGING_OWNER).write_text(str(os.getpid()))  # a live owner: not stale
         staging = Path(tmp) / "model"
         _quiet_save(model, staging)
         if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
