@@ -1,10 +1,12 @@
 """Saving a model the experiments made as a Hugging Face folder that loads anywhere.
 
-`save_model_folder` is the one way out: weights and config by `save_pretrained`, the tokenizer,
-and a README card saying what was done to the model. Experiments call it for their models
-(`prune --export`); `export_recovered` and `export_growth` serve `anatomy-tui export SESSION
---model recovered|growth|uniform DIR`. The folder is written next to its final place and renamed,
-so a failed export leaves no half-written model behind.
+`save_model_folder` is the one way out: weights and config by `save_pretrained` (safetensors),
+the tokenizer, a model card (`engine.model_card`: README.md with the Hub's YAML metadata saying what
+was done to the model), and what else the folder carries (a prune's mergekit configuration, a LoRA
+healing's PEFT adapter). Experiments call it for their models (`prune --export`); `export_recovered`
+and `export_growth` serve `anatomy-tui export SESSION --model recovered|growth|uniform DIR`, and
+`push_to_hub` uploads a folder (`--push-to-hub REPO`). The folder is written next to its final
+place and renamed, so a failed export leaves no half-written model behind.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import UserError
+from engine.model_card import CARD, CardFacts, model_card
 
+if TYPE_CHECKING:
+    from huggingface_hub import ModelCard
+
+ADAPTER = "adapter"  # the subfolder of a LoRA-healed export holding the PEFT adapter
 EXPORT_STAGING = ".anatomy-export-"  # a folder being written; one a killed export (kill -9) left, the next removes
 
 
@@ -31,8 +38,12 @@ def check_export_folder(folder: str | Path, force: bool = False) -> Path:
     return path
 
 
-def save_model_folder(model: Any, tokenizer: Any, folder: str | Path, card: str, force: bool = False) -> Path:
-    """`save_pretrained` of the model and tokenizer plus README.md, written atomically."""
+def save_model_folder(model: Any, tokenizer: Any, folder: str | Path, card: ModelCard, force: bool = False, *,
+                      files: Mapping[str, str] | None = None, adapter: Path | None = None,
+                      weights: bool = True) -> Path:
+    """`save_pretrained` of the model and tokenizer, the card as README.md, `files` (name: text)
+    and a PEFT adapter folder (`adapter`: into `adapter/`, or, without `weights`, the adapter alone
+    in place of the model's weights and config), written atomically."""
     from engine.models import STAGING_OWNER, clean_stale_staging
 
     path = check_export_folder(folder, force)
@@ -41,12 +52,19 @@ def save_model_folder(model: Any, tokenizer: Any, folder: str | Path, card: str,
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f"{EXPORT_STAGING}{path.name}.") as tmp:
         (Path(tmp) / STAGING_OWNER).write_text(str(os.getpid()))  # a live owner: not stale
         staging = Path(tmp) / "model"
-        _quiet_save(model, staging)
+        if weights:
+            _quiet_save(model, staging)
+        staging.mkdir(exist_ok=True)
+        if adapter is not None:  # PEFT's own card there is boilerplate: the folder's card describes the adapter
+            shutil.copytree(adapter, staging / ADAPTER if weights else staging, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(CARD))
         if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
             tokenizer.save_pretrained(staging)
         elif tokenizer is not None and hasattr(tokenizer, "save"):
             tokenizer.save(staging)
-        (staging / "README.md").write_text(card, encoding="utf-8")
+        for name, text in (files or {}).items():
+            (staging / name).write_text(text, encoding="utf-8")
+        card.save(staging / CARD)
         if path.is_dir():  # --force into an existing folder: replace file by file
             for item in staging.iterdir():
                 target = path / item.name
@@ -77,9 +95,13 @@ def export_recovered(
     folder: str | Path,
     model_name: str = "",
     force: bool = False,
+    *,
+    base_model: str | None = None,
+    recovery: Mapping[str, Any] | None = None,
 ) -> Path:
     """The model with recovery's fine-tuned layers put in (`{layer: {matrix: tensor}}`, canonical
-    matrix names as `LayerStack.matrices` gives them), saved; the model itself is left unchanged."""
+    matrix names as `LayerStack.matrices` gives them), saved; the model itself is left unchanged.
+    `recovery`, the session's results/recovery.json, gives the card each layer's perplexities."""
     from engine.anatomy import LayerStack
 
     if not layers:
@@ -88,9 +110,20 @@ def export_recovered(
     for index in layers:
         stack.check_index(index)
     listed = ", ".join(map(str, sorted(layers)))
-    card = (f"# {model_name or 'model'} with recovered layers\n\nExported by anatomy-tui. Layers {listed} "
-            "(from 0) hold the weights the recovery experiment fine-tuned after noising them; every other "
-            "weight is the original model's.\n\nLoad with `AutoModelForCausalLM.from_pretrained(folder)`.\n")
+    doc = recovery if recovery is not None and recovery.get("model") == model_name else {}
+    rows = [{key: row.get(key) for key in ("layer", "ppl_after_noise", "final_ppl", "best_ppl")}
+            for row in doc.get("layers") or [] if row.get("layer") in layers]
+    details = {"experiment": "recovery", "source_model": model_name, "recovered_layers": sorted(layers),
+               "baseline_ppl": doc.get("baseline_ppl"), "per_layer": rows, "settings": doc.get("settings"),
+               "protocol": doc.get("protocol")}
+    card = model_card(CardFacts(
+        title=f"{model_name or 'model'} with recovered layers", base_model=base_model, tags=["layer-recovery"],
+        details=details,
+        body=f"Exported by anatomy-tui. Layers {listed} (from 0) hold the weights the recovery experiment "
+             "fine-tuned after noising them; every other weight is the original model's. Each layer was "
+             "noised and recovered alone: the perplexities in the metadata (`per_layer`) are of the model "
+             "with that one layer recovered.\n\nLoad with `AutoModelForCausalLM.from_pretrained(folder)`.",
+    ))
     with stack.holding({i: dict(tensors) for i, tensors in layers.items()}):
         return save_model_folder(model, tokenizer, folder, card, force)
 
@@ -108,7 +141,43 @@ def export_growth(source: str | Path, folder: str | Path, force: bool = False) -
     growth = model.config.model_type == "growth_llama"
     load = "`AutoModelForCausalLM.from_pretrained(folder)`"
     how = f"`import engine.experiments.growth.architecture` (registers growth_llama), then {load}" if growth else load
-    card = (f"# {'growth' if growth else 'uniform'} model from anatomy-tui\n\nTrained by the growth experiment "
-            f"({model.config.num_hidden_layers} layers). The tokenizer is one token per character "
-            f"(growth_tokenizer.json).\n\nLoad with {how}.\n")
+    arm = "growth" if growth else "uniform"
+    card = model_card(CardFacts(
+        title=f"{arm} model from anatomy-tui", tags=["growth"],
+        details={"experiment": "growth", "arm": arm, "num_hidden_layers": model.config.num_hidden_layers},
+        body=f"Trained by the growth experiment ({model.config.num_hidden_layers} layers). The tokenizer is one "
+             f"token per character (growth_tokenizer.json).\n\nLoad with {how}.",
+    ))
     return save_model_folder(model, tokenizer, folder, card, force)
+
+
+def hub_token() -> str:
+    """The user's Hugging Face token (HF_TOKEN, else the one `hf auth login` saved)."""
+    from huggingface_hub import get_token
+
+    token = get_token()
+    if token is None:
+        raise UserError("pushing to the Hub needs your Hugging Face token: set HF_TOKEN or run `hf auth login`")
+    return token
+
+
+def push_to_hub(folder: str | Path, repo: str, private: bool = False) -> str:
+    """Uploads an exported folder to the Hub model repository `repo` (made when missing) with the
+    user's token (HF_TOKEN or `hf auth login`); returns the commit's URL."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    # a bad repo id or card metadata (ValueError), the Hub's answers and the HTTP library's own errors
+    failures = (OSError, ValueError, *HfHubHTTPError.__bases__)
+    path = Path(folder)
+    if not (path / CARD).is_file():
+        raise UserError(f"{path} is not an exported folder (no {CARD}); export it first")
+    api = HfApi(token=hub_token())
+    try:
+        url = api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
+        commit = api.upload_folder(folder_path=path, repo_id=url.repo_id, repo_type="model",
+                                   commit_message="Upload a model exported by anatomy-tui")
+    except failures as exc:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise UserError(f"could not push {path} to the Hub repository {repo}: {lines[0]}") from None
+    return commit.commit_url

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -48,14 +50,21 @@ from engine.events import (
     json_safe,
 )
 from engine.experiments.ablation import InfluenceMeter
-from engine.experiments.export import check_export_folder, save_model_folder
+from engine.experiments.export import ADAPTER, check_export_folder, save_model_folder
 from engine.memory import ModelShape, Training
+from engine.mergekit_yaml import MERGEKIT_CONFIG, passthrough_yaml
+from engine.model_card import CardFacts, Perplexity, hub_id, model_card
 from engine.perplexity import Batch, Evaluator, TextScores, masked
 from engine.pruning import removed
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, EvalTextSettings, TrainTextSettings, setting
 from engine.statistics import bootstrap_perplexity, spearman
 from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
+
+if TYPE_CHECKING:
+    from huggingface_hub import ModelCard
+
+    from engine.models import LoadedModel
 
 METHODS = ("angular", "bi", "ppl", "map")
 HEALS = ("adjacent", "lora")
@@ -82,12 +91,16 @@ class PruneSettings(TrainTextSettings, EvalTextSettings):
     export_count: int | None = setting(None, "how many layers the exported model lacks (default: the largest count)",
                                        low=1, none_word="largest")
     force: bool = setting(False, "export into a folder that is not empty")
+    export_adapter: bool = setting(False, "with --heal lora: export only the LoRA adapter (PEFT format), "
+                                          "not the merged weights")
 
     def check(self) -> None:
         if not self.remove and self.max_fraction is None:
             raise UserError("--remove needs at least one count, e.g. 1,2,4,8, or give --max-fraction")
         if self.export_count is not None and self.export is None:
             raise UserError("--export-count needs --export DIR")
+        if self.export_adapter and (self.export is None or self.heal != "lora" or not self.heal_steps):
+            raise UserError("--export-adapter needs --export DIR, --heal lora and --heal-steps N")
 
     def counts(self, n_layers: int) -> tuple[int, ...]:
         """The counts of the curve for a model of this depth, checked."""
@@ -220,19 +233,20 @@ class Healer:
         self.blocks = blocks.to(self.stack.input_device())
 
     @contextlib.contextmanager
-    def healed(self, layers: Sequence[int], cancel,
-               keep: bool = False) -> Iterator[dict[int, dict[str, torch.Tensor]] | None]:
+    def healed(self, layers: Sequence[int], cancel, keep: bool = False,
+               adapter: Path | None = None) -> Iterator[dict[int, dict[str, torch.Tensor]] | None]:
         """Inside `removed(model, layers)`: the cut model fine-tuned for the block, then restored
         exactly (an offloaded layer it would train is refused first). With `keep`, yields the
         trained layers' weights ({original index: tensors by the layer's names}, on the CPU) for
-        export; else None."""
+        export; else None. With `adapter`, LoRA healing also saves its adapter there (PEFT's format,
+        before it is merged)."""
         trained = (neighbours_of_cuts(len(self.stack), layers) if self.settings.heal == "adjacent"
                    else tuple(i for i in range(len(self.stack)) if i not in layers))
         with self.stack.preserved(trained, host=self.settings.heal == "lora"):  # LoRA: the whole model's layers
             if self.settings.heal == "adjacent":
                 self._train([p for i in trained for p in self.stack.layers[i].parameters()], trained[0], cancel)
             else:
-                self._lora(trained[0], cancel)
+                self._lora(trained[0], cancel, adapter)
             yield self.stack.copies(trained, host=True) if keep else None
 
     def _train(self, params: list[torch.nn.Parameter], layer: int, cancel) -> None:
@@ -251,8 +265,11 @@ class Healer:
                     break
                 trainer.step(loss)
 
-    def _lora(self, layer: int, cancel) -> None:
-        """LoRA on every matrix of every kept layer, trained, then merged into the weights."""
+    def _lora(self, layer: int, cancel, adapter: Path | None = None) -> None:
+        """LoRA on every matrix of every kept layer, trained, saved to `adapter` (when given), then
+        merged into the weights. The adapter's module names are the cut model's (layers renumbered
+        from 0), so it loads onto the pruned base: it names no base model (the original is not it, and
+        AutoPeftModel would load the original under it)."""
         try:
             from peft import LoraConfig, get_peft_model
         except ImportError:
@@ -261,9 +278,14 @@ class Healer:
         targets = sorted({path.rsplit(".", 1)[-1] for _, path in self.stack.spec.matrices})
         config = LoraConfig(r=self.settings.lora_rank, lora_alpha=2 * self.settings.lora_rank, lora_dropout=0.0,
                             target_modules=targets, bias="none")
-        peft_model = get_peft_model(self.model, config)
+        with torch.random.fork_rng(devices=[]):  # the adapters' initialisation seeded too: the same cut heals alike
+            torch.manual_seed(self.settings.seed)
+            peft_model = get_peft_model(self.model, config)
         try:
             self._train([p for name, p in peft_model.named_parameters() if "lora_" in name], layer, cancel)
+            if adapter is not None:
+                peft_model.peft_config["default"].base_model_name_or_path = ""  # not None: peft fills that in
+                peft_model.save_pretrained(adapter)
         finally:
             peft_model.merge_and_unload()
 
@@ -346,22 +368,64 @@ def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angu
     return {n: tuple(sorted(order[:n])) for n in counts}
 
 
-def _card(model_name: str, point: PruneCut, baseline: float, n_layers: int, settings: PruneSettings,
-          why: str) -> str:
+def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: PruneSettings, why: str) -> ModelCard:
+    """The exported cut's card: `doc` is the run's result document (its `protocol`, and any
+    evaluation beside the exported point's perplexity, go into the metadata as they are)."""
+    n_layers = doc["n_layers"]
+    protocol = doc.get("protocol") or None
+    texts = str((protocol or {}).get("dataset") or settings.eval_file or f"builtin:{settings.eval_set}")
     healed = point.healed_ppl
-    heal = (f"Healed afterwards with {settings.heal_steps} steps of AdamW (lr {settings.lr:g}) on "
+    lora = settings.heal == "lora" and healed is not None
+    healing = None if healed is None else {
+        "method": settings.heal, "steps": settings.heal_steps, "lr": settings.lr,
+        "train_source": (doc.get("heal") or {}).get("train_source"),
+        **({"lora_rank": settings.lora_rank, "lora_alpha": 2 * settings.lora_rank,
+            "adapter": ADAPTER + "/" if not settings.export_adapter else "."} if lora else {}),
+    }
+    point_doc = next((row for row in doc.get("curve") or [] if row["method"] == point.method
+                      and row["layers"] == point.layers), {})
+    evaluation = {key: value for key, value in point_doc.items() if key not in PruneCut.__dataclass_fields__}
+    details = {
+        "experiment": "prune", "source_model": loaded.name, "source_num_hidden_layers": n_layers,
+        "num_hidden_layers": n_layers - point.removed, "removed_layers": list(point.layers),
+        "criterion": point.method, "criterion_definition": WHY[point.method], "criteria_compared": doc["methods"],
+        "healing": healing,
+        "perplexity": {"original": doc["baseline_ppl"], "pruned": point.ppl,
+                       "pruned_ci95": [point.ci_low, point.ci_high], "healed": healed,
+                       "texts": texts, "eval_tokens": doc["eval_tokens"], "protocol": protocol},
+        **({"evaluation": evaluation} if evaluation else {}),
+        "mergekit_config": MERGEKIT_CONFIG,
+    }
+    removed_text = ", ".join(map(str, point.layers))
+    heal = ("Not healed." if healed is None else
+            f"Healed afterwards with {settings.heal_steps} steps of AdamW (lr {settings.lr:g}) on "
             + ("the layers next to each cut" if settings.heal == "adjacent"
-               else f"LoRA adapters of rank {settings.lora_rank} on every layer, merged into the weights")
-            + f": perplexity {point.ppl:.3f} -> {healed:.3f}.\n" if healed is not None else "Not healed.\n")
-    return (
-        f"# {model_name or 'model'} with {point.removed} of {n_layers} layers removed\n\n"
-        f"Exported by anatomy-tui (`prune`). Removed layers (indices from 0 of the original model): "
-        f"{', '.join(map(str, point.layers))}.\n\n"
-        f"Chosen by the `{point.method}` criterion: {why}.\n\n"
-        f"Perplexity on the evaluation texts: {baseline:.3f} before the cut, {point.ppl:.3f} after.\n"
-        f"{heal}\nLoad with `AutoModelForCausalLM.from_pretrained(folder)`; `num_hidden_layers` and the per-layer "
-        "config lists describe the remaining layers.\n"
-    )
+               else f"LoRA adapters of rank {settings.lora_rank} on every layer")
+            + f": perplexity {point.ppl:.3f} -> {healed:.3f}.")
+    merged = ("" if not lora else
+              f"`{ADAPTER}/` holds the LoRA adapter in PEFT's format, already merged into these weights.\n")
+    load = (f"This folder holds only the healing's LoRA adapter (PEFT's format: `adapter_config.json`, "
+            "`adapter_model.safetensors`), for the cut model. Make the cut with mergekit "
+            f"(`mergekit-yaml {MERGEKIT_CONFIG} base`), then load "
+            "`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained('base'), folder)`."
+            if settings.export_adapter else
+            f"Load with `AutoModelForCausalLM.from_pretrained(folder)`: `num_hidden_layers` is "
+            f"{n_layers - point.removed} and the per-layer config lists hold the kept layers, in order.\n{merged}"
+            f"`{MERGEKIT_CONFIG}` makes the same cut of the original with mergekit "
+            f"(`mergekit-yaml {MERGEKIT_CONFIG} OUT`){'; the healing is not in it' if healed is not None else ''}.")
+    body = (f"Exported by anatomy-tui (`prune`). Removed layers (0-based indices of the original model): "
+            f"{removed_text}.\n\nChosen by the `{point.method}` criterion: {why}.\n\n"
+            f"Perplexity on {texts} ({doc['eval_tokens']} tokens"
+            + (f", protocol `{protocol.get('protocol')}`" if protocol else "")
+            + f"): {doc['baseline_ppl']:.3f} before the cut, {point.ppl:.3f} after. {heal}\n\n{load}\n")
+    final = healed if healed is not None else point.ppl
+    return model_card(CardFacts(
+        title=f"{loaded.name or 'model'} with {point.removed} of {n_layers} layers removed", body=body,
+        details=details, base_model=hub_id(loaded.name, loaded.source),
+        tags=["pruned", "layer-pruning", point.method, *(["healed"] if healed is not None else [])],
+        perplexity=Perplexity(final, texts, protocol) if final is not None else None,
+        library="peft" if settings.export_adapter else "transformers",
+    ))
 
 
 def training_needs(settings: PruneSettings, shape: ModelShape) -> Training | None:
@@ -378,6 +442,32 @@ def training_needs(settings: PruneSettings, shape: ModelShape) -> Training | Non
     else:
         params = max(min(2 * count, shape.n_layers - count) for count in counts) * shape.layer_params
     return Training(params, settings.batch_size, settings.block_size, kept)
+
+
+def adapter_folder(adapters: tempfile.TemporaryDirectory | None, layers: Sequence[int]) -> Path | None:
+    """Where LoRA healing saves the adapter of this cut, when the run exports adapters."""
+    return None if adapters is None else Path(adapters.name) / "-".join(map(str, layers))
+
+
+def export_cut(doc: PruneResult, best: tuple[float, PruneCut, dict[int, dict[str, torch.Tensor]] | None],
+               loaded: LoadedModel, settings: PruneSettings,
+               adapters: tempfile.TemporaryDirectory | None) -> Iterator[Event]:
+    """The chosen cut (healed: its trained layers' weights) saved with its card, the mergekit
+    configuration of the cut and, after LoRA healing, the adapter (or only the adapter)."""
+    final, point, weights = best
+    why = WHY[point.method] + (f"; of the criteria compared ({', '.join(doc.methods)}), its cut of "
+                               f"{point.removed} layers gave the lowest perplexity")
+    mergekit = passthrough_yaml(loaded.source, doc.n_layers, point.layers, loaded.dtype_name)
+    adapter = adapter_folder(adapters, point.layers) if point.healed_ppl is not None else None
+    try:
+        with LayerStack(loaded.model).holding(weights or {}), removed(loaded.model, point.layers):
+            save_model_folder(loaded.model, loaded.tokenizer, doc.exported,
+                              _card(json_safe(doc), point, loaded, settings, why), settings.force,
+                              files={MERGEKIT_CONFIG: mergekit}, adapter=adapter, weights=not settings.export_adapter)
+    finally:
+        if adapters is not None:
+            adapters.cleanup()
+    yield PruneExported(doc.exported, point.method, point.layers, final)
 
 
 WHY = {
@@ -453,6 +543,9 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     healed: dict[tuple[int, ...], float] = {}
     curve: list[PruneCut] = []
     best_export: tuple[float, PruneCut, dict[int, dict[str, torch.Tensor]] | None] | None = None
+    # LoRA healing of each cut that may be exported saves its adapter here, until the export copies it
+    adapters = (tempfile.TemporaryDirectory(prefix="anatomy-tui-lora-")
+                if export is not None and healer is not None and settings.heal == "lora" else None)
     total = len(methods) * len(counts)
     for m_index, method in enumerate(methods):
         for c_index, count in enumerate(counts):
@@ -469,7 +562,9 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
                                                  settings.seed + count)
             healed_ppl, weights = healed.get(layers), None
             if healer is not None and layers not in healed:  # the same cut heals the same way (seeded)
-                with removed(model, layers), healer.healed(layers, cancel, keep=count == export_count) as weights:
+                adapter = adapter_folder(adapters, layers) if count == export_count else None
+                with removed(model, layers), healer.healed(layers, cancel, keep=count == export_count,
+                                                           adapter=adapter) as weights:
                     healed_ppl = healed[layers] = evaluator.perplexity()
             point = PruneCut(method=method, removed=count, layers=list(layers), ppl=ppl, ci_low=low, ci_high=high,
                              healed_ppl=healed_ppl)
@@ -480,16 +575,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
             if count == export_count and math.isfinite(final) and (best_export is None or final < best_export[0]):
                 best_export = (final, point, weights)
 
-    exported = None
-    if export is not None and best_export is not None:
-        final, point, weights = best_export
-        why = WHY[point.method] + (f"; of the criteria compared ({', '.join(methods)}), its cut of "
-                                   f"{point.removed} layers gave the lowest perplexity")
-        with stack.holding(weights or {}), removed(model, point.layers):
-            save_model_folder(model, tokenizer, export, _card(loaded.name, point, baseline, n, settings, why),
-                              settings.force)
-        exported = str(export)
-        yield PruneExported(exported, point.method, point.layers, final)
+    exported = str(export) if export is not None and best_export is not None else None
 
     ppl_points = [(0, base)] + [(p.removed, measured[tuple(p.layers)]) for p in curve if p.method == "ppl"]
     depth_fit = depth_law(n, ppl_points, settings.bootstrap, settings.seed) if "ppl" in methods else None
@@ -519,4 +605,6 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         seconds=time.perf_counter() - started,
         protocol=evaluator.protocol,
     )
+    if exported is not None:
+        yield from export_cut(doc, best_export, loaded, settings, adapters)
     yield Result("prune", json_safe(doc))

@@ -1,5 +1,6 @@
 """`anatomy-tui export SESSION --model recovered|growth|uniform DIR`: a model the session made,
-saved as a Hugging Face folder (engine.experiments.export)."""
+saved as a Hugging Face folder (engine.experiments.export); `--push-to-hub REPO` uploads it (or,
+with `--model pruned`, the folder `run prune --export` saved) to the Hub."""
 
 from __future__ import annotations
 
@@ -20,23 +21,42 @@ LOAD_FLAGS = ("device", "dtype")  # of the model options, the ones export takes 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("session", help="the session that made the model")
-    parser.add_argument("folder", type=Path, help="where to save the Hugging Face folder")
-    parser.add_argument("--model", required=True, choices=("recovered", *SAVED_ARMS),
+    parser.add_argument("folder", type=Path, help="where to save the Hugging Face folder (--model pruned: the "
+                                                  "folder run prune --export saved)")
+    parser.add_argument("--model", required=True, choices=("recovered", *SAVED_ARMS, "pruned"),
                         help="recovered: the session's model with recovery's fine-tuned layers put in; "
-                             "growth, uniform: the growth experiment's models")
+                             "growth, uniform: the growth experiment's models; pruned: the folder the "
+                             "session's `run prune --export` saved, as it is (to push it with --push-to-hub)")
     parser.add_argument("--force", action="store_true", help="export into a folder that is not empty")
+    parser.add_argument("--push-to-hub", metavar="REPO", default=None,
+                        help="then upload the folder to this Hub model repository (made if missing); "
+                             "needs your token: HF_TOKEN or `hf auth login`")
+    parser.add_argument("--private", action="store_true", help="with --push-to-hub: make the repository private")
     # where the base model loads (recovered): --device and --dtype as declared for every model run
-    add_settings_arguments(parser, EXPORT_LOAD, {"--model", "--force", "-h", "--help"}, only=LOAD_FLAGS)
+    add_settings_arguments(parser, EXPORT_LOAD, {"--model", "--force", "--push-to-hub", "--private", "-h", "--help"},
+                           only=LOAD_FLAGS)
     parser.set_defaults(**{name: getattr(EXPORT_LOAD, name) for name in LOAD_FLAGS})  # over the console's
 
 
 def main(args: argparse.Namespace) -> int:
-    from engine.experiments.export import check_export_folder, export_growth, export_recovered
+    from engine.experiments.export import check_export_folder, export_growth, export_recovered, hub_token
+    from engine.model_card import hub_id
     from sessions.store import SessionStore
+
+    if args.push_to_hub is not None:
+        hub_token()  # before the export: no token, one line, nothing done
+    elif args.private:
+        raise UserError("--private needs --push-to-hub REPO")
 
     store = SessionStore()
     store.check_home(writing=False)  # reads the session only: a read-only sessions folder is fine
     session = store.open(args.session)
+    if args.model == "pruned":
+        folder = pruned_folder(session.results().get("prune"), args.session)
+        if folder.resolve() != args.folder.expanduser().resolve() or args.push_to_hub is None:
+            raise UserError(f"--model pruned is the folder run prune exported: give it as DIR ({folder}) "
+                            "with --push-to-hub REPO to upload it")
+        return push(folder, args)
     check_export_folder(args.folder, args.force)
     if args.model in SAVED_ARMS:
         folder = export_growth(session.path / GROWTH_MODELS / SAVED_ARMS[args.model], args.folder, args.force)
@@ -49,6 +69,29 @@ def main(args: argparse.Namespace) -> int:
         given = {field: getattr(args, field) for field in LOAD_FLAGS}
         loaded = replace(EXPORT_LOAD, model=name).override(given).load()
         layers = load_layers(session, "recovery", loaded.name)
-        folder = export_recovered(loaded.model, loaded.tokenizer, layers, args.folder, loaded.name, args.force)
+        folder = export_recovered(loaded.model, loaded.tokenizer, layers, args.folder, loaded.name, args.force,
+                                  base_model=hub_id(loaded.name, loaded.source),
+                                  recovery=session.results().get("recovery"))
     print(f"exported {args.model} model of session {session.name} to {folder}", file=sys.stderr)
+    return push(folder, args) if args.push_to_hub is not None else 0
+
+
+def pruned_folder(prune: dict | None, session: str) -> Path:
+    """The folder the session's prune run exported, checked to be there still."""
+    from engine.model_card import CARD
+
+    exported = (prune or {}).get("exported")
+    if not exported:
+        raise UserError(f"session {session} has no exported prune; run prune with --export DIR first")
+    folder = Path(exported)
+    if not (folder / CARD).is_file():
+        raise UserError(f"the prune export {folder} is gone or incomplete; export it again")
+    return folder
+
+
+def push(folder: Path, args: argparse.Namespace) -> int:
+    from engine.experiments.export import push_to_hub
+
+    url = push_to_hub(folder, args.push_to_hub, private=args.private)
+    print(f"pushed {folder} to {url}", file=sys.stderr)
     return 0

@@ -1,0 +1,82 @@
+"""The model card of an exported folder, by the Hub's conventions: `huggingface_hub.ModelCard`
+with YAML metadata a program reads back (`ModelCard.load(folder / "README.md").data`).
+
+The metadata carries the Hub's own keys (`base_model`, `library_name`, `pipeline_tag`, `tags`,
+`model-index` with the perplexity measured) and one `anatomy_tui` block saying what was done to
+the model: for a prune, the removed layers (0-based indices of the original), the criterion, the
+healing, every perplexity with its evaluation protocol, and lm-eval's accuracies where the run
+measured them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from engine.models import DEFAULT_MODEL
+
+CARD = "README.md"
+METADATA_KEY = "anatomy_tui"  # the card's block of what anatomy-tui did to the model
+# The embedded model is the Q4_1 GGUF of this Hub model, dequantized.
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def hub_id(name: str, source: str) -> str | None:
+    """The Hub repository a loaded model came from (its name and where it loaded from, as
+    `LoadedModel` records them), or None for a local folder or GGUF file."""
+    if name == DEFAULT_MODEL:
+        return EMBEDDED_HUB_ID
+    if name == source and name.count("/") == 1 and all(name.split("/")) and not name.startswith((".", "~")):
+        return name
+    return None
+
+
+@dataclass(frozen=True)
+class Perplexity:
+    """The exported model's perplexity as it enters `model-index`: on which texts, by which protocol."""
+
+    value: float
+    texts: str  # the dataset or text set it was measured on (a Hub dataset id, a file name, a built-in set)
+    protocol: Mapping[str, Any] | None = None  # the result's `protocol` where the run recorded one
+
+    def eval_result(self) -> EvalResult:
+        protocol = dict(self.protocol or {})
+        return EvalResult(
+            task_type="text-generation", task_name="perplexity",
+            dataset_type=str(protocol.get("dataset") or self.texts), dataset_name=str(self.texts),
+            dataset_config=protocol.get("config"), dataset_split=protocol.get("split"),
+            dataset_revision=protocol.get("revision"),
+            dataset_args={k: v for k, v in protocol.items() if k not in ("dataset", "config", "split", "revision")}
+            or None,
+            metric_type="perplexity", metric_name="perplexity", metric_value=float(self.value),
+        )
+
+
+@dataclass(frozen=True)
+class CardFacts:
+    """Everything a card says: the title and body for people, the metadata for programs."""
+
+    title: str
+    body: str  # Markdown paragraphs under the title
+    details: Mapping[str, Any]  # the `anatomy_tui` block (JSON-like values only)
+    base_model: str | None = None  # a Hub id, or None when the model was local
+    tags: Sequence[str] = ()
+    perplexity: Perplexity | None = None
+    library: str = "transformers"  # "peft" for a folder holding only an adapter
+    model_name: str = field(default="")
+
+
+def model_card(facts: CardFacts) -> ModelCard:
+    data = ModelCardData(
+        base_model=facts.base_model,
+        library_name=facts.library,
+        pipeline_tag="text-generation",
+        tags=["anatomy-tui", *facts.tags],
+        model_name=facts.model_name or facts.title,
+        eval_results=[facts.perplexity.eval_result()] if facts.perplexity is not None else None,
+        **{METADATA_KEY: dict(facts.details)},
+    )
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n# {facts.title}\n\n{facts.body.strip()}\n")
