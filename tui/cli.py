@@ -63,7 +63,7 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
         help="with --serve: require a random token (printed at start, in the URL); without it anyone "
         "who can reach the port gets the console",
     )
-    commands = parser.add_subparsers(dest="command", metavar="{run,sessions,export}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,sessions,export,atlas,compare}")
 
     run = commands.add_parser("run", help="run an experiment headless into a session")
     experiments = run.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
@@ -83,6 +83,17 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
     exporting = commands.add_parser("export", help="save a session's recovered, growth or uniform model as a HF folder")
     export.add_arguments(exporting)
     exporting.set_defaults(handler=export.main)
+
+    from tui.commands import atlas, compare
+
+    mapping = commands.add_parser("atlas", help="the same measures of many models on one protocol, merged on "
+                                  "relative depth (resumable; exported as a dataset)")
+    atlas.add_arguments(mapping)
+    mapping.set_defaults(handler=lambda args: atlas.main(args, run=main))
+    comparing = commands.add_parser("compare", help="sessions or an atlas side by side on relative depth, "
+                                    "with the criteria's agreement")
+    compare.add_arguments(comparing)
+    comparing.set_defaults(handler=compare.main)
     return parser
 
 
@@ -95,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             with stop_on_signals():  # SIGTERM, SIGHUP stop a run the way Ctrl-C does
                 return run_command(registry.BY_NAME[args.experiment], args, argv)
-        if args.command == "export":
+        if args.command in ("export", "atlas", "compare"):
             return int(args.handler(args) or 0)
         if args.command == "sessions":
             from tui.commands.sessions import main as sessions_main

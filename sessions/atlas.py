@@ -1,0 +1,115 @@
+"""An atlas in the store: a session of its own (no model) that names the sessions of its models.
+
+    <home>/<ATLAS>/manifest.json                 settings: the atlas's spec (models, measures, texts)
+                   checkpoints/atlas/state.json  each step (model, variant, experiment): the session
+                                                 that holds it and whether it was run or reused
+                   checkpoints/atlas/texts/      calibration texts the atlas made (--calib-seeds)
+                   results/atlas.json            the merged table, agreement, stability, bands
+                   dataset/                      atlas.parquet, atlas.csv, README.md (the datasheet)
+    <home>/<ATLAS>-<model>[-<variant>]/          each model's own session, as `anatomy-tui run` makes it
+
+A measure is reused from any session of the store whose model is the same and whose result of that
+experiment was made with the same settings (the run's own, less those a resume may change), so a
+killed atlas, run again, continues with the first measure that no session holds yet.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.atomic import atomic_write_json
+from engine.errors import UserError
+from sessions.store import Session, SessionError, SessionStore
+
+STATE = "state.json"
+ATLAS_RESULT = "atlas"
+
+
+def member_name(atlas: str, model: str, variant: str, taken: Mapping[str, str]) -> str:
+    """The session name of one model (and calibration variant) of an atlas: the atlas's name and the
+    model's last path part, made a valid session name; `taken` (slug -> model) keeps two models
+    apart that end alike."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model.rstrip("/")).name or model).strip("-.").lower() or "model"
+    slug = slug[:40]
+    base, n = slug, 2
+    while taken.get(slug, model) != model:
+        slug, n = f"{base}-{n}", n + 1
+    taken[slug] = model  # type: ignore[index]
+    name = f"{atlas}-{slug}" + ("" if variant == "main" else f"-{variant}")
+    return name[:100]
+
+
+def same_settings(found: Any, wanted: Mapping[str, Any], free: set[str]) -> bool:
+    """Whether a result's recorded settings are the wanted ones, less the resume-free fields."""
+    if not isinstance(found, dict):
+        return False
+    return all(found.get(key) == value for key, value in wanted.items() if key not in free)
+
+
+def reusable(store: SessionStore, model: str, result: str, wanted: Mapping[str, Any], free: set[str],
+             first: str) -> Session | None:
+    """A session holding `result` of `model` made with the wanted settings: the session `first`
+    (the atlas's own for this model) when it does, else any other of the store, newest first."""
+    names = [first] + [info.name for info in store.list() if info.openable and info.name != first]
+    for name in names:
+        try:
+            if not store.exists(name):
+                continue
+            session = store.open(name)
+            if session.manifest.get("model") != model:
+                continue
+            doc = session.load_result(result)
+        except (SessionError, UserError):
+            continue
+        if doc is not None and same_settings(doc.get("settings"), wanted, free):
+            return session
+    return None
+
+
+@dataclass
+class AtlasState:
+    """What an atlas has done so far, step by step, saved after each (atomically)."""
+
+    path: Path
+    spec: dict[str, Any]
+    steps: dict[str, dict[str, str]]  # "model|variant|experiment" -> {"session", "status": run or reused}
+
+    @staticmethod
+    def key(model: str, variant: str, experiment: str) -> str:
+        return f"{model}|{variant}|{experiment}"
+
+    def done(self, model: str, variant: str, experiment: str, session: str, status: str) -> None:
+        self.steps[self.key(model, variant, experiment)] = {"session": session, "status": status}
+        self.save()
+
+    def save(self) -> None:
+        atomic_write_json(self.path, {"spec": self.spec, "steps": self.steps}, "atlas state")
+
+
+def open_atlas(store: SessionStore, name: str, spec: dict[str, Any]) -> tuple[Session, AtlasState]:
+    """The atlas session `name` with its state: created with `spec`, or, when it exists, checked to
+    have been started with the same spec (a different one is a one-line error)."""
+    if store.exists(name):
+        session = store.open(name)
+        if session.manifest.get("settings", {}).get("atlas") != spec:
+            raise UserError(f"atlas {name} was started with other models, measures or texts "
+                            f"({json.dumps(session.manifest.get('settings', {}).get('atlas'))}); "
+                            "run it with those, or choose another --name")
+    else:
+        session = store.create(name, model="", settings={"atlas": spec})
+    path = session.checkpoint_dir(ATLAS_RESULT) / STATE
+    steps: dict[str, dict[str, str]] = {}
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(doc, dict) and isinstance(doc.get("steps"), dict):
+                steps = {str(k): {"session": str(v.get("session", "")), "status": str(v.get("status", ""))}
+                         for k, v in doc["steps"].items() if isinstance(v, dict)}
+        except (OSError, ValueError):
+            steps = {}  # a damaged state file: every step is found again in the sessions
+    return session, AtlasState(path, spec, steps)

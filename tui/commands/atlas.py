@@ -1,0 +1,220 @@
+"""`anatomy-tui atlas --models A,B,C --name ATLAS`: the same measures of many models on one
+protocol, each model's in its own session, merged on relative depth (engine/atlas.py), kept in the
+atlas's session (sessions/atlas.py) and exported as a dataset (engine/atlas_dataset.py).
+
+Each measure runs through `anatomy-tui run <experiment>` itself (the `run` callable the command
+line hands in: the same parser, memory plan, model load and session writes), one model at a time,
+or is reused when a session of the store already holds it with the same settings. Run again after a
+kill, an atlas continues with the first measure no session holds yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine import atlas as A
+from engine.errors import UserError
+from engine.options import ModelOptions
+from engine.registry import experiment as experiment_named
+from engine.settings import EvalTextSettings
+from tui.flags import add_settings_arguments, flag_text, settings_from_flags
+from tui.flags import model_flags as flags_of_model
+
+MODEL_FLAGS = tuple(spec.name for spec in ModelOptions.fields() if spec.name != "model")
+EVAL_FIELDS = tuple(spec.name for spec in EvalTextSettings.fields())
+TEXTS = "texts"  # the atlas's calibration texts, under its checkpoints/atlas/
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", required=True, metavar="A,B,C",
+                        help="the models: smollm2-135m, local Hugging Face folders, .gguf files or hub ids")
+    parser.add_argument("--name", required=True, help="the atlas's name: its session, and the prefix of its "
+                        "models' sessions (<name>-<model>)")
+    parser.add_argument("--measures", default="map,proxies", metavar="LIST",
+                        help=f"comma-separated, of {', '.join(A.MEASURES)} (default map,proxies)")
+    parser.add_argument("--calib-seeds", type=int, default=0, metavar="K",
+                        help="also measure on K seeded halves of the evaluation texts, for each measure's rank "
+                        f"stability (Spearman; stable when at least {A.STABLE_RHO} on each) (default 0)")
+    parser.add_argument("--calib-file", action="append", default=[], metavar="FILE",
+                        help="also measure on this evaluation text (one text a line); may be repeated")
+    parser.add_argument("--bins", type=int, default=A.DEFAULT_BINS, metavar="N",
+                        help=f"relative-depth bins for the shared bands and profiles (default {A.DEFAULT_BINS})")
+    taken = {"--models", "--name", "--measures", "--calib-seeds", "--calib-file", "--bins", "-h", "--help"}
+    add_settings_arguments(parser.add_argument_group("evaluation text (as for run ablation)"), EvalTextSettings(),
+                           taken)
+    add_settings_arguments(parser.add_argument_group("model (each model loads with these)"), ModelOptions(), taken,
+                           only=MODEL_FLAGS)
+
+
+def spec_of(args: argparse.Namespace) -> dict[str, Any]:
+    """What the atlas is, as typed: compared with the spec it was started with when it runs again."""
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models:
+        raise UserError("--models: name at least one model")
+    if len(set(models)) != len(models):
+        raise UserError(f"--models {args.models}: a model is named twice")
+    measures = list(A.parse_measures(args.measures))
+    if measures == ["recovery-sample"]:
+        raise UserError("--measures recovery-sample needs another measure too (map, say): it picks its layers "
+                        "from the model's depth, which the other measures record")
+    if args.calib_seeds < 0 or args.bins < 1:
+        raise UserError("--calib-seeds must be 0 or more and --bins at least 1")
+    evaluation = {name: getattr(args, name) for name in EVAL_FIELDS if hasattr(args, name)}
+    if args.calib_seeds and evaluation.get("eval_dataset"):
+        raise UserError("--calib-seeds halves a text list (--eval-set or --eval-file); with --eval-dataset give "
+                        "a second text with --calib-file")
+    return {"models": models, "measures": measures, "evaluation": evaluation,
+            "model_flags": {name: getattr(args, name) for name in MODEL_FLAGS  # those that differ from the defaults
+                            if hasattr(args, name) and getattr(args, name) != getattr(ModelOptions(), name)},
+            "calib_seeds": args.calib_seeds, "calib_files": [str(Path(f).resolve()) for f in args.calib_file],
+            "bins": args.bins}
+
+
+def variants_of(spec: dict[str, Any], texts: Path) -> dict[str, dict[str, Any]]:
+    """Variant name -> its evaluation settings: main, a seeded half of the main texts per calibration
+    seed (written into the atlas's folder), and each --calib-file."""
+    from engine.atomic import atomic_write_bytes
+    from engine.text import eval_texts, read_lines
+
+    main = dict(spec["evaluation"])
+    variants = {A.MAIN: main}
+    if spec["calib_seeds"]:
+        lines = eval_texts(Path(main["eval_file"]) if main.get("eval_file") else None, main.get("eval_set", "full"))
+        if len(lines) < 6:
+            raise UserError(f"--calib-seeds needs at least 6 evaluation texts to halve; there are {len(lines)}")
+        for seed in range(1, spec["calib_seeds"] + 1):
+            half = sorted(random.Random(seed).sample(range(len(lines)), len(lines) // 2))
+            path = texts / f"seed-{seed}.txt"
+            atomic_write_bytes(path, ("\n".join(lines[i] for i in half) + "\n").encode("utf-8"), "calibration text")
+            variants[f"seed-{seed}"] = {**_without_text(main), "eval_file": str(path)}
+    for file in spec["calib_files"]:
+        read_lines(Path(file), "calibration file")
+        stem = "".join(c if c.isalnum() else "-" for c in Path(file).stem)[:30]
+        variants[f"file-{stem}"] = {**_without_text(main), "eval_file": file}
+    return variants
+
+
+def _without_text(evaluation: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in evaluation.items() if k not in ("eval_set", "eval_file", "eval_dataset")}
+
+
+def experiment_flags(experiment: str, evaluation: dict[str, Any], texts: Path) -> list[str]:
+    """The evaluation settings as the flags of one experiment: those its settings have; dynamics
+    reads its text from --text-file, so the evaluation file (or the built-in set, written out) goes
+    there."""
+    fields = {spec.name: spec for spec in experiment_named(experiment).settings_class.fields()}
+    values = dict(evaluation)
+    if "text_file" in fields and "eval_file" not in fields:
+        if values.get("eval_file"):
+            values["text_file"] = values["eval_file"]
+        elif not values.get("eval_dataset"):
+            values["text_file"] = str(_builtin_text(values.get("eval_set", "full"), texts))
+        if values.get("eval_batch_size") is None:
+            values.pop("eval_batch_size", None)
+    return [flag_text(fields[name], value) for name, value in values.items() if name in fields]
+
+
+def _builtin_text(eval_set: str, texts: Path) -> Path:
+    from engine.atomic import atomic_write_bytes
+    from engine.text import eval_texts
+
+    path = texts / f"builtin-{eval_set}.txt"
+    atomic_write_bytes(path, ("\n".join(eval_texts(None, eval_set)) + "\n").encode("utf-8"), "evaluation text")
+    return path
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
+    """Runs or reuses every measure of every model, then merges, saves and exports the atlas.
+    `run(argv)` is `anatomy-tui argv` (the exit code), handed in by tui/cli.py."""
+    from engine.atlas_dataset import write_dataset
+    from sessions.atlas import ATLAS_RESULT, member_name, open_atlas, reusable
+    from sessions.store import SessionStore
+    from tui.commands.compare import print_report
+
+    spec = spec_of(args)
+    store = SessionStore()
+    atlas, state = open_atlas(store, args.name, spec)
+    texts = atlas.checkpoint_dir(ATLAS_RESULT) / TEXTS
+    variants = variants_of(spec, texts)
+    model_flags = flags_of_model(ModelOptions().override(spec["model_flags"]))
+    measures = spec["measures"]
+    slugs: dict[str, str] = {}
+    members = {(m, v): member_name(args.name, m, v, slugs) for m in spec["models"] for v in variants}
+    for index, model in enumerate(spec["models"], 1):
+        depth = 0
+        for variant, evaluation in variants.items():
+            wanted = [m for m in measures if variant == A.MAIN or A.MEASURES[m].reads_eval_text]
+            for experiment in A.experiments_of(wanted):
+                flags = A.experiment_flags(experiment, wanted) + experiment_flags(experiment, evaluation, texts)
+                if experiment == "recovery":
+                    flags += ["--layers", ",".join(map(str, A.sample_layers(depth)))]
+                settings = settings_from_flags(experiment_named(experiment), flags)
+                settings.check_inputs()
+                free = {s.name for s in settings.fields() if s.meta.get("resume_free")}
+                what = f"atlas {args.name} [model {index}/{len(spec['models'])}] {model} · {experiment} " \
+                       f"({', '.join(m for m in wanted if A.MEASURES[m].experiment == experiment)}) on {variant}"
+                member = members[model, variant]
+                writes = experiment_named(experiment).writes
+                found = reusable(store, model, writes, settings.to_dict(), free, member)
+                if found is not None:
+                    _say(f"{what}: reused from session {found.name}")
+                    previous = state.steps.get(state.key(model, variant, experiment), {})
+                    ran = previous.get("status") == "run" and previous.get("session") == found.name
+                    state.done(model, variant, experiment, found.name, "run" if ran else "reused")
+                else:
+                    _say(f"{what}: running into session {member}")
+                    code = run(["run", experiment, "--model", model, *model_flags, "--session", member, *flags])
+                    if code != 0:
+                        again = "run the same atlas command again to continue from here"
+                        if code == 130:
+                            _say(f"atlas {args.name} interrupted at {model} · {experiment}; {again}")
+                            return code
+                        raise UserError(f"atlas {args.name}: {experiment} of {model} failed (exit {code}); "
+                                        f"fix that, then {again}")
+                    state.done(model, variant, experiment, member, "run")
+                if variant == A.MAIN and not depth:
+                    depth = _depth(store, state, model, variant, experiment)
+    doc = merged(args.name, spec, variants, store, state)
+    atlas.save_result(ATLAS_RESULT, doc.to_json())
+    folder = write_dataset(doc, atlas.path / "dataset")
+    print_report(doc)
+    _say(f"atlas {args.name}: {len(doc.rows)} rows in session {atlas.name}; dataset in {folder}")
+    return 0
+
+
+def _depth(store: Any, state: Any, model: str, variant: str, experiment: str) -> int:
+    step = state.steps[state.key(model, variant, experiment)]
+    doc = store.open(step["session"]).load_result(experiment_named(experiment).writes) or {}
+    rows = A.rows_of(model, variant, step["session"], {experiment: doc})
+    return max((row.n_layers for row in rows), default=0)
+
+
+def merged(name: str, spec: dict[str, Any], variants: dict[str, dict[str, Any]], store: Any,
+           state: Any) -> A.AtlasDocument:
+    """The atlas document from the sessions its state names."""
+    rows: list[A.AtlasRow] = []
+    sessions: dict[str, dict[str, dict[str, str]]] = {}
+    for model in spec["models"]:
+        found: list[A.AtlasRow] = []
+        for variant in variants:
+            for experiment in A.experiments_of(spec["measures"]):
+                step = state.steps.get(state.key(model, variant, experiment))
+                if step is None:
+                    continue
+                sessions.setdefault(model, {}).setdefault(variant, {})[experiment] = step["session"]
+                doc = store.open(step["session"]).load_result(experiment_named(experiment).writes)
+                if doc is not None:
+                    found += A.rows_of(model, variant, step["session"], {experiment: doc})
+        rows += A.with_depth(found, max((row.n_layers for row in found), default=0))
+    wanted = {c for m in spec["measures"] for c in A.MEASURES[m].criteria}
+    rows = [row for row in rows if row.measure in wanted]
+    return A.build(name, spec["models"], spec["measures"], sessions, variants, rows, spec["bins"])
