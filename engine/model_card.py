@@ -2,7 +2,7 @@
 with YAML metadata a program reads back (`ModelCard.load(folder / "README.md").data`).
 
 The metadata carries the Hub's own keys (`base_model`, `library_name`, `pipeline_tag`, `tags`,
-`model-index` with the perplexity measured) and one `anatomy_tui` block saying what was done to
+`model-index` with the perplexity measured and lm-eval's accuracies) and one `anatomy_tui` block saying what was done to
 the model: for a prune, the removed layers (0-based indices of the original), the criterion, the
 healing, every perplexity with its evaluation protocol, and lm-eval's accuracies where the run
 measured them.
@@ -67,6 +67,22 @@ class CardFacts:
     perplexity: Perplexity | None = None
     library: str = "transformers"  # "peft" for a folder holding only an adapter
     model_name: str = field(default="")
+    accuracy: Sequence[Mapping[str, Any]] = ()  # lm-eval's scores of this model (events.TaskScore documents)
+    n_shot: Mapping[str, int] | None = None  # as lm-eval ran each task (the evaluation's protocol)
+
+    def eval_results(self) -> list[EvalResult] | None:
+        """`model-index`: the perplexity, then each lm-eval task's accuracy (and length-normalised)."""
+        found = [self.perplexity.eval_result()] if self.perplexity is not None else []
+        for score in self.accuracy:
+            task = str(score["task"])
+            shots = (self.n_shot or {}).get(task)
+            for metric in ("acc", "acc_norm"):
+                if score.get(metric) is not None:
+                    found.append(EvalResult(
+                        task_type="text-generation", dataset_type=task, dataset_name=task,
+                        dataset_args={"num_few_shot": shots} if shots is not None else None,
+                        metric_type=metric, metric_name=f"{metric} (lm-eval)", metric_value=float(score[metric])))
+        return found or None
 
 
 def model_card(facts: CardFacts) -> ModelCard:
@@ -76,7 +92,7 @@ def model_card(facts: CardFacts) -> ModelCard:
         pipeline_tag="text-generation",
         tags=["anatomy-tui", *facts.tags],
         model_name=facts.model_name or facts.title,
-        eval_results=[facts.perplexity.eval_result()] if facts.perplexity is not None else None,
+        eval_results=facts.eval_results(),
         **{METADATA_KEY: dict(facts.details)},
     )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n# {facts.title}\n\n{facts.body.strip()}\n")

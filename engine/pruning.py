@@ -4,10 +4,11 @@ Skipping a layer (`LayerStack.skipped`) keeps its weights and its place; removin
 leave a model that generates with a KV cache and saves a config that reloads. So `removed` puts a
 ModuleList without those layers in the model, sets `num_hidden_layers`, slices the config's
 per-layer lists (`layer_types` of Gemma 2/3, Qwen2/3, Mistral...; the growth model's
-`intermediate_sizes`) and renumbers every kept module's `layer_idx` (the slot it writes in the
-cache). Rotary tables and masks are built from the config and need nothing. On exit every change
-is undone exactly (same module objects, same numbers), so experiments cut in place, like the rest
-of the engine, instead of copying a model per candidate.
+`intermediate_sizes`), lowers Qwen's `max_window_layers` by the layers removed below it and
+renumbers every kept module's `layer_idx` (the slot it writes in the cache). Rotary tables and
+masks are built from the config and need nothing. On exit every change is undone exactly (same
+module objects, same numbers), so experiments cut in place, like the rest of the engine, instead of
+copying a model per candidate.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from engine.errors import UserError
 
 # Config attributes holding one entry per layer (transformers 5): sliced with the layers.
 PER_LAYER_LISTS = ("layer_types", "intermediate_sizes", "no_rope_layers", "kv_sharing_modes")
+# Config attributes holding a layer index where the layers change kind (Qwen2/3: the sliding window
+# from this layer on): lowered by the layers removed below it, so the kept layers keep their kind.
+LAYER_THRESHOLDS = ("max_window_layers",)
 
 
 def check_removal(n_layers: int, indices: Sequence[int]) -> tuple[int, ...]:
@@ -67,13 +71,15 @@ def _apply(model: nn.Module, indices: Sequence[int]) -> tuple[tuple[int, ...], C
     saved_lists = {key: getattr(config, key) for key in PER_LAYER_LISTS
                    if isinstance(getattr(config, key, None), (list, tuple)) and len(getattr(config, key)) == n}
     saved_n = config.num_hidden_layers
+    saved_thresholds = {key: getattr(config, key) for key in LAYER_THRESHOLDS
+                        if isinstance(getattr(config, key, None), int)}
     saved_idx = [(m, m.layer_idx) for i in kept for m in _indexed_modules(original[i])]
 
     def undo() -> None:
         setattr(parent, name, original)
         config.num_hidden_layers = saved_n
-        for key, values in saved_lists.items():
-            setattr(config, key, values)
+        for key, value in {**saved_lists, **saved_thresholds}.items():
+            setattr(config, key, value)
         for module, index in saved_idx:
             module.layer_idx = index
 
@@ -82,6 +88,8 @@ def _apply(model: nn.Module, indices: Sequence[int]) -> tuple[tuple[int, ...], C
         for key, values in saved_lists.items():
             setattr(config, key, type(values)(values[i] for i in kept))
         config.num_hidden_layers = len(kept)
+        for key, threshold in saved_thresholds.items():
+            setattr(config, key, threshold - sum(1 for i in drop if i < threshold))
         for position, i in enumerate(kept):
             for module in _indexed_modules(original[i]):
                 module.layer_idx = position

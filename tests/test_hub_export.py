@@ -21,7 +21,7 @@ from engine.events import Result
 from engine.experiments.export import ADAPTER, export_recovered, push_to_hub
 from engine.experiments.prune import PruneSettings
 from engine.mergekit_yaml import MERGEKIT_CONFIG, kept_ranges, passthrough_config
-from engine.model_card import hub_id
+from engine.model_card import CardFacts, Perplexity, hub_id, model_card
 from engine.models import LoadedModel
 from engine.pruning import removed
 from engine.registry import RunContext, experiment
@@ -239,3 +239,42 @@ def test_push_to_hub_uploads_the_folder_to_a_stand_in(tmp_path, monkeypatch, cap
     with pytest.raises(UserError, match="could not push"):  # the stand-in is gone: no server answers
         monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", hub.endpoint)
         push_to_hub(out, "me/rec")
+
+
+def test_card_reads_back_with_protocol_and_lm_eval_scores(tmp_path):
+    protocol = {"dataset": "wikitext", "config": "wikitext-2-raw-v1", "split": "test", "revision": None,
+                "protocol": "papers", "context": 2048}
+    scores = [{"task": "piqa", "acc": 0.61, "acc_norm": 0.625}, {"task": "toy", "acc": 0.5, "acc_norm": None}]
+    card = model_card(CardFacts(title="m minus 2", body="Cut.", details={"removed_layers": [3, 4]},
+                                base_model="org/m", perplexity=Perplexity(12.5, "wikitext", protocol),
+                                accuracy=scores, n_shot={"piqa": 0}))
+    card.save(tmp_path / "README.md")
+    data = ModelCard.load(tmp_path / "README.md").data
+    assert data.base_model == "org/m" and data.to_dict()["anatomy_tui"] == {"removed_layers": [3, 4]}
+    results = data.eval_results
+    assert [(r.dataset_type, r.metric_type, r.metric_value) for r in results] == [
+        ("wikitext", "perplexity", 12.5), ("piqa", "acc", 0.61), ("piqa", "acc_norm", 0.625), ("toy", "acc", 0.5)]
+    assert (results[0].dataset_config, results[0].dataset_split) == ("wikitext-2-raw-v1", "test")
+    assert results[0].dataset_args == {"protocol": "papers", "context": 2048}
+    assert results[1].dataset_args == {"num_few_shot": 0} and results[3].dataset_args is None
+
+
+@pytest.mark.slow
+def test_push_the_sessions_prune_export(tmp_path, monkeypatch, files, capsys):
+    """`run prune --export DIR`, then `export SESSION --model pruned DIR --push-to-hub REPO`: the
+    prune's own folder arrives as it is; another DIR is refused in one line."""
+    from tui import cli
+
+    base = save_tiny(tmp_path / "tiny", "llama")
+    out = tmp_path / "cut"
+    assert cli.main(["run", "prune", "--session", "lab", "--model", str(base), "--method", "bi", "--remove", "1",
+                     "--bootstrap", "0", "--eval-file", files[0], "--export", str(out)]) == 0
+    monkeypatch.setenv("HF_TOKEN", "hf_standin")
+    with hub_stand_in(tmp_path / "hub") as hub:
+        monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", hub.endpoint)
+        capsys.readouterr()
+        assert cli.main(["export", "lab", "--model", "pruned", str(tmp_path / "other"), "--push-to-hub", "me/c"]) == 2
+        assert "--model pruned is the folder run prune exported" in capsys.readouterr().err
+        assert cli.main(["export", "lab", "--model", "pruned", str(out), "--push-to-hub", "me/cut"]) == 0
+        arrived = {p.name for p in (hub.root / "me/cut").iterdir()}
+    assert arrived == {p.name for p in out.iterdir()} and {MERGEKIT_CONFIG, "README.md"} <= arrived

@@ -67,6 +67,31 @@ def test_sliding_layer_types_follow_their_layers():
     assert [layer.self_attn.layer_idx for layer in LayerStack(model).layers] == [0, 1, 2, 3]
 
 
+def test_qwen_sliding_window_threshold_follows_the_kept_layers(tmp_path):
+    """Qwen2 slides the window from `max_window_layers` on: after a cut the threshold is lowered by
+    the layers removed below it, so a config rebuilt from it (layer_types derived again) agrees with
+    the sliced `layer_types`, and the saved folder reloads to the same logits."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = TINY_CONFIGS["qwen2"]()
+    config.use_sliding_window, config.sliding_window, config.max_window_layers = True, 4, 2
+    config.layer_types = None
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(**config.to_dict()), attn_implementation="eager").eval()
+    assert model.config.layer_types == ["full_attention"] * 2 + ["sliding_attention"] * 2
+    with removed(model, (0, 3)):  # keeps layer 1 (full) and layer 2 (sliding)
+        assert model.config.max_window_layers == 1
+        assert model.config.layer_types == ["full_attention", "sliding_attention"]
+        rebuilt = model.config.to_dict()
+        rebuilt.pop("layer_types")
+        assert Qwen2Config(**rebuilt).layer_types == ["full_attention", "sliding_attention"]
+        expected = logits(model)
+        model.save_pretrained(tmp_path)
+    assert model.config.max_window_layers == 2
+    torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")),
+                               expected, rtol=0, atol=0)
+
+
 def test_one_line_errors():
     with pytest.raises(UserError, match="cannot remove all 4 layers"):
         check_removal(4, (0, 1, 2, 3))

@@ -369,8 +369,8 @@ def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angu
 
 
 def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: PruneSettings, why: str) -> ModelCard:
-    """The exported cut's card: `doc` is the run's result document (its `protocol`, and any
-    evaluation beside the exported point's perplexity, go into the metadata as they are)."""
+    """The exported cut's card: `doc` is the run's result document (its perplexity `protocol`, and
+    with --evaluate-tasks lm-eval's accuracies and protocol, go into the metadata as they are)."""
     n_layers = doc["n_layers"]
     protocol = doc.get("protocol") or None
     texts = str((protocol or {}).get("dataset") or settings.eval_file or f"builtin:{settings.eval_set}")
@@ -382,9 +382,14 @@ def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: P
         **({"lora_rank": settings.lora_rank, "lora_alpha": 2 * settings.lora_rank,
             "adapter": ADAPTER + "/" if not settings.export_adapter else "."} if lora else {}),
     }
-    point_doc = next((row for row in doc.get("curve") or [] if row["method"] == point.method
-                      and row["layers"] == point.layers), {})
-    evaluation = {key: value for key, value in point_doc.items() if key not in PruneCut.__dataclass_fields__}
+    point_doc = doc.get("exported_point") or {}
+    accuracy = point_doc.get("healed_accuracy") if healed is not None else point_doc.get("accuracy")
+    lm_eval = {key: value for key, value in (("protocol", doc.get("evaluation")),
+                                             ("original", doc.get("baseline_accuracy")),
+                                             ("pruned", point_doc.get("accuracy")),
+                                             ("healed", point_doc.get("healed_accuracy")),
+                                             ("generation", point_doc.get("generation")),
+                                             ("disagreement", point_doc.get("disagreement"))) if value is not None}
     details = {
         "experiment": "prune", "source_model": loaded.name, "source_num_hidden_layers": n_layers,
         "num_hidden_layers": n_layers - point.removed, "removed_layers": list(point.layers),
@@ -393,7 +398,7 @@ def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: P
         "perplexity": {"original": doc["baseline_ppl"], "pruned": point.ppl,
                        "pruned_ci95": [point.ci_low, point.ci_high], "healed": healed,
                        "texts": texts, "eval_tokens": doc["eval_tokens"], "protocol": protocol},
-        **({"evaluation": evaluation} if evaluation else {}),
+        **({"lm_eval": lm_eval} if accuracy else {}),
         "mergekit_config": MERGEKIT_CONFIG,
     }
     removed_text = ", ".join(map(str, point.layers))
@@ -425,6 +430,7 @@ def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: P
         tags=["pruned", "layer-pruning", point.method, *(["healed"] if healed is not None else [])],
         perplexity=Perplexity(final, texts, protocol) if final is not None else None,
         library="peft" if settings.export_adapter else "transformers",
+        accuracy=accuracy or (), n_shot=(doc.get("evaluation") or {}).get("n_shot"),
     ))
 
 
