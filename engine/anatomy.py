@@ -72,6 +72,17 @@ def supported_families() -> str:
     return ", ".join(sorted({f.label for f in FAMILIES.values()}))
 
 
+def check_matrix_names(model_type: str, names: Sequence[str] | None) -> tuple[str, ...]:
+    """`names` (all of the family's when None), each a canonical matrix name of the family of
+    this config model_type (known before its weights load)."""
+    family = FAMILIES[model_type]
+    known = tuple(name for name, _ in family.matrices)
+    unknown = [n for n in names or () if n not in known]
+    if unknown:
+        raise UserError(f"unknown component {unknown[0]!r} for {family.label}; use {', '.join(known)}")
+    return known if names is None else tuple(names)
+
+
 def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
@@ -149,12 +160,7 @@ class LayerStack:
         return found
 
     def check_matrix_names(self, names: Sequence[str]) -> tuple[str, ...]:
-        unknown = [n for n in names if n not in self.matrix_names]
-        if unknown:
-            raise UserError(
-                f"unknown component {unknown[0]!r} for {self.family}; use {', '.join(self.matrix_names)}"
-            )
-        return tuple(names)
+        return check_matrix_names(self.model_type, names)
 
     # --- changing weights and restoring them exactly --------------------------------------------
     # --- where layers live (accelerate's device_map) ---------------------------------------------

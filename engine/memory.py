@@ -13,6 +13,7 @@ before any time is spent loading.
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,20 +44,27 @@ class ModelShape:
     layer_matrices: int = 0  # parameters in one layer's weight matrices (what recovery trains)
     layer_params: int = 0  # every parameter of one layer, norms too (what prune's adjacent healing trains)
     layer_matrix_sides: int = 0  # rows + columns of one layer's matrices (a rank-1 LoRA on each has this many)
+    family: str = ""  # the config's model_type (engine.anatomy FAMILIES: its layers and matrix names)
 
     @classmethod
     def from_config(cls, config: Any, trust_remote_code: bool = False) -> ModelShape:
         """Counts parameters on the meta model (no memory is allocated), as `run_dtype` counts them."""
-        from engine.anatomy import LayerStack
-        from engine.models import meta_model, parameter_count
+        from engine.models import meta_model
 
-        model = meta_model(config, trust_remote_code)
+        return cls.from_meta(config, meta_model(config, trust_remote_code))
+
+    @classmethod
+    def from_meta(cls, config: Any, model: Any) -> ModelShape:
+        """The shape of `model`, the config's model built on the meta device."""
+        from engine.anatomy import LayerStack
+        from engine.models import parameter_count
+
         stack = LayerStack(model)
         matrices = stack.matrices(0).values()
-        hidden = _first(config, "hidden_size", "n_embd", "d_model")
+        hidden = _first(config, *HIDDEN_KEYS)
         return cls(
             params=parameter_count(model),
-            n_layers=_first(config, "num_hidden_layers", "n_layer"),
+            n_layers=_first(config, *LAYER_KEYS),
             hidden=hidden,
             intermediate=_first(config, "intermediate_size", "ffn_dim", "n_inner") or 4 * hidden,
             heads=_first(config, "num_attention_heads", "n_head"),
@@ -64,7 +72,12 @@ class ModelShape:
             layer_matrices=sum(p.numel() for p in matrices),
             layer_params=sum(p.numel() for p in stack.layers[0].parameters()),
             layer_matrix_sides=sum(sum(p.shape) for p in matrices),
+            family=str(config.model_type),
         )
+
+
+LAYER_KEYS = ("num_hidden_layers", "n_layer")  # a config's layer count, by the names the families use
+HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")  # and its hidden size
 
 
 def _first(config: Any, *names: str) -> int:
@@ -73,6 +86,56 @@ def _first(config: Any, *names: str) -> int:
         if value:
             return int(value)
     return 0
+
+
+@dataclass(frozen=True)
+class ModelPreview:
+    """A model as its config and tokenizer describe it, read before its weights load (a second or
+    two, even for a 7B model): what the memory plan and the checks before the load need."""
+
+    config: Any
+    tokenizer: Any
+    meta: Any  # the model built on the meta device: every parameter's shape, no memory
+    shape: ModelShape
+
+
+def preview_model(name: str, trust_remote_code: bool = False) -> ModelPreview:
+    """The config and tokenizer of `name` (the embedded model's from its GGUF header, or the folder
+    its dequantization saved). A config that cannot be read, or a folder's config.json that lacks
+    the layer count or hidden size (transformers would fill in its own defaults and the load then
+    fails on every weight), is a one-line UserError, as the load would say it."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from engine.models import _friendly_load_error, _gguf_cache_dir, meta_model, resolve
+
+    source = resolve(name)
+    where: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    location = source.location
+    if source.kind == "gguf":
+        cached = _gguf_cache_dir(Path(location))  # config and tokenizer as saved once (reading the GGUF takes 15 s)
+        if (cached / "config.json").exists():
+            location = str(cached)
+        else:
+            location, where = str(Path(location).parent), {"gguf_file": Path(location).name}
+    try:
+        config = AutoConfig.from_pretrained(location, **where)
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:  # struct: a damaged GGUF header
+        raise _friendly_load_error(exc, source) from None
+    if source.kind == "folder":
+        _check_config_keys(Path(location) / "config.json")
+    meta = meta_model(config, trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(location, **where)
+    return ModelPreview(config, tokenizer, meta, ModelShape.from_meta(config, meta))
+
+
+def _check_config_keys(path: Path) -> None:
+    import json
+
+    raw = json.loads(path.read_text(encoding="utf-8"))  # AutoConfig has read it: valid JSON
+    for keys, what in ((LAYER_KEYS, "layer count"), (HIDDEN_KEYS, "hidden size")):
+        if not isinstance(raw, dict) or not any(key in raw for key in keys):
+            raise UserError(f"{path} has no {keys[0]} (the model's {what}); it is not a complete "
+                            "Hugging Face config: save the model again")
 
 
 @dataclass(frozen=True)
@@ -98,6 +161,7 @@ class MemoryPlan:
     training: int = 0
     eval_batch_size: int = 0  # evaluation texts per forward the plan assumes
     dtype_reason: str = ""  # why this dtype (`engine.models.dtype_choice`), when the run chose it
+    layer_devices: tuple[str, ...] = ()  # with --device-map: where each layer will live ('disk': offloaded)
 
     @property
     def total(self) -> int:
@@ -112,11 +176,25 @@ class MemoryPlan:
         shown = " + ".join(f"{name} {_gb(size)}" for name, size in self.parts().items() if size)
         batches = f"; evaluation batches of {self.eval_batch_size} texts" if self.eval_batch_size else ""
         why = f"; dtype {self.dtype} ({self.dtype_reason})" if self.dtype_reason else ""
-        return f"memory plan on {self.device} ({self.dtype}): {shown} = {_gb(self.total)}{batches}{why}"
+        where = f"on {self.device}"
+        if self.layer_devices:  # placed by --device-map: where the layers go, disk named as disk
+            from engine.models import placement_text
+
+            where = f"over {placement_text(list(self.layer_devices))}"
+        return f"memory plan {where} ({self.dtype}): {shown} = {_gb(self.total)}{batches}{why}"
+
+    def offloaded_layers(self) -> list[int]:
+        """The layers accelerate will keep off the computing device: on disk, or on the CPU while
+        the others compute on a GPU (their weights come back at every forward, so an edit is lost)."""
+        on_gpu = any(device.startswith("cuda") for device in self.layer_devices)
+        return [index for index, device in enumerate(self.layer_devices)
+                if device == "disk" or (on_gpu and device == "cpu")]
 
     def to_dict(self) -> dict[str, Any]:
+        placed = {"layer_devices": list(self.layer_devices)} if self.layer_devices else {}
         return {"device": self.device, "dtype": self.dtype, **{k.replace(" ", "_"): v for k, v in self.parts().items()},
-                "total": self.total, "eval_batch_size": self.eval_batch_size, "dtype_reason": self.dtype_reason}
+                "total": self.total, "eval_batch_size": self.eval_batch_size, "dtype_reason": self.dtype_reason,
+                **placed}
 
 
 def _gb(size: float) -> str:
@@ -238,28 +316,18 @@ def text_lengths(tokenizer: Any, texts: Any, max_length: int) -> list[int]:
 
 
 def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto",
-             trust_remote_code: bool = False, device_map: str | None = None) -> MemoryPlan:
+             trust_remote_code: bool = False, device_map: str | None = None, max_memory: str | None = None,
+             preview: ModelPreview | None = None) -> MemoryPlan:
     """The plan of an experiment on a model, made before its weights load: the config and the
-    tokenizer are read (cheap), the evaluation texts the settings name are tokenized. Settings that
-    train add their training state (`training_of`). An auto evaluation batch is chosen here as the
-    evaluator will choose it (`auto_eval_batch`)."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from engine.models import _gguf_cache_dir, choose_device, dtype_choice, resolve
+    tokenizer are read (cheap; `preview` when they were already), the evaluation texts the settings
+    name are tokenized. Settings that train add their training state (`training_of`). An auto
+    evaluation batch is chosen here as the evaluator will choose it (`auto_eval_batch`). With
+    `device_map`, where each layer will go under `max_memory`, as the load will place it."""
+    from engine.models import choose_device, dtype_choice, planned_layer_devices
     from engine.text import eval_texts
 
-    source = resolve(name)
-    where: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-    location = source.location
-    if source.kind == "gguf":
-        cached = _gguf_cache_dir(Path(location))  # config and tokenizer as saved once (reading the GGUF takes 15 s)
-        if (cached / "config.json").exists():
-            location = str(cached)
-        else:
-            location, where = str(Path(location).parent), {"gguf_file": Path(location).name}
-    config = AutoConfig.from_pretrained(location, **where)
-    tokenizer = AutoTokenizer.from_pretrained(location, **where)
-    shape = ModelShape.from_config(config, trust_remote_code)
+    preview = preview or preview_model(name, trust_remote_code)
+    config, tokenizer, shape = preview.config, preview.tokenizer, preview.shape
     chosen_device = choose_device(device)
     chosen_dtype, dtype_reason = dtype_choice(dtype, chosen_device, shape.params, config.model_type)
     max_length = getattr(settings, "max_length", 256)
@@ -278,7 +346,8 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
         batch_size = auto_eval_batch(chosen_device, shape, chosen_dtype, lengths, free_memory(chosen_device),
                                      prefix_cache, training)
     plan = plan_memory(shape, chosen_dtype, chosen_device, lengths, batch_size, prefix_cache, training)
-    return replace(plan, dtype_reason=dtype_reason)
+    placed = planned_layer_devices(preview.meta, chosen_dtype, device_map, max_memory) if device_map else ()
+    return replace(plan, dtype_reason=dtype_reason, layer_devices=tuple(placed))
 
 
 _ADVICE = {

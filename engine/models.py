@@ -155,6 +155,21 @@ def _placement_kwargs(device_map: str | None, max_memory: str | None, location: 
     return kwargs
 
 
+def planned_layer_devices(meta: Any, dtype: str, device_map: str, max_memory: str | None) -> list[str]:
+    """Where each layer of `meta` (the model on the meta device) will live once loaded with this
+    --device-map and --max-memory: 'cuda:N', 'cpu' or 'disk'. The map is computed as
+    `from_pretrained` computes it (transformers' own `_get_device_map`, on the same meta model in
+    the run's dtype), before any weight is read."""
+    import torch
+    from transformers.integrations.accelerate import _get_device_map
+
+    from engine.anatomy import LayerStack
+
+    meta = meta.to(getattr(torch, dtype))
+    meta.hf_device_map = _get_device_map(meta, check_device_map(device_map), parse_max_memory(max_memory), None)
+    return LayerStack(meta).layer_devices()
+
+
 # --- device and dtype ---------------------------------------------------------------------------
 
 

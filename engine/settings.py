@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -296,6 +296,16 @@ class Settings:
         """The session whose results the run reads (RunContext.inputs); None: the run's own."""
         return None
 
+    def check_against(self, shape: Any) -> None:
+        """What the run needs of its model, checked on the model's shape (an engine.memory.ModelShape:
+        layer count, hidden size, family) from its config before the weights load, and of the
+        files it will write; experiments override it (engine/preflight.py calls it)."""
+
+    def edits_weights(self) -> bool:
+        """The run changes weights in place (noise, training, replaced layers), which needs every
+        layer it touches on the computing device, none offloaded by --device-map."""
+        return False
+
     def override(self: S, changes: Mapping[str, Any]) -> S:
         """These settings with `changes` (explicit flags over a preset) applied, then validated."""
         made = dataclasses.replace(self, **changes)  # type: ignore[type-var]
@@ -323,6 +333,13 @@ class Settings:
         """The settings a resumed run must share with the run it continues."""
         free = {spec.name for spec in self.fields() if spec.meta.get("resume_free")}
         return {k: v for k, v in self.to_dict().items() if k not in free}
+
+
+def check_layers(indices: Iterable[int], n_layers: int, flag: str) -> None:
+    """Layer numbers given with `flag`, each against a model of `n_layers` layers."""
+    for index in indices:
+        if not 0 <= index < n_layers:
+            raise UserError(f"{flag}: layer {index} is out of range; this model has layers 0 to {n_layers - 1}")
 
 
 def from_preset(presets: Mapping[str, S], name: str, **changes: Any) -> S:

@@ -28,9 +28,13 @@ def read_lines(path: Path, what: str) -> list[str]:
     if not path.is_file():
         raise UserError(f"{what} {path} does not exist; give a UTF-8 text file, one text per line")
     try:
-        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"{what} {path} is not UTF-8 text; convert it to UTF-8") from exc
+    if "\0" in text:  # valid UTF-8 but binary (NUL bytes): scoring it would measure nothing meant
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise UserError(f"{what} {path} is binary (a NUL byte on line {line}); give a UTF-8 text file")
+    lines = [line.strip() for line in text.splitlines()]
     lines = [line for line in lines if line]
     if not lines:
         raise UserError(f"{what} {path} is empty; put one text per line")

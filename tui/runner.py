@@ -221,19 +221,24 @@ def _workers(world: World | None, device: str) -> contextlib.AbstractContextMana
 def memory_plan(experiment: Experiment, settings: Settings, options: ModelOptions, quiet: bool = False
                 ) -> MemoryPlan | None:
     """The run's memory plan, printed and checked against the device's free memory before the
-    model loads (one line and exit 2 when it cannot fit). A model that cannot be planned without
-    loading it (a hub id offline, an unusual config) gets a one-line note and no plan."""
-    from engine.memory import check_fits, free_memory, plan_run
+    model loads (one line and exit 2 when it cannot fit), after what the model's config and
+    tokenizer can tell is checked (engine/preflight.py: layers, components, texts, export folder,
+    weight edits on offloaded layers); a config that cannot be read is one line too. A model that
+    cannot be planned without loading it (an unusual config) gets a one-line note and no plan."""
+    from engine.memory import check_fits, free_memory, plan_run, preview_model
+    from engine.preflight import check_before_load
+        preview = preview_model(options.model, options.trust_remote_code)
 
     try:
         plan = plan_run(options.model, settings, options.device, options.dtype, options.trust_remote_code,
-                        options.device_map)
+                        options.device_map, options.max_memory, preview)
     except UserError:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError,
             struct.error) as exc:  # a damaged GGUF header: the load says so in its own words
         lines = str(exc).strip().splitlines()
         if not quiet:
+    check_before_load(experiment.name, settings, preview, plan)
             _report(f"memory plan skipped ({lines[0] if lines else type(exc).__name__}); loading the model")
         return None
     if options.device_map is not None:  # spread over several devices: no single device to check against

@@ -28,9 +28,10 @@ from engine.events import (
     Result,
     json_safe,
 )
+from engine.memory import ModelShape
 from engine.perplexity import Batch, Evaluator, masked
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, EvalTextSettings, setting
+from engine.settings import MAX_SEED, EvalTextSettings, check_layers, setting
 from engine.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
 
 METHODS = ("mean", "skip", "zero")
@@ -49,6 +50,12 @@ class AblationSettings(EvalTextSettings):
                                  "straightforward version)", cli=False)
     layers: tuple[int, ...] | None = setting(None, "ablate only these layers (a shard of a split sweep takes a few)",
                                              low=0, none_word="all")
+
+    def check_against(self, shape: ModelShape) -> None:
+        check_layers(self.layers or (), shape.n_layers, "--layers")
+
+    def edits_weights(self) -> bool:
+        return self.method != "skip"  # mean and zero put other weights in the ablated layer
 
 
 def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:

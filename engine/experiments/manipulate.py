@@ -33,9 +33,10 @@ from engine.events import (
     json_safe,
 )
 from engine.generation import generate_text
+from engine.memory import ModelShape
 from engine.perplexity import Evaluator
 from engine.registry import RunContext
-from engine.settings import EvalTextSettings, setting
+from engine.settings import EvalTextSettings, check_layers, setting
 from engine.statistics import degradation_pct
 
 STRATEGIES = ("zero", "clone", "blend", "svd", "scale")
@@ -71,6 +72,12 @@ class ManipulationSettings(EvalTextSettings):
             raise UserError(f"--strategies is empty; use some of {', '.join(STRATEGIES)}")
         if "scale" in self.strategies and not self.alphas:
             raise UserError("--alphas is empty; give at least one scale factor, e.g. 0.9")
+
+    def check_against(self, shape: ModelShape) -> None:
+        check_layers(self.layers or (), shape.n_layers, "--layers")
+
+    def edits_weights(self) -> bool:
+        return True  # every strategy replaces the layer's weights
 
 
 def default_layers(ablation: dict | None, model_name: str) -> tuple[tuple[int, ...], str]:

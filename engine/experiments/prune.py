@@ -129,6 +129,15 @@ class PruneSettings(TrainTextSettings, EvalTextSettings):
 def map_degradation(doc: dict[str, Any] | None) -> dict[int, float]:
     """Layer -> D% from an ablation result (rows say `layer`; files written before the rename
     say `index`)."""
+    def check_against(self, shape: ModelShape) -> None:
+        """The counts against the model's depth, and the export folder: new or empty (or --force)."""
+        self.counts(shape.n_layers)
+        if self.export is not None:
+            check_export_folder(self.export, self.force)
+
+    def edits_weights(self) -> bool:
+        return self.heal_steps > 0  # healing trains the kept layers; removal alone only skips layers
+
     rows = (doc or {}).get("layers") or []
     found = {}
     for row in rows:

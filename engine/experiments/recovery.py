@@ -48,7 +48,7 @@ from engine.memory import ModelShape, Training
 from engine.perplexity import Evaluator
 from engine.registry import RunContext
 from engine.session_layout import LAYER_WEIGHTS  # each recovered layer, for the prompt pane (sessions/layer_weights.py)
-from engine.settings import MAX_SEED, EvalTextSettings, TrainTextSettings, setting
+from engine.settings import MAX_SEED, EvalTextSettings, TrainTextSettings, check_layers, setting
 from engine.statistics import spearman
 from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
 
@@ -81,10 +81,14 @@ class RecoverySettings(TrainTextSettings, EvalTextSettings):
         """The layers to sweep, in the order given, each checked against the model's depth."""
         if self.layers is None:
             return tuple(range(n_layers))
-        for index in self.layers:
-            if not 0 <= index < n_layers:
-                raise UserError(f"layer {index} is out of range; this model has layers 0 to {n_layers - 1}")
+        check_layers(self.layers, n_layers, "--layers")
         return tuple(dict.fromkeys(self.layers))
+
+    def check_against(self, shape: ModelShape) -> None:
+        self.resolve_layers(shape.n_layers)
+
+    def edits_weights(self) -> bool:
+        return True  # noises a layer and trains it
 
 
 def threshold_key(threshold: float) -> str:

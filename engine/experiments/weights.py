@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.anatomy import LayerStack
+from engine.anatomy import LayerStack, check_matrix_names
 from engine.errors import UserError
 from engine.events import (
     ABSENT,
@@ -42,9 +42,10 @@ from engine.events import (
     WeightsResult,
     json_safe,
 )
+from engine.memory import ModelShape
 from engine.perplexity import Evaluator
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, EvalTextSettings, setting
+from engine.settings import MAX_SEED, EvalTextSettings, check_layers, setting
 from engine.statistics import degradation_pct
 
 PREDICTIONS = ("in_sample", "loo")
@@ -79,16 +80,22 @@ class WeightsSettings(EvalTextSettings):
         if self.degree == 0 and not self.frequencies:
             raise UserError("no features: give --degree 1 or more, or at least one --frequencies value")
 
-    def validate_for(self, stack: LayerStack) -> tuple[str, ...]:
-        """Checks what depends on the model; returns the components to analyse."""
-        n = len(stack)
+    def validate_for(self, n: int, family: str) -> tuple[str, ...]:
+        """Checks what depends on the model (its layer count, its family: the config's model_type,
+        before the load too); returns the components to analyse."""
         if not 0 <= self.first_layer <= n - 3:
             raise UserError(f"--first-layer must be between 0 and {n - 3} (at least 3 layers to predict)")
+        check_layers(self.paradox_layers, n, "--paradox-layers")
         for index in self.paradox_layers:
-            stack.check_index(index)
             if index < self.first_layer:
                 raise UserError(f"--paradox-layers: layer {index} is not predicted (from {self.first_layer})")
-        return stack.check_matrix_names(self.components) if self.components else stack.matrix_names
+        return check_matrix_names(family, self.components or None)
+
+    def check_against(self, shape: ModelShape) -> None:
+        self.validate_for(shape.n_layers, shape.family)
+
+    def edits_weights(self) -> bool:
+        return self.paradox  # the paradox runs put predicted weights in
 
 
 # --- features and the hat matrix ---------------------------------------------------------------
@@ -297,7 +304,7 @@ def run_weights(
     settings.validate()
     started = time.perf_counter()
     stack = LayerStack(model)
-    names = settings.validate_for(stack)
+    names = settings.validate_for(len(stack), stack.model_type)
     n = len(stack)
     analysis = Analysis(n, settings)
     rng = np.random.default_rng(settings.seed)
