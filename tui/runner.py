@@ -227,9 +227,9 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
     cannot be planned without loading it (an unusual config) gets a one-line note and no plan."""
     from engine.memory import check_fits, free_memory, plan_run, preview_model
     from engine.preflight import check_before_load
-        preview = preview_model(options.model, options.trust_remote_code)
 
     try:
+        preview = preview_model(options.model, options.trust_remote_code)
         plan = plan_run(options.model, settings, options.device, options.dtype, options.trust_remote_code,
                         options.device_map, options.max_memory, preview)
     except UserError:
@@ -238,9 +238,9 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
             struct.error) as exc:  # a damaged GGUF header: the load says so in its own words
         lines = str(exc).strip().splitlines()
         if not quiet:
-    check_before_load(experiment.name, settings, preview, plan)
             _report(f"memory plan skipped ({lines[0] if lines else type(exc).__name__}); loading the model")
         return None
+    check_before_load(experiment.name, settings, preview, plan)
     if options.device_map is not None:  # spread over several devices: no single device to check against
         if not quiet:
             _report(f"{plan.line()} in all, spread by --device-map {options.device_map}")

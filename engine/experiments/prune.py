@@ -122,13 +122,6 @@ class PruneSettings(TrainTextSettings, EvalTextSettings):
     def methods(self) -> tuple[str, ...]:
         return METHODS if self.method == "all" else (self.method,)
 
-
-# --- reading the ablation map ---------------------------------------------------------------------
-
-
-def map_degradation(doc: dict[str, Any] | None) -> dict[int, float]:
-    """Layer -> D% from an ablation result (rows say `layer`; files written before the rename
-    say `index`)."""
     def check_against(self, shape: ModelShape) -> None:
         """The counts against the model's depth, and the export folder: new or empty (or --force)."""
         self.counts(shape.n_layers)
@@ -138,6 +131,13 @@ def map_degradation(doc: dict[str, Any] | None) -> dict[int, float]:
     def edits_weights(self) -> bool:
         return self.heal_steps > 0  # healing trains the kept layers; removal alone only skips layers
 
+
+# --- reading the ablation map ---------------------------------------------------------------------
+
+
+def map_degradation(doc: dict[str, Any] | None) -> dict[int, float]:
+    """Layer -> D% from an ablation result (rows say `layer`; files written before the rename
+    say `index`)."""
     rows = (doc or {}).get("layers") or []
     found = {}
     for row in rows:
