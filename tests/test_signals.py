@@ -178,15 +178,20 @@ def start(args: list[str], extra_env: dict[str, str] | None = None) -> subproces
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def signal_after(process: subprocess.Popen, session: str, kind: str, sig: int) -> tuple[int, str]:
-    """Sends `sig` as soon as session `session`'s log holds an event of `kind`; the exit code and stderr."""
+def wait_for(process: subprocess.Popen, session: str, kind: str, count: int = 1) -> None:
+    """Until session `session`'s log holds `count` events of `kind` (or the process ended)."""
     log = Path(os.environ["ANATOMY_TUI_HOME"]) / session / "events.jsonl"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and process.poll() is None:
-        if log.exists() and f'"kind": "{kind}"' in log.read_text():
-            process.send_signal(sig)
-            break
+        if log.exists() and log.read_text().count(f'"kind": "{kind}"') >= count:
+            return
         time.sleep(0.02)
+
+
+def signal_after(process: subprocess.Popen, session: str, kind: str, sig: int) -> tuple[int, str]:
+    """Sends `sig` as soon as session `session`'s log holds an event of `kind`; the exit code and stderr."""
+    wait_for(process, session, kind)
+    process.send_signal(sig)
     _, err = process.communicate(timeout=600)
     return process.returncode, err
 
@@ -285,3 +290,37 @@ def test_sigterm_to_the_shards_launcher_reaches_every_worker_and_the_job_resumes
     assert main([*TOY, "--regimes", "independent,tied", "--session", "straight",
                  "--json", str(tmp_path / "fresh.json")]) == 0
     same_toy(tmp_path / "resumed.json", tmp_path / "fresh.json")
+
+
+@pytest.mark.slow
+def test_a_job_the_console_started_stops_on_sigterm_is_offered_and_its_resume_marks_it(monkeypatch):
+    """The console's jobs run the same command: `kill PID` (SIGTERM) leaves it interrupted and offered,
+    the offer's command finishes it and marks it resumed; the console's own cancel (SIGINT to the
+    job's group) leaves it cancelled, as Ctrl-C does."""
+    from tui.flags import settings_from_flags
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    lab = Lab(SessionStore(), ModelOptions())
+    lab.open("console")
+    settings = settings_from_flags(registry.BY_NAME["toy-depth"], TOY[2:])
+    job = lab.start_job("toy-depth", settings)
+    assert job is not None and job.process is not None
+    wait_for(job.process, "console", "toy-depth.student")
+    os.kill(job.pid, signal.SIGTERM)
+    assert job.process.wait(timeout=600) == 143
+    assert "toy-depth interrupted by SIGTERM; continue with: anatomy-tui run toy-depth" in job.log_path.read_text()
+    old = check_interrupted("console", "SIGTERM")
+    offer = lab.resume_offer()
+    assert offer is not None and offer.job == old
+    resumed = lab.launch(offer.experiment, offer.argv)
+    assert resumed is not None and resumed.process is not None and resumed.process.wait(timeout=600) == 0
+    check_resumed("console", old)
+
+    seen = (SessionStore().open("console").path / "events.jsonl").read_text().count('"kind": "toy-depth.student"')
+    again = lab.start_job("toy-depth", settings)
+    assert again is not None and again.process is not None
+    wait_for(again.process, "console", "toy-depth.student", count=seen + 1)
+    lab.cancel("toy-depth")
+    assert again.process.wait(timeout=600) == 130
+    cancelled = [doc for doc in SessionStore().open("console").jobs().values() if doc.get("pid") == again.pid]
+    assert [doc["status"] for doc in cancelled] == ["cancelled"]

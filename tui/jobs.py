@@ -199,9 +199,12 @@ def launch_job(session: Session, experiment: str, argv: Sequence[str]) -> Backgr
 
 
 def stop_job(doc: dict[str, Any], sig: int = signal.SIGINT) -> bool:
-    """Asks the job of job file `doc` to stop (SIGINT: it records itself as cancelled), only while
-    its pid provably still is that job (start time, command line and process group as recorded;
-    never pid 1). A group leader gets the signal for its whole group, any other process alone."""
+    """Asks the job of job file `doc` to stop, only while its pid provably still is that job (start
+    time, command line and process group as recorded; never pid 1). A group leader gets the signal
+    for its whole group, any other process alone. SIGINT, the console's cancel, is Ctrl-C: the job
+    checkpoints and records itself cancelled; a SIGTERM from elsewhere (`kill`, a scheduler) does
+    the same but records it interrupted, which the console offers to resume. A job split over
+    workers records rank 0's pid: it stops, and the launcher stops the others and exits likewise."""
     if not job_identity_matches(doc):
         return False
     pid = int(doc["pid"])
