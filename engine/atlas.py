@@ -85,7 +85,7 @@ def experiment_flags(experiment: str, measures: Sequence[str]) -> list[str]:
 
 def sample_layers(n_layers: int, depths: Sequence[float] = RECOVERY_SAMPLE) -> list[int]:
     """The layers nearest to these relative depths, once each."""
-    return list(dict.fromkeys(round(d * (n_layers - 1)) for d in depths))
+    return list(dict.fromkeys(int(d * (n_layers - 1) + 0.5) for d in depths))  # halves up
 
 
 def relative_depth(layer: int, n_layers: int) -> float:
@@ -364,9 +364,9 @@ def shared_bands(rows: Sequence[AtlasRow], n_bins: int = DEFAULT_BINS) -> list[D
 
 def class_band(layers: Mapping[int, str], n_layers: int, width: int) -> str:
     """A model's classes as `width` characters on relative depth: column j shows the layer nearest
-    to depth j / (width - 1) (C critical, I important, m minor, r redundant, . unknown)."""
+    to depth j / (width - 1), halves up (C critical, I important, m minor, r redundant, . unknown)."""
     letters = {"critical": "C", "important": "I", "minor": "m", "redundant": "r"}
-    return "".join(letters.get(layers.get(round(j * (n_layers - 1) / max(width - 1, 1)), ""), ".")
+    return "".join(letters.get(layers.get(int(j * (n_layers - 1) / max(width - 1, 1) + 0.5), ""), ".")
                    for j in range(width))
 
 

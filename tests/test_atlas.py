@@ -1,0 +1,228 @@
+"""The anatomy atlas (issue 22): relative depth, bins, agreement and stability against hand-worked
+values; `anatomy-tui atlas` over three tiny families, killed after the first model and resumed to the
+same table; the dataset through `datasets`; `anatomy-tui compare`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_models import save_tiny
+
+from engine import atlas as A
+from sessions.store import SessionStore
+from tui.cli import main
+
+FAMILIES = ("llama", "qwen2", "gemma2")
+
+
+def row(model: str, layer: int, n: int, measure: str, value: float, variant: str = A.MAIN,
+        layer_class: str | None = None) -> A.AtlasRow:
+    return A.AtlasRow(model, variant, "s", n, layer, A.relative_depth(layer, n), measure, value, None, None,
+                      layer_class, "builtin:paper", None, None, 10, "{}")
+
+
+def test_relative_depth_and_bins_by_hand():
+    assert [A.relative_depth(layer, 4) for layer in range(4)] == [0.0, 1 / 3, 2 / 3, 1.0]
+    assert A.relative_depth(0, 1) == 0.0
+    assert [A.depth_bin(layer, 4, 10) for layer in range(4)] == [0, 3, 6, 9]  # 0, .33, .67, 1
+    assert A.depth_bin(3, 11, 10) == 3  # 3/10 = 0.3 on the boundary: the upper bin, exactly
+    assert [A.depth_bin(layer, 5, 4) for layer in range(5)] == [0, 1, 2, 3, 3]  # depth 1 joins the last bin
+    assert A.sample_layers(30) == [0, 10, 19, 29]
+    assert A.sample_layers(2) == [0, 1]
+
+
+def test_agreement_by_hand():
+    d = [10.0, 50.0, 20.0, 200.0]  # ranks 1 3 2 4
+    bi = [0.1, 0.3, 0.2, 0.5]  # same ranks: 1
+    ang = [0.4, 0.3, 0.2, 0.1]  # ranks 4 3 2 1: d = -3 0 0 3, 1 - 6*18/(4*15) = -0.8
+    ppl = [1.0, 3.0, 2.5, 4.0]  # ranks 1 3 2 4 again
+    rows = [row("m", i, 4, name, v[i]) for name, v in
+            (("d_pct", d), ("block_influence", bi), ("angular_distance", ang), ("removal_ppl", ppl)) for i in range(4)]
+    # a second model: D % ranks 1 2 3 4, BI ranks 2 1 3 4: d = 1 -1 0 0, 1 - 6*2/60 = 0.8
+    rows += [row("n", i, 4, "d_pct", [1.0, 2.0, 3.0, 4.0][i]) for i in range(4)]
+    rows += [row("n", i, 4, "block_influence", [0.2, 0.1, 0.3, 0.4][i]) for i in range(4)]
+    got = A.agreement(rows)
+    assert got.pairs["m"]["d_pct~block_influence"] == pytest.approx(1.0)
+    assert got.pairs["m"]["d_pct~angular_distance"] == pytest.approx(-0.8)
+    assert got.pairs["m"]["block_influence~angular_distance"] == pytest.approx(-0.8)
+    assert got.pairs["m"]["d_pct~removal_ppl"] == pytest.approx(1.0)
+    assert got.pairs["n"]["d_pct~block_influence"] == pytest.approx(0.8)
+    assert got.pairs["n"]["d_pct~angular_distance"] is None  # n has no angular distance
+    assert got.with_d["block_influence"] == {"mean": pytest.approx(0.9), "min": pytest.approx(0.8)}
+    # both models have L = 4, so bins 0 3 6 9 hold one layer each: the binned profiles are the layers';
+    # BI of m ranks 1 3 2 4, of n 2 1 3 4: d = -1 2 -1 0, 1 - 6*6/60 = 0.4
+    assert got.across_models["block_influence"] == pytest.approx(0.4)
+    assert got.across_models["d_pct"] == pytest.approx(0.8)  # 1 3 2 4 against 1 2 3 4
+    assert got.most_consistent == "d_pct"
+
+
+def test_stability_by_hand():
+    main_ = [row("m", i, 5, "d_pct", v) for i, v in enumerate([5.0, 1.0, 3.0, 2.0, 4.0])]
+    same = [row("m", i, 5, "d_pct", v, "seed-1") for i, v in enumerate([50.0, 10.0, 30.0, 20.0, 40.0])]
+    swapped = [row("m", i, 5, "block_influence", v, v2) for i, (v, v2) in enumerate(
+        [(1.0, A.MAIN), (2.0, A.MAIN), (3.0, A.MAIN), (4.0, A.MAIN), (5.0, A.MAIN)])]
+    swapped += [row("m", i, 5, "block_influence", v, "seed-1") for i, v in enumerate([2.0, 1.0, 3.0, 5.0, 4.0])]
+    got = A.stability(main_ + same + swapped)
+    assert got.rho["m"]["d_pct"]["seed-1"] == pytest.approx(1.0)
+    assert got.rho["m"]["block_influence"]["seed-1"] == pytest.approx(0.8)  # d = 1 -1 0 1 -1: 1 - 6*4/120
+    assert got.stable == {"d_pct": True, "block_influence": True}  # 0.8 is the threshold, included
+    assert A.stability(main_).stable == {}  # no variant: nothing to say
+
+
+def test_shared_bands_by_hand():
+    # model a (L = 5): critical, redundant, redundant, minor, critical; model b (L = 3): critical, redundant, critical
+    a = [row("a", i, 5, "d_pct", 0.0, layer_class=c)
+         for i, c in enumerate(["critical", "redundant", "redundant", "minor", "critical"])]
+    b = [row("b", i, 3, "d_pct", 0.0, layer_class=c) for i, c in enumerate(["critical", "redundant", "critical"])]
+    bands = A.shared_bands(a + b, 4)
+    # bins of a: 0 1 2 3 3; of b: 0 2 3
+    assert [band.verdict for band in bands] == ["critical", "uncovered", "redundant", "mixed"]
+    assert (bands[2].lo, bands[2].hi) == (0.5, 0.75)
+    assert A.class_band({0: "critical", 1: "redundant", 2: "important"}, 3, 5) == "CrrII"
+
+
+def test_protocol_columns():
+    assert A.protocol_of({"settings": {"eval_set": "paper", "eval_file": None, "max_length": 256}}) == {
+        "eval_set": "paper", "max_length": 256}
+    assert A.protocol_of({"settings": {"eval_set": "full", "eval_file": "x.txt"}}) == {"eval_file": "x.txt"}
+    assert A.protocol_of({"protocol": {"dataset": "wikitext", "context": 2048}, "settings": {}}) == {
+        "dataset": "wikitext", "context": 2048}
+    assert A.eval_text_of({"dataset": "wikitext"}) == "wikitext"
+    assert A.eval_text_of({"eval_set": "paper"}) == "builtin:paper"
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    return {family: save_tiny(root / family, family) for family in FAMILIES}
+
+
+def atlas_argv(families: dict[str, Path], evaluation: str, name: str = "tiny", *extra: str) -> list[str]:
+    return ["atlas", "--models", ",".join(str(families[f]) for f in FAMILIES), "--name", name,
+            "--eval-file", evaluation, "--device", "cpu", "--measures", "map,proxies", "--bins", "4", *extra]
+
+
+def table(home: Path, name: str = "tiny") -> list[dict]:
+    doc = SessionStore(home).open(name).load_result("atlas")
+    return doc["rows"]
+
+
+@pytest.mark.slow
+def test_atlas_killed_after_the_first_model_resumes_to_the_same_table(families, files, isolated_home, tmp_path,
+                                                                       monkeypatch, capsys, one_thread):
+    evaluation = files[0]
+    import tui.runner
+
+    real = tui.runner.run_command
+    calls = []
+
+    def killed_on_the_second(*args, **kwargs):
+        calls.append(args[0].name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C while the second model runs
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tui.runner, "run_command", killed_on_the_second)
+    assert main(atlas_argv(families, evaluation)) == 130
+    err = capsys.readouterr().err
+    assert "atlas tiny interrupted at" in err and "qwen2" in err
+    store = SessionStore(isolated_home)
+    state = json.loads((store.open("tiny").path / "checkpoints" / "atlas" / "state.json").read_text())
+    assert list(state["steps"]) == [f"{families['llama']}|main|ablation"]
+    assert store.open("tiny").load_result("atlas") is None
+
+    monkeypatch.setattr(tui.runner, "run_command", real)
+    assert main(atlas_argv(families, evaluation)) == 0
+    err = capsys.readouterr().err
+    assert "llama · ablation (map, proxies) on main: reused from session tiny-llama" in err
+    assert "qwen2 · ablation (map, proxies) on main: running into session tiny-qwen2" in err
+    resumed = table(isolated_home)
+
+    fresh_home = tmp_path / "fresh"  # the same atlas, never interrupted, in a store of its own
+    monkeypatch.setenv("ANATOMY_TUI_HOME", str(fresh_home))
+    assert main(atlas_argv(families, evaluation)) == 0
+    assert resumed == table(fresh_home)
+    assert {(r["model"], r["measure"]) for r in resumed} == {
+        (str(families[f]), m) for f in FAMILIES for m in ("d_pct", "block_influence", "angular_distance")}
+    assert len(resumed) == 3 * 4 * 3  # three models of four layers, three criteria
+    first = [r for r in resumed if r["model"] == str(families["gemma2"]) and r["measure"] == "d_pct"]
+    assert [r["relative_depth"] for r in first] == [0.0, 1 / 3, 2 / 3, 1.0]
+    assert all(r["lo"] is not None and r["lo"] <= r["value"] <= r["hi"] for r in first)  # the bootstrap CI
+    assert all(r["eval_text"] == evaluation for r in resumed)
+
+    # run once more: everything reused, nothing loads
+    monkeypatch.setattr(tui.runner, "run_command", lambda *a, **k: pytest.fail("nothing should run"))
+    assert main(atlas_argv(families, evaluation)) == 0
+    # another atlas over a model already measured reuses that session's map
+    assert main(atlas_argv({**families}, evaluation, "other")) == 0
+    assert "reused from session tiny-llama" in capsys.readouterr().err
+
+    # the dataset: parquet and CSV, read back by `datasets`
+    from datasets import load_dataset
+
+    folder = fresh_home / "tiny" / "dataset"
+    expected = table(fresh_home)
+    parquet = load_dataset("parquet", data_files=str(folder / "atlas.parquet"), split="train")
+    assert parquet.to_list() == expected
+    assert load_dataset(str(folder), split="train").to_list() == expected  # the datasheet's YAML names the parquet
+    csv = load_dataset("csv", data_files=str(folder / "atlas.csv"), split="train")
+    assert csv["value"] == pytest.approx([r["value"] for r in expected])
+    sheet = (folder / "README.md").read_text()
+    assert "relative_depth" in sheet and str(families["qwen2"]) in sheet and evaluation in sheet
+
+    # compare --atlas prints the profiles, the bands and the agreement
+    assert main(["compare", "--atlas", "tiny", "--bins", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "D% by relative depth (4 bins of 0.25, log axis)" in out
+    assert "criteria agreement" in out and "gemma2" in out and "redundant in every model" in out
+
+
+def test_atlas_refuses_bad_input_in_one_line(families, files, capsys):
+    assert main(["atlas", "--models", "a,b", "--name", "x", "--measures", "map,nope"]) == 2
+    assert "--measures map,nope: must be a comma-separated list of map, proxies" in capsys.readouterr().err
+    assert main(["atlas", "--models", "a,a", "--name", "x"]) == 2
+    assert "a model is named twice" in capsys.readouterr().err
+    assert main(["atlas", "--models", "a", "--name", "x", "--measures", "recovery-sample"]) == 2
+    assert "needs another measure too" in capsys.readouterr().err
+    assert main(["atlas", "--models", "a", "--name", "x", "--calib-file", "/no/such/file"]) == 2
+    assert "calibration file /no/such/file does not exist" in capsys.readouterr().err
+    assert main(["compare", "only-one"]) == 2
+    assert "compare needs two or more sessions" in capsys.readouterr().err
+
+
+def test_an_atlas_started_with_other_settings_is_refused(families, files, capsys, monkeypatch):
+    import tui.runner
+
+    monkeypatch.setattr(tui.runner, "run_command", lambda *a, **k: 130)
+    assert main(atlas_argv(families, files[0], "same")) == 130
+    assert main(atlas_argv(families, files[0], "same", "--calib-seeds", "1")) == 2
+    assert "atlas same was started with other models, measures or texts" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_two_sessions_of_one_model_layer_by_layer(tiny_folder, files, capsys, one_thread):
+    evaluation = files[0]
+    for session, extra in (("fp", []), ("skip", ["--method", "skip"])):
+        assert main(["run", "ablation", "--model", str(tiny_folder), "--device", "cpu", "--eval-file", evaluation,
+                     "--session", session, *extra]) == 0
+    capsys.readouterr()
+    assert main(["compare", "fp", "skip"]) == 0
+    out = capsys.readouterr().out
+    store = SessionStore()
+    d = {name: [r["degradation_pct"] for r in store.open(name).load_result("ablation")["layers"]]
+         for name in ("fp", "skip")}
+    assert "D% layer by layer:" in out
+    lines = out[out.index("D% layer by layer:"):].splitlines()
+    assert "tiny (fp)" in lines[1] and "tiny (skip)" in lines[1]  # one model: told apart by session
+    for layer in range(4):
+        cells = lines[2 + layer].split()
+        assert int(cells[0]) == layer
+        assert float(cells[1]) == pytest.approx(d["fp"][layer], rel=6e-3, abs=1e-3)
+        assert float(cells[2]) == pytest.approx(d["skip"][layer], rel=6e-3, abs=1e-3)
+    ranks = {name: sorted(range(4), key=lambda i, v=values: v[i]) for name, values in d.items()}
+    position = {name: [order.index(i) for i in range(4)] for name, order in ranks.items()}
+    rho = 1 - 6 * sum((a - b) ** 2 for a, b in zip(position["fp"], position["skip"], strict=True)) / (4 * 15)
+    said = next(line for line in lines if "Spearman tiny (fp) ~ tiny (skip)" in line)
+    assert float(said.split(": ")[1]) == pytest.approx(rho, abs=1e-3)
