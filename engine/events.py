@@ -584,6 +584,22 @@ class PruneExported(Event):
     ppl: float
 
 
+# evaluate ----------------------------------------------------------------------------------------
+
+
+@event_type
+@dataclass(frozen=True)
+class ModelEvaluated(Event):
+    """One model of an evaluation is scored: lm-eval's numbers per task (`scores`) and its greedy
+    continuations of the fixed prompts against the original's (`generation`, None with --gen-tokens 0)."""
+
+    kind: ClassVar[str] = "evaluate.model"
+    variant: str
+    label: str
+    scores: list[TaskScore]
+    generation: GenerationCheck | None
+
+
 # --- result documents ---------------------------------------------------------------------------
 
 
@@ -1163,7 +1179,9 @@ class GrowthArm:
 class PruneCut:
     """One point of results/prune.json's `curve` (and its `exported_point`): the `removed` layers
     `layers` (original indices from 0) that `method` cuts, the perplexity without them with its
-    bootstrap interval, and after healing (None without --heal-steps)."""
+    bootstrap interval, and after healing (None without --heal-steps). With --evaluate-tasks:
+    lm-eval's scores of the cut (and of the healed cut), the generation check against the full
+    model, and where accuracy and perplexity disagree, how (`disagreement`, else None)."""
 
     method: str
     removed: int
@@ -1172,6 +1190,10 @@ class PruneCut:
     ci_low: float | None
     ci_high: float | None
     healed_ppl: float | None
+    accuracy: list[TaskScore] = field(default=ABSENT, kw_only=True)
+    healed_accuracy: list[TaskScore] | None = field(default=ABSENT, kw_only=True)
+    generation: GenerationCheck | None = field(default=ABSENT, kw_only=True)
+    disagreement: str | None = field(default=ABSENT, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -1219,6 +1241,8 @@ class PruneResult:
     exported: str | None  # the folder of the exported model
     exported_point: PruneCut | None
     seconds: float
+    evaluation: LmEvalProtocol = field(default=ABSENT, kw_only=True)  # with --evaluate-tasks
+    baseline_accuracy: list[TaskScore] = field(default=ABSENT, kw_only=True)  # the full model's
     protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
 
     @classmethod
@@ -1280,6 +1304,85 @@ class GrowthResult:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> GrowthResult:
         return from_doc(cls, upgrade_result("growth", dict(doc)))
+
+
+# evaluate ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    """One lm-eval task (or group) scored on one model: accuracy and length-normalised accuracy with
+    their standard errors under lm-eval's default filter (None where the task has no such metric),
+    the items scored, and every numeric metric as lm-eval names it (`acc,none`)."""
+
+    task: str
+    acc: float | None
+    acc_stderr: float | None
+    acc_norm: float | None
+    acc_norm_stderr: float | None
+    samples: int
+    metrics: dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class GenerationCheck:
+    """Greedy continuations of the fixed prompts (engine/accuracy.py PROMPTS) by one model, and how
+    much of the original's they reproduce: up to the first divergence (`prefix_agreement`) and
+    position by position (`token_agreement`), as fractions of the longer continuation, counted in
+    tokens, or in characters where the model's tokenizer is not the original's (`unit`)."""
+
+    texts: list[str]
+    unit: str
+    prefix_agreement: float
+    token_agreement: float
+
+
+@dataclass(frozen=True)
+class LmEvalProtocol:
+    """What lm-eval's numbers depend on, recorded with them: two evaluations compare only when
+    these match (the batch size too: lm-eval's scores move with it)."""
+
+    tasks: list[str]
+    batch_size: int
+    limit: float | None
+    num_fewshot: int | None  # None: each task's own
+    include_path: str | None
+    lm_eval_version: str
+    n_shot: dict[str, int]  # as lm-eval ran each task
+    task_versions: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EvaluatedModel:
+    """One row of results/evaluate.json `models`: a model variant (`original`, `pruned`, `healed`,
+    `recovered`, `growth`, `uniform`, `folder`, `adapter`), named uniquely by `label`."""
+
+    variant: str
+    label: str
+    description: str
+    n_layers: int
+    scores: list[TaskScore]
+    generation: GenerationCheck | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class EvaluateResult:
+    """results/evaluate.json: the loaded model and its variants side by side, original first. A run
+    keeps the earlier run's rows for the variants it did not evaluate when model and protocol match."""
+
+    model: str
+    protocol: LmEvalProtocol
+    prompts: list[str]
+    gen_tokens: int
+    models: list[EvaluatedModel]
+    settings: dict[str, Any]
+    seconds: float
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> EvaluateResult:
+        return from_doc(cls, doc)
+
 
 def events_markdown() -> str:
     """The README's table of live events, generated from the classes above (a test compares)."""

@@ -92,15 +92,26 @@ def generate_text(
     grows (the pieces add up to the returned text). The prompt keeps its last `context - 1` tokens
     and the continuation stays within `context` (default: the model's position limit).
     `tokenizer` needs only encode and decode."""
+    return _generate(model, tokenizer, prompt, max_new_tokens, stop, on_text, context).text
+
+
+def greedy_tokens(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) -> list[int]:
+    """The token ids of `generate_text`'s continuation (end-of-text tokens left out): what the
+    generation check compares between two models."""
+    return _generate(model, tokenizer, prompt, max_new_tokens, _never, None, None).tokens
+
+
+def _generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, stop: Callable[[], bool],
+              on_text: Callable[[str], Any] | None, context: int | None) -> _PieceStreamer:
     import torch
 
+    eos = _eos_ids(model, tokenizer)
+    streamer = _PieceStreamer(tokenizer, eos, stop, on_text or (lambda piece: None))
     if max_new_tokens <= 0 or stop():
-        return ""
+        return streamer
     limit = context or getattr(model.config, "max_position_embeddings", None) or 1 << 30
     ids = (list(tokenizer.encode(prompt)) or [0])[-max(1, limit - 1) :]
     new_tokens = max(1, min(max_new_tokens, limit - len(ids)))
-    eos = _eos_ids(model, tokenizer)
-    streamer = _PieceStreamer(tokenizer, eos, stop, on_text or (lambda piece: None))
 
     pad = getattr(tokenizer, "pad_token_id", None)
     config = GenerationConfig(
@@ -121,4 +132,4 @@ def generate_text(
             streamer=streamer,
             stopping_criteria=StoppingCriteriaList([_StopFlag(stop)]),
         )
-    return streamer.text
+    return streamer

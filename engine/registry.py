@@ -157,6 +157,10 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("prune", "remove layers by four criteria, heal the cut, export the pruned model",
                "engine.experiments.prune", "PruneSettings", writes="prune", reads=("ablation",), long=True,
                oom_advice="a smaller --eval-batch-size or --batch-size, or --heal-steps 0"),
+    Experiment("evaluate", "zero-shot accuracy through lm-eval of the model and its variants, with a generation check",
+               "engine.experiments.evaluate", "EvaluateSettings", writes="evaluate",
+               reads=("prune", "growth", "evaluate"), long=True,
+               oom_advice="a smaller --batch-size, or --dtype float16"),
 )
 
 BY_NAME: dict[str, Experiment] = {experiment.name: experiment for experiment in EXPERIMENTS}

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import UserError
-from engine.events import GrowthResult, PruneResult
+from engine.session_models import SAVED_ARMS
+from engine.session_models import pruned_layers as pruned_layers  # the prompt pane's and the layer map's
+from engine.session_models import saved_model_path as saved_model_path
 
 ON_LOADED_MODEL = ("original", "modified", "noised", "recovered", "pruned")
-SAVED_ARMS = {"growth": "growth_100", "uniform": "uniform_100"}  # variant -> the growth run's arm
 VARIANTS = ON_LOADED_MODEL + tuple(SAVED_ARMS)
 NOISE_SEED = 0  # the noised variant is the same model every time it is asked for
 
@@ -106,35 +107,6 @@ def applied(model: Any, variant: Variant) -> Iterator[Any]:
         yield model
     else:
         raise ValueError(f"{variant.name} is not a variant of the loaded model")
-
-
-def pruned_layers(prune_result: Mapping[str, Any] | None) -> tuple[int, ...]:
-    """The layers the session's prune run removed at its exported point (else its ppl criterion's
-    deepest cut): what the `pruned` variant drops. () when there is no prune result, or one this
-    version cannot read (damaged, or written by another version)."""
-    if not prune_result:
-        return ()
-    try:
-        result = PruneResult.from_json(prune_result)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return ()
-    point = result.exported_point or max((cut for cut in result.curve if cut.method == "ppl"),
-                                         key=lambda cut: cut.removed, default=None)
-    return tuple(int(layer) for layer in point.layers) if point is not None else ()
-
-
-def saved_model_path(growth_result: Mapping[str, Any] | None, name: str) -> Path | None:
-    """The folder a growth run saved the `growth` or `uniform` model in, if it still exists (None
-    without a growth result, or with one this version cannot read)."""
-    wanted = SAVED_ARMS[name]
-    if not growth_result:
-        return None
-    try:
-        arm = GrowthResult.from_json(growth_result).arms.get(wanted)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    path = arm.model if arm is not None else None
-    return Path(path) if path and Path(path).exists() else None
 
 
 class SavedModels:

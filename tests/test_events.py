@@ -15,6 +15,7 @@ import pytest
 from tui_fixtures import (
     ablation_doc,
     dynamics_doc,
+    evaluate_doc,
     growth_doc,
     manipulate_doc,
     prune_doc,
@@ -142,8 +143,9 @@ def test_result_types_round_trip(cls):
 RESULT_KEYS: dict[type, list[str]] = {
     PruneResult: ["model", "baseline_ppl", "eval_tokens", "eval_texts", "n_layers", "settings", "methods", "curve",
                   "agreement", "agreement_note", "scores", "depth_fit", "heal", "exported", "exported_point",
-                  "seconds"],
-    PruneCut: ["method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl"],
+                  "seconds", "evaluation", "baseline_accuracy"],
+    PruneCut: ["method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl", "accuracy", "healed_accuracy",
+               "generation", "disagreement"],
     DepthLaw: ["a", "c", "L0", "ci95", "points", "depths", "label", "chinchilla"],
     PruneHeal: ["steps", "what", "train_source", "train_blocks"],
     RecoveryResult: ["model", "baseline_ppl", "eval_tokens", "eval_texts", "train_source", "train_blocks", "settings",
@@ -199,7 +201,7 @@ def test_result_documents_keep_the_keys_of_the_dicts_they_replace(cls):
 # tests/tui_fixtures.py's results, built from the classes
 SAMPLES = {"ablation": ablation_doc, "prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc,
            "manipulate": manipulate_doc, "weights": weights_doc, "dynamics": dynamics_doc, "toy-depth": toy_depth_doc,
-           "scaling-fit": scaling_fit_doc}
+           "scaling-fit": scaling_fit_doc, "evaluate": evaluate_doc}
 
 
 @pytest.mark.parametrize("name", [entry.name for entry in EXPERIMENTS])

@@ -18,10 +18,13 @@ from engine.events import (
     DynamicsPca,
     DynamicsResult,
     DynamicsRow,
+    EvaluatedModel,
+    EvaluateResult,
     Event,
     FitBootstrap,
     FitRestarts,
     FitSummary,
+    GenerationCheck,
     GrowthArm,
     GrowthBudgetRow,
     GrowthData,
@@ -31,6 +34,7 @@ from engine.events import (
     GrowthStep,
     GrowthWidths,
     LayerBudget,
+    LmEvalProtocol,
     ManipulateResult,
     ManipulateRow,
     NullModel,
@@ -49,6 +53,7 @@ from engine.events import (
     ScalingFitResult,
     ScalingProfile,
     Started,
+    TaskScore,
     TokenCluster,
     ToyDepthCurve,
     ToyDepthResult,
@@ -404,3 +409,71 @@ def weights_doc() -> dict:
                for layers in ([3], [2, 3, 4])]
     return json_safe(WeightsResult(model="tiny", family="llama", n_layers=6, predicted_layers=[1, 5], settings={},
                                    components=components, paradox=paradox, baseline_ppl=BASELINE, seconds=1.0))
+
+
+def task_score(task: str, acc: float, acc_norm: float | None = None, samples: int = 80) -> TaskScore:
+    """One lm-eval task's scores as engine/accuracy.py reads them from simple_evaluate."""
+    stderr = (acc * (1 - acc) / (samples - 1)) ** 0.5
+    metrics = {"acc,none": acc, "acc_stderr,none": stderr}
+    if acc_norm is not None:
+        metrics |= {"acc_norm,none": acc_norm, "acc_norm_stderr,none": stderr}
+    return TaskScore(task=task, acc=acc, acc_stderr=stderr, acc_norm=acc_norm,
+                     acc_norm_stderr=None if acc_norm is None else stderr, samples=samples, metrics=metrics)
+
+
+def evaluate_doc() -> dict:
+    """results/evaluate.json: the original and two variants on two local tasks, side by side."""
+    protocol = LmEvalProtocol(tasks=["everyday_sense", "tiny_qa"], batch_size=1, limit=None, num_fewshot=None,
+                              include_path="/data/tasks", lm_eval_version="0.4.13",
+                              n_shot={"everyday_sense": 0, "tiny_qa": 0},
+                              task_versions={"everyday_sense": "Yaml", "tiny_qa": "Yaml"})
+
+    def row(variant: str, label: str, description: str, n_layers: int, accs: tuple[float, float],
+            agreement: tuple[float, float] | None) -> EvaluatedModel:
+        check = None if agreement is None else GenerationCheck(
+            texts=[f"Paris, the city of light ({label})"], unit="token", prefix_agreement=agreement[0],
+            token_agreement=agreement[1])
+        return EvaluatedModel(variant=variant, label=label, description=description, n_layers=n_layers,
+                              scores=[task_score("everyday_sense", accs[0], accs[0] - 0.05),
+                                      task_score("tiny_qa", accs[1])],
+                              generation=check, seconds=12.5)
+
+    models = [row("original", "original", "tiny, 6 layers", 6, (0.6, 0.5), (1.0, 1.0)),
+              row("pruned", "pruned -2,3", "layers 2,3 removed (the session's prune cut)", 4, (0.45, 0.5),
+                  (0.25, 0.4)),
+              row("folder", "folder /models/smol-minus-2", "the exported model in /models/smol-minus-2", 4,
+                  (0.55, 0.5), None)]
+    return json_safe(EvaluateResult(model="tiny", protocol=protocol, prompts=["The capital of France is"],
+                                    gen_tokens=32, models=models, settings={}, seconds=40.0))
+
+
+def atlas_session(store: SessionStore, name: str = "atlas") -> Session:
+    """An atlas of three models of 4, 6 and 9 layers (D % with intervals, Block Influence, angular
+    distance, removal perplexity; a calibration variant), saved as `anatomy-tui atlas` saves one."""
+    from engine import atlas as A
+    from engine.statistics import importance_class
+
+    shapes = {"tiny-llama": [300.0, 12.0, 5.0, 150.0], "tiny-qwen2": [250.0, 40.0, 8.0, 2.0, 3.0, 120.0],
+              "smol-gemma": [400.0, 90.0, 20.0, 6.0, 4.0, -1.5, 3.0, 35.0, 110.0]}
+    rows = []
+    for model, d in shapes.items():
+        n = len(d)
+        for variant, bend in ((A.MAIN, 1.0), ("seed-1", 1.1)):
+            for layer, value in enumerate(d):
+                common = dict(model=model, variant=variant, session=f"{name}-{model}", n_layers=n, layer=layer,
+                              relative_depth=A.relative_depth(layer, n), eval_text="builtin:paper", context=None,
+                              stride=None, eval_tokens=194, protocol='{"eval_set": "paper"}')
+                rows.append(A.AtlasRow(measure="d_pct", value=value * bend, lo=value * 0.8, hi=value * 1.2,
+                                       layer_class=importance_class(value), **common))
+                rows.append(A.AtlasRow(measure="block_influence", value=0.01 * (value + 10) ** 0.5 + 0.001 * layer,
+                                       lo=None, hi=None, layer_class=None, **common))
+                rows.append(A.AtlasRow(measure="angular_distance", value=0.05 + 0.0002 * value * bend - 0.01 * layer,
+                                       lo=None, hi=None, layer_class=None, **common))
+                rows.append(A.AtlasRow(measure="removal_ppl", value=30.0 + value / 5, lo=None, hi=None,
+                                       layer_class=None, **common))
+    sessions = {m: {v: {"ablation": f"{name}-{m}"} for v in (A.MAIN, "seed-1")} for m in shapes}
+    doc = A.build(name, list(shapes), ["map", "proxies", "prune-ppl"], sessions,
+                  {A.MAIN: {"eval_set": "paper"}, "seed-1": {"eval_file": "seed-1.txt"}}, rows)
+    session = store.create(name, model="", settings={"atlas": {"models": list(shapes)}})
+    session.save_result("atlas", doc.to_json())
+    return session

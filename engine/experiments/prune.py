@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from engine.accuracy import CutJudge, Harness, LmEvalSettings, accuracy_line
 from engine.anatomy import LayerStack, execution_device
 from engine.errors import UserError
 from engine.eval_data import EvalSource
@@ -73,7 +74,7 @@ RESULT = PruneResult  # results/prune.json
 
 
 @dataclass(frozen=True)
-class PruneSettings(TrainTextSettings, EvalTextSettings):
+class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
     """Defaults: every criterion, 1, 2, 4 and 8 layers removed, no healing, no export."""
 
     method: str = setting("all", "criterion: angular, bi, ppl, map, or all of them", choices=METHODS + ("all",))
@@ -91,6 +92,9 @@ class PruneSettings(TrainTextSettings, EvalTextSettings):
     export_count: int | None = setting(None, "how many layers the exported model lacks (default: the largest count)",
                                        low=1, none_word="largest")
     force: bool = setting(False, "export into a folder that is not empty")
+    evaluate_tasks: tuple[str, ...] = setting((), "lm-eval tasks to score each cut on, beside its perplexity "
+                                                  "(e.g. piqa,arc_easy; none: no accuracy)")
+    evaluate_batch_size: int = setting(1, "lm-eval batch size of --evaluate-tasks (recorded)", low=1)
     export_adapter: bool = setting(False, "with --heal lora: export only the LoRA adapter (PEFT format), "
                                           "not the merged weights")
 
@@ -525,6 +529,8 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
             raise UserError("healing needs training text: the built-in corpus (pydoc_data) is missing here; "
                             "give --train-file or --calib-dataset") from None
 
+    harness = (Harness(settings.evaluate_tasks, settings.evaluate_batch_size, settings)
+               if settings.evaluate_tasks else None)  # tasks checked before the slow part
     texts = settings.eval_source(tokenizer)
     evaluator = Evaluator.for_settings(model, tokenizer, settings, texts)
     influence = InfluenceMeter(n)
@@ -539,6 +545,9 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     baseline = base.perplexity
     bi, _ = influence.means()
     yield Message(f"baseline PPL {baseline:.3f} on {evaluator.n_tokens} tokens")
+    judge = CutJudge(harness, model, tokenizer, settings.gen_tokens) if harness is not None else None
+    if judge is not None:
+        yield Message(f"baseline accuracy: {accuracy_line(judge.baseline)}")
 
     greedy: list[int] = []
     single: list[float] = []
@@ -575,14 +584,23 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
             if settings.bootstrap:
                 low, high = bootstrap_perplexity(point_scores.nll, point_scores.tokens, settings.bootstrap,
                                                  settings.seed + count)
+            if judge is not None:
+                with removed(model, layers):
+                    judge.cut(model, layers)
             healed_ppl, weights = healed.get(layers), None
             if healer is not None and layers not in healed:  # the same cut heals the same way (seeded)
                 adapter = adapter_folder(adapters, layers) if count == export_count else None
                 with removed(model, layers), healer.healed(layers, cancel, keep=count == export_count,
                                                            adapter=adapter) as weights:
                     healed_ppl = healed[layers] = evaluator.perplexity()
+                    if judge is not None:
+                        judge.healed(model, layers)
             point = PruneCut(method=method, removed=count, layers=list(layers), ppl=ppl, ci_low=low, ci_high=high,
-                             healed_ppl=healed_ppl)
+                             healed_ppl=healed_ppl, **(judge.row(layers, ppl, baseline) if judge is not None else {}))
+            if judge is not None:
+                yield Message(f"{method} -{count}: accuracy {accuracy_line(point.accuracy)}"
+                              + (f"; {point.disagreement}" if point.disagreement else ""),
+                              "warning" if point.disagreement else "info")
             curve.append(point)
             yield PrunePoint(method, count, list(layers), ppl, baseline, low, high, healed_ppl)
             yield Progress(m_index * len(counts) + c_index + 1, total, f"prune: {method}")
@@ -619,6 +637,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         exported_point=best_export[1] if exported else None,
         seconds=time.perf_counter() - started,
         protocol=evaluator.protocol,
+        **(judge.result() if judge is not None else {}),
     )
     if exported is not None:
         yield from export_cut(doc, best_export, loaded, settings, adapters)

@@ -14,6 +14,7 @@ from textual.widget import Widget
 from engine.events import PruneResult
 from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval
+from tui.views.evaluate import agreement_cell, score_cell
 from tui.widgets.curve_plot import Curve, CurvePlot
 
 if TYPE_CHECKING:
@@ -46,18 +47,40 @@ def notes(result: PruneResult) -> list[Text]:
     return lines
 
 
+def accuracy_notes(result: PruneResult) -> list[Text]:
+    """With --evaluate-tasks: the full model's accuracy, and each cut where accuracy and perplexity
+    disagree (marked ! in the table)."""
+    if not result.baseline_accuracy:
+        return []
+    lines = [Text("accuracy % (lm-eval) of the full model: "
+                  + ", ".join(f"{s.task} {score_cell(s)}" for s in result.baseline_accuracy))]
+    lines += [Text(f"! {row.method} -{row.removed} ({_layer_list(row.layers)}): {row.disagreement}", style="bold")
+              for row in result.curve if row.disagreement]
+    return lines
+
+
 def print_result(doc: dict[str, Any]) -> None:
     result = PruneResult.from_json(doc)
     console = Console()
     table = Table(title=f"{result.model}  baseline PPL {result.baseline_ppl:.2f}  (layers removed by each criterion)")
-    for column in ("criterion", "removed", "layers", "PPL", "95% CI", "healed"):
+    tasks = [score.task for score in result.baseline_accuracy or []]
+    for column in ("criterion", "removed", "layers", "PPL", "95% CI", "healed", *tasks):
         table.add_column(column, justify="left" if column in ("criterion", "layers") else "right")
+    if tasks:
+        table.add_column("generation", justify="right")
+        table.add_column("!")
+    base = {score.task: score for score in result.baseline_accuracy or []}
     for row in result.curve:
         ci = "" if row.ci_low is None else f"[{row.ci_low:.1f}, {row.ci_high:.1f}]"
-        table.add_row(row.method, str(row.removed), ",".join(map(str, row.layers)),
-                      fmt(row.ppl, ".2f", "inf"), ci, fmt(row.healed_ppl, ".2f", "-"))
+        cells = [row.method, str(row.removed), ",".join(map(str, row.layers)),
+                 fmt(row.ppl, ".2f", "inf"), ci, fmt(row.healed_ppl, ".2f", "-")]
+        if tasks:
+            scores = {score.task: score for score in row.accuracy or []}
+            cells += [score_cell(scores.get(task), base.get(task), compact=True) for task in tasks]
+            cells += [agreement_cell(row.generation or None), "!" if row.disagreement else ""]
+        table.add_row(*cells)
     console.print(table)
-    for line in notes(result):
+    for line in notes(result) + accuracy_notes(result):
         console.print(line, highlight=False)
 
 
@@ -81,7 +104,7 @@ def summary(doc: dict[str, Any], command: str = "") -> Group:
             row.append("" if point is None else f"{fmt(point.ppl, '.2f', 'inf')} "
                        f"({_layer_list(point.layers)})" + ("" if healed is None else f" → {healed:.2f}"))
         table.add_row(*row)
-    return Group(heading, table, *notes(result))
+    return Group(heading, table, *notes(result), *accuracy_notes(result))
 
 
 def prune_curves(result: PruneResult) -> list[Curve]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,6 +50,18 @@ class CharTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.chars[i - 1] if 0 < i <= len(self.chars) else "\ufffd" for i in ids)
+
+    def transformers(self) -> Any:
+        """The same ids as a transformers tokenizer (what lm-eval's HFLM takes): one token per
+        character, id 0 for any other character and as the end of text (a growth model has none)."""
+        from tokenizers import Tokenizer, decoders, models
+        from transformers import PreTrainedTokenizerFast
+
+        vocab = {"\ufffd": UNK} | {c: i + 1 for i, c in enumerate(self.chars) if c != "\ufffd"}
+        core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="\ufffd"))
+        core.decoder = decoders.Fuse()
+        return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="\ufffd", eos_token="\ufffd",
+                                       clean_up_tokenization_spaces=False)
 
     def save(self, folder: Path) -> None:
         from engine.atomic import atomic_write_json

@@ -1,0 +1,273 @@
+"""`evaluate`: zero-shot accuracy through lm-eval-harness on the loaded model and the session's
+variants of it, side by side, with the generation check beside each (engine/accuracy.py).
+
+Variants (`--variants`, the original first):
+- `original`: the loaded model (`--model`).
+- `pruned`: its layers `--remove` (0-based), else the session's prune cut (its exported point, else
+  its ppl criterion's deepest cut), really dropped (`engine.pruning.removed`), then put back.
+- `healed`: the folder the session's prune run exported with --heal-steps (the healed cut).
+- `recovered`: the layers the session's recovery run fine-tuned, put in for the length of the run.
+- `growth`, `uniform`: the session's growth run's saved models (character tokenizers: their
+  generation check compares characters).
+- `--folder DIR`: an exported Hugging Face folder; `--adapter DIR`: a PEFT adapter on the loaded
+  model (cut by `--remove` first when given, for an adapter trained on a cut).
+A run keeps the earlier evaluation's rows of the variants it does not evaluate, when the model and
+lm-eval's protocol are the same, so the session's evaluate result grows into one comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.accuracy import PROMPTS, Harness, LmEvalSettings, continuations, generation_check
+from engine.errors import UserError
+from engine.events import (
+    EvaluatedModel,
+    EvaluateResult,
+    Event,
+    Message,
+    ModelEvaluated,
+    Progress,
+    PruneResult,
+    Result,
+    json_safe,
+)
+from engine.registry import RunContext
+from engine.session_layout import CHECKPOINTS, LAYER_WEIGHTS
+from engine.session_models import layer_weights, pruned_layers, saved_model_path
+from engine.settings import setting
+
+RESULT = EvaluateResult  # results/evaluate.json
+SESSION_VARIANTS = ("original", "pruned", "healed", "recovered", "growth", "uniform")
+
+
+@dataclass(frozen=True)
+class EvaluateSettings(LmEvalSettings):
+    """Defaults: the original model, each task's own number of shots, every item, batch size 1."""
+
+    tasks: tuple[str, ...] = setting((), "lm-eval tasks, comma-separated: piqa,arc_easy,... "
+                                          "(local ones: --include-path)")
+    variants: tuple[str, ...] = setting(("original",), "models to evaluate, comma-separated", choices=SESSION_VARIANTS)
+    remove: tuple[int, ...] = setting((), "pruned (and --adapter): these layers (0-based) dropped instead of the "
+                                          "session's prune cut", low=0)
+    folder: str | None = setting(None, "also evaluate this exported Hugging Face model folder")
+    adapter: str | None = setting(None, "also evaluate the loaded model with this PEFT adapter folder")
+    batch_size: int = setting(1, "lm-eval batch size (fixed, and recorded: lm-eval's scores move with it)", low=1)
+
+    def check(self) -> None:
+        if not self.tasks:
+            raise UserError("--tasks: name at least one lm-eval task, e.g. --tasks piqa,arc_easy")
+        if len(set(self.variants)) != len(self.variants):
+            raise UserError("--variants: each variant once")
+        for flag, value in (("--folder", self.folder), ("--adapter", self.adapter)):
+            if value is not None and not Path(value).is_dir():
+                raise UserError(f"{flag} {value}: not a folder")
+        self.check_include_path()
+
+
+@dataclass
+class Subject:
+    """A model to score, with what the row says about it; `tokenizer` differs from the loaded
+    model's only for the growth models."""
+
+    variant: str
+    label: str
+    description: str
+    model: Any
+    tokenizer: Any
+    own_tokenizer: bool = False
+
+
+def _session_folder(output_dir: Path | None, *parts: str) -> Path | None:
+    """A folder inside the session, None where there is no session or a part of the way is a
+    symbolic link (a session folder is untrusted: nothing is read from outside it)."""
+    if output_dir is None:
+        return None
+    path = Path(output_dir)
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            return None
+    return path
+
+
+def _layers(layers: Any) -> str:
+    return ",".join(map(str, layers))
+
+
+@contextlib.contextmanager
+def subject(name: str, settings: EvaluateSettings, context: RunContext) -> Iterator[Subject]:
+    """The variant `name` of the loaded model for the block (weights put back afterwards), or a
+    model loaded for it; one line when the session lacks what it is made from."""
+    from engine.anatomy import LayerStack
+    from engine.pruning import removed
+
+    loaded = context.model
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if name == "original":
+        yield Subject(name, name, f"{loaded.name}, {loaded.n_layers} layers", model, tokenizer)
+    elif name == "pruned":
+        layers = settings.remove or pruned_layers(context.inputs.get("prune"))
+        if not layers:
+            raise UserError("variant pruned: no prune result in this session; run `anatomy-tui run prune` "
+                            "or give --remove LAYERS")
+        where = "" if settings.remove else " (the session's prune cut)"
+        with removed(model, layers):
+            yield Subject(name, f"pruned -{_layers(layers)}", f"layers {_layers(layers)} removed{where}",
+                          model, tokenizer)
+    elif name == "healed":
+        folder = _healed_folder(context.inputs.get("prune"))
+        with _loaded_folder(folder, loaded) as other:
+            yield Subject(name, name, f"the healed cut the session's prune run exported to {folder}",
+                          other.model, other.tokenizer)
+    elif name == "recovered":
+        folder = _session_folder(context.output_dir, CHECKPOINTS, "recovery", LAYER_WEIGHTS)
+        weights = layer_weights(folder, loaded.name) if folder is not None else {}
+        if not weights:
+            raise UserError("variant recovered: no recovered layer of this model in the session "
+                            "(anatomy-tui run recovery, or key i in the console)")
+        with LayerStack(model).holding(weights):
+            yield Subject(name, name, f"layers {_layers(sorted(weights))} as the recovery run fine-tuned them",
+                          model, tokenizer)
+    else:  # growth, uniform
+        path = saved_model_path(context.inputs.get("growth"), name)
+        if path is None:
+            raise UserError(f"variant {name}: no {name} model in this session (anatomy-tui run growth)")
+        from engine.experiments.growth.architecture import load_growth_model
+
+        other, chars = load_growth_model(path)
+        yield Subject(name, name, f"the growth run's {name} model ({path})", other, chars.transformers(),
+                      own_tokenizer=True)
+
+
+def _healed_folder(prune_doc: dict[str, Any] | None) -> Path:
+    try:
+        result = PruneResult.from_json(prune_doc) if prune_doc else None
+    except (KeyError, TypeError, ValueError, AttributeError):
+        result = None
+    if result is None or result.heal is None or not result.exported or not Path(result.exported).is_dir():
+        raise UserError("variant healed: the session has no healed cut exported (anatomy-tui run prune "
+                        "--heal-steps N --export DIR), or give --folder DIR")
+    return Path(result.exported)
+
+
+@contextlib.contextmanager
+def _loaded_folder(folder: Path, loaded: Any) -> Iterator[Any]:
+    """A Hugging Face folder loaded on the loaded model's device and dtype, freed after the block."""
+    from engine.models import load_model
+
+    other = load_model(str(folder), device=loaded.device, dtype=loaded.dtype_name)
+    try:
+        yield other
+    finally:
+        del other
+
+
+@contextlib.contextmanager
+def _adapted(settings: EvaluateSettings, context: RunContext) -> Iterator[Subject]:
+    """The loaded model (cut by --remove when given) with the PEFT adapter in `settings.adapter`,
+    unloaded afterwards (the base weights were never changed)."""
+    from peft import PeftModel
+
+    from engine.pruning import removed
+
+    loaded = context.model
+    with removed(loaded.model, settings.remove) if settings.remove else contextlib.nullcontext():
+        try:
+            peft_model = PeftModel.from_pretrained(loaded.model, settings.adapter)
+        except (OSError, ValueError, KeyError) as exc:
+            raise UserError(f"--adapter {settings.adapter}: not a PEFT adapter of this model "
+                            f"({' '.join(str(exc).split())[:200]})") from None
+        try:
+            cut = f" on layers {_layers(settings.remove)} removed" if settings.remove else ""
+            yield Subject("adapter", f"adapter {settings.adapter}", f"PEFT adapter {settings.adapter}{cut}",
+                          peft_model.get_base_model(), loaded.tokenizer)
+        finally:
+            peft_model.unload()
+
+
+def _subjects(settings: EvaluateSettings) -> list[str]:
+    return list(settings.variants) + (["folder"] if settings.folder else []) + (["adapter"] if settings.adapter else [])
+
+
+@contextlib.contextmanager
+def _any_subject(name: str, settings: EvaluateSettings, context: RunContext) -> Iterator[Subject]:
+    if name == "folder":
+        with _loaded_folder(Path(settings.folder), context.model) as other:
+            yield Subject("folder", f"folder {settings.folder}", f"the exported model in {settings.folder}",
+                          other.model, other.tokenizer)
+    elif name == "adapter":
+        with _adapted(settings, context) as found:
+            yield found
+    else:
+        with subject(name, settings, context) as found:
+            yield found
+
+
+def _kept_rows(previous: dict[str, Any] | None, model: str, protocol: Any, gen_tokens: int,
+               labels: set[str]) -> tuple[list[EvaluatedModel], str]:
+    """The earlier evaluation's rows this run keeps (same model, protocol and check; other labels),
+    and a note when it had rows it cannot keep."""
+    if not previous:
+        return [], ""
+    try:
+        earlier = EvaluateResult.from_json(previous)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return [], "the session's earlier evaluation could not be read; it is replaced"
+    same = (earlier.model == model and earlier.gen_tokens == gen_tokens and earlier.prompts == list(PROMPTS)
+            and _comparable(earlier.protocol) == _comparable(protocol))
+    if not same:
+        return [], "the session's earlier evaluation used another model or protocol; it is replaced"
+    return [row for row in earlier.models if row.label not in labels], ""
+
+
+def _comparable(protocol: Any) -> tuple[Any, ...]:
+    return (list(protocol.tasks), protocol.batch_size, protocol.limit, protocol.num_fewshot, protocol.include_path,
+            protocol.lm_eval_version)
+
+
+def run(settings: EvaluateSettings, context: RunContext) -> Iterator[Event]:
+    settings.validate()
+    if context.model is None:
+        raise UserError("evaluate needs a model")
+    started = time.perf_counter()
+    loaded = context.model
+    harness = Harness(settings.tasks, settings.batch_size, settings)
+    names = _subjects(settings)
+    reference = (continuations(loaded.model, loaded.tokenizer, settings.gen_tokens)
+                 if settings.gen_tokens else None)
+    rows: list[EvaluatedModel] = []
+    for index, name in enumerate(names):
+        context.cancel.check()
+        yield Progress(index, len(names), f"evaluate: {name}")
+        began = time.perf_counter()
+        with _any_subject(name, settings, context) as found:
+            scores = harness.scores(found.model, found.tokenizer)
+            check = None
+            if reference is not None:
+                ids = continuations(found.model, found.tokenizer, settings.gen_tokens)
+                check = generation_check(loaded.tokenizer, reference, ids,
+                                         found.tokenizer if found.own_tokenizer else None)
+            n_layers = int(found.model.config.num_hidden_layers)
+        row = EvaluatedModel(variant=found.variant, label=found.label, description=found.description,
+                             n_layers=n_layers, scores=scores, generation=check,
+                             seconds=time.perf_counter() - began)
+        rows.append(row)
+        yield ModelEvaluated(row.variant, row.label, scores, check)
+    yield Progress(len(names), len(names), "evaluate")
+    protocol = harness.protocol()
+    kept, note = _kept_rows(context.inputs.get("evaluate"), loaded.name, protocol, settings.gen_tokens,
+                            {row.label for row in rows})
+    if note:
+        yield Message(note, "warning")
+    if kept:
+        yield Message(f"kept from the session's earlier evaluation: {', '.join(row.label for row in kept)}")
+    ordered = sorted(kept + rows, key=lambda row: row.variant != "original")  # stable: the original first
+    doc = EvaluateResult(model=loaded.name, protocol=protocol, prompts=list(PROMPTS), gen_tokens=settings.gen_tokens,
+                         models=ordered, settings=settings.to_dict(), seconds=time.perf_counter() - started)
+    yield Result("evaluate", json_safe(doc))
