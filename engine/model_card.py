@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from engine.atomic import atomic_write_bytes
 from engine.models import DEFAULT_MODEL
 
 CARD = "README.md"
@@ -73,16 +75,42 @@ class CardFacts:
     def eval_results(self) -> list[EvalResult] | None:
         """`model-index`: the perplexity, then each lm-eval task's accuracy (and length-normalised)."""
         found = [self.perplexity.eval_result()] if self.perplexity is not None else []
-        for score in self.accuracy:
-            task = str(score["task"])
-            shots = (self.n_shot or {}).get(task)
-            for metric in ("acc", "acc_norm"):
-                if score.get(metric) is not None:
-                    found.append(EvalResult(
-                        task_type="text-generation", dataset_type=task, dataset_name=task,
-                        dataset_args={"num_few_shot": shots} if shots is not None else None,
-                        metric_type=metric, metric_name=f"{metric} (lm-eval)", metric_value=float(score[metric])))
-        return found or None
+        return found + accuracy_results(self.accuracy, self.n_shot) or None
+
+
+LM_EVAL_METRICS = ("acc", "acc_norm")
+
+
+def accuracy_results(scores: Sequence[Mapping[str, Any]], n_shot: Mapping[str, int] | None) -> list[EvalResult]:
+    """lm-eval's scores (events.TaskScore documents) as `model-index` entries, one per task and metric."""
+    found = []
+    for score in scores:
+        task = str(score["task"])
+        shots = (n_shot or {}).get(task)
+        for metric in LM_EVAL_METRICS:
+            if score.get(metric) is not None:
+                found.append(EvalResult(
+                    task_type="text-generation", dataset_type=task, dataset_name=task,
+                    dataset_args={"num_few_shot": shots} if shots is not None else None,
+                    metric_type=metric, metric_name=f"{metric} (lm-eval)", metric_value=float(score[metric])))
+    return found
+
+
+def add_accuracy(folder: Path, scores: Sequence[Mapping[str, Any]], protocol: Mapping[str, Any] | None,
+                 source: str) -> None:
+    """Puts lm-eval's scores of an exported model (measured after the export: `source` says where)
+    into its folder's card, in place of any it had: `model-index` entries and `lm_eval` in the
+    `anatomy_tui` block. The card is rewritten atomically."""
+    path = Path(folder) / CARD
+    card = ModelCard.load(path)
+    data = card.data
+    kept = [r for r in data.eval_results or [] if r.metric_type not in LM_EVAL_METRICS]
+    data.eval_results = kept + accuracy_results(scores, (protocol or {}).get("n_shot")) or None
+    data.model_name = data.model_name or path.parent.name
+    block = dict(data.get(METADATA_KEY) or {})
+    block["lm_eval"] = {"source": source, "protocol": dict(protocol or {}) or None, "scores": list(scores)}
+    data[METADATA_KEY] = block
+    atomic_write_bytes(path, str(card).encode("utf-8"), "model card")
 
 
 def model_card(facts: CardFacts) -> ModelCard:

@@ -72,7 +72,7 @@ def by_slices(config: dict, n_layers: int) -> list[int]:
     return [i for part in config["slices"] for i in range(*part["sources"][0]["layer_range"])]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gpt2"])
 def test_prune_export_carries_card_config_and_mergekit_yaml(tmp_path, files, family):
     base = save_tiny(tmp_path / "base", family)
     loaded = loaded_from(base)
@@ -84,12 +84,13 @@ def test_prune_export_carries_card_config_and_mergekit_yaml(tmp_path, files, fam
     assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", MERGEKIT_CONFIG} <= {
         p.name for p in folder.iterdir()}
 
-    config = json.loads((folder / "config.json").read_text())
-    assert config["num_hidden_layers"] == 2
-    if original_types is not None:
-        assert config["layer_types"] == [original_types[i] for i in kept]
     reloaded = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
-    assert [m.self_attn.layer_idx for m in LayerStack(reloaded).layers] == [0, 1]
+    assert reloaded.config.num_hidden_layers == 2  # (GPT-2's config.json calls it n_layer)
+    if original_types is not None:
+        assert json.loads((folder / "config.json").read_text())["layer_types"] == [original_types[i] for i in kept]
+    indices = [{m.layer_idx for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)}
+               for layer in LayerStack(reloaded).layers]
+    assert indices == [{0}, {1}]  # each kept attention writes its own cache slot, renumbered from 0
     with removed(loaded.model, point["layers"]):
         expected = loaded.model(input_ids=IDS).logits
     torch.testing.assert_close(reloaded(input_ids=IDS).logits, expected, rtol=0, atol=0)
@@ -262,13 +263,25 @@ def test_card_reads_back_with_protocol_and_lm_eval_scores(tmp_path):
 @pytest.mark.slow
 def test_push_the_sessions_prune_export(tmp_path, monkeypatch, files, capsys):
     """`run prune --export DIR`, then `export SESSION --model pruned DIR --push-to-hub REPO`: the
-    prune's own folder arrives as it is; another DIR is refused in one line."""
+    prune's folder arrives, its card given the session's lm-eval scores of that cut (a later
+    `run evaluate`); another DIR is refused in one line."""
+    from sessions.store import SessionStore
     from tui import cli
 
     base = save_tiny(tmp_path / "tiny", "llama")
     out = tmp_path / "cut"
     assert cli.main(["run", "prune", "--session", "lab", "--model", str(base), "--method", "bi", "--remove", "1",
                      "--bootstrap", "0", "--eval-file", files[0], "--export", str(out)]) == 0
+    session = SessionStore().open("lab")
+    prune = session.load_result("prune")
+    cut = ",".join(map(str, prune["exported_point"]["layers"]))
+    scores = [{"task": "toy", "acc": 0.75, "acc_stderr": 0.1, "acc_norm": None, "acc_norm_stderr": None,
+               "samples": 8, "metrics": {}}]
+    other = [{**scores[0], "acc": 0.25}]
+    session.save_result("evaluate", {"model": prune["model"], "protocol": {"tasks": ["toy"], "n_shot": {"toy": 0}},
+                                     "models": [{"variant": "pruned", "label": "pruned -9", "scores": other},
+                                                {"variant": "pruned", "label": f"pruned -{cut}", "scores": scores,
+                                                 "description": "the session's prune cut"}]})
     monkeypatch.setenv("HF_TOKEN", "hf_standin")
     with hub_stand_in(tmp_path / "hub") as hub:
         monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", hub.endpoint)
@@ -278,3 +291,9 @@ def test_push_the_sessions_prune_export(tmp_path, monkeypatch, files, capsys):
         assert cli.main(["export", "lab", "--model", "pruned", str(out), "--push-to-hub", "me/cut"]) == 0
         arrived = {p.name for p in (hub.root / "me/cut").iterdir()}
     assert arrived == {p.name for p in out.iterdir()} and {MERGEKIT_CONFIG, "README.md"} <= arrived
+    card = ModelCard.load(hub.root / "me/cut/README.md").data
+    assert [(r.metric_type, r.metric_value) for r in card.eval_results] == [
+        ("perplexity", prune["exported_point"]["ppl"]), ("acc", 0.75)]
+    assert card.eval_results[1].dataset_args == {"num_few_shot": 0}
+    assert card.to_dict()["anatomy_tui"]["lm_eval"]["scores"] == scores
+    assert card.to_dict()["anatomy_tui"]["removed_layers"] == prune["exported_point"]["layers"]

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from huggingface_hub import ModelCard
 from tiny_models import EVAL, TINY_CONFIGS, out_of_memory_in_training, tiny_model
 from transformers import AutoModelForCausalLM
 from tui_fixtures import round_trips
@@ -202,6 +203,9 @@ def test_embedded_healing_lowers_heldout_ppl_and_export_round_trips(embedded, tm
     assert model.config.num_hidden_layers == 26
     assert Evaluator(model, embedded.tokenizer, EVAL, 8, 256).perplexity() == pytest.approx(point["healed_ppl"],
                                                                                            rel=1e-6)
+    card = ModelCard.load(folder / "README.md").data  # the Hub model the embedded GGUF was quantized from
+    assert card.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert card.to_dict()["anatomy_tui"]["removed_layers"] == point["layers"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

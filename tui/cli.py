@@ -80,7 +80,8 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
 
     from tui.commands import export
 
-    exporting = commands.add_parser("export", help="save a session's recovered, growth or uniform model as a HF folder")
+    exporting = commands.add_parser("export", help="save a session's recovered, growth or uniform model as a HF "
+                                                   "folder; --push-to-hub uploads it (or the prune export)")
     export.add_arguments(exporting)
     exporting.set_defaults(handler=export.main)
 

@@ -56,10 +56,16 @@ def main(args: argparse.Namespace) -> int:
         if folder.resolve() != args.folder.expanduser().resolve() or args.push_to_hub is None:
             raise UserError(f"--model pruned is the folder run prune exported: give it as DIR ({folder}) "
                             "with --push-to-hub REPO to upload it")
+        prune = session.results()["prune"]
+        cut = (prune.get("exported_point") or {}).get("layers") or []
+        variant = ("healed", None) if prune.get("heal") else ("pruned", f"pruned -{','.join(map(str, cut))}")
+        with_accuracy(folder, session.results().get("evaluate"), *variant, model=prune.get("model"))
         return push(folder, args)
     check_export_folder(args.folder, args.force)
+    results = session.results()
     if args.model in SAVED_ARMS:
         folder = export_growth(session.path / GROWTH_MODELS / SAVED_ARMS[args.model], args.folder, args.force)
+        with_accuracy(folder, results.get("evaluate"), args.model)
     else:
         from sessions.layer_weights import load_layers
 
@@ -71,7 +77,8 @@ def main(args: argparse.Namespace) -> int:
         layers = load_layers(session, "recovery", loaded.name)
         folder = export_recovered(loaded.model, loaded.tokenizer, layers, args.folder, loaded.name, args.force,
                                   base_model=hub_id(loaded.name, loaded.source),
-                                  recovery=session.results().get("recovery"))
+                                  recovery=results.get("recovery"))
+        with_accuracy(folder, results.get("evaluate"), "recovered", model=loaded.name)
     print(f"exported {args.model} model of session {session.name} to {folder}", file=sys.stderr)
     return push(folder, args) if args.push_to_hub is not None else 0
 
@@ -87,6 +94,22 @@ def pruned_folder(prune: dict | None, session: str) -> Path:
     if not (folder / CARD).is_file():
         raise UserError(f"the prune export {folder} is gone or incomplete; export it again")
     return folder
+
+
+def with_accuracy(folder: Path, evaluation: dict | None, variant: str, label: str | None = None,
+                  model: str | None = None) -> None:
+    """lm-eval's scores of the exported model into its card, where the session's evaluate result
+    has them: its row of that variant (and label), evaluated on the same model."""
+    from engine.model_card import add_accuracy
+
+    if not evaluation or (model is not None and evaluation.get("model") != model):
+        return
+    for row in evaluation.get("models") or []:
+        if row.get("variant") == variant and label in (None, row.get("label")) and row.get("scores"):
+            add_accuracy(folder, row["scores"], evaluation.get("protocol"),
+                         f"the session's evaluate result, {row.get('label')}: {row.get('description')}")
+            print(f"the card carries lm-eval's scores of {row.get('label')} from the session", file=sys.stderr)
+            return
 
 
 def push(folder: Path, args: argparse.Namespace) -> int:
