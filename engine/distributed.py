@@ -254,6 +254,12 @@ def launch(argv: Sequence[str], nproc: int) -> int:
         rank, failure = exc.get_first_failure()
         if failure.exitcode in STOP_EXIT_CODES:  # the worker said it was stopped, and how to resume
             return failure.exitcode
+        first = exc.failures.get(0)
+        if first is not None and first.exitcode == 2:  # rank 0 said why in one line (its own, or a worker's)
+            return 2
+        if failure.exitcode == 2 and isinstance(failure.message, str) and failure.message:  # hand_to_launcher
+            print(f"anatomy-tui: error: worker rank {rank}: {failure.message}", file=sys.stderr)
+            return 2
         why = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
         print(f"error: worker rank {rank} failed ({why}); the sharded job stopped", file=sys.stderr)
         return 2

@@ -15,9 +15,11 @@ on them too; the run then exits 128 + the signal's number (143, 129), as a shell
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -154,3 +156,19 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def hand_to_launcher(line: str) -> bool:
+    """A worker of torch's launcher other than rank 0 leaves its one-line error in the reply file
+    the launcher reads back (TORCHELASTIC_ERROR_FILE) instead of printing it, so an error every
+    worker finds is said once: by rank 0, or by the launcher naming the worker when rank 0 did not
+    fail with it (engine/distributed.py launch). True when handed over."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.environ.get("RANK", "0") == "0":
+        return False
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump({"message": line, "timestamp": int(time.time())}, handle)
+    except OSError:
+        return False
+    return True

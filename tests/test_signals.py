@@ -170,6 +170,39 @@ def test_an_error_after_the_load_is_one_line_with_no_empty_bar(monkeypatch, caps
     assert doc["status"] == "failed" and "layer 9 is out of range" in doc["error"]
 
 
+def test_an_error_every_worker_of_a_split_run_finds_is_said_once(monkeypatch, tmp_path, capsys):
+    """Under --shards each worker runs the same checks: rank 0 says the error, the others hand it
+    to the launcher (its reply file), which says it only when rank 0 did not."""
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from engine.distributed import launch
+
+    reply = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(reply))
+    monkeypatch.setenv("RANK", "1")
+    assert main(["run", "toy-depth", "--steps", "0"]) == 2
+    said = capsys.readouterr().err
+    assert said == "" and "--steps" in json.loads(reply.read_text())["message"]
+    monkeypatch.setenv("RANK", "0")
+    assert main(["run", "toy-depth", "--steps", "0"]) == 2 and capsys.readouterr().err.startswith("anatomy-tui: error:")
+
+    def failing(*exits: tuple[int, int]):
+        def run(args):
+            raise ChildFailedError("tui.cli", {rank: ProcessFailure(rank, 100 + rank, code, str(reply) if rank else "")
+                                               for rank, code in exits})
+        return run
+
+    for exits, code, lines in (
+        (((0, 2), (1, 2)), 2, []),  # rank 0 said it
+        (((1, 2), (0, -15)), 2, [f"anatomy-tui: error: worker rank 1: {json.loads(reply.read_text())['message']}"]),
+        (((0, 143), (1, 143)), 143, []),  # stopped: rank 0 said how to resume
+    ):
+        monkeypatch.setattr(torch.distributed.run, "run", failing(*exits))
+        assert launch(["-m", "tui.cli"], 2) == code
+        assert capsys.readouterr().err.splitlines() == lines
+
+
 # real runs stopped by a real signal --------------------------------------------------------------
 def start(args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from engine import registry
 from engine.errors import UserError
 from engine.options import ModelOptions
-from engine.process import Stopped, exit_code, stop_on_signals
+from engine.process import Stopped, exit_code, hand_to_launcher, stop_on_signals
 from sessions.store import SessionError
 from tui.flags import add_settings_arguments, experiment_flags
 
@@ -117,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return launch(args)
     except (UserError, SessionError) as exc:
-        print(f"anatomy-tui: error: {one_line(str(exc))}", file=sys.stderr)
+        if not hand_to_launcher(one_line(str(exc))):  # a worker of --shards: said once, by rank 0 or the launcher
+            print(f"anatomy-tui: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as exc:  # a huge count or size (--restarts 10**12) asks for terabytes
         if NOT_DETERMINISTIC in str(exc):
