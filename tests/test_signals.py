@@ -142,6 +142,9 @@ def test_the_console_offers_a_sigterm_interrupted_job_and_not_once_it_is_resumed
             settings=PRESETS["tiny"].to_dict())  # fmt: skip
     assert offered("s") is None
     assert session.jobs()["growth-1"]["status"] == "resumed"
+    lab.poll()
+    lab.reconcile()  # the jobs panel: the old job reads resumed, not interrupted
+    assert lab.state.jobs["growth-1"].status == "resumed" and lab.state.jobs["growth-2"].status == "done"
 
 
 # an error found after the model load prints once ------------------------------------------------

@@ -237,12 +237,14 @@ class SessionState:
     def follow_job_files(self, docs: Mapping[str, Mapping[str, Any]]) -> None:
         """Reads the job files (`Session.jobs()`) into the jobs: where each runs (its pid), the
         experiment its file records, and a job whose process is gone without a 'finished' event (or
-        that left no job file) reads as its file says: interrupted."""
+        that left no job file) reads as its file says: interrupted; one a --resume finished since
+        reads resumed."""
         for job_id, view in self.jobs.items():
             doc = docs.get(job_id, {"status": "interrupted"})
             view.pid = doc.get("pid")
             view.experiment = view.experiment or str(doc.get("experiment") or "")
-            if view.status == "running" and doc.get("status") != "running":
+            ended = view.status == "running" and doc.get("status") != "running"
+            if ended or (doc.get("status") == "resumed" != view.status):
                 self.mark_job(job_id, str(doc.get("status")))
 
     def _ablation_layer(self, event: LayerAblated) -> None:
