@@ -638,7 +638,8 @@ class AblationRow:
     ci_low: float | None = None
     ci_high: float | None = None
     block_influence: float | None = None
-    angular_distance: float | None = None
+    angular_distance: float | None = None  # angular_all_tokens: arccos(cos(h_in, h_out)) / pi, mean over real tokens
+    angular_last_token: float | None = field(default=ABSENT, kw_only=True)  # the same, of each text's last token
 
 
 @dataclass(frozen=True)
@@ -655,6 +656,9 @@ class AblationMap:
     layers: list[AblationRow]
     spearman: dict[str, float | None]
     protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
+    # angular_block_n (Gromov et al.): n -> [arccos(cos(h_l, h_{l+n})) / pi of the last token, l = 0 .. depth - n]
+    angular_blocks: dict[str, list[float]] = field(default=ABSENT, kw_only=True)
+    angular_block_best: dict[str, int] = field(default=ABSENT, kw_only=True)  # n -> its smallest block's first layer
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> AblationMap:

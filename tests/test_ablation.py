@@ -90,11 +90,13 @@ def test_json_document_shape(tiny_llama):
     assert set(doc) >= {"model", "method", "baseline_ppl", "eval_tokens", "seconds", "layers", "spearman"}
     for row in doc["layers"]:
         assert set(row) >= {"layer", "ppl", "degradation_pct", "layer_class", "anti", "ci_low", "ci_high",
-                            "block_influence", "angular_distance"}
+                            "block_influence", "angular_distance", "angular_last_token"}
         assert row["ci_low"] <= row["degradation_pct"] <= row["ci_high"]
         assert row["anti"] == (row["ci_high"] < 0)
-        assert 0 <= row["angular_distance"] <= 1
-    assert set(doc["spearman"]) == {"block_influence", "angular_distance"}
+        assert 0 <= row["angular_distance"] <= 1 and 0 <= row["angular_last_token"] <= 1
+    assert set(doc["spearman"]) == {"block_influence", "angular_distance", "angular_last_token"}
+    assert doc["protocol"]["protocol"] == "texts" and doc["protocol"]["dataset"] == "builtin:paper"
+    assert doc["protocol"]["tokens"] == doc["eval_tokens"] and doc["protocol"]["windows"] == 10
 
 
 def test_block_influence_matches_hidden_states(tiny_llama):

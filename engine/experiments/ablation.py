@@ -93,11 +93,14 @@ def ablated(stack: LayerStack, index: int, method: str) -> Iterator[None]:
 
 class InfluenceMeter:
     """Block Influence (1 - cos(h_in, h_out)) and angular distance (arccos(cos) / pi) per layer,
-    averaged over real tokens, accumulated while the prefix cache is built."""
+    averaged over real tokens (`angular_all_tokens`), accumulated while the prefix cache is built;
+    and each text's (window's) last-token hidden state at every layer's input, for the field's
+    last-token definitions (`last_token_blocks`: Gromov et al., PruneMe, short-transformers)."""
 
     def __init__(self, n_layers: int) -> None:
         self.n_layers = n_layers
         self.sums: dict[int, torch.Tensor] = {}  # layer -> (influence, angular, count), on that layer's device
+        self.last: dict[int, list[torch.Tensor]] = {}  # layer (n_layers: the last one's output) -> [rows, hidden]
 
     def __call__(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
         """Accumulates on the layer's own device (the layers of a split model sit on several GPUs):
@@ -108,6 +111,29 @@ class InfluenceMeter:
         values = torch.stack([masked(1 - cos, mask).sum(), masked(torch.arccos(cos) / math.pi, mask).sum(),
                               mask.to(cos.device).sum()]).double()
         self.sums[index] = self.sums[index] + values if index in self.sums else values
+        last = mask.to(layer_input.device).sum(dim=1) - 1  # right padding: each row's last real token
+        rows = torch.arange(len(last), device=layer_input.device)
+        self.last.setdefault(index, []).append(layer_input[rows, last].detach().float())
+        if index == self.n_layers - 1:
+            output = layer_output[rows, last.to(layer_output.device)]
+            self.last.setdefault(index + 1, []).append(output.detach().float())
+
+    def last_token_blocks(self) -> dict[int, np.ndarray]:
+        """n -> the angular distance arccos(cos(h_l, h_{l+n})) / pi between the last token's input
+        of layer l and of layer l + n (the last layer's output for l + n = depth), averaged over
+        texts (windows), for l = 0 .. depth - n: Gromov et al.'s block measure; n = 1 is each
+        layer's own last-token angular distance."""
+        if not self.last:
+            return {}
+        home = self.last[0][0].device
+        states = torch.stack([torch.cat([t.to(home) for t in self.last[i]]) for i in range(self.n_layers + 1)])
+        unit = torch.nn.functional.normalize(states.double(), dim=-1)  # [depth + 1, rows, hidden]; float64: arccos
+        # near cos = 1 turns float32's rounding into angles of 1e-4
+        blocks = {}
+        for n in range(1, self.n_layers + 1):
+            cos = (unit[:-n] * unit[n:]).sum(dim=-1).clamp(-1.0, 1.0)
+            blocks[n] = (torch.arccos(cos) / math.pi).mean(dim=1).cpu().numpy()
+        return blocks
 
     def means(self) -> tuple[np.ndarray, np.ndarray]:
         """One host copy at the end, after gathering the sums on one device."""
@@ -133,6 +159,7 @@ def run_ablation(
     baseline = base.perplexity
     todo = range(n) if settings.layers is None else sorted({stack.check_index(i) for i in settings.layers})
     influence, angular = meter.means()
+    blocks = meter.last_token_blocks()
     yield AblationProxies([float(v) for v in influence], [float(v) for v in angular], baseline)
     yield Progress(0, len(todo), "ablation")
     scores = {}
@@ -169,6 +196,7 @@ def run_ablation(
                 ci_high=high,
                 block_influence=float(influence[index]),
                 angular_distance=float(angular[index]),
+                angular_last_token=float(blocks[1][index]),
             )
         )
     doc = AblationMap(
@@ -182,17 +210,29 @@ def run_ablation(
         layers=layers,
         spearman=spearmans(layers),
         protocol=evaluator.protocol,
+        angular_blocks={str(k): [float(v) for v in values] for k, values in blocks.items()},
+        angular_block_best=block_search(blocks),
     )
     yield Result("ablation", json_safe(doc))
 
 
 def spearmans(layers: list[AblationRow]) -> dict[str, float]:
-    """How well the cheap per-layer measures rank the layers like the ablation does."""
+    """How well the cheap per-layer measures rank the layers like the ablation does (the angular
+    distance over all tokens, `angular_distance`, and of the last token, the field's)."""
     degradations = [row.degradation_pct for row in layers]
-    return {
+    found = {
         "block_influence": spearman([row.block_influence for row in layers], degradations),
         "angular_distance": spearman([row.angular_distance for row in layers], degradations),
     }
+    if all(isinstance(row.angular_last_token, float) for row in layers):
+        found["angular_last_token"] = spearman([row.angular_last_token for row in layers], degradations)
+    return found
+
+
+def block_search(blocks: dict[int, np.ndarray]) -> dict[str, int]:
+    """short-transformers' block search: for each block length n, the first layer l of the block
+    whose last-token angular distance from layer l's input to layer l+n's is smallest."""
+    return {str(n): int(np.argmin(values)) for n, values in blocks.items()}
 
 
 def merge_shards(docs: list[dict], settings: AblationSettings) -> dict:

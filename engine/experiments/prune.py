@@ -1,10 +1,12 @@
-"""`prune`: which layers can go, judged four ways on the same model and texts, healed, exported.
+"""`prune`: which layers can go, judged five ways on the same model and texts, healed, exported.
 
 Criteria (each gives, for every count n, the n layers to remove; layers indexed from 0):
 - `angular` (Gromov et al. 2024): for each block of n consecutive layers starting at l, the angular
   distance arccos(cos(h_l, h_{l+n})) / pi between the input of layer l and the input of layer l+n
   (the last layer's output for l+n = depth), averaged over real tokens; the block with the
   smallest is removed.
+- `angular_last` (Gromov et al. 2024 as published, PruneMe, short-transformers' block search): the
+  same block measure of each text's (window's) last token only.
 - `bi` (ShortGPT, Men et al. 2024): the n layers of lowest Block Influence 1 - cos(h_in, h_out).
 - `ppl` (SLEB, Song et al. 2024): greedy; each round removes the layer whose removal raises the
   perplexity least, re-evaluated on the model already cut. A round evaluates each candidate from
@@ -67,7 +69,7 @@ if TYPE_CHECKING:
 
     from engine.models import LoadedModel
 
-METHODS = ("angular", "bi", "ppl", "map")
+METHODS = ("angular", "angular_last", "bi", "ppl", "map")
 HEALS = ("adjacent", "lora")
 CHINCHILLA_A_L = {"a_l": 1.2, "sd": 0.3, "source": "Paper B, fit to reconstructed Chinchilla runs"}
 RESULT = PruneResult  # results/prune.json
@@ -77,7 +79,8 @@ RESULT = PruneResult  # results/prune.json
 class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
     """Defaults: every criterion, 1, 2, 4 and 8 layers removed, no healing, no export."""
 
-    method: str = setting("all", "criterion: angular, bi, ppl, map, or all of them", choices=METHODS + ("all",))
+    method: str = setting("all", "criterion: angular (all tokens), angular_last (the last token, Gromov et al.), bi, "
+                          "ppl, map, or all of them", choices=METHODS + ("all",))
     remove: tuple[int, ...] = setting((1, 2, 4, 8), "numbers of layers to remove", low=1)
     max_fraction: float | None = setting(None, "instead of --remove: every count up to this fraction of the layers",
                                          above=0.0, high=1.0, none_word="off")
@@ -364,12 +367,14 @@ def depth_law(n_layers: int, points: Sequence[tuple[int, TextScores]], resamples
 
 
 def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angular: AngularMeter | None,
-                     greedy: Sequence[int], degradation: dict[int, float]) -> dict[int, tuple[int, ...]]:
+                     greedy: Sequence[int], degradation: dict[int, float],
+                     last_blocks: dict[int, np.ndarray] | None = None) -> dict[int, tuple[int, ...]]:
     """The layers (original indices, sorted) each count removes under one criterion."""
-    if method == "angular":
+    if method in ("angular", "angular_last"):
         chosen = {}
         for n in counts:
-            start = int(np.argmin(angular.distances(n)))
+            distances = angular.distances(n) if method == "angular" else last_blocks[n]
+            start = int(np.argmin(distances))
             chosen[n] = tuple(range(start, start + n))
         return chosen
     if method == "bi":
@@ -491,7 +496,10 @@ def export_cut(doc: PruneResult, best: tuple[float, PruneCut, dict[int, dict[str
 
 
 WHY = {
-    "angular": "the block of consecutive layers whose input and output hidden states are closest in angle",
+    "angular": "the block of consecutive layers whose input and output hidden states are closest in angle "
+               "(averaged over all tokens)",
+    "angular_last": "the block of consecutive layers whose input and output hidden states are closest in angle "
+                    "at the last token (Gromov et al.)",
     "bi": "the layers of lowest Block Influence (1 - cosine between a layer's input and output)",
     "ppl": "greedy removal of the layer whose removal raised perplexity least, re-evaluated after each removal",
     "map": "the layers of least degradation in the session's ablation map",
@@ -545,6 +553,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     base = evaluator.build_cache(observe=observe)
     baseline = base.perplexity
     bi, _ = influence.means()
+    last_blocks = influence.last_token_blocks()
     yield Message(f"baseline PPL {baseline:.3f} on {evaluator.n_tokens} tokens")
     judge = CutJudge(harness, model, tokenizer, settings.gen_tokens) if harness is not None else None
     if judge is not None:
@@ -556,14 +565,15 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         greedy, single = yield from greedy_ppl(model, tokenizer, texts, settings, counts[-1], cancel,
                                                evaluator.batch_size)
     scores = {"angular": angular.distances(1) if angular is not None else None, "bi": bi,
+              "angular_last": last_blocks[1],
               "ppl": np.array(single) if single else None,
               "map": np.array([degradation[i] for i in range(n)]) if "map" in methods else None}
     for method in methods:
         if scores[method] is not None:
             yield PruneScores(method, [float(v) for v in scores[method]])
 
-    chosen = {m: criterion_layers(m, counts, bi=bi, angular=angular, greedy=greedy, degradation=degradation)
-              for m in methods}
+    chosen = {m: criterion_layers(m, counts, bi=bi, angular=angular, greedy=greedy, degradation=degradation,
+                                  last_blocks=last_blocks) for m in methods}
     measured: dict[tuple[int, ...], TextScores] = {}
     healed: dict[tuple[int, ...], float] = {}
     curve: list[PruneCut] = []
@@ -628,8 +638,8 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         curve=curve,
         agreement=agreement,
         agreement_note="Spearman between each criterion's per-layer score (angular: distance over one "
-                       "layer; bi: Block Influence; map: D%) and the perplexity with that single layer "
-                       "removed (the ppl criterion's first round)",
+                       "layer, all tokens; angular_last: the same, last token; bi: Block Influence; map: D%) "
+                       "and the perplexity with that single layer removed (the ppl criterion's first round)",
         scores={m: [float(v) for v in scores[m]] for m in methods if scores[m] is not None},
         depth_fit=depth_fit,
         heal=(PruneHeal(steps=settings.heal_steps, what=settings.heal, train_source=healer.source,

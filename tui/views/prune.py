@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from tui.state import SessionState
 
 ANALYSIS = Analysis("Pruning curves (every criterion)", place=6)
-METHOD_COLOURS = {"angular": "cyan", "bi": "magenta", "ppl": "green", "map": "orange"}
+METHOD_COLOURS = {"angular": "cyan", "angular_last": "blue", "bi": "magenta", "ppl": "green", "map": "orange"}
 
 
 def _layer_list(layers: list[int]) -> str:
