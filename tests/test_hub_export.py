@@ -297,3 +297,27 @@ def test_push_the_sessions_prune_export(tmp_path, monkeypatch, files, capsys):
     assert card.eval_results[1].dataset_args == {"num_few_shot": 0}
     assert card.to_dict()["anatomy_tui"]["lm_eval"]["scores"] == scores
     assert card.to_dict()["anatomy_tui"]["removed_layers"] == prune["exported_point"]["layers"]
+
+
+@pytest.mark.slow
+def test_prune_card_carries_lm_evals_scores_of_the_exported_cut(tmp_path, files):
+    """prune --evaluate-tasks: the card's model-index holds the exported cut's own lm-eval scores
+    (acc, acc_norm per task, with its shots), its anatomy_tui block the original's too and the protocol."""
+    pytest.importorskip("lm_eval")
+    from lm_eval_tasks import write_items, write_task
+
+    items = [("The sun is", [" hot", " cold", " blue"], 0), ("Water is", [" wet", " dry", " loud"], 0),
+             ("Snow is", [" green", " white", " fast"], 1), ("Fire is", [" cold", " old", " hot"], 2)]
+    tasks = write_task(tmp_path / "tasks", "tiny_qa", write_items(tmp_path / "tiny_qa.jsonl", items))
+    folder = tmp_path / "out"
+    doc = prune(loaded_from(save_tiny(tmp_path / "base", "llama")), method="bi", eval_file=files[0], remove=(1,),
+                bootstrap=0, export=str(folder), evaluate_tasks=("tiny_qa",), include_path=str(tasks), gen_tokens=0)
+    (score,) = doc["exported_point"]["accuracy"]
+    data = ModelCard.load(folder / "README.md").data
+    assert [(r.dataset_type, r.metric_type, r.metric_value) for r in data.eval_results] == [
+        (doc["protocol"]["dataset"], "perplexity", doc["exported_point"]["ppl"]),
+        ("tiny_qa", "acc", score["acc"]), ("tiny_qa", "acc_norm", score["acc_norm"])]
+    assert data.eval_results[1].dataset_args == {"num_few_shot": doc["evaluation"]["n_shot"]["tiny_qa"]}
+    lm_eval = data.to_dict()["anatomy_tui"]["lm_eval"]
+    assert lm_eval["pruned"] == [score] and lm_eval["original"] == doc["baseline_accuracy"]
+    assert lm_eval["protocol"] == doc["evaluation"]
