@@ -182,5 +182,9 @@ def check_free_space(folder: Path | str, need: int, what: str) -> None:
     except OSError:
         return  # cannot be measured here: the write itself will say
     if free < need:
-        raise UserError(f"{what} needs about {need / 1e9:.2f} GB in {folder} but {mount_point(where)} has "
-                        f"{free / 1e9:.2f} GB free; free some space or choose a folder on another disk")
+        raise UserError(f"{what} needs about {_size(need)} in {folder} but {mount_point(where)} has "
+                        f"{_size(free)} free; free some space or choose a folder on another disk")
+
+
+def _size(size: int) -> str:
+    return f"{size / 1e9:.2f} GB" if size >= 100e6 else f"{size / 1e6:.2f} MB"

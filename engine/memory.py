@@ -162,6 +162,7 @@ class MemoryPlan:
     eval_batch_size: int = 0  # evaluation texts per forward the plan assumes
     dtype_reason: str = ""  # why this dtype (`engine.models.dtype_choice`), when the run chose it
     layer_devices: tuple[str, ...] = ()  # with --device-map: where each layer will live ('disk': offloaded)
+    checkpoints: int = 0  # bytes the run's checkpoints hold at most, on the session's disk (checked before the load)
 
     @property
     def total(self) -> int:
@@ -246,6 +247,15 @@ def training_bytes(shape: ModelShape, dtype: str, training: Training) -> int:
     per_layer += training.batch_size * shape.heads * training.block_size**2 * (2 * size + 4)
     return (training_state_bytes(training.params, dtype) + training.layers_with_graph * per_layer
             + step_tokens * shape.vocab * (size + 3 * 4))  # logits, their float32 copy, log-softmax, grad
+
+
+def checkpoint_params_of(shape: ModelShape, settings: Any) -> int:
+    """How many parameters a run with these settings keeps in its checkpoints at most, as its
+    experiment's module declares it (`checkpoint_params`, read through the registry); 0: none."""
+    from engine.registry import owner
+
+    experiment = owner(settings)
+    return experiment.checkpoint_params(settings, shape) if experiment is not None else 0
 
 
 def training_of(shape: ModelShape, settings: Any) -> Training | None:
@@ -347,7 +357,8 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
                                      prefix_cache, training)
     plan = plan_memory(shape, chosen_dtype, chosen_device, lengths, batch_size, prefix_cache, training)
     placed = planned_layer_devices(preview.meta, chosen_dtype, device_map, max_memory) if device_map else ()
-    return replace(plan, dtype_reason=dtype_reason, layer_devices=tuple(placed))
+    return replace(plan, dtype_reason=dtype_reason, layer_devices=tuple(placed),
+                   checkpoints=checkpoint_params_of(shape, settings) * BYTES[chosen_dtype])
 
 
 _ADVICE = {

@@ -61,6 +61,8 @@ class Experiment:
                    how its sweep splits over workers (with `shardable`); none: it does not split
       training_needs(settings, shape) -> engine.memory.Training | None
                    what a run trains at once, for the memory plan; none: it trains nothing
+      checkpoint_params(settings, shape) -> int
+                   parameters its checkpoints keep at most, for the disk check; none: 0
       RESULT       the class of its result document (engine/events.py); none: an untyped dict
     """
 
@@ -111,6 +113,12 @@ class Experiment:
         (an `engine.memory.Training`), from the module's `training_needs`; None: it trains nothing."""
         needs = getattr(self.load(), "training_needs", None)
         return needs(settings, shape) if needs is not None else None
+
+    def checkpoint_params(self, settings: Settings, shape: Any) -> int:
+        """Parameters a run with these settings keeps in its checkpoints at most on a model of this
+        shape, from the module's `checkpoint_params`; 0: its checkpoints are small or it has none."""
+        params = getattr(self.load(), "checkpoint_params", None)
+        return int(params(settings, shape)) if params is not None else 0
 
     @property
     def result_class(self) -> type | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import engine.atomic
-from engine.atomic import append_line
+from engine.atomic import append_line, mount_point
 from engine.errors import UserError
 from engine.events import Finished, Progress, Result, Started
 from sessions.job_runner import run_job
@@ -241,8 +241,30 @@ def test_an_export_without_room_is_refused_before_the_model_loads(tiny_folder, f
     assert main(["run", "prune", "--model", str(tiny_folder), "--eval-file", files[0],
                  "--remove", "1", "--export", str(tmp_path / "pruned"), "--session", "p"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("anatomy-tui: error: --export needs about ") and "GB free" in err[-1], err
+    assert err[-1].startswith("anatomy-tui: error: --export needs about ") and "MB free" in err[-1], err
     assert not (isolated_home / "p").exists()  # the failed start left nothing
+
+
+def test_checkpoints_that_will_not_fit_are_refused_before_the_model_loads(tiny_folder, monkeypatch, capsys,
+                                                                          no_load, isolated_home):
+    from tiny_models import tiny_model
+
+    from engine.anatomy import LayerStack
+    from engine.experiments.recovery import RecoverySettings
+    from engine.memory import plan_run
+
+    layer = sum(w.numel() for w in LayerStack(tiny_model("llama")).matrices(1).values())
+    plan = plan_run(str(tiny_folder), RecoverySettings(layers=(1, 2)), "cpu", "float32")
+    assert plan.checkpoints == 2 * layer * 4  # two layers' matrices kept, float32
+    monkeypatch.setattr(engine.atomic.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1000})())
+    assert main(["run", "recovery", "--model", str(tiny_folder), "--layers", "1,2", "--session", "r",
+                 "--device", "cpu", "--dtype", "float32"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"anatomy-tui: error: recovery's checkpoints needs about {2 * layer * 4 / 1e6:.2f} MB in "
+                       f"{isolated_home / 'r'} but {mount_point(isolated_home)} has 0.00 MB free; free some space "
+                       "or choose a folder on "
+                       "another disk"), err
+    assert not (isolated_home / "r").exists()
 
 
 # two runs at once ---------------------------------------------------------------------------------------------
@@ -355,3 +377,20 @@ def test_an_export_removes_the_staging_folders_a_killed_export_left(tokenizer, t
     folder = export_recovered(model, tokenizer, layers, tmp_path / "new", model_name="tiny")
     assert (folder / "config.json").exists() and not killed.exists() and running.exists() and users.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, ".config", "new"])  # none of its own
+
+
+def test_a_run_that_loses_the_race_for_a_new_session_joins_it(tiny_folder, monkeypatch, capsys):
+    other = SessionStore().create("both", model="the other run")  # made just after this run looked
+    looked = []
+
+    def exists(store, name):
+        looked.append(name)
+        return len(looked) > 1  # the first look, before the other run made it: not there yet
+
+    monkeypatch.setattr(SessionStore, "exists", exists)
+    assert main(["run", "ablation", "--model", str(tiny_folder), "--session", "both", "--eval-set", "paper",
+                 "--bootstrap", "10"]) == 0  # fmt: skip
+    assert "session both was just made by another run; this run adds to it" in capsys.readouterr().err
+    joined = SessionStore().open("both")
+    assert joined.path == other.path and joined.manifest["model"] == "the other run"
+    assert joined.load_result("ablation")["layers"]

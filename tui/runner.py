@@ -100,6 +100,8 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
             planned = dataclasses.replace(options, dtype=plan.dtype) if plan is not None else options
             if main and plan is not None and getattr(settings, "export", None):  # the whole model, written
                 check_free_space(settings.export, plan.weights, "--export")
+            if main and plan is not None and plan.checkpoints and session is not None and experiment.resumable:
+                check_free_space(session.path, plan.checkpoints, f"{experiment.name}'s checkpoints")
             loaded = planned.load(_report)
             if main:
                 _report(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")

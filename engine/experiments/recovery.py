@@ -542,6 +542,13 @@ def training_needs(settings: RecoverySettings, shape: ModelShape) -> Training:
     return Training(shape.layer_matrices, settings.batch_size, settings.block_size, shape.n_layers)
 
 
+def checkpoint_params(settings: RecoverySettings, shape: ModelShape) -> int:
+    """The registry's disk need: every recovered layer's matrices are kept (the prompt pane and
+    `export --model recovered` read them)."""
+    layers = shape.n_layers if settings.layers is None else min(len(set(settings.layers)), shape.n_layers)
+    return layers * shape.layer_matrices  # a layer out of range is refused by the checks before the load
+
+
 # --- the registry's split over workers (`--shards`): by (layer, repeat) run -------------------------
 
 
