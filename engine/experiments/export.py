@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import UserError
-
-EXPORT_STAGING = ".anatomy-export-"  # a folder being written; one a killed export (kill -9) left, the next removes
 from engine.model_card import CARD, CardFacts, model_card
 
 if TYPE_CHECKING:
