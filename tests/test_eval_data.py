@@ -283,3 +283,32 @@ def test_run_ablation_on_a_dataset_records_its_protocol(tmp_path, tiny_folder, c
     assert doc.eval_texts == doc.protocol.windows and doc.eval_tokens == doc.protocol.tokens == 47 * doc.eval_texts
     assert all(row.ci_low is not None and row.ci_low <= row.degradation_pct <= row.ci_high for row in doc.layers)
     assert "papers' protocol" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_prune_says_when_the_sessions_map_was_measured_another_way(tmp_path):
+    """The map criterion reads the session's ablation map: a map measured by another protocol
+    (here the built-in sentences, against a dataset's windows) is used, with a warning naming what
+    differs."""
+    from engine.events import Message
+    from engine.experiments.prune import PruneSettings
+    from engine.models import LoadedModel
+    from engine.registry import RunContext, experiment
+
+    paths = write_all(tmp_path)
+    model, tokenizer = tiny_model(), byte_tokenizer()
+    doc = {**run_ablation_doc(model, tokenizer), "model": "tiny"}
+    ablation = AblationMap.from_json(doc)
+    settings = PruneSettings(method="map", remove=(1,), bootstrap=0, eval_dataset=paths["txt"], context=64)
+    context = RunContext(model=LoadedModel(model, tokenizer, "tiny", "test", "cpu", "float32", "llama", 4),
+                         inputs={"ablation": doc})
+    events = list(experiment("prune").run(settings, context))
+    warnings = [e.text for e in events if isinstance(e, Message) and e.level == "warning"]
+    assert any("perplexities not comparable" in w and "protocol 'texts' vs 'papers'" in w for w in warnings)
+    assert ablation.protocol.protocol == "texts" and events[-1].data["protocol"]["protocol"] == "papers"
+
+
+def run_ablation_doc(model, tokenizer) -> dict:
+    from engine.experiments.ablation import run_ablation
+
+    return list(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", max_length=32)))[-1].data

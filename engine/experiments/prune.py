@@ -37,7 +37,7 @@ import torch
 from engine.accuracy import CutJudge, Harness, LmEvalSettings, accuracy_line
 from engine.anatomy import LayerStack, execution_device
 from engine.errors import UserError
-from engine.eval_data import EvalSource
+from engine.eval_data import EvalSource, comparable
 from engine.events import (
     DepthLaw,
     Event,
@@ -542,6 +542,9 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
                if settings.evaluate_tasks else None)  # tasks checked before the slow part
     texts = settings.eval_source(tokenizer)
     evaluator = Evaluator.for_settings(model, tokenizer, settings, texts)
+    if "map" in methods and (differs := comparable((context.inputs.get("ablation") or {}).get("protocol"),
+                                                   evaluator.protocol)):
+        yield Message(f"the session's ablation map (the map criterion) and this run: {differs}", "warning")
     influence = InfluenceMeter(n)
     angular = AngularMeter(n, sorted({1, *counts})) if "angular" in methods else None
 

@@ -26,6 +26,7 @@ import torch
 from engine.anatomy import LayerStack, execution_device
 from engine.distributed import ShardPlan, Workers
 from engine.errors import UserError
+from engine.eval_data import comparable
 from engine.events import (
     AblationMap,
     CancelToken,
@@ -389,6 +390,9 @@ def run_recovery(
         yield Message(f"the session's ablation map is for {ablation_map.model}, not {model_name}; "
                       "no Spearman", "warning")
         ablation_map = None
+    if ablation_map is not None and (differs := comparable(ablation_map.protocol or None, sweep.evaluator.protocol)):
+        yield Message(f"the session's ablation map and this run: {differs}; the Spearman compares rankings only",
+                      "warning")
     yield Progress(0, sweep.steps_total, "recovery")
     for index in todo:
         prefix: dict[int, torch.Tensor] = {}
