@@ -11,7 +11,7 @@ measured them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,11 @@ EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 def hub_id(name: str, source: str) -> str | None:
     """The Hub repository a loaded model came from (its name and where it loaded from, as
-    `LoadedModel` records them), or None for a local folder or GGUF file."""
+    `LoadedModel` records them: only a Hub model's are the same id), or None for a local folder
+    or GGUF file."""
     if name == DEFAULT_MODEL:
         return EMBEDDED_HUB_ID
-    if name == source and name.count("/") == 1 and all(name.split("/")) and not name.startswith((".", "~")):
-        return name
-    return None
+    return name if name == source and name.count("/") == 1 else None
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,6 @@ class CardFacts:
     tags: Sequence[str] = ()
     perplexity: Perplexity | None = None
     library: str = "transformers"  # "peft" for a folder holding only an adapter
-    model_name: str = field(default="")
     accuracy: Sequence[Mapping[str, Any]] = ()  # lm-eval's scores of this model (events.TaskScore documents)
     n_shot: Mapping[str, int] | None = None  # as lm-eval ran each task (the evaluation's protocol)
 
@@ -119,7 +117,7 @@ def model_card(facts: CardFacts) -> ModelCard:
         library_name=facts.library,
         pipeline_tag="text-generation",
         tags=["anatomy-tui", *facts.tags],
-        model_name=facts.model_name or facts.title,
+        model_name=facts.title,
         eval_results=facts.eval_results(),
         **{METADATA_KEY: dict(facts.details)},
     )
