@@ -128,11 +128,11 @@ def run_job(
         try:  # on a full disk these may fail too: as much as can be written
             emit(Finished(status=status, error=error))
         except (OSError, UserError) as exc:
-            log.warning("could not log the end of job %s: %s", job_id, exc)
+            log.info("could not log the end of job %s: %s", job_id, exc)  # the error line says why
         try:
             session.write_job(job_id, {**job, "status": status, "error": error, "ended": time.time()})
         except (OSError, UserError) as exc:
-            log.warning("could not mark job %s %s: %s", job_id, status, exc)
+            log.info("could not mark job %s %s: %s", job_id, status, exc)
     if resumes and status == "done":
         _mark_resumed(session, resumes, job_id)
     return result

@@ -362,7 +362,7 @@ class Session:
                 atomic_write_json(spare, doc, "spare result")
                 return spare
             except (OSError, UserError) as exc:
-                log.warning("could not keep the result at %s: %s", spare, exc)
+                log.info("could not keep the result at %s: %s", spare, exc)  # the error line names where it went
         return "nowhere (no place had room: " + ", ".join(str(place.parent) for place in places) + ")"
 
     def load_result(self, name: str) -> dict[str, Any] | None:

@@ -231,6 +231,7 @@ def test_a_full_disk_at_the_end_of_a_run_is_one_line(full_disk, tiny_folder, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert not any("Traceback" in line for line in err), err
     assert err[-1].startswith("anatomy-tui: error: no space left on ") and "kept the result at" in err[-1]
+    assert [line for line in err if "space" in line or "could not" in line] == err[-1:], err  # said once
     spare = Path(err[-1].split("kept the result at ")[1])
     assert json.loads(spare.read_text())["layers"] and spare.is_relative_to(tmp_path / "tmp")
 
