@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.atlas import DEFAULT_BINS, MAIN, AtlasDocument, AtlasRow, build, rows_of, with_depth
 from engine.atomic import atomic_write_json
 from engine.errors import UserError
 from sessions.store import Session, SessionError, SessionStore
@@ -113,3 +114,52 @@ def open_atlas(store: SessionStore, name: str, spec: dict[str, Any]) -> tuple[Se
         except (OSError, ValueError):
             steps = {}  # a damaged state file: every step is found again in the sessions
     return session, AtlasState(path, spec, steps)
+
+
+PER_LAYER_RESULTS = ("ablation", "prune", "dynamics", "recovery")  # the results whose values are per layer
+
+
+def saved_atlas(store: SessionStore, name: str) -> AtlasDocument:
+    """The atlas document an atlas session holds (results/atlas.json)."""
+    doc = store.open(name).load_result(ATLAS_RESULT)
+    if doc is None:
+        raise UserError(f"session {name} holds no atlas (results/atlas.json); run `anatomy-tui atlas` first")
+    return AtlasDocument.from_json(doc)
+
+
+def compare_sessions(store: SessionStore, names: Sequence[str], n_bins: int = DEFAULT_BINS) -> AtlasDocument:
+    """Sessions side by side as an atlas of their own: each one a model (its name where two hold the
+    same model), with every per-layer result it has."""
+    if len(names) < 2:
+        raise UserError("compare needs two or more sessions (or --atlas NAME)")
+    if n_bins < 1:
+        raise UserError("--bins must be at least 1")
+    opened = [store.open(name) for name in names]
+    models = [str(s.manifest.get("model", "")) or s.name for s in opened]
+    labels = [m if models.count(m) == 1 else f"{m} ({s.name})" for m, s in zip(models, opened, strict=True)]
+    rows: list[AtlasRow] = []
+    sessions: dict[str, dict[str, dict[str, str]]] = {}
+    for label, session in zip(labels, opened, strict=True):
+        results = {name: doc for name in PER_LAYER_RESULTS if (doc := session.load_result(name)) is not None}
+        found = rows_of(label, MAIN, session.name, results)
+        if not found:
+            raise UserError(f"session {session.name} has no per-layer result ({', '.join(PER_LAYER_RESULTS)})")
+        rows += with_depth(found, max(row.n_layers for row in found))
+        sessions[label] = {MAIN: {name: session.name for name in results}}
+    return build("compare", labels, [], sessions, {MAIN: {}}, rows, n_bins)
+
+
+def console_comparison(store: SessionStore, current: str, most: int = 6) -> AtlasDocument:
+    """What the console's Compare view shows for session `current`: its atlas, when it is an atlas
+    session; else it beside the newest other sessions with per-layer results (`most` in all)."""
+    session = store.open(current)
+    if session.load_result(ATLAS_RESULT) is not None:
+        return saved_atlas(store, current)
+    others = [info.name for info in store.list()
+              if info.openable and info.name != current and set(info.results) & set(PER_LAYER_RESULTS)]
+    if not set(session.result_names()) & set(PER_LAYER_RESULTS):
+        raise UserError(f"session {current} has no per-layer result yet; compute the layer map (a) first")
+    if not others:
+        raise UserError("no other session with per-layer results to compare with; run `anatomy-tui atlas` or "
+                        "`anatomy-tui run ablation --session NAME` on another model")
+    return compare_sessions(store, [current, *others[: most - 1]])

@@ -226,3 +226,41 @@ def test_compare_two_sessions_of_one_model_layer_by_layer(tiny_folder, files, ca
     rho = 1 - 6 * sum((a - b) ** 2 for a, b in zip(position["fp"], position["skip"], strict=True)) / (4 * 15)
     said = next(line for line in lines if "Spearman tiny (fp) ~ tiny (skip)" in line)
     assert float(said.split(": ")[1]) == pytest.approx(rho, abs=1e-3)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_console_compare_view_opens_on_k_and_turns_criteria(isolated_home) -> None:
+    from tui_fixtures import atlas_session, demo_session
+
+    from tui.app import AnatomyApp
+    from tui.screens.compare import CompareScreen
+
+    store = SessionStore()
+    demo_session(store, "alone")
+    app = AnatomyApp(session="alone", load_model=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("k")  # no other session with a map: said, nothing opens
+        await pilot.pause()
+        assert not isinstance(app.screen, CompareScreen)
+        assert any("to compare" in str(n.message) for n in app._notifications)
+    atlas_session(store)
+    app = AnatomyApp(session="atlas", load_model=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("k")
+        await pilot.pause()
+        assert isinstance(app.screen, CompareScreen)
+        assert app.screen.criteria == ["d_pct", "block_influence", "angular_distance", "removal_ppl"]
+        await pilot.press("n", "n")
+        assert app.screen.index == 2
+        await pilot.press("p", "p", "p")
+        assert app.screen.index == 3  # wraps around
+        await pilot.press("escape")
+        assert not isinstance(app.screen, CompareScreen)

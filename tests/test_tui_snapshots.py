@@ -90,3 +90,15 @@ def test_every_snapshot_belongs_to_a_test() -> None:
     tests = {line.partition("::")[2] for line in listed.stdout.splitlines() if "::" in line}
     snapshots = {path.stem for path in (here.parent / "__snapshots__" / here.stem).glob("*.svg")}
     assert snapshots and snapshots <= tests, f"snapshots of no test: {sorted(snapshots - tests)}"
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("keys", [["k"], ["k", "n"]], ids=["compare-d", "compare-bi"])
+def test_compare_view(snap_compare, isolated_home, keys: list[str], size: tuple[int, int]) -> None:
+    """The Compare view (k) of an atlas session: one criterion's curves on relative depth per model
+    (D % on a log axis, then Block Influence), the class bands and the agreement under them."""
+    from tui_fixtures import atlas_session
+
+    atlas_session(SessionStore())
+    app = AnatomyApp(session="atlas", load_model=False)
+    assert snap_compare(app, press=[*keys, "_"], run_before=_settled, terminal_size=size)

@@ -25,6 +25,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from engine.errors import UserError
 from engine.options import ModelOptions
 from sessions.store import Session, SessionError, SessionStore
 from tui.console_settings import ConsoleSettings
@@ -52,6 +53,7 @@ from tui.messages import (
     TabShown,
     TextGenerated,
 )
+from tui.screens.compare import CompareScreen
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.console import ACTIONS, APP_ACTIONS, ConsoleScreen, PanelData, binding_action
 from tui.screens.help import HelpScreen
@@ -278,6 +280,18 @@ class AnatomyApp(App[None]):
         self.push_screen(
             HelpScreen([(key.replace(",", " / "), f"{title}: {text}") for key, _, title, text in ACTIONS])
         )
+
+    def action_compare(self) -> None:
+        from sessions.atlas import console_comparison
+
+        if self.lab.session is None:
+            return
+        try:
+            doc = console_comparison(self.lab.store, self.lab.session.name)
+        except (UserError, SessionError) as exc:
+            self.notify(str(exc), severity="warning", title="nothing to compare")
+            return
+        self.push_screen(CompareScreen(doc))
 
     @on(DetailRequested)
     def detail(self, request: DetailRequested) -> None:

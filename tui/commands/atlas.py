@@ -138,7 +138,7 @@ def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     from engine.atlas_dataset import write_dataset
     from sessions.atlas import ATLAS_RESULT, member_name, open_atlas, reusable
     from sessions.store import SessionStore
-    from tui.commands.compare import print_report
+    from tui.views.atlas import print_report
 
     spec = spec_of(args)
     store = SessionStore()

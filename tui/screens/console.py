@@ -87,10 +87,12 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("x", "toggle_modified", "Mark layer ablated", "mark or unmark the selected layer in the modified model"),
     ("f9,s", "stop_generation", "Stop generation", "stop the text being generated"),
     ("r", "resume_job", "Resume interrupted job", "restart an interrupted job from its checkpoint"),
+    ("k", "compare", "Compare view", "this session beside the others on relative depth (an atlas session: its "
+     "models), criteria agreement"),
     ("q,ctrl+q", "quit", "Quit", "quit (jobs in their own process keep running)"),
 )
 FOOTER = {"help", "compute_map", "detail", "inject", "cancel", "growth", "quit"}
-APP_ACTIONS = ("help", "quit")
+APP_ACTIONS = ("help", "quit", "compare")
 
 
 def binding_action(action: str) -> str:
