@@ -55,6 +55,20 @@ def test_sigterm_and_sighup_raise_stopped_once_and_the_old_handlers_come_back():
     assert interruption(signal.SIGTERM).name == "SIGTERM"
 
 
+def test_a_run_stopped_before_its_job_starts_says_so_and_exits_with_the_signal(monkeypatch, capsys):
+    """A signal during the model load (no job yet, nothing to resume): one line, 128 + the signal."""
+    for stop, code, line in ((Stopped(signal.SIGTERM), 143, "anatomy-tui: interrupted by SIGTERM"),
+                             (Stopped(signal.SIGHUP), 129, "anatomy-tui: interrupted by SIGHUP"),
+                             (KeyboardInterrupt(), 130, "anatomy-tui: interrupted")):
+
+        def loading(*args, stop=stop):
+            raise stop
+
+        monkeypatch.setattr("tui.runner.run_command", loading)
+        assert main(["run", "toy-depth"]) == code
+        assert capsys.readouterr().err.splitlines() == [line]
+
+
 def test_a_stopped_worker_stops_the_sharded_job_as_interrupted_not_failed():
     from engine.distributed import _Failed, _Merger
 
