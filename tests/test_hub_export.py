@@ -321,3 +321,14 @@ def test_prune_card_carries_lm_evals_scores_of_the_exported_cut(tmp_path, files)
     lm_eval = data.to_dict()["anatomy_tui"]["lm_eval"]
     assert lm_eval["pruned"] == [score] and lm_eval["original"] == doc["baseline_accuracy"]
     assert lm_eval["protocol"] == doc["evaluation"]
+
+
+def test_dequantized_copy_names_its_architecture_for_mergekit(tmp_path):
+    """A GGUF model's prune export names the dequantized copy in its mergekit YAML; mergekit picks
+    the architecture from the copy's config.json `architectures`, which the copy must carry."""
+    from tiny_models import tiny_model
+
+    from engine.models import _save_float_copy
+
+    _save_float_copy(tiny_model("qwen2"), tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
