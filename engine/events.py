@@ -30,7 +30,7 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -122,31 +122,40 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _decode(hint: Any, value: Any) -> Any:
-    """A JSON value as the annotated type: nested dataclasses rebuilt, lists to tuples where declared."""
-    if value is None:
-        return None
+@functools.cache
+def _decoder(hint: Any) -> Callable[[Any], Any] | None:
+    """How a JSON value (not None) becomes the annotated type, worked out once per type: nested
+    dataclasses rebuilt, lists to tuples where declared; None: the value as it is."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return _decode(next(a for a in args if a is not type(None)), value)
+        return _decoder(next(a for a in args if a is not type(None)))
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return from_doc(hint, value)
-    if origin is list:
-        return [_decode(args[0], v) for v in value]
-    if origin is tuple:
-        item = args[0] if len(args) == 2 and args[1] is Ellipsis else Any
-        return tuple(_decode(item, v) for v in value)
+        return functools.partial(from_doc, hint)
+    if origin is list or origin is tuple:
+        item = _decoder(args[0] if origin is list or (len(args) == 2 and args[1] is Ellipsis) else Any)
+        if item is None:
+            return origin
+        return lambda value: origin(None if v is None else item(v) for v in value)
     if origin is dict:
-        return {k: _decode(args[1], v) for k, v in value.items()}
-    return value
+        item = _decoder(args[1])
+        return lambda value: {k: v if v is None or item is None else item(v) for k, v in value.items()}
+    return None
+
+
+@functools.cache
+def _field_decoders(cls: type) -> dict[str, Callable[[Any], Any] | None]:
+    hints = _hints(cls)
+    return {f.name: _decoder(hints[f.name]) for f in dataclasses.fields(cls) if f.init}
 
 
 def from_doc(cls: type[T], doc: Mapping[str, Any]) -> T:
     """Rebuilds dataclass `cls` from its JSON document. Keys it does not declare are ignored (a newer
     writer may add some); a missing field raises TypeError, so a rename cannot pass unnoticed."""
-    hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
-    return cls(**{k: _decode(hints[k], v) for k, v in doc.items() if k in names})
+    decoders = _field_decoders(cls)
+    return cls(**{
+        k: v if v is None or (decode := decoders[k]) is None else decode(v)
+        for k, v in doc.items() if k in decoders
+    })  # fmt: skip
 
 
 # --- version 1 --------------------------------------------------------------------------------

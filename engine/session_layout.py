@@ -6,6 +6,7 @@ engine, sessions and tui can all import it.
 
     <session>/MANIFEST        schema version, model, settings, versions, times
               EVENTS          every event, appended and flushed line by line
+              EVENT_INDEX     which lines of EVENTS the console's panels depend on (tui/event_index.py)
               RESULTS/<x>.json  one document per finished experiment
               JOBS/<id>.json  each job's command, pid and status
               CHECKPOINTS/<experiment>/  what a resumable job needs (recovery: LAYER_WEIGHTS/ too)
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
+EVENT_INDEX = "events.index.json"
 RESULTS = "results"
 JOBS = "jobs"
 CHECKPOINTS = "checkpoints"
@@ -27,4 +29,5 @@ GROWTH_MODELS = "growth_models"
 LAYER_WEIGHTS = "weights"  # in an experiment's checkpoint folder: each layer it changed (recovery)
 
 FOLDERS = (RESULTS, JOBS, CHECKPOINTS, LOGS, GROWTH_MODELS)  # the parts that are folders
-PARTS = (MANIFEST, EVENTS, RESULTS, JOBS, CHECKPOINTS, LOGS, APP_LOG, GROWTH_MODELS)  # none may be a symbolic link
+# none may be a symbolic link
+PARTS = (MANIFEST, EVENTS, EVENT_INDEX, RESULTS, JOBS, CHECKPOINTS, LOGS, APP_LOG, GROWTH_MODELS)

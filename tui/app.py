@@ -42,6 +42,7 @@ from tui.messages import (
     GrowthRequested,
     InjectRequested,
     LayerSelected,
+    LogPageRequested,
     MapRequested,
     MarkRequested,
     ModelFailed,
@@ -254,6 +255,18 @@ class AnatomyApp(App[None]):
     @on(TabShown)
     def tab_shown(self, message: TabShown) -> None:
         self.lab.state.dirty.update(message.redraw)
+
+    @on(LogPageRequested)
+    def log_page(self, request: LogPageRequested) -> None:
+        """An older or newer page of the Log tab, read from the event log; page 0, the live lines."""
+        screen = self._console()
+        lines = self.lab.log_page(request.back)
+        if screen is None:
+            return
+        if request.back and not lines:
+            self.notify("no older log lines: this is the start of the session's log")
+            return
+        screen.show_log_page(request.back, lines if request.back else list(self.lab.state.log))
 
     @on(LayerSelected)
     def layer_selected(self) -> None:

@@ -26,6 +26,7 @@ from engine.settings import Settings
 from engine.variants import SavedModels, Variant, pruned_layers, saved_model_path
 from sessions.layer_weights import saved_layers
 from sessions.store import Session, SessionStore
+from tui import event_index
 from tui.console_settings import ConsoleSettings
 from tui.flags import settings_from_flags
 from tui.jobs import (
@@ -40,12 +41,15 @@ from tui.jobs import (
     stop_job,
     typed,
 )
+from tui.log_pager import LogPager
 from tui.logging_setup import log_to_file
-from tui.state import Dirty, JobView, SessionState
+from tui.state import Dirty, JobView, LineKeeper, SessionState
 
 log = logging.getLogger("anatomy_tui.console")
 
 RECONCILE_EVERY = 8  # polls between checks of job processes that died without a word
+READ_LIMIT = 4 << 20  # bytes of the event log folded per poll: a large log comes in over a few polls, drawn as it does
+INDEX_EVERY = 4 << 20  # bytes of the log folded between writes of its index (tui/event_index.py)
 
 
 @dataclass(frozen=True)
@@ -111,8 +115,12 @@ class Lab:
         self._tell, self._status_changed, self._start_load = tell, status_changed, start_load
         self.session: Session | None = None
         self.state = SessionState()
+        self.keeper = LineKeeper(self.state)  # which lines of the log the state depends on: the index
         self.offset = 0
+        self.indexed = 0  # the log's bytes the written index covers
+        self.pager: LogPager | None = None  # the Log tab's older pages, while it shows them
         self.polls = 0
+        self.next_reconcile = 0  # the poll that checks the jobs' processes next
         self.loaded: Any = None
         self.model_status = "model: not loaded"
         self.model_lock = threading.Lock()  # a worker holds it while it uses the loaded model
@@ -162,6 +170,12 @@ class Lab:
             why = self.state.set_result(result, doc)
             if why:
                 self.session.damage.append(f"result {result} cannot be shown ({why})")
+        found = event_index.load(self.session)
+        if found is not None:
+            lines, self.offset = found
+            for span, event in lines:
+                self.keeper.fold(span, event)
+            self.indexed = self.offset
         return self.session.check()
 
     @property
@@ -173,15 +187,21 @@ class Lab:
         return self.loaded.n_layers if self.loaded is not None else self.state.n_layers
 
     def poll(self) -> set[str]:
-        """Folds the event log's new lines into the state (and every few polls checks the jobs'
-        processes); returns the parts of the console to redraw (`Dirty` names)."""
+        """Folds the event log's new lines into the state, READ_LIMIT bytes at most (and every few
+        polls, once the log is read to its end, checks the jobs' processes: a job whose end is
+        still unread is not judged); returns the parts of the console to redraw (`Dirty` names)."""
         if self.session is None:
             return set()
-        events, self.offset = self.session.read_events(self.offset)
-        for event in events:
-            self.state.apply(event)
-        if self.polls % RECONCILE_EVERY == 0:
+        data, end = self.session.read_event_bytes(self.offset, READ_LIMIT)
+        for span, event in event_index.parsed(data, self.offset):
+            self.keeper.fold(span, event)
+        self.offset = end
+        if self.offset - self.indexed >= INDEX_EVERY:
+            self.write_index()
+        behind = READ_LIMIT is not None and len(data) > READ_LIMIT // 2  # the read stopped at the limit
+        if not behind and self.polls >= self.next_reconcile:
             self.reconcile()
+            self.next_reconcile = self.polls + RECONCILE_EVERY
         self.polls += 1
         return self.state.take_dirty()
 
@@ -397,8 +417,27 @@ class Lab:
             return None
         return ResumeOffer(job_id, str(doc["experiment"]), argv)
 
+    def log_page(self, back: int) -> list[tuple[str, str]]:
+        """Page `back` of the Log tab's lines read from the event log (tui/log_pager.py), oldest
+        first; page 0 (the live view) ends paging, so it starts again from the log's end then."""
+        if self.session is None or back < 1:
+            self.pager = None
+            return []
+        if self.pager is None:
+            self.pager = LogPager(self.session, self.offset)
+        return self.pager.older(back)
+
+    def write_index(self) -> None:
+        """Writes down which lines of the log the state depends on, so the next open folds only
+        those and the tail (tui/event_index.py): every INDEX_EVERY bytes folded, and on quitting."""
+        if self.session is not None and self.offset > self.indexed:
+            if event_index.write(self.session, self.keeper.spans(), self.offset):
+                self.indexed = self.offset
+
     def closing(self) -> None:
-        """The console quits: jobs in their own process keep running; a generation stops at its next token."""
+        """The console quits: jobs in their own process keep running; a generation stops at its next
+        token; the event log's index is brought up to date."""
+        self.write_index()
         if self.state.running_jobs():
             log.info("quitting; jobs in their own process keep running")
         self.stop_generation()

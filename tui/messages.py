@@ -99,6 +99,15 @@ class TabShown(Message):
         self.redraw = redraw
 
 
+class LogPageRequested(Message):
+    """The Log tab wants page `back` of its lines (0: the live view, 1: the newest page of the event
+    log, higher: older; tui/log_pager.py)."""
+
+    def __init__(self, back: int) -> None:
+        super().__init__()
+        self.back = back
+
+
 class LayerSelected(Message):
     """The map's cursor moved to `layer`: what shows the selected layer is redrawn on the next poll."""
 

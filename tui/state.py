@@ -12,7 +12,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.events import (
     AblationMap,
@@ -43,6 +43,7 @@ from engine.events import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Dirty:
@@ -63,7 +64,7 @@ CLASSES = ("critical", "important", "minor", "redundant", "anti")
 MAX_POINTS = 400  # per curve: about twice the widest plot, older points are thinned
 
 
-def thin(points: list[tuple[float, float]], limit: int = MAX_POINTS) -> list[tuple[float, float]]:
+def thin(points: list[T], limit: int = MAX_POINTS) -> list[T]:
     """Every other point of the older half once a curve outgrows `limit`, keeping the newest exact."""
     if len(points) <= limit:
         return points
@@ -181,12 +182,16 @@ class SessionState:
 
     # events ---------------------------------------------------------------------------------
     def apply(self, event: Event) -> None:
-        """Folds one event in; a kind the console does not draw is logged and skipped."""
+        """Folds one event in; a kind the console does not draw, or an event whose values do not fit
+        (the log is untrusted: a string for a step), is logged and skipped."""
         handler = _HANDLERS.get(type(event))
         if handler is None:
             log.debug("no panel draws %s events; skipped", event.kind)
             return
-        handler(self, event)
+        try:
+            handler(self, event)
+        except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError) as exc:  # a forged line
+            log.warning("skipped a %s event that does not fit (%s: %s)", event.kind, type(exc).__name__, exc)
 
     def _started(self, event: Started) -> None:
         self.jobs[event.job] = JobView(event.job, event.experiment)
@@ -203,7 +208,7 @@ class SessionState:
             self.dirty.add(Dirty.JOBS)
 
     def _message(self, event: Message) -> None:
-        self.add_log(event.level, f"{event.job}: {event.text}" if event.job else event.text)
+        self.add_log(*log_line(event))
 
     def _result(self, event: Result) -> None:
         self.set_result(event.name, event.data)
@@ -212,8 +217,7 @@ class SessionState:
         job = event.job
         view = self._job(job)
         view.error = event.error
-        level = "info" if event.status == "done" else "error" if event.status == "failed" else "warning"
-        self.add_log(level, f"{job} {event.status} {view.error}".rstrip())
+        self.add_log(*log_line(event))
         self.mark_job(job, event.status)
 
     def _job(self, job: str) -> JobView:
@@ -367,6 +371,94 @@ class SessionState:
     def take_dirty(self) -> set[str]:
         dirty, self.dirty = self.dirty, set()
         return dirty
+
+
+Span = tuple[int, int]  # one line of the event log: [start, end) in bytes, its newline included
+
+
+class LineKeeper:
+    """Folds events into `state` and remembers which lines of the log the state still depends on
+    (`spans`): every line that changes it for good, each job's last progress line, the newest
+    messages the log panel keeps, each curve's points' lines (thinned with the points, `thin`) and
+    each growth arm's last step. Folding just those lines, in order, gives the same state as folding
+    them all: what tui/event_index.py writes down so a large log opens fast."""
+
+    def __init__(self, state: SessionState) -> None:
+        self.state = state
+        self._kept: list[Span] = []
+        self._progress: dict[str, Span] = {}
+        self._messages: deque[Span] = deque(maxlen=state.log.maxlen)
+        self._recovery: dict[tuple[str, int, int], list[Span]] = {}
+        self._runs: dict[tuple[str, int, int], RecoveryRun] = {}
+        self._growth = state.growth  # the growth view the lines below belong to
+        self._train: dict[str, list[Span]] = {}
+        self._val: dict[str, list[Span]] = {}
+        self._step: dict[str, Span] = {}
+
+    def fold(self, span: Span, event: Event) -> None:
+        try:
+            self._fold(span, event)
+        except TypeError:  # a forged line whose values cannot be keys (a list for a layer): kept whole
+            self._kept.append(span)
+
+    def _fold(self, span: Span, event: Event) -> None:
+        kind, state = type(event), self.state
+        if kind is RecoveryPoint:
+            key = (event.job, event.layer, event.repeat)
+            before = self._points(key)
+            state.apply(event)
+            if self._points(key) is not before:  # a point was added (and the curve maybe thinned)
+                self._recovery[key] = thin([*self._recovery.get(key, []), span])
+            return
+        if kind is GrowthStep or kind is GrowthEval:
+            if state.growth is not self._growth:
+                self._growth, self._train, self._val, self._step = state.growth, {}, {}, {}
+            arm = _arm_key(event.arm, event.seed)
+            series, lines = (state.growth.train, self._train) if kind is GrowthStep else (state.growth.val, self._val)
+            before = series.get(arm)
+            state.apply(event)
+            if series.get(arm) is not before:
+                lines[arm] = thin([*lines.get(arm, []), span])
+            if kind is GrowthStep:
+                self._step[arm] = span
+            return
+        state.apply(event)
+        if kind is Progress:
+            self._progress[event.job] = span
+        elif kind is Message:
+            self._messages.append(span)
+        elif kind in _HANDLERS:
+            self._kept.append(span)
+
+    def _points(self, key: tuple[str, int, int]) -> list[tuple[float, float]] | None:
+        """The points of the recovery run `key` (job, layer, repeat), as `SessionState._run_for` finds it
+        (a run, once made, stays the one for its key)."""
+        run = self._runs.get(key)
+        if run is None:
+            run = next((run for run in reversed(self.state.recovery) if (run.job, run.layer, run.repeat) == key), None)
+            if run is None:
+                return None
+            self._runs[key] = run
+        return run.points
+
+    def spans(self) -> list[Span]:
+        """The lines the state depends on, in the log's order."""
+        spans = {*self._kept, *self._progress.values(), *self._messages}
+        for lines in self._recovery.values():
+            spans.update(lines)
+        if self._growth is self.state.growth:
+            for series in (*self._train.values(), *self._val.values()):
+                spans.update(series)
+            spans.update(self._step.values())
+        return sorted(spans)
+
+
+def log_line(event: Message | Finished) -> tuple[str, str]:
+    """(level, text) of the log panel's line for a message or a job's end."""
+    if isinstance(event, Message):
+        return event.level, f"{event.job}: {event.text}" if event.job else event.text
+    level = "info" if event.status == "done" else "error" if event.status == "failed" else "warning"
+    return level, f"{event.job} {event.status} {event.error}".rstrip()
 
 
 def _arm_key(arm: str, seed: int) -> str:

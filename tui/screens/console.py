@@ -30,6 +30,7 @@ from tui.messages import (
     GrowthRequested,
     InjectRequested,
     LayerSelected,
+    LogPageRequested,
     MapRequested,
     MarkRequested,
     Notice,
@@ -85,6 +86,8 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("c", "cancel", "Cancel job", "cancel the running job of this tab"),
     ("g", "growth", "Start growth run", "a tiny growth run against its uniform baseline (own process)"),
     ("x", "toggle_modified", "Mark layer ablated", "mark or unmark the selected layer in the modified model"),
+    ("o", "older_log", "Older log lines", "the Log tab: the page before the lines shown, read from the event log"),
+    ("n", "newer_log", "Newer log lines", "the Log tab: the page after the lines shown, then the live lines"),
     ("f9,s", "stop_generation", "Stop generation", "stop the text being generated"),
     ("r", "resume_job", "Resume interrupted job", "restart an interrupted job from its checkpoint"),
     ("k", "compare", "Compare view", "this session beside the others on relative depth (an atlas session: its "
@@ -118,6 +121,7 @@ class ConsoleScreen(Screen[None]):
         super().__init__()
         self.settings = settings or ConsoleSettings()
         self.current = "layers"
+        self.log_back = 0  # the Log tab's page: 0 live, k the k-th page back from the log's end
 
     def compose(self) -> ComposeResult:
         yield StatusLine(id="status")
@@ -308,9 +312,29 @@ class ConsoleScreen(Screen[None]):
         self.query_one(StatusLine).show(session, model, jobs)
 
     def write_log(self, lines: list[tuple[str, str]]) -> None:
+        """New lines for the live view (kept by the state while an older page is shown)."""
+        if self.log_back:
+            return
         view = self.query_one("#log-view", RichLog)
         for level, text in lines:
             view.write(f"[{level}] {text}")
+
+    def show_log_page(self, back: int, lines: list[tuple[str, str]]) -> None:
+        """Page `back` of the Log tab (0: the live lines) in place of what it shows."""
+        self.log_back = 0
+        self.query_one("#log-view", RichLog).clear()
+        self.write_log(lines)
+        self.log_back = back
+        paging = f" · page {back} back · o older · n newer" if back else ""
+        self.query_one("#log").border_title = TITLES["log"] + paging
+
+    def action_older_log(self) -> None:
+        self.show_tab("log")
+        self.post_message(LogPageRequested(self.log_back + 1))
+
+    def action_newer_log(self) -> None:
+        if self.log_back:
+            self.post_message(LogPageRequested(self.log_back - 1))
 
     # the keys and the forms: requests up to the app -------------------------------------------
     def action_compute_map(self) -> None:

@@ -1,0 +1,126 @@
+"""Soak: a job appends events as fast as it can (a message, then a progress line, each numbered)
+while the console follows the session headless, for a few minutes. Prints the events written per
+second, the console's CPU (its CPU seconds over the wall seconds), its memory at the start and the
+end of the run (RSS sampled every 5 s), and whether every number reached the console's state once and
+in order. Run twice: the straightforward console (every new line read in one poll, no index) and
+ours (READ_LIMIT bytes a poll, the event index written as it goes).
+
+    python benchmarks/soak.py [--seconds 120]
+
+Last line: `ratio soak_console_cpu straightforward / ours: X`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WRITER = """
+import sys, time
+from pathlib import Path
+from engine.events import Finished, Message, Progress, Started
+from sessions.store import SessionStore
+session = SessionStore(Path(sys.argv[1])).open("soak")
+session.append_event(Started("soak", {}, job="soak"))
+n, end = 0, time.time() + float(sys.argv[2])
+while time.time() < end:
+    session.append_event(Progress(n, 0, "soak", job="soak") if n % 2 else Message(f"seq {n}", job="soak"))
+    n += 1
+session.append_event(Finished("done", job="soak"))
+print(n)
+"""
+
+
+def console(mode: str) -> None:
+    """Runs inside the measured process: the console on session 'soak' until the job's end is read."""
+    import psutil
+
+    import tui.lab
+    from engine.events import Finished, Message, Progress
+    from tui import event_index
+    from tui.app import AnatomyApp
+
+    me = psutil.Process()
+    seen: list[int] = []
+    samples: list[tuple[float, float]] = []
+    started = time.time()
+
+    class Follower(AnatomyApp):
+        def after_first_paint(self) -> None:
+            super().after_first_paint()
+            fold = self.lab.keeper.fold
+            if mode == "full":  # the straightforward console: every new line in one poll, no index
+                tui.lab.READ_LIMIT = None
+                event_index.write = lambda *args: False  # type: ignore[assignment]
+                fold = lambda span, event: self.lab.state.apply(event)  # noqa: E731
+
+            def counting(span, event) -> None:
+                if isinstance(event, (Message, Progress)) and event.job == "soak":
+                    seen.append(int(event.text.split()[1]) if isinstance(event, Message) else event.done)
+                if isinstance(event, Finished) and event.job == "soak":
+                    self.call_later(self.exit)
+                fold(span, event)
+
+            self.lab.keeper.fold = counting  # type: ignore[method-assign]
+            self.set_interval(5.0, lambda: samples.append((time.time() - started, me.memory_info().rss / 2**20)))
+
+    app = Follower(session="soak", load_model=False)
+    app.run(headless=True, size=(120, 40))
+    cpu = me.cpu_times()
+    print(json.dumps({"seen": len(seen), "in_order": seen == list(range(len(seen))), "wall": time.time() - started,
+                      "cpu": cpu.user + cpu.system, "samples": samples}))
+
+
+def run(mode: str, seconds: float) -> dict:
+    from sessions.store import SessionStore
+
+    with tempfile.TemporaryDirectory() as home:
+        SessionStore(Path(home)).create("soak", model="synthetic")
+        env = {**os.environ, "ANATOMY_TUI_HOME": home, "PYTHONPATH": str(ROOT)}
+        follower = subprocess.Popen([sys.executable, __file__, "--console", mode], env=env, cwd=ROOT,
+                                    stdout=subprocess.PIPE, text=True)  # fmt: skip
+        time.sleep(3.0)  # the console is up
+        writer = subprocess.run([sys.executable, "-c", WRITER, home, str(seconds)], env=env, cwd=ROOT,
+                                capture_output=True, text=True, check=True)  # fmt: skip
+        out, _ = follower.communicate(timeout=600)
+        size = (Path(home) / "soak" / "events.jsonl").stat().st_size
+    result = json.loads(out.strip().splitlines()[-1])
+    result.update(written=int(writer.stdout), seconds=seconds, megabytes=size / 1e6)
+    return result
+
+
+def report(label: str, r: dict) -> None:
+    rss = [mb for t, mb in r["samples"] if t > 10] or [mb for _, mb in r["samples"]]
+    print(f"{label}: {r['written'] / r['seconds']:,.0f} events/s written ({r['megabytes']:.0f} MB), "
+          f"console CPU {r['cpu'] / r['wall']:.0%} of one core, RSS {rss[0]:.0f} -> {rss[-1]:.0f} MB "
+          f"(max {max(rss):.0f}), numbers seen {r['seen']:,} of {r['written']:,}, in order: {r['in_order']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=120.0, help="how long the job writes, each run")
+    parser.add_argument("--console", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.console:
+        console(args.console)
+        return
+    full = run("full", args.seconds)
+    ours = run("ours", args.seconds)
+    print(f"a job writing events as fast as it can for {args.seconds:.0f} s, the console following it headless")
+    report("straightforward", full)
+    report("ours", ours)
+    share = {label: r["cpu"] / r["wall"] for label, r in (("full", full), ("ours", ours))}
+    print(f"ratio soak_console_cpu straightforward / ours: {share['full'] / share['ours']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
