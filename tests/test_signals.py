@@ -120,6 +120,24 @@ def test_a_resume_records_the_job_it_continues_and_marks_it_resumed_once_done():
     assert "resumes" not in job_file(session, "d")  # the newest was done: nothing to continue
 
 
+def test_a_job_killed_without_a_word_is_the_one_a_resume_marks():
+    """kill -9 leaves the job file 'running' with its process gone: it reads interrupted, is
+    offered, and a finished resume marks it resumed, after which the console offers nothing."""
+    from engine.experiments.growth import PRESETS
+
+    session = SessionStore().create("killed")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    settings = PRESETS["tiny"].to_dict()
+    session.write_job("growth-1", {"id": "growth-1", "experiment": "growth", "status": "running", "pid": child.pid,
+                                   "settings": settings, "model": None, "started": 1.0})  # fmt: skip
+    assert session.jobs()["growth-1"]["status"] == "interrupted" and offered("killed") == "growth-1"
+    run_job(session, "growth", {}, iter([Result("growth", {})]), job_id="growth-2", resume=True, settings=settings)
+    assert job_file(session, "growth-2")["resumes"] == "growth-1"
+    assert (job_file(session, "growth-1")["status"], job_file(session, "growth-1")["pid"]) == ("resumed", child.pid)
+    assert offered("killed") is None
+
+
 def test_a_forged_resumes_chain_is_followed_safely():
     session = SessionStore().create("s")
     for job_id, resumes, started in (("x", ["a", "list"], 3.0), ("y", "z", 1.0), ("z", "y", 2.0)):  # a cycle
