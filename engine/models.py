@@ -490,6 +490,7 @@ def _save_float_copy(model: Any, folder: Path) -> None:
     config = model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    config.architectures = [type(model).__name__]  # as save_pretrained writes it (mergekit reads it)
     config.save_pretrained(folder)
     state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
     if getattr(config, "tie_word_embeddings", False):
