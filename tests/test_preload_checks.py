@@ -91,6 +91,17 @@ def test_every_field_naming_layers_is_checked_against_the_depth():
                             "weights.first_layer", "weights.paradox_layers"}
 
 
+@pytest.mark.embedded
+@pytest.mark.slow
+def test_the_embedded_model_is_checked_from_its_gguf_config(no_load, capsys):
+    """The issue's cases on the embedded SmolLM2 (30 layers), read from its GGUF header (or the
+    config its dequantization saved), never from its weights."""
+    line = refused(["run", "recovery", "--layers", "11,30", *PAPER], capsys)
+    assert line.endswith("--layers: layer 30 is out of range; this model has layers 0 to 29")
+    line = refused(["run", "prune", "--remove", "1,30", *PAPER], capsys)
+    assert line.endswith("cannot remove 30 layers: this model has 30; remove at most 29")
+
+
 def test_check_layers_names_the_flag_and_the_range():
     check_layers((0, 3), 4, "--layers")
     with pytest.raises(UserError, match=r"^--layers: layer -1 is out of range; this model has layers 0 to 3$"):

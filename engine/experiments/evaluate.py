@@ -69,6 +69,13 @@ class EvaluateSettings(LmEvalSettings):
                 raise UserError(f"{flag} {value}: not a folder")
         self.check_include_path()
 
+    def check_against(self, shape: Any) -> None:
+        """--remove against the model's depth, from its config before the load (engine/preflight.py)."""
+        if self.remove:
+            from engine.pruning import check_removal
+
+            check_removal(shape.n_layers, self.remove)
+
 
 @dataclass
 class Subject:
