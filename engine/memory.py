@@ -163,6 +163,7 @@ class MemoryPlan:
     dtype_reason: str = ""  # why this dtype (`engine.models.dtype_choice`), when the run chose it
     layer_devices: tuple[str, ...] = ()  # with --device-map: where each layer will live ('disk': offloaded)
     checkpoints: int = 0  # bytes the run's checkpoints hold at most, on the session's disk (checked before the load)
+    host_cache: int = 0  # the prefix cache's bytes when it is kept in host memory (`place_prefix_cache`)
 
     @property
     def total(self) -> int:
@@ -182,7 +183,8 @@ class MemoryPlan:
             from engine.models import placement_text
 
             where = f"over {placement_text(list(self.layer_devices))}"
-        return f"memory plan {where} ({self.dtype}): {shown} = {_gb(self.total)}{batches}{why}"
+        host = f"; prefix cache {_gb(self.host_cache)} in host memory" if self.host_cache else ""
+        return f"memory plan {where} ({self.dtype}): {shown} = {_gb(self.total)}{batches}{host}{why}"
 
     def offloaded_layers(self) -> list[int]:
         """The layers accelerate will keep off the computing device: on disk, or on the CPU while
@@ -195,7 +197,7 @@ class MemoryPlan:
         placed = {"layer_devices": list(self.layer_devices)} if self.layer_devices else {}
         return {"device": self.device, "dtype": self.dtype, **{k.replace(" ", "_"): v for k, v in self.parts().items()},
                 "total": self.total, "eval_batch_size": self.eval_batch_size, "dtype_reason": self.dtype_reason,
-                **placed}
+                **placed, **({"host_cache": self.host_cache} if self.host_cache else {})}
 
 
 def _gb(size: float) -> str:
@@ -284,8 +286,37 @@ def auto_eval_batch(
     if not device.startswith("cuda"):
         return FIXED_EVAL_BATCH
     fitting = [size for size in range(1, len(lengths) + 1)
-               if plan_memory(shape, dtype, device, lengths, size, prefix_cache, training).total <= MARGIN * free_bytes]
+               if place_prefix_cache(plan_memory(shape, dtype, device, lengths, size, prefix_cache, training),
+                                     free_bytes).total <= MARGIN * free_bytes]
     return max(fitting, default=1)
+
+
+def place_prefix_cache(plan: MemoryPlan, free_bytes: int, host_free: int | None = None) -> MemoryPlan:
+    """The plan with its prefix cache in host memory, when the whole plan does not fit in the GPU's
+    `free_bytes` but the rest does and the host has room (`host_free`, default: what it has now).
+    A dataset's long windows make a large cache: n_layers x hidden x tokens, 75 GB for an 8B model
+    (32 layers, 4096 wide, float16) on WikiText-2's 287k tokens. The evaluator then keeps each
+    layer's input on the host and copies one batch's input of one layer back per evaluation."""
+    if (not plan.device.startswith("cuda") or not plan.prefix_cache or plan.total <= MARGIN * free_bytes
+            or plan.total - plan.prefix_cache > MARGIN * free_bytes):
+        return plan
+    if plan.prefix_cache > MARGIN * (free_memory("cpu") if host_free is None else host_free):
+        return plan
+    return replace(plan, prefix_cache=0, host_cache=plan.prefix_cache)
+
+
+def loaded_cache_on_host(model: Any, tokenizer: Any, texts: Any, settings: Any, batch_size: int) -> bool:
+    """Whether a loaded model's evaluator keeps its prefix cache on the host (`place_prefix_cache`,
+    with the memory its weights hold counted as free, as `plan_run` saw it before the load). Never
+    on the CPU, without a prefix cache, or for a model placed by --device-map."""
+    devices = cuda_devices(model)
+    if not devices or getattr(model, "hf_device_map", None) or not getattr(settings, "prefix_cache", True):
+        return False
+    shape = ModelShape.from_config(model.config)
+    plan = plan_memory(shape, str(model.dtype).removeprefix("torch."), devices[0],
+                       text_lengths(tokenizer, texts, settings.max_length), batch_size, True,
+                       training_of(shape, settings))
+    return place_prefix_cache(plan, free_memory(devices[0]) + model_bytes(model)).host_cache > 0
 
 
 def loaded_eval_batch(model: Any, tokenizer: Any, texts: Any, settings: Any) -> int:
@@ -356,6 +387,8 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
         batch_size = auto_eval_batch(chosen_device, shape, chosen_dtype, lengths, free_memory(chosen_device),
                                      prefix_cache, training)
     plan = plan_memory(shape, chosen_dtype, chosen_device, lengths, batch_size, prefix_cache, training)
+    if device_map is None and chosen_device.startswith("cuda"):
+        plan = place_prefix_cache(plan, free_memory(chosen_device))
     placed = planned_layer_devices(preview.meta, chosen_dtype, device_map, max_memory) if device_map else ()
     return replace(plan, dtype_reason=dtype_reason, layer_devices=tuple(placed),
                    checkpoints=checkpoint_params_of(shape, settings) * BYTES[chosen_dtype])
@@ -363,7 +396,7 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
 
 _ADVICE = {
     "weights": "--dtype float16 (bfloat16 on Ampere and later) or --device cpu",
-    "prefix cache": "a smaller --eval-batch-size or --max-length, or fewer evaluation texts",
+    "prefix cache": "a smaller --eval-batch-size or --max-length, fewer evaluation texts, or --max-windows",
     "activations": "a smaller --eval-batch-size or --max-length",
     "logits": "a smaller --eval-batch-size or --max-length",
     "training": "a smaller --batch-size or --block-size",

@@ -130,8 +130,9 @@ class Evaluator:
     bootstrap resamples)."""
 
     def __init__(self, model, tokenizer, texts: Sequence[str] | EvalSource, batch_size: int = 8,
-                 max_length: int = 256):
+                 max_length: int = 256, cache_on_host: bool = False):
         self.model = model
+        self.cache_on_host = cache_on_host  # the prefix cache in host memory (engine.memory.place_prefix_cache)
         self.stack = LayerStack(model)
         self.source = texts if isinstance(texts, EvalSource) else EvalSource(tuple(texts), None, "texts")
         self.batch_size = batch_size
@@ -150,17 +151,19 @@ class Evaluator:
         if not self.tokens.sum():
             raise UserError(NO_TOKENS)
         self._layer_inputs: list[list[torch.Tensor]] | None = None
+        self._layer_devices: list[torch.device] = []  # where each layer's input is computed
 
     @classmethod
     def for_settings(cls, model, tokenizer, settings, source: EvalSource | None = None) -> Evaluator:
         """The evaluator an experiment's settings ask for (its evaluation-text group, unless a
         `source` is given), its batch sized by the free memory when the settings leave it auto."""
-        from engine.memory import loaded_eval_batch
+        from engine.memory import loaded_cache_on_host, loaded_eval_batch
 
         if source is None:
             source = settings.eval_source(tokenizer)
         batch_size = loaded_eval_batch(model, tokenizer, source, settings)
-        return cls(model, tokenizer, source, batch_size, settings.max_length)
+        return cls(model, tokenizer, source, batch_size, settings.max_length,
+                   loaded_cache_on_host(model, tokenizer, source, settings, batch_size))
 
     @property
     def protocol(self) -> EvalProtocol:
@@ -184,6 +187,8 @@ class Evaluator:
         with out_of_memory_guard("perplexity evaluation", OOM_ADVICE):
             for b, batch in enumerate(self.batches):
                 hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None
+                if hidden is not None and self.cache_on_host:  # one batch's one layer back to its device
+                    hidden = hidden.to(self._layer_devices[start_layer], non_blocking=True)
                 with self.stack.starting_at(start_layer, hidden):
                     per_batch.append(self._forward_nll(batch))
         return TextScores(self._gather(per_batch), self.tokens.copy())
@@ -216,7 +221,9 @@ class Evaluator:
             per_layer: list[torch.Tensor] = []
 
             def keep(batch, index, layer_input, layer_output, per_layer=per_layer):
-                per_layer.append(layer_input.detach())
+                if len(self._layer_devices) == index:
+                    self._layer_devices.append(layer_input.device)
+                per_layer.append(layer_input.detach().to("cpu") if self.cache_on_host else layer_input.detach())
                 if observe is not None:
                     observe(batch, index, layer_input, layer_output)
 

@@ -312,3 +312,41 @@ def run_ablation_doc(model, tokenizer) -> dict:
     from engine.experiments.ablation import run_ablation
 
     return list(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", max_length=32)))[-1].data
+
+
+# --- long windows: the prefix cache in host memory --------------------------------------------------
+
+
+def test_the_prefix_cache_goes_to_the_host_when_only_it_does_not_fit():
+    from engine.memory import MemoryPlan, place_prefix_cache
+
+    plan = MemoryPlan("cuda:0", "float16", weights=10, prefix_cache=50, activations=5, logits=5)
+    moved = place_prefix_cache(plan, free_bytes=30, host_free=100)
+    assert (moved.prefix_cache, moved.host_cache, moved.total) == (0, 50, 20)
+    assert "prefix cache 0.00 GB in host memory" in moved.line()
+    assert place_prefix_cache(plan, free_bytes=100, host_free=100) == plan  # it fits beside the model
+    assert place_prefix_cache(plan, free_bytes=15, host_free=100) == plan  # the rest alone does not fit
+    assert place_prefix_cache(plan, free_bytes=30, host_free=40) == plan  # nor does the host hold it
+    assert place_prefix_cache(MemoryPlan("cpu", "float32", 10, 50, 5, 5), 30, 100).prefix_cache == 50
+
+
+@pytest.mark.slow
+def test_a_host_prefix_cache_goes_back_to_the_gpu(monkeypatch, tmp_path):
+    """On a model on one (virtual) GPU, a cache kept on the host is copied back to the device of
+    the layer it feeds (the harness raises on a tensor of the wrong device, as CUDA does), and
+    gives the numbers of a cache on the GPU."""
+    from virtual_devices import device_of, two_gpus
+
+    paths = write_all(tmp_path)
+    tokenizer = byte_tokenizer()
+    source = eval_source(tokenizer, settings(paths["txt"], context=48))
+    plain = Evaluator(tiny_model(seed=3), tokenizer, source, batch_size=4)
+    plain.build_cache()
+    expected = [plain.perplexity(start) for start in range(4)]
+    with two_gpus(monkeypatch):
+        model = tiny_model(seed=3).to("cuda:0")
+        evaluator = Evaluator(model, tokenizer, source, batch_size=4, cache_on_host=True)
+        evaluator.build_cache()
+        assert all((device_of(t) or torch.device("cpu")).type == "cpu" for t in evaluator._layer_inputs[0])
+        got = [evaluator.perplexity(start) for start in range(4)]
+    assert got == pytest.approx(expected, rel=1e-6)
