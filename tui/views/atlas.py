@@ -83,6 +83,10 @@ def report_lines(doc: A.AtlasDocument) -> list[str]:
             spans = [f"{b.lo:.2g}-{b.hi:.2g}" for b in doc.bands if b.verdict == verdict]
             lines.append(f"  {verdict} in every model: {', '.join(spans) or 'no depth'}")
         lines.append("")
+    protocols = {row.model: row.protocol for row in rows if row.measure == "d_pct" and row.variant == A.MAIN}
+    if len(set(protocols.values())) > 1:
+        lines += ["note: the models' maps were measured under different protocols (the protocol column); "
+                  "their D % compare only roughly", ""]
     lines += agreement_lines(doc, width)
     lines += stability_lines(doc)
     lines += layer_by_layer(doc)
