@@ -32,7 +32,7 @@ def check_before_load(experiment: str, settings: Settings, preview: ModelPreview
 def check_eval_tokens(settings: EvalTextSettings, tokenizer: object) -> None:
     """The evaluation texts leave a token to predict (perplexity needs two tokens in some text),
     as the evaluator will tokenize them. Dataset windows (--eval-dataset) are cut by their own reader."""
-    if getattr(settings, "eval_dataset", None) is not None:
+    if settings.eval_dataset is not None:
         return
     from engine.memory import text_lengths
     from engine.perplexity import NO_TOKENS
