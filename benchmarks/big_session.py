@@ -160,7 +160,7 @@ def probe(mode: str, session: str, started: float) -> None:
     size = (SessionStore().open(session).events_path).stat().st_size
     app = Probe(session=session, load_model=False)
     if mode == "full":  # the straightforward way: every line of the log folded in the first poll, no index
-        tui.lab.READ_LIMIT = None
+        tui.lab.READ_LIMIT, tui.lab.FOLD_SECONDS = None, float("inf")
         event_index.load = event_index.write = lambda *args: None  # type: ignore[assignment]
         app.lab.keeper.fold = lambda span, event: app.lab.state.apply(event)  # type: ignore[method-assign]
     app.run(headless=True, size=(120, 40))

@@ -59,7 +59,7 @@ def console(mode: str) -> None:
             super().after_first_paint()
             fold = self.lab.keeper.fold
             if mode == "full":  # the straightforward console: every new line in one poll, no index
-                tui.lab.READ_LIMIT = None
+                tui.lab.READ_LIMIT, tui.lab.FOLD_SECONDS = None, float("inf")
                 event_index.write = lambda *args: False  # type: ignore[assignment]
                 fold = lambda span, event: self.lab.state.apply(event)  # noqa: E731
 

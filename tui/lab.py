@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -48,7 +49,8 @@ from tui.state import Dirty, JobView, LineKeeper, SessionState
 log = logging.getLogger("anatomy_tui.console")
 
 RECONCILE_EVERY = 8  # polls between checks of job processes that died without a word
-READ_LIMIT = 4 << 20  # bytes of the event log folded per poll: a large log comes in over a few polls, drawn as it does
+READ_LIMIT = 4 << 20  # bytes of the event log read per poll at most
+FOLD_SECONDS = 0.15  # folding per poll at most: a large log comes in over several polls, drawn, keys answered
 INDEX_EVERY = 4 << 20  # bytes of the log folded between writes of its index (tui/event_index.py)
 
 
@@ -187,18 +189,22 @@ class Lab:
         return self.loaded.n_layers if self.loaded is not None else self.state.n_layers
 
     def poll(self) -> set[str]:
-        """Folds the event log's new lines into the state, READ_LIMIT bytes at most (and every few
+        """Folds the event log's new lines into the state, for FOLD_SECONDS at most (and every few
         polls, once the log is read to its end, checks the jobs' processes: a job whose end is
         still unread is not judged); returns the parts of the console to redraw (`Dirty` names)."""
         if self.session is None:
             return set()
         data, end = self.session.read_event_bytes(self.offset, READ_LIMIT)
+        behind = READ_LIMIT is not None and len(data) > READ_LIMIT // 2  # the read stopped at the limit
+        deadline = time.monotonic() + FOLD_SECONDS
         for span, event in event_index.parsed(data, self.offset):
             self.keeper.fold(span, event)
+            if time.monotonic() > deadline:  # the rest on the next poll
+                end, behind = span[1], True
+                break
         self.offset = end
         if self.offset - self.indexed >= INDEX_EVERY:
             self.write_index()
-        behind = READ_LIMIT is not None and len(data) > READ_LIMIT // 2  # the read stopped at the limit
         if not behind and self.polls >= self.next_reconcile:
             self.reconcile()
             self.next_reconcile = self.polls + RECONCILE_EVERY
