@@ -628,6 +628,7 @@ class SessionStore:
         infos = []
         if not self.home.exists():
             return infos
+        self.check_home(writing=False)  # a file: one line (a read-only folder lists)
         for path in self.home.iterdir():
             if not path.is_dir() or path.name.startswith("."):
                 continue

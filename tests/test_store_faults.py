@@ -397,3 +397,22 @@ def test_a_run_that_loses_the_race_for_a_new_session_joins_it(tiny_folder, monke
     joined = SessionStore().open("both")
     assert joined.path == other.path and joined.manifest["model"] == "the other run"
     assert joined.load_result("ablation")["layers"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_console_given_a_sessions_folder_that_is_a_file_exits_with_its_line(tmp_path, monkeypatch, capsys):
+    from tui.app import AnatomyApp
+
+    home = tmp_path / "sessions-file"
+    home.write_text("")
+    monkeypatch.setenv("ANATOMY_TUI_HOME", str(home))
+    app = AnatomyApp(load_model=False)  # past the launch's check (the folder became a file since)
+    async with app.run_test() as pilot:
+        await pilot.pause()
+    assert app.return_code == 2 and not capsys.readouterr().err  # no traceback; tui/launch.py prints the line
+    assert app.exit_line.startswith(f"anatomy-tui: error: sessions folder {home} is a file")

@@ -114,6 +114,7 @@ class AnatomyApp(App[None]):
             start_load=self.load_model_in_background,
         )
         self.first_paint: float | None = None
+        self.exit_line = ""  # why the console ended before it began (a sessions folder it cannot use)
 
     # what the console shows, kept by the lab
     @property
@@ -134,7 +135,12 @@ class AnatomyApp(App[None]):
 
     # startup -----------------------------------------------------------------------------------
     def on_mount(self) -> None:
-        name = self.lab.first_session(self.requested, self.resume)
+        try:
+            name = self.lab.first_session(self.requested, self.resume)
+        except SessionError as exc:  # the sessions folder is a file or cannot be written: its line, no traceback
+            self.exit_line = f"anatomy-tui: error: {exc}"  # printed by tui/launch.py once the screen is gone
+            self.exit(return_code=2)
+            return
         if name is not None:
             self.open_session(name)
         else:

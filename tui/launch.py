@@ -91,4 +91,6 @@ def launch(args: argparse.Namespace) -> int:
     options = model_options_from_args(args)
     app = AnatomyApp(session=args.session, resume=args.resume, options=options, model_explicit=explicit)
     app.run()
+    if app.exit_line:
+        print(app.exit_line, file=sys.stderr)
     return int(app.return_code or 0)
