@@ -64,6 +64,17 @@ def test_layers_out_of_range_are_refused_before_the_load(args, message, tiny_fol
     assert message in line
 
 
+def test_the_checks_run_when_only_the_plan_cannot_be_made(tiny_folder, monkeypatch, no_load, capsys):
+    import engine.memory
+
+    def unplannable(*args, **kwargs):
+        raise OSError("an unusual config")
+
+    monkeypatch.setattr(engine.memory, "plan_run", unplannable)
+    line = refused(["run", "ablation", "--layers", "4", "--model", str(tiny_folder), *PAPER], capsys)
+    assert line.endswith("--layers: layer 4 is out of range; this model has layers 0 to 3")
+
+
 def test_every_field_naming_layers_is_checked_against_the_depth():
     """Registry-driven: every integer field of a model experiment's settings whose name says
     'layer' (and prune's --remove) is checked by its `check_against` against the model's depth;

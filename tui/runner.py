@@ -230,6 +230,7 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
     from engine.memory import check_fits, free_memory, plan_run, preview_model
     from engine.preflight import check_before_load
 
+    preview, plan, skipped = None, None, ""
     try:
         preview = preview_model(options.model, options.trust_remote_code)
         plan = plan_run(options.model, settings, options.device, options.dtype, options.trust_remote_code,
@@ -239,10 +240,13 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError,
             struct.error) as exc:  # a damaged GGUF header: the load says so in its own words
         lines = str(exc).strip().splitlines()
+        skipped = lines[0] if lines else type(exc).__name__
+    if preview is not None:  # what the config and tokenizer tell, even when no plan could be made
+        check_before_load(experiment.name, settings, preview, plan)
+    if plan is None:
         if not quiet:
-            _report(f"memory plan skipped ({lines[0] if lines else type(exc).__name__}); loading the model")
+            _report(f"memory plan skipped ({skipped}); loading the model")
         return None
-    check_before_load(experiment.name, settings, preview, plan)
     if options.device_map is not None:  # spread over several devices: no single device to check against
         if not quiet:
             _report(f"{plan.line()} in all, spread by --device-map {options.device_map}")
