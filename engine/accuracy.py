@@ -83,6 +83,24 @@ def _quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def without_machine_report() -> Iterator[None]:
+    """simple_evaluate attaches a report of the machine to every result (torch's collect_env: pip,
+    nvidia-smi and other subprocesses, 5-20 s on a busy CPU), the scores do not depend on it, and
+    a prune curve calls it once per cut: it is left out (lm-eval's `add_env_info`, where it has one)."""
+    import lm_eval.evaluator as evaluator
+
+    saved = getattr(evaluator, "add_env_info", None)
+    if saved is None:
+        yield
+        return
+    evaluator.add_env_info = lambda storage: None
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = saved
+
+
 class Harness:
     """lm-eval, set up once for a run: the task index (only the local folder's when every task is
     there: lm-eval's own index of thousands of YAMLs takes seconds to build) and the settings."""
@@ -119,7 +137,7 @@ class Harness:
         import lm_eval
         from lm_eval.models.huggingface import HFLM
 
-        with _quiet():
+        with _quiet(), without_machine_report():
             lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.batch_size)
             try:
                 out = lm_eval.simple_evaluate(model=lm, tasks=self.tasks, num_fewshot=self.settings.num_fewshot,

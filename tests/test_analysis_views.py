@@ -13,6 +13,7 @@ from tui_fixtures import (
     SCALING,
     analyses_session,
     dynamics_doc,
+    evaluate_doc,
     manipulate_doc,
     prune_doc,
     scaling_fit_doc,
@@ -94,7 +95,8 @@ def test_scatter_curves_colour_each_cluster_and_name_its_size() -> None:
 
 
 SAMPLES = {"scaling-fit": scaling_fit_doc, "toy-depth": toy_depth_doc, "prune": prune_doc,
-           "dynamics": dynamics_doc, "weights": weights_doc, "manipulate": manipulate_doc}  # fmt: skip
+           "dynamics": dynamics_doc, "weights": weights_doc, "manipulate": manipulate_doc,
+           "evaluate": evaluate_doc}  # fmt: skip
 
 
 @pytest.mark.parametrize("name, module", analyses(), ids=[name for name, _ in analyses()])
@@ -110,6 +112,7 @@ def test_every_analysis_has_a_summary_not_the_raw_tree(name: str, module) -> Non
         "dynamics": ["bulk", "900", "of [the] city"],
         "weights": ["attn.q", "0.900 / 0.700 / 0.300", "0.600 / 0.300 / -0.100"],
         "manipulate": ["svd", "+11.0", "The capital of France is Paris (zero)"],
+        "evaluate": ["pruned -2,3", "45.0 ± 5.6 / 40.0 (-15.0)", "25 % / 40 %", "batch size 1"],
     }[name]
     assert all(part in text for part in expected), text
 

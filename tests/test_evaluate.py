@@ -14,7 +14,7 @@ from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 from tui_fixtures import round_trips, task_score
 
-from engine.accuracy import agreement, disagreement
+from engine.accuracy import agreement, disagreement, without_machine_report
 from engine.anatomy import LayerStack
 from engine.errors import UserError
 from engine.events import EvaluateResult, ModelEvaluated, PruneResult, Result
@@ -48,14 +48,16 @@ def loaded(model, tokenizer, name="tiny") -> LoadedModel:
 
 
 def direct(model, tokenizer, folder, tasks, batch_size=1, limit=None, num_fewshot=None) -> dict:
-    """lm-eval called directly, as its README shows for a model object."""
+    """lm-eval called directly, as its README shows for a model object (without its report of the
+    machine, which takes seconds of subprocesses and no part in the scores: engine/accuracy.py)."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
-    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit, num_fewshot=num_fewshot,
-                                  task_manager=TaskManager(include_path=str(folder), include_defaults=False))
+    with without_machine_report():
+        out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit, num_fewshot=num_fewshot,
+                                      task_manager=TaskManager(include_path=str(folder), include_defaults=False))
     return out["results"]
 
 
@@ -194,6 +196,7 @@ def test_char_tokenizer_for_lm_eval_gives_the_same_ids():
     assert hf.encode(text) == chars.encode(text) and hf.decode(hf.encode(text)) == chars.decode(chars.encode(text))
 
 
+@pytest.mark.slow  # the first import of lm-eval takes seconds
 def test_one_line_errors(tokenizer, tasks, monkeypatch, tmp_path):
     model = tiny_model("llama")
 
@@ -207,7 +210,6 @@ def test_one_line_errors(tokenizer, tasks, monkeypatch, tmp_path):
         EvaluateSettings().validate()
     with pytest.raises(UserError, match="not a folder"):
         EvaluateSettings(tasks=("x",), include_path=str(tmp_path / "none")).validate()
-    assert "unknown lm-eval task 'nope'" in fails(EvaluateSettings(tasks=("nope",), include_path=str(tasks)))
     local = EvaluateSettings(tasks=("tiny_qa",), include_path=str(tasks), gen_tokens=0)
     assert "no prune result" in fails(EvaluateSettings(**{**local.to_dict(), "variants": ("pruned",)}))
     assert "no healed cut" in fails(EvaluateSettings(**{**local.to_dict(), "variants": ("healed",)}))
@@ -217,6 +219,13 @@ def test_one_line_errors(tokenizer, tasks, monkeypatch, tmp_path):
                                                                     "remove": (0, 1, 2, 3)}))
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # lm-eval not installed
     assert "pip install 'anatomy-tui[eval]'" in fails(local)
+
+
+@pytest.mark.slow
+def test_an_unknown_task_is_one_line(tokenizer, tasks):
+    """Not in the local folder, so lm-eval's own index is searched too (seconds) before the refusal."""
+    with pytest.raises(UserError, match="^unknown lm-eval task 'nope'$"):
+        run_evaluate(tiny_model("llama"), tokenizer, EvaluateSettings(tasks=("nope",), include_path=str(tasks)))
 
 
 def test_recovered_variant_reads_the_sessions_layers(tokenizer, tasks, tmp_path):

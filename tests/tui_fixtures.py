@@ -315,6 +315,7 @@ def analyses_session(store: SessionStore) -> Session:
     session.save_result("toy-depth", toy_depth_doc())
     session.save_result("dynamics", dynamics_doc())
     session.save_result("weights", weights_doc())
+    session.save_result("evaluate", evaluate_doc())
     return session
 
 
