@@ -264,3 +264,29 @@ async def test_console_compare_view_opens_on_k_and_turns_criteria(isolated_home)
         assert app.screen.index == 3  # wraps around
         await pilot.press("escape")
         assert not isinstance(app.screen, CompareScreen)
+
+
+@pytest.mark.slow
+def test_calibration_variants_give_each_criterion_its_stability(tiny_folder, tmp_path, isolated_home, capsys,
+                                                                one_thread):
+    texts = [f"Sentence number {i} is about the {w} that sat on the mat." for i, w in
+             enumerate(["dog", "cat", "bird", "fox", "cow", "hen", "pig", "owl"])]
+    evaluation, other = tmp_path / "eval.txt", tmp_path / "other text.txt"
+    evaluation.write_text("\n".join(texts))
+    other.write_text("\n".join(t.upper() for t in texts))
+    assert main(["atlas", "--models", str(tiny_folder), "--name", "cal", "--eval-file", str(evaluation),
+                 "--calib-seeds", "1", "--calib-file", str(other), "--device", "cpu"]) == 0
+    store = SessionStore()
+    doc = A.AtlasDocument.from_json(store.open("cal").load_result("atlas"))
+    assert list(doc.variants) == [A.MAIN, "seed-1", "file-other-text"]
+    half = (store.open("cal").path / "checkpoints" / "atlas" / "texts" / "seed-1.txt").read_text().splitlines()
+    assert len(half) == 4 and set(half) <= set(texts)
+    assert doc.variants["file-other-text"]["eval_file"] == str(other)
+    assert doc.sessions[str(tiny_folder)]["seed-1"] == {"ablation": "cal-tiny-seed-1"}
+    for criterion in ("d_pct", "block_influence", "angular_distance"):
+        main_, seed = (A.profile(doc.rows, str(tiny_folder), criterion, v) for v in (A.MAIN, "seed-1"))
+        assert doc.stability.rho[str(tiny_folder)][criterion]["seed-1"] == A.rank_agreement(main_, seed)
+        rhos = doc.stability.rho[str(tiny_folder)][criterion].values()
+        assert doc.stability.stable[criterion] == all(r is not None and r >= 0.8 - 1e-9 for r in rhos)
+    out = capsys.readouterr().out
+    assert "calibration sensitivity" in out and "seed-1" in out and "file-other-text" in out
