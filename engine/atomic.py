@@ -170,6 +170,17 @@ def no_space(path: Path | str, what: str) -> str:
     deleted to make room. `what` says what became of the work ("kept the result at X")."""
     return f"no space left on {mount_point(path)} (writing {path}): freed nothing, {what}"
 
+@contextlib.contextmanager
+def no_space_is_one_line(path: Path | str, what: str) -> Iterator[None]:
+    """Turns a full disk (ENOSPC, EDQUOT) while writing under `path` into the one-line UserError of
+    `no_space`; `what` says what became of the work."""
+    try:
+        yield
+    except OSError as exc:
+        if not is_no_space(exc):
+            raise
+        raise UserError(no_space(getattr(exc, "filename", None) or path, what)) from None
+
 
 def check_free_space(folder: Path | str, need: int, what: str) -> None:
     """A one-line UserError when the filesystem of `folder` (or its nearest existing parent) has

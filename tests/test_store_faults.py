@@ -416,3 +416,27 @@ async def test_the_console_given_a_sessions_folder_that_is_a_file_exits_with_its
         await pilot.pause()
     assert app.return_code == 2 and not capsys.readouterr().err  # no traceback; tui/launch.py prints the line
     assert app.exit_line.startswith(f"anatomy-tui: error: sessions folder {home} is a file")
+
+
+def test_an_export_without_room_is_one_line_and_leaves_nothing(tokenizer, tmp_path, monkeypatch):
+    from tiny_models import tiny_model
+
+    from engine.anatomy import LayerStack
+    from engine.experiments.export import export_recovered
+
+    model = tiny_model("llama")
+    layers = {1: {name: w.detach() for name, w in LayerStack(model).matrices(1).items()}}
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    usage = type("Usage", (), {"free": size - 1})()
+    with monkeypatch.context() as patch:
+        patch.setattr(engine.atomic.shutil, "disk_usage", lambda path: usage)
+        with pytest.raises(UserError, match=f"^the export needs about {size / 1e6:.2f} MB in {tmp_path} but "):
+            export_recovered(model, tokenizer, layers, tmp_path / "a", model_name="tiny")
+
+    def full(*args, **kwargs):  # the disk fills while the weights are written
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "b" / "model.safetensors"))
+
+    monkeypatch.setattr(type(model), "save_pretrained", full)
+    with pytest.raises(UserError, match="^no space left on .*freed nothing, removed the half-written export$"):
+        export_recovered(model, tokenizer, layers, tmp_path / "b", model_name="tiny")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no export, no staging folder

@@ -44,12 +44,16 @@ def save_model_folder(model: Any, tokenizer: Any, folder: str | Path, card: Mode
     """`save_pretrained` of the model and tokenizer, the card as README.md, `files` (name: text)
     and a PEFT adapter folder (`adapter`: into `adapter/`, or, without `weights`, the adapter alone
     in place of the model's weights and config), written atomically."""
+    from engine.atomic import check_free_space, no_space_is_one_line
     from engine.models import STAGING_OWNER, clean_stale_staging
 
     path = check_export_folder(folder, force)
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_staging(path.parent, EXPORT_STAGING)  # what a killed export left beside it
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f"{EXPORT_STAGING}{path.name}.") as tmp:
+    if weights:  # the weights are most of it: refused in one line before gigabytes are written
+        check_free_space(path.parent, sum(p.numel() * p.element_size() for p in model.parameters()), "the export")
+    with no_space_is_one_line(path, "removed the half-written export"), \
+            tempfile.TemporaryDirectory(dir=path.parent, prefix=f"{EXPORT_STAGING}{path.name}.") as tmp:
         (Path(tmp) / STAGING_OWNER).write_text(str(os.getpid()))  # a live owner: not stale
         staging = Path(tmp) / "model"
         if weights:
