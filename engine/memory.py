@@ -281,14 +281,18 @@ def auto_eval_batch(
 ) -> int:
     """The evaluation batch when none is asked for. On a GPU: the largest, up to every text in one
     forward, whose whole plan (weights, prefix cache, activations, logits, training) passes
-    `check_fits` against `free_bytes`, the memory free before the weights loaded; 1 when none does
-    (check_fits then says what to change). On the CPU: FIXED_EVAL_BATCH."""
+    `check_fits` against `free_bytes`, the memory free before the weights loaded; when none does,
+    the largest that passes with the prefix cache on the host (`place_prefix_cache`); 1 when none
+    does either (check_fits then says what to change). On the CPU: FIXED_EVAL_BATCH."""
     if not device.startswith("cuda"):
         return FIXED_EVAL_BATCH
-    fitting = [size for size in range(1, len(lengths) + 1)
-               if place_prefix_cache(plan_memory(shape, dtype, device, lengths, size, prefix_cache, training),
-                                     free_bytes).total <= MARGIN * free_bytes]
-    return max(fitting, default=1)
+    def fits(size: int, host_cache: bool) -> bool:
+        plan = plan_memory(shape, dtype, device, lengths, size, prefix_cache, training)
+        return (place_prefix_cache(plan, free_bytes) if host_cache else plan).total <= MARGIN * free_bytes
+
+    sizes = range(1, len(lengths) + 1)  # the cache beside the model if any batch allows, else on the host
+    return max([size for size in sizes if fits(size, False)] or [size for size in sizes if fits(size, True)],
+               default=1)
 
 
 def place_prefix_cache(plan: MemoryPlan, free_bytes: int, host_free: int | None = None) -> MemoryPlan:

@@ -350,3 +350,22 @@ def test_a_host_prefix_cache_goes_back_to_the_gpu(monkeypatch, tmp_path):
         assert all((device_of(t) or torch.device("cpu")).type == "cpu" for t in evaluator._layer_inputs[0])
         got = [evaluator.perplexity(start) for start in range(4)]
     assert got == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_auto_batch_keeps_the_cache_beside_the_model_while_any_batch_allows(monkeypatch):
+    """2048-token windows of a SmolLM2-sized model: with room for the cache, the auto batch keeps it
+    on the GPU; with room for the model and one window's forward but not the cache, it plans the
+    cache on the host and the largest batch that then fits."""
+    from engine import memory
+    from engine.memory import ModelShape, auto_eval_batch, plan_memory
+
+    monkeypatch.setattr(memory, "free_memory", lambda device: 10**12)  # the host's RAM
+    shape = ModelShape(params=134_515_008, n_layers=30, hidden=576, intermediate=1536, heads=9, vocab=49152)
+    windows = [2048] * 100
+    roomy = int(plan_memory(shape, "float16", "cuda:0", windows, 4).total / memory.MARGIN) + 1
+    assert auto_eval_batch("cuda:0", shape, "float16", windows, roomy) >= 4
+    assert memory.place_prefix_cache(plan_memory(shape, "float16", "cuda:0", windows, 4), roomy).host_cache == 0
+    tight = int(plan_memory(shape, "float16", "cuda:0", windows, 2, prefix_cache=False).total / memory.MARGIN) + 1
+    chosen = auto_eval_batch("cuda:0", shape, "float16", windows, tight)
+    plan = memory.place_prefix_cache(plan_memory(shape, "float16", "cuda:0", windows, chosen), tight)
+    assert chosen == 2 and plan.host_cache == 30 * 576 * 2 * 2048 * 100 and plan.total <= memory.MARGIN * tight
