@@ -140,9 +140,10 @@ def layer_by_layer(doc: A.AtlasDocument) -> list[str]:
     if criterion is None:
         return []
     profiles = {m: A.profile(doc.rows, m, criterion) for m in doc.models}
-    lines = [f"{SHORT[criterion]} layer by layer:", "  layer " + " ".join(f"{m[:14]:>14}" for m in doc.models)]
+    widths = {m: max(len(m), 8) for m in doc.models}
+    lines = [f"{SHORT[criterion]} layer by layer:", "  layer " + " ".join(f"{m:>{widths[m]}}" for m in doc.models)]
     for layer in range(n):
-        lines.append(f"  {layer:>5} " + " ".join(f"{_fmt(profiles[m].get(layer)):>14}" for m in doc.models))
+        lines.append(f"  {layer:>5} " + " ".join(f"{_fmt(profiles[m].get(layer)):>{widths[m]}}" for m in doc.models))
     for i, a in enumerate(doc.models):
         for b in doc.models[i + 1:]:
             lines.append(f"  Spearman {a} ~ {b}: {_fmt(A.rank_agreement(profiles[a], profiles[b]))}")
