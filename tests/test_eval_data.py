@@ -369,3 +369,17 @@ def test_the_auto_batch_keeps_the_cache_beside_the_model_while_any_batch_allows(
     chosen = auto_eval_batch("cuda:0", shape, "float16", windows, tight)
     plan = memory.place_prefix_cache(plan_memory(shape, "float16", "cuda:0", windows, chosen), tight)
     assert chosen == 2 and plan.host_cache == 30 * 576 * 2 * 2048 * 100 and plan.total <= memory.MARGIN * tight
+
+
+@pytest.mark.slow
+def test_recovery_trains_on_calibration_windows_and_records_both_texts(tmp_path, tiny_folder):
+    paths = write_all(tmp_path)
+    out = tmp_path / "recovery.json"
+    code = main(["run", "recovery", "--model", str(tiny_folder), "--layers", "1", "--steps", "2",
+                 "--calib-dataset", paths["jsonl"], "--block-size", "16", "--train-blocks", "4", "--batch-size", "2",
+                 "--calib-seed", "5", "--eval-dataset", paths["txt"], "--context", "48", "--json", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["train_source"].startswith(paths["jsonl"]) and "4 random windows" in doc["train_source"]
+    assert doc["train_blocks"] == 4 and doc["settings"]["calib_seed"] == 5
+    assert doc["protocol"]["protocol"] == "papers" and doc["protocol"]["context"] == 48
