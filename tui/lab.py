@@ -52,6 +52,7 @@ RECONCILE_EVERY = 8  # polls between checks of job processes that died without a
 READ_LIMIT = 4 << 20  # bytes of the event log read per poll at most
 FOLD_SECONDS = 0.15  # folding per poll at most: a large log comes in over several polls, drawn, keys answered
 INDEX_EVERY = 4 << 20  # bytes of the log folded between writes of its index (tui/event_index.py)
+INDEX_IDLE_SECONDS = 10.0  # or, with the log read to its end, this long after the last write
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class Lab:
         self.keeper = LineKeeper(self.state)  # which lines of the log the state depends on: the index
         self.offset = 0
         self.indexed = 0  # the log's bytes the written index covers
+        self.index_written = time.monotonic()  # when it was written last
         self.pager: LogPager | None = None  # the Log tab's older pages, while it shows them
         self.polls = 0
         self.next_reconcile = 0  # the poll that checks the jobs' processes next
@@ -203,7 +205,8 @@ class Lab:
                 end, behind = span[1], True
                 break
         self.offset = end
-        if self.offset - self.indexed >= INDEX_EVERY:
+        stale = not behind and time.monotonic() - self.index_written >= INDEX_IDLE_SECONDS
+        if self.offset - self.indexed >= INDEX_EVERY or (stale and self.offset > self.indexed):
             self.write_index()
         if not behind and self.polls >= self.next_reconcile:
             self.reconcile()
@@ -435,10 +438,12 @@ class Lab:
 
     def write_index(self) -> None:
         """Writes down which lines of the log the state depends on, so the next open folds only
-        those and the tail (tui/event_index.py): every INDEX_EVERY bytes folded, and on quitting."""
+        those and the tail (tui/event_index.py): every INDEX_EVERY bytes folded, INDEX_IDLE_SECONDS
+        after the last write once the log is read to its end, and on quitting."""
         if self.session is not None and self.offset > self.indexed:
             if event_index.write(self.session, self.keeper.spans(), self.offset):
                 self.indexed = self.offset
+            self.index_written = time.monotonic()
 
     def closing(self) -> None:
         """The console quits: jobs in their own process keep running; a generation stops at its next
