@@ -1,10 +1,13 @@
 """An atlas's merged table as a dataset: parquet and CSV (written by `datasets`) and a datasheet,
-a README.md whose YAML header names the parquet file, so `datasets.load_dataset(FOLDER)` and
-`load_dataset("parquet", data_files=FOLDER/atlas.parquet)` read the same table."""
+a README.md whose YAML header names the parquet file (its one config, named after the contents), so
+`datasets.load_dataset(FOLDER)` and `load_dataset("parquet", data_files=FOLDER/atlas.parquet)` read the
+same table."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from pathlib import Path
 
 from engine.atlas import CRITERIA, AtlasDocument, AtlasRow
@@ -33,12 +36,20 @@ COLUMNS: dict[str, str] = {
 }
 
 
+def config_name(doc: AtlasDocument) -> str:
+    """The datasheet's one config, named after the table's contents: `datasets` caches a folder's
+    table under its config's name and data-file pattern alone, so a fixed name would hand back an
+    earlier table (another atlas's, or this one's before a rerun) from the cache."""
+    rows = json.dumps([dataclasses.asdict(row) for row in doc.rows], sort_keys=True)
+    return "atlas-" + hashlib.sha256(rows.encode("utf-8")).hexdigest()[:16]
+
+
 def datasheet(doc: AtlasDocument) -> str:
     protocols = sorted({row.protocol for row in doc.rows})
     lines = [
         "---",
         "configs:",
-        "- config_name: default",
+        f"- config_name: {config_name(doc)}",
         f"  data_files: {PARQUET}",
         "---",
         f"# Anatomy atlas {doc.name}",

@@ -4,6 +4,7 @@ same table; the dataset through `datasets`; `anatomy-tui compare`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -290,3 +291,23 @@ def test_calibration_variants_give_each_criterion_its_stability(tiny_folder, tmp
         assert doc.stability.stable[criterion] == all(r is not None and r >= 0.8 - 1e-9 for r in rhos)
     out = capsys.readouterr().out
     assert "calibration sensitivity" in out and "seed-1" in out and "file-other-text" in out
+
+
+def test_two_atlas_folders_load_as_their_own_tables(tmp_path):
+    """`datasets` caches a folder's table by its config: two atlases (or one atlas rerun) each read back
+    their own rows, not the first one's from the cache."""
+    from datasets import load_dataset
+
+    from engine.atlas_dataset import write_dataset
+
+    docs = []
+    for n, values in ((3, [1.0, 200.0, 5.0]), (4, [50.0, 2.0, 3.0, 120.0])):
+        rows = [row(f"m{n}", i, n, "d_pct", v) for i, v in enumerate(values)]
+        docs.append(A.build("t", [f"m{n}"], ["map"], {}, {A.MAIN: {}}, rows))
+    for i, doc in enumerate(docs):
+        folder = write_dataset(doc, tmp_path / f"home{i}" / "t" / "dataset")
+        loaded = load_dataset(str(folder), split="train", cache_dir=str(tmp_path / "cache"))
+        assert loaded.to_list() == [dataclasses.asdict(r) for r in doc.rows]
+    write_dataset(docs[0], tmp_path / "home1" / "t" / "dataset")  # the second atlas rerun with other rows
+    again = load_dataset(str(tmp_path / "home1" / "t" / "dataset"), split="train", cache_dir=str(tmp_path / "cache"))
+    assert again.to_list() == [dataclasses.asdict(r) for r in docs[0].rows]
