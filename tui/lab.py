@@ -154,8 +154,10 @@ class Lab:
         recent = self.store.most_recent() if resume else None
         if recent is not None:
             return recent.name
-        if not self.store.list():
-            return self.store.create(model=self.options.model).name
+        home = self.store.home
+        self.store.check_home(writing=False)  # a file, or not readable: its one line
+        if not home.is_dir() or not any(path.is_dir() and not path.name.startswith(".") for path in home.iterdir()):
+            return self.store.create(model=self.options.model).name  # what `store.list()` lists: none, unread
         return None
 
     def open(self, name: str) -> list[str]:
