@@ -207,7 +207,11 @@ def test_one_line_errors(tokenizer, tasks, monkeypatch, tmp_path):
         return str(caught.value)
 
     with pytest.raises(UserError, match="--tasks"):
-        EvaluateSettings().validate()
+        EvaluateSettings().check_inputs()
+    from engine.memory import ModelShape
+
+    with pytest.raises(UserError, match="layer 4 is out of range"):
+        EvaluateSettings(tasks=("x",), remove=(4,)).check_against(ModelShape.from_config(model.config))
     with pytest.raises(UserError, match="not a folder"):
         EvaluateSettings(tasks=("x",), include_path=str(tmp_path / "none")).validate()
     local = EvaluateSettings(tasks=("tiny_qa",), include_path=str(tasks), gen_tokens=0)

@@ -60,14 +60,19 @@ class EvaluateSettings(LmEvalSettings):
     batch_size: int = setting(1, "lm-eval batch size (fixed, and recorded: lm-eval's scores move with it)", low=1)
 
     def check(self) -> None:
-        if not self.tasks:
-            raise UserError("--tasks: name at least one lm-eval task, e.g. --tasks piqa,arc_easy")
         if len(set(self.variants)) != len(self.variants):
             raise UserError("--variants: each variant once")
         for flag, value in (("--folder", self.folder), ("--adapter", self.adapter)):
             if value is not None and not Path(value).is_dir():
                 raise UserError(f"{flag} {value}: not a folder")
         self.check_include_path()
+
+    def check_inputs(self) -> None:
+        """Before the model loads: a task to run (the defaults name none, so `run evaluate` alone
+        says what it needs)."""
+        super().check_inputs()
+        if not self.tasks:
+            raise UserError("--tasks: name at least one lm-eval task, e.g. --tasks piqa,arc_easy")
 
     def check_against(self, shape: Any) -> None:
         """--remove against the model's depth, from its config before the load (engine/preflight.py)."""
