@@ -57,23 +57,23 @@ def console(mode: str) -> None:
     class Follower(AnatomyApp):
         def after_first_paint(self) -> None:
             super().after_first_paint()
-            fold = self.lab.keeper.fold
-            if mode == "full":  # the straightforward console: every new line in one poll, no index
-                tui.lab.READ_LIMIT, tui.lab.FOLD_SECONDS = None, float("inf")
-                event_index.write = lambda *args: False  # type: ignore[assignment]
-                fold = lambda span, event: self.lab.state.apply(event)  # noqa: E731
-
-            def counting(span, event) -> None:
-                if isinstance(event, (Message, Progress)) and event.job == "soak":
-                    seen.append(int(event.text.split()[1]) if isinstance(event, Message) else event.done)
-                if isinstance(event, Finished) and event.job == "soak":
-                    self.call_later(self.exit)
-                fold(span, event)
-
-            self.lab.keeper.fold = counting  # type: ignore[method-assign]
             self.set_interval(5.0, lambda: samples.append((time.time() - started, me.memory_info().rss / 2**20)))
 
     app = Follower(session="soak", load_model=False)
+    fold = app.lab.keeper.fold  # counted from the first line on
+    if mode == "full":  # the straightforward console: every new line in one poll, no index
+        tui.lab.READ_LIMIT, tui.lab.FOLD_SECONDS = None, float("inf")
+        event_index.write = lambda *args: False  # type: ignore[assignment]
+        fold = lambda span, event: app.lab.state.apply(event)  # noqa: E731
+
+    def counting(span, event) -> None:
+        if isinstance(event, (Message, Progress)) and event.job == "soak":
+            seen.append(int(event.text.split()[1]) if isinstance(event, Message) else event.done)
+        if isinstance(event, Finished) and event.job == "soak":
+            app.call_later(app.exit)
+        fold(span, event)
+
+    app.lab.keeper.fold = counting  # type: ignore[method-assign]
     app.run(headless=True, size=(120, 40))
     cpu = me.cpu_times()
     print(json.dumps({"seen": len(seen), "in_order": seen == list(range(len(seen))), "wall": time.time() - started,

@@ -261,6 +261,10 @@ class AnatomyApp(App[None]):
     @on(TabShown)
     def tab_shown(self, message: TabShown) -> None:
         self.lab.state.dirty.update(message.redraw)
+        screen = self._console()
+        if message.tab == "log" and screen is not None and not screen.log_back:  # the live lines, drawn now
+            self.lab.state.take_new_log()
+            screen.show_log_page(0, list(self.lab.state.log))
 
     @on(LogPageRequested)
     def log_page(self, request: LogPageRequested) -> None:

@@ -51,6 +51,7 @@ log = logging.getLogger("anatomy_tui.console")
 RECONCILE_EVERY = 8  # polls between checks of job processes that died without a word
 READ_LIMIT = 4 << 20  # bytes of the event log read per poll at most
 FOLD_SECONDS = 0.15  # folding per poll at most: a large log comes in over several polls, drawn, keys answered
+CATCH_UP_REDRAW = 4  # polls between redraws while a large log is read (redrawing costs more than folding)
 INDEX_EVERY = 4 << 20  # bytes of the log folded between writes of its index (tui/event_index.py)
 INDEX_IDLE_SECONDS = 10.0  # or, with the log read to its end, this long after the last write
 
@@ -214,6 +215,8 @@ class Lab:
             self.reconcile()
             self.next_reconcile = self.polls + RECONCILE_EVERY
         self.polls += 1
+        if behind and self.polls % CATCH_UP_REDRAW:
+            return set()  # catching up with a large log: the panels are redrawn every few polls, not each
         return self.state.take_dirty()
 
     def reconcile(self) -> None:

@@ -312,8 +312,9 @@ class ConsoleScreen(Screen[None]):
         self.query_one(StatusLine).show(session, model, jobs)
 
     def write_log(self, lines: list[tuple[str, str]]) -> None:
-        """New lines for the live view (kept by the state while an older page is shown)."""
-        if self.log_back:
+        """New lines for the live view, while it is in view (the state keeps the newest for when it
+        comes into view: a hidden RichLog would keep every line written to it until shown)."""
+        if self.log_back or self.current != "log":
             return
         view = self.query_one("#log-view", RichLog)
         for level, text in lines:
