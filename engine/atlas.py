@@ -45,6 +45,7 @@ CRITERIA: dict[str, str] = {
     "d_pct": "ablation D % (perplexity rise when the layer is replaced by its neighbours' mean), 95 % bootstrap CI",
     "block_influence": "Block Influence 1 - cos(h_in, h_out), mean over tokens (ShortGPT)",
     "angular_distance": "angular distance arccos(cos(h_in, h_out)) / pi, mean over tokens",
+    "angular_last_token": "the same angular distance of each text's last token only (Gromov et al., PruneMe)",
     "removal_ppl": "perplexity with the layer removed (SLEB's first round, prune --method ppl)",
     "angle_state": "median angle (degrees) between a layer's input and output hidden states",
     "angle_update": "median angle (degrees) between consecutive layers' updates",
@@ -53,7 +54,8 @@ CRITERIA: dict[str, str] = {
 
 MEASURES: dict[str, Measure] = {m.name: m for m in (
     Measure("map", "ablation", ("--bootstrap", "200"), ("d_pct",)),
-    Measure("proxies", "ablation", ("--bootstrap", "200"), ("block_influence", "angular_distance")),
+    Measure("proxies", "ablation", ("--bootstrap", "200"),
+            ("block_influence", "angular_distance", "angular_last_token")),
     Measure("prune-ppl", "prune", ("--method", "ppl", "--remove", "1", "--bootstrap", "0"), ("removal_ppl",)),
     Measure("dynamics", "dynamics", (), ("angle_state", "angle_update")),
     Measure("recovery-sample", "recovery", ("--steps", "30", "--eval-every", "5"), ("recovery_difficulty",),
@@ -192,6 +194,9 @@ def _per_layer(experiment: str, doc: Mapping[str, Any]) -> Iterable[tuple]:
             yield n, row.layer, "d_pct", row.degradation_pct, row.ci_low, row.ci_high, row.layer_class
             yield n, row.layer, "block_influence", row.block_influence, None, None, None
             yield n, row.layer, "angular_distance", row.angular_distance, None, None, None
+            last = row.angular_last_token
+            if isinstance(last, (int, float)):  # ABSENT in maps made before it was measured
+                yield n, row.layer, "angular_last_token", last, None, None, None
     elif experiment == "prune":
         result = PruneResult.from_json(doc)
         for layer, value in enumerate(result.scores.get("ppl") or []):
@@ -315,7 +320,7 @@ def stability(rows: Sequence[AtlasRow]) -> Stability:
             if per:
                 rho[model][criterion] = per
                 verdicts.setdefault(criterion, []).extend(per.values())
-    stable = {c: (all(r is not None and r >= STABLE_RHO - 1e-9 for r in rs) if rs else None)  # 0.8 computed as 0.7999...
+    stable = {c: (all(r is not None and r >= STABLE_RHO - 1e-9 for r in rs) if rs else None)  # 0.8 comes out 0.7999...
               for c, rs in verdicts.items()}
     return Stability(rho, stable)
 

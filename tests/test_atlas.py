@@ -146,8 +146,9 @@ def test_atlas_killed_after_the_first_model_resumes_to_the_same_table(families, 
     assert main(atlas_argv(families, evaluation)) == 0
     assert resumed == table(fresh_home)
     assert {(r["model"], r["measure"]) for r in resumed} == {
-        (str(families[f]), m) for f in FAMILIES for m in ("d_pct", "block_influence", "angular_distance")}
-    assert len(resumed) == 3 * 4 * 3  # three models of four layers, three criteria
+        (str(families[f]), m) for f in FAMILIES
+        for m in ("d_pct", "block_influence", "angular_distance", "angular_last_token")}
+    assert len(resumed) == 3 * 4 * 4  # three models of four layers, four criteria
     first = [r for r in resumed if r["model"] == str(families["gemma2"]) and r["measure"] == "d_pct"]
     assert [r["relative_depth"] for r in first] == [0.0, 1 / 3, 2 / 3, 1.0]
     assert all(r["lo"] is not None and r["lo"] <= r["value"] <= r["hi"] for r in first)  # the bootstrap CI

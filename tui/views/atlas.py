@@ -13,11 +13,11 @@ from pathlib import Path
 
 from engine import atlas as A
 
-SHORT = {"d_pct": "D%", "block_influence": "BI", "angular_distance": "ang", "removal_ppl": "ppl-rm",
-         "angle_state": "θstate", "angle_update": "θupd", "recovery_difficulty": "recov"}
+SHORT = {"d_pct": "D%", "block_influence": "BI", "angular_distance": "ang", "angular_last_token": "ang-last",
+         "removal_ppl": "ppl-rm", "angle_state": "θstate", "angle_update": "θupd", "recovery_difficulty": "recov"}
 SPARK = "▁▂▃▄▅▆▇█"
 BAND_WIDTH = 40
-CORE = ("d_pct", "block_influence", "angular_distance", "removal_ppl")  # the pruning criteria, compared pairwise
+CORE = ("d_pct", "block_influence", "angular_distance", "angular_last_token", "removal_ppl")  # compared pairwise
 LOG_FLOOR = 0.1  # D % below this (or negative: anti-layers) sits at the bottom of the log axis
 
 
@@ -109,7 +109,7 @@ def agreement_lines(doc: A.AtlasDocument, width: int) -> list[str]:
     for criterion, across in agreement.across_models.items():
         with_d = agreement.with_d.get(criterion)
         versus = f"vs D% {_fmt(with_d['mean'])}, {_fmt(with_d['min'])}; " if with_d else ""
-        lines.append(f"  {SHORT[criterion]:<8}{versus}consistency {_fmt(across)}")
+        lines.append(f"  {SHORT[criterion]:<9}{versus}consistency {_fmt(across)}")
     if agreement.most_consistent:
         lines.append(f"  most consistent across models: {SHORT[agreement.most_consistent]}")
     lines.append("")
@@ -125,7 +125,7 @@ def stability_lines(doc: A.AtlasDocument) -> list[str]:
         per = [f"{model} {variant} {_fmt(rho)}" for model, by in stability.rho.items()
                for variant, rho in by.get(criterion, {}).items()]
         verdict = "stable" if stable else "unstable"
-        lines.append(f"  {SHORT[criterion]:<8}{verdict:<9}" + "; ".join(per))
+        lines.append(f"  {SHORT[criterion]:<9}{verdict:<9}" + "; ".join(per))
     lines.append("")
     return lines
 
