@@ -105,8 +105,6 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
             loaded = planned.load(_report)
             if main:
                 _report(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
-        if session is None and main:
-            session = store.create(args.session, model=options.model if options else "", settings=settings.to_dict())
         context = RunContext(
             model=loaded,
             checkpoint_dir=session.checkpoint_dir(experiment.name) if experiment.resumable and session else None,
