@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def timed_load(cache: str) -> tuple[float, object]:
-    from engine.models import load_model
+    from engine.models.loading import load_model
 
     os.environ["ANATOMY_TUI_CACHE"] = cache
     start = time.perf_counter()
@@ -35,7 +35,7 @@ def main() -> None:
     import torch
     import transformers  # noqa: F401  (import time is not load time)
 
-    from engine.events import Result
+    from engine.core.events import Result
     from engine.experiments.ablation import AblationSettings, run_ablation
 
     with tempfile.TemporaryDirectory() as cache:

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.events import (  # noqa: E402
+from engine.core.events import (  # noqa: E402
     AblationMap,
     AblationProxies,
     AblationRow,

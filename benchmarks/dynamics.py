@@ -46,13 +46,13 @@ def straightforward(model, batches, settings) -> int:
     import numpy as np
     import torch
 
-    from engine.anatomy import LayerStack
     from engine.experiments.dynamics import (
         Profiles,
         cluster_profiles,
         keep_mask,
         profiles_from_states,
     )
+    from engine.models.anatomy import LayerStack
 
     stack = LayerStack(model)
     states: list[list[torch.Tensor]] = [[] for _ in range(len(stack) + 1)]
@@ -91,10 +91,10 @@ def full_length_texts(tokenizer, paragraphs: list[str], length: int) -> list[str
 def child(mode: str, tokens: int, model_name: str) -> None:
     import torch
 
-    from engine.events import Result
+    from engine.core.events import Result
+    from engine.evaluation.perplexity import tokenize_batches
     from engine.experiments.dynamics import DynamicsSettings, dynamics_texts, run_dynamics, select_texts
-    from engine.models import load_model
-    from engine.perplexity import tokenize_batches
+    from engine.models.loading import load_model
 
     loaded = load_model(model_name, device="cpu", dtype="float32")
     text_file = Path(tempfile.mkdtemp()) / "full_length.txt"

@@ -225,7 +225,7 @@ def layer_count(model: str) -> int:
     """Layers of the model, from its config (the embedded GGUF's dequantized folder, made once)."""
     from transformers import AutoConfig
 
-    from engine.models import dequantized_folder, resolve
+    from engine.models.loading import dequantized_folder, resolve
 
     source = resolve(model)
     location = dequantized_folder(Path(source.location)) if source.kind == "gguf" else source.location
@@ -275,7 +275,7 @@ class Settings:
 def device_info(check: Check) -> None:
     import torch
 
-    from engine.memory import free_memory
+    from engine.models.memory import free_memory
 
     device = check.args.device
     if not check.gpu:
@@ -328,7 +328,7 @@ def peak_figure(check: Check, figure: str, run: Run) -> None:
 
 
 def map_figures(check: Check, dtype: str, run: Run, reference: Run) -> None:
-    from engine.statistics import spearman
+    from engine.evaluation.statistics import spearman
 
     def baseline() -> tuple[bool, str]:
         ours, cpu = run.result["baseline_ppl"], reference.result["baseline_ppl"]

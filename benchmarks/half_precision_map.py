@@ -42,7 +42,7 @@ PROBE_LAYERS = (0, 29)  # the dearest layer (a full forward) and the cheapest (t
 
 def timed_map(loaded, settings) -> tuple[dict, float, float, dict[int, float]]:
     """The map's result, its seconds, the baseline pass's seconds and each layer's seconds."""
-    from engine.events import AblationProxies, LayerAblated, Result
+    from engine.core.events import AblationProxies, LayerAblated, Result
     from engine.experiments.ablation import run_ablation
 
     started = time.perf_counter()
@@ -60,7 +60,7 @@ def timed_map(loaded, settings) -> tuple[dict, float, float, dict[int, float]]:
 
 
 def load(dtype: str):
-    from engine.models import load_model
+    from engine.models.loading import load_model
 
     return load_model("smollm2-135m", device="cpu", dtype=dtype)
 
@@ -75,7 +75,7 @@ def spaced(n: int, k: int) -> list[int]:
 
 
 def compare(doc: dict, reference: dict) -> dict:
-    from engine.statistics import spearman
+    from engine.evaluation.statistics import spearman
 
     rows = {row["layer"]: row for row in doc["layers"]}
     ref = {row["layer"]: row for row in reference["layers"]}

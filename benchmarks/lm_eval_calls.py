@@ -33,7 +33,7 @@ def main() -> None:
     from lm_eval_tasks import write_task
     from tiny_models import byte_tokenizer, tiny_model
 
-    from engine.accuracy import without_machine_report
+    from engine.evaluation.accuracy import without_machine_report
 
     torch.set_num_threads(1)
     folder = write_task(Path(tempfile.mkdtemp()) / "tasks")

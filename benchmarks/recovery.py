@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from engine.events import RecoveryPoint, Result
+from engine.core.events import RecoveryPoint, Result
 from engine.experiments.recovery import RecoverySettings, run_recovery
-from engine.models import load_model
+from engine.models.loading import load_model
 
 
 def timed_run(loaded, layer: int, args: argparse.Namespace, prefix_cache: bool) -> tuple[float, list, list]:

@@ -14,8 +14,8 @@ import time
 import numpy as np
 from scipy.optimize import minimize
 
-from engine import powerfit
-from engine.events import Result
+from engine.core.events import Result
+from engine.evaluation import powerfit
 from engine.experiments.scaling_fit import (
     Runs,
     ScalingFitSettings,

@@ -1,4 +1,4 @@
-"""The embedded model's ablation map split over worker processes (engine/distributed.py).
+"""The embedded model's ablation map split over worker processes (engine/models/distributed.py).
 
     python benchmarks/shards.py [--eval-set full|paper] [--workers 2]
 
@@ -32,9 +32,9 @@ def worker(out: str, eval_set: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from engine.distributed import Workers, world_from_env
     from engine.experiments.ablation import merge_shards, run_ablation
-    from engine.models import load_model
+    from engine.models.distributed import Workers, world_from_env
+    from engine.models.loading import load_model
 
     world = world_from_env()
     assert world is not None, "run under torch.distributed.run"
@@ -65,10 +65,10 @@ def main() -> None:
 
     import torch
 
-    from engine.distributed import launch
-    from engine.events import Result
+    from engine.core.events import Result
     from engine.experiments.ablation import run_ablation
-    from engine.models import load_model
+    from engine.models.distributed import launch
+    from engine.models.loading import load_model
 
     loaded = load_model("smollm2-135m", device="cpu", dtype="float32")
     torch.set_num_threads(1)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 WRITER = """
 import sys, time
 from pathlib import Path
-from engine.events import Finished, Message, Progress, Started
+from engine.core.events import Finished, Message, Progress, Started
 from sessions.store import SessionStore
 session = SessionStore(Path(sys.argv[1])).open("soak")
 session.append_event(Started("soak", {}, job="soak"))
@@ -45,7 +45,7 @@ def console(mode: str) -> None:
     import psutil
 
     import tui.lab
-    from engine.events import Finished, Message, Progress
+    from engine.core.events import Finished, Message, Progress
     from tui import event_index
     from tui.app import AnatomyApp
 

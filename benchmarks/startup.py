@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def probe(mode: str, session: str, model: str, started: float) -> None:
     """Runs inside the measured process; prints one JSON line of times (seconds since `started`)."""
     if mode == "eager":  # the straightforward version: the model first, then the UI
-        from engine.models import load_model
+        from engine.models.loading import load_model
 
         load_model(model, device="cpu")
     from tui.app import AnatomyApp, ModelOptions

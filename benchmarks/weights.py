@@ -21,7 +21,6 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from sklearn.linear_model import Ridge  # noqa: E402
 
-from engine.anatomy import LayerStack  # noqa: E402
 from engine.experiments.weights import (  # noqa: E402
     Analysis,
     WeightsSettings,
@@ -29,7 +28,8 @@ from engine.experiments.weights import (  # noqa: E402
     independent_gram,
     index_features,
 )
-from engine.models import load_model  # noqa: E402
+from engine.models.anatomy import LayerStack  # noqa: E402
+from engine.models.loading import load_model  # noqa: E402
 
 
 class PeakRss:

@@ -4,8 +4,8 @@ and tests alike.
 Adding an experiment means one module under `engine/experiments/` (its Settings dataclass, its
 `run(settings, context)` generator) and one record here. The module is the experiment's adapter: it
 also declares, where it has them, what the sharding, the memory plan and the readers of its result
-need (`shard_plan`, `training_needs`, `RESULT`: see `Experiment`), so `engine/distributed.py`,
-`engine/memory.py` and the runner name no experiment. This module imports no torch: the record
+need (`shard_plan`, `training_needs`, `RESULT`: see `Experiment`), so `engine/models/distributed.py`,
+`engine/models/memory.py` and the runner name no experiment. This module imports no torch: the record
 names its module, which is imported only when the experiment's settings or run are wanted, so the
 console paints and `anatomy-tui --help` answers before torch loads.
 """
@@ -23,12 +23,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import UserError
-from engine.events import CancelToken, Event
+from engine.core.errors import UserError
+from engine.core.events import CancelToken, Event
 
 if TYPE_CHECKING:
-    from engine.models import LoadedModel
-    from engine.settings import Settings
+    from engine.core.settings import Settings
+    from engine.models.loading import LoadedModel
 
 
 @dataclass
@@ -39,7 +39,7 @@ class RunContext:
     `output_dir` the session folder, for files a run leaves for later (growth's final models);
     `resume` asks it to continue from what is there; `inputs` holds earlier results of the session
     the experiment reads (the ablation map, say), by result name. `share` is this worker's units of
-    a split sweep (engine/distributed.py `plan`), where the experiment reads them from the context
+    a split sweep (engine/models/distributed.py `plan`), where the experiment reads them from the context
     rather than its settings (manipulate's trials, toy-depth's students); None: all of them."""
 
     model: LoadedModel | None = None
@@ -57,13 +57,13 @@ class Experiment:
 
     Its module defines `settings_name` and `run(settings, context) -> Iterator[Event]`, and may
     define (each read through the property or method of the same name, with its default):
-      shard_plan(settings, n_layers, inputs, model_name) -> engine.distributed.ShardPlan
+      shard_plan(settings, n_layers, inputs, model_name) -> engine.models.distributed.ShardPlan
                    how its sweep splits over workers (with `shardable`); none: it does not split
-      training_needs(settings, shape) -> engine.memory.Training | None
+      training_needs(settings, shape) -> engine.models.memory.Training | None
                    what a run trains at once, for the memory plan; none: it trains nothing
       checkpoint_params(settings, shape) -> int
                    parameters its checkpoints keep at most, for the disk check; none: 0
-      RESULT       the class of its result document (engine/events.py); none: an untyped dict
+      RESULT       the class of its result document (engine/core/events.py); none: an untyped dict
     """
 
     name: str
@@ -109,8 +109,8 @@ class Experiment:
         return getattr(self.load(), "shard_plan", None) if self.shardable else None
 
     def training_needs(self, settings: Settings, shape: Any) -> Any:
-        """What a run with these settings trains at once on a model of this `engine.memory.ModelShape`
-        (an `engine.memory.Training`), from the module's `training_needs`; None: it trains nothing."""
+        """What a run with these settings trains at once on a model of this `engine.models.memory.ModelShape`
+        (an `engine.models.memory.Training`), from the module's `training_needs`; None: it trains nothing."""
         needs = getattr(self.load(), "training_needs", None)
         return needs(settings, shape) if needs is not None else None
 
@@ -128,7 +128,7 @@ class Experiment:
     def run(self, settings: Settings, context: RunContext) -> Iterator[Event]:
         """The experiment's events. Out of memory anywhere in it is one line naming the experiment and
         the flags to change, raised after the memory is given back (every front end, every worker)."""
-        from engine.oom import out_of_memory_guard
+        from engine.models.oom import out_of_memory_guard
 
         runner: Callable[[Any, RunContext], Iterator[Event]] = self.load().run
         with out_of_memory_guard(self.name, self.oom_advice):

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.atlas import DEFAULT_BINS, MAIN, AtlasDocument, AtlasRow, build, rows_of, with_depth
-from engine.atomic import atomic_write_json
-from engine.errors import UserError
+from engine.atlas.table import DEFAULT_BINS, MAIN, AtlasDocument, AtlasRow, build, rows_of, with_depth
+from engine.core.errors import UserError
+from engine.disk.atomic import atomic_write_json
 from sessions.store import Session, SessionError, SessionStore
 
 STATE = "state.json"

@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from engine.atomic import is_no_space, no_space
-from engine.errors import UserError
-from engine.events import Cancelled, Event, Finished, Result, Started
-from engine.process import Stopped, process_identity
+from engine.core.errors import UserError
+from engine.core.events import Cancelled, Event, Finished, Result, Started
+from engine.core.process import Stopped, process_identity
+from engine.disk.atomic import is_no_space, no_space
 from sessions.store import Session
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.session_layout import CHECKPOINTS, LAYER_WEIGHTS
-from engine.session_models import LAYER_FILE, layer_weights
+from engine.disk.session_layout import CHECKPOINTS, LAYER_WEIGHTS
+from engine.experiments.session_models import LAYER_FILE, layer_weights
 from sessions.store import Session, SessionError
 
 

@@ -8,18 +8,18 @@
                             logs/            the output of jobs the console started
                             app.log          the console's log file
                             growth_models/   the growth run's final models
-    (each part's name: engine/session_layout.py)
+    (each part's name: engine/disk/session_layout.py)
 
 Nothing in a session folder is trusted: every field read is checked (a bad one is reported as
 the session's damage, one line each, and the rest stays usable), none of its parts may be a
 symbolic link (writes would land outside the sessions folder), and a pid is signalled only with
-proof that it still is the job that wrote it (engine.process).
+proof that it still is the job that wrote it (engine.core.process).
 
 The machine's faults: a sessions folder that is a file or cannot be written is one line
 (`SessionStore.check_home`) before anything runs. A session appears whole or not at all (made in a
 hidden folder and renamed into place: of two runs creating the same name, the first wins and the
 other joins it). Several processes may write one session at once: each event is one locked append
-(engine.atomic.append_line, cut back on failure, so a full disk leaves no torn line), the manifest is
+(engine.disk.atomic.append_line, cut back on failure, so a full disk leaves no torn line), the manifest is
 read, changed and written under a lock on the session folder, results and job files are atomic
 renames. A result that cannot be written (a full disk) is kept elsewhere, under the temp folder if
 nothing else has room, and the one-line error says where.
@@ -43,11 +43,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import append_line, atomic_write_json, is_no_space, locked, no_space
-from engine.errors import UserError
-from engine.events import Event, event_from_json, upgrade_result
-from engine.process import identity_problem, pid_alive, valid_pid
-from engine.session_layout import CHECKPOINTS, EVENTS, FOLDERS, JOBS, LOGS, MANIFEST, PARTS, RESULTS
+from engine.core.errors import UserError
+from engine.core.events import Event, event_from_json, upgrade_result
+from engine.core.process import identity_problem, pid_alive, valid_pid
+from engine.disk.atomic import append_line, atomic_write_json, is_no_space, locked, no_space
+from engine.disk.session_layout import CHECKPOINTS, EVENTS, FOLDERS, JOBS, LOGS, MANIFEST, PARTS, RESULTS
 
 MANIFEST_SCHEMA_VERSION = 1
 log = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ class Session:
 
     def writable_part(self, name: str) -> Path | None:
         """`path/name` when a file can be written there, else None with the reason in `damage`."""
-        from engine.atomic import check_writable_path
+        from engine.disk.atomic import check_writable_path
 
         try:
             return check_writable_path(self.part(name), name)
@@ -239,7 +239,7 @@ class Session:
     def check_writable(self, result: str | None = None) -> None:
         """Raises a one-line UserError unless the event log, the jobs folder and the result file
         `result` can be written: called before a run, so no computation is lost at its end."""
-        from engine.atomic import check_writable_path
+        from engine.disk.atomic import check_writable_path
 
         check_writable_path(self.events_path, f"session {self.name!r}: events.jsonl")
         for name in FOLDERS:

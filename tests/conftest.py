@@ -22,7 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if workers > 1:  # two workers of two threads each on two cores would fight over them
         import torch
 
-        from engine.distributed import cpu_threads
+        from engine.models.distributed import cpu_threads
 
         torch.set_num_threads(cpu_threads(workers))
 
@@ -94,6 +94,6 @@ def worker_env(monkeypatch):
 @pytest.fixture(scope="session")
 def embedded():
     """SmolLM2-135M, the real embedded default (dequantized once, then read from the cache)."""
-    from engine.models import load_model
+    from engine.models.loading import load_model
 
     return load_model("smollm2-135m", device="cpu", dtype="float32")

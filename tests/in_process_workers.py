@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from engine.distributed import World, _Merger, shard
-from engine.events import Event
+from engine.core.events import Event
+from engine.models.distributed import World, _Merger, shard
 
 
 class InProcessWorkers:

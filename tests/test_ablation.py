@@ -9,13 +9,13 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.events import Cancelled, CancelToken, LayerAblated, Result
+from engine.core.errors import UserError
+from engine.core.events import Cancelled, CancelToken, LayerAblated, Result
+from engine.data.text import eval_texts
+from engine.evaluation.perplexity import Evaluator
+from engine.evaluation.statistics import bootstrap_degradation, importance_class
 from engine.experiments.ablation import AblationSettings, neighbour_mean, run_ablation
-from engine.perplexity import Evaluator
-from engine.statistics import bootstrap_degradation, importance_class
-from engine.text import eval_texts
+from engine.models.anatomy import LayerStack
 
 
 def run(model, tokenizer, **settings):

@@ -21,7 +21,7 @@ from tui_fixtures import (
     weights_doc,
 )
 
-from engine.events import DynamicsResult, PruneResult, ScalingFitResult
+from engine.core.events import DynamicsResult, PruneResult, ScalingFitResult
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
 from tui.screens import console

@@ -7,9 +7,9 @@ import pytest
 import torch
 from tiny_models import TINY_CONFIGS, tiny_model
 
-from engine.anatomy import FAMILIES, LayerStack
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.experiments.ablation import ablated
+from engine.models.anatomy import FAMILIES, LayerStack
 
 EXPECTED_MATRICES = {
     "llama": ("q", "k", "v", "o", "gate", "up", "down"),

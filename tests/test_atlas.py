@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tiny_models import save_tiny
 
-from engine import atlas as A
+from engine.atlas.table import table as A
 from sessions.store import SessionStore
 from tui.cli import main
 
@@ -299,7 +299,7 @@ def test_two_atlas_folders_load_as_their_own_tables(tmp_path):
     their own rows, not the first one's from the cache."""
     from datasets import load_dataset
 
-    from engine.atlas_dataset import write_dataset
+    from engine.atlas.dataset import write_dataset
 
     docs = []
     for n, values in ((3, [1.0, 200.0, 5.0]), (4, [50.0, 2.0, 3.0, 120.0])):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tui_fixtures import T0, ablation_doc, demo_session, write_events
 
-from engine.events import (
+from engine.core.events import (
     Event,
     Finished,
     GrowthEval,
@@ -28,7 +28,7 @@ from engine.events import (
     Started,
     TrialDone,
 )
-from engine.options import ModelOptions
+from engine.models.options import ModelOptions
 from sessions.store import Session, SessionStore
 from tui import event_index
 from tui.lab import Lab
@@ -296,7 +296,7 @@ async def test_the_log_tab_shows_older_pages_on_demand(isolated_home):
 SOAK_WRITER = """
 import sys, time
 from pathlib import Path
-from engine.events import Message, Progress, Started, Finished
+from engine.core.events import Message, Progress, Started, Finished
 from sessions.store import SessionStore
 session = SessionStore(Path(sys.argv[1])).open("soak")
 session.append_event(Started("soak", {}, job="soak"))

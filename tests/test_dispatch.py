@@ -15,15 +15,15 @@ import torch
 from accelerate import dispatch_model
 from tiny_models import tiny_model
 
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.events import Result
+from engine.core.errors import UserError
+from engine.core.events import Result
+from engine.data.text import eval_texts
+from engine.evaluation.perplexity import Evaluator
 from engine.experiments.ablation import AblationSettings, run_ablation
 from engine.experiments.dynamics import DynamicsSettings, run_dynamics
 from engine.experiments.recovery import RecoverySettings, run_recovery
-from engine.models import parse_max_memory, placement, placement_text
-from engine.perplexity import Evaluator
-from engine.text import eval_texts
+from engine.models.anatomy import LayerStack
+from engine.models.loading import parse_max_memory, placement, placement_text
 
 TRAIN = "\n".join(f"The cat number {i} sat on the mat and looked at the dog for a while." for i in range(40))
 EVAL = ["The dog sat on the mat.", "A cat looked at the dog.", "Number seven sat for a while."]

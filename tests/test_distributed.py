@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tiny_models import tiny_model
 
-from engine.distributed import World, _Done, _Failed, _Merger, cpu_threads, launch, plan, shard, world_from_env
-from engine.errors import UserError
-from engine.events import Progress, Result
+from engine.core.errors import UserError
+from engine.core.events import Progress, Result
 from engine.experiments.ablation import AblationSettings, merge_shards, run_ablation
+from engine.models.distributed import World, _Done, _Failed, _Merger, cpu_threads, launch, plan, shard, world_from_env
 
 TESTS = Path(__file__).resolve().parent
 WORKER = TESTS / "shard_worker.py"
@@ -57,7 +57,7 @@ def test_workers_use_the_device_the_run_asked_for(device, taken, backend, monkey
     threads); otherwise a worker takes the GPU of its LOCAL_RANK."""
     import torch.distributed as dist
 
-    from engine.distributed import Workers
+    from engine.models.distributed import Workers
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -149,7 +149,7 @@ def untimed(doc):
 
 
 def test_recovery_shards_of_layer_repeat_runs_merge_to_the_serial_result(tokenizer, tmp_path):
-    from engine.events import RecoveryLayer
+    from engine.core.events import RecoveryLayer
     from engine.experiments.recovery import RecoverySettings, run_recovery, whole_layers
 
     (tmp_path / "train.txt").write_text("\n".join(f"The cat {i} sat on the mat." for i in range(40)), encoding="utf-8")

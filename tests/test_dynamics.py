@@ -12,9 +12,9 @@ import torch
 from tiny_models import TINY_CONFIGS, save_tiny, tiny_model
 from tui_fixtures import round_trips
 
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.events import PcaSample, Result, from_doc
+from engine.core.errors import UserError
+from engine.core.events import PcaSample, Result, from_doc
+from engine.evaluation.perplexity import Evaluator, tokenize_batches
 from engine.experiments.dynamics import (
     DynamicsSettings,
     LastBlockLens,
@@ -29,7 +29,7 @@ from engine.experiments.dynamics import (
     stream_profiles,
     trajectory,
 )
-from engine.perplexity import Evaluator, tokenize_batches
+from engine.models.anatomy import LayerStack
 
 TEXTS = [
     "The cat sat on the mat.",

@@ -35,7 +35,7 @@ def test_no_ui_imports(package):
     assert done.stdout.strip() == "", f"UI modules imported by {package}: {done.stdout.strip()}"
 
 
-@pytest.mark.parametrize("module", ["engine.events", "engine.registry", "sessions.store", "tui.state"])
+@pytest.mark.parametrize("module", ["engine.core.events", "engine.registry", "sessions.store", "tui.state"])
 def test_torch_free(module):
     """The vocabulary, the registry, the store and the console's state load without torch or numpy,
     so the console decodes every event before (or without) the engine's heavy imports."""

@@ -1,4 +1,4 @@
-"""Evaluation text from datasets (engine/eval_data.py): the SPEC, local files of each kind, the hub
+"""Evaluation text from datasets (engine/data/eval_data.py): the SPEC, local files of each kind, the hub
 through a stand-in `datasets.load_dataset`, the papers' protocol and the sliding window against
 independent loops over the model's own loss, calibration windows, the protocol a result records,
 and `run ablation --eval-dataset` end to end. The hubs are unreachable here: every text is local."""
@@ -14,8 +14,9 @@ import pytest
 import torch
 from tiny_models import byte_tokenizer, tiny_model
 
-from engine.errors import UserError
-from engine.eval_data import (
+from engine.core.errors import UserError
+from engine.core.events import AblationMap
+from engine.data.eval_data import (
     DatasetSpec,
     calibration_blocks,
     comparable,
@@ -23,9 +24,8 @@ from engine.eval_data import (
     eval_source,
     load_texts,
 )
-from engine.events import AblationMap
+from engine.evaluation.perplexity import Evaluator
 from engine.experiments.ablation import AblationSettings
-from engine.perplexity import Evaluator
 from tui.cli import main
 
 # wikitext-like rows: headings, paragraphs, empty rows (as the hub's wikitext has them)
@@ -236,7 +236,7 @@ def test_calibration_windows_are_seeded_slices_of_the_train_stream(tmp_path):
 
 
 def test_comparable_says_what_differs():
-    from engine.events import EvalProtocol
+    from engine.core.events import EvalProtocol
 
     a = EvalProtocol(dataset="wikitext", config="wikitext-2-raw-v1", split="test", revision="b08601e",
                      text_column="text", protocol="papers", context=2048, stride=None, windows=140, tokens=286580)
@@ -290,9 +290,9 @@ def test_prune_says_when_the_sessions_map_was_measured_another_way(tmp_path):
     """The map criterion reads the session's ablation map: a map measured by another protocol
     (here the built-in sentences, against a dataset's windows) is used, with a warning naming what
     differs."""
-    from engine.events import Message
+    from engine.core.events import Message
     from engine.experiments.prune import PruneSettings
-    from engine.models import LoadedModel
+    from engine.models.loading import LoadedModel
     from engine.registry import RunContext, experiment
 
     paths = write_all(tmp_path)
@@ -318,7 +318,7 @@ def run_ablation_doc(model, tokenizer) -> dict:
 
 
 def test_the_prefix_cache_goes_to_the_host_when_only_it_does_not_fit():
-    from engine.memory import MemoryPlan, place_prefix_cache
+    from engine.models.memory import MemoryPlan, place_prefix_cache
 
     plan = MemoryPlan("cuda:0", "float16", weights=10, prefix_cache=50, activations=5, logits=5)
     moved = place_prefix_cache(plan, free_bytes=30, host_free=100)
@@ -356,8 +356,8 @@ def test_the_auto_batch_keeps_the_cache_beside_the_model_while_any_batch_allows(
     """2048-token windows of a SmolLM2-sized model: with room for the cache, the auto batch keeps it
     on the GPU; with room for the model and one window's forward but not the cache, it plans the
     cache on the host and the largest batch that then fits."""
-    from engine import memory
-    from engine.memory import ModelShape, auto_eval_batch, plan_memory
+    from engine.models.loading import memory
+    from engine.models.memory import ModelShape, auto_eval_batch, plan_memory
 
     monkeypatch.setattr(memory, "free_memory", lambda device: 10**12)  # the host's RAM
     shape = ModelShape(params=134_515_008, n_layers=30, hidden=576, intermediate=1536, heads=9, vocab=49152)

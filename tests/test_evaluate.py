@@ -14,13 +14,13 @@ from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 from tui_fixtures import round_trips, task_score
 
-from engine.accuracy import agreement, disagreement, without_machine_report
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.events import EvaluateResult, ModelEvaluated, PruneResult, Result
+from engine.core.errors import UserError
+from engine.core.events import EvaluateResult, ModelEvaluated, PruneResult, Result
+from engine.evaluation.accuracy import agreement, disagreement, without_machine_report
 from engine.experiments.evaluate import EvaluateSettings
 from engine.experiments.prune import PruneSettings
-from engine.models import LoadedModel
+from engine.models.anatomy import LayerStack
+from engine.models.loading import LoadedModel
 from engine.registry import RunContext, experiment
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -49,7 +49,7 @@ def loaded(model, tokenizer, name="tiny") -> LoadedModel:
 
 def direct(model, tokenizer, folder, tasks, batch_size=1, limit=None, num_fewshot=None) -> dict:
     """lm-eval called directly, as its README shows for a model object (without its report of the
-    machine, which takes seconds of subprocesses and no part in the scores: engine/accuracy.py)."""
+    machine, which takes seconds of subprocesses and no part in the scores: engine/evaluation/accuracy.py)."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -79,7 +79,7 @@ def run_evaluate(model, tokenizer, settings, inputs=None, output_dir=None) -> tu
 
 
 def smaller_llama(model, kept: list[int]):
-    """The same model with only layers `kept`, built from a config and a state dict (not engine.pruning)."""
+    """The same model with only layers `kept`, built from a config and a state dict (not engine.models.pruning)."""
     config = model.config.to_dict() | {"num_hidden_layers": len(kept)}
     small = AutoModelForCausalLM.from_config(type(model.config).from_dict(config), attn_implementation="eager")
     state = {}
@@ -116,8 +116,8 @@ def test_evaluate_gives_lm_evals_numbers_for_the_original_and_a_cut(tokenizer, t
     assert {row.samples for row in original.scores} == {6, 12}
     # the generation check: the original agrees with itself; the cut against the model built without the layers
     assert (original.generation.prefix_agreement, original.generation.token_agreement) == (1.0, 1.0)
-    from engine.accuracy import PROMPTS
-    from engine.generation import greedy_tokens
+    from engine.evaluation.accuracy import PROMPTS
+    from engine.evaluation.generation import greedy_tokens
 
     reference = [greedy_tokens(model, tokenizer, p, 6) for p in PROMPTS]
     others = [greedy_tokens(small, tokenizer, p, 6) for p in PROMPTS]
@@ -139,7 +139,7 @@ def test_evaluate_gives_lm_evals_numbers_for_the_original_and_a_cut(tokenizer, t
 
 
 def json_of(result: EvaluateResult) -> dict:
-    from engine.events import json_safe
+    from engine.core.events import json_safe
 
     return json_safe(result)
 
@@ -208,7 +208,7 @@ def test_one_line_errors(tokenizer, tasks, monkeypatch, tmp_path):
 
     with pytest.raises(UserError, match="--tasks"):
         EvaluateSettings().check_inputs()
-    from engine.memory import ModelShape
+    from engine.models.memory import ModelShape
 
     with pytest.raises(UserError, match="layer 4 is out of range"):
         EvaluateSettings(tasks=("x",), remove=(4,)).check_against(ModelShape.from_config(model.config))
@@ -278,7 +278,7 @@ def test_embedded_model_gives_lm_evals_numbers(embedded, tasks):
     result = EvaluateResult.from_json(events[-1].data)
     original, pruned = result.models
     same_numbers(original.scores, direct(embedded.model, embedded.tokenizer, tasks, ["everyday_sense"], limit=8))
-    from engine.pruning import removed
+    from engine.models.pruning import removed
 
     with removed(embedded.model, [14, 15]):
         same_numbers(pruned.scores, direct(embedded.model, embedded.tokenizer, tasks, ["everyday_sense"], limit=8))

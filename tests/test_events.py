@@ -26,7 +26,7 @@ from tui_fixtures import (
     weights_doc,
 )
 
-from engine.events import (
+from engine.core.events import (
     ABSENT,
     AblationMap,
     AblationRow,
@@ -317,7 +317,7 @@ def test_a_key_a_document_has_in_one_shape_only_stays_out_when_absent():
 def test_readme_event_table_is_generated_from_the_classes():
     text = README.read_text(encoding="utf-8")
     table = text.split("<!-- events:begin -->\n", 1)[1].split("\n<!-- events:end -->", 1)[0]
-    assert table == events_markdown(), "README's event table is stale: paste `python3 -m engine.events`"
+    assert table == events_markdown(), "README's event table is stale: paste `python3 -m engine.core.events`"
 
 
 def test_readme_mentions_only_real_kinds_with_their_fields():
@@ -329,7 +329,7 @@ def test_readme_mentions_only_real_kinds_with_their_fields():
     for kind, braces, fields in mentions:
         if kind.endswith("json"):
             continue
-        assert kind in kinds, f"README names `{kind}`, which engine/events.py does not declare"
+        assert kind in kinds, f"README names `{kind}`, which engine/core/events.py does not declare"
         if braces:
             declared = [f.name for f in dataclasses.fields(kinds[kind]) if f.name not in ("job", "t")]
             assert [name.strip() for name in fields.split(",")] == declared, kind

@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 from in_process_workers import InProcessWorkers
 
-from engine import memory, registry
-from engine.distributed import ShardPlan, known_units, plan, shard
-from engine.events import Event, Progress, Result
+from engine import registry
+from engine.core.events import Event, Progress, Result
+from engine.core.settings import Settings, setting
+from engine.models.distributed import ShardPlan, known_units, plan, shard
+from engine.models.loading import memory
 from engine.registry import Experiment, RunContext
-from engine.settings import Settings, setting
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,7 +137,7 @@ def test_its_memory_needs_and_result_class_come_from_its_module(registered) -> N
 
 
 def test_without_the_declarations_nothing_splits_trains_or_is_typed(registered, monkeypatch) -> None:
-    from engine.errors import UserError
+    from engine.core.errors import UserError
 
     monkeypatch.setitem(registry.BY_NAME, ROW.name, replace(ROW, shardable=False))
     with pytest.raises(UserError, match="letter-split does not split over workers"):
@@ -168,7 +169,7 @@ def _compared_names(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("source", ["engine/distributed.py", "engine/memory.py", "tui/runner.py"])
+@pytest.mark.parametrize("source", ["engine/models/distributed.py", "engine/models/memory.py", "tui/runner.py"])
 def test_the_sharding_the_memory_plan_and_the_runner_name_no_experiment(source) -> None:
     """No branch on an experiment's name, and none of the names the issue's grep looks for, quoted."""
     text = (ROOT / source).read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""engine.experiments.export: recovered layers and growth/uniform models saved as folders that load back."""
+"""engine.export.folder: recovered layers and growth/uniform models saved as folders that load back."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.experiments.export import check_export_folder, export_growth, export_recovered
+from engine.core.errors import UserError
+from engine.export.folder import check_export_folder, export_growth, export_recovered
+from engine.models.anatomy import LayerStack
 
 IDS = torch.tensor([[5, 17, 99, 3, 42, 8]])
 
@@ -65,7 +65,7 @@ def test_cli_exports_a_sessions_recovered_model(tmp_path, capsys):
     from tiny_models import save_tiny
 
     from engine.experiments.recovery import save_layer_weights
-    from engine.models import load_model
+    from engine.models.loading import load_model
     from sessions.store import SessionStore
     from tui import cli
 

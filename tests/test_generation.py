@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from tiny_models import tiny_model
 
-from engine.generation import generate_text
+from engine.evaluation.generation import generate_text
 
 
 def reference_greedy(model, ids: list[int], n: int) -> list[int]:

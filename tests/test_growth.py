@@ -10,8 +10,9 @@ import pytest
 import torch
 from tui_fixtures import ablation_map, round_trips
 
-from engine.errors import UserError
-from engine.events import AblationRow, Cancelled, CancelToken, GrowthPhase, GrowthStep, Result, event_from_json
+from engine.core.errors import UserError
+from engine.core.events import AblationRow, Cancelled, CancelToken, GrowthPhase, GrowthStep, Result, event_from_json
+from engine.evaluation.generation import generate_text
 from engine.experiments.growth.architecture import (
     GrowingModel,
     build_model,
@@ -36,7 +37,6 @@ from engine.experiments.growth.protocol import (
     scale_phases,
     validate_phases,
 )
-from engine.generation import generate_text
 
 # six layers: one anti (omitted), a critical core wider than its clones, a redundant layer cloned x0.5
 SMALL_PROFILE = ("redundant", "important", "critical", "minor", "anti", "redundant")
@@ -399,7 +399,7 @@ def test_step_losses_are_read_from_the_device_once_per_report(monkeypatch, vocab
 
 
 def test_out_of_memory_in_training_is_one_line(monkeypatch):
-    from engine import oom
+    from engine.models.loading import oom
 
     freed = []
     monkeypatch.setattr(oom, "release_memory", lambda: freed.append(True))

@@ -15,15 +15,15 @@ from huggingface_hub import ModelCard
 from tiny_models import save_tiny
 from transformers import AutoModelForCausalLM
 
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.events import Result
-from engine.experiments.export import ADAPTER, export_recovered, push_to_hub
+from engine.core.errors import UserError
+from engine.core.events import Result
 from engine.experiments.prune import PruneSettings
-from engine.mergekit_yaml import MERGEKIT_CONFIG, kept_ranges, passthrough_config
-from engine.model_card import CardFacts, Perplexity, hub_id, model_card
-from engine.models import LoadedModel
-from engine.pruning import removed
+from engine.export.folder import ADAPTER, export_recovered, push_to_hub
+from engine.export.mergekit_yaml import MERGEKIT_CONFIG, kept_ranges, passthrough_config
+from engine.export.model_card import CardFacts, Perplexity, hub_id, model_card
+from engine.models.anatomy import LayerStack
+from engine.models.loading import LoadedModel
+from engine.models.pruning import removed
 from engine.registry import RunContext, experiment
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -204,7 +204,7 @@ def test_push_to_hub_uploads_the_folder_to_a_stand_in(tmp_path, monkeypatch, cap
     """`anatomy-tui export ... --push-to-hub REPO` through huggingface_hub against a local stand-in
     of the Hub's API: the repository is made and every file of the export arrives intact."""
     from engine.experiments.recovery import save_layer_weights
-    from engine.models import load_model
+    from engine.models.loading import load_model
     from sessions.store import SessionStore
     from tui import cli
 
@@ -328,7 +328,7 @@ def test_dequantized_copy_names_its_architecture_for_mergekit(tmp_path):
     the architecture from the copy's config.json `architectures`, which the copy must carry."""
     from tiny_models import tiny_model
 
-    from engine.models import _save_float_copy
+    from engine.models.loading import _save_float_copy
 
     _save_float_copy(tiny_model("qwen2"), tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from tiny_models import tiny_model
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.experiments.ablation import AblationSettings
-from engine.memory import model_bytes, plan_run
-from engine.models import LoadedModel
-from engine.options import ModelOptions
+from engine.models.loading import LoadedModel
+from engine.models.memory import model_bytes, plan_run
+from engine.models.options import ModelOptions
 from tui.jobs import BackgroundJob, job_argv, job_options, job_placement
 
 
@@ -75,7 +75,7 @@ async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_
         process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
         return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
 
-    monkeypatch.setattr("engine.models.load_model", fake_load)
+    monkeypatch.setattr("engine.models.loading.load_model", fake_load)
     monkeypatch.setattr("tui.lab.launch_job", launch)
     monkeypatch.setattr("tui.lab.job_placement", lambda *args, **kwargs: "release")
     app = AnatomyApp(session="demo", options=ModelOptions(str(tiny_folder)), console=ConsoleSettings(auto_map=False))
@@ -100,7 +100,7 @@ def test_a_job_goes_to_another_gpu_with_room_before_the_console_releases_its_mod
     import torch
 
     from engine.experiments.recovery import RecoverySettings
-    from engine.memory import other_gpu
+    from engine.models.memory import other_gpu
 
     loaded = on_gpu(tiny_folder, device="cuda")  # the console's model where its `auto` put it
     options = job_options(ModelOptions(str(tiny_folder)), loaded)
@@ -109,7 +109,7 @@ def test_a_job_goes_to_another_gpu_with_room_before_the_console_releases_its_mod
     held = model_bytes(loaded.model)
     free = {"cuda:0": int(need / 0.9) - held // 2, "cuda:1": need // 2, "cuda:2": 2 * need}  # 0: only if released
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
-    monkeypatch.setattr("engine.memory.free_memory", lambda device: free.get(device, 2**40))  # the host: plenty
+    monkeypatch.setattr("engine.models.memory.free_memory", lambda device: free.get(device, 2**40))  # the host: plenty
     assert job_placement("recovery", one_run, options, loaded, free_bytes=free["cuda:0"]) == "cuda:2"
     pinned = on_gpu(tiny_folder, device="cuda:0")  # started with --device cuda:0: its jobs stay on that GPU
     assert job_placement("recovery", one_run, job_options(ModelOptions(str(tiny_folder), device="cuda:0"), pinned),

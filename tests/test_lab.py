@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from tui_fixtures import cut, demo_session, growth_doc, prune_result, write_events
 
-from engine.errors import UserError
-from engine.events import CancelToken, Finished, Started
-from engine.models import LoadedModel
-from engine.options import ModelOptions
+from engine.core.errors import UserError
+from engine.core.events import CancelToken, Finished, Started
+from engine.models.loading import LoadedModel
+from engine.models.options import ModelOptions
 from sessions.store import SessionStore
 from tui.console_settings import ConsoleSettings
 from tui.jobs import BackgroundJob

@@ -10,9 +10,10 @@ import pytest
 import torch
 from tui_fixtures import ablation_map, round_trips
 
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.events import AblationRow, Result
+from engine.core.errors import UserError
+from engine.core.events import AblationRow, Result
+from engine.data.text import eval_texts
+from engine.evaluation.perplexity import Evaluator
 from engine.experiments.ablation import neighbour_mean
 from engine.experiments.manipulate import (
     ManipulationSettings,
@@ -22,8 +23,7 @@ from engine.experiments.manipulate import (
     run_manipulation,
     trials,
 )
-from engine.perplexity import Evaluator
-from engine.text import eval_texts
+from engine.models.anatomy import LayerStack
 
 
 def _snapshot(model) -> dict[str, torch.Tensor]:

@@ -9,12 +9,12 @@ import pytest
 import torch
 from tiny_models import out_of_memory_in_training, tiny_model
 
-from engine import memory, oom
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.memory import MemoryPlan, ModelShape, Training, check_fits, fits_beside, plan_memory
-from engine.perplexity import Evaluator, token_nll
-from engine.training import Trainer
+from engine.core.errors import UserError
+from engine.evaluation.perplexity import Evaluator, token_nll
+from engine.models.anatomy import LayerStack
+from engine.models.loading import memory, oom
+from engine.models.memory import MemoryPlan, ModelShape, Training, check_fits, fits_beside, plan_memory
+from engine.training.trainer import Trainer
 
 TEXTS = ["The dog sat on the mat.", "A cat looked at the dog for a while.", "Seven.", "x" * 300,
          "Number seven sat for a while, then it left."]
@@ -235,7 +235,7 @@ def test_plan_run_reads_the_model_folder_and_the_settings_before_any_load(tmp_pa
     from tiny_models import save_tiny
 
     from engine.experiments.recovery import RecoverySettings
-    from engine.models import load_model
+    from engine.models.loading import load_model
 
     folder = save_tiny(tmp_path / "tiny")
     evaluation = tmp_path / "eval.txt"
@@ -278,9 +278,9 @@ def test_plan_and_evaluator_choose_the_same_auto_batch_and_the_same_perplexity(t
     from the same memory; an explicit --eval-batch-size wins; the batch never changes the result."""
     from tiny_models import save_tiny
 
-    import engine.models
+    import engine.models.loading
     from engine.experiments.ablation import AblationSettings
-    from engine.models import load_model
+    from engine.models.loading import load_model
 
     folder = save_tiny(tmp_path / "tiny")
     evaluation = tmp_path / "eval.txt"
@@ -292,7 +292,7 @@ def test_plan_and_evaluator_choose_the_same_auto_batch_and_the_same_perplexity(t
     shape = ModelShape.from_config(loaded.model.config)
     lengths = memory.text_lengths(loaded.tokenizer, TEXTS, 64)
     free = int(plan_memory(shape, "float32", "cuda:0", lengths, 2).total / memory.MARGIN) + 1
-    monkeypatch.setattr(engine.models, "choose_device", lambda requested: "cuda:0")
+    monkeypatch.setattr(engine.models.loading, "choose_device", lambda requested: "cuda:0")
     monkeypatch.setattr(memory, "cuda_devices", lambda model: ["cuda:0"])
     before_load, after_load = free, free - memory.model_bytes(loaded.model)
     monkeypatch.setattr(memory, "free_memory", lambda device: before_load)
@@ -357,7 +357,7 @@ def test_the_plan_and_the_load_pick_one_auto_dtype(tmp_path, monkeypatch):
     from transformers import AutoConfig
 
     from engine.experiments.ablation import AblationSettings
-    from engine.models import load_model
+    from engine.models.loading import load_model
 
     folder = save_tiny(tmp_path / "tiny")
     config = AutoConfig.from_pretrained(folder)

@@ -10,9 +10,9 @@ import argparse
 import dataclasses
 import shlex
 
+from engine.core.settings import FieldSpec
 from engine.experiments.ablation import AblationSettings
-from engine.options import ModelOptions
-from engine.settings import FieldSpec
+from engine.models.options import ModelOptions
 from sessions.store import SessionStore
 from tui.cli import build_parser
 from tui.flags import flag_text, model_flags, model_options_from_args

@@ -8,9 +8,9 @@ import pytest
 import torch
 from tiny_models import save_tiny
 
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.models import choose_device, choose_dtype, load_model, resolve
+from engine.core.errors import UserError
+from engine.models.anatomy import LayerStack
+from engine.models.loading import choose_device, choose_dtype, load_model, resolve
 
 
 def test_resolve_errors_are_one_line(tmp_path):
@@ -89,7 +89,7 @@ def test_embedded_model_is_real_smollm2(embedded):
 
 
 def test_auto_dtype_follows_the_gpu(monkeypatch):
-    from engine.models import FLOAT16_MAP_AGREEMENT, dtype_choice
+    from engine.models.loading import FLOAT16_MAP_AGREEMENT, dtype_choice
 
     capability = {"value": (7, 5)}  # a T4: float16 tensor cores, no native bfloat16
     free = {"value": 15 * 2**30}
@@ -117,8 +117,8 @@ def test_auto_dtype_follows_the_gpu(monkeypatch):
 
 
 def test_the_dtype_reason_is_on_the_plan_line(monkeypatch):
-    from engine.memory import MemoryPlan
-    from engine.models import dtype_choice
+    from engine.models.loading import dtype_choice
+    from engine.models.memory import MemoryPlan
 
     assert dtype_choice("auto", "cpu", 135_000_000, "llama") == ("float32", "auto, the CPU")
     assert dtype_choice("float16", "cpu") == ("float16", "--dtype float16")
@@ -142,16 +142,16 @@ def test_the_dtype_reason_is_on_the_plan_line(monkeypatch):
 ])
 def test_the_plan_of_a_run_names_the_auto_dtype_and_why(capability, model_type, dtype, reason, tmp_path,
                                                         monkeypatch):
-    import engine.memory
-    import engine.models
+    import engine.models.loading
+    import engine.models.memory
     from engine.experiments.ablation import AblationSettings
 
     folder = save_tiny(tmp_path / model_type, model_type)
     if capability is not None:  # a pretended GPU with room to spare
         fake_gpu(monkeypatch, capability, 15 * 2**30)
-        monkeypatch.setattr(engine.models, "choose_device", lambda requested: "cuda:0")
-        monkeypatch.setattr(engine.memory, "free_memory", lambda device: 15 * 2**30)
-    plan = engine.memory.plan_run(str(folder), AblationSettings(eval_set="paper"), device="auto", dtype="auto")
+        monkeypatch.setattr(engine.models.loading, "choose_device", lambda requested: "cuda:0")
+        monkeypatch.setattr(engine.models.memory, "free_memory", lambda device: 15 * 2**30)
+    plan = engine.models.memory.plan_run(str(folder), AblationSettings(eval_set="paper"), device="auto", dtype="auto")
     assert plan.dtype == dtype and plan.dtype_reason.startswith(reason)
     assert plan.line().endswith(f"; dtype {dtype} ({plan.dtype_reason})")
     assert plan.to_dict()["dtype_reason"] == plan.dtype_reason
@@ -162,7 +162,7 @@ def test_missing_wheel_is_fetched_into_the_cache(tmp_path, monkeypatch):
     import subprocess
     import zipfile
 
-    from engine import models
+    from engine.models.loading import loading as models
 
     monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
@@ -189,7 +189,7 @@ def test_failed_fetch_says_how_to_install(tmp_path, monkeypatch):
     import importlib.util
     import subprocess
 
-    from engine import models
+    from engine.models.loading import loading as models
 
     monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
@@ -203,7 +203,7 @@ def test_cached_copy_equals_fresh_gguf_load(embedded, tmp_path):
     """The safetensors cache holds exactly what the GGUF dequantizes to."""
     from transformers import AutoModelForCausalLM
 
-    from engine.models import embedded_gguf
+    from engine.models.loading import embedded_gguf
 
     gguf = embedded_gguf()
     fresh = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -240,7 +240,7 @@ def test_gemma_never_gets_float16(monkeypatch):
 
 
 def test_precision_warnings_and_tf32(monkeypatch):
-    from engine.models import dtype_warnings, enable_tf32
+    from engine.models.loading import dtype_warnings, enable_tf32
 
     fake_gpu(monkeypatch, (7, 5), 15 * 2**30)
     (line,) = dtype_warnings("bfloat16", "cuda:0", "llama")
@@ -281,7 +281,7 @@ def test_load_goes_straight_to_the_device_and_records_precision(tmp_path, monkey
 def test_out_of_memory_while_loading_is_one_line(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from engine import oom
+    from engine.models.loading import oom
 
     folder = save_tiny(tmp_path / "tiny")
     freed = []
@@ -301,7 +301,7 @@ def test_gguf_cache_is_keyed_by_dtype_and_stale_staging_is_cleaned(tmp_path, mon
     import subprocess
     import sys
 
-    from engine import models
+    from engine.models.loading import loading as models
 
     monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"

@@ -22,9 +22,9 @@ from rich.table import Table
 from rich.text import Text
 
 from engine import registry
-from engine.events import Event, Progress, Result
+from engine.core.events import Event, Progress, Result
+from engine.core.settings import Settings, setting
 from engine.registry import Experiment, RunContext
-from engine.settings import Settings, setting
 from sessions.store import SessionStore
 from tui.cli import main
 from tui.views import Analysis, analyses

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from tiny_models import tiny_model
 
-from engine.perplexity import Evaluator
+from engine.evaluation.perplexity import Evaluator
 
 TEXTS = [
     "The cat sat on the mat.",
@@ -68,9 +68,9 @@ def test_cache_holds_one_copy_per_layer(tiny_llama):
 def test_a_non_finite_value_at_a_pad_position_does_not_spoil_the_sums():
     """float16 logits and states can overflow at pad positions (large auto batches): masking by a
     product gave inf * 0 = NaN, and that text's perplexity inf. Every masked sum must ignore them."""
+    from engine.evaluation.perplexity import Batch, token_nll
     from engine.experiments.ablation import InfluenceMeter
     from engine.experiments.prune import AngularMeter
-    from engine.perplexity import Batch, token_nll
 
     ids = torch.tensor([[1, 2, 3, 0], [4, 5, 6, 7]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])

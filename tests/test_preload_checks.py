@@ -12,12 +12,12 @@ import socket
 import pytest
 from tiny_models import save_tiny
 
-import engine.models
+import engine.models.loading
 from engine import registry
-from engine.errors import UserError
-from engine.memory import ModelShape, plan_run, preview_model
-from engine.settings import check_layers
-from engine.text import read_lines
+from engine.core.errors import UserError
+from engine.core.files import read_lines
+from engine.core.settings import check_layers
+from engine.models.memory import ModelShape, plan_run, preview_model
 from sessions.store import SessionStore
 from tui.cli import main
 
@@ -31,7 +31,7 @@ def no_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model's weights were loaded")
 
-    monkeypatch.setattr(engine.models, "load_model", refuse)
+    monkeypatch.setattr(engine.models.loading, "load_model", refuse)
 
 
 def refused(argv: list[str], capsys, session: str = "s") -> str:
@@ -65,12 +65,12 @@ def test_layers_out_of_range_are_refused_before_the_load(args, message, tiny_fol
 
 
 def test_the_checks_run_when_only_the_plan_cannot_be_made(tiny_folder, monkeypatch, no_load, capsys):
-    import engine.memory
+    import engine.models.memory
 
     def unplannable(*args, **kwargs):
         raise OSError("an unusual config")
 
-    monkeypatch.setattr(engine.memory, "plan_run", unplannable)
+    monkeypatch.setattr(engine.models.memory, "plan_run", unplannable)
     line = refused(["run", "ablation", "--layers", "4", "--model", str(tiny_folder), *PAPER], capsys)
     assert line.endswith("--layers: layer 4 is out of range; this model has layers 0 to 3")
 
@@ -208,7 +208,7 @@ def test_the_plan_names_disk_for_layers_offloaded_there(tiny_folder, capsys):
     err = capsys.readouterr().err
     (line,) = [line for line in err.splitlines() if line.startswith("memory plan")]
     assert line.startswith("memory plan over layers 0-2 cpu, 3 disk (float32): ") and " on cpu" not in line
-    loaded = engine.models.load_model(str(tiny_folder), device_map="auto", max_memory="cpu=200KB")
+    loaded = engine.models.loading.load_model(str(tiny_folder), device_map="auto", max_memory="cpu=200KB")
     settings = registry.experiment("ablation").settings_class(eval_set="paper")
     plan = plan_run(str(tiny_folder), settings, dtype="float32", device_map="auto", max_memory="cpu=200KB")
     assert list(plan.layer_devices) == loaded.layer_devices == ["cpu", "cpu", "cpu", "disk"]

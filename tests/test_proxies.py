@@ -11,10 +11,10 @@ import pytest
 import torch
 from tiny_models import byte_tokenizer, tiny_model
 
+from engine.data.text import eval_texts
+from engine.evaluation.perplexity import Batch
 from engine.experiments.ablation import AblationSettings, InfluenceMeter, block_search, run_ablation
 from engine.experiments.prune import PruneSettings, criterion_layers
-from engine.perplexity import Batch
-from engine.text import eval_texts
 
 
 def test_last_token_blocks_on_a_hand_built_case():

@@ -13,12 +13,12 @@ from tiny_models import EVAL, TINY_CONFIGS, out_of_memory_in_training, tiny_mode
 from transformers import AutoModelForCausalLM
 from tui_fixtures import round_trips
 
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.events import PrunePoint, PruneScores, Result
+from engine.core.errors import UserError
+from engine.core.events import PrunePoint, PruneScores, Result
+from engine.evaluation.perplexity import Evaluator
 from engine.experiments.prune import PruneSettings, map_degradation, neighbours_of_cuts
-from engine.models import LoadedModel
-from engine.perplexity import Evaluator
+from engine.models.anatomy import LayerStack
+from engine.models.loading import LoadedModel
 from engine.registry import RunContext, experiment
 
 CURVE_KEYS = {"method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl"}
@@ -236,8 +236,8 @@ def test_half_precision_healing_trains_float32_masters_and_restores(tokenizer, f
 
 
 def test_depth_fit_recovers_a_known_law():
+    from engine.evaluation.perplexity import TextScores
     from engine.experiments.prune import depth_law, fit_depth
-    from engine.perplexity import TextScores
 
     depths = np.array([30.0, 29, 28, 26, 22, 18])
     fit = fit_depth(depths, 2.0 + 30.0 / depths**1.2)
@@ -295,7 +295,7 @@ def test_healing_refuses_an_offloaded_layer_before_training(tokenizer, files, tm
 
 
 def test_out_of_memory_in_healing_is_one_line_and_restores(tokenizer, files, monkeypatch):
-    from engine import oom
+    from engine.models.loading import oom
 
     freed = []
     monkeypatch.setattr(oom, "release_memory", lambda: freed.append(True))

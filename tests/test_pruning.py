@@ -1,4 +1,4 @@
-"""Removing layers (engine.pruning): equal to skipping them, for every family; generation with a
+"""Removing layers (engine.models.pruning): equal to skipping them, for every family; generation with a
 cache; exact undo; one-line errors."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 from tiny_models import TINY_CONFIGS, tiny_model
 
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.pruning import check_removal, removed
+from engine.core.errors import UserError
+from engine.models.anatomy import LayerStack
+from engine.models.pruning import check_removal, removed
 
 IDS = torch.tensor([[5, 17, 99, 3, 42, 8, 250, 11, 64, 7, 1, 200], [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 10, 20]])
 

@@ -11,8 +11,8 @@ import torch
 from tiny_models import save_tiny
 from tui_fixtures import ablation_map, round_trips
 
-from engine.errors import UserError
-from engine.events import (
+from engine.core.errors import UserError
+from engine.core.events import (
     AblationMap,
     AblationRow,
     Cancelled,
@@ -275,7 +275,7 @@ def cancel_after_first_layer(events, cancel):
 
 
 def test_cancelled_sweep_resumes_at_the_next_layer(tmp_path, texts):
-    from engine.models import load_model
+    from engine.models.loading import load_model
 
     folder = save_tiny(tmp_path / "tiny")
     loaded = load_model(str(folder), device="cpu")

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from engine.errors import UserError
-from engine.options import ModelOptions
+from engine.core.errors import UserError
+from engine.models.options import ModelOptions
 from engine.registry import EXPERIMENTS, experiment
 from tui.cli import build_parser, main
 from tui.flags import model_options_from_args, settings_from_args

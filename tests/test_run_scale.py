@@ -36,14 +36,14 @@ def test_the_memory_plan_is_printed_and_recorded(tiny_folder, capsys):
 
 
 def test_a_plan_that_does_not_fit_stops_before_the_load(tiny_folder, monkeypatch, capsys):
-    import engine.memory
-    import engine.models
+    import engine.models.loading
+    import engine.models.memory
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr(engine.memory, "free_memory", lambda device: 1000)
-    monkeypatch.setattr(engine.models, "load_model", no_load)
+    monkeypatch.setattr(engine.models.memory, "free_memory", lambda device: 1000)
+    monkeypatch.setattr(engine.models.loading, "load_model", no_load)
     assert main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--session", "q"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert len(errors) == 1 and errors[0].startswith("anatomy-tui: error: ablation needs about ")
@@ -52,12 +52,12 @@ def test_a_plan_that_does_not_fit_stops_before_the_load(tiny_folder, monkeypatch
 
 
 def test_a_model_that_cannot_be_planned_is_loaded_with_a_note(tiny_folder, monkeypatch, capsys):
-    import engine.memory
+    import engine.models.memory
 
     def offline(*args, **kwargs):
         raise OSError("We couldn't connect to 'https://huggingface.co'\nmore")
 
-    monkeypatch.setattr(engine.memory, "plan_run", offline)
+    monkeypatch.setattr(engine.models.memory, "plan_run", offline)
     assert main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--session", "n"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert "memory plan skipped (We couldn't connect to 'https://huggingface.co'); loading the model" in err
@@ -98,7 +98,7 @@ def test_torchrun_refuses_an_experiment_that_does_not_split(tiny_folder, monkeyp
 
 def serially(argv: list[str]) -> int:
     """A run in this process with each shard's thread count, so every sum is reduced alike."""
-    from engine.distributed import cpu_threads
+    from engine.models.distributed import cpu_threads
 
     threads = torch.get_num_threads()
     torch.set_num_threads(cpu_threads(2))

@@ -19,9 +19,9 @@ import pytest
 from scipy.optimize import minimize
 from tui_fixtures import round_trips
 
-from engine import powerfit
-from engine.errors import UserError
-from engine.events import DepthPoints, Result, from_doc
+from engine.core.errors import UserError
+from engine.core.events import DepthPoints, Result, from_doc
+from engine.evaluation import powerfit
 from engine.experiments.scaling_fit import (
     Runs,
     ScalingFitSettings,

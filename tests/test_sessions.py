@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from engine.atomic import atomic_write_json
-from engine.events import Finished, Message, Progress, Result, Started
-from engine.process import process_identity
+from engine.core.events import Finished, Message, Progress, Result, Started
+from engine.core.process import process_identity
+from engine.disk.atomic import atomic_write_json
 from sessions.job_runner import run_job
 from sessions.store import SessionError, SessionStore
 

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tui.runner
-from engine.errors import UserError
+from engine.core.errors import UserError
+from engine.core.settings import FieldSpec
 from engine.registry import EXPERIMENTS
-from engine.settings import FieldSpec
 from tui.cli import main
 
 NAMES = [entry.name for entry in EXPERIMENTS]
@@ -270,7 +270,7 @@ def test_issue_14_bad_input_files_are_one_line(name, flag, file_name, content, w
 def _gguf_probe(kind: str) -> bytes:
     import os
 
-    from engine.models import embedded_gguf
+    from engine.models.loading import embedded_gguf
 
     if kind == "empty":
         return b""
@@ -294,7 +294,7 @@ def test_an_evaluation_text_of_one_token_is_one_line_not_a_division_by_zero(toke
     import numpy as np
     from tiny_models import tiny_model
 
-    from engine.perplexity import Evaluator, perplexity_of
+    from engine.evaluation.perplexity import Evaluator, perplexity_of
 
     with pytest.raises(UserError, match="no token to predict"):
         Evaluator(tiny_model(), tokenizer, ["a"], batch_size=1, max_length=8)

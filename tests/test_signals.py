@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from engine import registry
-from engine.errors import UserError
-from engine.events import Event, Message, Progress, Result
-from engine.options import ModelOptions
-from engine.process import STOP_EXIT_CODES, Stopped, exit_code, interruption, stop_on_signals, stop_signal
+from engine.core.errors import UserError
+from engine.core.events import Event, Message, Progress, Result
+from engine.core.process import STOP_EXIT_CODES, Stopped, exit_code, interruption, stop_on_signals, stop_signal
+from engine.core.settings import Settings
+from engine.models.options import ModelOptions
 from engine.registry import Experiment, RunContext
-from engine.settings import Settings
 from sessions.job_runner import run_job
 from sessions.store import Session, SessionStore
 from tui.cli import main
@@ -70,7 +70,7 @@ def test_a_run_stopped_before_its_job_starts_says_so_and_exits_with_the_signal(m
 
 
 def test_a_stopped_worker_stops_the_sharded_job_as_interrupted_not_failed():
-    from engine.distributed import _Failed, _Merger
+    from engine.models.distributed import _Failed, _Merger
 
     with pytest.raises(Stopped, match="SIGTERM"):
         list(_Merger().take(1, _Failed("SIGTERM", signal.SIGTERM)))
@@ -211,7 +211,7 @@ def test_an_error_every_worker_of_a_split_run_finds_is_said_once(monkeypatch, tm
     import torch.distributed.run
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from engine.distributed import launch
+    from engine.models.distributed import launch
 
     reply = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(reply))

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-import engine.atomic
-from engine.atomic import append_line, mount_point
-from engine.errors import UserError
-from engine.events import Finished, Progress, Result, Started
+import engine.disk.atomic
+from engine.core.errors import UserError
+from engine.core.events import Finished, Progress, Result, Started
+from engine.disk.atomic import append_line, mount_point
 from sessions.job_runner import run_job
 from sessions.store import SessionError, SessionExists, SessionStore
 from tui.cli import main
@@ -41,7 +41,7 @@ def no_load(monkeypatch):
     def load(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("engine.options.ModelOptions.load", load)
+    monkeypatch.setattr("engine.models.options.ModelOptions.load", load)
 
 
 # the sessions folder ------------------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ class FullDisk:
 
     def __init__(self, root: Path, free: int) -> None:
         self.root, self.free = root.resolve(), free
-        self.real_write_bytes = engine.atomic.atomic_write_bytes
+        self.real_write_bytes = engine.disk.atomic.atomic_write_bytes
 
     def _inside(self, path: str | Path) -> bool:
         return Path(path).resolve().is_relative_to(self.root)
@@ -158,8 +158,8 @@ class FullDisk:
 def full_disk(isolated_home, tmp_path, monkeypatch):
     def fill(free: int) -> FullDisk:
         disk = FullDisk(isolated_home, free)
-        monkeypatch.setattr(engine.atomic, "os", disk)
-        monkeypatch.setattr(engine.atomic, "atomic_write_bytes", disk.write_bytes)
+        monkeypatch.setattr(engine.disk.atomic, "os", disk)
+        monkeypatch.setattr(engine.disk.atomic, "atomic_write_bytes", disk.write_bytes)
         return disk
 
     (tmp_path / "tmp").mkdir()
@@ -239,7 +239,7 @@ def test_a_full_disk_at_the_end_of_a_run_is_one_line(full_disk, tiny_folder, cap
 
 def test_an_export_without_room_is_refused_before_the_model_loads(tiny_folder, files, tmp_path, monkeypatch,
                                                                    capsys, no_load, isolated_home):
-    monkeypatch.setattr(engine.atomic.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1000})())
+    monkeypatch.setattr(engine.disk.atomic.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1000})())
     assert main(["run", "prune", "--model", str(tiny_folder), "--eval-file", files[0],
                  "--remove", "1", "--export", str(tmp_path / "pruned"), "--session", "p"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
@@ -251,14 +251,14 @@ def test_checkpoints_that_will_not_fit_are_refused_before_the_model_loads(tiny_f
                                                                           no_load, isolated_home):
     from tiny_models import tiny_model
 
-    from engine.anatomy import LayerStack
     from engine.experiments.recovery import RecoverySettings
-    from engine.memory import plan_run
+    from engine.models.anatomy import LayerStack
+    from engine.models.memory import plan_run
 
     layer = sum(w.numel() for w in LayerStack(tiny_model("llama")).matrices(1).values())
     plan = plan_run(str(tiny_folder), RecoverySettings(layers=(1, 2)), "cpu", "float32")
     assert plan.checkpoints == 2 * layer * 4  # two layers' matrices kept, float32
-    monkeypatch.setattr(engine.atomic.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1000})())
+    monkeypatch.setattr(engine.disk.atomic.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1000})())
     assert main(["run", "recovery", "--model", str(tiny_folder), "--layers", "1,2", "--session", "r",
                  "--device", "cpu", "--dtype", "float32"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
@@ -301,7 +301,7 @@ def test_the_session_is_made_before_the_model_loads_and_removed_when_the_start_f
         seen.append(SessionStore().open("new").manifest["model"])
         raise UserError("the load failed")
 
-    monkeypatch.setattr("engine.options.ModelOptions.load", load)
+    monkeypatch.setattr("engine.models.options.ModelOptions.load", load)
     assert main(["run", "ablation", "--model", str(tiny_folder), "--session", "new"]) == 2
     assert seen == [str(tiny_folder)] and not (isolated_home / "new").exists()
     assert "the load failed" in capsys.readouterr().err
@@ -313,7 +313,7 @@ def test_a_failed_start_leaves_a_session_another_run_wrote_to(tiny_folder, monke
         run_job(session, "ablation", {}, [Progress(1, 1)])
         raise UserError("the load failed")
 
-    monkeypatch.setattr("engine.options.ModelOptions.load", load)
+    monkeypatch.setattr("engine.models.options.ModelOptions.load", load)
     assert main(["run", "ablation", "--model", str(tiny_folder), "--session", "shared"]) == 2
     assert [doc["kind"] for doc in _lines(SessionStore().open("shared"))][0] == Started.kind
 
@@ -359,9 +359,9 @@ def test_several_processes_writing_one_session_keep_it_valid(isolated_home):
 def test_an_export_removes_the_staging_folders_a_killed_export_left(tokenizer, tmp_path):
     from tiny_models import tiny_model
 
-    from engine.anatomy import LayerStack
-    from engine.experiments.export import EXPORT_STAGING, export_recovered
-    from engine.models import STAGING_OWNER
+    from engine.export.folder import EXPORT_STAGING, export_recovered
+    from engine.models.anatomy import LayerStack
+    from engine.models.loading import STAGING_OWNER
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     killed = tmp_path / f"{EXPORT_STAGING}old.abc"  # an export killed (kill -9) while writing its weights
@@ -421,15 +421,15 @@ async def test_the_console_given_a_sessions_folder_that_is_a_file_exits_with_its
 def test_an_export_without_room_is_one_line_and_leaves_nothing(tokenizer, tmp_path, monkeypatch):
     from tiny_models import tiny_model
 
-    from engine.anatomy import LayerStack
-    from engine.experiments.export import export_recovered
+    from engine.export.folder import export_recovered
+    from engine.models.anatomy import LayerStack
 
     model = tiny_model("llama")
     layers = {1: {name: w.detach() for name, w in LayerStack(model).matrices(1).items()}}
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     usage = type("Usage", (), {"free": size - 1})()
     with monkeypatch.context() as patch:
-        patch.setattr(engine.atomic.shutil, "disk_usage", lambda path: usage)
+        patch.setattr(engine.disk.atomic.shutil, "disk_usage", lambda path: usage)
         with pytest.raises(UserError, match=f"^the export needs about {size / 1e6:.2f} MB in {tmp_path} but "):
             export_recovered(model, tokenizer, layers, tmp_path / "a", model_name="tiny")
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_memory import fake_gpu_run, loaded_on_the_cpu
 
-from engine.models import CUBLAS_WORKSPACE, load_model
-from engine.options import ModelOptions
+from engine.models.loading import CUBLAS_WORKSPACE, load_model
+from engine.models.options import ModelOptions
 from sessions.store import SessionStore
 from tui.cli import build_parser, main
 from tui.flags import model_options_from_args
@@ -59,7 +59,7 @@ def test_the_flags_are_recorded_in_the_job(tiny_folder):
 
 
 def test_jobs_and_shard_workers_get_the_flags(tiny_folder, monkeypatch, capsys):
-    import engine.distributed
+    import engine.models.distributed
     from engine.experiments.ablation import AblationSettings
     from tui.jobs import job_argv, resume_argv
 
@@ -72,25 +72,25 @@ def test_jobs_and_shard_workers_get_the_flags(tiny_folder, monkeypatch, capsys):
     doc = {"experiment": "recovery", "settings": {}, "model": options.to_dict()}
     assert "--no-deterministic" in resume_argv(doc, session)
     launched = []
-    monkeypatch.setattr(engine.distributed, "launch", lambda argv, shards: launched.append(argv) or 0)
+    monkeypatch.setattr(engine.models.distributed, "launch", lambda argv, shards: launched.append(argv) or 0)
     assert main(["run", "ablation", "--model", str(tiny_folder), "--shards", "2", "--no-deterministic"]) == 0
     [workers] = launched
     assert "--no-deterministic" in workers  # every worker parses the command it was started with
 
 
 def test_shards_on_the_cpu_of_a_gpu_machine_are_not_counted_against_its_gpus(tiny_folder, monkeypatch):
-    import engine.distributed
+    import engine.models.distributed
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     launched = []
-    monkeypatch.setattr(engine.distributed, "launch", lambda argv, shards: launched.append(shards) or 0)
+    monkeypatch.setattr(engine.models.distributed, "launch", lambda argv, shards: launched.append(shards) or 0)
     assert main(["run", "ablation", "--model", str(tiny_folder), "--shards", "2", "--device", "cpu"]) == 0
     assert launched == [2]
 
 
 def test_a_kernel_without_a_deterministic_version_is_one_line(tiny_folder, monkeypatch, capsys):
     import engine.registry
-    from engine.events import Progress
+    from engine.core.events import Progress
 
     def no_kernel(self, settings, context):
         yield Progress(0, 1)
@@ -106,8 +106,8 @@ def test_a_kernel_without_a_deterministic_version_is_one_line(tiny_folder, monke
 
 @pytest.mark.parametrize("name", ["growth", "toy-depth"])
 def test_growth_and_toy_depth_warn_of_emulated_bfloat16_like_run(name, monkeypatch):
-    from engine.events import Message
-    from engine.models import dtype_warnings
+    from engine.core.events import Message
+    from engine.models.loading import dtype_warnings
     from engine.registry import RunContext, experiment
 
     fake_gpu_run(monkeypatch, (7, 5), 10**12)  # a T4: no native bfloat16
@@ -121,7 +121,7 @@ def test_growth_and_toy_depth_warn_of_emulated_bfloat16_like_run(name, monkeypat
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_the_console_loads_its_model_with_the_flags(isolated_home, monkeypatch):
-    from engine.models import LoadedModel
+    from engine.models.loading import LoadedModel
     from tui.app import AnatomyApp
 
     stub = LoadedModel(None, None, "stub-model", "here", "cpu", "float32", "llama", 6)
@@ -131,7 +131,7 @@ async def test_the_console_loads_its_model_with_the_flags(isolated_home, monkeyp
         asked.append((kwargs["deterministic"], kwargs["tf32"]))
         return stub
 
-    monkeypatch.setattr("engine.models.load_model", fake_load)
+    monkeypatch.setattr("engine.models.loading.load_model", fake_load)
     app = AnatomyApp(options=ModelOptions("stub-model", "cpu", deterministic=False, tf32=False))
     async with app.run_test(size=(120, 36)) as pilot:
         for _ in range(100):

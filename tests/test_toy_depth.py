@@ -13,8 +13,8 @@ import pytest
 import torch
 from tui_fixtures import round_trips
 
-from engine.errors import UserError
-from engine.events import Cancelled, CancelToken, Result, StudentDone, StudentStep
+from engine.core.errors import UserError
+from engine.core.events import Cancelled, CancelToken, Result, StudentDone, StudentStep
 from engine.experiments.toy_depth import (
     Students,
     Teacher,
@@ -248,7 +248,7 @@ def test_auto_precision_is_recorded_resolved_and_bad_devices_are_one_line() -> N
 
 
 def test_out_of_memory_in_training_is_one_line(monkeypatch) -> None:
-    from engine import oom
+    from engine.models.loading import oom
 
     freed = []
     monkeypatch.setattr(oom, "release_memory", lambda: freed.append(True))

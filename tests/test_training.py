@@ -9,9 +9,9 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from engine import oom
-from engine.errors import UserError
-from engine.training import Stopwatch, Trainer, seeded_batches
+from engine.core.errors import UserError
+from engine.models.loading import oom
+from engine.training.trainer import Stopwatch, Trainer, seeded_batches
 
 CPU = torch.device("cpu")
 

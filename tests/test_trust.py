@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from engine.atomic import atomic_write_json, check_writable_path
-from engine.errors import UserError
-from engine.events import Message, Progress, Result
-from engine.process import job_identity_matches, process_identity
+from engine.core.errors import UserError
+from engine.core.events import Message, Progress, Result
+from engine.core.process import job_identity_matches, process_identity
+from engine.disk.atomic import atomic_write_json, check_writable_path
 from sessions.job_runner import run_job
 from sessions.store import SessionError, SessionStore
 from tui import jobs as jobs_module
@@ -66,7 +66,7 @@ def test_atomic_write_through_a_link_updates_the_file_it_names(tmp_path):
 def test_json_to_a_fifo_fails_before_the_run_with_one_line(tiny_folder, tmp_path, capsys, monkeypatch):
     fifo = tmp_path / "null"
     os.mkfifo(fifo)  # like --json /dev/null: not a file to replace
-    monkeypatch.setattr("engine.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr("engine.models.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
     code = main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--session", "j",
                  "--json", str(fifo)])  # fmt: skip
     line = one_error_line(capsys)
@@ -76,7 +76,7 @@ def test_json_to_a_fifo_fails_before_the_run_with_one_line(tiny_folder, tmp_path
 
 
 def test_json_to_a_directory_fails_before_the_run(tiny_folder, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("engine.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr("engine.models.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
     code = main(["run", "ablation", "--model", str(tiny_folder), "--json", str(tmp_path)])
     assert code == 2 and "is a directory" in one_error_line(capsys)
 
@@ -84,7 +84,7 @@ def test_json_to_a_directory_fails_before_the_run(tiny_folder, tmp_path, capsys,
 def test_result_file_that_is_a_directory_fails_before_the_run(tiny_folder, capsys, monkeypatch):
     session = SessionStore().create("r")
     (session.results_dir / "ablation.json").mkdir()
-    monkeypatch.setattr("engine.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr("engine.models.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
     code = main(["run", "ablation", "--model", str(tiny_folder), "--session", "r"])
     assert code == 2 and "ablation.json" in one_error_line(capsys, after_a_run=True)
 
@@ -426,7 +426,7 @@ def test_events_log_that_is_a_directory_is_one_line_and_loses_nothing(tiny_folde
     with pytest.raises(UserError, match="events.jsonl"):
         session.append_event(Message("x"))
     assert SessionStore().open("evdir").load_result("recovery") == {"layers": []}
-    monkeypatch.setattr("engine.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr("engine.models.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
     assert main(["run", "ablation", "--model", str(tiny_folder), "--session", "evdir"]) == 2
     assert "events.jsonl" in one_error_line(capsys)
 

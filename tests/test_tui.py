@@ -13,9 +13,9 @@ from rich.console import Console
 from textual.widgets import Input
 from tui_fixtures import BASELINE, CURVE, MAP, cut, demo_session, prune_result, recovery_row
 
-from engine.events import AblationProxies, RecoveryLayer
-from engine.process import pid_alive
-from engine.variants import pruned_layers
+from engine.core.events import AblationProxies, RecoveryLayer
+from engine.core.process import pid_alive
+from engine.experiments.variants import pruned_layers
 from sessions.store import SessionStore
 from tui import app as app_module
 from tui.app import AnatomyApp, ModelOptions
@@ -325,7 +325,7 @@ async def test_stop_generation(isolated_home, tiny_folder, monkeypatch) -> None:
             time.sleep(0.01)
             on_text("x")
 
-    monkeypatch.setattr("engine.generation.generate_text", endless)
+    monkeypatch.setattr("engine.evaluation.generation.generate_text", endless)
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
@@ -445,8 +445,8 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
     import torch
     from textual.widgets import Select
 
-    from engine.anatomy import LayerStack
     from engine.experiments.recovery import save_layer_weights
+    from engine.models.anatomy import LayerStack
 
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
@@ -476,7 +476,7 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
 
 # messages up from the workers ------------------------------------------------------------------------------
 async def test_the_model_worker_posts_model_loaded_and_the_status_line_shows_it(isolated_home, monkeypatch) -> None:
-    from engine.models import LoadedModel
+    from engine.models.loading import LoadedModel
     from tui.messages import ModelLoaded
     from tui.widgets.status_line import StatusLine
 
@@ -487,7 +487,7 @@ async def test_the_model_worker_posts_model_loaded_and_the_status_line_shows_it(
         asked.append((name, kwargs["device"], kwargs["dtype"]))
         return stub
 
-    monkeypatch.setattr("engine.models.load_model", fake_load)
+    monkeypatch.setattr("engine.models.loading.load_model", fake_load)
     demo_session(SessionStore())
     seen = []
     app = AnatomyApp(session="demo", options=ModelOptions("stub-model", "cpu", "float32"))
@@ -506,7 +506,7 @@ async def test_a_failed_load_is_a_message_not_a_crash(isolated_home, monkeypatch
     def broken(name, **kwargs):
         raise OSError("no such model folder")
 
-    monkeypatch.setattr("engine.models.load_model", broken)
+    monkeypatch.setattr("engine.models.loading.load_model", broken)
     demo_session(SessionStore())
     app = AnatomyApp(session="demo", options=ModelOptions("nowhere", "cpu", "float32"))
     async with app.run_test(size=SIZE) as pilot:
@@ -542,11 +542,11 @@ async def test_the_noised_model_uses_the_sigma_of_the_request(isolated_home, tin
     column generates, does not change the noise of the second."""
     from textual.widgets import Select
 
-    import engine.variants
+    import engine.experiments.variants
 
     release = threading.Event()
     used = []
-    real_applied = engine.variants.applied
+    real_applied = engine.experiments.variants.applied
 
     def recording(model, variant):
         used.append((variant.name, variant.sigma, variant.layers))
@@ -557,8 +557,8 @@ async def test_the_noised_model_uses_the_sigma_of_the_request(isolated_home, tin
         on_text("x")
         return "x"
 
-    monkeypatch.setattr("engine.variants.applied", recording)
-    monkeypatch.setattr("engine.generation.generate_text", held)
+    monkeypatch.setattr("engine.experiments.variants.applied", recording)
+    monkeypatch.setattr("engine.evaluation.generation.generate_text", held)
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
@@ -617,7 +617,7 @@ async def test_quitting_during_the_first_model_load_does_not_wait_for_it(isolate
         release.wait(30)
         raise RuntimeError("never mind")
 
-    monkeypatch.setattr("engine.models.load_model", slow_load)
+    monkeypatch.setattr("engine.models.loading.load_model", slow_load)
     demo_session(SessionStore())
     app = AnatomyApp(session="demo", options=ModelOptions("slow", "cpu", "float32"))
     try:

@@ -11,8 +11,8 @@ import torch
 from tiny_models import tiny_model
 from virtual_devices import DeviceMismatch, VirtualDevices, device_of, place, two_gpus
 
-from engine.anatomy import LayerStack
-from engine.events import Result
+from engine.core.events import Result
+from engine.models.anatomy import LayerStack
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -135,7 +135,7 @@ def test_recovery(monkeypatch, tokenizer, files, dtype):
 @pytest.mark.parametrize("embedding", [None, "disk"], ids=["embedding-on-gpu", "embedding-offloaded"])
 def test_prune_with_healing_and_export(monkeypatch, tokenizer, files, tmp_path, heal, embedding):
     from engine.experiments.prune import PruneSettings
-    from engine.models import LoadedModel
+    from engine.models.loading import LoadedModel
     from engine.registry import RunContext, experiment
 
     def run(model, folder):
@@ -158,8 +158,8 @@ def test_prune_with_healing_and_export(monkeypatch, tokenizer, files, tmp_path, 
 
 @pytest.mark.parametrize("embedding", [None, "disk"], ids=["embedding-on-gpu", "embedding-offloaded"])
 def test_prompt_variants_and_generation(monkeypatch, tokenizer, tmp_path, embedding):
-    from engine.generation import generate_text
-    from engine.variants import Variant, applied
+    from engine.evaluation.generation import generate_text
+    from engine.experiments.variants import Variant, applied
 
     variants = [Variant("original"), Variant("modified", layers=(1, 2)), Variant("noised", layers=(2,), sigma=2.0),
                 Variant("pruned", layers=(1, 2))]
@@ -186,8 +186,8 @@ def test_prompt_variants_and_generation(monkeypatch, tokenizer, tmp_path, embedd
     ("weights", "engine.experiments.weights.gram_of", "--no-paradox"),
 ])
 def test_out_of_memory_is_one_line_naming_the_experiment_and_flag(monkeypatch, tokenizer, files, name, target, flag):
-    from engine.errors import UserError
-    from engine.models import LoadedModel
+    from engine.core.errors import UserError
+    from engine.models.loading import LoadedModel
     from engine.registry import RunContext, experiment
 
     def exhausted(*args, **kwargs):
@@ -249,7 +249,7 @@ def test_noise_is_drawn_on_the_layers_gpu(monkeypatch):
     """No noise matrix is drawn on the host and copied up; the prompt pane's noised variant is a
     recovery run's first noise."""
     from engine.experiments.recovery import add_noise, noise_seed
-    from engine.variants import noised
+    from engine.experiments.variants import noised
 
     with two_gpus(monkeypatch) as mode:
         model = place(tiny_model("llama", seed=3), SPLIT)

@@ -8,10 +8,10 @@ import torch
 from tiny_models import tiny_model
 from tui_fixtures import cut, growth_doc, prune_result
 
-from engine.anatomy import LayerStack
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.experiments.ablation import neighbour_mean
-from engine.variants import Variant, applied, modified, noised, recovered, saved_model_path
+from engine.experiments.variants import Variant, applied, modified, noised, recovered, saved_model_path
+from engine.models.anatomy import LayerStack
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:
@@ -104,8 +104,8 @@ def test_variant_checks_what_it_is_given(tmp_path) -> None:
 def test_pruned_drops_the_prune_runs_layers_and_comes_back() -> None:
     """The `pruned` variant is the model with the exported point's layers really removed (the same
     logits as skipping them), and the model is whole again afterwards."""
-    from engine.anatomy import LayerStack
-    from engine.variants import pruned_layers
+    from engine.experiments.variants import pruned_layers
+    from engine.models.anatomy import LayerStack
 
     model = tiny_model("llama", seed=5)
     ids = torch.tensor([[5, 9, 13, 21, 34]])
@@ -128,15 +128,15 @@ def test_out_of_memory_in_a_prompt_column_is_said_there_and_the_others_go_on(mon
     """A console thread must not die with the allocator's traceback (which pins the tensors)."""
     import threading
 
-    import engine.generation
-    from engine.models import LoadedModel
+    import engine.evaluation.generation
+    from engine.models.loading import LoadedModel
     from tui.messages import GenerationDone, TextGenerated
     from tui.workers import Column, GenerationPlan, generate_work
 
     def exhausted(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(engine.generation, "generate_text", exhausted)
+    monkeypatch.setattr(engine.evaluation.generation, "generate_text", exhausted)
     posted = []
     loaded = LoadedModel(tiny_model("llama"), tokenizer, "tiny", "test", "cpu", "float32", "llama", 4)
     plan = GenerationPlan(1, "The cat", (Column("left", Variant("original")), Column("right", problem="no model")),

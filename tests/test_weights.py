@@ -11,9 +11,8 @@ import torch
 from sklearn.linear_model import Ridge
 from tui_fixtures import round_trips
 
-from engine.anatomy import LayerStack
-from engine.errors import UserError
-from engine.events import Result
+from engine.core.errors import UserError
+from engine.core.events import Result
 from engine.experiments.weights import (
     Analysis,
     WeightsSettings,
@@ -26,6 +25,7 @@ from engine.experiments.weights import (
     ridge_fit,
     run_weights,
 )
+from engine.models.anatomy import LayerStack
 
 
 def _stack(layers: np.ndarray) -> list[torch.Tensor]:
@@ -182,8 +182,8 @@ def test_run_weights_on_tiny_model_restores_weights_and_writes_every_field(tiny_
 
 
 def test_paradox_perplexity_equals_a_model_with_the_predicted_weights(tiny_llama, short_texts):
-    from engine.perplexity import Evaluator
-    from engine.text import eval_texts
+    from engine.data.text import eval_texts
+    from engine.evaluation.perplexity import Evaluator
 
     model, tok = tiny_llama
     settings = WeightsSettings(first_layer=1, eval_file=short_texts, null_draws=1, paradox_counts=(2,),

@@ -60,7 +60,7 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_model(model_type: str = "llama", seed: int = 0):
-    """A tiny float32 model in eval mode with gradients off, like engine.models.load_model gives."""
+    """A tiny float32 model in eval mode with gradients off, like engine.models.loading.load_model gives."""
     config: PretrainedConfig = TINY_CONFIGS[model_type]()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")

@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.atomic import atomic_write_json
-from engine.events import (
+from engine.core.events import (
     ABSENT,
     AblationMap,
     AblationRow,
@@ -61,7 +60,8 @@ from engine.events import (
     WeightsResult,
     json_safe,
 )
-from engine.process import process_identity
+from engine.core.process import process_identity
+from engine.disk.atomic import atomic_write_json
 from engine.registry import experiment
 from sessions.store import Session, SessionStore
 
@@ -413,7 +413,7 @@ def weights_doc() -> dict:
 
 
 def task_score(task: str, acc: float, acc_norm: float | None = None, samples: int = 80) -> TaskScore:
-    """One lm-eval task's scores as engine/accuracy.py reads them from simple_evaluate."""
+    """One lm-eval task's scores as engine/evaluation/accuracy.py reads them from simple_evaluate."""
     stderr = (acc * (1 - acc) / (samples - 1)) ** 0.5
     metrics = {"acc,none": acc, "acc_stderr,none": stderr}
     if acc_norm is not None:
@@ -451,8 +451,8 @@ def evaluate_doc() -> dict:
 def atlas_session(store: SessionStore, name: str = "atlas") -> Session:
     """An atlas of three models of 4, 6 and 9 layers (D % with intervals, Block Influence, angular
     distance, removal perplexity; a calibration variant), saved as `anatomy-tui atlas` saves one."""
-    from engine import atlas as A
-    from engine.statistics import importance_class
+    from engine.atlas.table import table as A
+    from engine.evaluation.statistics import importance_class
 
     shapes = {"tiny-llama": [300.0, 12.0, 5.0, 150.0], "tiny-qwen2": [250.0, 40.0, 8.0, 2.0, 3.0, 120.0],
               "smol-gemma": [400.0, 90.0, 20.0, 6.0, 4.0, -1.5, 3.0, 35.0, 110.0]}

@@ -209,7 +209,7 @@ def place(model: torch.nn.Module, devices: list[str], offload_dir: Any = None,
     """Layers i on devices[i] ("cuda:0", "cuda:1", "disk"), the embedding on the first GPU (or on
     `embedding`: "disk" offloads it) and the final norm and head on the last, as accelerate's
     balanced map puts them; accelerate's hooks move activations between them."""
-    from engine.anatomy import LayerStack
+    from engine.models.anatomy import LayerStack
 
     stack = LayerStack(model)
     gpus = [d for d in devices if d != "disk"]

@@ -25,8 +25,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from engine.errors import UserError
-from engine.options import ModelOptions
+from engine.core.errors import UserError
+from engine.models.options import ModelOptions
 from sessions.store import Session, SessionError, SessionStore
 from tui.console_settings import ConsoleSettings
 from tui.lab import Lab

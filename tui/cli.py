@@ -2,7 +2,7 @@
 
 Every `run` sub-command comes from the experiment registry (engine/registry.py): its flags are the
 fields of its Settings (type, default, help and range declared once, on the field), plus the model
-flags (engine/options.py) and the session flags. Only the chosen experiment's flags are built, so
+flags (engine/models/options.py) and the session flags. Only the chosen experiment's flags are built, so
 `anatomy-tui --help` and the console start import no torch.
 """
 
@@ -14,9 +14,9 @@ import typing
 from collections.abc import Sequence
 
 from engine import registry
-from engine.errors import UserError
-from engine.options import ModelOptions
-from engine.process import Stopped, exit_code, hand_to_launcher, stop_on_signals
+from engine.core.errors import UserError
+from engine.core.process import Stopped, exit_code, hand_to_launcher, stop_on_signals
+from engine.models.options import ModelOptions
 from sessions.store import SessionError
 from tui.flags import add_settings_arguments, experiment_flags
 

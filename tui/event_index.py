@@ -1,7 +1,7 @@
 """The event log's index: which lines of `events.jsonl` the console's panels still depend on, so a
 session whose log is large opens by folding those lines and the log's tail, not every line.
 
-`<session>/events.index.json` (engine/session_layout.py EVENT_INDEX), written by the console as it
+`<session>/events.index.json` (engine/disk/session_layout.py EVENT_INDEX), written by the console as it
 follows the log (tui/lab.py), atomically:
 
     {"format": FORMAT, "covers": C, "lines": [[start, end], ...], "sha256": H}
@@ -22,10 +22,10 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from engine.atomic import atomic_write_bytes
-from engine.errors import UserError
-from engine.events import Event, event_from_json
-from engine.session_layout import EVENT_INDEX
+from engine.core.errors import UserError
+from engine.core.events import Event, event_from_json
+from engine.disk.atomic import atomic_write_bytes
+from engine.disk.session_layout import EVENT_INDEX
 from sessions.store import Session, SessionError
 from tui.state import Span
 

@@ -1,4 +1,4 @@
-"""Command-line flags derived from Settings fields: one declaration (engine/settings.py), every
+"""Command-line flags derived from Settings fields: one declaration (engine/core/settings.py), every
 front end's flags. Used by `tui/cli.py` for `anatomy-tui run` and by the console for the flags a
 user types into a form (growth's), so both accept exactly the same words."""
 
@@ -9,10 +9,10 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.errors import UserError
-from engine.options import ModelOptions
+from engine.core.errors import UserError
+from engine.core.settings import FieldSpec, Settings
+from engine.models.options import ModelOptions
 from engine.registry import Experiment
-from engine.settings import FieldSpec, Settings
 
 
 def _default_text(spec: FieldSpec, value: Any) -> str:

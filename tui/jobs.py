@@ -19,18 +19,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import UserError
-from engine.options import ModelOptions
-from engine.process import job_identity_matches, pid_alive
+from engine.core.errors import UserError
+from engine.core.process import job_identity_matches, pid_alive
+from engine.core.settings import Settings
+from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
 from engine.registry import experiment as find_experiment
-from engine.settings import Settings
 from sessions.job_runner import started_at
 from sessions.store import Session
 from tui.flags import flag_text, model_flags
 
 if TYPE_CHECKING:
-    from engine.memory import Placement
+    from engine.models.memory import Placement
 
 
 @dataclass
@@ -94,7 +94,7 @@ def shards_flag(experiment: str, settings: Settings, options: ModelOptions | Non
         return []
     import torch
 
-    from engine.distributed import known_units
+    from engine.models.distributed import known_units
 
     gpus = torch.cuda.device_count()
     shards = gpus if gpus < 2 else min(gpus, known_units(experiment, settings) or gpus)
@@ -124,7 +124,7 @@ def job_placement(experiment: str, settings: Settings, options: ModelOptions, lo
         return "beside"
     if loaded.device_map is not None:
         return "release"
-    from engine.memory import check_fits, fits_beside, free_memory, model_bytes, other_gpu, plan_run
+    from engine.models.memory import check_fits, fits_beside, free_memory, model_bytes, other_gpu, plan_run
 
     try:  # the plan's sizes depend on the dtype, not the device: planned on "cpu", touching no GPU
         plan = plan_run(options.model, settings, "cpu", loaded.dtype_name, options.trust_remote_code)

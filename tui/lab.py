@@ -18,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.errors import UserError
-from engine.events import CancelToken
-from engine.options import ModelOptions
+from engine.core.errors import UserError
+from engine.core.events import CancelToken
+from engine.core.settings import Settings
+from engine.disk.session_layout import APP_LOG
+from engine.experiments.variants import SavedModels, Variant, pruned_layers, saved_model_path
+from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
-from engine.session_layout import APP_LOG
-from engine.settings import Settings
-from engine.variants import SavedModels, Variant, pruned_layers, saved_model_path
 from sessions.layer_weights import saved_layers
 from sessions.store import Session, SessionStore
 from tui import event_index
@@ -249,7 +249,7 @@ class Lab:
         self.loaded = loaded
         self.model_status = f"{loaded.name} · {loaded.device} · {loaded.dtype_name} · {loaded.n_layers} layers"
         if loaded.device_map:  # spread over devices: say where the layers live
-            from engine.models import placement_text
+            from engine.models.loading import placement_text
 
             self.model_status += f" · {placement_text(loaded.layer_devices)}"
         log.info("model loaded: %s", self.model_status)
@@ -380,7 +380,7 @@ class Lab:
             return False
         device = self.loaded.device
         self.loaded, self.released_options = None, options
-        from engine.oom import release_memory
+        from engine.models.oom import release_memory
 
         release_memory()
         self.model_status = f"model: released from {device} for the {experiment} job, reloaded when it ends"

@@ -8,7 +8,7 @@ import shlex
 import socket
 import sys
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 
 def serve_command(args: argparse.Namespace) -> str:

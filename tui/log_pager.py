@@ -5,7 +5,7 @@ began."""
 
 from __future__ import annotations
 
-from engine.events import Finished, Message
+from engine.core.events import Finished, Message
 from sessions.store import Session, SessionError
 from tui import event_index
 from tui.state import log_line

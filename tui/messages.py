@@ -13,7 +13,7 @@ from textual.message import Message
 
 
 class ModelLoaded(Message):
-    """The model-loading worker has the model (an `engine.models.LoadedModel`)."""
+    """The model-loading worker has the model (an `engine.models.loading.LoadedModel`)."""
 
     def __init__(self, loaded: Any) -> None:
         super().__init__()

@@ -18,6 +18,6 @@ def print_result(experiment: str, doc: dict[str, Any]) -> None:
         return
     printer(doc)
     if isinstance(doc.get("protocol"), dict):
-        from engine.eval_data import describe
+        from engine.data.eval_data import describe
 
         print(describe(doc["protocol"]))

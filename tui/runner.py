@@ -7,7 +7,7 @@ naming it cannot both load a model for it) and removed again when the run fails 
 anything, so a failed start leaves nothing behind. A cancelled run exits 130 (Ctrl-C), 143
 (SIGTERM) or 129 (SIGHUP) and prints the command that resumes it; a user error 2.
 
-Before the model loads, its memory plan (engine/memory.py) is printed and checked against the free
+Before the model loads, its memory plan (engine/models/memory.py) is printed and checked against the free
 memory of the device. `--shards N` relaunches the command as N workers through torch's launcher;
 under torchrun (or that launcher) every worker loads the model on its own device and computes its
 share of the sweep, and rank 0 alone opens the session and writes events, checkpoints and results.
@@ -25,21 +25,21 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.atomic import atomic_write_json, check_free_space, check_writable_path
-from engine.errors import UserError
-from engine.events import Event, Message, Progress, Result
-from engine.options import ModelOptions
-from engine.process import Stopped, exit_code
+from engine.core.errors import UserError
+from engine.core.events import Event, Message, Progress, Result
+from engine.core.process import Stopped, exit_code
+from engine.core.settings import Settings
+from engine.disk.atomic import atomic_write_json, check_free_space, check_writable_path
+from engine.models.options import ModelOptions
 from engine.registry import EXPERIMENTS, Experiment, RunContext
-from engine.settings import Settings
 from sessions.job_runner import run_job
 from sessions.store import Session, SessionExists, SessionStore
 from tui.flags import model_options_from_args, settings_from_args
 from tui.jobs import job_argv, typed
 
 if TYPE_CHECKING:
-    from engine.distributed import ShardPlan, Workers, World
-    from engine.memory import MemoryPlan
+    from engine.models.distributed import ShardPlan, Workers, World
+    from engine.models.memory import MemoryPlan
 
 CANCELLED = 130
 
@@ -80,7 +80,7 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     shards = getattr(args, "shards", None) or 1
     device = _asked_device(options, settings)
     if world is None and shards > 1:
-        from engine.distributed import launch
+        from engine.models.distributed import launch
 
         _one_gpu_each(shards, "--shards", device)
         return launch(["-m", "tui.cli", *argv], shards)
@@ -173,8 +173,8 @@ def _world(experiment: Experiment, args: argparse.Namespace, options: ModelOptio
     refusals of what cannot be split."""
     shards = getattr(args, "shards", None)
     world = None
-    if "WORLD_SIZE" in os.environ:  # started by torchrun (engine.distributed imports torch)
-        from engine.distributed import world_from_env
+    if "WORLD_SIZE" in os.environ:  # started by torchrun (engine.models.distributed imports torch)
+        from engine.models.distributed import world_from_env
 
         world = world_from_env()
     if (shards or world is not None) and options is not None and options.device_map is not None:
@@ -213,7 +213,7 @@ def _one_gpu_each(workers: int, what: str, device: str) -> None:
 def _workers(world: World | None, device: str) -> contextlib.AbstractContextManager[Workers | None]:
     if world is None:
         return contextlib.nullcontext()
-    from engine.distributed import Workers
+    from engine.models.distributed import Workers
 
     return Workers(world, device)
 
@@ -222,11 +222,11 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
                 ) -> MemoryPlan | None:
     """The run's memory plan, printed and checked against the device's free memory before the
     model loads (one line and exit 2 when it cannot fit), after what the model's config and
-    tokenizer can tell is checked (engine/preflight.py: layers, components, texts, export folder,
+    tokenizer can tell is checked (engine/models/preflight.py: layers, components, texts, export folder,
     weight edits on offloaded layers); a config that cannot be read is one line too. A model that
     cannot be planned without loading it (an unusual config) gets a one-line note and no plan."""
-    from engine.memory import check_fits, free_memory, plan_run, preview_model
-    from engine.preflight import check_before_load
+    from engine.models.memory import check_fits, free_memory, plan_run, preview_model
+    from engine.models.preflight import check_before_load
 
     preview, plan, skipped = None, None, ""
     try:
@@ -261,7 +261,7 @@ def sharded_events(name: str, settings: Settings, context: RunContext, workers: 
     chooses its layers from the ablation map) and, once it has prepared it, the checkpoint folder
     (toy-depth's students). An experiment whose plan has its own `sweep` runs the split itself
     (recovery: rank 0 reads and writes its checkpoint)."""
-    from engine.distributed import plan
+    from engine.models.distributed import plan
 
     loaded = context.model
     n_layers, model_name = (loaded.n_layers, loaded.name) if loaded is not None else (0, "")  # toy-depth: no model

@@ -1,7 +1,7 @@
 """What the console knows about a session, rebuilt from its event log and results alone.
 
 The console never recomputes on reopen: it replays `events.jsonl`, decoded into the typed events of
-`engine.events` (torch-free, so torch stays unimported), and reads `results/*.json` into the result
+`engine.core.events` (torch-free, so torch stays unimported), and reads `results/*.json` into the result
 types there. Each panel asks only for the part it draws; `dirty` says which parts changed.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from engine.events import (
+from engine.core.events import (
     AblationMap,
     AblationProxies,
     AblationRow,

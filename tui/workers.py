@@ -14,12 +14,12 @@ from typing import Any
 
 from textual.message import Message
 
-from engine.errors import UserError
-from engine.events import CancelToken
-from engine.models import LoadedModel
-from engine.options import ModelOptions
-from engine.settings import Settings
-from engine.variants import SavedModels, Variant
+from engine.core.errors import UserError
+from engine.core.events import CancelToken
+from engine.core.settings import Settings
+from engine.experiments.variants import SavedModels, Variant
+from engine.models.loading import LoadedModel
+from engine.models.options import ModelOptions
 from sessions.store import Session
 from tui.messages import (
     ExperimentFinished,
@@ -131,9 +131,9 @@ def generate_work(post: Post, plan: GenerationPlan) -> None:
 
 
 def _generate_column(post: Post, plan: GenerationPlan, column: Column) -> None:
-    from engine.generation import generate_text
-    from engine.oom import out_of_memory_guard
-    from engine.variants import ON_LOADED_MODEL, applied
+    from engine.evaluation.generation import generate_text
+    from engine.experiments.variants import ON_LOADED_MODEL, applied
+    from engine.models.oom import out_of_memory_guard
     from sessions.layer_weights import load_layers
 
     variant = column.variant

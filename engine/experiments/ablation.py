@@ -14,10 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.anatomy import LayerStack
-from engine.distributed import ShardPlan
-from engine.errors import UserError
-from engine.events import (
+from engine.core.errors import UserError
+from engine.core.events import (
     AblationMap,
     AblationProxies,
     AblationRow,
@@ -28,11 +26,14 @@ from engine.events import (
     Result,
     json_safe,
 )
-from engine.memory import ModelShape
-from engine.perplexity import Batch, Evaluator, masked
+from engine.core.settings import MAX_SEED, check_layers, setting
+from engine.data.text_settings import EvalTextSettings
+from engine.evaluation.perplexity import Batch, Evaluator, masked
+from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
+from engine.models.anatomy import LayerStack
+from engine.models.distributed import ShardPlan
+from engine.models.memory import ModelShape
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, EvalTextSettings, check_layers, setting
-from engine.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
 
 METHODS = ("mean", "skip", "zero")
 RESULT = AblationMap  # results/ablation.json

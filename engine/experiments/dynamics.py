@@ -19,9 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.anatomy import LayerStack, execution_device
-from engine.errors import UserError
-from engine.events import (
+from engine.core.errors import UserError
+from engine.core.events import (
     CancelToken,
     DynamicsCore,
     DynamicsLayer,
@@ -38,10 +37,12 @@ from engine.events import (
     TokenCluster,
     json_safe,
 )
-from engine.perplexity import Batch, token_nll, tokenize_batches
+from engine.core.files import read_lines
+from engine.core.settings import MAX_SEED, Settings, setting
+from engine.data.text import corpus, heldout_texts
+from engine.evaluation.perplexity import Batch, token_nll, tokenize_batches
+from engine.models.anatomy import LayerStack, execution_device
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, Settings, setting
-from engine.text import corpus, heldout_texts, read_lines
 
 PROFILES = ("both", "state", "update")
 LENSES = ("plain", "last-block")

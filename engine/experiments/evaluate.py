@@ -1,10 +1,10 @@
 """`evaluate`: zero-shot accuracy through lm-eval-harness on the loaded model and the session's
-variants of it, side by side, with the generation check beside each (engine/accuracy.py).
+variants of it, side by side, with the generation check beside each (engine/evaluation/accuracy.py).
 
 Variants (`--variants`, the original first):
 - `original`: the loaded model (`--model`).
 - `pruned`: its layers `--remove` (0-based), else the session's prune cut (its exported point, else
-  its ppl criterion's deepest cut), really dropped (`engine.pruning.removed`), then put back.
+  its ppl criterion's deepest cut), really dropped (`engine.models.pruning.removed`), then put back.
 - `healed`: the folder the session's prune run exported with --heal-steps (the healed cut).
 - `recovered`: the layers the session's recovery run fine-tuned, put in for the length of the run.
 - `growth`, `uniform`: the session's growth run's saved models (character tokenizers: their
@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.accuracy import PROMPTS, Harness, LmEvalSettings, continuations, generation_check
-from engine.errors import UserError
-from engine.events import (
+from engine.core.errors import UserError
+from engine.core.events import (
     EvaluatedModel,
     EvaluateResult,
     Event,
@@ -37,10 +36,11 @@ from engine.events import (
     Result,
     json_safe,
 )
+from engine.core.settings import setting
+from engine.disk.session_layout import CHECKPOINTS, LAYER_WEIGHTS
+from engine.evaluation.accuracy import PROMPTS, Harness, LmEvalSettings, continuations, generation_check
+from engine.experiments.session_models import layer_weights, pruned_layers, saved_model_path
 from engine.registry import RunContext
-from engine.session_layout import CHECKPOINTS, LAYER_WEIGHTS
-from engine.session_models import layer_weights, pruned_layers, saved_model_path
-from engine.settings import setting
 
 RESULT = EvaluateResult  # results/evaluate.json
 SESSION_VARIANTS = ("original", "pruned", "healed", "recovered", "growth", "uniform")
@@ -75,9 +75,9 @@ class EvaluateSettings(LmEvalSettings):
             raise UserError("--tasks: name at least one lm-eval task, e.g. --tasks piqa,arc_easy")
 
     def check_against(self, shape: Any) -> None:
-        """--remove against the model's depth, from its config before the load (engine/preflight.py)."""
+        """--remove against the model's depth, from its config before the load (engine/models/preflight.py)."""
         if self.remove:
-            from engine.pruning import check_removal
+            from engine.models.pruning import check_removal
 
             check_removal(shape.n_layers, self.remove)
 
@@ -116,8 +116,8 @@ def _layers(layers: Any) -> str:
 def subject(name: str, settings: EvaluateSettings, context: RunContext) -> Iterator[Subject]:
     """The variant `name` of the loaded model for the block (weights put back afterwards), or a
     model loaded for it; one line when the session lacks what it is made from."""
-    from engine.anatomy import LayerStack
-    from engine.pruning import removed
+    from engine.models.anatomy import LayerStack
+    from engine.models.pruning import removed
 
     loaded = context.model
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -171,7 +171,7 @@ def _healed_folder(prune_doc: dict[str, Any] | None) -> Path:
 @contextlib.contextmanager
 def _loaded_folder(folder: Path, loaded: Any) -> Iterator[Any]:
     """A Hugging Face folder loaded on the loaded model's device and dtype, freed after the block."""
-    from engine.models import load_model
+    from engine.models.loading import load_model
 
     other = load_model(str(folder), device=loaded.device, dtype=loaded.dtype_name)
     try:
@@ -186,7 +186,7 @@ def _adapted(settings: EvaluateSettings, context: RunContext) -> Iterator[Subjec
     unloaded afterwards (the base weights were never changed)."""
     from peft import PeftModel
 
-    from engine.pruning import removed
+    from engine.models.pruning import removed
 
     loaded = context.model
     with removed(loaded.model, settings.remove) if settings.remove else contextlib.nullcontext():

@@ -17,10 +17,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from engine.anatomy import LayerStack
-from engine.distributed import ShardPlan
-from engine.errors import UserError
-from engine.events import (
+from engine.core.errors import UserError
+from engine.core.events import (
     AblationMap,
     CancelToken,
     Event,
@@ -32,12 +30,15 @@ from engine.events import (
     TrialDone,
     json_safe,
 )
-from engine.generation import generate_text
-from engine.memory import ModelShape
-from engine.perplexity import Evaluator
+from engine.core.settings import check_layers, setting
+from engine.data.text_settings import EvalTextSettings
+from engine.evaluation.generation import generate_text
+from engine.evaluation.perplexity import Evaluator
+from engine.evaluation.statistics import degradation_pct
+from engine.models.anatomy import LayerStack
+from engine.models.distributed import ShardPlan
+from engine.models.memory import ModelShape
 from engine.registry import RunContext
-from engine.settings import EvalTextSettings, check_layers, setting
-from engine.statistics import degradation_pct
 
 STRATEGIES = ("zero", "clone", "blend", "svd", "scale")
 PAPER_ALPHAS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)

@@ -13,7 +13,7 @@ Criteria (each gives, for every count n, the n layers to remove; layers indexed 
   its own position on, through the prefix cache of the cut model.
 - `map`: the session's ablation map, least degradation first.
 
-Every set of layers is then really removed (`engine.pruning`) and evaluated; with --heal-steps the
+Every set of layers is then really removed (`engine.models.pruning`) and evaluated; with --heal-steps the
 cut model is fine-tuned on training text (the layers next to each cut, or LoRA adapters on every
 layer through `peft`, merged afterwards) and evaluated again on the same held-out texts. The
 weights are put back exactly after each point. The depth law (exploratory) fits the `ppl` curve's
@@ -34,11 +34,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from engine.accuracy import CutJudge, Harness, LmEvalSettings, accuracy_line
-from engine.anatomy import LayerStack, execution_device
-from engine.errors import UserError
-from engine.eval_data import EvalSource, comparable
-from engine.events import (
+from engine.core.errors import UserError
+from engine.core.events import (
     DepthLaw,
     Event,
     Message,
@@ -52,22 +49,26 @@ from engine.events import (
     Result,
     json_safe,
 )
+from engine.core.settings import MAX_SEED, setting
+from engine.data.eval_data import EvalSource, comparable
+from engine.data.text_settings import EvalTextSettings, TrainTextSettings
+from engine.evaluation.accuracy import CutJudge, Harness, LmEvalSettings, accuracy_line
+from engine.evaluation.perplexity import Batch, Evaluator, TextScores, masked
+from engine.evaluation.statistics import bootstrap_perplexity, spearman
 from engine.experiments.ablation import InfluenceMeter
-from engine.experiments.export import ADAPTER, check_export_folder, save_model_folder
-from engine.memory import ModelShape, Training
-from engine.mergekit_yaml import MERGEKIT_CONFIG, passthrough_yaml
-from engine.model_card import CardFacts, Perplexity, hub_id, model_card
-from engine.perplexity import Batch, Evaluator, TextScores, masked
-from engine.pruning import removed
+from engine.export.folder import ADAPTER, check_export_folder, save_model_folder
+from engine.export.mergekit_yaml import MERGEKIT_CONFIG, passthrough_yaml
+from engine.export.model_card import CardFacts, Perplexity, hub_id, model_card
+from engine.models.anatomy import LayerStack, execution_device
+from engine.models.memory import ModelShape, Training
+from engine.models.pruning import removed
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, EvalTextSettings, TrainTextSettings, setting
-from engine.statistics import bootstrap_perplexity, spearman
-from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
+from engine.training.trainer import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard
 
-    from engine.models import LoadedModel
+    from engine.models.loading import LoadedModel
 
 METHODS = ("angular", "angular_last", "bi", "ppl", "map")
 HEALS = ("adjacent", "lora")

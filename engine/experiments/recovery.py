@@ -23,11 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.anatomy import LayerStack, execution_device
-from engine.distributed import ShardPlan, Workers
-from engine.errors import UserError
-from engine.eval_data import comparable
-from engine.events import (
+from engine.core.errors import UserError
+from engine.core.events import (
     AblationMap,
     CancelToken,
     Event,
@@ -45,13 +42,19 @@ from engine.events import (
     Result,
     json_safe,
 )
-from engine.memory import ModelShape, Training
-from engine.perplexity import Evaluator
+from engine.core.settings import MAX_SEED, check_layers, setting
+from engine.data.eval_data import comparable
+from engine.data.text_settings import EvalTextSettings, TrainTextSettings
+from engine.disk.session_layout import (
+    LAYER_WEIGHTS,  # each recovered layer, for the prompt pane (sessions/layer_weights.py)
+)
+from engine.evaluation.perplexity import Evaluator
+from engine.evaluation.statistics import spearman
+from engine.models.anatomy import LayerStack, execution_device
+from engine.models.distributed import ShardPlan, Workers
+from engine.models.memory import ModelShape, Training
 from engine.registry import RunContext
-from engine.session_layout import LAYER_WEIGHTS  # each recovered layer, for the prompt pane (sessions/layer_weights.py)
-from engine.settings import MAX_SEED, EvalTextSettings, TrainTextSettings, check_layers, setting
-from engine.statistics import spearman
-from engine.training import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
+from engine.training.trainer import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
 
 PAPER_LAYERS = (11, 14, 17)
 THRESHOLDS = (2.0, 1.5, 1.1)
@@ -477,7 +480,7 @@ def load_finished(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 
 def checkpointed(events: Iterator[Event], path: Path, state: dict[str, Any]) -> Iterator[Event]:
     """Passes events through; each finished layer is added to the checkpoint at once."""
-    from engine.atomic import atomic_write_json
+    from engine.disk.atomic import atomic_write_json
 
     atomic_write_json(path, json_safe(state))
     for event in events:
@@ -491,7 +494,7 @@ def save_layer_weights(folder: Path, index: int, tensors: dict[str, torch.Tensor
     """One recovered layer as safetensors (written atomically), tagged with the model's name."""
     from safetensors.torch import save_file
 
-    from engine.atomic import atomic_write
+    from engine.disk.atomic import atomic_write
 
     if Path(folder).is_symlink():  # a session folder from elsewhere must not lead writes outside it
         raise UserError(f"{folder} is a symbolic link; recovered layers are not written through it")

@@ -2,7 +2,7 @@
 
 Fitted in log space with many random restarts (the landscape is multi-modal), least squares or Huber;
 bootstrap intervals and held-out error come from the same batched solver, every resample or split
-being one more row of the batch (see engine/powerfit.py).
+being one more row of the batch (see engine/evaluation/powerfit.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from engine import powerfit
-from engine.errors import UserError
-from engine.events import (
+from engine.core.errors import UserError
+from engine.core.events import (
     CancelToken,
     DepthPoints,
     Event,
@@ -36,8 +35,9 @@ from engine.events import (
     ScalingProfile,
     json_safe,
 )
+from engine.core.settings import MAX_SEED, Settings, setting
+from engine.evaluation import powerfit
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, Settings, setting
 
 TERMS = ("m", "l", "D")
 PARAM_KEYS = ("alpha_m", "alpha_l", "alpha_D", "c_m", "c_l", "c_D", "L0")

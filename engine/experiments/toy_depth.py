@@ -30,11 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine import powerfit
-from engine.atomic import atomic_write_bytes, atomic_write_json
-from engine.distributed import ShardPlan
-from engine.errors import UserError
-from engine.events import (
+from engine.core.errors import UserError
+from engine.core.events import (
     CancelToken,
     Event,
     Message,
@@ -46,11 +43,14 @@ from engine.events import (
     ToyDepthResult,
     json_safe,
 )
-from engine.models import precision_messages, training_precision
-from engine.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
+from engine.core.settings import MAX_SEED, Settings, from_preset, setting
+from engine.disk.atomic import atomic_write_bytes, atomic_write_json
+from engine.evaluation import powerfit
+from engine.models.distributed import ShardPlan
+from engine.models.loading import precision_messages, training_precision
+from engine.models.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, Settings, from_preset, setting
-from engine.training import Trainer
+from engine.training.trainer import Trainer
 
 REGIMES = ("tied", "independent")
 RESULT = ToyDepthResult  # results/toy-depth.json

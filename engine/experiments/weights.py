@@ -22,9 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.anatomy import LayerStack, check_matrix_names
-from engine.errors import UserError
-from engine.events import (
+from engine.core.errors import UserError
+from engine.core.events import (
     ABSENT,
     CancelToken,
     ComponentAnalysed,
@@ -42,11 +41,13 @@ from engine.events import (
     WeightsResult,
     json_safe,
 )
-from engine.memory import ModelShape
-from engine.perplexity import Evaluator
+from engine.core.settings import MAX_SEED, check_layers, setting
+from engine.data.text_settings import EvalTextSettings
+from engine.evaluation.perplexity import Evaluator
+from engine.evaluation.statistics import degradation_pct
+from engine.models.anatomy import LayerStack, check_matrix_names
+from engine.models.memory import ModelShape
 from engine.registry import RunContext
-from engine.settings import MAX_SEED, EvalTextSettings, check_layers, setting
-from engine.statistics import degradation_pct
 
 PREDICTIONS = ("in_sample", "loo")
 SUMMARY_KEYS = ("r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean", "delta_corr_sd")  # WeightStats' fields

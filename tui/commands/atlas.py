@@ -1,6 +1,6 @@
 """`anatomy-tui atlas --models A,B,C --name ATLAS`: the same measures of many models on one
-protocol, each model's in its own session, merged on relative depth (engine/atlas.py), kept in the
-atlas's session (sessions/atlas.py) and exported as a dataset (engine/atlas_dataset.py).
+protocol, each model's in its own session, merged on relative depth (engine/atlas/table.py), kept in the
+atlas's session (sessions/atlas.py) and exported as a dataset (engine/atlas/dataset.py).
 
 Each measure runs through `anatomy-tui run <experiment>` itself (the `run` callable the command
 line hands in: the same parser, memory plan, model load and session writes), one model at a time,
@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine import atlas as A
-from engine.errors import UserError
-from engine.options import ModelOptions
+from engine.atlas.table import table as A
+from engine.core.errors import UserError
+from engine.data.text_settings import EvalTextSettings
+from engine.models.options import ModelOptions
 from engine.registry import experiment as experiment_named
-from engine.settings import EvalTextSettings
 from tui.flags import add_settings_arguments, flag_text, settings_from_flags
 from tui.flags import model_flags as flags_of_model
 
@@ -78,8 +78,9 @@ def spec_of(args: argparse.Namespace) -> dict[str, Any]:
 def variants_of(spec: dict[str, Any], texts: Path) -> dict[str, dict[str, Any]]:
     """Variant name -> its evaluation settings: main, a seeded half of the main texts per calibration
     seed (written into the atlas's folder), and each --calib-file."""
-    from engine.atomic import atomic_write_bytes
-    from engine.text import eval_texts, read_lines
+    from engine.core.files import read_lines
+    from engine.data.text import eval_texts
+    from engine.disk.atomic import atomic_write_bytes
 
     main = dict(spec["evaluation"])
     variants = {A.MAIN: main}
@@ -120,8 +121,8 @@ def experiment_flags(experiment: str, evaluation: dict[str, Any], texts: Path) -
 
 
 def _builtin_text(eval_set: str, texts: Path) -> Path:
-    from engine.atomic import atomic_write_bytes
-    from engine.text import eval_texts
+    from engine.data.text import eval_texts
+    from engine.disk.atomic import atomic_write_bytes
 
     path = texts / f"builtin-{eval_set}.txt"
     atomic_write_bytes(path, ("\n".join(eval_texts(None, eval_set)) + "\n").encode("utf-8"), "evaluation text")
@@ -135,7 +136,7 @@ def _say(text: str) -> None:
 def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     """Runs or reuses every measure of every model, then merges, saves and exports the atlas.
     `run(argv)` is `anatomy-tui argv` (the exit code), handed in by tui/cli.py."""
-    from engine.atlas_dataset import write_dataset
+    from engine.atlas.dataset import write_dataset
     from sessions.atlas import ATLAS_RESULT, member_name, open_atlas, reusable
     from sessions.store import SessionStore
     from tui.views.atlas import print_report

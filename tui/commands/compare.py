@@ -1,6 +1,6 @@
 """`anatomy-tui compare S1 S2 ... | --atlas NAME`: per-layer profiles of several sessions (or an
 atlas's models) on relative depth, one line per model, their class bands, the depths where every
-model's layers are critical or all redundant, and how far the criteria agree (engine/atlas.py;
+model's layers are critical or all redundant, and how far the criteria agree (engine/atlas/table.py;
 the text: tui/views/atlas.py, also the console's Compare view). Sessions of one model (original and
 pruned, two texts, two dtypes) also compare layer by layer."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from engine import atlas as A
-from engine.errors import UserError
+from engine.atlas.table import table as A
+from engine.core.errors import UserError
 from tui.views.atlas import print_report
 
 

@@ -1,5 +1,5 @@
 """`anatomy-tui export SESSION --model recovered|growth|uniform DIR`: a model the session made,
-saved as a Hugging Face folder (engine.experiments.export); `--push-to-hub REPO` uploads it (or,
+saved as a Hugging Face folder (engine.export.folder); `--push-to-hub REPO` uploads it (or,
 with `--model pruned`, the folder `run prune --export` saved) to the Hub."""
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from engine.errors import UserError
-from engine.options import ModelOptions
-from engine.session_layout import GROWTH_MODELS
-from engine.variants import SAVED_ARMS  # growth and uniform: their arm's folder under <session>/GROWTH_MODELS
+from engine.core.errors import UserError
+from engine.disk.session_layout import GROWTH_MODELS
+from engine.experiments.variants import (
+    SAVED_ARMS,  # growth and uniform: their arm's folder under <session>/GROWTH_MODELS
+)
+from engine.models.options import ModelOptions
 from tui.flags import add_settings_arguments
 
 EXPORT_LOAD = ModelOptions(device="cpu")  # the base model loads on the CPU unless --device says otherwise
@@ -39,8 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from engine.experiments.export import check_export_folder, export_growth, export_recovered, hub_token
-    from engine.model_card import hub_id
+    from engine.experiments.growth.export import export_growth
+    from engine.export.folder import check_export_folder, export_recovered, hub_token
+    from engine.export.model_card import hub_id
     from sessions.store import SessionStore
 
     if args.push_to_hub is not None:
@@ -85,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
 
 def pruned_folder(prune: dict | None, session: str) -> Path:
     """The folder the session's prune run exported, checked to be there still."""
-    from engine.model_card import CARD
+    from engine.export.model_card import CARD
 
     exported = (prune or {}).get("exported")
     if not exported:
@@ -100,7 +103,7 @@ def with_accuracy(folder: Path, evaluation: dict | None, variant: str, label: st
                   model: str | None = None) -> None:
     """lm-eval's scores of the exported model into its card, where the session's evaluate result
     has them: its row of that variant (and label), evaluated on the same model."""
-    from engine.model_card import add_accuracy
+    from engine.export.model_card import add_accuracy
 
     if not evaluation or (model is not None and evaluation.get("model") != model):
         return
@@ -113,7 +116,7 @@ def with_accuracy(folder: Path, evaluation: dict | None, variant: str, label: st
 
 
 def push(folder: Path, args: argparse.Namespace) -> int:
-    from engine.experiments.export import push_to_hub
+    from engine.export.folder import push_to_hub
 
     url = push_to_hub(folder, args.push_to_hub, private=args.private)
     print(f"pushed {folder} to {url}", file=sys.stderr)

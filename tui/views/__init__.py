@@ -11,7 +11,7 @@ one of them, gets the plain form:
   plots()               the pane's widgets above the summary (plain: none)
   show(pane, state)     redraws those widgets from the session state (tui/state.py)
 
-View modules read result documents through their classes in engine/events.py (`RESULT` of the
+View modules read result documents through their classes in engine/core/events.py (`RESULT` of the
 experiment's module: `PruneResult.from_json(doc)`), so a renamed field fails where the engine builds
 it and here alike; they import no torch (the console paints before torch loads). `_format.py` holds
 the number formats they share.
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Decodes(Protocol[T]):  # a result class of engine/events.py
+class Decodes(Protocol[T]):  # a result class of engine/core/events.py
     def from_json(self, doc: Mapping[str, Any]) -> T: ...
 
 

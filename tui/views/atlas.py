@@ -1,4 +1,4 @@
-"""The text of an atlas or a comparison (engine/atlas.py's document): per-criterion profiles on
+"""The text of an atlas or a comparison (engine/atlas/table.py's document): per-criterion profiles on
 relative depth (one line per model, a sparkline and the bins' means; D % on a log axis), the class
 bands, the depths critical or redundant in every model, the criteria's agreement and calibration
 stability, and, for models of one depth, D % layer by layer. `anatomy-tui compare`, `anatomy-tui
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from engine import atlas as A
+from engine.atlas.table import table as A
 
 SHORT = {"d_pct": "D%", "block_influence": "BI", "angular_distance": "ang", "angular_last_token": "ang-last",
          "removal_ppl": "ppl-rm", "angle_state": "θstate", "angle_update": "θupd", "recovery_difficulty": "recov"}

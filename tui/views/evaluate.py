@@ -10,7 +10,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from engine.events import EvaluateResult, GenerationCheck, LmEvalProtocol, TaskScore
+from engine.core.events import EvaluateResult, GenerationCheck, LmEvalProtocol, TaskScore
 from tui.views import Analysis
 from tui.views._format import fmt
 

@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.containers import Horizontal
 from textual.widget import Widget
 
-from engine.events import ABSENT, ProfilePoint, ScalingFitResult
+from engine.core.events import ABSENT, ProfilePoint, ScalingFitResult
 from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval
 from tui.widgets.curve_plot import Curve, CurvePlot

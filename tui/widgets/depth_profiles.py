@@ -1,9 +1,9 @@
-"""One criterion of an atlas (engine/atlas.py) as curves on relative depth, one per model, so models
+"""One criterion of an atlas (engine/atlas/table.py) as curves on relative depth, one per model, so models
 of different depths line up (D % on a log axis, with the class bounds as reference lines)."""
 
 from __future__ import annotations
 
-from engine import atlas as A
+from engine.atlas.table import table as A
 from tui.widgets.curve_plot import Curve, CurvePlot, PlotColour
 
 COLOURS: list[PlotColour] = ["cyan", "orange", "green", "magenta", "blue", "red", "white"]

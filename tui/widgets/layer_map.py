@@ -10,8 +10,8 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
-from engine.events import RecoveryRow
-from engine.variants import pruned_layers
+from engine.core.events import RecoveryRow
+from engine.experiments.variants import pruned_layers
 from tui.palette import class_style
 from tui.state import SessionState, layer_class
 

@@ -27,7 +27,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaMLP
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 
 @strict

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.atomic import atomic_write, atomic_write_json
+from engine.disk.atomic import atomic_write, atomic_write_json
 
 STATE_FILE = "state.json"
 FORMAT = 1

@@ -1,6 +1,6 @@
 """The training corpus, a character tokenizer and deterministic batches.
 
-Corpus: the project's built-in one from `engine.text.corpus` (the paragraphs of CPython's
+Corpus: the project's built-in one from `engine.data.text.corpus` (the paragraphs of CPython's
 `pydoc_data.topics`, the reference manual's topic pages, whitespace collapsed; every fifth topic
 in sorted order is held out and serves as validation, so no page is in both halves), or a user's
 UTF-8 file, one paragraph a line, every tenth line held out.
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 
 TOKENIZER_FILE = "growth_tokenizer.json"
 UNK = 0
@@ -64,7 +64,7 @@ class CharTokenizer:
                                        clean_up_tokenization_spaces=False)
 
     def save(self, folder: Path) -> None:
-        from engine.atomic import atomic_write_json
+        from engine.disk.atomic import atomic_write_json
 
         atomic_write_json(Path(folder) / TOKENIZER_FILE, {"type": "char", "unk_id": UNK, "chars": self.chars})
 
@@ -87,8 +87,8 @@ class Corpus:
 
 
 def load_corpus(train_file: str | None = None) -> Corpus:
-    """The project's corpus (`engine.text.corpus`): its train half and its held-out half."""
-    from engine.text import corpus
+    """The project's corpus (`engine.data.text.corpus`): its train half and its held-out half."""
+    from engine.data.text import corpus
 
     text = corpus(Path(train_file) if train_file else None)
     train, val, source = text.train, text.heldout, text.source

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import UserError
-from engine.events import (
+from engine.core.errors import UserError
+from engine.core.events import (
     CancelToken,
     Event,
     GrowthArm,
@@ -41,6 +41,9 @@ from engine.events import (
     Result,
     json_safe,
 )
+from engine.core.settings import MAX_SEED, Settings, from_preset, setting
+from engine.disk.session_layout import GROWTH_MODELS
+from engine.evaluation.generation import generate_text
 from engine.experiments.growth.architecture import growth_widths, param_count, solve_uniform_width
 from engine.experiments.growth.checkpoint import load_checkpoint, save_checkpoint
 from engine.experiments.growth.data import load_corpus, val_batches
@@ -67,12 +70,9 @@ from engine.experiments.growth.protocol import (
     validate_phases,
 )
 from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
-from engine.generation import generate_text
-from engine.models import precision_messages, training_precision
-from engine.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
+from engine.models.loading import precision_messages, training_precision
+from engine.models.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
 from engine.registry import RunContext
-from engine.session_layout import GROWTH_MODELS
-from engine.settings import MAX_SEED, Settings, from_preset, setting
 
 ARMS = ("growth_100", "growth_50", "uniform_100")
 PROMPTS = (

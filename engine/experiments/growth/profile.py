@@ -17,8 +17,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.errors import UserError
-from engine.events import AblationMap
+from engine.core.errors import UserError
+from engine.core.events import AblationMap
 
 CLASSES = ("critical", "important", "minor", "redundant")
 ANTI = "anti"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engine.errors import UserError
+from engine.core.errors import UserError
 from engine.experiments.growth.profile import CLASSES, kept_layers
 
 PAPER_WEIGHTS = (

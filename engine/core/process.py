@@ -1,0 +1,174 @@
+"""A job's process: proof that a pid still is the job a job file describes, before anything
+signals it, and how a run stops on a signal.
+
+A job file is only text: its pid may be 1 (`kill(-1)` would reach every process the user owns),
+a number the kernel has since given to another program, or a hostile value. A job records, from
+inside its own process, its process group, its start time (/proc/<pid>/stat field 22, clock
+ticks since boot) and its command line; a pid is signalled only while all three still match.
+
+SIGTERM (`kill`, a scheduler, `docker stop`, the end of a Kaggle session) and SIGHUP (a closed
+terminal) stop a run the way Ctrl-C does: `stop_on_signals` turns them into `Stopped`, a
+KeyboardInterrupt, so every path that checkpoints and records a cancelled job on Ctrl-C does so
+on them too; the run then exits 128 + the signal's number (143, 129), as a shell expects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+PID_LIMIT = 2**31 - 1  # the largest value a pid_t holds; os.kill overflows beyond it
+
+
+def valid_pid(pid: Any) -> bool:
+    """A real int in the range a pid_t holds (bool is not a pid)."""
+    return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= PID_LIMIT
+
+
+def pid_alive(pid: Any) -> bool:
+    """The process exists and is not a zombie (a pid we may not signal still counts as alive)."""
+    if not valid_pid(pid):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child counts as gone
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            text = handle.read()
+        return int(text.rsplit(")", 1)[1].split()[19])  # field 22; the name in (...) may hold spaces
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def command_line(pid: int) -> list[str] | None:
+    """The process's argv as the kernel holds it, or None when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    return [part.decode("utf-8", "surrogateescape") for part in raw.split(b"\0")[:-1]] if raw else None
+
+
+def process_identity(pid: int | None = None) -> dict[str, Any]:
+    """What a job records about its own process (pid, pgid, start_time, cmdline) to be found later."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        pgid: int | None = os.getpgid(pid)
+    except OSError:
+        pgid = None
+    return {"pid": pid, "pgid": pgid, "start_time": start_time(pid), "cmdline": command_line(pid)}
+
+
+def identity_problem(doc: dict[str, Any]) -> str:
+    """Why the pid in job file `doc` cannot be proven to be that job ("" when it can)."""
+    pid = doc.get("pid")
+    if not valid_pid(pid) or pid <= 1:
+        return f"pid {pid!r} is not a job's process"
+    recorded = (doc.get("pgid"), doc.get("start_time"), doc.get("cmdline"))
+    if any(value is None for value in recorded):
+        return "the job file does not record its process group, start time and command line"
+    current = process_identity(pid)
+    if current["start_time"] is None:
+        return f"process {pid} is gone"
+    if (current["pgid"], current["start_time"], current["cmdline"]) != recorded:
+        return f"process {pid} is no longer this job (another program has its pid)"
+    return ""
+
+
+def job_identity_matches(doc: dict[str, Any]) -> bool:
+    """True only while the job file's pid provably is the job that wrote it."""
+    return identity_problem(doc) == ""
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+STOP_EXIT_CODES = frozenset(128 + sig for sig in (signal.SIGINT, *STOP_SIGNALS))  # 130, 143, 129
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was stopped by `signum` (SIGTERM, SIGHUP; Ctrl-C's SIGINT stays KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+def stop_signal(exc: BaseException) -> int:
+    """The signal an interruption stands for: SIGINT for Ctrl-C's KeyboardInterrupt, 0 for anything else."""
+    if isinstance(exc, Stopped):
+        return exc.signum
+    return int(signal.SIGINT) if isinstance(exc, KeyboardInterrupt) else 0
+
+
+def interruption(signum: int) -> KeyboardInterrupt:
+    """The exception `stop_signal` reads back as `signum` (a worker's stop, raised again on rank 0)."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Stopped(signum)
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """What a run stopped by `exc` exits with: 128 + the signal's number (130 for Ctrl-C)."""
+    return 128 + stop_signal(exc)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `Stopped` in the main thread for as long as this lasts. Only the
+    first does: a second signal (a launcher passing on the one its group already got, `docker stop`
+    repeating itself) is let go, so the checkpoint and the finish event it interrupts are written
+    whole (SIGKILL still ends a run that will not stop)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopped = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def hand_to_launcher(line: str) -> bool:
+    """A worker of torch's launcher other than rank 0 leaves its one-line error in the reply file
+    the launcher reads back (TORCHELASTIC_ERROR_FILE) instead of printing it, so an error every
+    worker finds is said once: by rank 0, or by the launcher naming the worker when rank 0 did not
+    fail with it (engine/models/distributed.py launch). True when handed over."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.environ.get("RANK", "0") == "0":
+        return False
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump({"message": line, "timestamp": int(time.time())}, handle)
+    except OSError:
+        return False
+    return True

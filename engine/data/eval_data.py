@@ -1,0 +1,333 @@
+"""Evaluation and calibration text from datasets, scored by a named protocol.
+
+A SPEC is a Hugging Face dataset `NAME[:CONFIG][:SPLIT]` (`wikitext:wikitext-2-raw-v1:test`,
+`allenai/c4:en:validation`), loaded with `datasets` (streamed when --max-windows or --max-tokens
+bound what is read), or a local file or folder: a text file (its lines are its texts), JSON lines,
+JSON, parquet, or a folder of them (read by `datasets`, its split picked from the file names).
+
+The papers' protocol (GPTQ, SparseGPT, SLEB, ShortGPT, Gromov et al.): the texts joined with blank
+lines, `"\\n\\n".join(texts)`, tokenized once with the tokenizer's defaults, cut into
+non-overlapping windows of `context` tokens with the remainder dropped, each window scored on its
+tokens after the first; perplexity = exp(mean token NLL). The sliding window (`stride` < context, as
+in Hugging Face's perplexity guide): windows start every `stride` tokens and each scores only the
+tokens the previous one did not (the first scores all after its first token). Calibration samples
+(the usual 128 x 2048 of Wanda, SparseGPT, SLEB): random windows of the train split's token stream,
+from a seeded generator.
+
+No torch or `datasets` at import: the console's views import `comparable`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.core.errors import UserError
+from engine.core.events import EvalProtocol
+
+INSTALL = "pip install 'anatomy-tui[eval]'"
+LOCAL_SUFFIXES = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+PAPERS, SLIDING, TEXTS = "papers", "sliding", "texts"
+# What two results must share for their perplexities to be comparable (EvalProtocol's fields).
+COMPARED = ("dataset", "config", "split", "revision", "text_column", "protocol", "context", "stride", "tokens")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A parsed SPEC: a hub dataset (name, config, split) or a local path (split: of a folder)."""
+
+    name: str
+    config: str | None
+    split: str | None
+    local: bool
+
+    @classmethod
+    def parse(cls, spec: str) -> DatasetSpec:
+        text = spec.strip()
+        if not text:
+            raise UserError("--eval-dataset/--calib-dataset: give NAME[:CONFIG][:SPLIT] or a local file or folder")
+        if Path(text).expanduser().exists():
+            return cls(str(Path(text).expanduser()), None, None, True)
+        parts = text.split(":")
+        if len(parts) > 3 or not all(parts) or text.startswith((".", "/", "~")):
+            raise UserError(f"dataset {spec!r}: no such file or folder, and not a Hugging Face dataset "
+                            "NAME[:CONFIG][:SPLIT] (e.g. wikitext:wikitext-2-raw-v1:test)")
+        name, config, split = (parts + [None, None])[:3]
+        return cls(name, config, split, False)
+
+    def label(self) -> str:
+        return ":".join(p for p in (self.name, self.config, self.split) if p)
+
+
+@dataclass(frozen=True)
+class LoadedTexts:
+    """A dataset's texts in their order, and where they came from."""
+
+    texts: tuple[str, ...]
+    spec: DatasetSpec
+    split: str | None  # the split read (None: a single local file)
+    revision: str | None
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(f"reading a dataset needs the `datasets` package: {INSTALL}") from None
+    return datasets
+
+
+def _column(rows: Sequence[Mapping[str, Any]] | Any, column: str, where: str) -> list[str]:
+    names = getattr(rows, "column_names", None)
+    if names is not None and column not in names:
+        raise UserError(f"{where} has no column {column!r} (it has {', '.join(names)}); use --text-column")
+    texts = []
+    for row in rows:
+        if column not in row:
+            raise UserError(f"{where}: a row has no {column!r} field; use --text-column")
+        value = row[column]
+        if not isinstance(value, str):
+            raise UserError(f"{where}: column {column!r} holds {type(value).__name__}, not text; use --text-column")
+        texts.append(value)
+    return texts
+
+
+def _revision(dataset: Any) -> str | None:
+    """The hub commit a dataset was read at, where `datasets` says (its files' URLs or cache
+    path carry it), else its declared version; None when nothing says."""
+    info = getattr(dataset, "info", None)
+    places = list((getattr(info, "download_checksums", None) or {}).keys())
+    places += [f.get("filename", "") for f in getattr(dataset, "cache_files", None) or []]
+    for place in places:
+        found = re.search(r"[@/]([0-9a-f]{40})(?:/|$)", str(place))
+        if found:
+            return found.group(1)
+    version = str(getattr(info, "version", "") or "")
+    return version if version and version != "0.0.0" else None
+
+
+def _local(spec: DatasetSpec, split: str, column: str) -> tuple[list[str], str | None, str | None]:
+    """(texts, split read, revision) of a local file or folder. A text file is read here (its
+    lines; no `datasets` needed), JSON lines too; parquet and folders go through `datasets`."""
+    path = Path(spec.name)
+    kind = LOCAL_SUFFIXES.get(path.suffix.lower()) if path.is_file() else None
+    if path.is_file() and kind is None:
+        raise UserError(f"dataset file {path}: unknown kind; use .txt, .jsonl, .json or .parquet")
+    try:
+        if kind == "text":
+            return path.read_text(encoding="utf-8").splitlines(), None, None
+        if kind == "json" and path.suffix.lower() == ".jsonl":
+            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            return _column(rows, column, str(path)), None, None
+    except UnicodeDecodeError:
+        raise UserError(f"dataset file {path} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"dataset file {path}: line {exc.lineno} of a JSON-lines file is not JSON") from None
+    datasets = _datasets()
+    datasets.disable_progress_bars()  # a local file takes a moment: no bars on the terminal
+    try:
+        if kind is not None:
+            loaded = datasets.load_dataset(kind, data_files=str(path), split="train")
+            return _column(loaded, column, str(path)), None, None
+        splits = datasets.load_dataset(str(path))
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        raise UserError(f"dataset {path}: {_first_line(exc)}") from None
+    chosen = split if split in splits else next(iter(splits)) if len(splits) == 1 else None
+    if chosen is None:
+        raise UserError(f"dataset folder {path} has splits {', '.join(splits)} but no {split!r}; "
+                        f"name the files after the split ({split}-00000.parquet)")
+    return _column(splits[chosen], column, f"{path} ({chosen})"), chosen, None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _hub(spec: DatasetSpec, split: str, column: str, stream_chars: int | None) -> tuple[list[str], str | None]:
+    """(texts, revision) of a hub dataset's split; with `stream_chars`, streamed and read only
+    until that many characters (enough for the tokens asked for)."""
+    datasets = _datasets()
+    try:
+        loaded = datasets.load_dataset(spec.name, spec.config, split=split, streaming=stream_chars is not None)
+        if stream_chars is None:
+            return _column(loaded, column, spec.label() or spec.name), _revision(loaded)
+        texts, size = [], 0
+        for row in loaded:
+            texts.extend(_column([row], column, spec.name))
+            size += len(texts[-1]) + 2
+            if size >= stream_chars:
+                break
+        return texts, _revision(loaded)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - `datasets` raises many kinds (offline, missing config, no split)
+        raise UserError(f"could not load dataset {spec.label()!r} (split {split}): {_first_line(exc)}; "
+                        "a hub dataset needs the network, or give a local file or folder") from None
+
+
+@functools.lru_cache(maxsize=4)
+def load_texts(spec_text: str, default_split: str, column: str = "text", stream_chars: int | None = None
+               ) -> LoadedTexts:
+    """The texts a SPEC names, in order (cached: the memory plan and the run read the same ones)."""
+    spec = DatasetSpec.parse(spec_text)
+    split = spec.split or default_split
+    if spec.local:
+        texts, read, revision = _local(spec, split, column)
+    else:
+        texts, revision = _hub(spec, split, column, stream_chars)
+        read = split
+    if not any(t.strip() for t in texts):
+        raise UserError(f"dataset {spec.label()} holds no text (column {column!r})")
+    return LoadedTexts(tuple(texts), spec, read, revision)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Token windows to score: each row's ids, and how many of its last targets count."""
+
+    rows: tuple[tuple[int, ...], ...]
+    scored: tuple[int, ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.scored)
+
+
+def cut_windows(ids: Sequence[int], context: int, stride: int | None = None, max_windows: int | None = None
+                ) -> Windows:
+    """The papers' windows (stride None: non-overlapping, remainder dropped, all but the first token
+    scored) or sliding ones (every `stride` tokens, each scoring only its new tokens)."""
+    rows, scored = [], []
+    if stride is None:
+        for start in range(0, len(ids) - context + 1, context):
+            rows.append(tuple(ids[start : start + context]))
+            scored.append(context - 1)
+    else:
+        previous_end = 0
+        for start in range(0, len(ids), stride):
+            end = min(start + context, len(ids))
+            if end - start < 2:
+                break
+            rows.append(tuple(ids[start:end]))
+            scored.append(min(end - previous_end, end - start - 1))
+            previous_end = end
+            if end == len(ids):
+                break
+    if max_windows is not None:
+        rows, scored = rows[:max_windows], scored[:max_windows]
+    return Windows(tuple(rows), tuple(scored))
+
+
+@dataclass(frozen=True)
+class EvalSource:
+    """What a run evaluates on: plain texts (the built-in sets, --eval-file; `name` says which) or
+    a dataset's windows with the protocol its result records."""
+
+    texts: tuple[str, ...] | None
+    windows: Windows | None
+    name: str
+    protocol: EvalProtocol | None = None  # the windows' (texts: made by the evaluator, which counts the tokens)
+
+    def protocol_with(self, max_length: int, tokens: int) -> EvalProtocol:
+        """The recorded protocol: the windows', or for texts each scored alone up to `max_length`."""
+        if self.protocol is not None:
+            return self.protocol
+        return EvalProtocol(dataset=self.name, config=None, split=None, revision=None, text_column=None,
+                            protocol=TEXTS, context=max_length, stride=None, windows=len(self.texts or ()),
+                            tokens=tokens)
+
+
+def stream_chars(settings: Any) -> int | None:
+    """With --max-tokens or --max-windows, how many characters of a hub dataset to stream (enough
+    for the tokens: a token is rarely over 16 characters); None: the whole split."""
+    if settings.max_tokens is None and settings.max_windows is None:
+        return None
+    wanted = settings.max_tokens or settings.max_windows * settings.context
+    return 16 * wanted + 4096
+
+
+def eval_source(tokenizer, settings: Any) -> EvalSource:
+    """An evaluation-text group's source: --eval-dataset's windows, --eval-file's lines, or a
+    built-in set."""
+    if settings.eval_dataset is not None:
+        return dataset_windows(tokenizer, settings)
+    from engine.data.text import eval_texts
+
+    path = Path(settings.eval_file) if settings.eval_file else None
+    return EvalSource(tuple(eval_texts(path, settings.eval_set)), None,
+                      str(path) if path else f"builtin:{settings.eval_set}")
+
+
+def dataset_windows(tokenizer, settings: Any) -> EvalSource:
+    """--eval-dataset read, joined with blank lines, tokenized once (the tokenizer's defaults) and
+    cut by the settings' protocol."""
+    loaded = load_texts(settings.eval_dataset, "test", settings.text_column, stream_chars(settings))
+    ids = list(tokenizer("\n\n".join(loaded.texts))["input_ids"])
+    if settings.max_tokens is not None:
+        ids = ids[: settings.max_tokens]
+    windows = cut_windows(ids, settings.context, settings.stride, settings.max_windows)
+    if not windows.rows:
+        raise UserError(f"dataset {loaded.spec.label()} has {len(ids)} tokens, fewer than one window of "
+                        f"--context {settings.context}; lower --context or raise --max-tokens")
+    protocol = EvalProtocol(
+        dataset=loaded.spec.name, config=loaded.spec.config, split=loaded.split, revision=loaded.revision,
+        text_column=settings.text_column, protocol=SLIDING if settings.stride else PAPERS,
+        context=settings.context, stride=settings.stride, windows=len(windows.rows), tokens=windows.tokens,
+    )
+    return EvalSource(None, windows, loaded.spec.label(), protocol)
+
+
+def calibration_blocks(tokenizer, spec: str, column: str, block_size: int, n_blocks: int, seed: int):
+    """`n_blocks` random windows of `block_size` tokens from the split's token stream (the texts
+    joined with blank lines, tokenized once), their starts drawn by a seeded generator: a LongTensor
+    [n_blocks, block_size], and a description of the source."""
+    import numpy as np
+    import torch
+
+    loaded = load_texts(spec, "train", column)
+    ids = tokenizer("\n\n".join(loaded.texts), add_special_tokens=False)["input_ids"]
+    if len(ids) < block_size:
+        raise UserError(f"calibration dataset {loaded.spec.label()} has {len(ids)} tokens, fewer than one "
+                        f"--block-size {block_size}")
+    starts = np.random.default_rng(seed).integers(0, len(ids) - block_size + 1, size=n_blocks)
+    blocks = torch.tensor(np.stack([ids[s : s + block_size] for s in starts]), dtype=torch.long)
+    source = f"{loaded.spec.label() or loaded.spec.name} ({loaded.split or 'file'}), {n_blocks} random windows"
+    return blocks, source
+
+
+def comparable(a: EvalProtocol | Mapping[str, Any] | None, b: EvalProtocol | Mapping[str, Any] | None
+               ) -> str | None:
+    """None when two results' perplexities were measured the same way; else one line saying what
+    differs (a result without a recorded protocol is never comparable)."""
+    if a is None or b is None:
+        return "perplexities not comparable: a result records no evaluation protocol"
+    da = a if isinstance(a, Mapping) else _as_dict(a)
+    db = b if isinstance(b, Mapping) else _as_dict(b)
+    diffs = [f"{key} {da.get(key)!r} vs {db.get(key)!r}" for key in COMPARED if da.get(key) != db.get(key)]
+    return "perplexities not comparable: " + "; ".join(diffs) if diffs else None
+
+
+def _as_dict(protocol: EvalProtocol) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(protocol)
+
+
+def describe(protocol: EvalProtocol | Mapping[str, Any]) -> str:
+    """The protocol in one printable line."""
+    p = protocol if isinstance(protocol, Mapping) else _as_dict(protocol)
+    where = ":".join(str(p[k]) for k in ("dataset", "config", "split") if p.get(k))
+    revision = f" @{str(p['revision'])[:12]}" if p.get("revision") else ""
+    if p.get("protocol") == TEXTS:
+        how = f"each text alone, up to {p.get('context')} tokens"
+    elif p.get("protocol") == SLIDING:
+        how = f"sliding windows of {p.get('context')} tokens, stride {p.get('stride')}"
+    else:
+        how = f"the papers' protocol: non-overlapping windows of {p.get('context')} tokens"
+    return f"evaluation: {where}{revision}; {how}; {p.get('windows')} windows/texts, {p.get('tokens')} scored tokens"

@@ -1,0 +1,2 @@
+"""What a run leaves on disk, below the store: atomic writes (a crash never leaves half a file)
+and the names of a session folder's parts, so the engine, the store and the console agree."""

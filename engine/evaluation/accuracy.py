@@ -1,0 +1,286 @@
+"""Zero-shot accuracy through lm-eval-harness, and a greedy generation check beside it.
+
+Perplexity alone misleads (ShortGPT's own tables show a cut whose perplexity barely moves while a
+task collapses), so `evaluate` and `prune --evaluate-tasks` put the field's yardstick next to it:
+lm-eval's own `simple_evaluate` on the model object in memory (`HFLM(pretrained=model)`), so a cut
+made in place (`engine.models.pruning.removed`) is what it scores and the numbers are lm-eval's, not a
+re-implementation. lm-eval is an optional extra (`pip install 'anatomy-tui[eval]'`), imported only
+here and only when a run asks for accuracy.
+
+The generation check greedily continues a few fixed prompts with the original model and a variant
+(`engine.evaluation.generation.greedy_tokens`) and says how much of the original's continuation the variant
+reproduces: up to its first divergence, and position by position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.core.errors import UserError
+from engine.core.events import GenerationCheck, LmEvalProtocol, TaskScore
+from engine.core.settings import Settings, setting
+
+INSTALL = "pip install 'anatomy-tui[eval]'  (or: pip install 'lm-eval>=0.4.5' 'datasets>=2.19')"
+PROMPTS = (
+    "The capital of France is",
+    "Water freezes at a temperature of",
+    "Once upon a time, in a small village,",
+    "The three primary colours are",
+    "To make a cup of tea, first",
+)
+ACCURACY_DROP = 5.0  # points: a task's accuracy fell this much ...
+PPL_STEADY = 0.10  # ... while perplexity moved less than this fraction (or the reverse): they disagree
+
+
+@dataclass(frozen=True)
+class LmEvalSettings(Settings):
+    """lm-eval's settings that `evaluate` and `prune --evaluate-tasks` share (each adds its tasks
+    and batch size under its own flag names)."""
+
+    include_path: str | None = setting(None, "folder of local lm-eval task YAMLs (beside lm-eval's own tasks)")
+    limit: float | None = setting(None, "lm-eval: at most this many items per task (below 1: this fraction of them)",
+                                  above=0.0, none_word="all")
+    num_fewshot: int | None = setting(None, "lm-eval: examples in each prompt (default: each task's own, mostly 0)",
+                                      low=0, none_word="task")
+    gen_tokens: int = setting(32, "generation check: greedy tokens per fixed prompt, beside the original's (0: none)",
+                              low=0)
+
+    def check_include_path(self) -> None:
+        if self.include_path is not None and not Path(self.include_path).is_dir():
+            raise UserError(f"--include-path {self.include_path}: not a folder of lm-eval task YAMLs")
+
+
+def _lm_eval() -> Any:
+    try:
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM  # noqa: F401  (the model wrapper, checked here once)
+    except ImportError:
+        raise UserError(f"zero-shot accuracy needs lm-eval: {INSTALL}") from None
+    return lm_eval
+
+
+def _limit(limit: float | None) -> int | float | None:
+    """lm-eval reads an int as a count and a float below 1 as a fraction."""
+    return int(limit) if limit is not None and limit >= 1 else limit
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """lm-eval logs each step at INFO and warns that it was handed a model object (as meant):
+    the console's log would fill with it."""
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def without_machine_report() -> Iterator[None]:
+    """simple_evaluate attaches a report of the machine to every result (torch's collect_env: pip,
+    nvidia-smi and other subprocesses, 5-20 s on a busy CPU), the scores do not depend on it, and
+    a prune curve calls it once per cut: it is left out (lm-eval's `add_env_info`, where it has one)."""
+    import lm_eval.evaluator as evaluator
+
+    saved = getattr(evaluator, "add_env_info", None)
+    if saved is None:
+        yield
+        return
+    evaluator.add_env_info = lambda storage: None
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = saved
+
+
+class Harness:
+    """lm-eval, set up once for a run: the task index (only the local folder's when every task is
+    there: lm-eval's own index of thousands of YAMLs takes seconds to build) and the settings."""
+
+    def __init__(self, tasks: Sequence[str], batch_size: int, settings: LmEvalSettings) -> None:
+        if not tasks:
+            raise UserError("no lm-eval task given: e.g. --tasks piqa,arc_easy (local ones with --include-path)")
+        settings.check_include_path()
+        lm_eval = _lm_eval()
+        from lm_eval.tasks import TaskManager
+
+        self.tasks = list(tasks)
+        self.batch_size = batch_size
+        self.settings = settings
+        self.version = str(getattr(lm_eval, "__version__", "unknown"))
+        with _quiet():
+            manager = None
+            if settings.include_path is not None:
+                manager = TaskManager(include_path=settings.include_path, include_defaults=False)
+                if not set(self.tasks) <= set(manager.all_tasks):
+                    manager = None
+            if manager is None:
+                manager = TaskManager(include_path=settings.include_path)
+        unknown = [task for task in self.tasks if task not in manager.all_tasks]
+        if unknown:
+            raise UserError(f"unknown lm-eval task {unknown[0]!r}"
+                            + ("" if settings.include_path else "; local task YAMLs go in --include-path DIR"))
+        self.manager = manager
+        self.last: dict[str, Any] = {}
+
+    def scores(self, model: Any, tokenizer: Any) -> list[TaskScore]:
+        """lm-eval's scores of `model` as it is now (a cut in place included), one row per task and
+        group it reports."""
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM
+
+        with _quiet(), without_machine_report():
+            lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.batch_size)
+            try:
+                out = lm_eval.simple_evaluate(model=lm, tasks=self.tasks, num_fewshot=self.settings.num_fewshot,
+                                              limit=_limit(self.settings.limit), task_manager=self.manager,
+                                              log_samples=False)
+            except (FileNotFoundError, ConnectionError, OSError, ValueError) as exc:
+                raise UserError(f"lm-eval could not run {','.join(self.tasks)}: {_one_line(exc)}") from None
+        self.last = out
+        return task_scores(out)
+
+    def protocol(self) -> LmEvalProtocol:
+        """What the numbers depend on (the last run's shots per task and task versions included)."""
+        return LmEvalProtocol(
+            tasks=self.tasks, batch_size=self.batch_size, limit=self.settings.limit,
+            num_fewshot=self.settings.num_fewshot,
+            include_path=os.path.abspath(self.settings.include_path) if self.settings.include_path else None,
+            lm_eval_version=self.version,
+            n_shot={k: int(v) for k, v in (self.last.get("n-shot") or {}).items()},
+            task_versions={k: v for k, v in (self.last.get("versions") or {}).items()},
+        )
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def task_scores(out: dict[str, Any]) -> list[TaskScore]:
+    """`simple_evaluate`'s results as rows: acc and acc_norm with their standard errors under
+    lm-eval's default filter ('none'), None where the task has no such metric; every numeric metric
+    as lm-eval names it."""
+    rows = []
+    samples = out.get("n-samples") or {}
+    for task, found in (out.get("results") or {}).items():
+        metrics = {key: float(value) if value == value else None for key, value in found.items()  # NaN: None
+                   if isinstance(value, (int, float)) and not isinstance(value, bool) and "," in key}
+        pick = {name: metrics.get(f"{name},none") for name in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr")}
+        rows.append(TaskScore(task=task, **pick,
+                              samples=int((samples.get(task) or {}).get("effective", 0)), metrics=metrics))
+    return rows
+
+
+# --- the generation check -------------------------------------------------------------------------
+
+
+def continuations(model: Any, tokenizer: Any, tokens: int) -> list[list[int]]:
+    """The greedy continuation of each fixed prompt, as token ids."""
+    from engine.evaluation.generation import greedy_tokens
+
+    return [greedy_tokens(model, tokenizer, prompt, tokens) for prompt in PROMPTS]
+
+
+def agreement(reference: Sequence[Sequence[Any]], other: Sequence[Sequence[Any]]) -> tuple[float, float]:
+    """(up to the first divergence, position by position): the fraction of the reference's and the
+    other's longer continuation that matches, summed over the prompts. Both 1.0 for identical
+    continuations (and for no continuations at all)."""
+    total = prefix = same = 0
+    for a, b in zip(reference, other, strict=True):
+        matches = [x == y for x, y in zip(a, b, strict=False)]
+        total += max(len(a), len(b))
+        same += sum(matches)
+        prefix += next((i for i, match in enumerate(matches) if not match), len(matches))
+    return (prefix / total, same / total) if total else (1.0, 1.0)
+
+
+def generation_check(tokenizer: Any, reference: Sequence[Sequence[int]], ids: Sequence[Sequence[int]],
+                     other_tokenizer: Any = None) -> GenerationCheck:
+    """The check of one model's continuations `ids` against the original's `reference`; with a
+    different tokenizer (growth's character models) the decoded texts are compared character by
+    character."""
+    texts = [(other_tokenizer or tokenizer).decode(list(row)) for row in ids]
+    if other_tokenizer is None:
+        prefix, same = agreement(reference, ids)
+        unit = "token"
+    else:
+        prefix, same = agreement([tokenizer.decode(list(row)) for row in reference], texts)
+        unit = "character"
+    return GenerationCheck(texts=texts, unit=unit, prefix_agreement=prefix, token_agreement=same)
+
+
+def disagreement(ppl: float | None, baseline_ppl: float, scores: Sequence[TaskScore],
+                 baseline: Sequence[TaskScore]) -> str | None:
+    """Where a cut's perplexity and accuracy tell different stories: perplexity moved less than 10 %
+    while some task's accuracy fell more than 5 points, or perplexity moved 10 % or more while no
+    task's accuracy fell more than 5 points. None when they agree (or accuracy is missing)."""
+    before = {row.task: row.acc for row in baseline if row.acc is not None}
+    drops = {row.task: 100.0 * (before[row.task] - row.acc) for row in scores
+             if row.acc is not None and row.task in before}
+    if not drops:
+        return None
+    moved = abs(ppl / baseline_ppl - 1.0) if ppl is not None else float("inf")
+    task, worst = max(drops.items(), key=lambda item: item[1])
+    if moved < PPL_STEADY and worst > ACCURACY_DROP:
+        return f"accuracy falls ({task} -{worst:.1f} points) while perplexity moves {100 * moved:.1f} %"
+    if moved >= PPL_STEADY and worst <= ACCURACY_DROP:
+        shown = "inf" if moved == float("inf") else f"{100 * moved:.0f} %"
+        return f"perplexity moves {shown} while no task's accuracy falls more than {ACCURACY_DROP:g} points"
+    return None
+
+
+class CutJudge:
+    """What `prune --evaluate-tasks` adds to each row of its curve: lm-eval's scores of the cut (and
+    of the healed cut), the generation check against the full model, and whether accuracy and
+    perplexity disagree. Each cut is scored once however many criteria choose it."""
+
+    def __init__(self, harness: Harness, model: Any, tokenizer: Any, gen_tokens: int) -> None:
+        self.harness = harness
+        self.tokenizer = tokenizer
+        self.gen_tokens = gen_tokens
+        self.baseline = harness.scores(model, tokenizer)
+        self.reference = continuations(model, tokenizer, gen_tokens) if gen_tokens else None
+        self._cuts: dict[tuple[int, ...], tuple[list[TaskScore], GenerationCheck | None]] = {}
+        self._healed: dict[tuple[int, ...], list[TaskScore]] = {}
+
+    def cut(self, model: Any, layers: tuple[int, ...]) -> tuple[list[TaskScore], GenerationCheck | None]:
+        """Scores and generation check of `model` as it is now, the cut `layers` (call inside
+        `removed(model, layers)`)."""
+        if layers not in self._cuts:
+            scores = self.harness.scores(model, self.tokenizer)
+            check = (generation_check(self.tokenizer, self.reference, continuations(model, self.tokenizer,
+                                                                                    self.gen_tokens))
+                     if self.reference is not None else None)
+            self._cuts[layers] = (scores, check)
+        return self._cuts[layers]
+
+    def healed(self, model: Any, layers: tuple[int, ...]) -> list[TaskScore]:
+        """Scores of the healed cut (call inside the healing block)."""
+        if layers not in self._healed:
+            self._healed[layers] = self.harness.scores(model, self.tokenizer)
+        return self._healed[layers]
+
+    def row(self, layers: tuple[int, ...], ppl: float | None, baseline_ppl: float) -> dict[str, Any]:
+        """The row's fields (PruneCut's accuracy, healed_accuracy, generation, disagreement)."""
+        scores, check = self._cuts[layers]
+        return {"accuracy": scores, "healed_accuracy": self._healed.get(layers), "generation": check,
+                "disagreement": disagreement(ppl, baseline_ppl, scores, self.baseline)}
+
+    def result(self) -> dict[str, Any]:
+        """PruneResult's fields: the protocol and the full model's scores."""
+        return {"evaluation": self.harness.protocol(), "baseline_accuracy": self.baseline}
+
+
+def accuracy_line(scores: Sequence[TaskScore]) -> str:
+    """task acc (acc_norm) in percent, for a log line."""
+    return ", ".join(f"{row.task} {100 * row.acc:.1f}" + (f" ({100 * row.acc_norm:.1f})" if row.acc_norm is not None
+                                                           else "")
+                     for row in scores if row.acc is not None) or "no acc"

@@ -1,0 +1,67 @@
+"""What a session's results and folders say about the models it has made, read without any
+experiment's code (so the experiments, the prompt pane's variants and the store can all use it):
+the layers a prune run cut, the folders a growth run saved its models in, the layers a recovery
+run fine-tuned."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from engine.core.events import GrowthResult, PruneResult
+
+SAVED_ARMS = {"growth": "growth_100", "uniform": "uniform_100"}  # variant -> the growth run's arm
+
+
+def pruned_layers(prune_result: Mapping[str, Any] | None) -> tuple[int, ...]:
+    """The layers the session's prune run removed at its exported point (else its ppl criterion's
+    deepest cut): what the `pruned` variant drops. () when there is no prune result, or one this
+    version cannot read (damaged, or written by another version)."""
+    if not prune_result:
+        return ()
+    try:
+        result = PruneResult.from_json(prune_result)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return ()
+    point = result.exported_point or max((cut for cut in result.curve if cut.method == "ppl"),
+                                         key=lambda cut: cut.removed, default=None)
+    return tuple(int(layer) for layer in point.layers) if point is not None else ()
+
+
+def saved_model_path(growth_result: Mapping[str, Any] | None, name: str) -> Path | None:
+    """The folder a growth run saved the `growth` or `uniform` model in, if it still exists (None
+    without a growth result, or with one this version cannot read)."""
+    wanted = SAVED_ARMS[name]
+    if not growth_result:
+        return None
+    try:
+        arm = GrowthResult.from_json(growth_result).arms.get(wanted)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    path = arm.model if arm is not None else None
+    return Path(path) if path and Path(path).exists() else None
+
+
+LAYER_FILE = re.compile(r"^layer-(\d+)\.safetensors$")  # recovery.save_layer_weights writes layer-<index>
+
+
+def layer_weights(folder: Path, model: str) -> dict[int, dict[str, Any]]:
+    """The layers saved in `folder` for `model` (files for another model, damaged files and other
+    names are skipped): what the recovered variant puts in."""
+    from safetensors import SafetensorError, safe_open
+
+    found: dict[int, dict[str, Any]] = {}
+    for path in sorted(folder.glob("layer-*.safetensors")) if folder.is_dir() else []:
+        match = LAYER_FILE.match(path.name)
+        if match is None:
+            continue
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                if (handle.metadata() or {}).get("model") != model:
+                    continue
+                found[int(match.group(1))] = {name: handle.get_tensor(name) for name in handle.keys()}
+        except (OSError, ValueError, SafetensorError):
+            continue  # a damaged file: that layer is simply not offered
+    return found

@@ -1,0 +1,297 @@
+"""LayerStack: one way to reach a causal LM's decoder layers and their weight matrices.
+
+Each supported family maps its own module names onto canonical ones (q, k, v, o, gate, up, down).
+Fused matrices are exposed as they are, under fused names: `qkv` (GPT-2 c_attn, NeoX
+query_key_value, Phi-3 qkv_proj) and `gate_up` (Phi-3 gate_up_proj). GPT-2 stores its matrices
+transposed (Conv1D, shape in x out); they are exposed as stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.core.errors import UserError
+
+# The one observer of a forward, layer by layer (LayerStack.capture, Evaluator.build_cache, the
+# meters): observe(batch, index, layer_input, layer_output); `batch` is what the forward is of (an
+# engine.evaluation.perplexity.Batch, for its mask), None where the caller does not say.
+LayerObserver = Callable[[Any, int, torch.Tensor, torch.Tensor], None]
+
+_LLAMA_MATRICES = (
+    ("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+    ("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"), ("down", "mlp.down_proj"),
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where a family keeps its layers (dotted path from the model) and each layer's matrices."""
+
+    label: str
+    layers: str
+    matrices: tuple[tuple[str, str], ...]
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family("Llama / SmolLM", "model.layers", _LLAMA_MATRICES),
+    "mistral": Family("Mistral", "model.layers", _LLAMA_MATRICES),
+    "qwen2": Family("Qwen2", "model.layers", _LLAMA_MATRICES),
+    "qwen3": Family("Qwen3", "model.layers", _LLAMA_MATRICES),
+    "gemma2": Family("Gemma 2", "model.layers", _LLAMA_MATRICES),
+    "gemma3_text": Family("Gemma 3", "model.layers", _LLAMA_MATRICES),
+    "phi3": Family(
+        "Phi-3", "model.layers",
+        (("qkv", "self_attn.qkv_proj"), ("o", "self_attn.o_proj"),
+         ("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj")),
+    ),
+    "gpt2": Family(
+        "GPT-2", "transformer.h",
+        (("qkv", "attn.c_attn"), ("o", "attn.c_proj"), ("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
+    ),
+    "gpt_neox": Family(
+        "GPT-NeoX / Pythia", "gpt_neox.layers",
+        (("qkv", "attention.query_key_value"), ("o", "attention.dense"),
+         ("up", "mlp.dense_h_to_4h"), ("down", "mlp.dense_4h_to_h")),
+    ),
+    "opt": Family(
+        "OPT", "model.decoder.layers",
+        (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+         ("o", "self_attn.out_proj"), ("up", "fc1"), ("down", "fc2")),
+    ),
+}
+CANONICAL_ORDER = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down")
+
+
+def supported_families() -> str:
+    return ", ".join(sorted({f.label for f in FAMILIES.values()}))
+
+
+def check_matrix_names(model_type: str, names: Sequence[str] | None) -> tuple[str, ...]:
+    """`names` (all of the family's when None), each a canonical matrix name of the family of
+    this config model_type (known before its weights load)."""
+    family = FAMILIES[model_type]
+    known = tuple(name for name, _ in family.matrices)
+    unknown = [n for n in names or () if n not in known]
+    if unknown:
+        raise UserError(f"unknown component {unknown[0]!r} for {family.label}; use {', '.join(known)}")
+    return known if names is None else tuple(names)
+
+
+def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _hooks(module: nn.Module) -> list[Any]:
+    hook = getattr(module, "_hf_hook", None)
+    return [part for part in getattr(hook, "hooks", (hook,)) if part is not None]
+
+
+def _offloaded(module: nn.Module) -> torch.Tensor:
+    """The weight accelerate keeps for an offloaded module (its hook refills it on each forward)."""
+    for hook in _hooks(module):
+        if getattr(hook, "weights_map", None) is not None:
+            return hook.weights_map["weight"]
+    raise UserError("a layer's weights are neither loaded nor offloaded by accelerate; reload the model")
+
+
+def execution_device(module: nn.Module) -> torch.device:
+    """Where a module computes: accelerate's hook knows it (the weights may be offloaded
+    placeholders on `meta`), else the device of its first real parameter, else the CPU."""
+    for part in _hooks(module):
+        device = getattr(part, "execution_device", None)
+        if device is not None:
+            return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    for param in module.parameters():
+        if param.device.type != "meta":
+            return param.device
+    return torch.device("cpu")
+
+
+class LayerStack:
+    """The decoder layers of a loaded model, in order, with their canonical weight matrices."""
+
+    def __init__(self, model: nn.Module) -> None:
+        model_type = getattr(model.config, "model_type", "?")
+        self.check_family(model_type)
+        self.model = model
+        self.model_type = model_type
+        self.spec = FAMILIES[model_type]
+        self.layers: nn.ModuleList = model.get_submodule(self.spec.layers)
+        self.matrix_names: tuple[str, ...] = tuple(name for name, _ in self.spec.matrices)
+
+    @staticmethod
+    def check_family(model_type: str) -> None:
+        if model_type not in FAMILIES:
+            raise UserError(
+                f"model family {model_type!r} is not supported; supported: {supported_families()}"
+            )
+
+    @property
+    def family(self) -> str:
+        return self.spec.label
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def check_index(self, index: int) -> int:
+        if not 0 <= index < len(self):
+            raise UserError(f"layer {index} is out of range; this model has layers 0 to {len(self) - 1}")
+        return index
+
+    def matrices(self, index: int) -> dict[str, nn.Parameter]:
+        """Canonical name -> the weight Parameter of that matrix in layer `index`."""
+        layer = self.layers[self.check_index(index)]
+        return {name: layer.get_submodule(path).weight for name, path in self.spec.matrices}
+
+    def readable_matrices(self, index: int) -> dict[str, torch.Tensor]:
+        """The layer's matrices as values to read: an offloaded layer's parameters are `meta`
+        placeholders, so its values come from accelerate's store (CPU memory or a file on disk)."""
+        layer = self.layers[self.check_index(index)]
+        found = {}
+        for name, path in self.spec.matrices:
+            module = layer.get_submodule(path)
+            found[name] = (module.weight if module.weight.device.type != "meta" else _offloaded(module)).detach()
+        return found
+
+    def check_matrix_names(self, names: Sequence[str]) -> tuple[str, ...]:
+        return check_matrix_names(self.model_type, names)
+
+    # --- changing weights and restoring them exactly --------------------------------------------
+    # --- where layers live (accelerate's device_map) ---------------------------------------------
+    def is_offloaded(self, index: int) -> bool:
+        """True when accelerate keeps this layer's weights off the device (CPU or disk offload): its
+        parameters are placeholders on `meta`, refilled from `weights_map` on every forward."""
+        layer = self.layers[self.check_index(index)]
+        if any(getattr(hook, "offload", False) for module in layer.modules() for hook in _hooks(module)):
+            return True
+        return any(p.device.type == "meta" for p in layer.parameters())
+
+    def check_editable(self, indices: Sequence[int]) -> None:
+        """In-place weight edits on an offloaded layer would be lost at its next forward: refuse."""
+        for index in indices:
+            if self.is_offloaded(index):
+                raise UserError(
+                    f"layer {index} is offloaded; weight edits need it on a GPU: "
+                    "raise --max-memory or drop --device-map"
+                )
+
+    def layer_devices(self) -> list[str]:
+        """Where each layer lives: 'cuda:0', 'cpu', or 'disk' (offloaded), from the model's
+        hf_device_map when accelerate placed it, else from the layer's own weights."""
+        device_map = getattr(self.model, "hf_device_map", None) or {}
+        found = []
+        for index, layer in enumerate(self.layers):
+            name = f"{self.spec.layers}.{index}"
+            owners = [k for k in device_map if k == "" or name == k or name.startswith(k + ".")]
+            if owners:
+                placed = device_map[max(owners, key=len)]
+                found.append(f"cuda:{placed}" if isinstance(placed, int) else str(placed))
+            else:
+                found.append(str(next(layer.parameters()).device))
+        return found
+
+    def input_device(self) -> torch.device:
+        """Where input ids and masks go: where the embedding runs."""
+        return execution_device(self.model.get_input_embeddings())
+
+    def copies(self, indices: Sequence[int], host: bool = False) -> dict[int, dict[str, torch.Tensor]]:
+        """Copies of every parameter of these layers, by the layer's own names
+        (`self_attn.q_proj.weight`, `input_layernorm.weight`), where they are or, with `host`, on the CPU."""
+        return {i: {name: p.detach().to("cpu" if host else p.device, copy=True)
+                    for name, p in self.layers[self.check_index(i)].named_parameters()} for i in indices}
+
+    @contextlib.contextmanager
+    def preserved(self, indices: Sequence[int], host: bool = False) -> Iterator[None]:
+        """Restores every parameter of these layers bit for bit on exit, whatever happened inside
+        (training changes norms too). The originals are kept where the layers are, or with `host` in
+        CPU memory: no second copy on the GPU, for one transfer each way."""
+        self.check_editable(indices)
+        saved = self.copies(indices, host)
+        try:
+            yield
+        finally:
+            self._put(saved)
+
+    @contextlib.contextmanager
+    def holding(self, weights: dict[int, dict[str, torch.Tensor]]) -> Iterator[None]:
+        """These layers take the given tensors (e.g. a recovered layer, a healed one) for the block,
+        then the originals come back bit for bit. Tensors are named as in `matrices` (q, k, ...) or
+        by the layer's own parameter names, as `copies` names them."""
+        with self.preserved(list(weights)):
+            self._put(weights)
+            yield
+
+    def _put(self, weights: dict[int, dict[str, torch.Tensor]]) -> None:
+        with torch.no_grad():
+            for index, tensors in weights.items():
+                matrices = self.matrices(index)
+                for name, tensor in tensors.items():
+                    param = matrices[name] if name in matrices else self.layers[index].get_parameter(name)
+                    param.copy_(tensor)
+
+    @contextlib.contextmanager
+    def skipped(self, indices: Sequence[int]) -> Iterator[None]:
+        """These layers pass their input through unchanged (the `skip` ablation)."""
+
+        def identity(*args: Any, **kwargs: Any) -> torch.Tensor:
+            return _hidden_of(args, kwargs)
+
+        with self._forwards_replaced({self.check_index(i): identity for i in indices}):
+            yield
+
+    @contextlib.contextmanager
+    def _forwards_replaced(self, replacements: dict[int, Any]) -> Iterator[None]:
+        """Whatever `forward` a layer instance had (accelerate's hook wrapper on a dispatched
+        model) comes back afterwards; a layer without one gets its class's forward again."""
+        saved = {index: self.layers[index].__dict__.get("forward") for index in replacements}
+        for index, forward in replacements.items():
+            self.layers[index].forward = forward
+        try:
+            yield
+        finally:
+            for index, forward in saved.items():
+                if forward is None:
+                    del self.layers[index].forward
+                else:
+                    self.layers[index].forward = forward
+
+    @contextlib.contextmanager
+    def starting_at(self, start: int, hidden: torch.Tensor) -> Iterator[None]:
+        """The next forward skips layers below `start`: layer start-1 returns `hidden` (the
+        cached input of layer `start`) and the others return at once. Embedding, masks, rotary
+        tables, final norm and head still run through the model's own code, so the result equals
+        a full forward for every family (Gemma's embedding scaling and logit softcap included)."""
+        if start == 0:
+            yield
+            return
+
+        def passthrough(*args: Any, **kwargs: Any) -> torch.Tensor:
+            return _hidden_of(args, kwargs)
+
+        def cached(*args: Any, **kwargs: Any) -> torch.Tensor:
+            return hidden
+
+        replacements = {i: passthrough for i in range(start - 1)}
+        replacements[start - 1] = cached
+        with self._forwards_replaced(replacements):
+            yield
+
+    def capture(self, observe: LayerObserver, batch: Any = None) -> contextlib.AbstractContextManager:
+        """Calls observe(batch, index, layer_input, layer_output) for every layer in the next
+        forwards, `batch` being what the caller says they are of (None: it says nothing). The input
+        is handed over on the output's device (they differ where a dispatched model crosses from
+        one GPU to the next)."""
+        stack = contextlib.ExitStack()
+        for index, layer in enumerate(self.layers):
+
+            def hook(module, args, kwargs, output, index=index):
+                observe(batch, index, _hidden_of(args, kwargs).to(output.device), output)
+
+            stack.enter_context(layer.register_forward_hook(hook, with_kwargs=True))
+        return stack

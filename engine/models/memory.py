@@ -1,0 +1,506 @@
+"""Memory: a plan of what a run will hold, made before the model loads, and out-of-memory errors
+turned into one line that says what to change.
+
+The plan counts the tensors our own code keeps alive, not the allocator's slack: the weights
+(parameters x bytes, counted from the config on the meta device, nothing allocated), the prefix
+cache (one hidden state per layer for every padded evaluation token, exactly what
+`Evaluator.build_cache` keeps), the peak of one evaluation forward (activations and the logits,
+with the float32 log-softmax done in chunks), and, where the experiment trains, the training state.
+`check_fits` compares it with free memory with a safety margin, so a run that cannot fit stops
+before any time is spent loading.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from engine.core.errors import UserError
+
+BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+MARGIN = 0.9  # plan at most 90 % of free memory: the allocator and CUDA context need the rest
+SOFTMAX_CHUNK_BYTES = 64 * 2**20  # float32 logits handled at once by perplexity.token_nll
+# The auto evaluation batch on the CPU, where a wider batch only pads more (the 48 texts on the embedded
+# model, one thread, take 4.2 s in batches of 8 or 16 and 5.3 s in one batch of 48: 992 vs 1344 padded
+# tokens), and for a model placed by --device-map (no one device's free memory says what fits).
+FIXED_EVAL_BATCH = 8
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a model the plan needs, read from its config."""
+
+    params: int
+    n_layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    vocab: int
+    layer_matrices: int = 0  # parameters in one layer's weight matrices (what recovery trains)
+    layer_params: int = 0  # every parameter of one layer, norms too (what prune's adjacent healing trains)
+    layer_matrix_sides: int = 0  # rows + columns of one layer's matrices (a rank-1 LoRA on each has this many)
+    family: str = ""  # the config's model_type (engine.models.anatomy FAMILIES: its layers and matrix names)
+
+    @classmethod
+    def from_config(cls, config: Any, trust_remote_code: bool = False) -> ModelShape:
+        """Counts parameters on the meta model (no memory is allocated), as `run_dtype` counts them."""
+        from engine.models.loading import meta_model
+
+        return cls.from_meta(config, meta_model(config, trust_remote_code))
+
+    @classmethod
+    def from_meta(cls, config: Any, model: Any) -> ModelShape:
+        """The shape of `model`, the config's model built on the meta device."""
+        from engine.models.anatomy import LayerStack
+        from engine.models.loading import parameter_count
+
+        stack = LayerStack(model)
+        matrices = stack.matrices(0).values()
+        hidden = _first(config, *HIDDEN_KEYS)
+        return cls(
+            params=parameter_count(model),
+            n_layers=_first(config, *LAYER_KEYS),
+            hidden=hidden,
+            intermediate=_first(config, "intermediate_size", "ffn_dim", "n_inner") or 4 * hidden,
+            heads=_first(config, "num_attention_heads", "n_head"),
+            vocab=config.vocab_size,
+            layer_matrices=sum(p.numel() for p in matrices),
+            layer_params=sum(p.numel() for p in stack.layers[0].parameters()),
+            layer_matrix_sides=sum(sum(p.shape) for p in matrices),
+            family=str(config.model_type),
+        )
+
+
+LAYER_KEYS = ("num_hidden_layers", "n_layer")  # a config's layer count, by the names the families use
+HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")  # and its hidden size
+
+
+def _first(config: Any, *names: str) -> int:
+    for name in names:
+        value = getattr(config, name, None)
+        if value:
+            return int(value)
+    return 0
+
+
+@dataclass(frozen=True)
+class ModelPreview:
+    """A model as its config and tokenizer describe it, read before its weights load (a second or
+    two, even for a 7B model): what the memory plan and the checks before the load need."""
+
+    config: Any
+    tokenizer: Any
+    meta: Any  # the model built on the meta device: every parameter's shape, no memory
+    shape: ModelShape
+
+
+def preview_model(name: str, trust_remote_code: bool = False) -> ModelPreview:
+    """The config and tokenizer of `name` (the embedded model's from its GGUF header, or the folder
+    its dequantization saved). A config that cannot be read, or a folder's config.json that lacks
+    the layer count or hidden size (transformers would fill in its own defaults and the load then
+    fails on every weight), is a one-line UserError, as the load would say it."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from engine.models.loading import _friendly_load_error, _gguf_cache_dir, meta_model, resolve
+
+    source = resolve(name)
+    where: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    location = source.location
+    if source.kind == "gguf":
+        cached = _gguf_cache_dir(Path(location))  # config and tokenizer as saved once (reading the GGUF takes 15 s)
+        if (cached / "config.json").exists():
+            location = str(cached)
+        else:
+            location, where = str(Path(location).parent), {"gguf_file": Path(location).name}
+    try:
+        config = AutoConfig.from_pretrained(location, **where)
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:  # struct: a damaged GGUF header
+        raise _friendly_load_error(exc, source) from None
+    if source.kind == "folder":
+        _check_config_keys(Path(location) / "config.json")
+    meta = meta_model(config, trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(location, **where)
+    return ModelPreview(config, tokenizer, meta, ModelShape.from_meta(config, meta))
+
+
+def _check_config_keys(path: Path) -> None:
+    import json
+
+    raw = json.loads(path.read_text(encoding="utf-8"))  # AutoConfig has read it: valid JSON
+    for keys, what in ((LAYER_KEYS, "layer count"), (HIDDEN_KEYS, "hidden size")):
+        if not isinstance(raw, dict) or not any(key in raw for key in keys):
+            raise UserError(f"{path} has no {keys[0]} (the model's {what}); it is not a complete "
+                            "Hugging Face config: save the model again")
+
+
+@dataclass(frozen=True)
+class Training:
+    """What an experiment trains: the parameters, and one step's batch."""
+
+    params: int
+    batch_size: int
+    block_size: int
+    layers_with_graph: int  # layers whose activations are kept for the backward
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes of each part a run holds at its peak on one device."""
+
+    device: str
+    dtype: str
+    weights: int
+    prefix_cache: int
+    activations: int
+    logits: int
+    training: int = 0
+    eval_batch_size: int = 0  # evaluation texts per forward the plan assumes
+    dtype_reason: str = ""  # why this dtype (`engine.models.loading.dtype_choice`), when the run chose it
+    layer_devices: tuple[str, ...] = ()  # with --device-map: where each layer will live ('disk': offloaded)
+    checkpoints: int = 0  # bytes the run's checkpoints hold at most, on the session's disk (checked before the load)
+    host_cache: int = 0  # the prefix cache's bytes when it is kept in host memory (`place_prefix_cache`)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.prefix_cache + self.activations + self.logits + self.training
+
+    def parts(self) -> dict[str, int]:
+        return {"weights": self.weights, "prefix cache": self.prefix_cache, "activations": self.activations,
+                "logits": self.logits, "training": self.training}
+
+    def line(self) -> str:
+        """The plan in one printable line."""
+        shown = " + ".join(f"{name} {_gb(size)}" for name, size in self.parts().items() if size)
+        batches = f"; evaluation batches of {self.eval_batch_size} texts" if self.eval_batch_size else ""
+        why = f"; dtype {self.dtype} ({self.dtype_reason})" if self.dtype_reason else ""
+        where = f"on {self.device}"
+        if self.layer_devices:  # placed by --device-map: where the layers go, disk named as disk
+            from engine.models.loading import placement_text
+
+            where = f"over {placement_text(list(self.layer_devices))}"
+        host = f"; prefix cache {_gb(self.host_cache)} in host memory" if self.host_cache else ""
+        return f"memory plan {where} ({self.dtype}): {shown} = {_gb(self.total)}{batches}{host}{why}"
+
+    def offloaded_layers(self) -> list[int]:
+        """The layers accelerate will keep off the computing device: on disk, or on the CPU while
+        the others compute on a GPU (their weights come back at every forward, so an edit is lost)."""
+        on_gpu = any(device.startswith("cuda") for device in self.layer_devices)
+        return [index for index, device in enumerate(self.layer_devices)
+                if device == "disk" or (on_gpu and device == "cpu")]
+
+    def to_dict(self) -> dict[str, Any]:
+        placed = {"layer_devices": list(self.layer_devices)} if self.layer_devices else {}
+        return {"device": self.device, "dtype": self.dtype, **{k.replace(" ", "_"): v for k, v in self.parts().items()},
+                "total": self.total, "eval_batch_size": self.eval_batch_size, "dtype_reason": self.dtype_reason,
+                **placed, **({"host_cache": self.host_cache} if self.host_cache else {})}
+
+
+def _gb(size: float) -> str:
+    return f"{size / GB:.2f} GB"
+
+
+def batch_widths(lengths: Sequence[int], batch_size: int) -> list[tuple[int, int]]:
+    """(rows, padded width) of each evaluation batch, grouped as `tokenize_batches` groups them."""
+    ordered = sorted(lengths)
+    return [(len(ordered[s : s + batch_size]), max(ordered[s : s + batch_size]))
+            for s in range(0, len(ordered), batch_size)]
+
+
+def softmax_chunk_tokens(vocab: int) -> int:
+    """Tokens whose float32 logits fit in SOFTMAX_CHUNK_BYTES (at least one)."""
+    return max(1, SOFTMAX_CHUNK_BYTES // (4 * max(vocab, 1)))
+
+
+def plan_memory(
+    shape: ModelShape,
+    dtype: str,
+    device: str,
+    lengths: Sequence[int],
+    batch_size: int,
+    prefix_cache: bool = True,
+    training: Training | None = None,
+) -> MemoryPlan:
+    """The plan for evaluating texts of these token lengths (after truncation) in batches of
+    `batch_size`, with the prefix cache when the experiment builds one, plus training state."""
+    size = BYTES[dtype]
+    widths = batch_widths(lengths, batch_size) or [(0, 0)]
+    cache = shape.n_layers * shape.hidden * size * sum(rows * width for rows, width in widths) if prefix_cache else 0
+    rows, width = max(widths, key=lambda w: w[0] * w[1])
+    tokens = rows * max(width for _, width in widths)
+    # one layer's live tensors (residual, norm, q/k/v/o, the FFN's gate/up/act) plus eager attention scores
+    activations = tokens * (6 * shape.hidden + 3 * shape.intermediate) * size
+    activations += rows * shape.heads * width * width * (size + 4)
+    chunk = min(tokens, softmax_chunk_tokens(shape.vocab))
+    logits = tokens * shape.vocab * size + 2 * chunk * shape.vocab * 4
+    train = training_bytes(shape, dtype, training) if training is not None else 0
+    return MemoryPlan(device, dtype, shape.params * size, cache, activations, logits, train, batch_size)
+
+
+def training_bytes(shape: ModelShape, dtype: str, training: Training) -> int:
+    """The training state plus one step's activations kept for the backward, and its logits."""
+    size = BYTES[dtype]
+    step_tokens = training.batch_size * training.block_size
+    per_layer = step_tokens * (10 * shape.hidden + 4 * shape.intermediate) * size
+    per_layer += training.batch_size * shape.heads * training.block_size**2 * (2 * size + 4)
+    return (training_state_bytes(training.params, dtype) + training.layers_with_graph * per_layer
+            + step_tokens * shape.vocab * (size + 3 * 4))  # logits, their float32 copy, log-softmax, grad
+
+
+def checkpoint_params_of(shape: ModelShape, settings: Any) -> int:
+    """How many parameters a run with these settings keeps in its checkpoints at most, as its
+    experiment's module declares it (`checkpoint_params`, read through the registry); 0: none."""
+    from engine.registry import owner
+
+    experiment = owner(settings)
+    return experiment.checkpoint_params(settings, shape) if experiment is not None else 0
+
+
+def training_of(shape: ModelShape, settings: Any) -> Training | None:
+    """What a run with these settings trains at once, at most, as its experiment's module declares
+    it (`training_needs`, read through the registry); None for settings of no experiment, or of
+    one that trains nothing."""
+    from engine.registry import owner
+
+    experiment = owner(settings)
+    return experiment.training_needs(settings, shape) if experiment is not None else None
+
+
+def auto_eval_batch(
+    device: str,
+    shape: ModelShape,
+    dtype: str,
+    lengths: Sequence[int],
+    free_bytes: int,
+    prefix_cache: bool = True,
+    training: Training | None = None,
+) -> int:
+    """The evaluation batch when none is asked for. On a GPU: the largest, up to every text in one
+    forward, whose whole plan (weights, prefix cache, activations, logits, training) passes
+    `check_fits` against `free_bytes`, the memory free before the weights loaded; when none does,
+    the largest that passes with the prefix cache on the host (`place_prefix_cache`); 1 when none
+    does either (check_fits then says what to change). On the CPU: FIXED_EVAL_BATCH."""
+    if not device.startswith("cuda"):
+        return FIXED_EVAL_BATCH
+    def fits(size: int, host_cache: bool) -> bool:
+        plan = plan_memory(shape, dtype, device, lengths, size, prefix_cache, training)
+        return (place_prefix_cache(plan, free_bytes) if host_cache else plan).total <= MARGIN * free_bytes
+
+    sizes = range(1, len(lengths) + 1)  # the cache beside the model if any batch allows, else on the host
+    return max([size for size in sizes if fits(size, False)] or [size for size in sizes if fits(size, True)],
+               default=1)
+
+
+def place_prefix_cache(plan: MemoryPlan, free_bytes: int, host_free: int | None = None) -> MemoryPlan:
+    """The plan with its prefix cache in host memory, when the whole plan does not fit in the GPU's
+    `free_bytes` but the rest does and the host has room (`host_free`, default: what it has now).
+    A dataset's long windows make a large cache: n_layers x hidden x tokens, 75 GB for an 8B model
+    (32 layers, 4096 wide, float16) on WikiText-2's 287k tokens. The evaluator then keeps each
+    layer's input on the host and copies one batch's input of one layer back per evaluation."""
+    if (not plan.device.startswith("cuda") or not plan.prefix_cache or plan.total <= MARGIN * free_bytes
+            or plan.total - plan.prefix_cache > MARGIN * free_bytes):
+        return plan
+    if plan.prefix_cache > MARGIN * (free_memory("cpu") if host_free is None else host_free):
+        return plan
+    return replace(plan, prefix_cache=0, host_cache=plan.prefix_cache)
+
+
+def loaded_cache_on_host(model: Any, tokenizer: Any, texts: Any, settings: Any, batch_size: int) -> bool:
+    """Whether a loaded model's evaluator keeps its prefix cache on the host (`place_prefix_cache`,
+    with the memory its weights hold counted as free, as `plan_run` saw it before the load). Never
+    on the CPU, without a prefix cache, or for a model placed by --device-map."""
+    devices = cuda_devices(model)
+    if not devices or getattr(model, "hf_device_map", None) or not getattr(settings, "prefix_cache", True):
+        return False
+    shape = ModelShape.from_config(model.config)
+    plan = plan_memory(shape, str(model.dtype).removeprefix("torch."), devices[0],
+                       text_lengths(tokenizer, texts, settings.max_length), batch_size, True,
+                       training_of(shape, settings))
+    return place_prefix_cache(plan, free_memory(devices[0]) + model_bytes(model)).host_cache > 0
+
+
+def loaded_eval_batch(model: Any, tokenizer: Any, texts: Any, settings: Any) -> int:
+    """`settings.eval_batch_size`, or when it is auto (None), `auto_eval_batch` for a loaded model:
+    the memory its weights hold counts as free, as `plan_run` saw it before the load. A model placed
+    by --device-map keeps the fixed batch: its activations and logits do not split evenly over the
+    devices, so no one device's free memory says what fits."""
+    if settings.eval_batch_size:
+        return int(settings.eval_batch_size)
+    devices = cuda_devices(model)
+    if not devices or getattr(model, "hf_device_map", None):
+        return FIXED_EVAL_BATCH
+    shape = ModelShape.from_config(model.config)
+    free = free_memory(devices[0]) + model_bytes(model)
+    return auto_eval_batch(devices[0], shape, str(model.dtype).removeprefix("torch."),
+                           text_lengths(tokenizer, texts, settings.max_length), free,
+                           getattr(settings, "prefix_cache", True), training_of(shape, settings))
+
+
+def training_state_bytes(params: int, dtype: str) -> int:
+    """AdamW's state for `params` trained parameters: two float32 moments, the gradients, and for
+    a half-precision model the float32 master copy and its float32 gradients."""
+    size = BYTES[dtype]
+    state = 8 * params + size * params
+    if size < 4:
+        state += 8 * params
+    return state
+
+
+def text_lengths(tokenizer: Any, texts: Any, max_length: int) -> list[int]:
+    """Token counts of the evaluation rows as the evaluator will see them: the texts truncated, or
+    a dataset's windows (an engine.data.eval_data.EvalSource with windows: --context tokens each)."""
+    windows = getattr(texts, "windows", None)
+    if windows is not None:
+        return [len(row) for row in windows.rows]
+    texts = getattr(texts, "texts", texts)
+    return [len(tokenizer(t, truncation=True, max_length=max_length)["input_ids"]) for t in texts]
+
+
+def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto",
+             trust_remote_code: bool = False, device_map: str | None = None, max_memory: str | None = None,
+             preview: ModelPreview | None = None) -> MemoryPlan:
+    """The plan of an experiment on a model, made before its weights load: the config and the
+    tokenizer are read (cheap; `preview` when they were already), the evaluation texts the settings
+    name are tokenized. Settings that train add their training state (`training_of`). An auto
+    evaluation batch is chosen here as the evaluator will choose it (`auto_eval_batch`). With
+    `device_map`, where each layer will go under `max_memory`, as the load will place it."""
+    from engine.data.text import eval_texts
+    from engine.models.loading import choose_device, dtype_choice, planned_layer_devices
+
+    preview = preview or preview_model(name, trust_remote_code)
+    config, tokenizer, shape = preview.config, preview.tokenizer, preview.shape
+    chosen_device = choose_device(device)
+    chosen_dtype, dtype_reason = dtype_choice(dtype, chosen_device, shape.params, config.model_type)
+    max_length = getattr(settings, "max_length", 256)
+    if hasattr(settings, "eval_source"):  # the evaluation-text group: its texts or dataset windows
+        texts = settings.eval_source(tokenizer)
+    else:
+        eval_file = getattr(settings, "eval_file", None)
+        texts = eval_texts(Path(eval_file) if eval_file else None, getattr(settings, "eval_set", "full"))
+    lengths = text_lengths(tokenizer, texts, max_length)
+    training = training_of(shape, settings)
+    prefix_cache = getattr(settings, "prefix_cache", True)
+    batch_size = getattr(settings, "eval_batch_size", getattr(settings, "batch_size", FIXED_EVAL_BATCH))
+    if not batch_size and device_map is not None:  # as `loaded_eval_batch` will choose
+        batch_size = FIXED_EVAL_BATCH
+    elif not batch_size:  # auto: what the evaluator will choose, from the memory free now
+        batch_size = auto_eval_batch(chosen_device, shape, chosen_dtype, lengths, free_memory(chosen_device),
+                                     prefix_cache, training)
+    plan = plan_memory(shape, chosen_dtype, chosen_device, lengths, batch_size, prefix_cache, training)
+    if device_map is None and chosen_device.startswith("cuda"):
+        plan = place_prefix_cache(plan, free_memory(chosen_device))
+    placed = planned_layer_devices(preview.meta, chosen_dtype, device_map, max_memory) if device_map else ()
+    return replace(plan, dtype_reason=dtype_reason, layer_devices=tuple(placed),
+                   checkpoints=checkpoint_params_of(shape, settings) * BYTES[chosen_dtype])
+
+
+_ADVICE = {
+    "weights": "--dtype float16 (bfloat16 on Ampere and later) or --device cpu",
+    "prefix cache": "a smaller --eval-batch-size or --max-length, fewer evaluation texts, or --max-windows",
+    "activations": "a smaller --eval-batch-size or --max-length",
+    "logits": "a smaller --eval-batch-size or --max-length",
+    "training": "a smaller --batch-size or --block-size",
+}
+
+
+def check_fits(plan: MemoryPlan, free_bytes: int, experiment: str = "this run") -> None:
+    """One-line UserError naming the largest part and the flag that shrinks it, when the plan
+    needs more than MARGIN of the free memory."""
+    if plan.total <= MARGIN * free_bytes:
+        return
+    largest = max(plan.parts().items(), key=lambda item: item[1])[0]
+    raise UserError(
+        f"{experiment} needs about {_gb(plan.total)} on {plan.device} but {_gb(free_bytes)} is free "
+        f"({largest} {_gb(plan.parts()[largest])}); try {_ADVICE[largest]}"
+    )
+
+
+Placement = Literal["beside", "release", "never"]
+
+
+def fits_beside(plan: MemoryPlan, loaded_bytes: int, free_bytes: int) -> Placement:
+    """Where a job goes on a device that already holds the console's model (`loaded_bytes`):
+    'beside' it, only if the console 'release's its model first, or 'never'."""
+    if plan.total <= MARGIN * free_bytes:
+        return "beside"
+    if plan.total <= MARGIN * (free_bytes + loaded_bytes):
+        return "release"
+    return "never"
+
+
+def other_gpu(plan: MemoryPlan, busy: str, gpus: int, free_of: Callable[[str], int]) -> str | None:
+    """The first of the `gpus` GPUs, other than `busy` (the one the console's model is on), whose
+    free memory (`free_of(device)`) holds the plan; None when none does."""
+    taken = int(busy.split(":")[1]) if ":" in busy else 0  # bare 'cuda' is the current GPU, 0 in the console
+    for index in range(gpus):
+        if index != taken and plan.total <= MARGIN * free_of(f"cuda:{index}"):
+            return f"cuda:{index}"
+    return None
+
+
+def free_memory(device: str) -> int:
+    """Bytes free on this device now: the driver's figure (`gpu_free`) plus what torch's allocator
+    holds unused (its cache, ours to reuse), or the host's available RAM."""
+    if device.startswith("cuda"):
+        import torch
+
+        index = torch.device(device).index or 0
+        cached = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
+        return int(gpu_free(index) + cached)
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def gpu_free(index: int) -> int:
+    """Free bytes on CUDA device `index` as the driver counts them: through NVML (`nvml_free`),
+    else `torch.cuda.mem_get_info`, which makes a CUDA context on the GPU it asks about."""
+    found = nvml_free(index)
+    if found is None:
+        import torch
+
+        return int(torch.cuda.mem_get_info(index)[0])
+    return found
+
+
+def nvml_free(index: int) -> int | None:
+    """Free bytes on CUDA device `index` read through NVML (the nvidia-ml-py package), which opens
+    no CUDA context (mem_get_info makes one, 300-500 MB, on every GPU it asks about, other users'
+    too). NVML numbers GPUs in PCI order, CUDA by CUDA_VISIBLE_DEVICES and speed, so the GPU is
+    found by the UUID torch reports for the CUDA index (a device query). None without NVML (no
+    package, no driver library) or when NVML lists no GPU of that UUID (a MIG slice)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        import torch
+
+        handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(index).uuid}")
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def cuda_devices(model: Any) -> list[str]:
+    """The GPUs a loaded model's parameters are on (none on the CPU)."""
+    return sorted({str(p.device) for p in model.parameters() if p.device.type == "cuda"})
+
+
+def model_bytes(model: Any) -> int:
+    """Bytes held by a loaded model's parameters and buffers."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)

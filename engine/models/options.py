@@ -1,0 +1,73 @@
+"""Which model a run loads and where: the model flags of every command, declared once as settings.
+
+Torch-free, so the CLI derives `--model`, `--device`, `--dtype` and `--trust-remote-code` from
+these fields before anything heavy is imported, and a job file can record them as data.
+`--device-map` and `--max-memory` spread a model that does not fit one GPU over several (accelerate).
+`--deterministic` and `--tf32` say how torch runs on a GPU; jobs and shard workers get them as flags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from engine.core.errors import UserError
+from engine.core.settings import Settings, setting
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_MAPS = ("auto", "balanced", "sequential")  # engine.models.loading.DEVICE_MAPS, without importing it here
+
+TRAIN_DEVICE_HELP = "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N"  # growth, toy-depth
+
+
+def device_setting(help: str = "auto, cpu, cuda or cuda:N") -> Any:
+    """The one declaration of `--device` (a model's, and growth's and toy-depth's, which train models
+    of their own): auto, cpu, cuda or cuda:N, resolved by engine.models.loading.choose_device. `help` says
+    what the device is for."""
+    return setting("auto", help)
+
+
+def dtype_setting(help: str) -> Any:
+    """The one declaration of `--dtype`: auto or one of DTYPES; `help` says what runs in it."""
+    return setting("auto", help, choices=DTYPES)
+
+
+@dataclass(frozen=True)
+class ModelOptions(Settings):
+    """The model of a run; `trust_remote_code` is never read back from a session's files."""
+
+    model: str = setting("smollm2-135m",
+                         "smollm2-135m (embedded default), a local HF folder, a .gguf file, or a hub id")
+    device: str = device_setting()
+    dtype: str = dtype_setting("weights' precision")
+    trust_remote_code: bool = setting(False, "allow a hub model's own code (off by default)")
+    device_map: str | None = setting(None, "spread the layers over every visible GPU, then CPU and disk "
+                                     "(accelerate)", choices=DEVICE_MAPS, none_word="none")
+    max_memory: str | None = setting(None, "with --device-map: memory each device may take, "
+                                     "e.g. 0=14GiB,1=14GiB,cpu=30GiB", none_word="none")
+    deterministic: bool = setting(True, "on a GPU, deterministic kernels (torch.use_deterministic_algorithms), so "
+                                  "resumes and shards give the serial run's bits; off: faster, equal within "
+                                  "floating-point noise")
+    tf32: bool = setting(True, "float32 matmuls as TensorFloat-32 on Ampere and later GPUs (faster, 10-bit "
+                         "mantissa inputs)")
+
+    def check(self) -> None:
+        from engine.models.loading import parse_max_memory  # torch-free at import; the text is checked now
+
+        parse_max_memory(self.max_memory)
+        if self.max_memory is not None and self.device_map is None:
+            raise UserError("--max-memory only applies with --device-map auto, balanced or sequential")
+
+    def load(self, report: Callable[[str], None] = lambda _: None) -> Any:
+        """The loaded model (engine.models.loading.LoadedModel); imports torch."""
+        from engine.models.loading import load_model
+
+        return load_model(self.model, device=self.device, dtype=self.dtype,
+                          trust_remote_code=self.trust_remote_code, report=report,
+                          device_map=self.device_map, max_memory=self.max_memory,
+                          deterministic=self.deterministic, tf32=self.tf32)
+
+    def untrusted(self) -> ModelOptions:
+        """These options as read from a file someone may have sent: never running a model's code."""
+        return replace(self, trust_remote_code=False)
