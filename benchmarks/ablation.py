@@ -36,7 +36,8 @@ def main() -> None:
     import transformers  # noqa: F401  (import time is not load time)
 
     from engine.core.events import Result
-    from engine.experiments.ablation import AblationSettings, run_ablation
+    from engine.experiments.ablation.run import run_ablation
+    from engine.experiments.ablation.vocabulary import AblationSettings
 
     with tempfile.TemporaryDirectory() as cache:
         cold, _ = timed_load(cache)

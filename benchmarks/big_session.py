@@ -26,27 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.core.events import (  # noqa: E402
-    AblationMap,
-    AblationProxies,
-    AblationRow,
-    Event,
-    Finished,
-    GrowthEval,
-    GrowthPhase,
-    GrowthPlan,
-    GrowthStep,
-    LayerAblated,
-    Message,
-    Progress,
-    RecoveryLayer,
-    RecoveryPoint,
-    RecoveryRow,
-    RecoveryStart,
-    Result,
-    Started,
-    json_safe,
-)
+from engine.core.events import Event, Finished, Message, Progress, Result, Started, json_safe  # noqa: E402
+from engine.experiments.ablation.vocabulary import AblationMap, AblationProxies, AblationRow, LayerAblated  # noqa: E402
+from engine.experiments.growth.vocabulary import GrowthEval, GrowthPhase, GrowthPlan, GrowthStep  # noqa: E402
+from engine.experiments.recovery.vocabulary import RecoveryLayer, RecoveryPoint, RecoveryRow, RecoveryStart  # noqa: E402
 from sessions.store import SessionStore  # noqa: E402
 
 LAYERS = 30

@@ -46,12 +46,7 @@ def straightforward(model, batches, settings) -> int:
     import numpy as np
     import torch
 
-    from engine.experiments.dynamics import (
-        Profiles,
-        cluster_profiles,
-        keep_mask,
-        profiles_from_states,
-    )
+    from engine.experiments.dynamics.run import Profiles, cluster_profiles, keep_mask, profiles_from_states
     from engine.models.anatomy import LayerStack
 
     stack = LayerStack(model)
@@ -93,7 +88,8 @@ def child(mode: str, tokens: int, model_name: str) -> None:
 
     from engine.core.events import Result
     from engine.evaluation.perplexity import tokenize_batches
-    from engine.experiments.dynamics import DynamicsSettings, dynamics_texts, run_dynamics, select_texts
+    from engine.experiments.dynamics.run import dynamics_texts, run_dynamics, select_texts
+    from engine.experiments.dynamics.vocabulary import DynamicsSettings
     from engine.models.loading import load_model
 
     loaded = load_model(model_name, device="cpu", dtype="float32")

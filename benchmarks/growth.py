@@ -8,8 +8,8 @@ evaluation, checkpoints and generation are not counted. The paper: 59.6 s / 52.0
 
 from __future__ import annotations
 
-from engine.core.events import GrowthArmDone, GrowthPhase, GrowthPhaseEnd
 from engine.experiments.growth.experiment import preset_settings, run_growth
+from engine.experiments.growth.vocabulary import GrowthArmDone, GrowthPhase, GrowthPhaseEnd
 
 
 def main() -> None:

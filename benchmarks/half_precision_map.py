@@ -42,8 +42,9 @@ PROBE_LAYERS = (0, 29)  # the dearest layer (a full forward) and the cheapest (t
 
 def timed_map(loaded, settings) -> tuple[dict, float, float, dict[int, float]]:
     """The map's result, its seconds, the baseline pass's seconds and each layer's seconds."""
-    from engine.core.events import AblationProxies, LayerAblated, Result
-    from engine.experiments.ablation import run_ablation
+    from engine.core.events import Result
+    from engine.experiments.ablation.run import run_ablation
+    from engine.experiments.ablation.vocabulary import AblationProxies, LayerAblated
 
     started = time.perf_counter()
     mark, base_s, per_layer, doc = started, math.nan, {}, None
@@ -129,7 +130,7 @@ def main() -> None:
 
     import torch
 
-    from engine.experiments.ablation import AblationSettings
+    from engine.experiments.ablation.vocabulary import AblationSettings
 
     total_started = time.perf_counter()
     print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads available; "

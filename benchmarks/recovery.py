@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from engine.core.events import RecoveryPoint, Result
-from engine.experiments.recovery import RecoverySettings, run_recovery
+from engine.core.events import Result
+from engine.experiments.recovery.run import run_recovery
+from engine.experiments.recovery.vocabulary import RecoveryPoint, RecoverySettings
 from engine.models.loading import load_model
 
 

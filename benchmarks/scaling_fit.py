@@ -16,14 +16,8 @@ from scipy.optimize import minimize
 
 from engine.core.events import Result
 from engine.evaluation import powerfit
-from engine.experiments.scaling_fit import (
-    Runs,
-    ScalingFitSettings,
-    default_csv,
-    exclude_highest,
-    load_runs,
-    run_scaling_fit,
-)
+from engine.experiments.scaling_fit.run import Runs, exclude_highest, load_runs, run_scaling_fit
+from engine.experiments.scaling_fit.vocabulary import ScalingFitSettings, default_csv
 
 
 def data() -> tuple[Runs, str]:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def settings(eval_set: str):
-    from engine.experiments.ablation import AblationSettings
+    from engine.experiments.ablation.vocabulary import AblationSettings
 
     return AblationSettings(eval_set=eval_set)
 
@@ -32,7 +32,7 @@ def worker(out: str, eval_set: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from engine.experiments.ablation import merge_shards, run_ablation
+    from engine.experiments.ablation.run import merge_shards, run_ablation
     from engine.models.distributed import Workers, world_from_env
     from engine.models.loading import load_model
 
@@ -66,7 +66,7 @@ def main() -> None:
     import torch
 
     from engine.core.events import Result
-    from engine.experiments.ablation import run_ablation
+    from engine.experiments.ablation.run import run_ablation
     from engine.models.distributed import launch
     from engine.models.loading import load_model
 

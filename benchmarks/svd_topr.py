@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from engine.experiments.manipulate import low_rank
+from engine.experiments.manipulate.run import low_rank
 
 
 def full_svd(matrix: torch.Tensor, rank: int) -> torch.Tensor:

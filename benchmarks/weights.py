@@ -21,13 +21,8 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from sklearn.linear_model import Ridge  # noqa: E402
 
-from engine.experiments.weights import (  # noqa: E402
-    Analysis,
-    WeightsSettings,
-    gram_of,
-    independent_gram,
-    index_features,
-)
+from engine.experiments.weights.run import Analysis, gram_of, independent_gram, index_features
+from engine.experiments.weights.vocabulary import WeightsSettings
 from engine.models.anatomy import LayerStack  # noqa: E402
 from engine.models.loading import load_model  # noqa: E402
 

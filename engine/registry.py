@@ -1,217 +1,169 @@
-"""The experiments anatomy-tui knows: one record per command, read by the CLI, the console, jobs
-and tests alike.
+"""The experiments anatomy-tui knows: one row per command, the one list the CLI, the console, jobs,
+printers, snapshots, the README's event table and the tests all read.
 
-Adding an experiment means one module under `engine/experiments/` (its Settings dataclass, its
-`run(settings, context)` generator) and one record here. The module is the experiment's adapter: it
-also declares, where it has them, what the sharding, the memory plan and the readers of its result
-need (`shard_plan`, `training_needs`, `RESULT`: see `Experiment`), so `engine/models/distributed.py`,
-`engine/models/memory.py` and the runner name no experiment. This module imports no torch: the record
-names its module, which is imported only when the experiment's settings or run are wanted, so the
-console paints and `anatomy-tui --help` answers before torch loads.
+An experiment is a folder, `engine/experiments/<name>/`: its `vocabulary` module (settings, events,
+result document, its upgrade of older documents and a sample result; torch-free, imported here)
+and its computation (`run(settings, context)`, and `shard_plan` where its sweep splits), named by
+module and imported only when a run wants it, so the console paints and `anatomy-tui --help`
+answers before torch loads. Adding one is its folder, its view (tui/views/<name>.py) and a row
+here; `register` adds a row at run time (a test's throwaway experiment).
 """
 
 from __future__ import annotations
 
-import ast
-import functools
+import dataclasses
 import importlib
-import importlib.util
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event
+from engine.core.events import Event, ResultDocument, event_types
+from engine.core.settings import Settings
+from engine.experiments.ablation import vocabulary as ablation
+from engine.experiments.context import RunContext
+from engine.experiments.dynamics import vocabulary as dynamics
+from engine.experiments.evaluate import vocabulary as evaluate
+from engine.experiments.growth import vocabulary as growth
+from engine.experiments.manipulate import vocabulary as manipulate
+from engine.experiments.prune import vocabulary as prune
+from engine.experiments.recovery import vocabulary as recovery
+from engine.experiments.scaling_fit import vocabulary as scaling_fit
+from engine.experiments.toy_depth import vocabulary as toy_depth
+from engine.experiments.weights import vocabulary as weights
 
 if TYPE_CHECKING:
-    from engine.core.settings import Settings
-    from engine.models.loading import LoadedModel
-
-
-@dataclass
-class RunContext:
-    """What a front end hands an experiment besides its settings.
-
-    `checkpoint_dir` is the experiment's own folder in the session (checkpoints, saved layers);
-    `output_dir` the session folder, for files a run leaves for later (growth's final models);
-    `resume` asks it to continue from what is there; `inputs` holds earlier results of the session
-    the experiment reads (the ablation map, say), by result name. `share` is this worker's units of
-    a split sweep (engine/models/distributed.py `plan`), where the experiment reads them from the context
-    rather than its settings (manipulate's trials, toy-depth's students); None: all of them."""
-
-    model: LoadedModel | None = None
-    cancel: CancelToken = field(default_factory=CancelToken)
-    checkpoint_dir: Path | None = None
-    output_dir: Path | None = None
-    resume: bool = False
-    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    share: list[Any] | None = None
+    from engine.models.distributed import ShardPlan
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """One command: `anatomy-tui run NAME`.
-
-    Its module defines `settings_name` and `run(settings, context) -> Iterator[Event]`, and may
-    define (each read through the property or method of the same name, with its default):
-      shard_plan(settings, n_layers, inputs, model_name) -> engine.models.distributed.ShardPlan
-                   how its sweep splits over workers (with `shardable`); none: it does not split
-      training_needs(settings, shape) -> engine.models.memory.Training | None
-                   what a run trains at once, for the memory plan; none: it trains nothing
-      checkpoint_params(settings, shape) -> int
-                   parameters its checkpoints keep at most, for the disk check; none: 0
-      RESULT       the class of its result document (engine/core/events.py); none: an untyped dict
-    """
+    """One command: `anatomy-tui run NAME`. Its computation module defines `run(settings, context)
+    -> Iterator[Event]` and, when the row is `shardable`, `shard_plan(settings, n_layers, inputs,
+    model_name) -> ShardPlan` (how its sweep splits over workers)."""
 
     name: str
     help: str
-    module: str  # defines `settings_class` (below), `run` and the optional names above
-    settings_name: str
+    settings_class: type[Settings]
+    result_class: type[ResultDocument]  # results/<result_class.name>.json
+    computation: str  # the module with `run` (and `shard_plan`)
+    sample: Callable[[], ResultDocument]  # a result built from the class: the tests' and snapshots' example
     needs_model: bool = True
     resumable: bool = False
-    writes: str = ""  # the result file, results/<writes>.json
     reads: tuple[str, ...] = ()  # session results handed over in RunContext.inputs
     long: bool = False  # the console runs it as its own process rather than in a thread
-    preset: str = ""  # the preset `--preset` starts from when not given (experiments with PRESETS)
-    shardable: bool = False  # its sweep splits over worker processes (`--shards N`, torchrun): distributed.plan
+    presets: Mapping[str, Settings] = field(default_factory=dict)  # `--preset NAME`
+    preset: str = ""  # the preset `--preset` starts from when not given
+    shardable: bool = False  # its sweep splits over worker processes (`--shards N`, torchrun)
     oom_advice: str = "a smaller --eval-batch-size or --max-length, or --dtype float16"  # flags that need less memory
     console_flags: tuple[str, ...] = ()  # the flags the console's form for it starts with (growth: its tiny preset)
 
-    def load(self) -> ModuleType:
-        return importlib.import_module(self.module)
-
     @property
-    def settings_class(self) -> type[Settings]:
-        return getattr(self.load(), self.settings_name)
-
-    @property
-    def presets(self) -> dict[str, Settings]:
-        """Named Settings instances (`--preset NAME`), if the experiment has any."""
-        return dict(getattr(self.load(), "PRESETS", {}))
-
-    def declared_defaults(self) -> dict[str, str]:
-        """The literal defaults its settings class declares, as written there (`setting(1e-4, ...)`:
-        '1e-4'), read from the module's source without importing it, so no torch: what the
-        console's forms show before the first paint. Fields declared in the class itself."""
-        return _declared_defaults(self.module, self.settings_name)
+    def writes(self) -> str:
+        """Its result file's name, results/<writes>.json."""
+        return self.result_class.name
 
     def defaults(self) -> Settings:
         """The settings a run starts from before any flag: the default preset, or the field defaults."""
         return self.presets[self.preset] if self.preset else self.settings_class()
 
-    @property
-    def shard_plan(self) -> Callable[..., Any] | None:
-        """The module's `shard_plan(settings, n_layers, inputs, model_name) -> ShardPlan` (its units,
-        a share's settings, the merge, what rank 0 prepares), when the record is `shardable`."""
-        return getattr(self.load(), "shard_plan", None) if self.shardable else None
+    def default_texts(self) -> dict[str, str]:
+        """Each flag's default as a user types it (1e-4, not 0.0001): what the console's forms start
+        with, from the settings class alone (no torch); fields whose default has no text are left out."""
+        defaults, texts = self.defaults(), {}
+        for spec in self.settings_class.fields():
+            value = getattr(defaults, spec.name)
+            if isinstance(value, float) and value and abs(value) < 1e-3:
+                mantissa, exponent = f"{value:e}".split("e")
+                texts[spec.name] = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+            elif value is not None or spec.meta.get("none_word"):
+                texts[spec.name] = spec.show_text(value)
+        return texts
 
-    def training_needs(self, settings: Settings, shape: Any) -> Any:
-        """What a run with these settings trains at once on a model of this `engine.models.memory.ModelShape`
-        (an `engine.models.memory.Training`), from the module's `training_needs`; None: it trains nothing."""
-        needs = getattr(self.load(), "training_needs", None)
-        return needs(settings, shape) if needs is not None else None
+    def shard_plan(self, settings: Settings, n_layers: int, inputs: Mapping[str, dict[str, Any]] | None = None,
+                   model_name: str = "") -> ShardPlan:
+        """The split of its sweep over workers; `inputs` are the session results it reads (recovery's
+        ablation map, for its Spearman over all layers; manipulate's, for its default layers)."""
+        if not self.shardable:
+            names = ", ".join(entry.name for entry in EXPERIMENTS if entry.shardable)
+            raise UserError(f"{self.name} does not split over workers; --shards applies to {names}")
+        return importlib.import_module(self.computation).shard_plan(settings, n_layers, inputs or {}, model_name)
 
-    def checkpoint_params(self, settings: Settings, shape: Any) -> int:
-        """Parameters a run with these settings keeps in its checkpoints at most on a model of this
-        shape, from the module's `checkpoint_params`; 0: its checkpoints are small or it has none."""
-        params = getattr(self.load(), "checkpoint_params", None)
-        return int(params(settings, shape)) if params is not None else 0
-
-    @property
-    def result_class(self) -> type | None:
-        """The class of its result document (the module's `RESULT`), None where it has none yet."""
-        return getattr(self.load(), "RESULT", None)
+    def known_units(self, settings: Settings) -> int | None:
+        """How many units its sweep has when the settings alone fix it (layers given, or no model
+        at all); None when it depends on the model's depth."""
+        layers = getattr(settings, "layers", None)
+        if layers:
+            return len(self.shard_plan(settings, max(layers) + 1).items)
+        return None if self.needs_model else len(self.shard_plan(settings, 0).items)
 
     def run(self, settings: Settings, context: RunContext) -> Iterator[Event]:
         """The experiment's events. Out of memory anywhere in it is one line naming the experiment and
         the flags to change, raised after the memory is given back (every front end, every worker)."""
         from engine.models.oom import out_of_memory_guard
 
-        runner: Callable[[Any, RunContext], Iterator[Event]] = self.load().run
+        runner: Callable[[Any, RunContext], Iterator[Event]] = importlib.import_module(self.computation).run
         with out_of_memory_guard(self.name, self.oom_advice):
             yield from runner(settings, context)
 
 
-EXPERIMENTS: tuple[Experiment, ...] = (
-    Experiment("ablation", "layer-importance map: ablate each layer, measure perplexity",
-               "engine.experiments.ablation", "AblationSettings", writes="ablation", shardable=True),
-    Experiment("recovery", "recovery speed: noise one layer, fine-tune it alone, follow its PPL",
-               "engine.experiments.recovery", "RecoverySettings", resumable=True, writes="recovery",
-               reads=("ablation",), long=True, shardable=True,
-               oom_advice="a smaller --batch-size, --block-size or --eval-batch-size, or --dtype float16"),
-    Experiment("growth", "grow a transformer phase by phase from an importance profile vs a uniform one",
-               "engine.experiments.growth", "GrowthSettings", needs_model=False, resumable=True,
-               writes="growth", reads=("ablation",), long=True, preset="paper",
-               oom_advice="a smaller --batch-size or --hidden-size, or --preset tiny",
-               console_flags=("--preset", "tiny")),
-    Experiment("dynamics", "hidden-state angles per layer, PCA and clusters of token profiles",
-               "engine.experiments.dynamics", "DynamicsSettings", writes="dynamics",
-               oom_advice="a smaller --eval-batch-size, --max-length or --max-tokens"),
-    Experiment("scaling-fit", "fit L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 to training runs (CSV)",
-               "engine.experiments.scaling_fit", "ScalingFitSettings", needs_model=False, writes="scaling-fit"),
-    Experiment("toy-depth", "teacher-student toy models: student loss against depth, fitted a_l",
-               "engine.experiments.toy_depth", "ToyDepthSettings", needs_model=False, resumable=True,
-               writes="toy-depth", long=True, preset="tiny", shardable=True,
-               oom_advice="a smaller --batch-size or --width, or --device cpu"),
-    Experiment("weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox",
-               "engine.experiments.weights", "WeightsSettings", writes="weights",
-               oom_advice="--no-paradox, fewer --components, or a smaller --eval-batch-size"),
-    Experiment("manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples",
-               "engine.experiments.manipulate", "ManipulationSettings", writes="manipulate",
-               reads=("ablation",), shardable=True),
-    Experiment("prune", "remove layers by four criteria, heal the cut, export the pruned model",
-               "engine.experiments.prune", "PruneSettings", writes="prune", reads=("ablation",), long=True,
-               oom_advice="a smaller --eval-batch-size or --batch-size, or --heal-steps 0"),
-    Experiment("evaluate", "zero-shot accuracy through lm-eval of the model and its variants, with a generation check",
-               "engine.experiments.evaluate", "EvaluateSettings", writes="evaluate",
-               reads=("prune", "growth", "evaluate"), long=True,
-               oom_advice="a smaller --batch-size, or --dtype float16"),
-)
+def _row(name: str, help: str, vocabulary: Any, settings: type[Settings], result: type[ResultDocument],
+         **options: Any) -> Experiment:
+    """A row whose computation is its folder's `run` module (growth's is `experiment`)."""
+    folder = vocabulary.__name__.rsplit(".", 1)[0]
+    computation = options.pop("computation", f"{folder}.run")
+    return Experiment(name, help, settings, result, computation, vocabulary.sample, **options)
+
+
+EXPERIMENTS: list[Experiment] = [
+    _row("ablation", "layer-importance map: ablate each layer, measure perplexity",
+         ablation, ablation.AblationSettings, ablation.AblationMap, shardable=True),
+    _row("recovery", "recovery speed: noise one layer, fine-tune it alone, follow its PPL",
+         recovery, recovery.RecoverySettings, recovery.RecoveryResult, resumable=True, reads=("ablation",),
+         long=True, shardable=True,
+         oom_advice="a smaller --batch-size, --block-size or --eval-batch-size, or --dtype float16"),
+    _row("growth", "grow a transformer phase by phase from an importance profile vs a uniform one",
+         growth, growth.GrowthSettings, growth.GrowthResult, computation="engine.experiments.growth.experiment",
+         needs_model=False, resumable=True, reads=("ablation",), long=True, presets=growth.PRESETS, preset="paper",
+         oom_advice="a smaller --batch-size or --hidden-size, or --preset tiny", console_flags=("--preset", "tiny")),
+    _row("dynamics", "hidden-state angles per layer, PCA and clusters of token profiles",
+         dynamics, dynamics.DynamicsSettings, dynamics.DynamicsResult,
+         oom_advice="a smaller --eval-batch-size, --max-length or --max-tokens"),
+    _row("scaling-fit", "fit L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 to training runs (CSV)",
+         scaling_fit, scaling_fit.ScalingFitSettings, scaling_fit.ScalingFitResult, needs_model=False),
+    _row("toy-depth", "teacher-student toy models: student loss against depth, fitted a_l",
+         toy_depth, toy_depth.ToyDepthSettings, toy_depth.ToyDepthResult, needs_model=False, resumable=True,
+         long=True, presets=toy_depth.PRESETS, preset="tiny", shardable=True,
+         oom_advice="a smaller --batch-size or --width, or --device cpu"),
+    _row("weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox",
+         weights, weights.WeightsSettings, weights.WeightsResult,
+         oom_advice="--no-paradox, fewer --components, or a smaller --eval-batch-size"),
+    _row("manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples",
+         manipulate, manipulate.ManipulationSettings, manipulate.ManipulateResult, reads=("ablation",),
+         shardable=True),
+    _row("prune", "remove layers by four criteria, heal the cut, export the pruned model",
+         prune, prune.PruneSettings, prune.PruneResult, reads=("ablation",), long=True,
+         oom_advice="a smaller --eval-batch-size or --batch-size, or --heal-steps 0"),
+    _row("evaluate", "zero-shot accuracy through lm-eval of the model and its variants, with a generation check",
+         evaluate, evaluate.EvaluateSettings, evaluate.EvaluateResult, reads=("prune", "growth", "evaluate"),
+         long=True, oom_advice="a smaller --batch-size, or --dtype float16"),
+]
 
 BY_NAME: dict[str, Experiment] = {experiment.name: experiment for experiment in EXPERIMENTS}
 
 
-@functools.cache
-def _declared_defaults(module: str, class_name: str) -> dict[str, str]:
-    spec = importlib.util.find_spec(module)  # imports the parent packages only
-    if spec is None or spec.origin is None:
-        raise UserError(f"no module {module}")
-    paths = [Path(spec.origin)]
-    if spec.submodule_search_locations:  # a package: the class may live in any of its modules
-        paths += sorted(p for folder in spec.submodule_search_locations for p in Path(folder).glob("*.py"))
-    for path in paths:
-        source = path.read_text(encoding="utf-8")
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.ClassDef) and node.name == class_name:
-                return {
-                    item.target.id: ast.get_source_segment(source, item.value.args[0]) or ""
-                    for item in node.body
-                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
-                    and isinstance(item.value, ast.Call) and isinstance(item.value.func, ast.Name)
-                    and item.value.func.id == "setting" and item.value.args and _literal(item.value.args[0])
-                }  # fmt: skip
-    raise UserError(f"no class {class_name} in {module}")
+def register(entry: Experiment) -> None:
+    """Adds a row at run time (a test's throwaway experiment); its vocabulary registers its events
+    and result when imported. `unregister` takes it out again."""
+    if entry.name in BY_NAME:
+        raise ValueError(f"experiment {entry.name!r} registered twice")
+    EXPERIMENTS.append(entry)
+    BY_NAME[entry.name] = entry
 
 
-def _literal(node: ast.expr) -> bool:
-    try:
-        ast.literal_eval(node)
-    except ValueError:
-        return False
-    return True
-
-
-def owner(settings: Any) -> Experiment | None:
-    """The experiment whose Settings class made `settings` (its module is imported, since the
-    instance exists); None for other settings. The memory plan asks it what the run trains."""
-    for entry in EXPERIMENTS:
-        module = sys.modules.get(entry.module)
-        if module is not None and type(settings) is getattr(module, entry.settings_name, None):
-            return entry
-    return None
+def unregister(name: str) -> None:
+    EXPERIMENTS[:] = [entry for entry in EXPERIMENTS if entry.name != name]
+    BY_NAME.pop(name, None)
 
 
 def experiment(name: str) -> Experiment:
@@ -219,3 +171,17 @@ def experiment(name: str) -> Experiment:
         return BY_NAME[name]
     except KeyError:
         raise UserError(f"unknown experiment {name!r}; use one of {', '.join(BY_NAME)}") from None
+
+
+def events_markdown() -> str:
+    """The README's table of live events, generated from every registered event class (a test compares)."""
+    lines = ["| kind | fields | meaning |", "|---|---|---|"]
+    for kind, cls in event_types().items():
+        names = ", ".join(f.name for f in dataclasses.fields(cls) if f.name not in ("job", "t"))
+        doc = " ".join((cls.__doc__ or "").split())
+        lines.append(f"| `{kind}` | {names} | {doc} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(events_markdown())

@@ -13,7 +13,8 @@ import sys
 from tiny_models import byte_tokenizer, tiny_model
 
 from engine.core.events import Progress
-from engine.experiments.ablation import AblationSettings, LayerAblated, run_ablation
+from engine.experiments.ablation.run import run_ablation
+from engine.experiments.ablation.vocabulary import AblationSettings, LayerAblated
 from engine.models.distributed import Workers, plan, world_from_env
 
 SETTINGS = AblationSettings(method="mean", eval_set="paper", eval_batch_size=4, bootstrap=50)

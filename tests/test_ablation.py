@@ -10,11 +10,12 @@ import torch
 from tiny_models import tiny_model
 
 from engine.core.errors import UserError
-from engine.core.events import Cancelled, CancelToken, LayerAblated, Result
+from engine.core.events import Cancelled, CancelToken, Result
 from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Evaluator
 from engine.evaluation.statistics import bootstrap_degradation, importance_class
-from engine.experiments.ablation import AblationSettings, neighbour_mean, run_ablation
+from engine.experiments.ablation.run import neighbour_mean, run_ablation
+from engine.experiments.ablation.vocabulary import AblationSettings, LayerAblated
 from engine.models.anatomy import LayerStack
 
 

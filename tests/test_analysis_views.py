@@ -21,7 +21,9 @@ from tui_fixtures import (
     weights_doc,
 )
 
-from engine.core.events import DynamicsResult, PruneResult, ScalingFitResult
+from engine.experiments.dynamics.vocabulary import DynamicsResult
+from engine.experiments.prune.vocabulary import PruneResult
+from engine.experiments.scaling_fit.vocabulary import ScalingFitResult
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
 from tui.screens import console

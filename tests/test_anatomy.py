@@ -8,7 +8,7 @@ import torch
 from tiny_models import TINY_CONFIGS, tiny_model
 
 from engine.core.errors import UserError
-from engine.experiments.ablation import ablated
+from engine.experiments.ablation.run import ablated
 from engine.models.anatomy import FAMILIES, LayerStack
 
 EXPECTED_MATRICES = {

@@ -15,19 +15,11 @@ from pathlib import Path
 import pytest
 from tui_fixtures import T0, ablation_doc, demo_session, write_events
 
-from engine.core.events import (
-    Event,
-    Finished,
-    GrowthEval,
-    GrowthStep,
-    LayerAblated,
-    Message,
-    Progress,
-    RecoveryPoint,
-    RecoveryStart,
-    Started,
-    TrialDone,
-)
+from engine.core.events import Event, Finished, Message, Progress, Started
+from engine.experiments.ablation.vocabulary import LayerAblated
+from engine.experiments.growth.vocabulary import GrowthEval, GrowthStep
+from engine.experiments.manipulate.vocabulary import TrialDone
+from engine.experiments.recovery.vocabulary import RecoveryPoint, RecoveryStart
 from engine.models.options import ModelOptions
 from sessions.store import Session, SessionStore
 from tui import event_index

@@ -62,7 +62,7 @@ def test_error_from_the_real_command_has_no_traceback():
 
 def test_an_error_after_the_load_prints_once(tiny_folder, capsys, monkeypatch):
     """The job records the failure; the terminal gets the one error line, not the job's as well."""
-    import engine.experiments.ablation as ablation
+    import engine.experiments.ablation.run as ablation
     from engine.core.errors import UserError
 
     def broken(*args, **kwargs):

@@ -34,7 +34,7 @@ def test_declared_defaults_are_the_settings_defaults(entry) -> None:
 
 
 async def test_the_forms_hold_the_settings_defaults(isolated_home) -> None:
-    from engine.experiments.recovery import RecoverySettings
+    from engine.experiments.recovery.vocabulary import RecoverySettings
 
     demo_session(SessionStore())
     app = AnatomyApp(session="demo", load_model=False)

@@ -19,9 +19,12 @@ from engine.core.errors import UserError
 from engine.core.events import Result
 from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Evaluator
-from engine.experiments.ablation import AblationSettings, run_ablation
-from engine.experiments.dynamics import DynamicsSettings, run_dynamics
-from engine.experiments.recovery import RecoverySettings, run_recovery
+from engine.experiments.ablation.run import run_ablation
+from engine.experiments.ablation.vocabulary import AblationSettings
+from engine.experiments.dynamics.run import run_dynamics
+from engine.experiments.dynamics.vocabulary import DynamicsSettings
+from engine.experiments.recovery.run import run_recovery
+from engine.experiments.recovery.vocabulary import RecoverySettings
 from engine.models.anatomy import LayerStack
 from engine.models.loading import parse_max_memory, placement, placement_text
 
@@ -168,7 +171,8 @@ def test_placement_runs():
 
 def test_weights_reads_offloaded_layers_and_refuses_to_replace_them(tokenizer, tmp_path):
     """Offloaded layers' parameters are `meta` placeholders: the statistics read accelerate's store."""
-    from engine.experiments.weights import WeightsSettings, run_weights
+    from engine.experiments.weights.run import run_weights
+    from engine.experiments.weights.vocabulary import WeightsSettings
 
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(EVAL), encoding="utf-8")

@@ -15,7 +15,8 @@ from tiny_models import tiny_model
 
 from engine.core.errors import UserError
 from engine.core.events import Progress, Result
-from engine.experiments.ablation import AblationSettings, merge_shards, run_ablation
+from engine.experiments.ablation.run import merge_shards, run_ablation
+from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.models.distributed import World, _Done, _Failed, _Merger, cpu_threads, launch, plan, shard, world_from_env
 
 TESTS = Path(__file__).resolve().parent
@@ -94,7 +95,7 @@ def test_a_dead_worker_fails_the_job_in_one_line(worker_env, tmp_path, capsys):
 
 
 def test_plans_split_layers_and_refuse_other_experiments():
-    from engine.experiments.recovery import RecoverySettings
+    from engine.experiments.recovery.vocabulary import RecoverySettings
 
     split = plan("ablation", AblationSettings(), 4)
     assert split.items == [0, 1, 2, 3] and split.restrict([1, 3]).layers == (1, 3)
@@ -107,7 +108,7 @@ def test_plans_split_layers_and_refuse_other_experiments():
 
 
 def test_a_split_manipulation_logs_why_its_layers_as_a_serial_run_does():
-    from engine.experiments.manipulate import ManipulationSettings
+    from engine.experiments.manipulate.vocabulary import ManipulationSettings
 
     chosen = plan("manipulate", ManipulationSettings(), 4, {}, "tiny")
     assert chosen.notes == ("layers: no ablation map of this model in the session: every layer",)
@@ -149,8 +150,8 @@ def untimed(doc):
 
 
 def test_recovery_shards_of_layer_repeat_runs_merge_to_the_serial_result(tokenizer, tmp_path):
-    from engine.core.events import RecoveryLayer
-    from engine.experiments.recovery import RecoverySettings, run_recovery, whole_layers
+    from engine.experiments.recovery.run import run_recovery, whole_layers
+    from engine.experiments.recovery.vocabulary import RecoveryLayer, RecoverySettings
 
     (tmp_path / "train.txt").write_text("\n".join(f"The cat {i} sat on the mat." for i in range(40)), encoding="utf-8")
     (tmp_path / "eval.txt").write_text("The dog sat on the mat.\nA cat looked at the dog.", encoding="utf-8")

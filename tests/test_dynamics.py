@@ -13,10 +13,9 @@ from tiny_models import TINY_CONFIGS, save_tiny, tiny_model
 from tui_fixtures import round_trips
 
 from engine.core.errors import UserError
-from engine.core.events import PcaSample, Result, from_doc
+from engine.core.events import Result, from_doc
 from engine.evaluation.perplexity import Evaluator, tokenize_batches
-from engine.experiments.dynamics import (
-    DynamicsSettings,
+from engine.experiments.dynamics.run import (
     LastBlockLens,
     LogitLens,
     Profiles,
@@ -29,6 +28,7 @@ from engine.experiments.dynamics import (
     stream_profiles,
     trajectory,
 )
+from engine.experiments.dynamics.vocabulary import DynamicsSettings, PcaSample
 from engine.models.anatomy import LayerStack
 
 TEXTS = [

@@ -15,7 +15,6 @@ import torch
 from tiny_models import byte_tokenizer, tiny_model
 
 from engine.core.errors import UserError
-from engine.core.events import AblationMap
 from engine.data.eval_data import (
     DatasetSpec,
     calibration_blocks,
@@ -25,7 +24,7 @@ from engine.data.eval_data import (
     load_texts,
 )
 from engine.evaluation.perplexity import Evaluator
-from engine.experiments.ablation import AblationSettings
+from engine.experiments.ablation.vocabulary import AblationMap, AblationSettings
 from tui.cli import main
 
 # wikitext-like rows: headings, paragraphs, empty rows (as the hub's wikitext has them)
@@ -236,7 +235,7 @@ def test_calibration_windows_are_seeded_slices_of_the_train_stream(tmp_path):
 
 
 def test_comparable_says_what_differs():
-    from engine.core.events import EvalProtocol
+    from engine.data.eval_data import EvalProtocol
 
     a = EvalProtocol(dataset="wikitext", config="wikitext-2-raw-v1", split="test", revision="b08601e",
                      text_column="text", protocol="papers", context=2048, stride=None, windows=140, tokens=286580)
@@ -291,7 +290,7 @@ def test_prune_says_when_the_sessions_map_was_measured_another_way(tmp_path):
     (here the built-in sentences, against a dataset's windows) is used, with a warning naming what
     differs."""
     from engine.core.events import Message
-    from engine.experiments.prune import PruneSettings
+    from engine.experiments.prune.vocabulary import PruneSettings
     from engine.models.loading import LoadedModel
     from engine.registry import RunContext, experiment
 
@@ -309,7 +308,7 @@ def test_prune_says_when_the_sessions_map_was_measured_another_way(tmp_path):
 
 
 def run_ablation_doc(model, tokenizer) -> dict:
-    from engine.experiments.ablation import run_ablation
+    from engine.experiments.ablation.run import run_ablation
 
     return list(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", max_length=32)))[-1].data
 
@@ -356,7 +355,7 @@ def test_the_auto_batch_keeps_the_cache_beside_the_model_while_any_batch_allows(
     """2048-token windows of a SmolLM2-sized model: with room for the cache, the auto batch keeps it
     on the GPU; with room for the model and one window's forward but not the cache, it plans the
     cache on the host and the largest batch that then fits."""
-    from engine.models.loading import memory
+    from engine.models import memory
     from engine.models.memory import ModelShape, auto_eval_batch, plan_memory
 
     monkeypatch.setattr(memory, "free_memory", lambda device: 10**12)  # the host's RAM

@@ -15,10 +15,10 @@ from transformers import AutoModelForCausalLM
 from tui_fixtures import round_trips, task_score
 
 from engine.core.errors import UserError
-from engine.core.events import EvaluateResult, ModelEvaluated, PruneResult, Result
+from engine.core.events import Result
 from engine.evaluation.accuracy import agreement, disagreement, without_machine_report
-from engine.experiments.evaluate import EvaluateSettings
-from engine.experiments.prune import PruneSettings
+from engine.experiments.evaluate.vocabulary import EvaluateResult, EvaluateSettings, ModelEvaluated
+from engine.experiments.prune.vocabulary import PruneResult, PruneSettings
 from engine.models.anatomy import LayerStack
 from engine.models.loading import LoadedModel
 from engine.registry import RunContext, experiment
@@ -235,7 +235,7 @@ def test_an_unknown_task_is_one_line(tokenizer, tasks):
 def test_recovered_variant_reads_the_sessions_layers(tokenizer, tasks, tmp_path):
     """The recovered layers saved for this model are put in for the run (and only for it); layers
     saved for another model are not."""
-    from engine.experiments.recovery import save_layer_weights
+    from engine.experiments.recovery.run import save_layer_weights
 
     model = tiny_model("llama")
     stack = LayerStack(model)

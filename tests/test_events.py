@@ -28,45 +28,7 @@ from tui_fixtures import (
 
 from engine.core.events import (
     ABSENT,
-    AblationMap,
-    AblationRow,
-    DepthLaw,
-    DynamicsCore,
-    DynamicsPca,
-    DynamicsResult,
-    DynamicsRow,
-    FitSummary,
-    GrowthArm,
-    GrowthBudgetRow,
-    GrowthData,
-    GrowthPhase,
-    GrowthResult,
-    GrowthWidths,
-    LayerAblated,
-    LayerBudget,
-    LayerFit,
-    LensLosses,
-    ManipulateResult,
-    ManipulateRow,
-    NullModel,
-    ParadoxRow,
-    PruneCut,
-    PruneHeal,
-    PruneResult,
-    RecoveryBudget,
-    RecoveryLayer,
-    RecoveryResult,
-    RecoveryRow,
-    RecoveryVsAblation,
-    ScalingFitResult,
     Started,
-    StudentStep,
-    TokenCluster,
-    ToyDepthCurve,
-    ToyDepthResult,
-    WeightsComponent,
-    WeightsLayer,
-    WeightsResult,
     event_from_json,
     event_types,
     events_markdown,
@@ -74,6 +36,44 @@ from engine.core.events import (
     json_safe,
     upgrade_event,
     upgrade_result,
+)
+from engine.experiments.ablation.vocabulary import AblationMap, AblationRow, LayerAblated
+from engine.experiments.dynamics.vocabulary import (
+    DynamicsCore,
+    DynamicsPca,
+    DynamicsResult,
+    DynamicsRow,
+    LensLosses,
+    TokenCluster,
+)
+from engine.experiments.growth.vocabulary import (
+    GrowthArm,
+    GrowthBudgetRow,
+    GrowthData,
+    GrowthPhase,
+    GrowthResult,
+    GrowthWidths,
+)
+from engine.experiments.manipulate.vocabulary import ManipulateResult, ManipulateRow
+from engine.experiments.prune.vocabulary import DepthLaw, PruneCut, PruneHeal, PruneResult
+from engine.experiments.recovery.vocabulary import (
+    LayerBudget,
+    RecoveryBudget,
+    RecoveryLayer,
+    RecoveryResult,
+    RecoveryRow,
+    RecoveryVsAblation,
+)
+from engine.experiments.scaling_fit.vocabulary import ScalingFitResult
+from engine.experiments.toy_depth.vocabulary import StudentStep, ToyDepthCurve, ToyDepthResult
+from engine.experiments.weights.vocabulary import (
+    FitSummary,
+    LayerFit,
+    NullModel,
+    ParadoxRow,
+    WeightsComponent,
+    WeightsLayer,
+    WeightsResult,
 )
 from engine.registry import EXPERIMENTS, experiment
 from sessions.store import SessionStore

@@ -23,8 +23,8 @@ from in_process_workers import InProcessWorkers
 from engine import registry
 from engine.core.events import Event, Progress, Result
 from engine.core.settings import Settings, setting
+from engine.models import memory
 from engine.models.distributed import ShardPlan, known_units, plan, shard
-from engine.models.loading import memory
 from engine.registry import Experiment, RunContext
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,8 +11,9 @@ import torch
 from tui_fixtures import ablation_map, round_trips
 
 from engine.core.errors import UserError
-from engine.core.events import AblationRow, Cancelled, CancelToken, GrowthPhase, GrowthStep, Result, event_from_json
+from engine.core.events import Cancelled, CancelToken, Result, event_from_json
 from engine.evaluation.generation import generate_text
+from engine.experiments.ablation.vocabulary import AblationRow
 from engine.experiments.growth.architecture import (
     GrowingModel,
     build_model,
@@ -37,6 +38,7 @@ from engine.experiments.growth.protocol import (
     scale_phases,
     validate_phases,
 )
+from engine.experiments.growth.vocabulary import GrowthPhase, GrowthStep
 
 # six layers: one anti (omitted), a critical core wider than its clones, a redundant layer cloned x0.5
 SMALL_PROFILE = ("redundant", "important", "critical", "minor", "anti", "redundant")
@@ -399,7 +401,7 @@ def test_step_losses_are_read_from_the_device_once_per_report(monkeypatch, vocab
 
 
 def test_out_of_memory_in_training_is_one_line(monkeypatch):
-    from engine.models.loading import oom
+    from engine.models import oom
 
     freed = []
     monkeypatch.setattr(oom, "release_memory", lambda: freed.append(True))

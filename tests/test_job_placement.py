@@ -13,7 +13,7 @@ import pytest
 from tiny_models import tiny_model
 
 from engine.core.errors import UserError
-from engine.experiments.ablation import AblationSettings
+from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.models.loading import LoadedModel
 from engine.models.memory import model_bytes, plan_run
 from engine.models.options import ModelOptions
@@ -99,7 +99,7 @@ async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_
 def test_a_job_goes_to_another_gpu_with_room_before_the_console_releases_its_model(tiny_folder, monkeypatch):
     import torch
 
-    from engine.experiments.recovery import RecoverySettings
+    from engine.experiments.recovery.vocabulary import RecoverySettings
     from engine.models.memory import other_gpu
 
     loaded = on_gpu(tiny_folder, device="cuda")  # the console's model where its `auto` put it
@@ -134,7 +134,7 @@ def test_sweeps_started_as_jobs_take_every_visible_gpu(gpus, monkeypatch, tiny_f
 
     import torch
 
-    from engine.experiments.recovery import RecoverySettings
+    from engine.experiments.recovery.vocabulary import RecoverySettings
     from tui.cli import build_parser
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
@@ -151,7 +151,7 @@ def test_sweeps_started_as_jobs_take_every_visible_gpu(gpus, monkeypatch, tiny_f
     assert recovery(layers=(3,)) == []  # one run: one worker
     spread = dataclasses.replace(options, device_map="auto")
     assert shards_of(job_argv("ablation", AblationSettings(), spread, "s", resume=False)) == []
-    from engine.experiments.growth import PRESETS
+    from engine.experiments.growth.vocabulary import PRESETS
 
     assert shards_of(job_argv("growth", PRESETS["tiny"], None, "s", resume=False)) == []  # does not split
 

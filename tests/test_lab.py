@@ -213,7 +213,7 @@ def test_cancel_stops_the_job_of_the_panel(monkeypatch):
 
 
 def test_an_interrupted_job_is_offered_with_the_command_that_resumes_it(monkeypatch):
-    from engine.experiments.growth import PRESETS
+    from engine.experiments.growth.vocabulary import PRESETS
 
     lab, console, started = make_lab(monkeypatch)
     assert lab.resume_offer(asked=False) is None and console.told == []  # at start: nothing to say

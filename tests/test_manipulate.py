@@ -11,18 +11,13 @@ import torch
 from tui_fixtures import ablation_map, round_trips
 
 from engine.core.errors import UserError
-from engine.core.events import AblationRow, Result
+from engine.core.events import Result
 from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Evaluator
-from engine.experiments.ablation import neighbour_mean
-from engine.experiments.manipulate import (
-    ManipulationSettings,
-    blend_weights,
-    clone_source,
-    manipulated,
-    run_manipulation,
-    trials,
-)
+from engine.experiments.ablation.run import neighbour_mean
+from engine.experiments.ablation.vocabulary import AblationRow
+from engine.experiments.manipulate.run import blend_weights, clone_source, manipulated, run_manipulation, trials
+from engine.experiments.manipulate.vocabulary import ManipulationSettings
 from engine.models.anatomy import LayerStack
 
 
@@ -202,7 +197,7 @@ def test_bad_input_gets_one_line_error(tiny_llama, short_texts, changes, message
 
 
 def test_default_layers_come_from_the_sessions_ablation_map():
-    from engine.experiments.manipulate import default_layers
+    from engine.experiments.manipulate.run import default_layers
 
     assert default_layers(None, "m")[0] == ()
     rows = [AblationRow(i, 1.0, 1.0, c, anti=a) for i, (c, a) in
@@ -245,7 +240,8 @@ def test_embedded_scale_grid_point(embedded, short_texts):
 def test_both_experiments_run_on_every_family(family, tokenizer, short_texts):
     from tiny_models import tiny_model
 
-    from engine.experiments.weights import WeightsSettings, run_weights
+    from engine.experiments.weights.run import run_weights
+    from engine.experiments.weights.vocabulary import WeightsSettings
 
     model = tiny_model(family)
     before = _snapshot(model)
@@ -261,7 +257,7 @@ def test_both_experiments_run_on_every_family(family, tokenizer, short_texts):
 
 @pytest.mark.parametrize(("rows", "cols", "rank"), [(300, 80, 8), (64, 200, 5), (50, 50, 1)])
 def test_low_rank_from_the_gram_matrix_equals_the_truncated_svd(rows, cols, rank):
-    from engine.experiments.manipulate import low_rank
+    from engine.experiments.manipulate.run import low_rank
 
     generator = torch.Generator().manual_seed(rows + cols)
     # a decaying spectrum, like a weight difference: the top directions are well separated

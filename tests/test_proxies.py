@@ -13,8 +13,10 @@ from tiny_models import byte_tokenizer, tiny_model
 
 from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Batch
-from engine.experiments.ablation import AblationSettings, InfluenceMeter, block_search, run_ablation
-from engine.experiments.prune import PruneSettings, criterion_layers
+from engine.experiments.ablation.run import InfluenceMeter, block_search, run_ablation
+from engine.experiments.ablation.vocabulary import AblationSettings
+from engine.experiments.prune.run import criterion_layers
+from engine.experiments.prune.vocabulary import PruneSettings
 
 
 def test_last_token_blocks_on_a_hand_built_case():

@@ -14,9 +14,10 @@ from transformers import AutoModelForCausalLM
 from tui_fixtures import round_trips
 
 from engine.core.errors import UserError
-from engine.core.events import PrunePoint, PruneScores, Result
+from engine.core.events import Result
 from engine.evaluation.perplexity import Evaluator
-from engine.experiments.prune import PruneSettings, map_degradation, neighbours_of_cuts
+from engine.experiments.prune.run import map_degradation, neighbours_of_cuts
+from engine.experiments.prune.vocabulary import PrunePoint, PruneScores, PruneSettings
 from engine.models.anatomy import LayerStack
 from engine.models.loading import LoadedModel
 from engine.registry import RunContext, experiment
@@ -237,7 +238,7 @@ def test_half_precision_healing_trains_float32_masters_and_restores(tokenizer, f
 
 def test_depth_fit_recovers_a_known_law():
     from engine.evaluation.perplexity import TextScores
-    from engine.experiments.prune import depth_law, fit_depth
+    from engine.experiments.prune.run import depth_law, fit_depth
 
     depths = np.array([30.0, 29, 28, 26, 22, 18])
     fit = fit_depth(depths, 2.0 + 30.0 / depths**1.2)
@@ -295,7 +296,7 @@ def test_healing_refuses_an_offloaded_layer_before_training(tokenizer, files, tm
 
 
 def test_out_of_memory_in_healing_is_one_line_and_restores(tokenizer, files, monkeypatch):
-    from engine.models.loading import oom
+    from engine.models import oom
 
     freed = []
     monkeypatch.setattr(oom, "release_memory", lambda: freed.append(True))

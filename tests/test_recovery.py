@@ -12,20 +12,9 @@ from tiny_models import save_tiny
 from tui_fixtures import ablation_map, round_trips
 
 from engine.core.errors import UserError
-from engine.core.events import (
-    AblationMap,
-    AblationRow,
-    Cancelled,
-    CancelToken,
-    RecoveryLayer,
-    RecoveryPoint,
-    RecoveryRepeat,
-    RecoveryRow,
-    RecoveryStart,
-    Result,
-)
-from engine.experiments.recovery import (
-    RecoverySettings,
+from engine.core.events import Cancelled, CancelToken, Result
+from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
+from engine.experiments.recovery.run import (
     difficulty,
     layer_row,
     run,
@@ -34,6 +23,14 @@ from engine.experiments.recovery import (
     summarise_run,
     training_budget,
     versus_ablation,
+)
+from engine.experiments.recovery.vocabulary import (
+    RecoveryLayer,
+    RecoveryPoint,
+    RecoveryRepeat,
+    RecoveryRow,
+    RecoverySettings,
+    RecoveryStart,
 )
 from engine.registry import RunContext
 from sessions.job_runner import run_job
@@ -317,7 +314,7 @@ def test_sweep_killed_in_its_first_layer_resumes_from_the_start(tmp_path, texts)
 
 def test_resume_refuses_another_dtype(tmp_path, texts):
     """A float16 sweep never continues a float32 one (the key holds model, dtype and device)."""
-    from engine.experiments.recovery import load_finished, sweep_key
+    from engine.experiments.recovery.run import load_finished, sweep_key
 
     class Loaded:
         name, dtype_name, device = "m", "float32", "cpu"

@@ -79,8 +79,8 @@ def test_job_command_rebuilds_changed_settings(name, changes):
 
 
 def test_growth_job_command_carries_the_phase_table_and_seeds():
-    from engine.experiments.growth import PRESETS
     from engine.experiments.growth.protocol import Phase
+    from engine.experiments.growth.vocabulary import PRESETS
 
     phases = (Phase("core", (4, 5), steps=3), Phase("all", tuple(range(12)), clone_from=((0, 4),), epochs=0.5))
     settings = dataclasses.replace(PRESETS["tiny"], phases=phases, steps=0, seeds=(4,),
@@ -92,7 +92,7 @@ def test_growth_job_command_carries_the_phase_table_and_seeds():
 
 
 def test_from_dict_refuses_unknown_keys_and_bad_values():
-    from engine.experiments.recovery import RecoverySettings
+    from engine.experiments.recovery.vocabulary import RecoverySettings
 
     with pytest.raises(UserError, match="unknown setting 'argv'"):
         RecoverySettings.from_dict({"argv": ["--trust-remote-code"]})

@@ -20,18 +20,17 @@ from scipy.optimize import minimize
 from tui_fixtures import round_trips
 
 from engine.core.errors import UserError
-from engine.core.events import DepthPoints, Result, from_doc
+from engine.core.events import Result, from_doc
 from engine.evaluation import powerfit
-from engine.experiments.scaling_fit import (
+from engine.experiments.scaling_fit.run import (
     Runs,
-    ScalingFitSettings,
-    default_csv,
     exclude_highest,
     load_runs,
     optimal_shape,
     profile_interval,
     run_scaling_fit,
 )
+from engine.experiments.scaling_fit.vocabulary import DepthPoints, ScalingFitSettings, default_csv
 
 TRUE = {"alpha_m": 0.9, "alpha_l": 1.3, "alpha_D": 0.3, "c_m": 300.0, "c_l": 6.0, "c_D": 700.0, "L0": 1.7}
 FAST = ScalingFitSettings(exclude_highest=0, restarts=64, bootstrap=40, bootstrap_restarts=4,
@@ -179,7 +178,7 @@ def test_the_chinchilla_data_ships_in_the_package_and_loads_without_the_workspac
     assert any(fnmatch.fnmatch(relative, g) for g in globs)
     assert any(fnmatch.fnmatch("data/chinchilla/README.md", g) for g in globs)  # its source, named
     shutil.copytree(package, tmp_path / "site" / "engine", ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("from engine.experiments.scaling_fit import ScalingFitSettings, default_csv, load_runs; "
+    code = ("from engine.experiments.scaling_fit.runs import load_runs; from engine.experiments.scaling_fit.vocabulary import ScalingFitSettings; "
             "p = ScalingFitSettings().csv_path(); print(p); print(load_runs(p, ScalingFitSettings()).n_rows)")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -123,7 +123,7 @@ def test_a_resume_records_the_job_it_continues_and_marks_it_resumed_once_done():
 def test_a_job_killed_without_a_word_is_the_one_a_resume_marks():
     """kill -9 leaves the job file 'running' with its process gone: it reads interrupted, is
     offered, and a finished resume marks it resumed, after which the console offers nothing."""
-    from engine.experiments.growth import PRESETS
+    from engine.experiments.growth.vocabulary import PRESETS
 
     session = SessionStore().create("killed")
     child = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -157,7 +157,7 @@ def offered(session: str) -> str | None:
 
 
 def test_the_console_offers_a_sigterm_interrupted_job_and_not_once_it_is_resumed():
-    from engine.experiments.growth import PRESETS
+    from engine.experiments.growth.vocabulary import PRESETS
 
     store = SessionStore()
     session = store.create("s")

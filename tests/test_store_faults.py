@@ -251,7 +251,7 @@ def test_checkpoints_that_will_not_fit_are_refused_before_the_model_loads(tiny_f
                                                                           no_load, isolated_home):
     from tiny_models import tiny_model
 
-    from engine.experiments.recovery import RecoverySettings
+    from engine.experiments.recovery.vocabulary import RecoverySettings
     from engine.models.anatomy import LayerStack
     from engine.models.memory import plan_run
 

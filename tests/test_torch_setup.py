@@ -60,7 +60,7 @@ def test_the_flags_are_recorded_in_the_job(tiny_folder):
 
 def test_jobs_and_shard_workers_get_the_flags(tiny_folder, monkeypatch, capsys):
     import engine.models.distributed
-    from engine.experiments.ablation import AblationSettings
+    from engine.experiments.ablation.vocabulary import AblationSettings
     from tui.jobs import job_argv, resume_argv
 
     options = ModelOptions(str(tiny_folder), deterministic=False, tf32=False)

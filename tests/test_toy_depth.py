@@ -14,17 +14,17 @@ import torch
 from tui_fixtures import round_trips
 
 from engine.core.errors import UserError
-from engine.core.events import Cancelled, CancelToken, Result, StudentDone, StudentStep
-from engine.experiments.toy_depth import (
+from engine.core.events import Cancelled, CancelToken, Result
+from engine.experiments.toy_depth.run import (
     Students,
     Teacher,
-    ToyDepthSettings,
     fit_depth_law,
     kl,
     preset_settings,
     run_toy_depth,
     torch_threads,
 )
+from engine.experiments.toy_depth.vocabulary import StudentDone, StudentStep, ToyDepthSettings
 
 MICRO = ToyDepthSettings(width=8, outputs=8, teacher_depth=6, student_depths=(1, 2, 4), temperatures=(1.0,),
                          steps=12, batch_size=16, lr=1e-2, seeds=2, eval_size=64, bootstrap=40, log_every=4)
@@ -248,7 +248,7 @@ def test_auto_precision_is_recorded_resolved_and_bad_devices_are_one_line() -> N
 
 
 def test_out_of_memory_in_training_is_one_line(monkeypatch) -> None:
-    from engine.models.loading import oom
+    from engine.models import oom
 
     freed = []
     monkeypatch.setattr(oom, "release_memory", lambda: freed.append(True))

@@ -10,7 +10,7 @@ import torch
 from tiny_models import tiny_model
 
 from engine.core.errors import UserError
-from engine.models.loading import oom
+from engine.models import oom
 from engine.training.trainer import Stopwatch, Trainer, seeded_batches
 
 CPU = torch.device("cpu")

@@ -13,8 +13,9 @@ from rich.console import Console
 from textual.widgets import Input
 from tui_fixtures import BASELINE, CURVE, MAP, cut, demo_session, prune_result, recovery_row
 
-from engine.core.events import AblationProxies, RecoveryLayer
 from engine.core.process import pid_alive
+from engine.experiments.ablation.vocabulary import AblationProxies
+from engine.experiments.recovery.vocabulary import RecoveryLayer
 from engine.experiments.variants import pruned_layers
 from sessions.store import SessionStore
 from tui import app as app_module
@@ -243,7 +244,7 @@ async def test_an_engine_error_becomes_a_notification(isolated_home, tiny_folder
         raise RuntimeError("boom from the engine")
         yield  # pragma: no cover - a generator that fails on its first step
 
-    monkeypatch.setattr("engine.experiments.ablation.run_ablation", broken)
+    monkeypatch.setattr("engine.experiments.ablation.run.run_ablation", broken)
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
@@ -269,7 +270,7 @@ async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
             cancel.check()
         yield from ()
 
-    monkeypatch.setattr("engine.experiments.ablation.run_ablation", slow)
+    monkeypatch.setattr("engine.experiments.ablation.run.run_ablation", slow)
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
@@ -389,7 +390,7 @@ async def test_jobs_run_live_cancel_and_survive_the_console(isolated_home, tiny_
 async def test_an_interrupted_job_offers_to_resume(isolated_home, monkeypatch) -> None:
     """The resume is rebuilt from the job's recorded experiment and settings; the argv a (possibly
     hostile) job file carries is never run, and --trust-remote-code never comes from it."""
-    from engine.experiments.growth import PRESETS
+    from engine.experiments.growth.vocabulary import PRESETS
 
     session = demo_session(SessionStore())
     hostile = ["/x/tui/cli.py", "run", "growth", "--model", "/evil", "--trust-remote-code"]
@@ -445,7 +446,7 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
     import torch
     from textual.widgets import Select
 
-    from engine.experiments.recovery import save_layer_weights
+    from engine.experiments.recovery.run import save_layer_weights
     from engine.models.anatomy import LayerStack
 
     app = tiny_app(tiny_folder)

@@ -84,7 +84,8 @@ def test_place_spreads_layers_and_keeps_the_numbers(monkeypatch, tokenizer):
 @pytest.mark.parametrize(("method", "dtype"), [("mean", torch.float32), ("skip", torch.float32),
                                                ("zero", torch.float32), ("mean", torch.float16)])
 def test_ablation_map_with_its_meter_and_prefix_cache(monkeypatch, tokenizer, method, dtype):
-    from engine.experiments.ablation import AblationSettings, run_ablation
+    from engine.experiments.ablation.run import run_ablation
+    from engine.experiments.ablation.vocabulary import AblationSettings
 
     settings = AblationSettings(method=method, eval_set="paper", eval_batch_size=4)
     expected, got = on_both(monkeypatch, lambda model: result(run_ablation(model, tokenizer, settings)), dtype=dtype)
@@ -93,7 +94,8 @@ def test_ablation_map_with_its_meter_and_prefix_cache(monkeypatch, tokenizer, me
 
 @pytest.mark.parametrize("lens", ["plain", "last-block"])
 def test_dynamics_angles_trajectories_and_lens(monkeypatch, tokenizer, files, lens):
-    from engine.experiments.dynamics import DynamicsSettings, run_dynamics
+    from engine.experiments.dynamics.run import run_dynamics
+    from engine.experiments.dynamics.vocabulary import DynamicsSettings
 
     settings = DynamicsSettings(text_file=files[0], max_tokens=200, max_length=64, logit_lens=True, lens=lens,
                                 clusters=2)
@@ -102,7 +104,8 @@ def test_dynamics_angles_trajectories_and_lens(monkeypatch, tokenizer, files, le
 
 
 def test_weights_with_the_paradox(monkeypatch, tokenizer, files):
-    from engine.experiments.weights import WeightsSettings, run_weights
+    from engine.experiments.weights.run import run_weights
+    from engine.experiments.weights.vocabulary import WeightsSettings
 
     settings = WeightsSettings(first_layer=0, eval_file=files[0], null_draws=2, paradox_counts=(1, 0),
                                components=("q", "gate"))
@@ -111,7 +114,8 @@ def test_weights_with_the_paradox(monkeypatch, tokenizer, files):
 
 
 def test_manipulate(monkeypatch, tokenizer, files):
-    from engine.experiments.manipulate import ManipulationSettings, run_manipulation
+    from engine.experiments.manipulate.run import run_manipulation
+    from engine.experiments.manipulate.vocabulary import ManipulationSettings
 
     settings = ManipulationSettings(layers=(1, 2), eval_file=files[0], alphas=(0.5,), rank=2, together=True,
                                     sample_tokens=4)
@@ -122,7 +126,8 @@ def test_manipulate(monkeypatch, tokenizer, files):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_recovery(monkeypatch, tokenizer, files, dtype):
     """float16 on the GPUs: float32 masters, autocast and a loss scaler on each layer's own device."""
-    from engine.experiments.recovery import RecoverySettings, run_recovery
+    from engine.experiments.recovery.run import run_recovery
+    from engine.experiments.recovery.vocabulary import RecoverySettings
 
     settings = RecoverySettings(layers=(1, 2), sigma=3.0, steps=3, lr=1e-2, batch_size=2, block_size=16,
                                 train_blocks=4, train_file=files[1], eval_file=files[0])
@@ -134,7 +139,7 @@ def test_recovery(monkeypatch, tokenizer, files, dtype):
 @pytest.mark.parametrize("heal", ["adjacent", "lora"])
 @pytest.mark.parametrize("embedding", [None, "disk"], ids=["embedding-on-gpu", "embedding-offloaded"])
 def test_prune_with_healing_and_export(monkeypatch, tokenizer, files, tmp_path, heal, embedding):
-    from engine.experiments.prune import PruneSettings
+    from engine.experiments.prune.vocabulary import PruneSettings
     from engine.models.loading import LoadedModel
     from engine.registry import RunContext, experiment
 
@@ -182,8 +187,8 @@ def test_prompt_variants_and_generation(monkeypatch, tokenizer, tmp_path, embedd
 
 
 @pytest.mark.parametrize(("name", "target", "flag"), [
-    ("dynamics", "engine.experiments.dynamics.trajectory", "--max-tokens"),
-    ("weights", "engine.experiments.weights.gram_of", "--no-paradox"),
+    ("dynamics", "engine.experiments.dynamics.run.trajectory", "--max-tokens"),
+    ("weights", "engine.experiments.weights.run.gram_of", "--no-paradox"),
 ])
 def test_out_of_memory_is_one_line_naming_the_experiment_and_flag(monkeypatch, tokenizer, files, name, target, flag):
     from engine.core.errors import UserError
@@ -235,7 +240,7 @@ def test_toy_depth_on_a_gpu(monkeypatch):
 
     from test_toy_depth import MICRO
 
-    from engine.experiments.toy_depth import run_toy_depth
+    from engine.experiments.toy_depth.run import run_toy_depth
 
     def run(device):
         doc = result(run_toy_depth(dataclasses.replace(MICRO, device=device, dtype="float32"), preset="micro"))
@@ -248,7 +253,7 @@ def test_toy_depth_on_a_gpu(monkeypatch):
 def test_noise_is_drawn_on_the_layers_gpu(monkeypatch):
     """No noise matrix is drawn on the host and copied up; the prompt pane's noised variant is a
     recovery run's first noise."""
-    from engine.experiments.recovery import add_noise, noise_seed
+    from engine.experiments.recovery.run import add_noise, noise_seed
     from engine.experiments.variants import noised
 
     with two_gpus(monkeypatch) as mode:
@@ -268,7 +273,8 @@ def test_noise_is_drawn_on_the_layers_gpu(monkeypatch):
 def test_the_logit_lens_reads_its_sums_back_once(monkeypatch, tokenizer, tmp_path):
     """The lens scores every row of every layer; its sums stay on the GPUs, so turning it on adds
     host reads per batch (the token count), not one per row and layer."""
-    from engine.experiments.dynamics import DynamicsSettings, run_dynamics
+    from engine.experiments.dynamics.run import run_dynamics
+    from engine.experiments.dynamics.vocabulary import DynamicsSettings
 
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(f"Sentence {i} about the cat on the mat." for i in range(16)), encoding="utf-8")

@@ -9,7 +9,7 @@ from tiny_models import tiny_model
 from tui_fixtures import cut, growth_doc, prune_result
 
 from engine.core.errors import UserError
-from engine.experiments.ablation import neighbour_mean
+from engine.experiments.ablation.run import neighbour_mean
 from engine.experiments.variants import Variant, applied, modified, noised, recovered, saved_model_path
 from engine.models.anatomy import LayerStack
 

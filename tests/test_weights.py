@@ -13,9 +13,8 @@ from tui_fixtures import round_trips
 
 from engine.core.errors import UserError
 from engine.core.events import Result
-from engine.experiments.weights import (
+from engine.experiments.weights.run import (
     Analysis,
-    WeightsSettings,
     delta_correlations,
     gram_of,
     hat_matrix,
@@ -25,6 +24,7 @@ from engine.experiments.weights import (
     ridge_fit,
     run_weights,
 )
+from engine.experiments.weights.vocabulary import WeightsSettings
 from engine.models.anatomy import LayerStack
 
 

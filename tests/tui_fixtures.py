@@ -7,23 +7,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine.core.events import (
-    ABSENT,
-    AblationMap,
-    AblationRow,
-    DepthLaw,
-    DepthPoints,
+from engine.core.events import ABSENT, Event, Started, json_safe
+from engine.core.process import process_identity
+from engine.disk.atomic import atomic_write_json
+from engine.evaluation.accuracy import GenerationCheck, LmEvalProtocol, TaskScore
+from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
+from engine.experiments.dynamics.vocabulary import (
     DynamicsCore,
     DynamicsPca,
     DynamicsResult,
     DynamicsRow,
-    EvaluatedModel,
-    EvaluateResult,
-    Event,
-    FitBootstrap,
-    FitRestarts,
-    FitSummary,
-    GenerationCheck,
+    PcaSample,
+    Quartiles,
+    TokenCluster,
+)
+from engine.experiments.evaluate.vocabulary import EvaluatedModel, EvaluateResult
+from engine.experiments.growth.vocabulary import (
     GrowthArm,
     GrowthBudgetRow,
     GrowthData,
@@ -32,36 +31,28 @@ from engine.core.events import (
     GrowthResult,
     GrowthStep,
     GrowthWidths,
+)
+from engine.experiments.manipulate.vocabulary import ManipulateResult, ManipulateRow
+from engine.experiments.prune.vocabulary import DepthLaw, PruneCut, PruneResult
+from engine.experiments.recovery.vocabulary import (
     LayerBudget,
-    LmEvalProtocol,
-    ManipulateResult,
-    ManipulateRow,
-    NullModel,
-    ParadoxRow,
-    PcaSample,
-    ProfilePoint,
-    PruneCut,
-    PruneResult,
-    Quartiles,
     RecoveryBudget,
     RecoveryPoint,
     RecoveryResult,
     RecoveryRow,
     RecoveryStart,
     RecoveryVsAblation,
+)
+from engine.experiments.scaling_fit.vocabulary import (
+    DepthPoints,
+    FitBootstrap,
+    FitRestarts,
+    ProfilePoint,
     ScalingFitResult,
     ScalingProfile,
-    Started,
-    TaskScore,
-    TokenCluster,
-    ToyDepthCurve,
-    ToyDepthResult,
-    WeightsComponent,
-    WeightsResult,
-    json_safe,
 )
-from engine.core.process import process_identity
-from engine.disk.atomic import atomic_write_json
+from engine.experiments.toy_depth.vocabulary import ToyDepthCurve, ToyDepthResult
+from engine.experiments.weights.vocabulary import FitSummary, NullModel, ParadoxRow, WeightsComponent, WeightsResult
 from engine.registry import experiment
 from sessions.store import Session, SessionStore
 
@@ -451,7 +442,7 @@ def evaluate_doc() -> dict:
 def atlas_session(store: SessionStore, name: str = "atlas") -> Session:
     """An atlas of three models of 4, 6 and 9 layers (D % with intervals, Block Influence, angular
     distance, removal perplexity; a calibration variant), saved as `anatomy-tui atlas` saves one."""
-    from engine.atlas.table import table as A
+    from engine.atlas import table as A
     from engine.evaluation.statistics import importance_class
 
     shapes = {"tiny-llama": [300.0, 12.0, 5.0, 150.0], "tiny-qwen2": [250.0, 40.0, 8.0, 2.0, 3.0, 120.0],

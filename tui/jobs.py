@@ -94,10 +94,9 @@ def shards_flag(experiment: str, settings: Settings, options: ModelOptions | Non
         return []
     import torch
 
-    from engine.models.distributed import known_units
 
     gpus = torch.cuda.device_count()
-    shards = gpus if gpus < 2 else min(gpus, known_units(experiment, settings) or gpus)
+    shards = gpus if gpus < 2 else min(gpus, find_experiment(experiment).known_units(settings) or gpus)
     return [f"--shards={shards}"] if shards >= 2 else []
 
 

@@ -31,7 +31,7 @@ from engine.core.process import Stopped, exit_code
 from engine.core.settings import Settings
 from engine.disk.atomic import atomic_write_json, check_free_space, check_writable_path
 from engine.models.options import ModelOptions
-from engine.registry import EXPERIMENTS, Experiment, RunContext
+from engine.registry import EXPERIMENTS, Experiment, RunContext, experiment
 from sessions.job_runner import run_job
 from sessions.store import Session, SessionExists, SessionStore
 from tui.flags import model_options_from_args, settings_from_args
@@ -261,19 +261,18 @@ def sharded_events(name: str, settings: Settings, context: RunContext, workers: 
     chooses its layers from the ablation map) and, once it has prepared it, the checkpoint folder
     (toy-depth's students). An experiment whose plan has its own `sweep` runs the split itself
     (recovery: rank 0 reads and writes its checkpoint)."""
-    from engine.models.distributed import plan
 
     loaded = context.model
     n_layers, model_name = (loaded.n_layers, loaded.name) if loaded is not None else (0, "")  # toy-depth: no model
     split = None
     if workers.world.is_main:  # a plan that cannot be made stops rank 0 before the others wait on it
-        split = plan(name, settings, n_layers, context.inputs, model_name)
+        split = experiment(name).shard_plan(settings, n_layers, context.inputs, model_name)
         if split.prepare is not None:
             split.prepare(context.checkpoint_dir, context.resume)
     folder = str(context.checkpoint_dir) if context.checkpoint_dir is not None else None
     shared = workers.broadcast([context.inputs, folder])
     context = dataclasses.replace(context, inputs=shared[0])
-    split = split or plan(name, settings, n_layers, context.inputs, model_name)
+    split = split or experiment(name).shard_plan(settings, n_layers, context.inputs, model_name)
     if split.sweep is not None:
         return split.sweep(split, context, workers)
     where = Path(shared[1]) if shared[1] else None

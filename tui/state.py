@@ -14,14 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from engine.core.events import (
-    AblationMap,
-    AblationProxies,
-    AblationRow,
-    DynamicsResult,
-    DynamicsRow,
-    Event,
-    Finished,
+from engine.core.events import Event, Finished, Message, Progress, Result, Started
+from engine.experiments.ablation.vocabulary import AblationMap, AblationProxies, AblationRow, LayerAblated
+from engine.experiments.dynamics.vocabulary import DynamicsResult, DynamicsRow
+from engine.experiments.growth.vocabulary import (
     GrowthArm,
     GrowthArmDone,
     GrowthEval,
@@ -30,16 +26,13 @@ from engine.core.events import (
     GrowthPlan,
     GrowthResult,
     GrowthStep,
-    LayerAblated,
-    Message,
-    Progress,
+)
+from engine.experiments.recovery.vocabulary import (
     RecoveryLayer,
     RecoveryPoint,
     RecoveryResult,
     RecoveryRow,
     RecoveryStart,
-    Result,
-    Started,
 )
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.events import AblationMap, DynamicsResult, PruneResult, RecoveryResult, from_doc, json_safe
+from engine.core.events import from_doc, json_safe
+from engine.experiments.ablation.vocabulary import AblationMap
+from engine.experiments.dynamics.vocabulary import DynamicsResult
+from engine.experiments.prune.vocabulary import PruneResult
+from engine.experiments.recovery.vocabulary import RecoveryResult
 
 STABLE_RHO = 0.8  # a criterion is stable when its per-layer ranks under every other calibration text agree this well
 DEFAULT_BINS = 10

@@ -306,6 +306,16 @@ class Settings:
         layer it touches on the computing device, none offloaded by --device-map."""
         return False
 
+    def training_needs(self, shape: Any) -> Any:
+        """What a run with these settings trains at once, at most, on a model of this shape (an
+        engine.models.memory.Training, for the memory plan); None: it trains nothing."""
+        return None
+
+    def checkpoint_params(self, shape: Any) -> int:
+        """Parameters a run with these settings keeps in its checkpoints at most on a model of this
+        shape, for the disk check before the load; 0: its checkpoints are small or it has none."""
+        return 0
+
     def override(self: S, changes: Mapping[str, Any]) -> S:
         """These settings with `changes` (explicit flags over a preset) applied, then validated."""
         made = dataclasses.replace(self, **changes)  # type: ignore[type-var]

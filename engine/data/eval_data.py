@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.events import EvalProtocol
 
 INSTALL = "pip install 'anatomy-tui[eval]'"
 LOCAL_SUFFIXES = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -331,3 +330,24 @@ def describe(protocol: EvalProtocol | Mapping[str, Any]) -> str:
     else:
         how = f"the papers' protocol: non-overlapping windows of {p.get('context')} tokens"
     return f"evaluation: {where}{revision}; {how}; {p.get('windows')} windows/texts, {p.get('tokens')} scored tokens"
+
+
+@dataclass(frozen=True)
+class EvalProtocol:
+    """How a result's perplexity was measured (engine/data/eval_data.py): two runs' perplexities are
+    comparable only when these match (`engine.data.eval_data.comparable`). `protocol` is `papers`
+    (non-overlapping windows of `context` tokens, remainder dropped), `sliding` (windows every
+    `stride` tokens, each scoring its new tokens) or `texts` (the built-in sets and --eval-file:
+    each text alone, truncated at `context` = --max-length); `windows` counts windows or texts,
+    `tokens` the scored tokens."""
+
+    dataset: str  # a hub dataset's name, a local path, or builtin:full / builtin:paper / the --eval-file
+    config: str | None
+    split: str | None
+    revision: str | None  # the hub commit where `datasets` says, else its version; None when unknown
+    text_column: str | None
+    protocol: str
+    context: int
+    stride: int | None
+    windows: int
+    tokens: int

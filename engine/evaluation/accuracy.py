@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.events import GenerationCheck, LmEvalProtocol, TaskScore
 from engine.core.settings import Settings, setting
 
 INSTALL = "pip install 'anatomy-tui[eval]'  (or: pip install 'lm-eval>=0.4.5' 'datasets>=2.19')"
@@ -284,3 +283,46 @@ def accuracy_line(scores: Sequence[TaskScore]) -> str:
     return ", ".join(f"{row.task} {100 * row.acc:.1f}" + (f" ({100 * row.acc_norm:.1f})" if row.acc_norm is not None
                                                            else "")
                      for row in scores if row.acc is not None) or "no acc"
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    """One lm-eval task (or group) scored on one model: accuracy and length-normalised accuracy with
+    their standard errors under lm-eval's default filter (None where the task has no such metric),
+    the items scored, and every numeric metric as lm-eval names it (`acc,none`)."""
+
+    task: str
+    acc: float | None
+    acc_stderr: float | None
+    acc_norm: float | None
+    acc_norm_stderr: float | None
+    samples: int
+    metrics: dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class GenerationCheck:
+    """Greedy continuations of the fixed prompts (engine/evaluation/accuracy.py PROMPTS) by one model, and how
+    much of the original's they reproduce: up to the first divergence (`prefix_agreement`) and
+    position by position (`token_agreement`), as fractions of the longer continuation, counted in
+    tokens, or in characters where the model's tokenizer is not the original's (`unit`)."""
+
+    texts: list[str]
+    unit: str
+    prefix_agreement: float
+    token_agreement: float
+
+
+@dataclass(frozen=True)
+class LmEvalProtocol:
+    """What lm-eval's numbers depend on, recorded with them: two evaluations compare only when
+    these match (the batch size too: lm-eval's scores move with it)."""
+
+    tasks: list[str]
+    batch_size: int
+    limit: float | None
+    num_fewshot: int | None  # None: each task's own
+    include_path: str | None
+    lm_eval_version: str
+    n_shot: dict[str, int]  # as lm-eval ran each task
+    task_versions: dict[str, Any]

@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.errors import UserError
-from engine.core.events import EvalProtocol
-from engine.data.eval_data import EvalSource, Windows
+from engine.data.eval_data import EvalProtocol, EvalSource, Windows
 from engine.data.text import NO_TOKENS
 from engine.models.anatomy import LayerObserver, LayerStack
 from engine.models.oom import out_of_memory_guard

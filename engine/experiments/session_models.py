@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.core.events import GrowthResult, PruneResult
+from engine.experiments.growth.vocabulary import GrowthResult
+from engine.experiments.prune.vocabulary import PruneResult
 
 SAVED_ARMS = {"growth": "growth_100", "uniform": "uniform_100"}  # variant -> the growth run's arm
 

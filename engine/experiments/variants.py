@@ -53,7 +53,7 @@ def modified(model: Any, layers: Sequence[int]) -> Iterator[Any]:
     """Each of `layers` replaced by the mean of its neighbours as they were before any change
     (so marking two adjacent layers gives each the mean of its original neighbours, the
     ablation experiment's `mean` method layer by layer)."""
-    from engine.experiments.ablation import neighbour_mean
+    from engine.experiments.ablation.run import neighbour_mean
     from engine.models.anatomy import LayerStack
 
     stack = LayerStack(model)
@@ -66,7 +66,7 @@ def modified(model: Any, layers: Sequence[int]) -> Iterator[Any]:
 def noised(model: Any, layers: Sequence[int], sigma: float, seed: int = NOISE_SEED) -> Iterator[Any]:
     """W += N(0, (sigma * std(W))^2) on every matrix of `layers`, as the recovery experiment
     noises a layer: each layer gets the noise of a recovery run with this seed (its first repeat)."""
-    from engine.experiments.recovery import add_noise, noise_seed
+    from engine.experiments.recovery.run import add_noise, noise_seed
     from engine.models.anatomy import LayerStack
 
     stack = LayerStack(model)

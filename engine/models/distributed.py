@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from engine import registry
 from engine.core.errors import UserError
 from engine.core.events import Event, Progress, Result
 from engine.core.process import STOP_EXIT_CODES, interruption, stop_signal
@@ -286,25 +285,3 @@ class ShardPlan:
     # place of the shared one (recovery: rank 0 reads the checkpoint, hands out the finished layers
     # and checkpoints each layer as its runs come in)
     sweep: Callable[[ShardPlan, Any, Workers], Iterator[Event]] | None = None
-
-
-def plan(name: str, settings: Any, n_layers: int, inputs: Mapping[str, dict[str, Any]] | None = None,
-         model_name: str = "") -> ShardPlan:
-    """The split of `name`'s sweep, from its module's `shard_plan`; `inputs` are the session results
-    it reads (recovery's ablation map, for its Spearman over all layers; manipulate's, for its
-    default layers). A share's units reach the run through its settings (ablation's and recovery's
-    layers) or RunContext.share (manipulate's trial positions, toy-depth's students)."""
-    make = registry.experiment(name).shard_plan
-    if make is None:
-        shardable = ", ".join(entry.name for entry in registry.EXPERIMENTS if entry.shardable)
-        raise UserError(f"{name} does not split over workers; --shards applies to {shardable}")
-    return make(settings, n_layers, inputs or {}, model_name)
-
-
-def known_units(name: str, settings: Any) -> int | None:
-    """How many units `name`'s sweep has when the settings alone fix it (layers given, or no model
-    at all); None when it depends on the model's depth."""
-    layers = getattr(settings, "layers", None)
-    if layers:
-        return len(plan(name, settings, max(layers) + 1).items)
-    return None if registry.experiment(name).needs_model else len(plan(name, settings, 0).items)

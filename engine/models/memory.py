@@ -251,25 +251,6 @@ def training_bytes(shape: ModelShape, dtype: str, training: Training) -> int:
             + step_tokens * shape.vocab * (size + 3 * 4))  # logits, their float32 copy, log-softmax, grad
 
 
-def checkpoint_params_of(shape: ModelShape, settings: Any) -> int:
-    """How many parameters a run with these settings keeps in its checkpoints at most, as its
-    experiment's module declares it (`checkpoint_params`, read through the registry); 0: none."""
-    from engine.registry import owner
-
-    experiment = owner(settings)
-    return experiment.checkpoint_params(settings, shape) if experiment is not None else 0
-
-
-def training_of(shape: ModelShape, settings: Any) -> Training | None:
-    """What a run with these settings trains at once, at most, as its experiment's module declares
-    it (`training_needs`, read through the registry); None for settings of no experiment, or of
-    one that trains nothing."""
-    from engine.registry import owner
-
-    experiment = owner(settings)
-    return experiment.training_needs(settings, shape) if experiment is not None else None
-
-
 def auto_eval_batch(
     device: str,
     shape: ModelShape,
@@ -319,7 +300,7 @@ def loaded_cache_on_host(model: Any, tokenizer: Any, texts: Any, settings: Any, 
     shape = ModelShape.from_config(model.config)
     plan = plan_memory(shape, str(model.dtype).removeprefix("torch."), devices[0],
                        text_lengths(tokenizer, texts, settings.max_length), batch_size, True,
-                       training_of(shape, settings))
+                       settings.training_needs(shape))
     return place_prefix_cache(plan, free_memory(devices[0]) + model_bytes(model)).host_cache > 0
 
 
@@ -337,7 +318,7 @@ def loaded_eval_batch(model: Any, tokenizer: Any, texts: Any, settings: Any) -> 
     free = free_memory(devices[0]) + model_bytes(model)
     return auto_eval_batch(devices[0], shape, str(model.dtype).removeprefix("torch."),
                            text_lengths(tokenizer, texts, settings.max_length), free,
-                           getattr(settings, "prefix_cache", True), training_of(shape, settings))
+                           getattr(settings, "prefix_cache", True), settings.training_needs(shape))
 
 
 def training_state_bytes(params: int, dtype: str) -> int:
@@ -382,7 +363,7 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
         eval_file = getattr(settings, "eval_file", None)
         texts = eval_texts(Path(eval_file) if eval_file else None, getattr(settings, "eval_set", "full"))
     lengths = text_lengths(tokenizer, texts, max_length)
-    training = training_of(shape, settings)
+    training = settings.training_needs(shape)
     prefix_cache = getattr(settings, "prefix_cache", True)
     batch_size = getattr(settings, "eval_batch_size", getattr(settings, "batch_size", FIXED_EVAL_BATCH))
     if not batch_size and device_map is not None:  # as `loaded_eval_batch` will choose
@@ -395,7 +376,7 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
         plan = place_prefix_cache(plan, free_memory(chosen_device))
     placed = planned_layer_devices(preview.meta, chosen_dtype, device_map, max_memory) if device_map else ()
     return replace(plan, dtype_reason=dtype_reason, layer_devices=tuple(placed),
-                   checkpoints=checkpoint_params_of(shape, settings) * BYTES[chosen_dtype])
+                   checkpoints=settings.checkpoint_params(shape) * BYTES[chosen_dtype])
 
 
 _ADVICE = {

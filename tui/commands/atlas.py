@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.atlas.table import table as A
+from engine.atlas import table as A
 from engine.core.errors import UserError
 from engine.data.text_settings import EvalTextSettings
 from engine.models.options import ModelOptions

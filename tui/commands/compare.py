@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.atlas.table import table as A
+from engine.atlas import table as A
 from engine.core.errors import UserError
 from tui.views.atlas import print_report
 

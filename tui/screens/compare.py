@@ -11,7 +11,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from engine.atlas.table import table as A
+from engine.atlas import table as A
 from tui.views.atlas import report_lines, short_names
 from tui.widgets.depth_profiles import DepthProfiles
 

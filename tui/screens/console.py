@@ -133,7 +133,7 @@ class ConsoleScreen(Screen[None]):
             with Horizontal(id="recovery", classes="pane panel"):
                 with Vertical(id="recovery-form"):
                     yield Label("", id="recovery-layer")
-                    declared = BY_NAME["recovery"].declared_defaults()
+                    declared = BY_NAME["recovery"].default_texts()
                     yield Label("sigma (x std of W)")
                     yield Input(declared["sigma"], id="sigma", type="number")
                     yield Label("steps")
@@ -432,7 +432,7 @@ class ConsoleScreen(Screen[None]):
 
     def noise_sigma(self) -> float:
         """The recovery form's sigma; recovery's default while the form holds no usable number."""
-        default = float(BY_NAME["recovery"].declared_defaults()["sigma"])
+        default = float(BY_NAME["recovery"].default_texts()["sigma"])
         try:
             value = float(self.query_one("#sigma", Input).value)
         except ValueError:

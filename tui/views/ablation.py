@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from engine.core.events import AblationMap
+from engine.experiments.ablation.vocabulary import AblationMap
 
 
 def print_result(doc: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from engine.atlas.table import table as A
+from engine.atlas import table as A
 
 SHORT = {"d_pct": "D%", "block_influence": "BI", "angular_distance": "ang", "angular_last_token": "ang-last",
          "removal_ppl": "ppl-rm", "angle_state": "θstate", "angle_update": "θupd", "recovery_difficulty": "recov"}

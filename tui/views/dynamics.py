@@ -12,13 +12,13 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
-from engine.core.events import DynamicsResult, Quartiles, TokenCluster
+from engine.experiments.dynamics.vocabulary import DynamicsResult, Quartiles, TokenCluster
 from tui.views import Analysis, decoded
 from tui.views._format import fmt
 from tui.widgets.curve_plot import Curve, CurvePlot, PlotColour
 
 if TYPE_CHECKING:
-    from engine.core.events import DynamicsRow
+    from engine.experiments.dynamics.vocabulary import DynamicsRow
     from tui.state import SessionState
 
 ANALYSIS = Analysis("Angle profiles (layer dynamics)", place=3)

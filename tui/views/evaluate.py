@@ -10,7 +10,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from engine.core.events import EvaluateResult, GenerationCheck, LmEvalProtocol, TaskScore
+from engine.evaluation.accuracy import GenerationCheck, LmEvalProtocol, TaskScore
+from engine.experiments.evaluate.vocabulary import EvaluateResult
 from tui.views import Analysis
 from tui.views._format import fmt
 

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from engine.core.events import GrowthResult
+from engine.experiments.growth.vocabulary import GrowthResult
 
 
 def print_result(doc: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from engine.core.events import ManipulateResult
+from engine.experiments.manipulate.vocabulary import ManipulateResult
 from tui.palette import class_style
 from tui.views import Analysis
 

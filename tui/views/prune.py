@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
-from engine.core.events import PruneResult
+from engine.experiments.prune.vocabulary import PruneResult
 from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval
 from tui.views.evaluate import agreement_cell, score_cell

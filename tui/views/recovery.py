@@ -9,7 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from engine.core.events import RecoveryResult
+from engine.experiments.recovery.vocabulary import RecoveryResult
 from tui.views._format import fmt
 
 

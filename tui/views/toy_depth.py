@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from textual.widget import Widget
 
-from engine.core.events import ToyDepthCurve, ToyDepthResult
+from engine.experiments.toy_depth.vocabulary import ToyDepthCurve, ToyDepthResult
 from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval
 from tui.widgets.curve_plot import Curve, CurvePlot

@@ -10,7 +10,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from engine.core.events import WeightsResult, WeightStats
+from engine.experiments.weights.vocabulary import WeightsResult, WeightStats
 from tui.views import Analysis
 from tui.views._format import fmt
 

@@ -3,7 +3,7 @@ of different depths line up (D % on a log axis, with the class bounds as referen
 
 from __future__ import annotations
 
-from engine.atlas.table import table as A
+from engine.atlas import table as A
 from tui.widgets.curve_plot import Curve, CurvePlot, PlotColour
 
 COLOURS: list[PlotColour] = ["cyan", "orange", "green", "magenta", "blue", "red", "white"]

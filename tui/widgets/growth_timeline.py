@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.core.events import GrowthArm
+from engine.experiments.growth.vocabulary import GrowthArm
 from tui.state import GrowthView
 from tui.widgets.status_line import text_bar
 

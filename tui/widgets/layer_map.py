@@ -10,7 +10,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
-from engine.core.events import RecoveryRow
+from engine.experiments.recovery.vocabulary import RecoveryRow
 from engine.experiments.variants import pruned_layers
 from tui.palette import class_style
 from tui.state import SessionState, layer_class

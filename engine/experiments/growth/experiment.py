@@ -17,64 +17,52 @@ gradient clip 1.0: 9.56 M parameters; the uniform baseline solves to FFN width 6
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.events import (
-    CancelToken,
-    Event,
-    GrowthArm,
-    GrowthArmDone,
-    GrowthBudgetRow,
-    GrowthData,
-    GrowthPlan,
-    GrowthResult,
-    GrowthStep,
-    GrowthWidths,
-    Message,
-    Progress,
-    Result,
-    json_safe,
-)
-from engine.core.settings import MAX_SEED, Settings, from_preset, setting
+from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
+from engine.core.settings import from_preset
 from engine.disk.session_layout import GROWTH_MODELS
 from engine.evaluation.generation import generate_text
+from engine.experiments.context import RunContext
 from engine.experiments.growth.architecture import growth_widths, param_count, solve_uniform_width
 from engine.experiments.growth.checkpoint import load_checkpoint, save_checkpoint
 from engine.experiments.growth.data import load_corpus, val_batches
 from engine.experiments.growth.profile import (
-    ANTI,
-    CLASSES,
-    DEFAULT_MULTIPLIERS,
-    PAPER_PROFILE,
     check_profile,
     kept_layers,
     multipliers_dict,
-    parse_multipliers,
     profile_from_ablation,
 )
 from engine.experiments.growth.protocol import (
     Phase,
     derive_phases,
     layer_steps,
-    load_phases,
-    phase_from_dict,
     phase_to_dict,
     resolve_steps,
     scale_phases,
     validate_phases,
 )
 from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
+from engine.experiments.growth.vocabulary import (
+    ARMS,
+    PRESETS,
+    GrowthArm,
+    GrowthArmDone,
+    GrowthBudgetRow,
+    GrowthData,
+    GrowthPlan,
+    GrowthResult,
+    GrowthSettings,
+    GrowthStep,
+    GrowthWidths,
+)
 from engine.models.loading import precision_messages, training_precision
-from engine.models.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
-from engine.registry import RunContext
 
-ARMS = ("growth_100", "growth_50", "uniform_100")
 PROMPTS = (
     "The for statement is used to",
     "A class definition is",
@@ -92,116 +80,20 @@ PROMPTS = (
 PAPER_RESULTS = {
     "growth_val_loss": 0.127, "uniform_val_loss": 0.599, "growth_seconds": 52.0, "uniform_seconds": 59.6,
 }  # fmt: skip
-RESULT = GrowthResult  # results/growth.json
 
 
-def _seeds_text(text: str) -> tuple[int, ...]:
-    """'3' -> seeds 0, 1, 2; '0,5,7' (or '4,' for the one seed 4) -> those seeds."""
-    if "," in text:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    count = int(text)
-    if count < 1:
-        raise ValueError("a seed count must be at least 1")
-    return tuple(range(count))
 
 
-def _seeds_show(seeds: tuple[int, ...]) -> str:
-    if seeds and seeds == tuple(range(len(seeds))):
-        return str(len(seeds))
-    return ",".join(map(str, seeds)) + ("," if len(seeds) == 1 else "")
 
 
-def _phases_text(text: str) -> tuple[Phase, ...]:
-    """A phase table file (TOML or JSON), or the table itself as JSON (how a job's command says it)."""
-    if text.lstrip().startswith(("[", "{")):
-        return _phases_decode(json.loads(text))
-    return load_phases(Path(text))
 
 
-def _phases_decode(doc: Any) -> tuple[Phase, ...]:
-    rows = doc.get("phases") if isinstance(doc, dict) else doc
-    if not isinstance(rows, list):
-        raise ValueError("a phase table is a list of phases")
-    return tuple(row if isinstance(row, Phase) else phase_from_dict(row, n) for n, row in enumerate(rows))
 
 
-def _multipliers_decode(doc: Any) -> tuple[tuple[str, float], ...]:
-    pairs = doc.items() if isinstance(doc, dict) else doc
-    return tuple((str(name), float(value)) for name, value in pairs)
 
 
-@dataclass(frozen=True)
-class GrowthSettings(Settings):
-    """Every number of a growth run; the defaults are the paper preset (module doc)."""
-
-    preset: str = setting("paper", "the preset these settings started from", cli=False)
-    profile: tuple[str, ...] = setting(PAPER_PROFILE, "one class per layer", choices=(*CLASSES, ANTI))
-    profile_from: str | None = setting(None, "take the profile from this session's results/ablation.json, "
-                                       "compressed to --layers layers (instead of --profile)")
-    profile_layers: int = setting(12, "layers for --profile-from", low=1, flag="--layers")
-    multipliers: tuple[tuple[str, float], ...] = setting(
-        DEFAULT_MULTIPLIERS, "FFN width multipliers, e.g. critical=4,important=2,minor=2,redundant=1",
-        parse=parse_multipliers, show=lambda pairs: ",".join(f"{c}={v!r}" for c, v in pairs),
-        decode=_multipliers_decode,
-    )
-    phases: tuple[Phase, ...] | None = setting(
-        None, "phase table, TOML or JSON file (default: the paper's six phases, derived from the profile)",
-        parse=_phases_text, show=lambda phases: json.dumps([phase_to_dict(p) for p in phases]),
-        encode=lambda phases: [phase_to_dict(p) for p in phases], decode=_phases_decode,
-    )  # None: derived from the profile
-    steps: int = setting(656, "full budget in optimizer steps (paper 656, tiny 400; 0: the phase table's own "
-                         "lengths, the default with --phases)", low=0)
-    half_fraction: float = setting(0.5, "budget of the growth_50 arm, as a share of the full one", above=0, high=1)
-    hidden_size: int = setting(256, "model width", low=1)
-    heads: int = setting(8, "attention heads", low=1)
-    base_ffn: int = setting(345, "FFN width of a redundant (x1) layer", low=1)
-    seq_len: int = setting(128, "context in characters", low=2)
-    batch_size: int = setting(32, "sequences per step", low=1)
-    lr: float = setting(2e-3, "peak AdamW learning rate", above=0)
-    warmup_frac: float = setting(0.05, "share of the steps spent warming up the learning rate", low=0, high=1)
-    weight_decay: float = setting(0.01, "AdamW weight decay", low=0)
-    grad_clip: float = setting(1.0, "gradient norm clip", above=0)
-    eval_every: int = setting(50, "validation every N steps", low=1)
-    eval_batches: int = setting(8, "validation batches", low=1)
-    checkpoint_every: int = setting(100, "checkpoint every N steps (and at every phase boundary)", low=0)
-    seeds: tuple[int, ...] = setting((0,), "a count (3: seeds 0,1,2) or a list (0,5,7)", low=0,
-                                     high=MAX_SEED,
-                                     parse=_seeds_text, show=_seeds_show)
-    arms: tuple[str, ...] = setting(ARMS, "arms to train", choices=ARMS)
-    gen_tokens: int = setting(80, "characters generated per prompt", low=0)
-    train_file: str | None = setting(None, "UTF-8 training text, one paragraph a line, every tenth held out "
-                                     "(default: built-in)", file="training file")
-    threads: int = setting(0, "torch CPU threads (0: torch's default)", low=0)
-    device: str = device_setting(TRAIN_DEVICE_HELP)
-    dtype: str = dtype_setting("forward precision; the weights and AdamW stay float32 (mixed precision)")
-
-    def check(self) -> None:
-        check_profile(self.profile)
-        multipliers_dict(self.multipliers)
-        if not self.seeds or not self.arms:
-            raise UserError("--seeds and --arms need at least one value each")
-        if self.hidden_size % self.heads:
-            raise UserError(f"--hidden-size {self.hidden_size} must be a multiple of --heads {self.heads}")
-        if self.phases is not None and self.profile_from is None:
-            validate_phases(self.phases, self.profile)
-
-    def override(self, changes: Mapping[str, Any]) -> GrowthSettings:
-        """A phase table given without --steps runs at its own lengths."""
-        if "phases" in changes and "steps" not in changes:
-            changes = {**changes, "steps": 0}
-        return super().override(changes)
-
-    def inputs_from(self) -> str | None:
-        return self.profile_from
 
 
-PRESETS: dict[str, GrowthSettings] = {
-    "paper": GrowthSettings(),
-    "tiny": GrowthSettings(
-        preset="tiny", hidden_size=64, heads=4, base_ffn=64, seq_len=128, batch_size=8, steps=400, lr=3e-3,
-        eval_every=50, eval_batches=4, checkpoint_every=100, gen_tokens=60, threads=1,
-    ),
-}  # fmt: skip
 
 
 def preset_settings(name: str, **changes: Any) -> GrowthSettings:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.events import AblationMap
+from engine.experiments.ablation.vocabulary import AblationMap
 
 CLASSES = ("critical", "important", "minor", "redundant")
 ANTI = "anti"

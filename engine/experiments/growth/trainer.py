@@ -22,11 +22,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from engine.core.events import CancelToken, Event, GrowthEval, GrowthPhase, GrowthPhaseEnd, GrowthStep
+from engine.core.events import CancelToken, Event
 from engine.experiments.growth.architecture import GrowingModel, build_model
 from engine.experiments.growth.checkpoint import optimizer_tensors, restore_optimizer
 from engine.experiments.growth.data import train_batch
 from engine.experiments.growth.protocol import Phase
+from engine.experiments.growth.vocabulary import GrowthEval, GrowthPhase, GrowthPhaseEnd, GrowthStep
 from engine.training.trainer import Stopwatch, Trainer
 
 

@@ -23,7 +23,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Collection, Generator, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,79 +31,23 @@ import numpy as np
 import torch
 
 from engine.core.errors import UserError
-from engine.core.events import (
-    CancelToken,
-    Event,
-    Message,
-    Progress,
-    Result,
+from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
+from engine.core.settings import from_preset
+from engine.disk.atomic import atomic_write_bytes, atomic_write_json
+from engine.evaluation import powerfit
+from engine.experiments.context import RunContext
+from engine.experiments.toy_depth.vocabulary import (
+    PRESETS,
+    REGIMES,
     StudentDone,
     StudentStep,
     ToyDepthCurve,
     ToyDepthResult,
-    json_safe,
+    ToyDepthSettings,
 )
-from engine.core.settings import MAX_SEED, Settings, from_preset, setting
-from engine.disk.atomic import atomic_write_bytes, atomic_write_json
-from engine.evaluation import powerfit
 from engine.models.distributed import ShardPlan
 from engine.models.loading import precision_messages, training_precision
-from engine.models.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
-from engine.registry import RunContext
 from engine.training.trainer import Trainer
-
-REGIMES = ("tied", "independent")
-RESULT = ToyDepthResult  # results/toy-depth.json
-
-
-@dataclass(frozen=True)
-class ToyDepthSettings(Settings):
-    """Defaults are the paper's reference settings (`--preset paper`)."""
-
-    preset: str = setting("paper", "the preset these settings started from", choices=("paper", "tiny"), cli=False)
-    width: int = setting(32, "residual width (paper 32)", low=1)
-    outputs: int = setting(128, "number of output classes (paper 128)", low=2)
-    teacher_depth: int = setting(128, "teacher layers (paper 128, tiny 32)", low=1)
-    student_depths: tuple[int, ...] = setting((6, 12, 16, 24, 32, 48), "student depths (paper 6,12,16,24,32,48)",
-                                              low=1)
-    regimes: tuple[str, ...] = setting(REGIMES, "teachers to run", choices=REGIMES)
-    temperatures: tuple[float, ...] = setting(
-        tuple(float(f"{10 ** (-2 + 2 * i / 15):.4g}") for i in range(16)),
-        "target temperatures; the first is the primary one", above=0,
-    )
-    steps: int = setting(40000, "training steps per student", low=1)
-    batch_size: int = setting(1024, "fresh Gaussian inputs per step (shared by the seeds)", low=1)
-    lr: float = setting(6e-4, "Adam learning rate (cosine decay to zero)", above=0)
-    seeds: int = setting(3, "students per depth (trained together, independent inits, shared inputs)", low=1)
-    eval_size: int = setting(8192, "held-out inputs for the final loss", low=1)
-    fit_floor: bool = setting(False, "fit L = c/l^a + L0 instead of L = c/l^a")
-    bootstrap: int = setting(1000, "bootstrap resamples for the a_l interval", low=0)
-    log_every: int = setting(50, "emit a training-loss event every N steps", low=1, resume_free=True)
-    seed: int = setting(0, "random seed of teachers, students and data", low=0, high=MAX_SEED)
-    threads: int = setting(1, "torch CPU threads while training (one is fastest for these small matrices)", low=1,
-                           resume_free=True)
-    device: str = device_setting(TRAIN_DEVICE_HELP)
-    dtype: str = dtype_setting("students' forward precision; weights and Adam stay float32 (mixed precision)")
-
-    def check(self) -> None:
-        if not self.student_depths or not self.temperatures or not self.regimes:
-            raise UserError("--student-depths, --temperatures and --regimes each need at least one value")
-
-
-PRESETS: dict[str, ToyDepthSettings] = {
-    "paper": ToyDepthSettings(),
-    "tiny": ToyDepthSettings(
-        preset="tiny",
-        teacher_depth=32,
-        student_depths=(2, 3, 4, 6, 8, 12, 16),
-        temperatures=(1.0,),
-        steps=1500,
-        batch_size=128,
-        lr=3e-3,
-        seeds=2,
-        eval_size=4096,
-    ),
-}
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:

@@ -23,80 +23,27 @@ import numpy as np
 import torch
 
 from engine.core.errors import UserError
-from engine.core.events import (
-    ABSENT,
-    CancelToken,
+from engine.core.events import ABSENT, CancelToken, Event, Message, Progress, Result, json_safe
+from engine.evaluation.perplexity import Evaluator
+from engine.evaluation.statistics import degradation_pct
+from engine.experiments.context import RunContext
+from engine.experiments.weights.vocabulary import (
     ComponentAnalysed,
-    Event,
     FitSummary,
     LayerFit,
-    Message,
     NullModel,
     ParadoxRow,
     ParadoxTrial,
-    Progress,
-    Result,
     WeightsComponent,
     WeightsLayer,
     WeightsResult,
-    json_safe,
+    WeightsSettings,
 )
-from engine.core.settings import MAX_SEED, check_layers, setting
-from engine.data.text_settings import EvalTextSettings
-from engine.evaluation.perplexity import Evaluator
-from engine.evaluation.statistics import degradation_pct
-from engine.models.anatomy import LayerStack, check_matrix_names
-from engine.models.memory import ModelShape
-from engine.registry import RunContext
+from engine.models.anatomy import LayerStack
 
-PREDICTIONS = ("in_sample", "loo")
 SUMMARY_KEYS = ("r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean", "delta_corr_sd")  # WeightStats' fields
-RESULT = WeightsResult  # results/weights.json
 
 
-@dataclass(frozen=True)
-class WeightsSettings(EvalTextSettings):
-    """Defaults: cubic polynomial plus sine/cosine at 1 and 2 cycles over the depth, alpha 1, the
-    paper's predicted layers 2 to last, 5 draws of each null, paradox with 1, 3, 9 and all layers."""
-
-    components: tuple[str, ...] = setting((), "canonical matrix names (Llama: q,k,v,o,gate,up,down); "
-                                          "default: all")
-    degree: int = setting(3, "polynomial degree of the index features", low=0)
-    frequencies: tuple[float, ...] = setting((1.0, 2.0), "sin/cos features with these cycles over the depth",
-                                             above=0)
-    alpha: float = setting(1.0, "ridge penalty", above=0)
-    first_layer: int = setting(2, "predict layers from this one to the last (paper: 2)", low=0)
-    null_draws: int = setting(5, "shuffled orders and independent Gaussian draws per null", low=1)
-    seed: int = setting(0, "seed of the nulls", low=0, high=MAX_SEED)
-    paradox: bool = setting(True, "the perplexity runs with predicted weights (--no-paradox skips them)")
-    paradox_counts: tuple[int, ...] = setting((1, 3, 9, 0), "how many layers to replace in each run",
-                                              low=0, words={"all": 0})  # 0: every predicted layer
-    paradox_layers: tuple[int, ...] = setting((), "replacement order (the first N are replaced); default "
-                                              "best-predicted first", low=0)
-    paradox_prediction: str = setting("in_sample", "in_sample: the fit that saw the layer (paper); loo: the "
-                                      "fit that did not", choices=PREDICTIONS)
-    chunk: int = setting(1 << 14, "elements per layer per Gram accumulation step (a few MB)", low=1, cli=False)
-
-    def check(self) -> None:
-        if self.degree == 0 and not self.frequencies:
-            raise UserError("no features: give --degree 1 or more, or at least one --frequencies value")
-
-    def validate_for(self, n: int, family: str) -> tuple[str, ...]:
-        """Checks what depends on the model (its layer count, its family: the config's model_type,
-        before the load too); returns the components to analyse."""
-        if not 0 <= self.first_layer <= n - 3:
-            raise UserError(f"--first-layer must be between 0 and {n - 3} (at least 3 layers to predict)")
-        check_layers(self.paradox_layers, n, "--paradox-layers")
-        for index in self.paradox_layers:
-            if index < self.first_layer:
-                raise UserError(f"--paradox-layers: layer {index} is not predicted (from {self.first_layer})")
-        return check_matrix_names(family, self.components or None)
-
-    def check_against(self, shape: ModelShape) -> None:
-        self.validate_for(shape.n_layers, shape.family)
-
-    def edits_weights(self) -> bool:
-        return self.paradox  # the paradox runs put predicted weights in
 
 
 # --- features and the hat matrix ---------------------------------------------------------------

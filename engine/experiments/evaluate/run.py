@@ -25,61 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.events import (
+from engine.core.events import Event, Message, Progress, Result, json_safe
+from engine.disk.session_layout import CHECKPOINTS, LAYER_WEIGHTS
+from engine.evaluation.accuracy import PROMPTS, Harness, continuations, generation_check
+from engine.experiments.context import RunContext
+from engine.experiments.evaluate.vocabulary import (
     EvaluatedModel,
     EvaluateResult,
-    Event,
-    Message,
+    EvaluateSettings,
     ModelEvaluated,
-    Progress,
-    PruneResult,
-    Result,
-    json_safe,
 )
-from engine.core.settings import setting
-from engine.disk.session_layout import CHECKPOINTS, LAYER_WEIGHTS
-from engine.evaluation.accuracy import PROMPTS, Harness, LmEvalSettings, continuations, generation_check
+from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.session_models import layer_weights, pruned_layers, saved_model_path
-from engine.registry import RunContext
-
-RESULT = EvaluateResult  # results/evaluate.json
-SESSION_VARIANTS = ("original", "pruned", "healed", "recovered", "growth", "uniform")
-
-
-@dataclass(frozen=True)
-class EvaluateSettings(LmEvalSettings):
-    """Defaults: the original model, each task's own number of shots, every item, batch size 1."""
-
-    tasks: tuple[str, ...] = setting((), "lm-eval tasks, comma-separated: piqa,arc_easy,... "
-                                          "(local ones: --include-path)")
-    variants: tuple[str, ...] = setting(("original",), "models to evaluate, comma-separated", choices=SESSION_VARIANTS)
-    remove: tuple[int, ...] = setting((), "pruned (and --adapter): these layers (0-based) dropped instead of the "
-                                          "session's prune cut", low=0)
-    folder: str | None = setting(None, "also evaluate this exported Hugging Face model folder")
-    adapter: str | None = setting(None, "also evaluate the loaded model with this PEFT adapter folder")
-    batch_size: int = setting(1, "lm-eval batch size (fixed, and recorded: lm-eval's scores move with it)", low=1)
-
-    def check(self) -> None:
-        if len(set(self.variants)) != len(self.variants):
-            raise UserError("--variants: each variant once")
-        for flag, value in (("--folder", self.folder), ("--adapter", self.adapter)):
-            if value is not None and not Path(value).is_dir():
-                raise UserError(f"{flag} {value}: not a folder")
-        self.check_include_path()
-
-    def check_inputs(self) -> None:
-        """Before the model loads: a task to run (the defaults name none, so `run evaluate` alone
-        says what it needs)."""
-        super().check_inputs()
-        if not self.tasks:
-            raise UserError("--tasks: name at least one lm-eval task, e.g. --tasks piqa,arc_easy")
-
-    def check_against(self, shape: Any) -> None:
-        """--remove against the model's depth, from its config before the load (engine/models/preflight.py)."""
-        if self.remove:
-            from engine.models.pruning import check_removal
-
-            check_removal(shape.n_layers, self.remove)
 
 
 @dataclass

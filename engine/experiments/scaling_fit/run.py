@@ -7,43 +7,32 @@ being one more row of the batch (see engine/evaluation/powerfit.py).
 
 from __future__ import annotations
 
-import csv
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from engine.core.errors import UserError
-from engine.core.events import (
-    CancelToken,
+from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
+from engine.evaluation import powerfit
+from engine.experiments.context import RunContext
+from engine.experiments.scaling_fit.runs import Runs, load_runs
+from engine.experiments.scaling_fit.vocabulary import (
+    TERMS,
     DepthPoints,
-    Event,
     FitBootstrap,
     FitRestarts,
     FitStage,
-    Message,
     PaperFit,
     ProfilePoint,
-    Progress,
-    Result,
     ScalingFitResult,
+    ScalingFitSettings,
     ScalingProfile,
-    json_safe,
 )
-from engine.core.settings import MAX_SEED, Settings, setting
-from engine.evaluation import powerfit
-from engine.registry import RunContext
 
-TERMS = ("m", "l", "D")
 PARAM_KEYS = ("alpha_m", "alpha_l", "alpha_D", "c_m", "c_l", "c_D", "L0")
-RESULT = ScalingFitResult  # results/scaling-fit.json
-CHINCHILLA_RELATIVE = Path("chinchilla") / "chinchilla_reconstructed.csv"
-OPTIMIZERS = ("lm", "paper")
 # Paper B's notebook: features in its units (width, 100 x layers, tokens in millions), the start
 # (ln c_m, ln c_l, ln c_D, a_m, a_l, a_D, L0) and Adam's learning rate for each of those parameters.
 PAPER_UNITS = np.array([1.0, 100.0, 1e-6])
@@ -56,120 +45,12 @@ PROFILE_RESTARTS = 16
 CHI2_1_95 = 3.841458820694124  # 95 % quantile of chi-square with one degree of freedom
 
 
-def default_csv() -> Path:
-    """The Chinchilla reconstruction shipped in the package (engine/data/chinchilla, its source in
-    the README beside it), so the default fit needs no workspace."""
-    return Path(str(resources.files("engine").joinpath("data").joinpath(*CHINCHILLA_RELATIVE.parts)))
 
 
-@dataclass(frozen=True)
-class ScalingFitSettings(Settings):
-    """Defaults reproduce the paper: the Chinchilla columns, the 40 highest losses dropped."""
-
-    csv: str | None = setting(None, "runs as CSV (default: the Chinchilla reconstruction shipped in the package)",
-                              file="CSV file")
-    loss_column: str = setting("loss", "loss column", flag="--loss-col")
-    width_column: str = setting("d_model", "width column", flag="--width-col")
-    depth_column: str = setting("n_layers", "depth column", flag="--depth-col")
-    tokens_column: str = setting("num_tokens", "training-tokens column", flag="--tokens-col")
-    exclude_highest: int = setting(40, "drop the K highest losses (as the paper)", low=0)
-    restarts: int = setting(512, "random restarts of the full fit", low=1)
-    huber_delta: float | None = setting(None, "Huber on log residuals with this threshold (e.g. 1e-3 as "
-                                        "Hoffmann et al.); 'none': least squares", above=0, flag="--huber",
-                                        none_word="none")
-    bootstrap: int = setting(200, "bootstrap resamples for the 95% intervals (0 skips)", low=0)
-    bootstrap_restarts: int = setting(8, "starts per resample or split: the full-data optimum plus random ones",
-                                      low=1)
-    heldout_splits: int = setting(20, "random train/test splits for held-out error", low=0)
-    heldout_fraction: float = setting(0.2, "share of runs held out per split", above=0, below=1)
-    seed: int = setting(0, "random seed", low=0, high=MAX_SEED)
-    budgets: tuple[float, ...] = setting((1e8, 1e9, 1e10, 1e11), "parameter budgets N for the optimal "
-                                         "width/depth table", above=0)
-    optimizer: str = setting("lm", "lm: least squares from many starts (Levenberg-Marquardt); paper: paper B's "
-                             "notebook procedure (Adam from its fixed start for --steps steps)",
-                             choices=OPTIMIZERS)
-    steps: int = setting(50000, "Adam steps of --optimizer paper (the notebook runs 50000)", low=1)
-    strict: bool = setting(False, "refuse a CSV with rows that are not usable runs (text, NaN, inf, zero or "
-                           "negative values) instead of dropping them with a warning")
-
-    def csv_path(self) -> Path:
-        """The CSV to fit: --csv, else the Chinchilla reconstruction."""
-        if self.csv is not None:
-            return Path(self.csv)
-        path = default_csv()
-        if not path.is_file():
-            raise UserError(f"no --csv given and the Chinchilla data is not at {path} (a damaged install?); "
-                            "pass --csv FILE")
-        return path
-
-    def check(self) -> None:
-        if self.optimizer == "paper" and self.huber_delta is not None:
-            raise UserError("--optimizer paper minimises squared log residuals: drop --huber")
-
-    def check_inputs(self) -> None:
-        super().check_inputs()  # a missing, binary or empty file: one line
-        load_runs(self.csv_path(), self)
 
 
-@dataclass(frozen=True)
-class Runs:
-    """Training runs: width m, depth l, tokens D and final loss, one entry per run."""
-
-    width: np.ndarray
-    depth: np.ndarray
-    tokens: np.ndarray
-    loss: np.ndarray
-    source: str = ""
-    n_rows: int = 0  # rows read before cleaning and exclusion
-    dropped: tuple[tuple[str, int], ...] = ()  # (why, how many rows) left out while reading
-
-    def dropped_text(self) -> str:
-        return ", ".join(f"{count} with {why}" for why, count in self.dropped)
 
 
-def load_runs(path: Path, settings: ScalingFitSettings) -> Runs:
-    """Reads the four columns from a CSV. Rows with text, NaN, inf or non-positive values are dropped
-    and counted (the run says how many and why), or refused with `strict`."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"no CSV file at {path}; pass --csv FILE")
-    names = (settings.width_column, settings.depth_column, settings.tokens_column, settings.loss_column)
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        missing = [n for n in names if n not in (reader.fieldnames or [])]
-        if missing:
-            raise UserError(
-                f"{path} has no column(s) {', '.join(missing)} "
-                f"(it has {', '.join(reader.fieldnames or [])}); "
-                "name them with --loss-col, --width-col, --depth-col, --tokens-col"
-            )
-        rows = list(reader)
-    values = np.full((len(rows), 4), np.nan)
-    reasons: dict[str, int] = {}
-    first: tuple[int, str] | None = None
-    for i, row in enumerate(rows):
-        why = None
-        for j, name in enumerate(names):
-            try:
-                values[i, j] = float(row[name])
-            except (TypeError, ValueError):
-                why = why or "text or an empty cell"
-                continue
-            if not math.isfinite(values[i, j]):
-                why = why or "NaN or inf"
-            elif values[i, j] <= 0:
-                why = why or "a zero or negative value"
-        if why is not None:
-            reasons[why] = reasons.get(why, 0) + 1
-            first = first or (i + 2, why)  # the header is line 1
-    keep = np.all(np.isfinite(values) & (values > 0), axis=1)
-    v = values[keep]
-    runs = Runs(v[:, 0], v[:, 1], v[:, 2], v[:, 3], source=str(path), n_rows=len(rows),
-                dropped=tuple(reasons.items()))
-    if first is not None and settings.strict:
-        raise UserError(f"{path}: {len(rows) - len(v)} rows are not usable runs ({runs.dropped_text()}; the first "
-                        f"on line {first[0]} has {first[1]}); fix them, or drop --strict to leave them out")
-    return runs
 
 
 def exclude_highest(runs: Runs, k: int) -> Runs:

@@ -20,38 +20,30 @@ import numpy as np
 import torch
 
 from engine.core.errors import UserError
-from engine.core.events import (
-    CancelToken,
+from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
+from engine.core.files import read_lines
+from engine.data.text import corpus, heldout_texts
+from engine.evaluation.perplexity import Batch, token_nll, tokenize_batches
+from engine.experiments.context import RunContext
+from engine.experiments.dynamics.vocabulary import (
+    CLUSTER_K,
     DynamicsCore,
     DynamicsLayer,
     DynamicsPca,
     DynamicsResult,
     DynamicsRow,
-    Event,
+    DynamicsSettings,
     LensLosses,
-    Message,
     PcaSample,
-    Progress,
     Quartiles,
-    Result,
     TokenCluster,
-    json_safe,
 )
-from engine.core.files import read_lines
-from engine.core.settings import MAX_SEED, Settings, setting
-from engine.data.text import corpus, heldout_texts
-from engine.evaluation.perplexity import Batch, token_nll, tokenize_batches
 from engine.models.anatomy import LayerStack, execution_device
-from engine.registry import RunContext
 
-PROFILES = ("both", "state", "update")
-LENSES = ("plain", "last-block")
-CLUSTER_K = (2, 6)  # silhouette picks k in this range unless --clusters fixes it
 SILHOUETTE_SAMPLE = 4000  # tokens the silhouette score is computed on (a random sample)
 SILHOUETTE_WORKING_MB = 8  # scikit-learn's chunk size for the pairwise distances
 SCATTER_POINTS = 300  # tokens kept with their PCA coordinates for the console's scatter
 CORE = (0.25, 0.75)  # the "core" layers of the summary: the middle half of the stack
-RESULT = DynamicsResult  # results/dynamics.json
 # Where each family keeps its final norm, for the logit lens (the head is get_output_embeddings()).
 FINAL_NORMS = {
     "llama": "model.norm", "mistral": "model.norm", "qwen2": "model.norm", "qwen3": "model.norm",
@@ -60,30 +52,6 @@ FINAL_NORMS = {
 }
 
 
-@dataclass(frozen=True)
-class DynamicsSettings(Settings):
-    """Defaults: the embedded held-out corpus, first position of each text excluded (attention sink)."""
-
-    text_file: str | None = setting(None, "UTF-8 file, one text per line (default: the built-in held-out "
-                                    "corpus)", file="text file")
-    max_tokens: int = setting(8192, "tokens to read at most", low=1)
-    eval_batch_size: int = setting(8, "texts per forward pass", low=1, aliases=("--batch-size",))
-    max_length: int = setting(256, "tokens per text at most", low=2)
-    include_first: bool = setting(False, "keep each text's first position (the attention sink); excluded by "
-                                  "default")
-    profile: str = setting("both", "what PCA sees per token: both angle profiles, or one", choices=PROFILES)
-    clusters: int = setting(0, "number of clusters; 0 picks k=2..6 by silhouette", low=0, high=20)
-    components: int = setting(10, "PCA components kept", low=1)
-    examples: int = setting(3, "example tokens per cluster", low=0)
-    logit_lens: bool = setting(False, "also the next-token loss of every layer through the final norm and head")
-    seed: int = setting(0, "PCA/KMeans seed", low=0, high=MAX_SEED)
-    lens: str = setting("plain", "how the lens reads layer l: plain (its output through the final norm and "
-                        "head) or last-block (its input through the last block, the final norm and head, as "
-                        "paper B's scripts); last-block turns the lens on", choices=LENSES)
-
-    @property
-    def lens_on(self) -> bool:
-        return self.logit_lens or self.lens != "plain"
 
 
 

@@ -16,7 +16,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,75 +24,32 @@ import numpy as np
 import torch
 
 from engine.core.errors import UserError
-from engine.core.events import (
-    AblationMap,
-    CancelToken,
-    Event,
+from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
+from engine.data.eval_data import comparable
+from engine.disk.session_layout import (
+    LAYER_WEIGHTS,  # each recovered layer, for the prompt pane (sessions/layer_weights.py)
+)
+from engine.evaluation.perplexity import Evaluator
+from engine.evaluation.statistics import spearman
+from engine.experiments.ablation.vocabulary import AblationMap
+from engine.experiments.context import RunContext
+from engine.experiments.recovery.vocabulary import (
+    DIFFICULTY_THRESHOLD,
+    THRESHOLDS,
     LayerBudget,
-    Message,
-    Progress,
     RecoveryBudget,
     RecoveryLayer,
     RecoveryPoint,
     RecoveryRepeat,
     RecoveryResult,
     RecoveryRow,
+    RecoverySettings,
     RecoveryStart,
     RecoveryVsAblation,
-    Result,
-    json_safe,
 )
-from engine.core.settings import MAX_SEED, check_layers, setting
-from engine.data.eval_data import comparable
-from engine.data.text_settings import EvalTextSettings, TrainTextSettings
-from engine.disk.session_layout import (
-    LAYER_WEIGHTS,  # each recovered layer, for the prompt pane (sessions/layer_weights.py)
-)
-from engine.evaluation.perplexity import Evaluator
-from engine.evaluation.statistics import spearman
 from engine.models.anatomy import LayerStack, execution_device
 from engine.models.distributed import ShardPlan, Workers
-from engine.models.memory import ModelShape, Training
-from engine.registry import RunContext
 from engine.training.trainer import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
-
-PAPER_LAYERS = (11, 14, 17)
-THRESHOLDS = (2.0, 1.5, 1.1)
-DIFFICULTY_THRESHOLD = 1.1  # difficulty = steps to get below 1.1x the baseline
-RESULT = RecoveryResult  # results/recovery.json
-
-
-@dataclass(frozen=True)
-class RecoverySettings(TrainTextSettings, EvalTextSettings):
-    """Defaults follow the paper (A5): sigma 0.5, AdamW lr 1e-4, 200 steps, layers 11, 14, 17."""
-
-    layers: tuple[int, ...] | None = setting(PAPER_LAYERS, "layers to noise and recover, in this order",
-                                             low=0, none_word="all", resume_free=True)
-    sigma: float = setting(0.5, "noise = sigma * std(W) per matrix", above=0)
-    steps: int = setting(200, "fine-tuning steps per layer", low=1)
-    lr: float = setting(1e-4, "AdamW learning rate", above=0)
-    eval_every: int = setting(1, "evaluate every N steps", low=1)
-    repeats: int = setting(1, "noise seeds per layer", low=1)
-    seed: int = setting(0, "seed for noise and batch order", low=0, high=MAX_SEED)
-    prefix_cache: bool = setting(True, "start at the noised layer from cached inputs (off only to measure "
-                                 "the straightforward version)", cli=False, resume_free=True)
-
-    def check(self) -> None:
-        if self.layers is not None and not self.layers:
-            raise UserError("--layers needs at least one layer number, or 'all'")
-
-    def resolve_layers(self, n_layers: int) -> tuple[int, ...]:
-        """The layers to sweep, in the order given, each checked against the model's depth."""
-        if self.layers is None:
-            return tuple(range(n_layers))
-        check_layers(self.layers, n_layers, "--layers")
-        return tuple(dict.fromkeys(self.layers))
-
-    def check_against(self, shape: ModelShape) -> None:
-        self.resolve_layers(shape.n_layers)
-
-    def edits_weights(self) -> bool:
-        return True  # noises a layer and trains it
 
 
 def threshold_key(threshold: float) -> str:
@@ -544,16 +501,8 @@ def run(settings: RecoverySettings, context: RunContext) -> Iterator[Event]:
     yield from events if folder is None else checkpointed(events, Path(folder) / CHECKPOINT_FILE, state)
 
 
-def training_needs(settings: RecoverySettings, shape: ModelShape) -> Training:
-    """The registry's memory need: one layer's matrices trained at once, the graph over every layer."""
-    return Training(shape.layer_matrices, settings.batch_size, settings.block_size, shape.n_layers)
 
 
-def checkpoint_params(settings: RecoverySettings, shape: ModelShape) -> int:
-    """The registry's disk need: every recovered layer's matrices are kept (the prompt pane and
-    `export --model recovered` read them)."""
-    layers = shape.n_layers if settings.layers is None else min(len(set(settings.layers)), shape.n_layers)
-    return layers * shape.layer_matrices  # a layer out of range is refused by the checks before the load
 
 
 # --- the registry's split over workers (`--shards`): by (layer, repeat) run -------------------------

@@ -27,7 +27,6 @@ import math
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,34 +34,28 @@ import numpy as np
 import torch
 
 from engine.core.errors import UserError
-from engine.core.events import (
+from engine.core.events import Event, Message, Progress, Result, json_safe
+from engine.data.eval_data import EvalSource, comparable
+from engine.evaluation.accuracy import CutJudge, Harness, accuracy_line
+from engine.evaluation.perplexity import Batch, Evaluator, TextScores, masked
+from engine.evaluation.statistics import bootstrap_perplexity, spearman
+from engine.experiments.ablation.run import InfluenceMeter
+from engine.experiments.context import RunContext
+from engine.experiments.prune.vocabulary import (
     DepthLaw,
-    Event,
-    Message,
-    Progress,
     PruneCut,
     PruneExported,
     PruneHeal,
     PrunePoint,
     PruneResult,
     PruneScores,
-    Result,
-    json_safe,
+    PruneSettings,
 )
-from engine.core.settings import MAX_SEED, setting
-from engine.data.eval_data import EvalSource, comparable
-from engine.data.text_settings import EvalTextSettings, TrainTextSettings
-from engine.evaluation.accuracy import CutJudge, Harness, LmEvalSettings, accuracy_line
-from engine.evaluation.perplexity import Batch, Evaluator, TextScores, masked
-from engine.evaluation.statistics import bootstrap_perplexity, spearman
-from engine.experiments.ablation import InfluenceMeter
 from engine.export.folder import ADAPTER, check_export_folder, save_model_folder
 from engine.export.mergekit_yaml import MERGEKIT_CONFIG, passthrough_yaml
 from engine.export.model_card import CardFacts, Perplexity, hub_id, model_card
 from engine.models.anatomy import LayerStack, execution_device
-from engine.models.memory import ModelShape, Training
 from engine.models.pruning import removed
-from engine.registry import RunContext
 from engine.training.trainer import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
 
 if TYPE_CHECKING:
@@ -70,74 +63,9 @@ if TYPE_CHECKING:
 
     from engine.models.loading import LoadedModel
 
-METHODS = ("angular", "angular_last", "bi", "ppl", "map")
-HEALS = ("adjacent", "lora")
 CHINCHILLA_A_L = {"a_l": 1.2, "sd": 0.3, "source": "Paper B, fit to reconstructed Chinchilla runs"}
-RESULT = PruneResult  # results/prune.json
 
 
-@dataclass(frozen=True)
-class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
-    """Defaults: every criterion, 1, 2, 4 and 8 layers removed, no healing, no export."""
-
-    method: str = setting("all", "criterion: angular (all tokens), angular_last (the last token, Gromov et al.), bi, "
-                          "ppl, map, or all of them", choices=METHODS + ("all",))
-    remove: tuple[int, ...] = setting((1, 2, 4, 8), "numbers of layers to remove", low=1)
-    max_fraction: float | None = setting(None, "instead of --remove: every count up to this fraction of the layers",
-                                         above=0.0, high=1.0, none_word="off")
-    bootstrap: int = setting(1000, "bootstrap resamples of the evaluation texts for intervals (0: none)", low=0)
-    seed: int = setting(0, "seed of the bootstrap and of the healing batches", low=0, high=MAX_SEED)
-    heal_steps: int = setting(0, "fine-tuning steps after each cut (0: no healing)", low=0)
-    heal: str = setting("adjacent", "what healing trains: the layers next to each cut, or LoRA on every layer",
-                        choices=HEALS)
-    lora_rank: int = setting(8, "rank of the LoRA adapters (--heal lora)", low=1)
-    lr: float = setting(1e-4, "AdamW learning rate of healing", above=0.0)
-    export: str | None = setting(None, "save the pruned (and healed) model here as a Hugging Face folder")
-    export_count: int | None = setting(None, "how many layers the exported model lacks (default: the largest count)",
-                                       low=1, none_word="largest")
-    force: bool = setting(False, "export into a folder that is not empty")
-    evaluate_tasks: tuple[str, ...] = setting((), "lm-eval tasks to score each cut on, beside its perplexity "
-                                                  "(e.g. piqa,arc_easy; none: no accuracy)")
-    evaluate_batch_size: int = setting(1, "lm-eval batch size of --evaluate-tasks (recorded)", low=1)
-    export_adapter: bool = setting(False, "with --heal lora: export only the LoRA adapter (PEFT format), "
-                                          "not the merged weights")
-
-    def check(self) -> None:
-        if not self.remove and self.max_fraction is None:
-            raise UserError("--remove needs at least one count, e.g. 1,2,4,8, or give --max-fraction")
-        if self.export_count is not None and self.export is None:
-            raise UserError("--export-count needs --export DIR")
-        if self.export_adapter and (self.export is None or self.heal != "lora" or not self.heal_steps):
-            raise UserError("--export-adapter needs --export DIR, --heal lora and --heal-steps N")
-
-    def counts(self, n_layers: int) -> tuple[int, ...]:
-        """The counts of the curve for a model of this depth, checked."""
-        if self.max_fraction is not None:
-            top = int(math.floor(self.max_fraction * n_layers + 1e-9))
-            if top < 1:
-                raise UserError(f"--max-fraction {self.max_fraction:g} of {n_layers} layers removes none; raise it")
-            wanted = tuple(range(1, top + 1))
-        else:
-            wanted = tuple(sorted(set(self.remove)))
-        if wanted[-1] >= n_layers:
-            raise UserError(f"cannot remove {wanted[-1]} layers: this model has {n_layers}; "
-                            f"remove at most {n_layers - 1}")
-        if self.export is not None and self.export_count is not None and self.export_count not in wanted:
-            raise UserError(f"--export-count {self.export_count} is not a count of the curve "
-                            f"({','.join(map(str, wanted))})")
-        return wanted
-
-    def methods(self) -> tuple[str, ...]:
-        return METHODS if self.method == "all" else (self.method,)
-
-    def check_against(self, shape: ModelShape) -> None:
-        """The counts against the model's depth, and the export folder: new or empty (or --force)."""
-        self.counts(shape.n_layers)
-        if self.export is not None:
-            check_export_folder(self.export, self.force)
-
-    def edits_weights(self) -> bool:
-        return self.heal_steps > 0  # healing trains the kept layers; removal alone only skips layers
 
 
 # --- reading the ablation map ---------------------------------------------------------------------
@@ -454,20 +382,6 @@ def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: P
     ))
 
 
-def training_needs(settings: PruneSettings, shape: ModelShape) -> Training | None:
-    """The registry's memory need: what healing trains at once, at most. Nothing at 0 steps;
-    adjacent healing, every kept layer next to a cut (up to two per removed layer, as
-    `neighbours_of_cuts` finds them); LoRA, the adapters of every kept layer; the graph spans the
-    kept layers."""
-    if not settings.heal_steps:
-        return None
-    counts = settings.counts(shape.n_layers)
-    kept = shape.n_layers - min(counts)
-    if settings.heal == "lora":
-        params = kept * settings.lora_rank * shape.layer_matrix_sides
-    else:
-        params = max(min(2 * count, shape.n_layers - count) for count in counts) * shape.layer_params
-    return Training(params, settings.batch_size, settings.block_size, kept)
 
 
 def adapter_folder(adapters: tempfile.TemporaryDirectory | None, layers: Sequence[int]) -> Path | None:

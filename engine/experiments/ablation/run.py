@@ -9,54 +9,24 @@ import functools
 import math
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from engine.core.errors import UserError
-from engine.core.events import (
+from engine.core.events import CancelToken, Event, Progress, Result, json_safe
+from engine.evaluation.perplexity import Batch, Evaluator, masked
+from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
+from engine.experiments.ablation.vocabulary import (
     AblationMap,
     AblationProxies,
     AblationRow,
-    CancelToken,
-    Event,
+    AblationSettings,
     LayerAblated,
-    Progress,
-    Result,
-    json_safe,
 )
-from engine.core.settings import MAX_SEED, check_layers, setting
-from engine.data.text_settings import EvalTextSettings
-from engine.evaluation.perplexity import Batch, Evaluator, masked
-from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
+from engine.experiments.context import RunContext
 from engine.models.anatomy import LayerStack
 from engine.models.distributed import ShardPlan
-from engine.models.memory import ModelShape
-from engine.registry import RunContext
-
-METHODS = ("mean", "skip", "zero")
-RESULT = AblationMap  # results/ablation.json
-
-
-@dataclass(frozen=True)
-class AblationSettings(EvalTextSettings):
-    """Defaults follow the paper: neighbour mean, norms untouched."""
-
-    method: str = setting("mean", "mean: neighbours' mean (paper); skip: pass the input through; "
-                          "zero: zero matrices", choices=METHODS)
-    bootstrap: int = setting(0, "resample the texts N times for 95% intervals of D (e.g. 1000; 0: off)", low=0)
-    seed: int = setting(0, "bootstrap seed", low=0, high=MAX_SEED)
-    prefix_cache: bool = setting(True, "reuse the layers below the ablated one (off only to measure the "
-                                 "straightforward version)", cli=False)
-    layers: tuple[int, ...] | None = setting(None, "ablate only these layers (a shard of a split sweep takes a few)",
-                                             low=0, none_word="all")
-
-    def check_against(self, shape: ModelShape) -> None:
-        check_layers(self.layers or (), shape.n_layers, "--layers")
-
-    def edits_weights(self) -> bool:
-        return self.method != "skip"  # mean and zero put other weights in the ablated layer
 
 
 def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:

@@ -13,72 +13,25 @@ import contextlib
 import functools
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from engine.core.errors import UserError
-from engine.core.events import (
-    AblationMap,
-    CancelToken,
-    Event,
-    ManipulateResult,
-    ManipulateRow,
-    Message,
-    Progress,
-    Result,
-    TrialDone,
-    json_safe,
-)
-from engine.core.settings import check_layers, setting
-from engine.data.text_settings import EvalTextSettings
+from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
 from engine.evaluation.generation import generate_text
 from engine.evaluation.perplexity import Evaluator
 from engine.evaluation.statistics import degradation_pct
+from engine.experiments.ablation.vocabulary import AblationMap
+from engine.experiments.context import RunContext
+from engine.experiments.manipulate.vocabulary import (
+    ManipulateResult,
+    ManipulateRow,
+    ManipulationSettings,
+    TrialDone,
+)
 from engine.models.anatomy import LayerStack
 from engine.models.distributed import ShardPlan
-from engine.models.memory import ModelShape
-from engine.registry import RunContext
-
-STRATEGIES = ("zero", "clone", "blend", "svd", "scale")
-PAPER_ALPHAS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
-RESULT = ManipulateResult  # results/manipulate.json
-
-
-def _layers_text(text: str) -> tuple[int, ...]:
-    """'3,5' -> (3, 5); 'all' -> () (every layer)."""
-    if text.strip().lower() == "all":
-        return ()
-    return tuple(int(part) for part in text.split(",") if part.strip())
-
-
-@dataclass(frozen=True)
-class ManipulationSettings(EvalTextSettings):
-    """Defaults follow the paper: the five strategies, alpha grid 0-0.9, one layer at a time."""
-
-    layers: tuple[int, ...] | None = setting(
-        None, "layers to manipulate, or 'all'; default: the redundant and anti layers of the session's "
-        "ablation map of this model, else all", low=0, parse=_layers_text,
-        show=lambda layers: ",".join(map(str, layers)) or "all",
-    )  # (): every layer
-    strategies: tuple[str, ...] = setting(STRATEGIES, "strategies to try", choices=STRATEGIES)
-    alphas: tuple[float, ...] = setting(PAPER_ALPHAS, "scale factors for 'scale'")
-    rank: int = setting(8, "svd: rank kept of the layer's own difference from the blend", low=1)
-    together: bool = setting(False, "also apply each strategy to all chosen layers at once")
-    prompt: str = setting("The capital of France is", "prompt of the greedy samples")
-    sample_tokens: int = setting(20, "tokens per greedy sample (0: none)", low=0)
-
-    def check(self) -> None:
-        if not self.strategies:
-            raise UserError(f"--strategies is empty; use some of {', '.join(STRATEGIES)}")
-        if "scale" in self.strategies and not self.alphas:
-            raise UserError("--alphas is empty; give at least one scale factor, e.g. 0.9")
-
-    def check_against(self, shape: ModelShape) -> None:
-        check_layers(self.layers or (), shape.n_layers, "--layers")
-
-    def edits_weights(self) -> bool:
-        return True  # every strategy replaces the layer's weights
 
 
 def default_layers(ablation: dict | None, model_name: str) -> tuple[tuple[int, ...], str]:

@@ -1,0 +1,39 @@
+"""What a front end hands an experiment besides its settings: the model, the cancel flag, where to
+keep checkpoints, and the session's earlier results it reads, decoded through their classes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from engine.core.events import CancelToken, ResultDocument, decode_or_none
+
+if TYPE_CHECKING:
+    from engine.models.loading import LoadedModel
+
+R = TypeVar("R", bound=ResultDocument)
+
+
+@dataclass
+class RunContext:
+    """`checkpoint_dir` is the experiment's own folder in the session (checkpoints, saved layers);
+    `output_dir` the session folder, for files a run leaves for later (growth's final models);
+    `resume` asks it to continue from what is there; `inputs` holds earlier results of the session
+    the experiment reads (the ablation map, say), by result name, as JSON (so workers can be sent
+    them); an experiment reads them typed with `input`. `share` is this worker's units of a split
+    sweep (engine/models/distributed.py), where the experiment reads them from the context rather
+    than its settings (manipulate's trials, toy-depth's students); None: all of them."""
+
+    model: LoadedModel | None = None
+    cancel: CancelToken = field(default_factory=CancelToken)
+    checkpoint_dir: Path | None = None
+    output_dir: Path | None = None
+    resume: bool = False
+    inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    share: list[Any] | None = None
+
+    def input(self, cls: type[R]) -> R | None:
+        """The session's result of this class (results/<cls.name>.json); None when the session has
+        none, or one that does not read as this class (a damaged or foreign file)."""
+        return decode_or_none(cls, self.inputs.get(cls.name))

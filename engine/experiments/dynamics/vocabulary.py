@@ -1,0 +1,211 @@
+"""The dynamics experiment's vocabulary: its settings, events and result document, torch-free so
+the console, the store and the registry read them without loading the computation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from engine.core.events import (
+    Event,
+    ResultDocument,
+    event_type,
+    renamed_v1,
+    result_type,
+)
+from engine.core.settings import MAX_SEED, Settings, setting
+
+PROFILES = ("both", "state", "update")
+
+
+LENSES = ("plain", "last-block")
+
+
+CLUSTER_K = (2, 6)  # silhouette picks k in this range unless --clusters fixes it
+
+
+@dataclass(frozen=True)
+class DynamicsSettings(Settings):
+    """Defaults: the embedded held-out corpus, first position of each text excluded (attention sink)."""
+
+    text_file: str | None = setting(None, "UTF-8 file, one text per line (default: the built-in held-out "
+                                    "corpus)", file="text file")
+    max_tokens: int = setting(8192, "tokens to read at most", low=1)
+    eval_batch_size: int = setting(8, "texts per forward pass", low=1, aliases=("--batch-size",))
+    max_length: int = setting(256, "tokens per text at most", low=2)
+    include_first: bool = setting(False, "keep each text's first position (the attention sink); excluded by "
+                                  "default")
+    profile: str = setting("both", "what PCA sees per token: both angle profiles, or one", choices=PROFILES)
+    clusters: int = setting(0, "number of clusters; 0 picks k=2..6 by silhouette", low=0, high=20)
+    components: int = setting(10, "PCA components kept", low=1)
+    examples: int = setting(3, "example tokens per cluster", low=0)
+    logit_lens: bool = setting(False, "also the next-token loss of every layer through the final norm and head")
+    seed: int = setting(0, "PCA/KMeans seed", low=0, high=MAX_SEED)
+    lens: str = setting("plain", "how the lens reads layer l: plain (its output through the final norm and "
+                        "head) or last-block (its input through the last block, the final norm and head, as "
+                        "paper B's scripts); last-block turns the lens on", choices=LENSES)
+
+    @property
+    def lens_on(self) -> bool:
+        return self.logit_lens or self.lens != "plain"
+
+
+@event_type
+@dataclass(frozen=True)
+class DynamicsLayer(Event):
+    """Per-layer medians over the tokens seen so far, sent once all batches are in."""
+
+    kind: ClassVar[str] = "dynamics.layer"
+    v1_fields: ClassVar[Mapping[str, str]] = {"index": "layer"}
+    layer: int
+    n_layers: int
+    angle_state: float | None
+    angle_update: float | None
+    norm: float | None
+
+
+@dataclass(frozen=True)
+class Quartiles:
+    """Median and quartiles over tokens; null where no token had a value."""
+
+    median: float | None
+    q1: float | None
+    q3: float | None
+
+
+@dataclass(frozen=True)
+class DynamicsRow:
+    """One layer of results/dynamics.json: angles (degrees) and norms over tokens."""
+
+    layer: int
+    angle_state: Quartiles  # theta(h_l, h_l+1)
+    angle_update: Quartiles  # theta(dh_l, dh_l+1); null on the last layer
+    norm: Quartiles  # |h_l+1|
+    update_norm: Quartiles  # |dh_l|
+    relative_update: Quartiles  # |dh_l| / |h_l|
+    angle_final: Quartiles | None = None  # theta(h_l+1, h_L); absent in 0.1 sessions
+    progress: Quartiles | None = None  # <h_l+1 - h_0, h_L - h_0> / |h_L - h_0|^2; absent in 0.1 sessions
+    lens_loss: float | None = None  # with --logit-lens or --lens
+
+
+@dataclass(frozen=True)
+class PcaSample:
+    """results/dynamics.json `pca.sample`: a fixed random sample of the tokens (at most a few
+    hundred) in the first two PCA components, with their clusters, for a scatter of the clusters
+    (absent before anatomy-tui 0.3). `token` indexes the analysed tokens in reading order."""
+
+    token: list[int]
+    pc1: list[float]
+    pc2: list[float]
+    label: list[int]
+
+
+@dataclass(frozen=True)
+class DynamicsCore:
+    """results/dynamics.json `core`: medians over the middle half of the layers (`layers`, first and
+    last), the numbers behind 'updates near 90 degrees'."""
+
+    layers: list[int]
+    angle_update_median: float | None
+    angle_state_median: float | None
+    relative_update_median: float | None
+
+
+@dataclass(frozen=True)
+class TokenCluster:
+    """One cluster of results/dynamics.json `pca.clusters`, largest (label 0, the bulk) first."""
+
+    label: int
+    bulk: bool
+    size: int  # tokens
+    fraction: float
+    median_position: float
+    top_tokens: list[list[Any]]  # [token, count], most frequent first
+    angle_state_median: list[float | None]  # per layer, over the cluster's tokens
+    angle_update_median: list[float | None]
+    examples: list[str]  # the most typical tokens in context, the token in [[ ]]
+
+
+@dataclass(frozen=True)
+class DynamicsPca:
+    """results/dynamics.json `pca`: PCA of the per-token angle profiles, KMeans in PCA space."""
+
+    profile: str
+    explained: list[float]
+    k: int
+    k_choice: str
+    silhouette: dict[str, float]  # k -> silhouette score (empty when --clusters fixed k)
+    bulk_fraction: float
+    clusters: list[TokenCluster]
+    sample: PcaSample | None = None  # absent before anatomy-tui 0.3
+
+
+@dataclass(frozen=True)
+class LensLosses:
+    """results/dynamics.json `logit_lens`: the next-token loss read at every layer."""
+
+    lens: str | None = field(default=None, kw_only=True)  # plain or last-block; absent in 0.1 sessions
+    loss: list[float | None]  # per layer
+    final_loss: float | None
+    predicted_tokens: int
+
+
+@result_type
+@dataclass(frozen=True)
+class DynamicsResult(ResultDocument):
+    """results/dynamics.json."""
+
+    name: ClassVar[str] = "dynamics"  # results/dynamics.json
+
+    model: str
+    tokens: int
+    texts: int
+    text_source: str
+    first_token: str  # included or excluded
+    n_layers: int
+    seconds: float
+    settings: dict[str, Any]
+    embedding_norm: Quartiles
+    core: DynamicsCore
+    layers: list[DynamicsRow]
+    pca: DynamicsPca
+    logit_lens: LensLosses | None  # None without --logit-lens
+
+    @classmethod
+    def upgrade_v1(cls, doc: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(doc.get("layers"), list):
+            doc["layers"] = [renamed_v1(row) for row in doc["layers"]]
+        return doc
+
+
+def sample() -> DynamicsResult:
+    """Six layers' angles, a bulk and a start-of-text cluster, and 40 sampled tokens (the bulk on a
+    ring round the origin, cluster 1 in a clump at (6, 3)): the tests' and snapshots' example."""
+    def q(median: float) -> Quartiles:
+        return Quartiles(median=median, q1=median - 5.0, q3=median + 5.0)
+
+    layers = [
+        DynamicsRow(layer=i, angle_state=q(20.0 + 2 * i), angle_update=q(95.0 - i), norm=q(10.0 + i),
+                    update_norm=q(1.0), relative_update=q(0.1), angle_final=q(60.0 - 8 * i), progress=q(i / 6))
+        for i in range(6)
+    ]  # fmt: skip
+    clusters = [
+        TokenCluster(label=0, bulk=True, size=900, fraction=0.9, median_position=40.0,
+                     top_tokens=[[" the", 40], [",", 30]], angle_state_median=[], angle_update_median=[],
+                     examples=["of [the] city"]),
+        TokenCluster(label=1, bulk=False, size=100, fraction=0.1, median_position=0.0, top_tokens=[["<s>", 50]],
+                     angle_state_median=[], angle_update_median=[], examples=["[<s>] Once"]),
+    ]  # fmt: skip
+    points = [(math.cos(i / 5), math.sin(i / 5)) for i in range(30)]
+    points += [(6.0 + 0.1 * (i % 3), 3.0 + 0.1 * (i // 3)) for i in range(10)]
+    tokens = PcaSample(token=list(range(0, 80, 2)), pc1=[x for x, _ in points], pc2=[y for _, y in points],
+                       label=[0] * 30 + [1] * 10)
+    pca = DynamicsPca(profile="angle_update", explained=[0.6, 0.2], k=2, k_choice="fixed by --clusters",
+                      silhouette={}, bulk_fraction=0.9, clusters=clusters, sample=tokens)
+    core = DynamicsCore(layers=[1, 4], angle_update_median=93.0, angle_state_median=25.0, relative_update_median=0.1)
+    return DynamicsResult(
+        model="tiny", tokens=1000, texts=4, text_source="built-in", first_token="excluded", n_layers=6, seconds=1.0,
+        settings={}, embedding_norm=q(8.0), core=core, layers=layers, pca=pca, logit_lens=None,
+    )  # fmt: skip

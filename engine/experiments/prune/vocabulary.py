@@ -1,0 +1,236 @@
+"""The prune experiment's vocabulary: its settings, events and result document, torch-free so
+the console, the store and the registry read them without loading the computation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from engine.core.errors import UserError
+from engine.core.events import (
+    ABSENT,
+    Event,
+    ResultDocument,
+    event_type,
+    result_type,
+)
+from engine.core.settings import MAX_SEED, setting
+from engine.data.eval_data import EvalProtocol
+from engine.data.text_settings import EvalTextSettings, TrainTextSettings
+from engine.evaluation.accuracy import GenerationCheck, LmEvalProtocol, LmEvalSettings, TaskScore
+from engine.export.folder import check_export_folder
+from engine.models.memory import ModelShape, Training
+
+METHODS = ("angular", "angular_last", "bi", "ppl", "map")
+
+
+HEALS = ("adjacent", "lora")
+
+
+@dataclass(frozen=True)
+class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
+    """Defaults: every criterion, 1, 2, 4 and 8 layers removed, no healing, no export."""
+
+    method: str = setting("all", "criterion: angular (all tokens), angular_last (the last token, Gromov et al.), bi, "
+                          "ppl, map, or all of them", choices=METHODS + ("all",))
+    remove: tuple[int, ...] = setting((1, 2, 4, 8), "numbers of layers to remove", low=1)
+    max_fraction: float | None = setting(None, "instead of --remove: every count up to this fraction of the layers",
+                                         above=0.0, high=1.0, none_word="off")
+    bootstrap: int = setting(1000, "bootstrap resamples of the evaluation texts for intervals (0: none)", low=0)
+    seed: int = setting(0, "seed of the bootstrap and of the healing batches", low=0, high=MAX_SEED)
+    heal_steps: int = setting(0, "fine-tuning steps after each cut (0: no healing)", low=0)
+    heal: str = setting("adjacent", "what healing trains: the layers next to each cut, or LoRA on every layer",
+                        choices=HEALS)
+    lora_rank: int = setting(8, "rank of the LoRA adapters (--heal lora)", low=1)
+    lr: float = setting(1e-4, "AdamW learning rate of healing", above=0.0)
+    export: str | None = setting(None, "save the pruned (and healed) model here as a Hugging Face folder")
+    export_count: int | None = setting(None, "how many layers the exported model lacks (default: the largest count)",
+                                       low=1, none_word="largest")
+    force: bool = setting(False, "export into a folder that is not empty")
+    evaluate_tasks: tuple[str, ...] = setting((), "lm-eval tasks to score each cut on, beside its perplexity "
+                                                  "(e.g. piqa,arc_easy; none: no accuracy)")
+    evaluate_batch_size: int = setting(1, "lm-eval batch size of --evaluate-tasks (recorded)", low=1)
+    export_adapter: bool = setting(False, "with --heal lora: export only the LoRA adapter (PEFT format), "
+                                          "not the merged weights")
+
+    def check(self) -> None:
+        if not self.remove and self.max_fraction is None:
+            raise UserError("--remove needs at least one count, e.g. 1,2,4,8, or give --max-fraction")
+        if self.export_count is not None and self.export is None:
+            raise UserError("--export-count needs --export DIR")
+        if self.export_adapter and (self.export is None or self.heal != "lora" or not self.heal_steps):
+            raise UserError("--export-adapter needs --export DIR, --heal lora and --heal-steps N")
+
+    def counts(self, n_layers: int) -> tuple[int, ...]:
+        """The counts of the curve for a model of this depth, checked."""
+        if self.max_fraction is not None:
+            top = int(math.floor(self.max_fraction * n_layers + 1e-9))
+            if top < 1:
+                raise UserError(f"--max-fraction {self.max_fraction:g} of {n_layers} layers removes none; raise it")
+            wanted = tuple(range(1, top + 1))
+        else:
+            wanted = tuple(sorted(set(self.remove)))
+        if wanted[-1] >= n_layers:
+            raise UserError(f"cannot remove {wanted[-1]} layers: this model has {n_layers}; "
+                            f"remove at most {n_layers - 1}")
+        if self.export is not None and self.export_count is not None and self.export_count not in wanted:
+            raise UserError(f"--export-count {self.export_count} is not a count of the curve "
+                            f"({','.join(map(str, wanted))})")
+        return wanted
+
+    def methods(self) -> tuple[str, ...]:
+        return METHODS if self.method == "all" else (self.method,)
+
+    def check_against(self, shape: ModelShape) -> None:
+        """The counts against the model's depth, and the export folder: new or empty (or --force)."""
+        self.counts(shape.n_layers)
+        if self.export is not None:
+            check_export_folder(self.export, self.force)
+
+    def edits_weights(self) -> bool:
+        return self.heal_steps > 0  # healing trains the kept layers; removal alone only skips layers
+
+    def training_needs(self, shape: ModelShape) -> Training | None:
+        """The memory plan's need: what healing trains at once, at most. Nothing at 0 steps;
+        adjacent healing, every kept layer next to a cut (up to two per removed layer, as
+        `neighbours_of_cuts` finds them); LoRA, the adapters of every kept layer; the graph spans the
+        kept layers."""
+        if not self.heal_steps:
+            return None
+        counts = self.counts(shape.n_layers)
+        kept = shape.n_layers - min(counts)
+        if self.heal == "lora":
+            params = kept * self.lora_rank * shape.layer_matrix_sides
+        else:
+            params = max(min(2 * count, shape.n_layers - count) for count in counts) * shape.layer_params
+        return Training(params, self.batch_size, self.block_size, kept)
+
+
+@event_type
+@dataclass(frozen=True)
+class PruneScores(Event):
+    """One criterion's per-layer score (low = cheapest to remove), once it is known."""
+
+    kind: ClassVar[str] = "prune.scores"
+    method: str
+    scores: list[float | None]
+
+
+@event_type
+@dataclass(frozen=True)
+class PrunePoint(Event):
+    """One point of a criterion's curve: `removed` layers (`layers`, original indices from 0) cut;
+    `healed_ppl` is None without --heal-steps."""
+
+    kind: ClassVar[str] = "prune.point"
+    method: str
+    removed: int
+    layers: list[int]
+    ppl: float
+    baseline_ppl: float
+    ci_low: float | None = None
+    ci_high: float | None = None
+    healed_ppl: float | None = None
+
+
+@event_type
+@dataclass(frozen=True)
+class PruneExported(Event):
+    """The pruned (and healed) model was saved as a Hugging Face folder."""
+
+    kind: ClassVar[str] = "prune.exported"
+    folder: str
+    method: str
+    layers: list[int]
+    ppl: float
+
+
+@dataclass(frozen=True)
+class PruneCut:
+    """One point of results/prune.json's `curve` (and its `exported_point`): the `removed` layers
+    `layers` (original indices from 0) that `method` cuts, the perplexity without them with its
+    bootstrap interval, and after healing (None without --heal-steps). With --evaluate-tasks:
+    lm-eval's scores of the cut (and of the healed cut), the generation check against the full
+    model, and where accuracy and perplexity disagree, how (`disagreement`, else None)."""
+
+    method: str
+    removed: int
+    layers: list[int]
+    ppl: float | None  # None: the saved inf or nan
+    ci_low: float | None
+    ci_high: float | None
+    healed_ppl: float | None
+    accuracy: list[TaskScore] = field(default=ABSENT, kw_only=True)
+    healed_accuracy: list[TaskScore] | None = field(default=ABSENT, kw_only=True)
+    generation: GenerationCheck | None = field(default=ABSENT, kw_only=True)
+    disagreement: str | None = field(default=ABSENT, kw_only=True)
+
+
+@dataclass(frozen=True)
+class DepthLaw:
+    """results/prune.json `depth_fit` (exploratory): the ppl criterion's loss (ln PPL) against the
+    remaining depth l, fitted to c / l^a + L0, with a's bootstrap interval."""
+
+    a: float | None
+    c: float | None
+    L0: float | None
+    ci95: list[float] | None
+    points: int
+    depths: list[float]
+    label: str
+    chinchilla: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PruneHeal:
+    """results/prune.json `heal`: how every cut was healed."""
+
+    steps: int
+    what: str  # adjacent or lora
+    train_source: str
+    train_blocks: int
+
+
+@result_type
+@dataclass(frozen=True)
+class PruneResult(ResultDocument):
+    """results/prune.json."""
+
+    name: ClassVar[str] = "prune"  # results/prune.json
+
+    model: str
+    baseline_ppl: float
+    eval_tokens: int
+    eval_texts: int
+    n_layers: int
+    settings: dict[str, Any]
+    methods: list[str]
+    curve: list[PruneCut]
+    agreement: dict[str, float | None]  # Spearman of each criterion's scores with the ppl criterion's
+    agreement_note: str
+    scores: dict[str, list[float | None]]  # criterion -> per-layer score
+    depth_fit: DepthLaw | None
+    heal: PruneHeal | None
+    exported: str | None  # the folder of the exported model
+    exported_point: PruneCut | None
+    seconds: float
+    evaluation: LmEvalProtocol = field(default=ABSENT, kw_only=True)  # with --evaluate-tasks
+    baseline_accuracy: list[TaskScore] = field(default=ABSENT, kw_only=True)  # the full model's
+    protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
+
+
+def sample() -> PruneResult:
+    """Perplexity with 1..4 layers removed by three criteria, with the depth law fitted: the tests'
+    and snapshots' example."""
+    baseline, growth = 20.0, {"angular": 1.3, "bi": 1.5, "ppl": 1.2}
+    curve = [PruneCut(method=method, removed=k, layers=list(range(k)), ppl=baseline * factor**k, ci_low=None,
+                      ci_high=None, healed_ppl=None)
+             for method, factor in growth.items() for k in range(1, 5)]  # fmt: skip
+    fit = DepthLaw(a=1.1, c=2.0, L0=1.0, ci95=[0.7, 1.6], points=5, depths=[6.0, 5.0, 4.0, 3.0, 2.0], label="",
+                   chinchilla={})  # fmt: skip
+    return PruneResult(
+        model="tiny", baseline_ppl=baseline, eval_tokens=100, eval_texts=4, n_layers=6, settings={},
+        methods=list(growth), curve=curve, agreement={"angular": 0.6, "bi": 0.8}, agreement_note="", scores={},
+        depth_fit=fit, heal=None, exported=None, exported_point=None, seconds=1.0,
+    )  # fmt: skip

@@ -1,0 +1,276 @@
+"""The recovery experiment's vocabulary: its settings, events and result document, torch-free so
+the console, the store and the registry read them without loading the computation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from engine.core.errors import UserError
+from engine.core.events import (
+    ABSENT,
+    Event,
+    ResultDocument,
+    event_type,
+    from_doc,
+    renamed_v1,
+    result_type,
+)
+from engine.core.settings import MAX_SEED, check_layers, setting
+from engine.data.eval_data import EvalProtocol
+from engine.data.text_settings import EvalTextSettings, TrainTextSettings
+from engine.models.memory import ModelShape, Training
+
+PAPER_LAYERS = (11, 14, 17)
+
+
+THRESHOLDS = (2.0, 1.5, 1.1)
+
+
+DIFFICULTY_THRESHOLD = 1.1  # difficulty = steps to get below 1.1x the baseline
+
+
+@dataclass(frozen=True)
+class RecoverySettings(TrainTextSettings, EvalTextSettings):
+    """Defaults follow the paper (A5): sigma 0.5, AdamW lr 1e-4, 200 steps, layers 11, 14, 17."""
+
+    layers: tuple[int, ...] | None = setting(PAPER_LAYERS, "layers to noise and recover, in this order",
+                                             low=0, none_word="all", resume_free=True)
+    sigma: float = setting(0.5, "noise = sigma * std(W) per matrix", above=0)
+    steps: int = setting(200, "fine-tuning steps per layer", low=1)
+    lr: float = setting(1e-4, "AdamW learning rate", above=0)
+    eval_every: int = setting(1, "evaluate every N steps", low=1)
+    repeats: int = setting(1, "noise seeds per layer", low=1)
+    seed: int = setting(0, "seed for noise and batch order", low=0, high=MAX_SEED)
+    prefix_cache: bool = setting(True, "start at the noised layer from cached inputs (off only to measure "
+                                 "the straightforward version)", cli=False, resume_free=True)
+
+    def check(self) -> None:
+        if self.layers is not None and not self.layers:
+            raise UserError("--layers needs at least one layer number, or 'all'")
+
+    def resolve_layers(self, n_layers: int) -> tuple[int, ...]:
+        """The layers to sweep, in the order given, each checked against the model's depth."""
+        if self.layers is None:
+            return tuple(range(n_layers))
+        check_layers(self.layers, n_layers, "--layers")
+        return tuple(dict.fromkeys(self.layers))
+
+    def check_against(self, shape: ModelShape) -> None:
+        self.resolve_layers(shape.n_layers)
+
+    def edits_weights(self) -> bool:
+        return True  # noises a layer and trains it
+
+    def training_needs(self, shape: ModelShape) -> Training:
+        """The memory plan's need: one layer's matrices trained at once, the graph over every layer."""
+        return Training(shape.layer_matrices, self.batch_size, self.block_size, shape.n_layers)
+
+    def checkpoint_params(self, shape: ModelShape) -> int:
+        """The disk check's need: every recovered layer's matrices are kept (the prompt pane and
+        `export --model recovered` read them)."""
+        layers = shape.n_layers if self.layers is None else min(len(set(self.layers)), shape.n_layers)
+        return layers * shape.layer_matrices  # a layer out of range is refused by the checks before the load
+
+
+@event_type
+@dataclass(frozen=True)
+class RecoveryStart(Event):
+    """Noise is in: the perplexity the layer starts recovering from."""
+
+    kind: ClassVar[str] = "recovery.start"
+    layer: int
+    repeat: int
+    ppl_after_noise: float
+    baseline_ppl: float
+    steps: int
+
+
+@event_type
+@dataclass(frozen=True)
+class RecoveryPoint(Event):
+    """One evaluated step of one layer's curve (step 0 is right after the noise, no training)."""
+
+    kind: ClassVar[str] = "recovery.point"
+    layer: int
+    repeat: int
+    step: int
+    train_loss: float | None
+    eval_ppl: float
+    ratio_to_baseline: float
+
+
+@event_type
+@dataclass(frozen=True)
+class RecoveryLayer(Event):
+    """A layer is finished (every repeat): its row of the result, ready to save for --resume."""
+
+    kind: ClassVar[str] = "recovery.layer"
+    v1_fields: ClassVar[Mapping[str, str]] = {"index": "layer"}
+    layer: int
+    result: RecoveryRow
+
+    @classmethod
+    def upgrade_v1(cls, doc: dict[str, Any]) -> dict[str, Any]:
+        doc = renamed_v1(doc, cls.v1_fields)
+        doc["result"] = renamed_v1(doc.get("result"))
+        return doc
+
+
+@dataclass(frozen=True)
+class RecoveryRepeat:
+    """One noise seed on one layer: its curve [[step, ppl]...] and what the curve says."""
+
+    status: str  # done or diverged
+    ppl_after_noise: float | None
+    ratio_after_noise: float | None
+    steps_to: dict[str, int | None]  # threshold (x baseline) -> first step below it
+    best_ppl: float | None
+    best_step: int
+    final_ppl: float | None
+    final_ratio: float | None
+    improved_over_baseline: bool
+    curve: list[list[float | None]]
+    repeat: int
+    noise_seed: int
+    diverged_at: int | None
+    steps_run: int
+    seconds: float
+    seconds_per_step: float | None
+    train_loss: list[list[float]]
+
+
+@dataclass(frozen=True)
+class RecoveryRow:
+    """One layer of results/recovery.json: its first repeat's numbers at the top level, the spread
+    over every repeat beside them, and every repeat under `repeats`."""
+
+    layer: int
+    status: str
+    ppl_after_noise: float | None
+    ratio_after_noise: float | None
+    steps_to: dict[str, int | None]
+    best_ppl: float | None
+    best_step: int
+    final_ppl: float | None
+    final_ratio: float | None
+    improved_over_baseline: bool
+    curve: list[list[float | None]]
+    diverged_at: int | None
+    steps_run: int
+    seconds: float
+    seconds_per_step: float | None
+    train_loss: list[list[float]]
+    difficulty: float  # steps to get below 1.1x the baseline (never: the budget), mean over repeats
+    mean_final_ratio: float | None
+    steps_to_mean: dict[str, float | None]
+    steps_to_sd: dict[str, float | None]
+    steps_to_reached: dict[str, int]
+    repeats: list[RecoveryRepeat]
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> RecoveryRow:
+        return from_doc(cls, renamed_v1(dict(doc)))
+
+
+@dataclass(frozen=True)
+class LayerBudget:
+    """One layer of results/recovery.json `budget.per_layer`: its steps under each rule."""
+
+    layer: int
+    difficulty: float
+    uniform_steps: int
+    proposed_steps: int  # the steps it needed to get below 1.1x the baseline (never: the budget)
+    reallocated_steps: int  # the uniform total split in proportion to difficulty
+
+
+@dataclass(frozen=True)
+class RecoveryBudget:
+    """results/recovery.json `budget`: the paper's Table 10 idea, a uniform budget against steps
+    sized by measured difficulty."""
+
+    rule: str
+    uniform_total: int
+    proposed_total: int
+    saving_steps: int
+    saving_pct: float
+    per_layer: list[LayerBudget]
+
+
+@dataclass(frozen=True)
+class RecoveryVsAblation:
+    """results/recovery.json `versus_ablation`: Spearman of each recovery measure against the
+    session's ablation map's D%, over the `layers` both have."""
+
+    layers: int
+    ablation_method: str
+    difficulty: float | None
+    final_ratio: float | None
+    ratio_after_noise: float | None
+
+
+@result_type
+@dataclass(frozen=True)
+class RecoveryResult(ResultDocument):
+    """results/recovery.json."""
+
+    name: ClassVar[str] = "recovery"  # results/recovery.json
+
+    model: str
+    baseline_ppl: float
+    eval_tokens: int
+    eval_texts: int
+    train_source: str
+    train_blocks: int
+    settings: dict[str, Any]
+    layers: list[RecoveryRow]  # in the order the layers were asked for
+    ranking: list[int]  # hardest first
+    spearman_vs_ablation: float | None  # versus_ablation's difficulty
+    versus_ablation: RecoveryVsAblation | None  # None without the session's map of this model
+    budget: RecoveryBudget
+    seconds_per_step: float | None
+    resumed_layers: list[int]
+    seconds: float
+    protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
+
+    @classmethod
+    def upgrade_v1(cls, doc: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(doc.get("layers"), list):
+            doc["layers"] = [renamed_v1(row) for row in doc["layers"]]
+        if isinstance(doc.get("budget"), dict):
+            budget = dict(doc["budget"])
+            budget["per_layer"] = [renamed_v1(row) for row in budget.get("per_layer", [])]
+            doc["budget"] = budget
+        return doc
+
+
+def sample() -> RecoveryResult:
+    """A sweep over layers 1 and 3 with one known curve: the tests' and snapshots' example."""
+    baseline, points = 20.0, [(0, 80.0), (5, 50.0), (10, 35.0), (20, 25.0), (40, 21.5)]
+
+    def row(layer: int, difficulty: float) -> RecoveryRow:
+        return RecoveryRow(
+            layer=layer, status="done", ppl_after_noise=points[0][1], ratio_after_noise=points[0][1] / baseline,
+            steps_to={"2.0": 10, "1.5": 20, "1.1": None}, best_ppl=points[-1][1], best_step=points[-1][0],
+            final_ppl=points[-1][1], final_ratio=points[-1][1] / baseline, improved_over_baseline=False,
+            curve=[[float(step), ppl] for step, ppl in points], diverged_at=None, steps_run=40, seconds=2.0,
+            seconds_per_step=0.05, train_loss=[[1, 3.0]], difficulty=difficulty,
+            mean_final_ratio=points[-1][1] / baseline, steps_to_mean={"2.0": 10.0}, steps_to_sd={"2.0": None},
+            steps_to_reached={"2.0": 1}, repeats=[],
+        )  # fmt: skip
+
+    rows = [row(1, 40.0), row(3, 10.0)]
+    budget = RecoveryBudget(
+        rule="proposed: steps to get below 1.1x baseline", uniform_total=80, proposed_total=50, saving_steps=30,
+        saving_pct=37.5, per_layer=[LayerBudget(layer=row.layer, difficulty=row.difficulty, uniform_steps=40,
+                                                proposed_steps=int(row.difficulty), reallocated_steps=40)
+                                    for row in rows],
+    )  # fmt: skip
+    versus = RecoveryVsAblation(layers=2, ablation_method="mean", difficulty=1.0, final_ratio=None,
+                                ratio_after_noise=-1.0)
+    return RecoveryResult(
+        model="tiny", baseline_ppl=baseline, eval_tokens=100, eval_texts=4, train_source="built-in", train_blocks=16,
+        settings={"sigma": 0.5, "steps": 40, "lr": 1e-4}, layers=rows, ranking=[1, 3], spearman_vs_ablation=1.0,
+        versus_ablation=versus, budget=budget, seconds_per_step=0.05, resumed_layers=[], seconds=4.0,
+    )  # fmt: skip
