@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, event_types
+from engine.core.events import Event, ResultDocument, event_types, forget_types
 from engine.core.settings import Settings
 from engine.experiments.ablation import vocabulary as ablation
 from engine.experiments.context import RunContext
@@ -162,8 +162,10 @@ def register(entry: Experiment) -> None:
 
 
 def unregister(name: str) -> None:
-    EXPERIMENTS[:] = [entry for entry in EXPERIMENTS if entry.name != name]
-    BY_NAME.pop(name, None)
+    entry = BY_NAME.pop(name, None)
+    EXPERIMENTS[:] = [row for row in EXPERIMENTS if row.name != name]
+    if entry is not None:
+        forget_types(name, entry.writes)
 
 
 def experiment(name: str) -> Experiment:
@@ -176,7 +178,10 @@ def experiment(name: str) -> Experiment:
 def events_markdown() -> str:
     """The README's table of live events, generated from every registered event class (a test compares)."""
     lines = ["| kind | fields | meaning |", "|---|---|---|"]
-    for kind, cls in event_types().items():
+    commands = ["job", *(entry.name for entry in EXPERIMENTS)]
+    order = {command: place for place, command in enumerate(commands)}
+    kinds = sorted(event_types().items(), key=lambda item: order.get(item[0].split(".")[0], len(order)))
+    for kind, cls in kinds:
         names = ", ".join(f.name for f in dataclasses.fields(cls) if f.name not in ("job", "t"))
         doc = " ".join((cls.__doc__ or "").split())
         lines.append(f"| `{kind}` | {names} | {doc} |")

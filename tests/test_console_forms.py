@@ -1,10 +1,9 @@
 """The console's forms start from the experiments' declarations: the recovery form's sigma, steps
-and lr are RecoverySettings' defaults (read from its source, so no torch before the first paint),
+and lr are RecoverySettings' defaults (from its torch-free vocabulary, so no torch before the first paint),
 the growth form's flags are its registry row's `console_flags`, and both parse as the run would."""
 
 from __future__ import annotations
 
-import ast
 import shlex
 
 import pytest
@@ -25,12 +24,19 @@ def anyio_backend() -> str:
 
 
 @pytest.mark.parametrize("entry", EXPERIMENTS, ids=lambda entry: entry.name)
-def test_declared_defaults_are_the_settings_defaults(entry) -> None:
-    declared = entry.declared_defaults()
-    defaults = entry.settings_class()
-    assert declared, f"{entry.name}: no literal defaults read from {entry.module}"
-    for name, text in declared.items():
-        assert ast.literal_eval(text) == getattr(defaults, name), (entry.name, name, text)
+def test_default_texts_parse_back_to_the_defaults(entry) -> None:
+    """What a form shows for each flag is what the flag parses to: the run starts from the defaults."""
+    texts = entry.default_texts()
+    defaults = entry.defaults()
+    specs = {spec.name: spec for spec in entry.settings_class.fields()}
+    assert texts
+    for name, text in texts.items():
+        assert specs[name].parse_text(text) == getattr(defaults, name), (entry.name, name, text)
+
+
+def test_small_float_defaults_read_as_typed() -> None:
+    texts = BY_NAME["recovery"].default_texts()
+    assert (texts["lr"], texts["sigma"], texts["steps"]) == ("1e-4", "0.5", "200")
 
 
 async def test_the_forms_hold_the_settings_defaults(isolated_home) -> None:

@@ -13,17 +13,8 @@ from typing import Any
 
 import pytest
 from tui_fixtures import (
-    ablation_doc,
     dynamics_doc,
-    evaluate_doc,
-    growth_doc,
-    manipulate_doc,
-    prune_doc,
-    recovery_doc,
     round_trips,
-    scaling_fit_doc,
-    toy_depth_doc,
-    weights_doc,
 )
 
 from engine.core.events import (
@@ -31,7 +22,6 @@ from engine.core.events import (
     Started,
     event_from_json,
     event_types,
-    events_markdown,
     from_doc,
     json_safe,
     upgrade_event,
@@ -75,7 +65,7 @@ from engine.experiments.weights.vocabulary import (
     WeightsLayer,
     WeightsResult,
 )
-from engine.registry import EXPERIMENTS, experiment
+from engine.registry import EXPERIMENTS, events_markdown, experiment
 from sessions.store import SessionStore
 from tui.state import SessionState
 
@@ -198,19 +188,13 @@ def test_result_documents_keep_the_keys_of_the_dicts_they_replace(cls):
     assert list(json_safe(build(cls))) == RESULT_KEYS[cls]
 
 
-# tests/tui_fixtures.py's results, built from the classes
-SAMPLES = {"ablation": ablation_doc, "prune": prune_doc, "recovery": recovery_doc, "growth": growth_doc,
-           "manipulate": manipulate_doc, "weights": weights_doc, "dynamics": dynamics_doc, "toy-depth": toy_depth_doc,
-           "scaling-fit": scaling_fit_doc, "evaluate": evaluate_doc}
-
-
 @pytest.mark.parametrize("name", [entry.name for entry in EXPERIMENTS])
-def test_each_experiment_declares_its_result_class_and_its_sample_round_trips(name):
-    """Every experiment's module names its result class (RESULT), and tests/tui_fixtures.py has a
-    sample built from it that reads back byte for byte."""
-    assert experiment(name).result_class is not None, f"engine module of {name} has no RESULT"
-    assert name in SAMPLES, f"no sample {name} result: add one to tests/tui_fixtures.py, built from its class"
-    assert round_trips(name, SAMPLES[name]())
+def test_each_experiment_sample_is_its_result_class_and_round_trips(name):
+    """Every experiment's vocabulary builds a sample from its result class that reads back byte for
+    byte."""
+    sample = experiment(name).sample()
+    assert isinstance(sample, experiment(name).result_class)
+    assert round_trips(name, json_safe(sample))
 
 
 def test_version_2_documents_pass_the_upgrade_unchanged():
@@ -317,7 +301,7 @@ def test_a_key_a_document_has_in_one_shape_only_stays_out_when_absent():
 def test_readme_event_table_is_generated_from_the_classes():
     text = README.read_text(encoding="utf-8")
     table = text.split("<!-- events:begin -->\n", 1)[1].split("\n<!-- events:end -->", 1)[0]
-    assert table == events_markdown(), "README's event table is stale: paste `python3 -m engine.core.events`"
+    assert table == events_markdown(), "README's event table is stale: paste `python3 -m engine.registry`"
 
 
 def test_readme_mentions_only_real_kinds_with_their_fields():

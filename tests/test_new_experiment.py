@@ -1,97 +1,52 @@
-"""Adding an experiment is its engine module, its view module and a registry row, nothing else.
+"""Adding an experiment is its folder, its view and one registry row, nothing else.
 
-The experiment here is defined in this file: its Settings dataclass and its `run` generator (this
-module is its engine module), its view (a module put in sys.modules as `tui.views.letter_count`, as
-`tui/views/letter_count.py` would be found) and its row, added to engine.registry's tables. It then
-shows in `anatomy-tui run --help` with its flags, runs into a session and its --json file, prints
-through its view, and stands in the console's Analyses pane; without a view it prints as JSON.
+The experiment here (tests/throwaway.py) is written as files into a temporary package, as a
+contributor would write `engine/experiments/letter_count/` and `tui/views/letter_count.py`, and
+registered with one row. It then shows in `anatomy-tui run --help` with its flags, runs into a
+session and its --json file, prints through its view, reads back through its class, stands in
+the console's Analyses pane, and splits over workers; without a view it prints as JSON.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import types
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+import subprocess
+from pathlib import Path
 
 import pytest
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from in_process_workers import InProcessWorkers
+from throwaway import installed
 
 from engine import registry
-from engine.core.events import Event, Progress, Result
-from engine.core.settings import Settings, setting
-from engine.registry import Experiment, RunContext
+from engine.core.events import Progress, event_from_json, event_types, json_safe
+from engine.experiments.context import RunContext
+from engine.models import memory
+from engine.models.distributed import shard
 from sessions.store import SessionStore
 from tui.cli import main
-from tui.views import Analysis, analyses
+from tui.views import analyses
 
-# the engine module (engine/experiments/letter_count.py) ------------------------------------------
-
-
-@dataclass(frozen=True)
-class LetterCountSettings(Settings):
-    words: tuple[str, ...] = setting(("alpha", "beta"), "the words whose letters are counted")
-    repeat: int = setting(1, "times each word is counted", low=1)
-
-
-def run(settings: LetterCountSettings, context: RunContext) -> Iterator[Event]:
-    counts: dict[str, int] = {}
-    for done, word in enumerate(settings.words, 1):
-        context.cancel.check()
-        counts[word] = len(word) * settings.repeat
-        yield Progress(done=done, total=len(settings.words), label=word)
-    yield Result(name="letter-count", data={"counts": counts, "total": sum(counts.values())})
-
-
-ROW = Experiment("letter-count", "count the letters of a few words", __name__, "LetterCountSettings",
-                 needs_model=False, writes="letter-count")  # fmt: skip
-
-# the view module (tui/views/letter_count.py) -----------------------------------------------------
-
-
-def print_result(doc: dict[str, Any]) -> None:
-    table = Table(title="letters per word")
-    table.add_column("word")
-    table.add_column("letters", justify="right")
-    for word, count in doc["counts"].items():
-        table.add_row(word, str(count))
-    Console().print(table)
-
-
-def summary(doc: dict[str, Any], command: str) -> Text:
-    return Text(f"{doc['total']} letters in {len(doc['counts'])} words")
-
-
-def view_module() -> types.ModuleType:
-    module = types.ModuleType("tui.views.letter_count")
-    module.print_result = print_result  # type: ignore[attr-defined]
-    module.summary = summary  # type: ignore[attr-defined]
-    module.ANALYSIS = Analysis("Letters counted", place=0)  # type: ignore[attr-defined]
-    return module
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def registered(monkeypatch) -> Experiment:
-    """The row in the registry's tables (its module: this file)."""
-    monkeypatch.setattr(registry, "EXPERIMENTS", (*registry.EXPERIMENTS, ROW))
-    monkeypatch.setitem(registry.BY_NAME, ROW.name, ROW)
-    return ROW
+def experiment(tmp_path):
+    yield from installed(tmp_path / "package")
 
 
 @pytest.fixture
-def with_view(registered, monkeypatch) -> Experiment:
-    monkeypatch.setitem(sys.modules, "tui.views.letter_count", view_module())
-    return registered
+def viewless(tmp_path):
+    yield from installed(tmp_path / "package", with_view=False)
 
 
-# the checks ---------------------------------------------------------------------------------------
+def test_nothing_else_in_the_project_changes() -> None:
+    """The throwaway experiment lives in the test's own files: no project file names it."""
+    tracked = subprocess.run(["git", "grep", "-l", "letter_count\\|letter-count", "--", "engine", "tui", "sessions"],
+                             cwd=ROOT, capture_output=True, text=True).stdout  # fmt: skip
+    assert tracked == ""
 
 
-def test_run_help_lists_it_and_its_flags_come_from_its_settings(registered, capsys) -> None:
+def test_run_help_lists_it_and_its_flags_come_from_its_settings(experiment, capsys) -> None:
     with pytest.raises(SystemExit) as done:
         main(["run", "--help"])
     assert done.value.code == 0 and "letter-count" in capsys.readouterr().out
@@ -103,21 +58,60 @@ def test_run_help_lists_it_and_its_flags_come_from_its_settings(registered, caps
     assert "--repeat 0: must be an integer at least 1" in capsys.readouterr().err
 
 
-def test_it_runs_into_a_session_and_the_json_and_prints_through_its_view(with_view, tmp_path, capsys) -> None:
+def test_it_runs_into_a_session_and_the_json_and_prints_through_its_view(experiment, tmp_path, capsys) -> None:
     out = tmp_path / "letters.json"
     assert main(["run", "letter-count", "--words", "ab,cde", "--repeat", "2", "--session", "s",
                  "--json", str(out)]) == 0  # fmt: skip
     expected = {"counts": {"ab": 4, "cde": 6}, "total": 10}
     assert json.loads(out.read_text()) == expected
-    assert SessionStore().open("s").load_result("letter-count") == expected
+    session = SessionStore().open("s")
+    assert session.load_result("letter-count") == expected
+    kinds = [json.loads(line)["kind"] for line in session.events_path.read_text().splitlines()]
+    assert kinds.count("letter-count.word") == 2  # its own events, in the session's log
     printed = capsys.readouterr().out
     assert "letters per word" in printed and "cde" in printed and "{" not in printed
 
 
-def test_without_a_view_it_prints_its_json_and_is_no_analysis(registered, capsys) -> None:
+def test_its_events_and_result_round_trip_through_the_core_codec(experiment) -> None:
+    word = event_types()["letter-count.word"](word="abc", letters=3)
+    assert event_from_json(json.loads(json.dumps(word.to_json()))) == word
+    doc = json_safe(experiment.sample())
+    assert json.dumps(json_safe(experiment.result_class.from_json(doc))) == json.dumps(doc)
+
+
+def test_its_sweep_splits_over_workers_as_the_others_do(experiment) -> None:
+    from tui.runner import sharded_events
+
+    settings = experiment.settings_class()
+    split = experiment.shard_plan(settings, 0)
+    assert split.items == list(settings.words) and experiment.known_units(settings) == 5
+    shares = [shard(split.items, rank, 2) for rank in range(2)]
+    assert shares == [["alpha", "delta", "epsilon"], ["beta", "gamma"]]  # snake order
+    events = list(sharded_events("letter-count", settings, RunContext(), InProcessWorkers(2)))  # type: ignore[arg-type]
+    assert events[0].text == "5 words"  # the plan's notes, logged first
+    progress = [event for event in events if isinstance(event, Progress)]
+    assert (progress[-1].done, progress[-1].total) == (5, 5)  # summed over the workers
+    assert events[-1].data == list(experiment.run(settings, RunContext()))[-1].data
+
+
+def test_its_settings_tell_the_memory_plan_what_it_trains(experiment) -> None:
+    settings = experiment.settings_class(block_size=16)
+    shape = memory.ModelShape(params=100, n_layers=2, hidden=4, intermediate=8, heads=1, vocab=10,
+                              layer_matrices=40)  # fmt: skip
+    plan = memory.plan_memory(shape, "float32", "cpu", [4], 1, training=settings.training_needs(shape))
+    assert settings.training_needs(shape) == memory.Training(40, 2, 16, 1) and plan.training > 0
+
+
+def test_without_a_view_it_prints_its_json_and_is_no_analysis(viewless, capsys) -> None:
     assert main(["run", "letter-count", "--words", "xyz"]) == 0
     assert json.loads(capsys.readouterr().out) == {"counts": {"xyz": 3}, "total": 3}
     assert "letter-count" not in [name for name, _ in analyses()]
+
+
+def test_unregistered_it_is_gone(tmp_path) -> None:
+    for _ in installed(tmp_path / "package"):
+        assert "letter-count.word" in event_types()
+    assert "letter-count" not in registry.BY_NAME and "letter-count.word" not in event_types()
 
 
 @pytest.fixture
@@ -126,7 +120,7 @@ def anyio_backend() -> str:
 
 
 @pytest.mark.anyio
-async def test_the_console_shows_it_in_the_analyses_pane(with_view, capsys) -> None:
+async def test_the_console_shows_it_in_the_analyses_pane(experiment, capsys) -> None:
     from tui.app import AnatomyApp
 
     assert [name for name, _ in analyses()][0] == "letter-count"  # place 0: above the others

@@ -178,7 +178,8 @@ def test_the_chinchilla_data_ships_in_the_package_and_loads_without_the_workspac
     assert any(fnmatch.fnmatch(relative, g) for g in globs)
     assert any(fnmatch.fnmatch("data/chinchilla/README.md", g) for g in globs)  # its source, named
     shutil.copytree(package, tmp_path / "site" / "engine", ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("from engine.experiments.scaling_fit.runs import load_runs; from engine.experiments.scaling_fit.vocabulary import ScalingFitSettings; "
+    code = ("from engine.experiments.scaling_fit.runs import load_runs; "
+            "from engine.experiments.scaling_fit.vocabulary import ScalingFitSettings; "
             "p = ScalingFitSettings().csv_path(); print(p); print(load_runs(p, ScalingFitSettings()).n_rows)")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -4,56 +4,29 @@ Times are fixed so that nothing on screen depends on the clock."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Any
 
 from engine.core.events import ABSENT, Event, Started, json_safe
 from engine.core.process import process_identity
 from engine.disk.atomic import atomic_write_json
-from engine.evaluation.accuracy import GenerationCheck, LmEvalProtocol, TaskScore
+from engine.evaluation.accuracy import TaskScore
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
 from engine.experiments.dynamics.vocabulary import (
-    DynamicsCore,
-    DynamicsPca,
-    DynamicsResult,
-    DynamicsRow,
     PcaSample,
-    Quartiles,
-    TokenCluster,
 )
-from engine.experiments.evaluate.vocabulary import EvaluatedModel, EvaluateResult
 from engine.experiments.growth.vocabulary import (
-    GrowthArm,
-    GrowthBudgetRow,
-    GrowthData,
     GrowthPhase,
     GrowthPlan,
-    GrowthResult,
     GrowthStep,
-    GrowthWidths,
 )
-from engine.experiments.manipulate.vocabulary import ManipulateResult, ManipulateRow
 from engine.experiments.prune.vocabulary import DepthLaw, PruneCut, PruneResult
 from engine.experiments.recovery.vocabulary import (
-    LayerBudget,
-    RecoveryBudget,
     RecoveryPoint,
-    RecoveryResult,
     RecoveryRow,
     RecoveryStart,
-    RecoveryVsAblation,
 )
-from engine.experiments.scaling_fit.vocabulary import (
-    DepthPoints,
-    FitBootstrap,
-    FitRestarts,
-    ProfilePoint,
-    ScalingFitResult,
-    ScalingProfile,
-)
-from engine.experiments.toy_depth.vocabulary import ToyDepthCurve, ToyDepthResult
-from engine.experiments.weights.vocabulary import FitSummary, NullModel, ParadoxRow, WeightsComponent, WeightsResult
-from engine.registry import experiment
+from engine.registry import BY_NAME, experiment
 from sessions.store import Session, SessionStore
 
 T0 = 1_700_000_000.0
@@ -86,14 +59,8 @@ def ablation_map(rows: list[AblationRow], model: str = "tiny") -> dict:
 
 
 def ablation_doc() -> dict:
-    return ablation_map([
-        AblationRow(
-            layer=index, ppl=BASELINE * (1 + d / 100), degradation_pct=d, layer_class=name, anti=anti,
-            anti_within_noise=False, ci_low=d - 1.0, ci_high=d + 1.0,
-            block_influence=0.01 * (index + 1), angular_distance=0.02 * (index + 1),
-        )
-        for index, (d, name, anti) in enumerate(MAP)
-    ])  # fmt: skip
+    """The ablation vocabulary's sample map: one layer of each class (MAP above) and an anti-layer."""
+    return json_safe(BY_NAME["ablation"].sample())
 
 
 def recovery_row(layer: int = 1, difficulty: float = 40.0) -> RecoveryRow:
@@ -110,21 +77,8 @@ def recovery_row(layer: int = 1, difficulty: float = 40.0) -> RecoveryRow:
 
 
 def recovery_doc() -> dict:
-    """results/recovery.json of a sweep over layers 1 and 3, as the engine writes it."""
-    rows = [recovery_row(1, 40.0), recovery_row(3, 10.0)]
-    budget = RecoveryBudget(
-        rule="proposed: steps to get below 1.1x baseline", uniform_total=80, proposed_total=50, saving_steps=30,
-        saving_pct=37.5, per_layer=[LayerBudget(layer=row.layer, difficulty=row.difficulty, uniform_steps=40,
-                                                proposed_steps=int(row.difficulty), reallocated_steps=40)
-                                    for row in rows],
-    )  # fmt: skip
-    versus = RecoveryVsAblation(layers=2, ablation_method="mean", difficulty=1.0, final_ratio=None,
-                                ratio_after_noise=-1.0)  # fmt: skip
-    return json_safe(RecoveryResult(
-        model="tiny", baseline_ppl=BASELINE, eval_tokens=100, eval_texts=4, train_source="built-in", train_blocks=16,
-        settings={"sigma": 0.5, "steps": 40, "lr": 1e-4}, layers=rows, ranking=[1, 3], spearman_vs_ablation=1.0,
-        versus_ablation=versus, budget=budget, seconds_per_step=0.05, resumed_layers=[], seconds=4.0,
-    ))  # fmt: skip
+    """results/recovery.json of a sweep over layers 1 and 3 (the recovery vocabulary's sample)."""
+    return json_safe(BY_NAME["recovery"].sample())
 
 
 def recovery_events(job: str = "recovery-1", layer: int = 1) -> list[Event]:
@@ -177,30 +131,11 @@ def growth_events(job: str = "growth-1", upto: int = 14) -> list[Event]:
 
 
 def growth_doc(models: dict[str, str | None] | None = None) -> dict:
-    """results/growth.json of the plan above, one seed, as the engine writes it; `models` gives an
-    arm's saved model folder (none saved by default)."""
-    models = models or {}
-    arms = {
-        name: GrowthArm(val_loss=[loss], mean=loss, sd=0.0, seconds=seconds, seconds_sd=0.0, tokens_per_s=1000.0,
-                        tokens_per_s_sd=0.0, steps=30, tokens=30 * 64,
-                        phases=[{"name": p["name"], "steps": p["steps"], "seconds": 1.0, "tokens_per_s": 1000.0}
-                                for p in GROWTH_PLAN[name]["phases"]], model=models.get(name))
-        for name, loss, seconds in (("growth_100", 1.2, 3.0), ("uniform_100", 1.5, 3.5))
-    }  # fmt: skip
-    steps = {0: 30, 1: 20, 2: 20, 3: 10, 4: 10, 5: 30}
-    budget = [GrowthBudgetRow(layer=layer, layer_class=name, steps={"growth_100": steps[layer], "uniform_100": 30},
-                              epochs={"growth_100": steps[layer] / 60, "uniform_100": 0.5})
-              for layer, (_, name, _) in enumerate(MAP)]  # fmt: skip
-    return json_safe(GrowthResult(
-        preset="tiny", params={"growth": 1000, "uniform": 1004}, arms=arms,
-        phases=[{**p, "seconds": 1.0, "tokens_per_s": 1000.0} for p in GROWTH_PLAN["growth_100"]["phases"]],
-        generations=[{"prompt": "The", "growth_100": " cat", "uniform_100": " the"}], budget_table=budget,
-        ratio_uniform_over_growth_seconds=3.5 / 3.0, profile=["C", "I", "M", "R", "A", "C"],
-        widths=GrowthWidths(growth=[64, 48, 32, 16, 16, 64], uniform=40),
-        data=GrowthData(source="built-in", tokenizer="character", vocab_size=96, train_tokens=9000, val_tokens=1000,
-                        batch_tokens=64),
-        settings={}, paper={"growth_val_loss": 0.127},
-    ))  # fmt: skip
+    """results/growth.json of the plan above, one seed (the growth vocabulary's sample); `models`
+    gives an arm's saved model folder (none saved by default)."""
+    result = BY_NAME["growth"].sample()
+    arms = {name: dataclasses.replace(arm, model=(models or {}).get(name)) for name, arm in result.arms.items()}
+    return json_safe(dataclasses.replace(result, arms=arms))
 
 
 def write_events(session: Session, events: list[Event]) -> None:
@@ -247,27 +182,10 @@ SCALING = {"alpha_m": 0.5, "alpha_l": 0.3, "alpha_D": 0.3, "c_m": 4.0, "c_l": 2.
 
 
 def scaling_fit_doc(with_points: bool = True) -> dict:
-    """The parts of results/scaling-fit.json its view draws: the estimate, its intervals, the profile
-    and (unless `with_points` is off, as in a result of anatomy-tui 0.2) the runs against depth,
-    whose depth part lies on the fitted term 2 / l^0.3 but for a +-2 % wobble."""
-    profile = [ProfilePoint(alpha_l=0.1 + 0.02 * i, objective=0.01 + (0.1 + 0.02 * i - 0.3) ** 2) for i in range(21)]
-    depths = [2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0]
-    rest = [1.5 + 0.1 * (i % 3) for i in range(len(depths))]
-    loss = [r + SCALING["c_l"] / d ** SCALING["alpha_l"] * (1.02 if i % 2 else 0.98)
-            for i, (d, r) in enumerate(zip(depths, rest, strict=True))]
-    return json_safe(ScalingFitResult(
-        source="runs.csv", columns={"loss": "loss", "width": "width", "depth": "depth", "tokens": "tokens"},
-        n_rows=8, n_excluded=0, n_points=8, optimizer="lm", loss_function="least_squares", huber_delta=None,
-        params=SCALING, objective=1.25e-4,
-        depth_points=DepthPoints(depth=depths, loss=loss, rest=rest) if with_points else ABSENT,
-        profile=ScalingProfile(alpha_l=profile), alpha_l_profile_ci95=[0.24, 0.37],
-        ci95={"alpha_l": [0.22, 0.41], "alpha_m": [0.45, 0.55], "L0": [1.4, 1.6]}, se={}, train_rmse=0.011,
-        train_rmse_log=0.01, restarts=FitRestarts(n=64, reaching_best=10, best_objective=1.25e-4),
-        bootstrap=FitBootstrap(n=100, n_valid=100, restarts=4, seconds=1.0), heldout_rmse=0.014,
-        heldout_rmse_log=0.012, heldout_splits=10, heldout_n_test=2,
-        optimal_shape={"width_depth_exponent": None, "note": "an exponent is 0: no interior optimum"}, settings={},
-        seconds=1.0,
-    ))  # fmt: skip
+    """The scaling-fit vocabulary's sample: the estimate, its intervals, the profile and (unless
+    `with_points` is off, as in a result of anatomy-tui 0.2) the runs against depth."""
+    result = BY_NAME["scaling-fit"].sample()
+    return json_safe(result if with_points else dataclasses.replace(result, depth_points=ABSENT))
 
 
 def prune_result(curve: list[PruneCut], exported_point: PruneCut | None = None,
@@ -289,12 +207,7 @@ def cut(method: str, layers: list[int], ppl: float = BASELINE) -> PruneCut:
 
 def prune_doc() -> dict:
     """results/prune.json's curve: perplexity with 1..4 layers removed by each criterion."""
-    growth = {"angular": 1.3, "bi": 1.5, "ppl": 1.2}
-    curve = [cut(method, list(range(k)), BASELINE * factor**k)
-             for method, factor in growth.items() for k in range(1, 5)]  # fmt: skip
-    fit = DepthLaw(a=1.1, c=2.0, L0=1.0, ci95=[0.7, 1.6], points=5, depths=[6.0, 5.0, 4.0, 3.0, 2.0], label="",
-                   chinchilla={})  # fmt: skip
-    return prune_result(curve, depth_fit=fit, agreement={"angular": 0.6, "bi": 0.8})
+    return json_safe(BY_NAME["prune"].sample())
 
 
 def analyses_session(store: SessionStore) -> Session:
@@ -322,52 +235,15 @@ def older_analyses_session(store: SessionStore) -> Session:
 
 
 def manipulate_doc() -> dict:
-    rows = [
-        ManipulateRow(layers=[3], strategy=strategy, param=param, ppl=BASELINE * (1 + d / 100), degradation_pct=d,
-                      sample=f"The capital of France is Paris ({strategy})", together=False)
-        for strategy, param, d in (("scale", 0.5, 2.5), ("svd", 8, 11.0), ("zero", None, 40.0), ("mean", None, -1.5))
-    ]  # fmt: skip
-    return json_safe(ManipulateResult(
-        model="tiny", baseline_ppl=BASELINE, baseline_sample="The capital of France is Paris",
-        prompt="The capital of France is", layers=[3], eval_tokens=100, seconds=1.0, settings={}, results=rows,
-    ))  # fmt: skip
+    return json_safe(BY_NAME["manipulate"].sample())
 
 
 def toy_depth_doc() -> dict:
-    def regime(c: float, alpha: float) -> ToyDepthCurve:
-        depths = [1, 2, 4, 8, 16]
-        loss = [c / d**alpha * (1.02 if d % 4 else 0.98) for d in depths]
-        return ToyDepthCurve(depths=depths, loss=loss, loss_per_seed=[[v] for v in loss], alpha_l=alpha, c=c, L0=None,
-                             ci95=[alpha - 0.1, alpha + 0.1], se=0.05, bootstrap_valid=50)  # fmt: skip
-
-    regimes = {"compositional": regime(2.0, 0.9), "ensemble": regime(1.5, 0.4)}
-    return json_safe(ToyDepthResult(preset="tiny", regimes=regimes, temperature=1.0, by_temperature={"1": regimes},
-                                    fit="L = c / l^alpha_l", settings={}, seconds=1.0))  # fmt: skip
+    return json_safe(BY_NAME["toy-depth"].sample())
 
 
 def dynamics_doc() -> dict:
-    def q(median: float) -> Quartiles:
-        return Quartiles(median=median, q1=median - 5.0, q3=median + 5.0)
-
-    layers = [
-        DynamicsRow(layer=i, angle_state=q(20.0 + 2 * i), angle_update=q(95.0 - i), norm=q(10.0 + i),
-                    update_norm=q(1.0), relative_update=q(0.1), angle_final=q(60.0 - 8 * i), progress=q(i / 6))
-        for i in range(6)
-    ]  # fmt: skip
-    clusters = [
-        TokenCluster(label=0, bulk=True, size=900, fraction=0.9, median_position=40.0,
-                     top_tokens=[[" the", 40], [",", 30]], angle_state_median=[], angle_update_median=[],
-                     examples=["of [the] city"]),
-        TokenCluster(label=1, bulk=False, size=100, fraction=0.1, median_position=0.0, top_tokens=[["<s>", 50]],
-                     angle_state_median=[], angle_update_median=[], examples=["[<s>] Once"]),
-    ]  # fmt: skip
-    pca = DynamicsPca(profile="angle_update", explained=[0.6, 0.2], k=2, k_choice="fixed by --clusters",
-                      silhouette={}, bulk_fraction=0.9, clusters=clusters, sample=pca_sample())
-    core = DynamicsCore(layers=[1, 4], angle_update_median=93.0, angle_state_median=25.0, relative_update_median=0.1)
-    return json_safe(DynamicsResult(
-        model="tiny", tokens=1000, texts=4, text_source="built-in", first_token="excluded", n_layers=6, seconds=1.0,
-        settings={}, embedding_norm=q(8.0), core=core, layers=layers, pca=pca, logit_lens=None,
-    ))  # fmt: skip
+    return json_safe(BY_NAME["dynamics"].sample())
 
 
 def pca_sample() -> PcaSample:
@@ -382,25 +258,7 @@ def pca_sample() -> PcaSample:
 
 
 def weights_doc() -> dict:
-    """results/weights.json for two components: the real fit beside both nulls, and the paradox."""
-    def stats(cls: type, r2_in: float, r2_loo: float, **more) -> Any:
-        return cls(r2_in_sample=r2_in, r2_loo=r2_loo, cosine_loo=r2_loo / 2, delta_corr_mean=-0.2, delta_corr_sd=0.05,
-                   **more)
-
-    def null(r2_in: float, r2_loo: float) -> NullModel:
-        return stats(NullModel, r2_in, r2_loo, range={}, draws=5)
-
-    components = {
-        name: stats(WeightsComponent, r2, r2 - 0.3, shape=[8, 8],
-                    all_layers=FitSummary(r2_in_sample=r2 + 0.05, r2_loo=r2 - 0.25, cosine_loo=(r2 - 0.25) / 2),
-                    null_shuffled=null(r2 - 0.2, r2 - 0.6), null_independent=null(0.3, -0.1), reading={}, per_layer=[])
-        for name, r2 in (("attn.q", 0.9), ("mlp.down", 0.7))
-    }  # fmt: skip
-    paradox = [ParadoxRow(layers_replaced=layers, ppl=BASELINE * (1 + len(layers)), degradation_pct=100.0 * len(layers),
-                          r2_in_sample_mean=0.8, r2_loo_mean=0.5, cosine_mean=0.4, prediction="loo")
-               for layers in ([3], [2, 3, 4])]
-    return json_safe(WeightsResult(model="tiny", family="llama", n_layers=6, predicted_layers=[1, 5], settings={},
-                                   components=components, paradox=paradox, baseline_ppl=BASELINE, seconds=1.0))
+    return json_safe(BY_NAME["weights"].sample())
 
 
 def task_score(task: str, acc: float, acc_norm: float | None = None, samples: int = 80) -> TaskScore:
@@ -414,29 +272,7 @@ def task_score(task: str, acc: float, acc_norm: float | None = None, samples: in
 
 
 def evaluate_doc() -> dict:
-    """results/evaluate.json: the original and two variants on two local tasks, side by side."""
-    protocol = LmEvalProtocol(tasks=["everyday_sense", "tiny_qa"], batch_size=1, limit=None, num_fewshot=None,
-                              include_path="/data/tasks", lm_eval_version="0.4.13",
-                              n_shot={"everyday_sense": 0, "tiny_qa": 0},
-                              task_versions={"everyday_sense": "Yaml", "tiny_qa": "Yaml"})
-
-    def row(variant: str, label: str, description: str, n_layers: int, accs: tuple[float, float],
-            agreement: tuple[float, float] | None) -> EvaluatedModel:
-        check = None if agreement is None else GenerationCheck(
-            texts=[f"Paris, the city of light ({label})"], unit="token", prefix_agreement=agreement[0],
-            token_agreement=agreement[1])
-        return EvaluatedModel(variant=variant, label=label, description=description, n_layers=n_layers,
-                              scores=[task_score("everyday_sense", accs[0], accs[0] - 0.05),
-                                      task_score("tiny_qa", accs[1])],
-                              generation=check, seconds=12.5)
-
-    models = [row("original", "original", "tiny, 6 layers", 6, (0.6, 0.5), (1.0, 1.0)),
-              row("pruned", "pruned -2,3", "layers 2,3 removed (the session's prune cut)", 4, (0.45, 0.5),
-                  (0.25, 0.4)),
-              row("folder", "folder /models/smol-minus-2", "the exported model in /models/smol-minus-2", 4,
-                  (0.55, 0.5), None)]
-    return json_safe(EvaluateResult(model="tiny", protocol=protocol, prompts=["The capital of France is"],
-                                    gen_tokens=32, models=models, settings={}, seconds=40.0))
+    return json_safe(BY_NAME["evaluate"].sample())
 
 
 def atlas_session(store: SessionStore, name: str = "atlas") -> Session:

@@ -211,6 +211,14 @@ def result_type(cls: type[R]) -> type[R]:
     return cls
 
 
+def forget_types(kind_prefix: str, result_name: str) -> None:
+    """Takes an experiment's event kinds (`<prefix>.*`) and its result out of the tables again (a
+    test's throwaway experiment, registered for the test only)."""
+    for kind in [kind for kind in _EVENT_TYPES if kind.startswith(kind_prefix + ".")]:
+        del _EVENT_TYPES[kind]
+    _RESULT_TYPES.pop(result_name, None)
+
+
 def upgrade_result(name: str, doc: dict[str, Any]) -> dict[str, Any]:
     """Result document `name` in version 2's spelling (its class's `upgrade_v1`)."""
     cls = _RESULT_TYPES.get(name)
