@@ -15,7 +15,8 @@ from tiny_models import byte_tokenizer, tiny_model
 from engine.core.events import Progress
 from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings, LayerAblated
-from engine.models.distributed import Workers, plan, world_from_env
+from engine.models.distributed import Workers, world_from_env
+from engine.registry import experiment
 
 SETTINGS = AblationSettings(method="mean", eval_set="paper", eval_batch_size=4, bootstrap=50)
 
@@ -25,7 +26,7 @@ def main() -> None:
     world = world_from_env()
     assert world is not None, "run me under torch.distributed.run"
     model, tokenizer = tiny_model("llama", seed=3), byte_tokenizer()
-    split = plan("ablation", SETTINGS, 4)
+    split = experiment("ablation").shard_plan(SETTINGS, 4)
 
     def run_shard(layers: list[int]):
         for event in run_ablation(model, tokenizer, split.restrict(layers)):

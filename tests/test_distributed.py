@@ -17,7 +17,8 @@ from engine.core.errors import UserError
 from engine.core.events import Progress, Result
 from engine.experiments.ablation.run import merge_shards, run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings
-from engine.models.distributed import World, _Done, _Failed, _Merger, cpu_threads, launch, plan, shard, world_from_env
+from engine.models.distributed import World, _Done, _Failed, _Merger, cpu_threads, launch, shard, world_from_env
+from engine.registry import experiment
 
 TESTS = Path(__file__).resolve().parent
 WORKER = TESTS / "shard_worker.py"
@@ -97,23 +98,23 @@ def test_a_dead_worker_fails_the_job_in_one_line(worker_env, tmp_path, capsys):
 def test_plans_split_layers_and_refuse_other_experiments():
     from engine.experiments.recovery.vocabulary import RecoverySettings
 
-    split = plan("ablation", AblationSettings(), 4)
+    split = experiment("ablation").shard_plan(AblationSettings(), 4)
     assert split.items == [0, 1, 2, 3] and split.restrict([1, 3]).layers == (1, 3)
-    assert plan("ablation", AblationSettings(layers=(3, 1)), 4).items == [1, 3]
-    recovery = plan("recovery", RecoverySettings(layers=(3, 1, 3), repeats=2), 4)
+    assert experiment("ablation").shard_plan(AblationSettings(layers=(3, 1)), 4).items == [1, 3]
+    recovery = experiment("recovery").shard_plan(RecoverySettings(layers=(3, 1, 3), repeats=2), 4)
     assert recovery.items == [(3, 0), (3, 1), (1, 0), (1, 1)]
     assert recovery.restrict([(1, 1), (3, 0), (1, 0)]).layers == (1, 3)
     with pytest.raises(UserError, match="dynamics does not split"):
-        plan("dynamics", None, 4)
+        experiment("dynamics").shard_plan(None, 4)
 
 
 def test_a_split_manipulation_logs_why_its_layers_as_a_serial_run_does():
     from engine.experiments.manipulate.vocabulary import ManipulationSettings
 
-    chosen = plan("manipulate", ManipulationSettings(), 4, {}, "tiny")
+    chosen = experiment("manipulate").shard_plan(ManipulationSettings(), 4, {}, "tiny")
     assert chosen.notes == ("layers: no ablation map of this model in the session: every layer",)
     assert chosen.restrict([0]).layers == ()  # () is every layer, as in a serial run
-    assert plan("manipulate", ManipulationSettings(layers=(1, 2)), 4, {}, "tiny").notes == ()
+    assert experiment("manipulate").shard_plan(ManipulationSettings(layers=(1, 2)), 4, {}, "tiny").notes == ()
 
 
 def test_launch_needs_two_workers():
@@ -161,7 +162,7 @@ def test_recovery_shards_of_layer_repeat_runs_merge_to_the_serial_result(tokeniz
     model = tiny_model("llama", seed=3)
     ablation = result_of(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", eval_batch_size=4)))
     serial = result_of(run_recovery(model, tokenizer, settings, ablation=ablation))
-    split = plan("recovery", settings, 4, {"ablation": ablation})
+    split = experiment("recovery").shard_plan(settings, 4, {"ablation": ablation})
     assert split.items == [(3, 0), (3, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
     shares = [shard(split.items, rank, 2) for rank in range(2)]
     assert shares[0] == [(3, 0), (1, 1), (2, 0)]  # every layer's repeats are on both workers

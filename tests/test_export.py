@@ -8,7 +8,8 @@ from tiny_models import tiny_model
 from transformers import AutoModelForCausalLM
 
 from engine.core.errors import UserError
-from engine.export.folder import check_export_folder, export_growth, export_recovered
+from engine.experiments.growth.export import export_growth
+from engine.export.folder import check_export_folder, export_recovered
 from engine.models.anatomy import LayerStack
 
 IDS = torch.tensor([[5, 17, 99, 3, 42, 8]])
