@@ -62,9 +62,13 @@ class EvaluateSettings(LmEvalSettings):
     def check(self) -> None:
         if len(set(self.variants)) != len(self.variants):
             raise UserError("--variants: each variant once")
+        from engine.models import safetensors_only
+
         for flag, value in (("--folder", self.folder), ("--adapter", self.adapter)):
             if value is not None and not Path(value).is_dir():
                 raise UserError(f"{flag} {value}: not a folder")
+            if value is not None:  # before the model loads: no pickle is ever read
+                safetensors_only(Path(value), adapter=flag == "--adapter", what=f"{flag} {value}")
         self.check_include_path()
 
     def check_inputs(self) -> None:
@@ -185,14 +189,19 @@ def _adapted(settings: EvaluateSettings, context: RunContext) -> Iterator[Subjec
     """The loaded model (cut by --remove when given) with the PEFT adapter in `settings.adapter`,
     unloaded afterwards (the base weights were never changed)."""
     from peft import PeftModel
+    from safetensors import SafetensorError
 
+    from engine.models import safetensors_only
     from engine.pruning import removed
 
     loaded = context.model
+    # peft has no use_safetensors: it reads adapter_model.safetensors when the folder has one, and
+    # safetensors_only refuses a folder without it before peft could fall back to torch.load
+    safetensors_only(Path(settings.adapter), adapter=True, what=f"--adapter {settings.adapter}")
     with removed(loaded.model, settings.remove) if settings.remove else contextlib.nullcontext():
         try:
             peft_model = PeftModel.from_pretrained(loaded.model, settings.adapter)
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, SafetensorError) as exc:
             raise UserError(f"--adapter {settings.adapter}: not a PEFT adapter of this model "
                             f"({' '.join(str(exc).split())[:200]})") from None
         try:
