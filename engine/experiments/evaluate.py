@@ -201,7 +201,10 @@ def _adapted(settings: EvaluateSettings, context: RunContext) -> Iterator[Subjec
     with removed(loaded.model, settings.remove) if settings.remove else contextlib.nullcontext():
         try:
             peft_model = PeftModel.from_pretrained(loaded.model, settings.adapter)
-        except (OSError, ValueError, KeyError, SafetensorError) as exc:
+        except SafetensorError as exc:
+            raise UserError(f"--adapter {settings.adapter}: adapter_model.safetensors is damaged or truncated "
+                            f"({' '.join(str(exc).split())[:120]}); copy or export it again") from None
+        except (OSError, ValueError, KeyError) as exc:
             raise UserError(f"--adapter {settings.adapter}: not a PEFT adapter of this model "
                             f"({' '.join(str(exc).split())[:200]})") from None
         try:
