@@ -134,12 +134,14 @@ def adapters(tmp_path_factory, folders) -> dict[str, Path]:
     model = get_peft_model(tiny_model(), LoraConfig(r=2, target_modules=["q_proj"]))
     model.save_pretrained(root / "bin", safe_serialization=False)
     model.save_pretrained(root / "truncated")
+    model.save_pretrained(root / "good")
+    hostile_pickle(root / "good" / "adapter_model.bin", folders["marker"])  # beside it: never read
     assert (root / "bin" / "adapter_model.bin").is_file()
     shutil.copytree(root / "bin", root / "payload")
     hostile_pickle(root / "payload" / "adapter_model.bin", folders["marker"])
     cut = root / "truncated" / "adapter_model.safetensors"
     cut.write_bytes(cut.read_bytes()[:100])
-    return {name: root / name for name in ("bin", "payload", "truncated")}
+    return {name: root / name for name in ("bin", "payload", "truncated", "good")}
 
 
 @pytest.mark.parametrize("kind", ["bin", "payload"])
@@ -148,6 +150,21 @@ def test_an_adapter_with_only_adapter_model_bin_is_refused_in_one_line(folders, 
                                "--tasks", "x", "--adapter", str(adapters[kind]), home=tmp_path))
     assert f"--adapter {adapters[kind]} has only pickled weights (adapter_model.bin)" in line
     assert "adapter_model.safetensors" in line  # how to convert it
+    assert not folders["marker"].exists()
+
+
+def test_a_safetensors_adapter_still_loads(adapters, folders):
+    from tiny_models import byte_tokenizer
+
+    from engine.experiments.evaluate import EvaluateSettings, _adapted
+    from engine.models import LoadedModel
+    from engine.registry import RunContext
+
+    settings = EvaluateSettings(tasks=("x",), adapter=str(adapters["good"]), gen_tokens=0)
+    settings.validate()
+    loaded = LoadedModel(tiny_model(), byte_tokenizer(), "tiny", "tiny", "cpu", "float32", "Llama", 4)
+    with _adapted(settings, RunContext(model=loaded)) as subject:
+        assert any("lora_" in name for name, _ in subject.model.named_parameters())
     assert not folders["marker"].exists()
 
 
