@@ -398,6 +398,7 @@ def resolve(name: str, report: Report = _quiet) -> ModelSource:
     if path.is_dir():
         if not (path / "config.json").exists():
             raise UserError(f"{path} has no config.json; point --model at a Hugging Face model folder")
+        safetensors_only(path)
         return ModelSource("folder", str(path.resolve()), path.name)
     looks_like_path = name.startswith((".", "/", "~")) or os.sep in name.strip("/").split("/", 1)[-1]
     if looks_like_path or path.exists():
@@ -407,6 +408,72 @@ def resolve(name: str, report: Report = _quiet) -> ModelSource:
     raise UserError(
         f"unknown model {name!r}; use {DEFAULT_MODEL}, a local folder, a .gguf file or a hub id like org/name"
     )
+
+
+# --- no pickles ---------------------------------------------------------------------------------
+# A pickle (`pytorch_model.bin`, `.pt`, `.pth`) can run code when it is read, so weights are read from
+# safetensors only: `from_pretrained(..., use_safetensors=True)`, and before that a folder is looked
+# at (names and JSON only) so that nothing would make transformers or peft fall back to torch.load:
+# no safetensors weights at all, a config.json `transformers_weights` naming another file, or a
+# sharded index whose shards are not safetensors (transformers reads those with torch.load even
+# under use_safetensors=True). peft has no such flag: it reads adapter_model.safetensors when the
+# folder has one, so an adapter folder is checked the same way before peft sees it.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+MODEL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+ADAPTER_WEIGHTS = ("adapter_model.safetensors",)
+
+
+def _convert_hint(folder: Path, adapter: bool) -> str:
+    if adapter:
+        return ("convert it to safetensors first, where you trust the file: python -c \"import torch, "
+                "safetensors.torch as s; s.save_file({k: v.contiguous() for k, v in torch.load("
+                f"'{folder}/adapter_model.bin', weights_only=True).items()}}, '{folder}/adapter_model.safetensors')\"")
+    return ("convert it to safetensors first, where you trust the file: python -c \"from transformers import "
+            f"AutoModelForCausalLM as M; M.from_pretrained('{folder}').save_pretrained('{folder}-safetensors')\"")
+
+
+def safetensors_only(folder: Path, adapter: bool = False, what: str = "") -> None:
+    """Refuses in one line (UserError) a model folder (or a PEFT adapter folder, `adapter`) whose
+    weights would be read as a pickle; reads only file names and JSON, never the weights."""
+    import json
+
+    folder = Path(folder)
+    what = what or str(folder)
+    names = ADAPTER_WEIGHTS if adapter else MODEL_WEIGHTS
+    found = [name for name in names if (folder / name).is_file()]
+    if not found:
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file()) \
+            if folder.is_dir() else []
+        if pickles:
+            raise UserError(f"{what} has only pickled weights ({', '.join(pickles[:3])}), which anatomy-tui never "
+                            f"loads (a pickle can run code); {_convert_hint(folder, adapter)}")
+        return  # no weights at all: the loader says so
+    if adapter:
+        return
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}  # the loader reports an unreadable config
+    named = config.get("transformers_weights") if isinstance(config, dict) else None
+    if named is not None and not str(named).endswith(MODEL_WEIGHTS):
+        raise UserError(f"{what}: config.json names {named!r} as its weights (transformers_weights), not a "
+                        "safetensors file; anatomy-tui never loads pickles: remove that key")
+    if found == ["model.safetensors.index.json"] or named == "model.safetensors.index.json":
+        try:
+            index = json.loads((folder / "model.safetensors.index.json").read_text(encoding="utf-8"))
+            shards = set(index["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise UserError(f"{what}: model.safetensors.index.json is damaged (no weight_map); "
+                            "copy or download it again") from None
+        odd = sorted(str(name) for name in shards if not str(name).endswith(".safetensors"))
+        if odd:
+            raise UserError(f"{what}: model.safetensors.index.json lists shards that are not safetensors "
+                            f"({', '.join(odd[:3])}); anatomy-tui never loads pickles")
+
+
+def damaged_safetensors(exc: Exception) -> bool:
+    """Whether `exc` is safetensors' error for a truncated or damaged file."""
+    return type(exc).__name__ == "SafetensorError"
 
 
 def _gguf_cache_dir(gguf: Path, dtype: str = "float32") -> Path:
@@ -504,6 +571,13 @@ def _save_float_copy(model: Any, folder: Path) -> None:
 def _friendly_load_error(exc: Exception, source: ModelSource) -> UserError:
     text = str(exc)
     lowered = text.lower()
+    if damaged_safetensors(exc):
+        return UserError(f"could not load {source.display}: its safetensors weights are damaged or truncated "
+                         f"({' '.join(text.split())[:120]}); copy or download them again")
+    if "cannot be loaded with `safetensors`" in text:  # use_safetensors=True and only pickles on the hub
+        return UserError(f"{source.display} has only pickled weights (pytorch_model.bin), which anatomy-tui never "
+                         "loads (a pickle can run code); pick a repository with model.safetensors, or convert it "
+                         "to safetensors first where you trust the file")
     if "out of memory" in lowered:
         return UserError(f"out of memory loading {source.display}; try --dtype float16 or --device cpu")
     if "unrecognized configuration class" in lowered or "does not recognize this architecture" in lowered:
@@ -538,6 +612,7 @@ def load_model(
     CPU and the disk, through accelerate; `max_memory` ('0=14GiB,1=14GiB,cpu=30GiB') caps each.
     `deterministic` and `tf32` set up torch for the run on a GPU (`set_deterministic`, `enable_tf32`)."""
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from engine.models.anatomy import LayerStack
@@ -557,19 +632,23 @@ def load_model(
             dtype_name = run_dtype(dtype, device_name, config)
             location = str(dequantized_folder(gguf, report, dtype_name))
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
+        named = getattr(config, "transformers_weights", None)  # a hub config can name a pickle too
+        if named is not None and not str(named).endswith(MODEL_WEIGHTS):
+            raise UserError(f"{source.display}: its config names {named!r} as its weights (transformers_weights), "
+                            "not a safetensors file; anatomy-tui never loads pickles")
         LayerStack.check_family(config.model_type)
         dtype_name = dtype_name or run_dtype(dtype, device_name, config, trust_remote_code)
         for line in dtype_warnings(dtype_name, device_name, config.model_type):
             report("warning: " + line)
         # straight onto the device, tensor by tensor: no full copy in host RAM first
         model = AutoModelForCausalLM.from_pretrained(
-            location, dtype=getattr(torch, dtype_name), trust_remote_code=trust_remote_code,
+            location, dtype=getattr(torch, dtype_name), trust_remote_code=trust_remote_code, use_safetensors=True,
             **(placed or {"device_map": device_name}),
         )
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
     except UserError:
         raise
-    except (OSError, ValueError, RuntimeError, KeyError, struct.error) as exc:  # struct: a truncated GGUF
+    except (OSError, ValueError, RuntimeError, KeyError, struct.error, SafetensorError) as exc:  # struct: bad GGUF
         if is_out_of_memory(exc):
             traceback.clear_frames(exc.__traceback__)
             release_memory()

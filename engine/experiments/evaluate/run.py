@@ -142,13 +142,21 @@ def _adapted(settings: EvaluateSettings, context: RunContext) -> Iterator[Subjec
     """The loaded model (cut by --remove when given) with the PEFT adapter in `settings.adapter`,
     unloaded afterwards (the base weights were never changed)."""
     from peft import PeftModel
+    from safetensors import SafetensorError
 
+    from engine.models.loading import safetensors_only
     from engine.models.pruning import removed
 
     loaded = context.model
+    # peft has no use_safetensors: it reads adapter_model.safetensors when the folder has one, and
+    # safetensors_only refuses a folder without it before peft could fall back to torch.load
+    safetensors_only(Path(settings.adapter), adapter=True, what=f"--adapter {settings.adapter}")
     with removed(loaded.model, settings.remove) if settings.remove else contextlib.nullcontext():
         try:
             peft_model = PeftModel.from_pretrained(loaded.model, settings.adapter)
+        except SafetensorError as exc:
+            raise UserError(f"--adapter {settings.adapter}: adapter_model.safetensors is damaged or truncated "
+                            f"({' '.join(str(exc).split())[:120]}); copy or export it again") from None
         except (OSError, ValueError, KeyError) as exc:
             raise UserError(f"--adapter {settings.adapter}: not a PEFT adapter of this model "
                             f"({' '.join(str(exc).split())[:200]})") from None

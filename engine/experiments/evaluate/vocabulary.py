@@ -36,9 +36,13 @@ class EvaluateSettings(LmEvalSettings):
     def check(self) -> None:
         if len(set(self.variants)) != len(self.variants):
             raise UserError("--variants: each variant once")
+        from engine.models.loading import safetensors_only  # only once a folder is named
+
         for flag, value in (("--folder", self.folder), ("--adapter", self.adapter)):
             if value is not None and not Path(value).is_dir():
                 raise UserError(f"{flag} {value}: not a folder")
+            if value is not None:  # before the model loads: no pickle is ever read
+                safetensors_only(Path(value), adapter=flag == "--adapter", what=f"{flag} {value}")
         self.check_include_path()
 
     def check_inputs(self) -> None:

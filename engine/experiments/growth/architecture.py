@@ -204,11 +204,18 @@ def no_progress_bars() -> Iterator[None]:
 
 def load_growth_model(path: str | Path):
     """(model, tokenizer) for a saved growth or uniform model folder; the tokenizer has encode/decode."""
+    from safetensors import SafetensorError
+
     from engine.experiments.growth.data import CharTokenizer
+    from engine.models.loading import safetensors_only
 
     folder = Path(path)
+    safetensors_only(folder)  # a session's folder is untrusted: its weights never come from a pickle
     tokenizer = CharTokenizer.load(folder)
     with no_progress_bars():
-        model = AutoModelForCausalLM.from_pretrained(folder)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True)
+        except (OSError, SafetensorError) as exc:
+            raise UserError(f"could not load the model in {folder}: {' '.join(str(exc).split())[:160]}") from None
     model.eval()
     return model, tokenizer

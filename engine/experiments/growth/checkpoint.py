@@ -68,6 +68,18 @@ def load_checkpoint(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
     path = Path(folder) / STATE_FILE
     if not path.exists():
         return None
-    state = json.loads(path.read_text(encoding="utf-8"))
-    tensors = load_file(str(Path(folder) / state["tensors"])) if state.get("tensors") else {}
+    from safetensors import SafetensorError
+
+    from engine.core.errors import UserError
+
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        name = state.get("tensors")
+        if name is not None and not (isinstance(name, str) and name == Path(name).name
+                                     and name.startswith("state-") and name.endswith(".safetensors")):
+            raise ValueError(f"its tensors {name!r} are not a state-*.safetensors file beside it")
+        tensors = load_file(str(Path(folder) / name)) if name else {}
+    except (OSError, ValueError, AttributeError, SafetensorError) as exc:
+        raise UserError(f"the growth checkpoint in {folder} is damaged ({' '.join(str(exc).split())[:120]}); "
+                        "run without --resume to start over") from None
     return state, tensors
