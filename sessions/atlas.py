@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.atlas import DEFAULT_BINS, MAIN, AtlasDocument, AtlasRow, build, rows_of, with_depth
-from engine.atomic import atomic_write_json
+from engine.atomic import atomic_write_json, read_text
 from engine.errors import UserError
 from sessions.store import Session, SessionError, SessionStore
 
@@ -107,11 +107,11 @@ def open_atlas(store: SessionStore, name: str, spec: dict[str, Any]) -> tuple[Se
     steps: dict[str, dict[str, str]] = {}
     if path.is_file():
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(read_text(path))  # never through a link (engine.atomic.unlinked)
             if isinstance(doc, dict) and isinstance(doc.get("steps"), dict):
                 steps = {str(k): {"session": str(v.get("session", "")), "status": str(v.get("status", ""))}
                          for k, v in doc["steps"].items() if isinstance(v, dict)}
-        except (OSError, ValueError):
+        except (OSError, ValueError, UserError):
             steps = {}  # a damaged state file: every step is found again in the sessions
     return session, AtlasState(path, spec, steps)
 

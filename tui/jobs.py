@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.atomic import unlinked
 from engine.errors import UserError
 from engine.options import ModelOptions
 from engine.process import job_identity_matches, pid_alive
@@ -185,7 +186,8 @@ def launch_job(session: Session, experiment: str, argv: Sequence[str]) -> Backgr
     env = {**os.environ, "ANATOMY_TUI_HOME": str(session.path.parent)}
     root = Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
-    with open(log_path, "ab") as log:
+    unlinked(log_path)  # the logs folder was checked (part); the file is opened without following a link
+    with open(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab") as log:
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

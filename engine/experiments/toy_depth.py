@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from engine import powerfit
-from engine.atomic import atomic_write_bytes, atomic_write_json
+from engine.atomic import atomic_write_bytes, atomic_write_json, read_text
 from engine.distributed import ShardPlan
 from engine.errors import UserError
 from engine.events import (
@@ -322,7 +322,7 @@ def prepare_checkpoints(folder: Path, settings: ToyDepthSettings, resume: bool) 
         if not run_file.is_file():
             raise UserError(f"nothing to resume: no toy-depth checkpoint in {folder}; run without --resume")
         try:
-            saved = json.loads(run_file.read_text(encoding="utf-8"))["settings"]
+            saved = json.loads(read_text(run_file))["settings"]
             if not isinstance(saved, dict):
                 raise TypeError("settings is not an object")
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -360,7 +360,7 @@ def load_student(folder: Path, name: str, regime: str, temperature: float, depth
     if not (Path(folder) / f"{name}.safetensors").is_file():
         return None, "its weights are missing"
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(read_text(path))
     except (OSError, ValueError) as exc:
         return None, f"unreadable ({exc})"
     if not isinstance(record, dict):

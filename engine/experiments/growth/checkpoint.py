@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
-from engine.atomic import atomic_write, atomic_write_json
+from engine.atomic import atomic_write, atomic_write_json, read_bytes, read_text
+from engine.errors import UserError
 
 STATE_FILE = "state.json"
 FORMAT = 1
@@ -68,6 +69,9 @@ def load_checkpoint(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
     path = Path(folder) / STATE_FILE
     if not path.exists():
         return None
-    state = json.loads(path.read_text(encoding="utf-8"))
-    tensors = load_file(str(Path(folder) / state["tensors"])) if state.get("tensors") else {}
+    state = json.loads(read_text(path))  # never through a link (engine.atomic.unlinked)
+    name = state.get("tensors")
+    if name and (not isinstance(name, str) or Path(name).name != name):
+        raise UserError(f"{path} names tensors {name!r} outside its folder; run without --resume to start over")
+    tensors = load(read_bytes(Path(folder) / name)) if name else {}
     return state, tensors
