@@ -344,21 +344,44 @@ def test_two_atlases_creating_one_session_at_once_the_second_joins(families, fil
 
 
 ROOT = Path(__file__).resolve().parent.parent
+RACER = """
+import os, sys, time
+from pathlib import Path
+from sessions.store import SessionStore
+
+real, barrier = SessionStore.exists, Path(sys.argv[1])
+
+def exists(self, name):  # the atlas's first look for its session: both look before either makes it
+    found = real(self, name)
+    if name == "at" and not (barrier / str(os.getpid())).exists():
+        (barrier / str(os.getpid())).touch()
+        while len(list(barrier.iterdir())) < 2:
+            time.sleep(0.01)
+    return found
+
+SessionStore.exists = exists
+from tui.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
 
 
 @pytest.mark.slow
-def test_two_identical_atlases_started_at_once_both_finish(families, files, isolated_home):
-    """Two real `anatomy-tui atlas` processes with the same name and models, started together: both
-    exit 0 (one makes the atlas session and the models' sessions, the other joins them), with one table."""
+def test_two_identical_atlases_started_at_once_both_finish(families, files, isolated_home, tmp_path):
+    """Two real `anatomy-tui atlas` processes with the same name and models, both looking for the
+    atlas session before either has made it: both exit 0 (one makes the atlas session, the other joins
+    it, as two `run`s of one session do, and the same for each model's session), with one table."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "tui.cli", *atlas_argv({f: families[f] for f in FAMILIES}, files[0], "at")]
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    argv = atlas_argv(families, files[0], "at")
     argv[argv.index("--models") + 1] = f"{families['llama']},{families['qwen2']}"
-    processes = [subprocess.Popen(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                 for _ in range(2)]
+    processes = [subprocess.Popen([sys.executable, "-c", RACER, str(barrier), *argv], cwd=ROOT, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     outcomes = [(p.wait(timeout=600), p.communicate()[1]) for p in processes]
     for code, err in outcomes:
         assert code == 0, err
         assert "already exists" not in err and "Traceback" not in err
+    assert sum("this one adds to it" in err for _, err in outcomes) >= 1  # the second joined, and said so
     rows = table(isolated_home, "at")
     assert {(r["model"], r["measure"]) for r in rows} == {
         (str(families[f]), m) for f in ("llama", "qwen2")
