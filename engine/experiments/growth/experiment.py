@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.atomic import guarded_root, inside
 from engine.errors import UserError
 from engine.events import (
     CancelToken,
@@ -405,6 +406,8 @@ def _run(
                     for p in PROMPTS
                 ]
                 if model_dir is not None:
+                    folder = Path(model_dir) / name  # in a session: never saved through a link, in it or on the way
+                    inside(folder, guarded_root(folder) or folder, "the growth run's model folder")
                     outcome.model.save(Path(model_dir) / name)
                     corpus.tokenizer.save(Path(model_dir) / name)
             completed[key] = record
