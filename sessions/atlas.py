@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.atlas.table import DEFAULT_BINS, MAIN, AtlasDocument, AtlasRow, build, rows_of, with_depth
 from engine.core.errors import UserError
-from engine.disk.atomic import atomic_write_json
-from sessions.store import Session, SessionError, SessionStore
+from engine.disk.atomic import atomic_write_json, read_text
+from sessions.store import Session, SessionError, SessionExists, SessionStore
 
 STATE = "state.json"
 ATLAS_RESULT = "atlas"
@@ -92,26 +92,35 @@ class AtlasState:
         atomic_write_json(self.path, {"spec": self.spec, "steps": self.steps}, "atlas state")
 
 
-def open_atlas(store: SessionStore, name: str, spec: dict[str, Any]) -> tuple[Session, AtlasState]:
+def open_atlas(store: SessionStore, name: str, spec: dict[str, Any],
+               say: Callable[[str], None] = lambda text: None) -> tuple[Session, AtlasState]:
     """The atlas session `name` with its state: created with `spec`, or, when it exists, checked to
-    have been started with the same spec (a different one is a one-line error)."""
-    if store.exists(name):
+    have been started with the same spec (a different one is a one-line error). Of two atlases that
+    create it at once the first makes it (whole, store.create) and the second joins it, as two runs
+    of one session do; `say` tells that one so."""
+    session = None
+    if not store.exists(name):
+        try:
+            session = store.create(name, model="", settings={"atlas": spec})
+        except SessionExists:
+            if not store.exists(name):
+                raise
+            say(f"atlas {name} was just made by another atlas command; this one adds to it")
+    if session is None:
         session = store.open(name)
         if session.manifest.get("settings", {}).get("atlas") != spec:
             raise UserError(f"atlas {name} was started with other models, measures or texts "
                             f"({json.dumps(session.manifest.get('settings', {}).get('atlas'))}); "
                             "run it with those, or choose another --name")
-    else:
-        session = store.create(name, model="", settings={"atlas": spec})
     path = session.checkpoint_dir(ATLAS_RESULT) / STATE
     steps: dict[str, dict[str, str]] = {}
     if path.is_file():
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(read_text(path))  # never through a link (engine.disk.atomic.unlinked)
             if isinstance(doc, dict) and isinstance(doc.get("steps"), dict):
                 steps = {str(k): {"session": str(v.get("session", "")), "status": str(v.get("status", ""))}
                          for k, v in doc["steps"].items() if isinstance(v, dict)}
-        except (OSError, ValueError):
+        except (OSError, ValueError, UserError):
             steps = {}  # a damaged state file: every step is found again in the sessions
     return session, AtlasState(path, spec, steps)
 

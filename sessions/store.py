@@ -11,9 +11,10 @@
     (each part's name: engine/disk/session_layout.py)
 
 Nothing in a session folder is trusted: every field read is checked (a bad one is reported as
-the session's damage, one line each, and the rest stays usable), none of its parts may be a
-symbolic link (writes would land outside the sessions folder), and a pid is signalled only with
-proof that it still is the job that wrote it (engine.core.process).
+the session's damage, one line each, and the rest stays usable), nothing in it is read or written
+through a symbolic link (the session folder itself included: engine.disk.atomic.unlinked, the one check,
+made by every read and write of the store and of engine.disk.atomic below a session it opened), and a pid
+is signalled only with proof that it still is the job that wrote it (engine.core.process).
 
 The machine's faults: a sessions folder that is a file or cannot be written is one line
 (`SessionStore.check_home`) before anything runs. A session appears whole or not at all (made in a
@@ -46,7 +47,17 @@ from typing import Any
 from engine.core.errors import UserError
 from engine.core.events import Event, event_from_json, upgrade_result
 from engine.core.process import identity_problem, pid_alive, valid_pid
-from engine.disk.atomic import append_line, atomic_write_json, is_no_space, locked, no_space
+from engine.disk.atomic import (
+    append_line,
+    atomic_write_json,
+    guard,
+    is_no_space,
+    locked,
+    no_space,
+    open_unlinked,
+    read_text,
+    unlinked,
+)
 from engine.disk.session_layout import CHECKPOINTS, EVENTS, FOLDERS, JOBS, LOGS, MANIFEST, PARTS, RESULTS
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -186,6 +197,7 @@ class Session:
 
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
         self.path = path
+        guard(path)  # from now on no read or write below it follows a symbolic link (engine.disk.atomic)
         self.manifest = manifest
         self.damage: list[str] = []  # one line per part that could not be read, for front ends to show
 
@@ -194,16 +206,13 @@ class Session:
         return self.path.name
 
     def part(self, *names: str) -> Path:
-        """`path/names...`, refusing any link on the way: writes never leave the session folder."""
-        path = self.path
-        for name in names:
-            path = path / name
-            if path.is_symlink():
-                raise SessionError(
-                    f"session {self.name!r}: {path.relative_to(self.path)} is a symbolic link; "
-                    "sessions never follow links (replace it with a real file or folder)"
-                )
-        return path
+        """`path/names...`, refusing any link on the way (the session folder itself included): reads
+        and writes never leave the session folder."""
+        path = self.path.joinpath(*names)
+        try:
+            return unlinked(path, self.path)
+        except UserError as exc:
+            raise SessionError(str(exc)) from None
 
     def _note(self, reason: str) -> None:
         if reason not in self.damage:
@@ -247,7 +256,7 @@ class Session:
             if folder.exists() and not folder.is_dir():
                 raise UserError(f"session {self.name!r}: {folder} is not a folder; move it away")
         if result is not None:
-            check_writable_path(self.results_dir / f"{_checked_name(result)}.json", f"session {self.name!r}: result")
+            check_writable_path(self.part(RESULTS, f"{_checked_name(result)}.json"), f"session {self.name!r}: result")
 
     # manifest -----------------------------------------------------------------------------
     def update_manifest(self, **changes: Any) -> None:
@@ -256,8 +265,8 @@ class Session:
         self.path.mkdir(parents=True, exist_ok=True)  # a run that joined a session its maker discarded
         with locked(self.path):
             try:
-                current = json.loads(self.part(MANIFEST).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+                current = json.loads(read_text(self.part(MANIFEST)))
+            except (OSError, ValueError, UserError):
                 current = None
             if not isinstance(current, dict) or _field_problem(current, _MANIFEST_FIELDS, ()):
                 current = dict(self.manifest)
@@ -289,14 +298,12 @@ class Session:
             path = self.events_path
             if not path.exists():
                 return b"", offset
-            if not path.is_file():  # a directory, or a FIFO that would block the reader for ever
-                raise OSError(0, "not a regular file")
-            with open(path, "rb") as handle:
+            with open_unlinked(path) as handle:  # a directory, or a FIFO that would block the reader: refused
                 handle.seek(offset)
                 data = handle.read(-1 if limit is None else limit)
                 while limit is not None and b"\n" not in data and (more := handle.read(limit)):
                     data += more  # a line longer than the limit: read on to its end
-        except (OSError, SessionError) as exc:
+        except (OSError, SessionError, UserError) as exc:
             self._note(f"events.jsonl cannot be read ({_reason(exc)}); move it away to log new events")
             return b"", offset
         end = data.rfind(b"\n") + 1
@@ -339,7 +346,7 @@ class Session:
         one-line error says where: a finished computation is never lost."""
         path = self.path / RESULTS / f"{_checked_name(name)}.json"
         try:
-            path = self.results_dir / path.name
+            path = self.part(RESULTS, path.name)  # a linked result file is refused, its target untouched
             atomic_write_json(path, doc, f"result {name!r}")
         except (OSError, UserError, SessionError) as exc:
             spare = self.keep_spare(name, doc)
@@ -372,12 +379,10 @@ class Session:
         path = self.path / RESULTS / f"{_checked_name(name)}.json"
         try:
             path = self.part(RESULTS, path.name)
-            if not path.exists():
+            if not path.exists() and not path.is_symlink():
                 return None
-            if not path.is_file():
-                raise SessionError("it is not a regular file")
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, SessionError) as exc:
+            doc = json.loads(read_text(path))  # never through a link, never a FIFO
+        except (OSError, ValueError, SessionError, UserError) as exc:
             raise SessionError(f"result {path} is damaged ({_reason(exc)}); delete it and run again") from None
         problem = result_problem(doc)
         if problem:
@@ -438,10 +443,8 @@ class Session:
             return found
         for path in paths:
             try:
-                if path.is_symlink() or not path.is_file():
-                    raise ValueError("it is not a regular file")
-                doc = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
+                doc = json.loads(read_text(path))  # never through a link, never a FIFO
+            except (OSError, ValueError, UserError) as exc:
                 self._note(f"job file jobs/{path.name} is damaged ({_reason(exc)}); it is ignored")
                 continue
             problem = _field_problem(doc, _JOB_FIELDS, ("status",))
@@ -491,8 +494,11 @@ class SessionStore:
         self.home = Path(home) if home is not None else default_home()
 
     def _path(self, name: str) -> Path:
-        path = (self.home / _checked_name(name)).resolve()
-        if path.parent != self.home.resolve():
+        """The session's folder: the sessions folder (resolved: it may be a link) and the name, which
+        is not resolved: a session folder that is a link is refused when it is opened."""
+        home = self.home.resolve()
+        path = Path(os.path.normpath(home / _checked_name(name)))
+        if path.parent != home:
             raise SessionError(f"session name {name!r} escapes {self.home}; pick a plain name")
         return path
 
@@ -593,14 +599,16 @@ class SessionStore:
         manifest_path = path / MANIFEST
         if not manifest_path.exists() and not manifest_path.is_symlink():
             raise SessionError(f"no session {name!r} in {self.home}; see `anatomy-tui sessions list`")
+        if path.is_symlink():
+            raise SessionError(f"session {name!r} is refused: its folder is a symbolic link (to "
+                               f"{os.path.realpath(path)}); sessions never follow links (move the real folder "
+                               "into the sessions folder in its place)")
         linked = _link_problem(path)
         if linked:
             raise SessionError(f"session {name!r} is refused: {linked}")
         try:
-            if not manifest_path.is_file():  # a FIFO would block every reader
-                raise OSError(0, "not a regular file")
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            manifest = json.loads(read_text(manifest_path, path))  # a FIFO would block every reader: refused
+        except (OSError, ValueError, UserError) as exc:
             raise SessionError(
                 f"session {name!r} is damaged: manifest.json does not parse ({_reason(exc)})"
             ) from None

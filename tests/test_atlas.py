@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from tiny_models import save_tiny
 
-from engine.atlas import table as A
+from engine.atlas.table import table as A
 from sessions.store import SessionStore
 from tui.cli import main
 
@@ -128,10 +131,11 @@ def test_atlas_killed_after_the_first_model_resumes_to_the_same_table(families, 
     monkeypatch.setattr(tui.runner, "run_command", killed_on_the_second)
     assert main(atlas_argv(families, evaluation)) == 130
     err = capsys.readouterr().err
-    assert "atlas tiny interrupted at" in err and "qwen2" in err
+    assert "atlas tiny interrupted at" in err and "qwen2" in err and "failed" not in err
     store = SessionStore(isolated_home)
     state = json.loads((store.open("tiny").path / "checkpoints" / "atlas" / "state.json").read_text())
-    assert list(state["steps"]) == [f"{families['llama']}|main|ablation"]
+    assert state["steps"] == {f"{families['llama']}|main|ablation": {"session": "tiny-llama", "status": "run"},
+                              f"{families['qwen2']}|main|ablation": {"session": "tiny-qwen2", "status": "interrupted"}}
     assert store.open("tiny").load_result("atlas") is None
 
     monkeypatch.setattr(tui.runner, "run_command", real)
@@ -312,3 +316,74 @@ def test_two_atlas_folders_load_as_their_own_tables(tmp_path):
     write_dataset(docs[0], tmp_path / "home1" / "t" / "dataset")  # the second atlas rerun with other rows
     again = load_dataset(str(tmp_path / "home1" / "t" / "dataset"), split="train", cache_dir=str(tmp_path / "cache"))
     assert again.to_list() == [dataclasses.asdict(r) for r in docs[0].rows]
+
+
+def test_two_atlases_creating_one_session_at_once_the_second_joins(families, files):
+    """The race, made certain: both found no atlas session, the other made it first; this one joins
+    (says so) instead of failing with 'already exists'."""
+    from sessions.atlas import open_atlas
+    from tui.cli import build_parser
+    from tui.commands.atlas import spec_of
+
+    spec = spec_of(build_parser().parse_args(atlas_argv(families, files[0], "race")))
+    first, _ = open_atlas(SessionStore(), "race", spec)
+
+    class Raced(SessionStore):
+        looked = False
+
+        def exists(self, name: str) -> bool:  # the first look: the other atlas had not made it yet
+            if not self.looked:
+                self.looked = True
+                return False
+            return super().exists(name)
+
+    said: list[str] = []
+    second, state = open_atlas(Raced(), "race", spec, said.append)
+    assert second.path == first.path and state.steps == {}
+    assert said == ["atlas race was just made by another atlas command; this one adds to it"]
+
+
+ROOT = Path(__file__).resolve().parent.parent
+RACER = """
+import os, sys, time
+from pathlib import Path
+from sessions.store import SessionStore
+
+real, barrier = SessionStore.exists, Path(sys.argv[1])
+
+def exists(self, name):  # the atlas's first look for its session: both look before either makes it
+    found = real(self, name)
+    if name == "at" and not (barrier / str(os.getpid())).exists():
+        (barrier / str(os.getpid())).touch()
+        while len(list(barrier.iterdir())) < 2:
+            time.sleep(0.01)
+    return found
+
+SessionStore.exists = exists
+from tui.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_two_identical_atlases_started_at_once_both_finish(families, files, isolated_home, tmp_path):
+    """Two real `anatomy-tui atlas` processes with the same name and models, both looking for the
+    atlas session before either has made it: both exit 0 (one makes the atlas session, the other joins
+    it, as two `run`s of one session do, and the same for each model's session), with one table."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    argv = atlas_argv(families, files[0], "at")
+    argv[argv.index("--models") + 1] = f"{families['llama']},{families['qwen2']}"
+    processes = [subprocess.Popen([sys.executable, "-c", RACER, str(barrier), *argv], cwd=ROOT, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outcomes = [(p.wait(timeout=600), p.communicate()[1]) for p in processes]
+    for code, err in outcomes:
+        assert code == 0, err
+        assert "already exists" not in err and "Traceback" not in err
+    assert sum("this one adds to it" in err for _, err in outcomes) >= 1  # the second joined, and said so
+    rows = table(isolated_home, "at")
+    assert {(r["model"], r["measure"]) for r in rows} == {
+        (str(families[f]), m) for f in ("llama", "qwen2")
+        for m in ("d_pct", "block_influence", "angular_distance", "angular_last_token")}
+    assert sorted(info.name for info in SessionStore().list()) == ["at", "at-llama", "at-qwen2"]

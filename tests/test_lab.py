@@ -282,8 +282,12 @@ def test_the_prompt_pane_models_this_session_has(monkeypatch, tmp_path):
     assert lab.variant("growth", 0.5) == (None, "no growth model in this session yet (run growth: key g)")
     lab.state.set_result("prune", prune_result([cut("bi", [1])], exported_point=cut("bi", [2, 4])))
     assert lab.variant("pruned", 0.5)[0].layers == (2, 4)
-    lab.state.set_result("growth", growth_doc({"uniform_100": str(tmp_path)}))
-    assert lab.variant("uniform", 0.5)[0].path == tmp_path
+    saved = lab.session.path / "growth_models" / "uniform_100"
+    saved.mkdir(parents=True)
+    lab.state.set_result("growth", growth_doc({"uniform_100": str(saved)}))
+    assert lab.variant("uniform", 0.5)[0].path == saved
+    lab.state.set_result("growth", growth_doc({"uniform_100": str(tmp_path)}))  # a folder outside the session
+    assert "is not inside session folder" in lab.variant("uniform", 0.5)[1]
     lab.toggle_mark(3)
     assert lab.variant("modified", 0.5)[0].layers == (1,)
 

@@ -23,8 +23,9 @@ from engine.core.errors import UserError
 from engine.core.events import Event, Message, Progress, Result
 from engine.core.process import STOP_EXIT_CODES, Stopped, exit_code, interruption, stop_on_signals, stop_signal
 from engine.core.settings import Settings
+from engine.experiments.context import RunContext
 from engine.models.options import ModelOptions
-from engine.registry import Experiment, RunContext
+from engine.registry import Experiment
 from sessions.job_runner import run_job
 from sessions.store import Session, SessionStore
 from tui.cli import main
@@ -392,3 +393,36 @@ def test_a_job_the_console_started_stops_on_sigterm_is_offered_and_its_resume_ma
     assert again.process.wait(timeout=600) == 130
     cancelled = [doc for doc in SessionStore().open("console").jobs().values() if doc.get("pid") == again.pid]
     assert [doc["status"] for doc in cancelled] == ["cancelled"]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_an_atlas_as_interrupted_and_its_rerun_reuses_the_finished_measures(tmp_path, capsys):
+    """A real `anatomy-tui atlas` stopped by SIGTERM while its second model's map runs: exit 143, the
+    measure said interrupted (not failed), its step and its job marked interrupted; run again, the
+    first model's map is reused and the second's runs to the end."""
+    from tiny_models import save_tiny
+
+    models = [save_tiny(tmp_path / family, family) for family in ("llama", "qwen2")]
+    texts = tmp_path / "texts.txt"  # enough text that a map takes a while
+    texts.write_text("\n".join(f"The {i}th cat sat on the mat and looked at dog {i * 7 % 13}." for i in range(300)))
+    argv = ["atlas", "--models", ",".join(map(str, models)), "--name", "sig", "--eval-file", str(texts),
+            "--device", "cpu", "--measures", "map", "--bins", "4"]
+    code, err = signal_after(start(argv), "sig-qwen2", "ablation.layer", signal.SIGTERM)
+    assert code == 143, err
+    assert "Traceback" not in err and "failed" not in err and "fix that" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("atlas sig interrupted")]
+    assert line == (f"atlas sig interrupted by SIGTERM at {models[1]} · ablation on main (marked interrupted; its "
+                    "session sig-qwen2); run the same atlas command again to continue from here")
+    state = json.loads((SessionStore().open("sig").path / "checkpoints/atlas/state.json").read_text())
+    assert state["steps"] == {f"{models[0]}|main|ablation": {"session": "sig-llama", "status": "run"},
+                              f"{models[1]}|main|ablation": {"session": "sig-qwen2", "status": "interrupted"}}
+    (job,) = SessionStore().open("sig-qwen2").jobs().values()
+    assert (job["status"], job["error"]) == ("interrupted", "stopped by SIGTERM")
+
+    capsys.readouterr()
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"{models[0]} · ablation (map) on main: reused from session sig-llama" in err
+    assert f"{models[1]} · ablation (map) on main: running into session sig-qwen2" in err
+    doc = SessionStore().open("sig").load_result("atlas")
+    assert {row["model"] for row in doc["rows"]} == {str(m) for m in models}

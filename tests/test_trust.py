@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -429,6 +430,190 @@ def test_events_log_that_is_a_directory_is_one_line_and_loses_nothing(tiny_folde
     monkeypatch.setattr("engine.models.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
     assert main(["run", "ablation", "--model", str(tiny_folder), "--session", "evdir"]) == 2
     assert "events.jsonl" in one_error_line(capsys)
+
+
+# issue 27: nothing below a session is read or written through a link --------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def planted(tmp_path: Path, content: bytes = b'{"mine": 1}\n', mode: int = 0o644) -> tuple[Path, bytes, int]:
+    """A file outside every session that a link will name: (path, its bytes, its mode)."""
+    target = tmp_path / "elsewhere" / "precious.json"
+    target.parent.mkdir(exist_ok=True)
+    target.write_bytes(content)
+    target.chmod(mode)
+    return target, content, mode
+
+
+def untouched(target: Path, content: bytes, mode: int) -> None:
+    assert target.read_bytes() == content and stat.S_IMODE(os.stat(target).st_mode) == mode
+
+
+def test_run_into_a_session_whose_result_file_is_a_link_refuses_and_leaves_the_target(tiny_folder, tmp_path):
+    """The probe: results/ablation.json a link to a file elsewhere; `run ablation --session S`, a real
+    process, refused in one line before the model loads, the file it names as it was (bytes and mode)."""
+    session = SessionStore().create("forged")
+    target, content, mode = planted(tmp_path)
+    (session.path / "results" / "ablation.json").symlink_to(target)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "tui.cli", "run", "ablation", "--model", str(tiny_folder),
+                           "--eval-set", "paper", "--device", "cpu", "--session", "forged"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1, done.stderr
+    assert err[0] == ("anatomy-tui: error: session 'forged': results/ablation.json is a symbolic link; sessions "
+                      "never follow links (replace it with a real file or folder)")
+    untouched(target, content, mode)
+    assert (session.path / "results" / "ablation.json").is_symlink() and not (session.path / "jobs").exists()
+
+
+def test_a_result_file_linked_during_the_run_is_kept_elsewhere_and_its_target_untouched(tmp_path):
+    session = SessionStore().create("late-link")
+    target, content, mode = planted(tmp_path, mode=0o640)
+
+    def experiment():
+        yield Progress(1, 1)
+        (session.results_dir / "thing.json").symlink_to(target)  # after the check before the run
+        yield Result("thing", {"answer": 42})
+
+    with pytest.raises(UserError, match="symbolic link") as caught:
+        run_job(session, "thing", {}, experiment(), job_id="j1")
+    spare = str(caught.value).rsplit("kept in ", 1)[1]
+    assert json.loads(open(spare).read()) == {"answer": 42} and "\n" not in str(caught.value)
+    untouched(target, content, mode)
+
+
+def _linked_checkpoint(session, target) -> None:
+    from engine.experiments.growth.checkpoint import load_checkpoint, save_checkpoint
+
+    folder = session.checkpoint_dir("growth")
+    (folder / "state.json").symlink_to(target)
+    with pytest.raises(UserError, match="checkpoints/growth/state.json is a symbolic link"):
+        load_checkpoint(folder)  # a resume never reads it
+    with pytest.raises(UserError, match="checkpoints/growth/state.json is a symbolic link"):
+        save_checkpoint(folder, "t", {}, {"step": 1})  # the engine's own write, through engine.disk.atomic
+
+
+def _linked_job(session, target) -> None:
+    (session.path / "jobs").mkdir()
+    (session.path / "jobs" / "j.json").symlink_to(target)
+    assert "j" not in session.jobs() and any("jobs/j.json" in line for line in session.damage)
+    with pytest.raises(SessionError, match="jobs/j.json is a symbolic link"):
+        session.write_job("j", {"status": "done"})
+
+
+def _linked_index(session, target) -> None:
+    from tui import event_index
+
+    session.append_event(Message("hello"))
+    (session.path / "events.index.json").symlink_to(target)
+    assert event_index.load(session) is None  # not read: the whole log is read instead
+    assert not event_index.write(session, [], 0)  # not written through either
+
+
+def _linked_app_log(session, target) -> None:
+    from tui.lab import Lab
+
+    (session.path / "app.log").symlink_to(target)
+    assert session.writable_part("app.log") is None
+    assert any("app.log is a symbolic link" in line for line in session.damage)
+    from engine.models.options import ModelOptions
+
+    with pytest.raises(SessionError, match="app.log is a symbolic link"):  # the console does not open it
+        Lab(SessionStore(), ModelOptions("tiny", device="cpu")).open(session.name)
+
+
+def _linked_result_read(session, target) -> None:
+    (session.path / "results" / "ablation.json").symlink_to(target)
+    with pytest.raises(SessionError, match="results/ablation.json is a symbolic link"):
+        session.load_result("ablation")
+    assert "ablation" not in session.results()
+    with pytest.raises((UserError, SessionError), match="results/ablation.json is a symbolic link"):
+        session.check_writable("ablation")
+
+
+def _linked_layer(session, target) -> None:
+    from sessions.layer_weights import load_layers
+
+    folder = session.checkpoint_dir("recovery") / "weights"
+    folder.mkdir()
+    (folder / "layer-1.safetensors").symlink_to(target)
+    with pytest.raises(UserError, match="weights/layer-1.safetensors is a symbolic link"):
+        load_layers(session, "recovery", "m")
+
+
+def _linked_growth_model(session, target) -> None:
+    models = session.path / "growth_models"
+    models.mkdir()
+    (models / "growth_100").symlink_to(target.parent, target_is_directory=True)
+    assert main(["export", session.name, "--model", "growth", str(target.parent.parent / "out")]) == 2
+
+
+@pytest.mark.parametrize("case", [_linked_result_read, _linked_checkpoint, _linked_job, _linked_index,
+                                  _linked_app_log, _linked_layer, _linked_growth_model])  # fmt: skip
+def test_a_linked_file_in_a_session_is_neither_read_nor_written(tmp_path, case, capsys):
+    session = SessionStore().create("s")
+    target, content, mode = planted(tmp_path)
+    case(session, target)
+    untouched(target, content, mode)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["precious.json"]
+    if case is _linked_growth_model:
+        assert "growth_models/growth_100 is a symbolic link" in one_error_line(capsys)
+
+
+def test_a_session_folder_that_is_a_link_is_refused(tiny_folder, tmp_path, capsys, monkeypatch):
+    store = SessionStore()
+    real = store.create("real")
+    real.save_result("ablation", {"layers": []})
+    outside = tmp_path / "outside-session"
+    outside.mkdir()
+    (outside / "manifest.json").write_bytes((real.path / "manifest.json").read_bytes())
+    (store.home / "alias").symlink_to(real.path, target_is_directory=True)  # another session's folder
+    (store.home / "away").symlink_to(outside, target_is_directory=True)  # a folder outside the store
+    before = {p: p.read_bytes() for p in (*real.path.rglob("*.json"), outside / "manifest.json")}
+    for name in ("alias", "away"):
+        with pytest.raises(SessionError, match=f"session '{name}' is refused: its folder is a symbolic link"):
+            store.open(name)
+    infos = {info.name: info for info in store.list()}
+    assert not infos["alias"].openable and "symbolic link" in infos["alias"].damaged
+    assert infos["real"].openable and store.most_recent().name == "real"
+    monkeypatch.setattr("engine.models.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
+    for name in ("alias", "away"):
+        assert main(["run", "ablation", "--model", str(tiny_folder), "--session", name]) == 2
+        assert "its folder is a symbolic link" in one_error_line(capsys)
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in outside.iterdir()) == ["manifest.json"]
+    assert not (real.path / "events.jsonl").exists() and not (real.path / "jobs").exists()
+
+
+def test_evaluate_never_loads_a_growth_model_from_outside_the_session(tiny_folder, tmp_path, capsys, monkeypatch):
+    """The probe: results/growth.json whose arm names a folder outside the session: `run evaluate
+    --variants growth` refuses it in one line and loads nothing from there."""
+    from lm_eval_tasks import write_task
+    from tui_fixtures import growth_doc
+
+    outside = tmp_path / "someone-elses" / "growth_100"
+    outside.mkdir(parents=True)
+    (outside / "tokenizer.json").write_text("{}")
+    session = SessionStore().create("ev", model=str(tiny_folder))
+    session.save_result("growth", growth_doc({"growth_100": str(outside)}))
+    inside_but_linked = session.path / "growth_models" / "uniform_100"
+    inside_but_linked.parent.mkdir()
+    inside_but_linked.symlink_to(outside, target_is_directory=True)
+    doc = session.load_result("growth")
+    doc["arms"]["uniform_100"]["model"] = str(inside_but_linked)
+    session.save_result("growth", doc)
+    monkeypatch.setattr("engine.experiments.growth.architecture.load_growth_model",
+                        lambda *a, **k: pytest.fail("a model outside the session was loaded"))
+    tasks = write_task(tmp_path / "tasks")
+    for variant, line in (("growth", f"the growth result's growth_100 arm names {outside}, which is not inside "
+                                     f"session folder {session.path}"),
+                          ("uniform", "growth_models/uniform_100 is a symbolic link")):
+        code = main(["run", "evaluate", "--model", str(tiny_folder), "--device", "cpu", "--session", "ev",
+                     "--tasks", "everyday_sense", "--include-path", str(tasks), "--variants", variant,
+                     "--gen-tokens", "0"])  # fmt: skip
+        assert code == 2 and line in one_error_line(capsys, after_a_run=True)
+    assert sorted(p.name for p in outside.iterdir()) == ["tokenizer.json"]
 
 
 # --serve-token ---------------------------------------------------------------------------------------------

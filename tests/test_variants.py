@@ -95,10 +95,12 @@ def test_variant_checks_what_it_is_given(tmp_path) -> None:
         pass
     folder = tmp_path / "growth_100"
     result = growth_doc({"growth_100": str(folder), "uniform_100": str(tmp_path / "gone")})
-    assert saved_model_path(result, "growth") is None  # not saved yet
+    assert saved_model_path(result, "growth", tmp_path) is None  # not saved yet
     folder.mkdir()
-    assert saved_model_path(result, "growth") == folder
-    assert saved_model_path(result, "uniform") is None and saved_model_path(None, "growth") is None
+    assert saved_model_path(result, "growth", tmp_path) == folder
+    assert saved_model_path(result, "uniform", tmp_path) is None and saved_model_path(None, "growth", tmp_path) is None
+    with pytest.raises(UserError, match="not inside session folder"):  # a folder outside the session: refused
+        saved_model_path(result, "growth", tmp_path / "other-session")
 
 
 def test_pruned_drops_the_prune_runs_layers_and_comes_back() -> None:

@@ -107,7 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             with stop_on_signals():  # SIGTERM, SIGHUP stop a run the way Ctrl-C does
                 return run_command(registry.BY_NAME[args.experiment], args, argv)
-        if args.command in ("export", "atlas", "compare"):
+        if args.command == "atlas":  # its runs, and what it does between them, stop on SIGTERM, SIGHUP too
+            with stop_on_signals():
+                return int(args.handler(args) or 0)
+        if args.command in ("export", "compare"):
             return int(args.handler(args) or 0)
         if args.command == "sessions":
             from tui.commands.sessions import main as sessions_main

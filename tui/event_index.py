@@ -24,7 +24,7 @@ from typing import Any
 
 from engine.core.errors import UserError
 from engine.core.events import Event, event_from_json
-from engine.disk.atomic import atomic_write_bytes
+from engine.disk.atomic import atomic_write_bytes, open_unlinked
 from engine.disk.session_layout import EVENT_INDEX
 from sessions.store import Session, SessionError
 from tui.state import Span
@@ -58,12 +58,14 @@ def load(session: Session) -> tuple[list[tuple[Span, Event]], int] | None:
         path = session.part(EVENT_INDEX)
         if not path.exists():
             return None
-        if not path.is_file() or path.stat().st_size > MAX_INDEX_BYTES:
+        with open_unlinked(path) as handle:  # never through a link, never a FIFO
+            data = handle.read(MAX_INDEX_BYTES + 1)
+        if len(data) > MAX_INDEX_BYTES:
             raise ValueError("not a regular file of a sensible size")
-        doc = json.loads(path.read_bytes())
+        doc = json.loads(data)
         covers, spans, digest = _fields(doc)
         lines = _read(session, spans, covers, digest)
-    except (OSError, RecursionError, ValueError, SessionError) as exc:  # RecursionError: JSON nested too deep
+    except (OSError, RecursionError, ValueError, SessionError, UserError) as exc:  # RecursionError: JSON too deep
         log.info("event index of %s not used (%s): reading the whole log", session.name, exc)
         return None
     return [pair for span, raw in zip(spans, lines, strict=True) for pair in parsed(raw, span[0])], covers
@@ -91,11 +93,9 @@ def _fields(doc: Any) -> tuple[int, list[Span], str]:
 def _read(session: Session, spans: list[Span], covers: int, digest: str) -> list[bytes]:
     """The bytes of each span, each checked to be a whole line of the log, and the hash checked."""
     path = session.events_path
-    if not path.is_file():
-        raise ValueError("the event log is not a regular file")
     lines = []
     sha = hashlib.sha256()
-    with open(path, "rb") as log_file:
+    with open_unlinked(path) as log_file:  # not a regular file, or a link: OSError, UserError
         if log_file.seek(0, 2) < covers:
             raise ValueError("the log is shorter than the index covers")
         for start, end in spans:
@@ -124,7 +124,7 @@ def write(session: Session, spans: list[Span], covers: int) -> bool:
     `covers`; False (logged) when it cannot be written: it is only ever a shortcut."""
     try:
         sha = hashlib.sha256()
-        with open(session.events_path, "rb") as log_file:
+        with open_unlinked(session.events_path) as log_file:
             for start, end in spans:
                 log_file.seek(start)
                 sha.update(log_file.read(end - start))

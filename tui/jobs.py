@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from engine.core.errors import UserError
 from engine.core.process import job_identity_matches, pid_alive
 from engine.core.settings import Settings
+from engine.disk.atomic import unlinked
 from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
 from engine.registry import experiment as find_experiment
@@ -184,7 +185,8 @@ def launch_job(session: Session, experiment: str, argv: Sequence[str]) -> Backgr
     env = {**os.environ, "ANATOMY_TUI_HOME": str(session.path.parent)}
     root = Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
-    with open(log_path, "ab") as log:
+    unlinked(log_path)  # the logs folder was checked (part); the file is opened without following a link
+    with open(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab") as log:
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

@@ -477,8 +477,11 @@ class Lab:
             chosen = pruned_layers(self.state.results.get("prune"))
             problem = "" if chosen else "no prune result in this session yet (anatomy-tui run prune)"
         elif choice in ("growth", "uniform"):
-            path = saved_model_path(self.state.results.get("growth"), choice)
-            problem = "" if path else f"no {choice} model in this session yet (run growth: key g)"
+            try:
+                path = saved_model_path(self.state.results.get("growth"), choice, self.session.path)
+                problem = "" if path else f"no {choice} model in this session yet (run growth: key g)"
+            except UserError as exc:  # a folder outside the session (a forged result): never loaded
+                problem = str(exc)
         if problem:
             return None, problem
         return Variant(choice, layers=chosen, sigma=sigma, path=path), ""

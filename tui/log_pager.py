@@ -5,7 +5,9 @@ began."""
 
 from __future__ import annotations
 
+from engine.core.errors import UserError
 from engine.core.events import Finished, Message
+from engine.disk.atomic import open_unlinked
 from sessions.store import Session, SessionError
 from tui import event_index
 from tui.state import log_line
@@ -63,11 +65,8 @@ class LogPager:
 
     def _read(self, start: int, end: int) -> bytes:
         try:
-            path = self.session.events_path
-            if not path.is_file():  # replaced by a folder or a FIFO since: nothing to page
-                return b""
-            with open(path, "rb") as log_file:
+            with open_unlinked(self.session.events_path) as log_file:  # a folder, a FIFO, a link since: nothing
                 log_file.seek(start)
                 return log_file.read(end - start)
-        except (OSError, SessionError):
+        except (OSError, SessionError, UserError):
             return b""

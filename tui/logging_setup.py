@@ -6,6 +6,7 @@ transformers is imported (`route_transformers_logs`, before the model loads)."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -22,6 +23,14 @@ def setup_logging() -> None:
     logging.captureWarnings(True)
 
 
+class _UnlinkedFileHandler(logging.FileHandler):
+    """A log file opened without following a symbolic link (a session's app.log)."""
+
+    def _open(self):  # type: ignore[no-untyped-def]
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        return open(fd, self.mode, encoding=self.encoding, errors=self.errors)
+
+
 def log_to_file(path: Path) -> None:
     """Every record (ours, libraries', warnings) goes to `path` from now on, instead of the file of
     a session opened earlier."""
@@ -31,7 +40,7 @@ def log_to_file(path: Path) -> None:
         earlier = _session_file.pop()
         root.removeHandler(earlier)
         earlier.close()
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _UnlinkedFileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(FORMAT))
     root.addHandler(handler)
     _session_file.append(handler)

@@ -9,6 +9,12 @@ Logs are appended, not replaced: `append_line` writes a whole line under an excl
 the write fails (a full disk), cuts the file back to its size before, so no torn line is left and
 two writers never interleave. `locked` serialises read-modify-write updates (a session's manifest).
 A full disk is said in one line by `no_space`, naming the mount point that is full.
+
+Below a guarded folder (`guard`: a session folder, untrusted), nothing is written or read through a
+symbolic link: `unlinked` is the one check, an lstat of every part from the folder down, made by every
+write and read here (`atomic_write`, `append_line`, `read_bytes`, `locked`), so a linked result,
+checkpoint or log is refused in one line and the file it names is never touched. The last part is
+also opened with O_NOFOLLOW where it is opened, and a rename replaces a link itself, never its target.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from engine.core.errors import UserError
 
@@ -34,6 +40,107 @@ _KINDS = (
     (stat.S_ISFIFO, "a FIFO"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+
+_GUARDED: set[Path] = set()  # folders below which no path is followed through a symbolic link (sessions)
+
+
+def guard(root: Path | str) -> None:
+    """From now on in this process, no path below `root` (a session folder) is written or read
+    through a symbolic link by this module (`unlinked`). The store guards each session it opens."""
+    _GUARDED.add(Path(os.path.abspath(root)))
+
+
+def guarded_root(path: Path | str) -> Path | None:
+    """The guarded folder that holds `path` (or is it), None when none does."""
+    path = Path(os.path.abspath(path))
+    for folder in (path, *path.parents):
+        if folder in _GUARDED:
+            return folder
+    return None
+
+
+def link_refused(link: Path | str, root: Path | str) -> str:
+    """The one line for a symbolic link met at `link` in the guarded folder `root`."""
+    link, root = Path(link), Path(root)
+    if link == root:
+        return (f"session folder {root} is a symbolic link; sessions never follow links (move the real folder "
+                "into the sessions folder in its place)")
+    return (f"session {root.name!r}: {link.relative_to(root)} is a symbolic link; sessions never follow links "
+            "(replace it with a real file or folder)")
+
+
+def unlinked(path: Path | str, root: Path | str | None = None) -> Path:
+    """`path`, once no part of it from `root` down (`root` itself included) is a symbolic link: an
+    lstat of each part that exists; else a one-line UserError naming the link. Without `root`, the
+    guarded folder that holds `path` (none: nothing is checked, the path is not a session's)."""
+    path = Path(path)
+    absolute = Path(os.path.abspath(path))
+    top = guarded_root(absolute) if root is None else Path(os.path.abspath(root))
+    if top is None:
+        return path
+    try:
+        parts = absolute.relative_to(top).parts
+    except ValueError:
+        raise UserError(f"{path} is not inside session folder {top}; sessions read and write only their own "
+                        "files") from None
+    current = top
+    for part in ("", *parts):
+        current = current / part if part else current
+        try:
+            mode = os.lstat(current).st_mode
+        except OSError:  # missing (or below a file): nothing further down exists to follow
+            break
+        if stat.S_ISLNK(mode):
+            raise UserError(link_refused(current, top))
+    return path
+
+
+def inside(path: Path | str, root: Path | str, what: str) -> Path:
+    """`path` (a folder or file a session's own file names), when it lies inside the folder `root`
+    with no symbolic link on the way nor, for a folder, anywhere in it (a model folder is read whole);
+    else one line, `what` naming where the path came from."""
+    absolute = Path(os.path.abspath(Path(path).expanduser()))  # `..` taken away: the path that is opened
+    top = Path(os.path.abspath(root))
+    if absolute != top and top not in absolute.parents:
+        raise UserError(f"{what} names {path}, which is not inside session folder {top}; a session's files "
+                        "are read from the session only (run it again to make them there)")
+    unlinked(absolute, top)
+    for folder, names, files in os.walk(absolute):  # never follows a link: each is met as a name here
+        for name in (*names, *files):
+            if os.path.islink(os.path.join(folder, name)):
+                raise UserError(link_refused(Path(folder) / name, top))
+    return absolute
+
+
+def open_unlinked(path: Path | str, root: Path | str | None = None) -> BinaryIO:
+    """The regular file `path` open for reading, never through a symbolic link below its guarded
+    folder (`unlinked`, then O_NOFOLLOW on the last part); an OSError when it is missing or is not a
+    regular file (a FIFO is never waited on, a directory never read)."""
+    unlinked(path, root)
+    top = guarded_root(path) if root is None else Path(os.path.abspath(root))
+    flags = os.O_RDONLY | os.O_NONBLOCK | (os.O_NOFOLLOW if top is not None else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and top is not None:  # became a link since the check
+            raise UserError(link_refused(Path(os.path.abspath(path)), top)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bytes(path: Path | str, root: Path | str | None = None) -> bytes:
+    """The bytes of the regular file `path`, read as `open_unlinked` opens it."""
+    with open_unlinked(path, root) as handle:
+        return handle.read()
+
+
+def read_text(path: Path | str, root: Path | str | None = None) -> str:
+    return read_bytes(path, root).decode("utf-8")
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -62,7 +169,7 @@ def check_writable_path(path: Path | str, what: str = "output") -> Path:
     Front ends call this for every path they will write before a run starts, so a bad `--json`
     (or results file, log, cache) costs a second, not the whole computation.
     """
-    path = Path(path).expanduser()
+    path = unlinked(Path(path).expanduser())  # below a session folder: a link is refused, not followed
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
     try:
         mode = os.stat(target).st_mode
@@ -116,10 +223,16 @@ def append_line(path: Path, line: bytes) -> None:
     lock. If the log's last line is torn (a killed writer left no newline), a newline ends it
     first. If the write fails (ENOSPC), the file is cut back to its size before and the error is
     raised: the log holds whole lines only, whatever fails."""
+    unlinked(path)
     try:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except IsADirectoryError:
         raise UserError(f"{path} is not a regular file; move it away") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UserError(f"{path} is a symbolic link; logs are never appended through a link (replace it "
+                            "with a real file)") from None
+        raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UserError(f"{path} is not a regular file; move it away")
@@ -143,7 +256,7 @@ def append_line(path: Path, line: bytes) -> None:
 def locked(folder: Path) -> Iterator[None]:
     """An exclusive lock on `folder` (flock on the directory itself, so no lock file is left) for
     a read-modify-write of a file in it by several processes at once."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(unlinked(folder), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

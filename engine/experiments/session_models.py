@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from engine.disk.atomic import inside, unlinked
 from engine.experiments.growth.vocabulary import GrowthResult
 from engine.experiments.prune.vocabulary import PruneResult
 
@@ -31,9 +32,11 @@ def pruned_layers(prune_result: Mapping[str, Any] | None) -> tuple[int, ...]:
     return tuple(int(layer) for layer in point.layers) if point is not None else ()
 
 
-def saved_model_path(growth_result: Mapping[str, Any] | None, name: str) -> Path | None:
+def saved_model_path(growth_result: Mapping[str, Any] | None, name: str, session: Path | str) -> Path | None:
     """The folder a growth run saved the `growth` or `uniform` model in, if it still exists (None
-    without a growth result, or with one this version cannot read)."""
+    without a growth result, or with one this version cannot read). The result is the session's
+    (`session`, its folder), untrusted: a folder outside it, or reached through a symbolic link, is a
+    one-line UserError, never loaded."""
     wanted = SAVED_ARMS[name]
     if not growth_result:
         return None
@@ -42,7 +45,10 @@ def saved_model_path(growth_result: Mapping[str, Any] | None, name: str) -> Path
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     path = arm.model if arm is not None else None
-    return Path(path) if path and Path(path).exists() else None
+    if not path:
+        return None
+    path = inside(path, session, f"the growth result's {wanted} arm")
+    return path if path.exists() else None
 
 
 LAYER_FILE = re.compile(r"^layer-(\d+)\.safetensors$")  # recovery.save_layer_weights writes layer-<index>
@@ -58,6 +64,7 @@ def layer_weights(folder: Path, model: str) -> dict[int, dict[str, Any]]:
         match = LAYER_FILE.match(path.name)
         if match is None:
             continue
+        unlinked(path)  # a linked layer file in a session: one line, never read
         try:
             with safe_open(str(path), framework="pt") as handle:
                 if (handle.metadata() or {}).get("model") != model:

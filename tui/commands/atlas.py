@@ -5,20 +5,27 @@ atlas's session (sessions/atlas.py) and exported as a dataset (engine/atlas/data
 Each measure runs through `anatomy-tui run <experiment>` itself (the `run` callable the command
 line hands in: the same parser, memory plan, model load and session writes), one model at a time,
 or is reused when a session of the store already holds it with the same settings. Run again after a
-kill, an atlas continues with the first measure no session holds yet.
+kill, an atlas continues with the first measure no session holds yet. Stopped by a signal (Ctrl-C,
+SIGTERM, SIGHUP), it says which measure was interrupted, marks that step interrupted in its state (the
+run's job in the model's session reads interrupted too) and exits 128 + the signal (130, 143, 129); a
+recovery measure interrupted so is continued with --resume by the next run of the atlas. Two identical
+atlases started at once both work: the second joins the atlas session the first made.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.atlas import table as A
+from engine.atlas.table import table as A
 from engine.core.errors import UserError
+from engine.core.process import STOP_EXIT_CODES, exit_code, interruption
 from engine.data.text_settings import EvalTextSettings
 from engine.models.options import ModelOptions
 from engine.registry import experiment as experiment_named
@@ -137,19 +144,56 @@ def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     """Runs or reuses every measure of every model, then merges, saves and exports the atlas.
     `run(argv)` is `anatomy-tui argv` (the exit code), handed in by tui/cli.py."""
     from engine.atlas.dataset import write_dataset
-    from sessions.atlas import ATLAS_RESULT, member_name, open_atlas, reusable
+    from sessions.atlas import ATLAS_RESULT, member_name, open_atlas
     from sessions.store import SessionStore
     from tui.views.atlas import print_report
 
     spec = spec_of(args)
     store = SessionStore()
-    atlas, state = open_atlas(store, args.name, spec)
+    atlas, state = open_atlas(store, args.name, spec, _say)
     texts = atlas.checkpoint_dir(ATLAS_RESULT) / TEXTS
     variants = variants_of(spec, texts)
     model_flags = flags_of_model(ModelOptions().override(spec["model_flags"]))
-    measures = spec["measures"]
     slugs: dict[str, str] = {}
     members = {(m, v): member_name(args.name, m, v, slugs) for m in spec["models"] for v in variants}
+    doing: list[tuple[str, str, str, str]] = []  # the step under way: (model, variant, experiment, session)
+    try:
+        _measure(args, spec, variants, texts, model_flags, members, store, state, doing, run)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or a signal between two runs (stop_on_signals in tui/cli.py)
+        return _interrupted(args.name, state, doing[-1] if doing else None, exit_code(stop))
+    doc = merged(args.name, spec, variants, store, state)
+    atlas.save_result(ATLAS_RESULT, doc.to_json())
+    folder = write_dataset(doc, atlas.path / "dataset")
+    print_report(doc)
+    _say(f"atlas {args.name}: {len(doc.rows)} rows in session {atlas.name}; dataset in {folder}")
+    return 0
+
+
+def _interrupted(name: str, state: Any, step: tuple[str, str, str, str] | None, code: int) -> int:
+    """A measure stopped by Ctrl-C or a signal: its step marked interrupted, said in one line, and
+    the atlas's exit code 128 + the signal."""
+    signum = code - 128
+    by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+    again = "run the same atlas command again to continue from here"
+    if step is None:
+        _say(f"atlas {name} interrupted{by} between two measures; {again}")
+        return code
+    model, variant, experiment, member = step
+    with contextlib.suppress(OSError, UserError):
+        state.done(model, variant, experiment, member, "interrupted")
+    _say(f"atlas {name} interrupted{by} at {model} · {experiment} on {variant} (marked interrupted; its session "
+         f"{member}); {again}")
+    return code
+
+
+def _measure(args: argparse.Namespace, spec: dict[str, Any], variants: dict[str, dict[str, Any]], texts: Path,
+             model_flags: list[str], members: dict[tuple[str, str], str], store: Any, state: Any,
+             doing: list[tuple[str, str, str, str]], run: Callable[[list[str]], int]) -> None:
+    """Each measure of each model and variant, reused or run; `doing` holds the step under way."""
+    from sessions.atlas import reusable
+    from sessions.job_runner import resumed_job
+
+    measures = spec["measures"]
     for index, model in enumerate(spec["models"], 1):
         depth = 0
         for variant, evaluation in variants.items():
@@ -164,6 +208,7 @@ def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
                 what = f"atlas {args.name} [model {index}/{len(spec['models'])}] {model} · {experiment} " \
                        f"({', '.join(m for m in wanted if A.MEASURES[m].experiment == experiment)}) on {variant}"
                 member = members[model, variant]
+                doing.append((model, variant, experiment, member))
                 writes = experiment_named(experiment).writes
                 found = reusable(store, model, writes, settings.to_dict(), free, member)
                 if found is not None:
@@ -172,24 +217,21 @@ def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
                     ran = previous.get("status") == "run" and previous.get("session") == found.name
                     state.done(model, variant, experiment, found.name, "run" if ran else "reused")
                 else:
-                    _say(f"{what}: running into session {member}")
-                    code = run(["run", experiment, "--model", model, *model_flags, "--session", member, *flags])
+                    previous = state.steps.get(state.key(model, variant, experiment), {})
+                    resume = (previous.get("status") == "interrupted" and experiment_named(experiment).resumable
+                              and store.exists(member) and resumed_job(store.open(member), experiment) is not None)
+                    _say(f"{what}: {'resuming' if resume else 'running'} into session {member}")
+                    code = run(["run", experiment, "--model", model, *model_flags, "--session", member, *flags,
+                                *(["--resume"] if resume else [])])
+                    if code in STOP_EXIT_CODES:  # Ctrl-C, SIGTERM, SIGHUP: the run said so, its job interrupted
+                        raise interruption(code - 128)
                     if code != 0:
-                        again = "run the same atlas command again to continue from here"
-                        if code == 130:
-                            _say(f"atlas {args.name} interrupted at {model} · {experiment}; {again}")
-                            return code
                         raise UserError(f"atlas {args.name}: {experiment} of {model} failed (exit {code}); "
-                                        f"fix that, then {again}")
+                                        "fix that, then run the same atlas command again to continue from here")
                     state.done(model, variant, experiment, member, "run")
+                doing.pop()
                 if variant == A.MAIN and not depth:
                     depth = _depth(store, state, model, variant, experiment)
-    doc = merged(args.name, spec, variants, store, state)
-    atlas.save_result(ATLAS_RESULT, doc.to_json())
-    folder = write_dataset(doc, atlas.path / "dataset")
-    print_report(doc)
-    _say(f"atlas {args.name}: {len(doc.rows)} rows in session {atlas.name}; dataset in {folder}")
-    return 0
 
 
 def _depth(store: Any, state: Any, model: str, variant: str, experiment: str) -> int:

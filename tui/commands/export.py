@@ -67,7 +67,10 @@ def main(args: argparse.Namespace) -> int:
     check_export_folder(args.folder, args.force)
     results = session.results()
     if args.model in SAVED_ARMS:
-        folder = export_growth(session.path / GROWTH_MODELS / SAVED_ARMS[args.model], args.folder, args.force)
+        from engine.disk.atomic import inside
+
+        saved = inside(session.part(GROWTH_MODELS, SAVED_ARMS[args.model]), session.path, "the session's growth run")
+        folder = export_growth(saved, args.folder, args.force)
         with_accuracy(folder, results.get("evaluate"), args.model)
     else:
         from sessions.layer_weights import load_layers

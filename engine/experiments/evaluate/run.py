@@ -104,7 +104,8 @@ def subject(name: str, settings: EvaluateSettings, context: RunContext) -> Itera
             yield Subject(name, name, f"layers {_layers(sorted(weights))} as the recovery run fine-tuned them",
                           model, tokenizer)
     else:  # growth, uniform
-        path = saved_model_path(context.inputs.get("growth"), name)
+        path = None if context.output_dir is None else saved_model_path(context.inputs.get("growth"), name,
+                                                                         context.output_dir)
         if path is None:
             raise UserError(f"variant {name}: no {name} model in this session (anatomy-tui run growth)")
         from engine.experiments.growth.architecture import load_growth_model

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
-from engine.disk.atomic import atomic_write, atomic_write_json
+from engine.core.errors import UserError
+from engine.disk.atomic import atomic_write, atomic_write_json, read_bytes, read_text
 
 STATE_FILE = "state.json"
 FORMAT = 1
@@ -70,15 +71,13 @@ def load_checkpoint(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
         return None
     from safetensors import SafetensorError
 
-    from engine.core.errors import UserError
-
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+    try:  # never through a link (engine.disk.atomic.unlinked), never a file outside the folder
+        state = json.loads(read_text(path))
         name = state.get("tensors")
         if name is not None and not (isinstance(name, str) and name == Path(name).name
                                      and name.startswith("state-") and name.endswith(".safetensors")):
             raise ValueError(f"its tensors {name!r} are not a state-*.safetensors file beside it")
-        tensors = load_file(str(Path(folder) / name)) if name else {}
+        tensors = load(read_bytes(Path(folder) / name)) if name else {}
     except (OSError, ValueError, AttributeError, SafetensorError) as exc:
         raise UserError(f"the growth checkpoint in {folder} is damaged ({' '.join(str(exc).split())[:120]}); "
                         "run without --resume to start over") from None

@@ -73,7 +73,9 @@ class CharTokenizer:
         path = Path(folder) / TOKENIZER_FILE
         if not path.exists():
             raise UserError(f"{folder} has no {TOKENIZER_FILE}; it is not a growth model folder")
-        return cls(json.loads(path.read_text(encoding="utf-8"))["chars"])
+        from engine.disk.atomic import read_text
+
+        return cls(json.loads(read_text(path))["chars"])
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
 from engine.core.settings import from_preset
+from engine.disk.atomic import guarded_root, inside
 from engine.disk.session_layout import GROWTH_MODELS
 from engine.evaluation.generation import generate_text
 from engine.experiments.context import RunContext
@@ -297,6 +298,8 @@ def _run(
                     for p in PROMPTS
                 ]
                 if model_dir is not None:
+                    folder = Path(model_dir) / name  # in a session: never saved through a link, in it or on the way
+                    inside(folder, guarded_root(folder) or folder, "the growth run's model folder")
                     outcome.model.save(Path(model_dir) / name)
                     corpus.tokenizer.save(Path(model_dir) / name)
             completed[key] = record

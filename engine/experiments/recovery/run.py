@@ -413,10 +413,12 @@ def load_finished(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     killed before its first checkpoint resumes from the start)."""
     import json
 
+    from engine.disk.atomic import read_text
+
     if not path.exists():
         return None
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
+        state = json.loads(read_text(path))  # never through a link (engine.disk.atomic.unlinked)
         saved, layers = state["key"], state["layers"]
         if not isinstance(saved, dict) or not isinstance(layers, dict):
             raise ValueError("not a recovery checkpoint")

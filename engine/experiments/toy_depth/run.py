@@ -33,7 +33,7 @@ import torch
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
 from engine.core.settings import from_preset
-from engine.disk.atomic import atomic_write_bytes, atomic_write_json
+from engine.disk.atomic import atomic_write_bytes, atomic_write_json, read_text
 from engine.evaluation import powerfit
 from engine.experiments.context import RunContext
 from engine.experiments.toy_depth.vocabulary import (
@@ -266,7 +266,7 @@ def prepare_checkpoints(folder: Path, settings: ToyDepthSettings, resume: bool) 
         if not run_file.is_file():
             raise UserError(f"nothing to resume: no toy-depth checkpoint in {folder}; run without --resume")
         try:
-            saved = json.loads(run_file.read_text(encoding="utf-8"))["settings"]
+            saved = json.loads(read_text(run_file))["settings"]
             if not isinstance(saved, dict):
                 raise TypeError("settings is not an object")
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -304,7 +304,7 @@ def load_student(folder: Path, name: str, regime: str, temperature: float, depth
     if not (Path(folder) / f"{name}.safetensors").is_file():
         return None, "its weights are missing"
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(read_text(path))
     except (OSError, ValueError) as exc:
         return None, f"unreadable ({exc})"
     if not isinstance(record, dict):
