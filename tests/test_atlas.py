@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tiny_models import save_tiny
 
-from engine.atlas.table import table as A
+from engine.atlas import table as A
 from sessions.store import SessionStore
 from tui.cli import main
 

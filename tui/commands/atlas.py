@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.atlas.table import table as A
+from engine.atlas import table as A
 from engine.core.errors import UserError
 from engine.core.process import STOP_EXIT_CODES, exit_code, interruption
 from engine.data.text_settings import EvalTextSettings
