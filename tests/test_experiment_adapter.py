@@ -49,12 +49,12 @@ def test_a_plan_with_its_own_sweep_runs_it(experiment, monkeypatch) -> None:
     assert ran == [(["a"], {"other": {"x": 1}})] and events[-1].data["total"] == 0
 
 
-def test_a_row_that_does_not_split_says_which_do(experiment, monkeypatch) -> None:
+def test_a_row_that_does_not_split_says_which_do(experiment) -> None:
     from dataclasses import replace
 
-    monkeypatch.setitem(registry.BY_NAME, "letter-count", replace(experiment, shardable=False))
+    unsplit = replace(experiment, shardable=False)
     with pytest.raises(UserError, match="letter-count does not split over workers; --shards applies to ablation"):
-        registry.experiment("letter-count").shard_plan(experiment.settings_class(), 0)
+        unsplit.shard_plan(experiment.settings_class(), 0)
 
 
 def test_settings_of_no_experiment_train_nothing_and_keep_no_checkpoints() -> None:

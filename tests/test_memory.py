@@ -415,7 +415,7 @@ def test_prune_healing_is_planned_for_every_layer_it_trains(remove):
     assert shape.layer_params == layer > shape.layer_matrices
     twelve = ModelShape(**{**shape.__dict__, "n_layers": 12})
     settings = PruneSettings(remove=remove, heal_steps=5)
-    training = memory.training_of(twelve, settings)
+    training = settings.training_needs(twelve)
     most = max(len(neighbours_of_cuts(12, cut)) for count in remove for cut in every_cut(12, count))
     assert training.params == most * layer
     assert training.layers_with_graph == 12 - min(remove)  # the graph spans the cut model's layers
@@ -429,17 +429,17 @@ def test_prune_without_healing_plans_no_training_and_lora_its_adapters(tokenizer
 
     model = tiny_model("llama")
     shape = ModelShape.from_config(model.config)
-    assert memory.training_of(shape, PruneSettings(heal_steps=0, remove=(1,))) is None
+    assert PruneSettings(heal_steps=0, remove=(1,)).training_needs(shape) is None
     assert plan_memory(shape, "float32", "cpu", [10], 1,
-                       training=memory.training_of(shape, PruneSettings(remove=(1,)))).training == 0
+                       training=PruneSettings(remove=(1,)).training_needs(shape)).training == 0
     lora = PruneSettings(heal="lora", lora_rank=4, heal_steps=5, remove=(1,))
     targets = sorted({path.rsplit(".", 1)[-1] for _, path in LayerStack(model).spec.matrices})
     adapted = get_peft_model(model, LoraConfig(r=4, target_modules=targets))
     adapters = sum(p.numel() for name, p in adapted.named_parameters() if "lora_" in name)
-    assert memory.training_of(shape, lora).params == adapters * (shape.n_layers - 1) // shape.n_layers
+    assert lora.training_needs(shape).params == adapters * (shape.n_layers - 1) // shape.n_layers
     from engine.experiments.recovery.vocabulary import RecoverySettings
 
-    recovery = memory.training_of(shape, RecoverySettings())
+    recovery = RecoverySettings().training_needs(shape)
     assert (recovery.params, recovery.layers_with_graph) == (shape.layer_matrices, shape.n_layers)
 
 

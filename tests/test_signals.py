@@ -15,12 +15,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from engine import registry
 from engine.core.errors import UserError
-from engine.core.events import Event, Message, Progress, Result
+from engine.core.events import Event, Message, Progress, Result, ResultDocument
 from engine.core.process import STOP_EXIT_CODES, Stopped, exit_code, interruption, stop_on_signals, stop_signal
 from engine.core.settings import Settings
 from engine.experiments.context import RunContext
@@ -186,6 +187,13 @@ class LateSettings(Settings):
     """No settings: the experiment below fails once it runs."""
 
 
+@dataclass(frozen=True)
+class LateResult(ResultDocument):
+    """The result it never writes."""
+
+    name: ClassVar[str] = "late-error"
+
+
 def run(settings: LateSettings, context: RunContext) -> Iterator[Event]:
     """An experiment whose bad input shows only once it runs (after a model would have loaded)."""
     yield Message("loaded; checking what needs the model")
@@ -193,11 +201,13 @@ def run(settings: LateSettings, context: RunContext) -> Iterator[Event]:
 
 
 def test_an_error_after_the_load_is_one_line_with_no_empty_bar(monkeypatch, capsys):
-    row = Experiment("late-error", "fails once it runs", __name__, "LateSettings", needs_model=False,
-                     writes="late-error")  # fmt: skip
-    monkeypatch.setattr(registry, "EXPERIMENTS", (*registry.EXPERIMENTS, row))
-    monkeypatch.setitem(registry.BY_NAME, row.name, row)
-    assert main(["run", "late-error", "--session", "late"]) == 2
+    row = Experiment("late-error", "fails once it runs", LateSettings, LateResult, __name__, LateResult,
+                     needs_model=False)  # fmt: skip
+    registry.register(row)
+    try:
+        assert main(["run", "late-error", "--session", "late"]) == 2
+    finally:
+        registry.unregister(row.name)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines == ["[info] loaded; checking what needs the model",
