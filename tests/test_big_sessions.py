@@ -205,9 +205,7 @@ def test_an_index_with_a_matching_hash_can_only_select_lines_the_log_has(isolate
     assert lab.offset == size
 
 
-def test_forged_event_lines_are_skipped_not_fatal(isolated_home):
-    session = SessionStore().create("big", model="tiny")
-    forged = [
+FORGED = [
         {"v": 2, "kind": "job.started", "experiment": "recovery", "spec": "not an object", "job": "r"},
         {"v": 2, "kind": "recovery.point", "layer": [1], "repeat": 0, "step": "x", "train_loss": None,
          "eval_ppl": 3.0, "ratio_to_baseline": 1.0, "job": "r"},
@@ -220,13 +218,41 @@ def test_forged_event_lines_are_skipped_not_fatal(isolated_home):
         {"v": 2, "kind": "job.message", "text": {"no": "string"}, "job": 5},
         {"v": 2, "kind": "job.finished", "status": ["done"], "job": "r"},
     ]
+LEAKING = 2  # the last two: a job.message whose text is an object and job a number, a job.finished whose
+# status is a list: engine/events.py takes them today (test_forged_message_and_end_lines_are_skipped)
+
+
+def forged_session(lines: list[dict]) -> int:
+    """Session "big" whose log is `lines` and a 50 000-deep JSON array; the log's size."""
+    session = SessionStore().create("big", model="tiny")
     with open(session.events_path, "w") as log:
-        log.writelines(json.dumps(doc) + "\n" for doc in forged)
+        log.writelines(json.dumps(doc) + "\n" for doc in lines)
         log.write("[" * 50_000 + "\n")
+    return session.events_path.stat().st_size
+
+
+def test_forged_event_lines_are_skipped_not_fatal(isolated_home):
+    size = forged_session(FORGED[:-LEAKING])
     lab = opened()
     lab.closing()
-    Lab(SessionStore(), ModelOptions("tiny")).open("big")  # and from the index written over them
-    LogPager(session, session.events_path.stat().st_size).older(1)
+    assert lab.offset == size  # read to the end: no line stopped the fold
+    again = Lab(SessionStore(), ModelOptions("tiny"))
+    again.open("big")  # and from the index written over them
+    assert again.offset == size
+    for state in (lab.state, again.state):  # every forged line skipped: no job, point, result or log line
+        assert not state.jobs and not state.log and not state.results and not state.growth.train
+        assert all(not run.points for run in state.recovery)
+    assert LogPager(SessionStore().open("big"), size).older(1) == []  # the Log tab pages back: nothing to show
+
+
+@pytest.mark.xfail(strict=True, reason="engine/events.py takes a job.message whose text is not a string and a "
+                   "job.finished whose status is a list (a job 'r' ['done'], a log line '5: {...}'), and a "
+                   "forged recovery line leaves an empty recovery run for layer 1")
+def test_forged_message_and_end_lines_are_skipped(isolated_home):
+    size = forged_session(FORGED)
+    lab = opened()
+    assert lab.offset == size  # not fatal either way
+    assert drawn(lab.state) == drawn(SessionState())
 
 
 def test_the_log_tab_pages_back_through_every_line_in_order(isolated_home):

@@ -12,9 +12,8 @@ The app routes: the console screen's requests and the workers' messages go to th
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,51 +28,31 @@ from engine.core.errors import UserError
 from engine.models.options import ModelOptions
 from sessions.store import Session, SessionError, SessionStore
 from tui.console_settings import ConsoleSettings
+from tui.console_work import ConsoleWork
 from tui.lab import Lab
 from tui.messages import (
-    CancelRequested,
     ConsoleReady,
-    DetailRequested,
-    ExperimentFinished,
+    ForTheLab,
     GenerateRequested,
-    GenerationDone,
-    GrowthPreview,
     GrowthPreviewRequested,
     GrowthRequested,
     InjectRequested,
-    LayerSelected,
     LogPageRequested,
-    MapRequested,
-    MarkRequested,
     ModelFailed,
     ModelLoaded,
-    ModelProgress,
-    Notice,
-    ResumeRequested,
-    StopGenerationRequested,
-    TabShown,
     TextGenerated,
 )
 from tui.screens.compare import CompareScreen
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.console import ACTIONS, APP_ACTIONS, ConsoleScreen, PanelData, binding_action
 from tui.screens.help import HelpScreen
-from tui.screens.layer_detail import LayerDetailScreen
 from tui.screens.picker import SessionPicker
 from tui.state import Dirty, SessionState
-from tui.workers import (
-    Column,
-    GenerationPlan,
-    experiment_work,
-    generate_work,
-    growth_preview_work,
-    load_model_work,
-)
 
 log = logging.getLogger("anatomy_tui.console")
 
 POLL_SECONDS = 0.25  # the event log is read and the panels redrawn at most 4 times a second
-GENERATE_TOKENS = 64
+GENERATE_TOKENS = 64  # the prompt pane's generations
 
 
 class AnatomyApp(App[None]):
@@ -111,8 +90,9 @@ class AnatomyApp(App[None]):
             settings=self.console_settings,
             tell=self.tell,
             status_changed=self.update_status,
-            start_load=self.load_model_in_background,
+            start_load=lambda options: self.work.load_model(options),
         )
+        self.work = ConsoleWork(self.lab, self.post_message, self.run_worker, GENERATE_TOKENS)  # starts the workers
         self.first_paint: float | None = None
         self.exit_line = ""  # why the console ended before it began (a sessions folder it cannot use)
 
@@ -158,7 +138,7 @@ class AnatomyApp(App[None]):
             return
         for reason in damaged:  # the session opens with what is readable; say what is not
             self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
-        self.push_screen(ConsoleScreen(self.console_settings))
+        self.push_screen(ConsoleScreen(self.console_settings, self.lab.state))
 
     @on(ConsoleReady)
     def console_ready(self) -> None:
@@ -172,7 +152,7 @@ class AnatomyApp(App[None]):
         self.set_interval(POLL_SECONDS, self.poll)
         if self.autoload:
             self.lab.load_model()
-        self.offer_resume(asked=False)
+        self.action_resume_job(asked=False)
         if not self.autoload:
             self.start_growth_preview()
 
@@ -184,30 +164,18 @@ class AnatomyApp(App[None]):
 
     @on(GrowthPreviewRequested)
     def plan_growth_preview(self, request: GrowthPreviewRequested) -> None:
-        """Plans the growth form's phases in a worker (torch)."""
-        self.in_thread(partial(growth_preview_work, self.post_message, request.flags), "growth preview", "preview",
-                       "planning the growth phases")
+        self.work.growth_preview(request.flags)
 
-    @on(GrowthPreview)
-    def growth_preview(self, message: GrowthPreview) -> None:
-        self.lab.growth_previewed(message.flags, message.arms)
-
-    def load_model_in_background(self, options: ModelOptions) -> None:
-        """The console's model, loaded on a daemon thread (the lab says when). Not a Textual worker:
-        the app would wait for it on exit, so Ctrl+Q during a first load (a minute of dequantising)
-        would not quit at once. The thread only posts messages."""
-        work = partial(load_model_work, self.post_message, options)
-        threading.Thread(target=work, name="load model", daemon=True).start()
+    @on(ForTheLab)
+    def to_the_lab(self, message: ForTheLab) -> None:
+        """A worker's message or a request the lab answers alone (tui/messages.py names its call)."""
+        message.answer(self.lab)
 
     @on(ModelLoaded)
     def model_loaded(self, message: ModelLoaded) -> None:
         if self.lab.model_loaded(message.loaded):
-            self.compute_map()
+            self.action_compute_map()
         self.start_growth_preview()
-
-    @on(ModelProgress)
-    def model_progress(self, message: ModelProgress) -> None:
-        self.lab.model_progress(message.text)
 
     @on(ModelFailed)
     def model_failed(self, message: ModelFailed) -> None:
@@ -254,18 +222,6 @@ class AnatomyApp(App[None]):
         """A notification (the lab also logs the line and shows it in the log panel)."""
         self.notify(text, severity={"info": "information"}.get(level, level))  # type: ignore[arg-type]
 
-    @on(Notice)
-    def notice(self, message: Notice) -> None:
-        self.lab.say(message.text, message.level)
-
-    @on(TabShown)
-    def tab_shown(self, message: TabShown) -> None:
-        self.lab.state.dirty.update(message.redraw)
-        screen = self._console()
-        if message.tab == "log" and screen is not None and not screen.log_back:  # the live lines, drawn now
-            self.lab.state.take_new_log()
-            screen.show_log_page(0, list(self.lab.state.log))
-
     @on(LogPageRequested)
     def log_page(self, request: LogPageRequested) -> None:
         """An older or newer page of the Log tab, read from the event log; page 0, the live lines."""
@@ -278,25 +234,13 @@ class AnatomyApp(App[None]):
             return
         screen.show_log_page(request.back, lines if request.back else list(self.lab.state.log))
 
-    @on(LayerSelected)
-    def layer_selected(self) -> None:
-        self.lab.state.dirty.add(Dirty.SELECTION)  # drawn on the next poll, with whatever else changed
-
-    # thread workers, and the failures of any worker ------------------------------------------------
-    def in_thread(self, work: Callable[[], None], name: str, group: str, description: str) -> None:
-        """`work` in a thread worker; a failure is said (below), never raised into the app."""
-        self.run_worker(work, name=name, group=group, thread=True, exit_on_error=False, description=description)
-
+    # the failures of any worker (tui/console_work.py starts them) -------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
         if event.state == WorkerState.ERROR:
             error = worker.error
             self.lab.say(f"{worker.description or worker.name} failed: {type(error).__name__}: {error}", "error")
             log.error("worker %s failed", worker.name, exc_info=error)
-
-    @on(ExperimentFinished)
-    def experiment_finished(self, message: ExperimentFinished) -> None:
-        self.lab.console_run_ended(message.name)
 
     # requests from the console screen --------------------------------------------------------------
     def action_help(self) -> None:
@@ -316,26 +260,11 @@ class AnatomyApp(App[None]):
             return
         self.push_screen(CompareScreen(doc))
 
-    @on(DetailRequested)
-    def detail(self, request: DetailRequested) -> None:
-        self.push_screen(LayerDetailScreen(self.lab.state, request.layer))
+    def action_map_job(self) -> None:
+        self.lab.map_job()
 
-    @on(MapRequested)
-    def map_requested(self, request: MapRequested) -> None:
-        if request.job:
-            self.lab.map_job()
-        else:
-            self.compute_map()
-
-    def compute_map(self) -> None:
-        """The layer map in a thread worker of the console, written into the session like a job."""
-        run = self.lab.map_in_console()
-        if run is None:
-            return
-        lab = self.lab
-        work = partial(experiment_work, self.post_message, lab.session, lab.loaded, lab.options, lab.model_lock,
-                       run.name, run.settings, run.token)
-        self.in_thread(work, run.name, "experiment", run.description)
+    def action_compute_map(self) -> None:
+        self.work.layer_map()
 
     @on(InjectRequested)
     def inject(self, request: InjectRequested) -> None:
@@ -349,20 +278,9 @@ class AnatomyApp(App[None]):
         if self.lab.growth(request.flags) and screen is not None:
             screen.show_tab("growth")
 
-    @on(CancelRequested)
-    def cancel(self, request: CancelRequested) -> None:
-        self.lab.cancel(request.experiment)
-
-    @on(MarkRequested)
-    def mark(self, request: MarkRequested) -> None:
-        self.lab.toggle_mark(request.layer)
-
-    @on(ResumeRequested)
-    def resume_requested(self) -> None:
-        self.offer_resume()
-
-    def offer_resume(self, asked: bool = True) -> None:
-        """Offers the newest interrupted job for resume, showing exactly the command that will run."""
+    def action_resume_job(self, asked: bool = True) -> None:
+        """Offers the newest interrupted job for resume, showing exactly the command that will run
+        (key r; at startup, unasked: only when the lab says so)."""
         offer = self.lab.resume_offer(asked)
         if offer is not None:
             self.push_screen(
@@ -392,24 +310,10 @@ class AnatomyApp(App[None]):
     def generate(self, request: GenerateRequested) -> None:
         """Starts a generation with what the request captured; a running one is stopped first."""
         screen = self._console()
-        generation = self.lab.new_generation() if screen is not None else None
-        if screen is None or generation is None:
-            return
-        lab = self.lab
-        columns = tuple(Column(name, *lab.variant(choice, request.sigma)) for name, choice in request.columns.items())
-        plan = GenerationPlan(
-            run=generation.run,
-            prompt=request.prompt,
-            columns=columns,
-            tokens=GENERATE_TOKENS,
-            loaded=lab.loaded,
-            lock=lab.model_lock,
-            stop=generation.stop,
-            session=lab.session,
-            saved_models=lab.saved_models,
-        )
-        screen.begin_generation(request.prompt)
-        self.in_thread(partial(generate_work, self.post_message, plan), "generate", "generate", "generation")
+        start = self.work.generation(request.prompt, request.columns, request.sigma) if screen is not None else None
+        if screen is not None and start is not None:
+            screen.begin_generation(request.prompt)
+            start()
 
     @on(TextGenerated)
     def text_generated(self, message: TextGenerated) -> None:
@@ -417,12 +321,7 @@ class AnatomyApp(App[None]):
         if screen is not None and self.lab.current_generation(message.run):
             screen.show_generated(message.column, message.text, message.note)
 
-    @on(GenerationDone)
-    def generation_done(self, message: GenerationDone) -> None:
-        self.lab.generation_done(message.run)
-
-    @on(StopGenerationRequested)
-    def stop_generation(self) -> None:
+    def action_stop_generation(self) -> None:
         self.lab.stop_generation()
 
     # the command palette ---------------------------------------------------------------------------

@@ -1,13 +1,24 @@
 """The messages of the console: what workers report up to the app, and what the console screen asks
 the app to do. Workers never touch a widget or an attribute of the app; they post one of these
 (`post_message` is thread-safe) and a handler on the UI thread does the rest. Everything a worker
-needs is captured on the UI thread before it starts."""
+needs is captured on the UI thread before it starts.
+
+A message the lab answers alone is a `ForTheLab`: it names the lab's call (`answer`), and the app
+routes every one of them with a single handler. The others need the screen or a worker too."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from textual.message import Message
+
+
+class ForTheLab(Message):
+    """A message the lab (tui/lab.py) answers alone: the app calls `answer(lab)` on the UI thread."""
+
+    def answer(self, lab: Any) -> None:
+        raise NotImplementedError
+
 
 # from workers -------------------------------------------------------------------------------------
 
@@ -20,7 +31,7 @@ class ModelLoaded(Message):
         self.loaded = loaded
 
 
-class ModelProgress(Message):
+class ModelProgress(ForTheLab):
     """A line of the model loader's progress (the first dequantisation of the embedded model);
     a newer one replaces an older one still queued."""
 
@@ -30,6 +41,9 @@ class ModelProgress(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, ModelProgress)
+
+    def answer(self, lab: Any) -> None:
+        lab.model_progress(self.text)
 
 
 class ModelFailed(Message):
@@ -56,15 +70,18 @@ class TextGenerated(Message):
         return isinstance(message, TextGenerated) and (message.run, message.column) == (self.run, self.column)
 
 
-class GenerationDone(Message):
+class GenerationDone(ForTheLab):
     """Generation `run` has finished every column (or was stopped)."""
 
     def __init__(self, run: int) -> None:
         super().__init__()
         self.run = run
 
+    def answer(self, lab: Any) -> None:
+        lab.generation_done(self.run)
 
-class GrowthPreview(Message):
+
+class GrowthPreview(ForTheLab):
     """The phases a growth run with `flags` would go through (growth.plan's `arms`), for the growth
     panel before any run."""
 
@@ -73,8 +90,11 @@ class GrowthPreview(Message):
         self.flags = flags
         self.arms = arms
 
+    def answer(self, lab: Any) -> None:
+        lab.growth_previewed(self.flags, self.arms)
 
-class ExperimentFinished(Message):
+
+class ExperimentFinished(ForTheLab):
     """An experiment running in a thread worker of the console has ended, however it ended."""
 
     def __init__(self, name: str) -> None:
@@ -84,19 +104,12 @@ class ExperimentFinished(Message):
 
 # from the console screen --------------------------------------------------------------------------
 
+    def answer(self, lab: Any) -> None:
+        lab.console_run_ended(self.name)
+
 
 class ConsoleReady(Message):
     """The console screen has painted once: now the slow things (torch, the model) may start."""
-
-
-class TabShown(Message):
-    """A tab came into view; `redraw` names the parts of it to draw again from the state (its plots,
-    which were drawn while hidden: `tui.state.Dirty` names)."""
-
-    def __init__(self, tab: str, redraw: frozenset[str] = frozenset()) -> None:
-        super().__init__()
-        self.tab = tab
-        self.redraw = redraw
 
 
 class LogPageRequested(Message):
@@ -108,21 +121,16 @@ class LogPageRequested(Message):
         self.back = back
 
 
-class LayerSelected(Message):
-    """The map's cursor moved to `layer`: what shows the selected layer is redrawn on the next poll."""
-
-    def __init__(self, layer: int | None) -> None:
-        super().__init__()
-        self.layer = layer
-
-
-class Notice(Message):
+class Notice(ForTheLab):
     """A line for the user (a form that does not parse, say): the app notifies and logs it."""
 
     def __init__(self, text: str, level: str = "info") -> None:
         super().__init__()
         self.text = text
         self.level = level
+
+    def answer(self, lab: Any) -> None:
+        lab.say(self.text, self.level)
 
 
 class InjectRequested(Message):
@@ -136,44 +144,26 @@ class InjectRequested(Message):
         self.lr = lr
 
 
-class MapRequested(Message):
-    """Compute the layer map: in the console (a thread worker), or as its own process (`job`)."""
-
-    def __init__(self, job: bool) -> None:
-        super().__init__()
-        self.job = job
-
-
-class DetailRequested(Message):
-    """Show everything the session knows about `layer` (the map's selection)."""
-
-    def __init__(self, layer: int | None) -> None:
-        super().__init__()
-        self.layer = layer
-
-
-class MarkRequested(Message):
+class MarkRequested(ForTheLab):
     """Mark `layer` ablated in the prompt pane's modified model, or unmark it."""
 
     def __init__(self, layer: int) -> None:
         super().__init__()
         self.layer = layer
 
+    def answer(self, lab: Any) -> None:
+        lab.toggle_mark(self.layer)
 
-class CancelRequested(Message):
+
+class CancelRequested(ForTheLab):
     """Cancel the running jobs of `experiment` (the job of the panel in view)."""
 
     def __init__(self, experiment: str) -> None:
         super().__init__()
         self.experiment = experiment
 
-
-class StopGenerationRequested(Message):
-    """Stop the text being generated."""
-
-
-class ResumeRequested(Message):
-    """Offer the newest interrupted job for resume."""
+    def answer(self, lab: Any) -> None:
+        lab.cancel(self.experiment)
 
 
 class GrowthPreviewRequested(Message):

@@ -2,8 +2,10 @@
 Analyses, Log). Wide terminals show the layer detail and the recovery form beside their panels.
 
 It owns its forms and the console's keys: what a key needs (the selected layer, the form's values)
-goes up to the app as a request (tui/messages.py), read and checked here on the UI thread; the app
-calls down to redraw the panels from the session state."""
+goes up to the app as a request (tui/messages.py), read and checked here on the UI thread; keys that
+need nothing from the screen are bound to the app's actions. What needs only the session state (the
+selection, a tab coming into view, the layer detail) is answered here; the app calls down to redraw
+the panels from the state."""
 
 from __future__ import annotations
 
@@ -24,20 +26,15 @@ from tui.console_settings import ConsoleSettings
 from tui.messages import (
     CancelRequested,
     ConsoleReady,
-    DetailRequested,
     GenerateRequested,
     GrowthPreviewRequested,
     GrowthRequested,
     InjectRequested,
-    LayerSelected,
     LogPageRequested,
-    MapRequested,
     MarkRequested,
     Notice,
-    ResumeRequested,
-    StopGenerationRequested,
-    TabShown,
 )
+from tui.screens.layer_detail import LayerDetailScreen
 from tui.state import Dirty, JobView, SessionState
 from tui.views import analyses_widgets, show_analyses
 from tui.widgets.curve_plot import Curve, CurvePlot
@@ -69,7 +66,8 @@ class PanelData:
 PANELS = ("layers", "recovery", "growth", "prompt")  # the dashboard's four, in reading order
 
 # (key, action, title, description): one table drives the console's bindings, the help screen and the
-# palette. Help and quit are the app's (they work on every screen); the others are this screen's.
+# palette. Help, compare and quit are the app's (they work on every screen); the keys that need nothing
+# from the screen are bound to the app's actions (ROUTED); the others are this screen's.
 ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("f1,h", "help", "Help", "every key and what it does"),
     ("f2", "show_tab('layers')", "Layers tab", "the layer map and the selected layer's detail"),
@@ -96,11 +94,12 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
 )
 FOOTER = {"help", "compute_map", "detail", "inject", "cancel", "growth", "quit"}
 APP_ACTIONS = ("help", "quit", "compare")
+ROUTED = ("compute_map", "map_job", "resume_job", "stop_generation")  # the console's keys the app answers
 
 
 def binding_action(action: str) -> str:
-    """`action` as the console screen (or the palette) runs it: help and quit are the app's."""
-    return f"app.{action}" if action in APP_ACTIONS else action
+    """`action` as the console screen (or the palette) runs it: the app's, or the screen's own."""
+    return f"app.{action}" if action in APP_ACTIONS + ROUTED else action
 TITLES = {"layers": "Layer map", "recovery": "Recovery", "growth": "Growth", "prompt": "Prompt",
           "analyses": "Analyses", "log": "Log"}  # fmt: skip
 
@@ -117,9 +116,10 @@ class ConsoleScreen(Screen[None]):
         *(Binding(key, binding_action(action), title, show=action in FOOTER) for key, action, title, _ in ACTIONS),
     ]
 
-    def __init__(self, settings: ConsoleSettings | None = None) -> None:
+    def __init__(self, settings: ConsoleSettings | None = None, state: SessionState | None = None) -> None:
         super().__init__()
         self.settings = settings or ConsoleSettings()
+        self.session_state = state or SessionState()  # the lab's, read here and marked for redraws
         self.current = "layers"
         self.log_back = 0  # the Log tab's page: 0 live, k the k-th page back from the log's end
 
@@ -294,7 +294,10 @@ class ConsoleScreen(Screen[None]):
             self.query_one("#log-view", RichLog).focus()
         else:
             self.query_one(Tabs).focus()
-        self.post_message(TabShown(tab, REDRAW_ON_SHOW.get(tab, frozenset())))
+        self.session_state.dirty.update(REDRAW_ON_SHOW.get(tab, frozenset()))  # drawn on the next poll
+        if tab == "log" and not self.log_back:  # the live lines, drawn now
+            self.session_state.take_new_log()
+            self.show_log_page(0, list(self.session_state.log))
 
     def show_tab(self, tab: str) -> None:
         self.query_one(Tabs).active = f"tab-{tab}"
@@ -338,18 +341,13 @@ class ConsoleScreen(Screen[None]):
             self.post_message(LogPageRequested(self.log_back - 1))
 
     # the keys and the forms: requests up to the app -------------------------------------------
-    def action_compute_map(self) -> None:
-        self.post_message(MapRequested(job=False))
-
-    def action_map_job(self) -> None:
-        self.post_message(MapRequested(job=True))
-
     def action_detail(self) -> None:
-        self.post_message(DetailRequested(self.selected_layer))
+        """Everything the session knows about the selected layer."""
+        self.app.push_screen(LayerDetailScreen(self.session_state, self.selected_layer))
 
     @on(LayerMap.RowHighlighted, "#map")
     def layer_highlighted(self) -> None:
-        self.post_message(LayerSelected(self.selected_layer))
+        self.session_state.dirty.add(Dirty.SELECTION)  # drawn on the next poll, with whatever else changed
 
     @on(LayerMap.RowSelected, "#map")
     def layer_chosen(self) -> None:
@@ -359,21 +357,15 @@ class ConsoleScreen(Screen[None]):
         if self.selected_layer is not None:
             self.post_message(MarkRequested(self.selected_layer))
 
-    def action_cancel(self) -> None:
+    async def action_cancel(self) -> None:
         """Cancels the running jobs of the panel in view (the layer map's, recovery's or growth's);
-        in the prompt pane, the generation."""
+        in the prompt pane, the generation (as its own key does)."""
         if self.current == "prompt":
-            self.post_message(StopGenerationRequested())
+            await self.run_action(binding_action("stop_generation"))
         elif self.current in JOB_OF_TAB:
             self.post_message(CancelRequested(JOB_OF_TAB[self.current]))
         else:
             self.post_message(Notice("open the tab of the job to cancel (Layers, Recovery or Growth) and press c"))
-
-    def action_stop_generation(self) -> None:
-        self.post_message(StopGenerationRequested())
-
-    def action_resume_job(self) -> None:
-        self.post_message(ResumeRequested())
 
     def action_inject(self) -> None:
         """InjectRequested for the selected layer with the recovery form's numbers."""
