@@ -219,7 +219,7 @@ FORGED = [
         {"v": 2, "kind": "job.finished", "status": ["done"], "job": "r"},
     ]
 LEAKING = 2  # the last two: a job.message whose text is an object and job a number, a job.finished whose
-# status is a list: engine/events.py takes them today (test_forged_message_and_end_lines_are_skipped)
+# status is a list: engine/core/events.py takes them today (test_forged_message_and_end_lines_are_skipped)
 
 
 def forged_session(lines: list[dict]) -> int:
@@ -245,7 +245,7 @@ def test_forged_event_lines_are_skipped_not_fatal(isolated_home):
     assert LogPager(SessionStore().open("big"), size).older(1) == []  # the Log tab pages back: nothing to show
 
 
-@pytest.mark.xfail(strict=True, reason="engine/events.py takes a job.message whose text is not a string and a "
+@pytest.mark.xfail(strict=True, reason="engine/core/events.py takes a job.message whose text is not a string and a "
                    "job.finished whose status is a list (a job 'r' ['done'], a log line '5: {...}'), and a "
                    "forged recovery line leaves an empty recovery run for layer 1")
 def test_forged_message_and_end_lines_are_skipped(isolated_home):

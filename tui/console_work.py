@@ -10,7 +10,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from engine.options import ModelOptions
+from engine.models.options import ModelOptions
 from tui.lab import Lab
 from tui.workers import (
     Column,
