@@ -10,11 +10,11 @@ import json
 from engine.core.events import ABSENT, Event, Started, json_safe
 from engine.core.process import process_identity
 from engine.disk.atomic import atomic_write_json
-from engine.evaluation.accuracy import TaskScore
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
 from engine.experiments.dynamics.vocabulary import (
     PcaSample,
 )
+from engine.experiments.evaluate.vocabulary import sample_score
 from engine.experiments.growth.vocabulary import (
     GrowthPhase,
     GrowthPlan,
@@ -261,14 +261,7 @@ def weights_doc() -> dict:
     return json_safe(BY_NAME["weights"].sample())
 
 
-def task_score(task: str, acc: float, acc_norm: float | None = None, samples: int = 80) -> TaskScore:
-    """One lm-eval task's scores as engine/evaluation/accuracy.py reads them from simple_evaluate."""
-    stderr = (acc * (1 - acc) / (samples - 1)) ** 0.5
-    metrics = {"acc,none": acc, "acc_stderr,none": stderr}
-    if acc_norm is not None:
-        metrics |= {"acc_norm,none": acc_norm, "acc_norm_stderr,none": stderr}
-    return TaskScore(task=task, acc=acc, acc_stderr=stderr, acc_norm=acc_norm,
-                     acc_norm_stderr=None if acc_norm is None else stderr, samples=samples, metrics=metrics)
+task_score = sample_score  # one lm-eval task's scores, as the evaluate sample builds them
 
 
 def evaluate_doc() -> dict:

@@ -1,5 +1,5 @@
-"""The ablation experiment's vocabulary: its settings, events and result document, torch-free so
-the console, the store and the registry read them without loading the computation."""
+"""The layer map's words: AblationSettings (method, bootstrap, layers), the `ablation.layer` and
+`ablation.proxies` events, and results/ablation.json (AblationMap, a row per layer). Torch-free."""
 
 from __future__ import annotations
 

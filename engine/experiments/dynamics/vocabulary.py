@@ -1,5 +1,5 @@
-"""The dynamics experiment's vocabulary: its settings, events and result document, torch-free so
-the console, the store and the registry read them without loading the computation."""
+"""Hidden-state dynamics' words: DynamicsSettings (profiles, lenses, clusters), the `dynamics.layer`
+event, and results/dynamics.json (angles by layer, PCA, clusters, logit lens). Torch-free."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The evaluate experiment's vocabulary: its settings, events and result document, torch-free so
-the console, the store and the registry read them without loading the computation."""
+"""The lm-eval evaluation's words: EvaluateSettings (tasks, variants, folder, adapter), the
+`evaluate.model` event, and results/evaluate.json (scores and generation checks). Torch-free."""
 
 from __future__ import annotations
 
@@ -104,6 +104,17 @@ class EvaluateResult(ResultDocument):
     seconds: float
 
 
+def sample_score(task: str, acc: float, acc_norm: float | None = None, samples: int = 80) -> TaskScore:
+    """One lm-eval task's scores as engine/evaluation/accuracy.py reads them from simple_evaluate,
+    with binomial standard errors: the sample's rows, and the tests' scores."""
+    stderr = (acc * (1 - acc) / (samples - 1)) ** 0.5
+    metrics = {"acc,none": acc, "acc_stderr,none": stderr}
+    if acc_norm is not None:
+        metrics |= {"acc_norm,none": acc_norm, "acc_norm_stderr,none": stderr}
+    return TaskScore(task=task, acc=acc, acc_stderr=stderr, acc_norm=acc_norm,
+                     acc_norm_stderr=None if acc_norm is None else stderr, samples=samples, metrics=metrics)
+
+
 def sample() -> EvaluateResult:
     """The original and two variants on two local tasks, side by side: the tests' and snapshots' example."""
     protocol = LmEvalProtocol(tasks=["everyday_sense", "tiny_qa"], batch_size=1, limit=None, num_fewshot=None,
@@ -111,21 +122,14 @@ def sample() -> EvaluateResult:
                               n_shot={"everyday_sense": 0, "tiny_qa": 0},
                               task_versions={"everyday_sense": "Yaml", "tiny_qa": "Yaml"})
 
-    def score(task: str, acc: float, acc_norm: float | None = None, samples: int = 80) -> TaskScore:
-        stderr = (acc * (1 - acc) / (samples - 1)) ** 0.5
-        metrics = {"acc,none": acc, "acc_stderr,none": stderr}
-        if acc_norm is not None:
-            metrics |= {"acc_norm,none": acc_norm, "acc_norm_stderr,none": stderr}
-        return TaskScore(task=task, acc=acc, acc_stderr=stderr, acc_norm=acc_norm,
-                         acc_norm_stderr=None if acc_norm is None else stderr, samples=samples, metrics=metrics)
-
     def row(variant: str, label: str, description: str, n_layers: int, accs: tuple[float, float],
             agreement: tuple[float, float] | None) -> EvaluatedModel:
         check = None if agreement is None else GenerationCheck(
             texts=[f"Paris, the city of light ({label})"], unit="token", prefix_agreement=agreement[0],
             token_agreement=agreement[1])
         return EvaluatedModel(variant=variant, label=label, description=description, n_layers=n_layers,
-                              scores=[score("everyday_sense", accs[0], accs[0] - 0.05), score("tiny_qa", accs[1])],
+                              scores=[sample_score("everyday_sense", accs[0], accs[0] - 0.05),
+                                      sample_score("tiny_qa", accs[1])],
                               generation=check, seconds=12.5)
 
     models = [row("original", "original", "tiny, 6 layers", 6, (0.6, 0.5), (1.0, 1.0)),

@@ -1,5 +1,5 @@
-"""The growth experiment's vocabulary: its settings, events and result document, torch-free so
-the console, the store and the registry read them without loading the computation."""
+"""Growth's words: GrowthSettings and its presets (phase tables, widths, seeds), the `growth.*`
+events of each arm and phase, and results/growth.json (GrowthResult). Torch-free."""
 
 from __future__ import annotations
 

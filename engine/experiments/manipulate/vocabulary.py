@@ -1,5 +1,5 @@
-"""The manipulate experiment's vocabulary: its settings, events and result document, torch-free so
-the console, the store and the registry read them without loading the computation."""
+"""Weight manipulation's words: ManipulationSettings (strategies, alphas, ranks, layers), the
+`manipulate.trial` event, and results/manipulate.json (a row per trial). Torch-free."""
 
 from __future__ import annotations
 

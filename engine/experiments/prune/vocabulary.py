@@ -1,5 +1,5 @@
-"""The prune experiment's vocabulary: its settings, events and result document, torch-free so
-the console, the store and the registry read them without loading the computation."""
+"""Pruning's words: PruneSettings (criteria, counts, healing, export, accuracy) with what healing
+trains, the `prune.*` events, and results/prune.json (curves, depth law). Torch-free."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The recovery experiment's vocabulary: its settings, events and result document, torch-free so
-the console, the store and the registry read them without loading the computation."""
+"""Recovery's words: RecoverySettings (sigma, steps, lr, layers, repeats) with what a run trains and
+keeps, the `recovery.*` curve events, and results/recovery.json (RecoveryResult). Torch-free."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The scaling-fit experiment's vocabulary: its settings, events and result document, torch-free so
-the console, the store and the registry read them without loading the computation."""
+"""The scaling fit's words: ScalingFitSettings (the CSV and its columns, optimizer, restarts,
+bootstrap), the `scaling-fit.stage` event, and results/scaling-fit.json. Numpy- and torch-free."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The toy-depth experiment's vocabulary: its settings, events and result document, torch-free so
-the console, the store and the registry read them without loading the computation."""
+"""The toy teacher-student models' words: ToyDepthSettings and its presets, the `toy-depth.step`
+and `toy-depth.student` events, and results/toy-depth.json (loss against depth). Torch-free."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The weights experiment's vocabulary: its settings, events and result document, torch-free so
-the console, the store and the registry read them without loading the computation."""
+"""Weight predictability's words: WeightsSettings (components, paradox layers, nulls), the
+`weights.component` and `weights.paradox` events, and results/weights.json. Torch-free."""
 
 from __future__ import annotations
 
