@@ -8,11 +8,13 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=".bootstrap-stamp"
 want="$($PY -c 'import sys; print(sys.executable)') $(sha256sum pyproject.toml | cut -c1-16)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && $PY -c "import engine, torch" 2>/dev/null; then
+# the check finds the packages without importing them (importing torch alone takes seconds)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+   && $PY -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ('engine', 'torch'))))" 2>/dev/null; then
   exit 0
 fi
 echo "anatomy-tui: installing (first run only)..." >&2
-if ! $PY -c "import torch" 2>/dev/null; then
+if ! $PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; then
   $PY -m pip install -q "torch==2.13.0" || $PY -m pip install -q "torch>=2.2,<3"
 fi
 $PY -m pip install -q -e ".[test,serve,eval]"
