@@ -285,6 +285,14 @@ def test_cli_parses_growth_flags(tmp_path):
     assert parsed("--phases", str(table), "--steps", "9").steps == 9
 
 
+def test_a_seed_count_past_any_run_is_one_line(capsys):
+    """A count too large for range() (found by the property test) is refused like any bad flag."""
+    from tui.cli import main
+
+    assert main(["run", "growth", "--preset", "tiny", "--seeds", "1" * 30]) == 2
+    assert "--seeds 111111111111111111111111111111: must be" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_growth_follows_float32(dtype):
     """Mixed precision: float32 weights and AdamW, the forward autocast to the half dtype."""

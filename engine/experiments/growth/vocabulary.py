@@ -39,13 +39,16 @@ from engine.models.options import TRAIN_DEVICE_HELP, device_setting, dtype_setti
 ARMS = ("growth_100", "growth_50", "uniform_100")
 
 
+MAX_SEED_COUNT = 1000  # seeds of one run: each trains every arm, so even 1000 is days of compute
+
+
 def _seeds_text(text: str) -> tuple[int, ...]:
     """'3' -> seeds 0, 1, 2; '0,5,7' (or '4,' for the one seed 4) -> those seeds."""
     if "," in text:
         return tuple(int(part) for part in text.split(",") if part.strip())
     count = int(text)
-    if count < 1:
-        raise ValueError("a seed count must be at least 1")
+    if not 1 <= count <= MAX_SEED_COUNT:
+        raise ValueError(f"a seed count must be between 1 and {MAX_SEED_COUNT} (each seed trains every arm once)")
     return tuple(range(count))
 
 
