@@ -263,7 +263,7 @@ def test_printed_table_and_console_summary(capsys):
     assert "pruned -2,3" in out and "everyday_sense" in out and "lm-eval 0.4.13, batch size 1" in out
     assert "45.0" in out and "(-15.0)" in out  # the pruned acc and its change from the original, in points
     console = Console(width=200, record=True)
-    console.print(summary(evaluate_doc()))
+    console.print(summary(EvaluateResult.from_json(evaluate_doc())))
     text = console.export_text()
     assert "folder /models/smol-minus-2" in text and "25 % / 40 %" in text
 

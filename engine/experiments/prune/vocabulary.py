@@ -204,7 +204,7 @@ class PruneResult(ResultDocument):
     eval_tokens: int
     eval_texts: int
     n_layers: int
-    settings: dict[str, Any]
+    settings: PruneSettings  # as the run resolved them
     methods: list[str]
     curve: list[PruneCut]
     agreement: dict[str, float | None]  # Spearman of each criterion's scores with the ppl criterion's
@@ -230,7 +230,7 @@ def sample() -> PruneResult:
     fit = DepthLaw(a=1.1, c=2.0, L0=1.0, ci95=[0.7, 1.6], points=5, depths=[6.0, 5.0, 4.0, 3.0, 2.0], label="",
                    chinchilla={})  # fmt: skip
     return PruneResult(
-        model="tiny", baseline_ppl=baseline, eval_tokens=100, eval_texts=4, n_layers=6, settings={},
+        model="tiny", baseline_ppl=baseline, eval_tokens=100, eval_texts=4, n_layers=6, settings=PruneSettings(),
         methods=list(growth), curve=curve, agreement={"angular": 0.6, "bi": 0.8}, agreement_note="", scores={},
         depth_fit=fit, heal=None, exported=None, exported_point=None, seconds=1.0,
     )  # fmt: skip
