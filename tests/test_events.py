@@ -27,6 +27,7 @@ from engine.core.events import (
     upgrade_event,
     upgrade_result,
 )
+from engine.core.settings import Settings
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow, LayerAblated
 from engine.experiments.dynamics.vocabulary import (
     DynamicsCore,
@@ -78,6 +79,8 @@ def sample(hint: Any) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         return sample(next(a for a in args if a is not type(None)))
+    if isinstance(hint, type) and issubclass(hint, Settings):
+        return hint()  # settings are checked on reading: their defaults
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return build(hint)
     if origin is list:

@@ -41,6 +41,7 @@ _DRAWN: dict[str, type[ResultDocument]] = {
     cls.name: cls for cls in (AblationMap, RecoveryResult, GrowthResult, DynamicsResult)
 }
 T = TypeVar("T")
+R = TypeVar("R", bound=ResultDocument)
 
 
 class Dirty:
@@ -165,6 +166,11 @@ class SessionState:
             return why
         self._take_result(result)
         return ""
+
+    def result(self, cls: type[R]) -> R | None:
+        """The session's result of this class (results/<cls.name>.json) decoded; None when there is
+        none, or one that does not fit this version."""
+        return decode_or_none(cls, self.results.get(cls.name))
 
     def _take_result(self, result: ResultDocument) -> None:
         if isinstance(result, AblationMap):
