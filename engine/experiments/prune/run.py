@@ -43,6 +43,7 @@ from engine.experiments.ablation.run import InfluenceMeter
 from engine.experiments.ablation.vocabulary import AblationMap
 from engine.experiments.context import RunContext
 from engine.experiments.prune.vocabulary import (
+    CHINCHILLA_A_L,
     DepthLaw,
     PruneCut,
     PruneExported,
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 
     from engine.models.loading import LoadedModel
 
-CHINCHILLA_A_L = {"a_l": 1.2, "sd": 0.3, "source": "Paper B, fit to reconstructed Chinchilla runs"}
 
 
 
