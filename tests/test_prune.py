@@ -253,7 +253,7 @@ def test_depth_fit_recovers_a_known_law():
     points = [(30 - int(d), TextScores(tokens * (2.0 + 30.0 / d**1.2), tokens)) for d in depths]
     law = depth_law(30, points, 200, 0)
     assert law.a == pytest.approx(1.2) and law.ci95 == pytest.approx([1.2, 1.2])
-    assert "exploratory" in law.label and law.chinchilla["a_l"] == 1.2
+    assert "exploratory" in law.label and law.chinchilla.a_l == 1.2
     assert depth_law(30, points[:3], 200, 0) is None
 
 
