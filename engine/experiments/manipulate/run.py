@@ -253,7 +253,7 @@ def shard_plan(settings: ManipulationSettings, n_layers: int, inputs: Mapping[st
                ) -> ShardPlan:
     """The registry's split (`--shards`): by trial, each share's trial positions in RunContext.share;
     the layers are chosen once (`planned`) and logged as a serial run logs them."""
-    ablation = decode_or_none(AblationMap, inputs.get("ablation"))  # the session's map, as JSON in the plan's inputs
+    ablation = decode_or_none(AblationMap, inputs.get(AblationMap.name))  # JSON in the plan's inputs
     chosen, planned_trials, why = planned(settings, n_layers, ablation, model_name)
     merge = functools.partial(merge_shards, settings=chosen)
     notes = (f"layers: {why}",) if why else ()

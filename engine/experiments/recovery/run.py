@@ -514,7 +514,7 @@ def shard_plan(settings: RecoverySettings, n_layers: int, inputs: Mapping[str, d
     merge makes the comparisons across layers again over all (the Spearman with the session's
     ablation map); `sharded_sweep` runs the split."""
     runs = [(layer, repeat) for layer in settings.resolve_layers(n_layers) for repeat in range(settings.repeats)]
-    merge = functools.partial(merge_shards, settings=settings, ablation=inputs.get("ablation"))
+    merge = functools.partial(merge_shards, settings=settings, ablation=inputs.get(AblationMap.name))
 
     def layers_of(share: list[tuple[int, int]]) -> RecoverySettings:
         return replace(settings, layers=tuple(dict.fromkeys(layer for layer, _ in share)))
