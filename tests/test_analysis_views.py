@@ -24,6 +24,7 @@ from tui_fixtures import (
 from engine.experiments.dynamics.vocabulary import DynamicsResult
 from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.scaling_fit.vocabulary import ScalingFitResult
+from engine.registry import experiment
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
 from tui.screens import console
@@ -105,7 +106,7 @@ SAMPLES = {"scaling-fit": scaling_fit_doc, "toy-depth": toy_depth_doc, "prune": 
 def test_every_analysis_has_a_summary_not_the_raw_tree(name: str, module) -> None:
     if name not in SAMPLES:
         pytest.fail(f"no sample {name} result to draw: add one to tests/tui_fixtures.py and SAMPLES here")
-    text = text_of(module.summary(SAMPLES[name](), "CMD"))
+    text = text_of(module.summary(experiment(name).result_class.from_json(SAMPLES[name]()), "CMD"))
     assert "{'" not in text and "CMD" not in text  # a table, not the document; nothing missing
     expected = {
         "scaling-fit": ["depth l", "0.300", "[0.220, 0.410]", "[0.240, 0.370]"],
@@ -123,7 +124,8 @@ def test_results_written_before_the_plot_data_say_which_command_fills_them() -> 
     old_dynamics = dynamics_doc()
     del old_dynamics["pca"]["sample"]
     for name, doc in (("scaling-fit", scaling_fit_doc(with_points=False)), ("dynamics", old_dynamics)):
-        text = text_of(view(name).summary(doc, "anatomy-tui run X --session s"))
+        result = experiment(name).result_class.from_json(doc)
+        text = text_of(view(name).summary(result, "anatomy-tui run X --session s"))
         assert "run:  anatomy-tui run X --session s" in text
 
 
@@ -132,7 +134,7 @@ def test_a_result_that_does_not_fit_its_class_is_a_tree_and_no_plot() -> None:
     in the summary's place, never as a traceback in the console."""
     damaged = {"model": "tiny", "curve": [{"method": "bi"}]}
     assert decoded(PruneResult, damaged) is None and decoded(PruneResult, None) is None
-    assert _summarised(damaged, "CMD", prune.summary) is None
+    assert _summarised(damaged, "CMD", prune.summary, PruneResult) is None
     assert decoded(PruneResult, prune_doc()) == PruneResult.from_json(prune_doc())
 
 

@@ -16,7 +16,7 @@ from tiny_models import tiny_model
 from engine.core.errors import UserError
 from engine.core.events import Progress, Result
 from engine.experiments.ablation.run import merge_shards, run_ablation
-from engine.experiments.ablation.vocabulary import AblationSettings
+from engine.experiments.ablation.vocabulary import AblationMap, AblationSettings
 from engine.models.distributed import World, _Done, _Failed, _Merger, cpu_threads, launch, shard, world_from_env
 from engine.registry import experiment
 
@@ -161,12 +161,13 @@ def test_recovery_shards_of_layer_repeat_runs_merge_to_the_serial_result(tokeniz
                                 eval_file=str(tmp_path / "eval.txt"))
     model = tiny_model("llama", seed=3)
     ablation = result_of(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", eval_batch_size=4)))
-    serial = result_of(run_recovery(model, tokenizer, settings, ablation=ablation))
+    serial = result_of(run_recovery(model, tokenizer, settings, ablation=AblationMap.from_json(ablation)))
     split = experiment("recovery").shard_plan(settings, 4, {"ablation": ablation})
     assert split.items == [(3, 0), (3, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
     shares = [shard(split.items, rank, 2) for rank in range(2)]
     assert shares[0] == [(3, 0), (1, 1), (2, 0)]  # every layer's repeats are on both workers
-    events = [list(run_recovery(model, tokenizer, split.restrict(share), ablation=ablation, runs=set(share)))
+    events = [list(run_recovery(model, tokenizer, split.restrict(share), ablation=AblationMap.from_json(ablation),
+                                runs=set(share)))
               for share in shares]
     merged = split.merge([result_of(part) for part in events])
     assert [row["layer"] for row in merged["layers"]] == [3, 1, 2]

@@ -98,7 +98,7 @@ def smaller_llama(model, kept: list[int]):
 def test_evaluate_gives_lm_evals_numbers_for_the_original_and_a_cut(tokenizer, tasks):
     model = tiny_model("llama")
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    settings = EvaluateSettings(tasks=("tiny_qa", "everyday_sense"), include_path=str(tasks), limit=12,
+    settings = EvaluateSettings(tasks=("tiny_qa", "everyday_sense"), include_path=str(tasks), limit=12.0,
                                 variants=("original", "pruned"), remove=(1, 2), gen_tokens=6)
     events, result = run_evaluate(model, tokenizer, settings)
     original, pruned = result.models
@@ -125,13 +125,13 @@ def test_evaluate_gives_lm_evals_numbers_for_the_original_and_a_cut(tokenizer, t
     assert pruned.generation.texts == [tokenizer.decode(ids) for ids in others]
 
     # a later run evaluates one more model and keeps the earlier rows (same model and protocol)
-    settings = EvaluateSettings(tasks=("tiny_qa", "everyday_sense"), include_path=str(tasks), limit=12,
+    settings = EvaluateSettings(tasks=("tiny_qa", "everyday_sense"), include_path=str(tasks), limit=12.0,
                                 variants=("pruned",), remove=(3,), gen_tokens=6)
     events, later = run_evaluate(model, tokenizer, settings, inputs={"evaluate": json_of(result)})
     assert [row.label for row in later.models] == ["original", "pruned -1,2", "pruned -3"]
     assert later.models[0] == original
     # another protocol (batch size) replaces them, and says so
-    settings = EvaluateSettings(tasks=("tiny_qa",), include_path=str(tasks), limit=12, batch_size=2, gen_tokens=0)
+    settings = EvaluateSettings(tasks=("tiny_qa",), include_path=str(tasks), limit=12.0, batch_size=2, gen_tokens=0)
     events, other = run_evaluate(model, tokenizer, settings, inputs={"evaluate": json_of(later)})
     assert [row.label for row in other.models] == ["original"] and other.models[0].generation is None
     assert any("replaced" in getattr(e, "text", "") for e in events)
@@ -263,7 +263,7 @@ def test_printed_table_and_console_summary(capsys):
     assert "pruned -2,3" in out and "everyday_sense" in out and "lm-eval 0.4.13, batch size 1" in out
     assert "45.0" in out and "(-15.0)" in out  # the pruned acc and its change from the original, in points
     console = Console(width=200, record=True)
-    console.print(summary(evaluate_doc()))
+    console.print(summary(EvaluateResult.from_json(evaluate_doc())))
     text = console.export_text()
     assert "folder /models/smol-minus-2" in text and "25 % / 40 %" in text
 
@@ -271,7 +271,7 @@ def test_printed_table_and_console_summary(capsys):
 @pytest.mark.slow
 @pytest.mark.embedded
 def test_embedded_model_gives_lm_evals_numbers(embedded, tasks):
-    settings = EvaluateSettings(tasks=("everyday_sense",), include_path=str(tasks), limit=8,
+    settings = EvaluateSettings(tasks=("everyday_sense",), include_path=str(tasks), limit=8.0,
                                 variants=("original", "pruned"), remove=(14, 15), gen_tokens=4)
     context = RunContext(model=embedded)
     events = list(experiment("evaluate").run(settings, context))

@@ -20,6 +20,7 @@ from tui_fixtures import (
 from engine.core.events import (
     ABSENT,
     Started,
+    decode_or_none,
     event_from_json,
     event_types,
     from_doc,
@@ -27,7 +28,8 @@ from engine.core.events import (
     upgrade_event,
     upgrade_result,
 )
-from engine.experiments.ablation.vocabulary import AblationMap, AblationRow, LayerAblated
+from engine.core.settings import Settings
+from engine.experiments.ablation.vocabulary import AblationMap, AblationRow, AblationSettings, LayerAblated
 from engine.experiments.dynamics.vocabulary import (
     DynamicsCore,
     DynamicsPca,
@@ -55,7 +57,13 @@ from engine.experiments.recovery.vocabulary import (
     RecoveryVsAblation,
 )
 from engine.experiments.scaling_fit.vocabulary import ScalingFitResult
-from engine.experiments.toy_depth.vocabulary import StudentStep, ToyDepthCurve, ToyDepthResult
+from engine.experiments.toy_depth.vocabulary import (
+    StudentStep,
+    ToyDepthCurve,
+    ToyDepthResult,
+    ToyDepthSettings,
+    ToyDepthShare,
+)
 from engine.experiments.weights.vocabulary import (
     FitSummary,
     LayerFit,
@@ -78,6 +86,8 @@ def sample(hint: Any) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         return sample(next(a for a in args if a is not type(None)))
+    if isinstance(hint, type) and issubclass(hint, Settings):
+        return hint()  # settings are checked on reading: their defaults
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return build(hint)
     if origin is list:
@@ -317,3 +327,42 @@ def test_readme_mentions_only_real_kinds_with_their_fields():
         if braces:
             declared = [f.name for f in dataclasses.fields(kinds[kind]) if f.name not in ("job", "t")]
             assert [name.strip() for name in fields.split(",")] == declared, kind
+
+
+# --- a result's settings -----------------------------------------------------------------------
+def test_a_results_settings_are_its_settings_class_written_as_to_dict_writes_them():
+    """The `settings` a run records is the experiment's Settings, written as the job file's form
+    (`to_dict()`, as the dict the result held before), and read back through `from_dict`."""
+    settings = AblationSettings(method="skip", layers=(1, 2), eval_batch_size=4)
+    result = dataclasses.replace(experiment("ablation").sample(), settings=settings)
+    doc = json.loads(json.dumps(json_safe(result)))
+    assert json.dumps(doc["settings"]) == json.dumps(settings.to_dict())
+    assert AblationMap.from_json(doc).settings == settings and AblationMap.from_json(doc) == result
+    for entry in EXPERIMENTS:  # every experiment's result class declares its own settings
+        assert typing.get_type_hints(entry.result_class)["settings"] is entry.settings_class
+
+
+def test_settings_of_older_and_newer_writers_decode():
+    """A setting the document lacks (older than it) takes its default, `{}` (the 0.1 test sessions)
+    reads as the defaults, a setting this version does not know (a newer writer's) is left out, and a
+    value the settings refuse makes the whole result unreadable, as any field that does not fit."""
+    doc = json.loads(json.dumps(json_safe(dataclasses.replace(
+        experiment("ablation").sample(), settings=AblationSettings(method="zero")))))
+    del doc["settings"]["prefix_cache"]
+    doc["settings"]["retired"] = 3
+    assert AblationMap.from_json(doc).settings == AblationSettings(method="zero")
+    assert AblationMap.from_json({**doc, "settings": {}}).settings == AblationSettings()
+    bad = {**doc, "settings": {**doc["settings"], "method": "bogus"}}
+    with pytest.raises(ValueError, match="--method bogus"):
+        AblationMap.from_json(bad)
+    reasons: list[Exception] = []
+    assert decode_or_none(AblationMap, bad, on_error=reasons.append) is None and len(reasons) == 1
+    assert decode_or_none(AblationMap, None, on_error=reasons.append) is None and len(reasons) == 1
+
+
+def test_a_toy_depth_worker_share_is_a_class_that_writes_the_dict_it_replaced():
+    settings = ToyDepthSettings()
+    share = ToyDepthShare(students=[("tied", 1.0, 2, [0.5, None])], settings=settings, seconds=1.5)
+    doc = json.loads(json.dumps(json_safe(share)))
+    assert doc == {"students": [["tied", 1.0, 2, [0.5, None]]], "settings": settings.to_dict(), "seconds": 1.5}
+    assert from_doc(ToyDepthShare, doc) == share

@@ -13,7 +13,7 @@ from tui_fixtures import ablation_map, round_trips
 from engine.core.errors import UserError
 from engine.core.events import Cancelled, CancelToken, Result, event_from_json
 from engine.evaluation.generation import generate_text
-from engine.experiments.ablation.vocabulary import AblationRow
+from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
 from engine.experiments.growth.architecture import (
     GrowingModel,
     build_model,
@@ -171,7 +171,8 @@ def test_phase_tables_load_from_toml_and_json(tmp_path):
 
 def test_profile_from_ablation_compresses_by_the_documented_rule():
     classes = ["redundant", "critical", "minor", "minor", "important", "redundant"]
-    doc = ablation_map([AblationRow(i, 1.0, 1.0, c, anti=i in (2, 3)) for i, c in enumerate(classes)])
+    doc = AblationMap.from_json(ablation_map([AblationRow(i, 1.0, 1.0, c, anti=i in (2, 3))
+                                              for i, c in enumerate(classes)]))
     assert profile_from_ablation(doc, 3) == ("critical", "anti", "important")
     six = ("redundant", "critical", "anti", "anti", "important", "redundant")
     assert profile_from_ablation(doc, 6) == six

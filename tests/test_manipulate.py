@@ -15,7 +15,7 @@ from engine.core.events import Result
 from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Evaluator
 from engine.experiments.ablation.run import neighbour_mean
-from engine.experiments.ablation.vocabulary import AblationRow
+from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
 from engine.experiments.manipulate.run import blend_weights, clone_source, manipulated, run_manipulation, trials
 from engine.experiments.manipulate.vocabulary import ManipulationSettings
 from engine.models.anatomy import LayerStack
@@ -202,7 +202,7 @@ def test_default_layers_come_from_the_sessions_ablation_map():
     assert default_layers(None, "m")[0] == ()
     rows = [AblationRow(i, 1.0, 1.0, c, anti=a) for i, (c, a) in
             enumerate([("critical", False), ("redundant", False), ("minor", True), ("minor", False)])]
-    ablation = ablation_map(rows, model="m")
+    ablation = AblationMap.from_json(ablation_map(rows, model="m"))
     assert default_layers(ablation, "m")[0] == (1, 2)
     assert default_layers(ablation, "other")[0] == ()
 

@@ -11,11 +11,13 @@ import torch
 from huggingface_hub import ModelCard
 from tiny_models import EVAL, TINY_CONFIGS, out_of_memory_in_training, tiny_model
 from transformers import AutoModelForCausalLM
+from tui_fixtures import ablation_map as fixture_map
 from tui_fixtures import round_trips
 
 from engine.core.errors import UserError
 from engine.core.events import Result
 from engine.evaluation.perplexity import Evaluator
+from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
 from engine.experiments.prune.run import map_degradation, neighbours_of_cuts
 from engine.experiments.prune.vocabulary import PrunePoint, PruneScores, PruneSettings
 from engine.models.anatomy import LayerStack
@@ -49,7 +51,10 @@ def ppl_skipping(model, tokenizer, layers, eval_file) -> float:
 
 
 def ablation_map(degradations, key="layer", model="tiny"):
-    return {"model": model, "layers": [{key: i, "degradation_pct": d} for i, d in enumerate(degradations)]}
+    """A session's ablation map with these D %; `key="index"`: its rows as version 1 spelled them."""
+    doc = fixture_map([AblationRow(i, None, d, "minor") for i, d in enumerate(degradations)], model=model)
+    doc["layers"] = [{(key if k == "layer" else k): v for k, v in row.items()} for row in doc["layers"]]
+    return doc
 
 
 def test_curve_equals_skipping_and_document_shape(tokenizer, files):
@@ -93,8 +98,8 @@ def test_ppl_criterion_is_greedy_sleb(tokenizer, files):
 
 
 def test_map_reads_layer_and_old_index_rows():
-    assert map_degradation(ablation_map([5.0, 1.0])) == {0: 5.0, 1: 1.0}
-    assert map_degradation(ablation_map([5.0, 1.0], key="index")) == {0: 5.0, 1: 1.0}
+    assert map_degradation(AblationMap.from_json(ablation_map([5.0, 1.0]))) == {0: 5.0, 1: 1.0}
+    assert map_degradation(AblationMap.from_json(ablation_map([5.0, 1.0], key="index"))) == {0: 5.0, 1: 1.0}
     assert map_degradation(None) == {}
 
 
@@ -248,7 +253,7 @@ def test_depth_fit_recovers_a_known_law():
     points = [(30 - int(d), TextScores(tokens * (2.0 + 30.0 / d**1.2), tokens)) for d in depths]
     law = depth_law(30, points, 200, 0)
     assert law.a == pytest.approx(1.2) and law.ci95 == pytest.approx([1.2, 1.2])
-    assert "exploratory" in law.label and law.chinchilla["a_l"] == 1.2
+    assert "exploratory" in law.label and law.chinchilla.a_l == 1.2
     assert depth_law(30, points[:3], 200, 0) is None
 
 

@@ -15,6 +15,7 @@ from tui_fixtures import BASELINE, CURVE, MAP, cut, demo_session, prune_result, 
 
 from engine.core.process import pid_alive
 from engine.experiments.ablation.vocabulary import AblationProxies
+from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.recovery.vocabulary import RecoveryLayer
 from engine.experiments.variants import pruned_layers
 from sessions.store import SessionStore
@@ -638,7 +639,7 @@ def test_the_map_marks_the_layers_the_prune_run_removes(isolated_home) -> None:
     state = SessionState()
     state.set_result("ablation", session.load_result("ablation"))
     state.set_result("prune", prune_result([cut("bi", [1])], exported_point=cut("bi", [2, 4])))
-    pruned = set(pruned_layers(state.results["prune"]))  # as LayerMap.show reads it
+    pruned = set(pruned_layers(state.result(PruneResult)))  # as LayerMap.show reads it
     assert pruned == {2, 4}
     marks = [str(LayerMap._cells(state, index, pruned=index in pruned)[0]) for index in range(5)]
     assert [LayerMap.PRUNED in mark for mark in marks] == [False, False, True, False, True]

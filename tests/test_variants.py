@@ -9,7 +9,10 @@ from tiny_models import tiny_model
 from tui_fixtures import cut, growth_doc, prune_result
 
 from engine.core.errors import UserError
+from engine.core.events import decode_or_none
 from engine.experiments.ablation.run import neighbour_mean
+from engine.experiments.growth.vocabulary import GrowthResult
+from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.variants import Variant, applied, modified, noised, recovered, saved_model_path
 from engine.models.anatomy import LayerStack
 
@@ -94,7 +97,7 @@ def test_variant_checks_what_it_is_given(tmp_path) -> None:
     with pytest.raises(UserError, match="out of range"), modified(tiny_model("llama"), [9]):
         pass
     folder = tmp_path / "growth_100"
-    result = growth_doc({"growth_100": str(folder), "uniform_100": str(tmp_path / "gone")})
+    result = GrowthResult.from_json(growth_doc({"growth_100": str(folder), "uniform_100": str(tmp_path / "gone")}))
     assert saved_model_path(result, "growth", tmp_path) is None  # not saved yet
     folder.mkdir()
     assert saved_model_path(result, "growth", tmp_path) == folder
@@ -112,9 +115,9 @@ def test_pruned_drops_the_prune_runs_layers_and_comes_back() -> None:
     model = tiny_model("llama", seed=5)
     ids = torch.tensor([[5, 9, 13, 21, 34]])
     curve = [cut("ppl", [3]), cut("ppl", [3, 4]), cut("bi", [0, 1, 2])]
-    assert pruned_layers(prune_result(curve, exported_point=cut("bi", [1, 2]))) == (1, 2)
-    assert pruned_layers(prune_result(curve)) == (3, 4) and pruned_layers(None) == ()
-    assert pruned_layers({"curve": []}) == ()  # a result this version cannot read removes nothing
+    assert pruned_layers(PruneResult.from_json(prune_result(curve, exported_point=cut("bi", [1, 2])))) == (1, 2)
+    assert pruned_layers(PruneResult.from_json(prune_result(curve))) == (3, 4) and pruned_layers(None) == ()
+    assert decode_or_none(PruneResult, {"curve": []}) is None  # a result this version cannot read removes nothing
     with torch.no_grad():
         whole = model(ids).logits
         with LayerStack(model).skipped([1, 2]):

@@ -114,8 +114,7 @@ def print_result(doc):
     Console().print(table)
 
 
-def summary(doc, command):
-    result = LetterCounts.from_json(doc)
+def summary(result, command):
     return Text(f"{result.total} letters in {len(result.counts)} words")
 '''
 

@@ -10,7 +10,7 @@ import json
 from engine.core.events import ABSENT, Event, Started, json_safe
 from engine.core.process import process_identity
 from engine.disk.atomic import atomic_write_json
-from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
+from engine.experiments.ablation.vocabulary import AblationMap, AblationRow, AblationSettings
 from engine.experiments.dynamics.vocabulary import (
     PcaSample,
 )
@@ -20,7 +20,7 @@ from engine.experiments.growth.vocabulary import (
     GrowthPlan,
     GrowthStep,
 )
-from engine.experiments.prune.vocabulary import DepthLaw, PruneCut, PruneResult
+from engine.experiments.prune.vocabulary import DepthLaw, PruneCut, PruneResult, PruneSettings
 from engine.experiments.recovery.vocabulary import (
     RecoveryPoint,
     RecoveryRow,
@@ -54,7 +54,7 @@ def ablation_map(rows: list[AblationRow], model: str = "tiny") -> dict:
     """An ablation result document with these rows, as the engine writes it."""
     return json_safe(AblationMap(
         model=model, method="mean", baseline_ppl=BASELINE, eval_tokens=100, eval_texts=4, seconds=1.0,
-        settings={}, layers=rows, spearman={"block_influence": 0.5, "angular_distance": 0.5},
+        settings=AblationSettings(), layers=rows, spearman={"block_influence": 0.5, "angular_distance": 0.5},
     ))  # fmt: skip
 
 
@@ -193,7 +193,7 @@ def prune_result(curve: list[PruneCut], exported_point: PruneCut | None = None,
     """A prune result document with this curve, as the engine writes it."""
     methods = list(dict.fromkeys(cut.method for cut in curve))
     return json_safe(PruneResult(
-        model="tiny", baseline_ppl=BASELINE, eval_tokens=100, eval_texts=4, n_layers=6, settings={},
+        model="tiny", baseline_ppl=BASELINE, eval_tokens=100, eval_texts=4, n_layers=6, settings=PruneSettings(),
         methods=methods, curve=curve, agreement=agreement or {}, agreement_note="", scores={}, depth_fit=depth_fit,
         heal=None, exported="pruned" if exported_point else None, exported_point=exported_point, seconds=1.0,
     ))  # fmt: skip

@@ -22,6 +22,8 @@ from engine.core.errors import UserError
 from engine.core.events import CancelToken
 from engine.core.settings import Settings
 from engine.disk.session_layout import APP_LOG
+from engine.experiments.growth.vocabulary import GrowthResult
+from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.variants import SavedModels, Variant, pruned_layers, saved_model_path
 from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
@@ -474,11 +476,11 @@ class Lab:
         if choice == "recovered" and not saved_layers(self.session, "recovery"):
             problem = "no recovered layer in this session yet (inject noise: key i)"
         elif choice == "pruned":
-            chosen = pruned_layers(self.state.results.get("prune"))
+            chosen = pruned_layers(self.state.result(PruneResult))
             problem = "" if chosen else "no prune result in this session yet (anatomy-tui run prune)"
         elif choice in ("growth", "uniform"):
             try:
-                path = saved_model_path(self.state.results.get("growth"), choice, self.session.path)
+                path = saved_model_path(self.state.result(GrowthResult), choice, self.session.path)
                 problem = "" if path else f"no {choice} model in this session yet (run growth: key g)"
             except UserError as exc:  # a folder outside the session (a forged result): never loaded
                 problem = str(exc)

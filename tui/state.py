@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from engine.core.events import Event, Finished, Message, Progress, Result, Started
+from engine.core.events import Event, Finished, Message, Progress, Result, ResultDocument, Started, decode_or_none
 from engine.experiments.ablation.vocabulary import AblationMap, AblationProxies, AblationRow, LayerAblated
 from engine.experiments.dynamics.vocabulary import DynamicsResult, DynamicsRow
 from engine.experiments.growth.vocabulary import (
@@ -36,7 +36,12 @@ from engine.experiments.recovery.vocabulary import (
 )
 
 log = logging.getLogger(__name__)
+# the results whose contents the panels draw (the others are kept as they are, for the Analyses views)
+_DRAWN: dict[str, type[ResultDocument]] = {
+    cls.name: cls for cls in (AblationMap, RecoveryResult, GrowthResult, DynamicsResult)
+}
 T = TypeVar("T")
+R = TypeVar("R", bound=ResultDocument)
 
 
 class Dirty:
@@ -150,28 +155,38 @@ class SessionState:
         ("" when it can): written by another version or damaged, it is kept raw and its panels stay empty."""
         self.results[name] = doc
         self.dirty.add(Dirty.RESULTS)
-        try:
-            self._decode_result(name, doc)
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("result %s does not fit this version (%s); its panels stay empty", name, exc)
-            return f"{type(exc).__name__}: {exc}"
+        cls = _DRAWN.get(name)
+        if cls is None:
+            return ""
+        unfit: list[Exception] = []
+        result = decode_or_none(cls, doc, on_error=unfit.append)
+        if result is None:
+            why = f"{type(unfit[0]).__name__}: {unfit[0]}" if unfit else "no document"
+            log.warning("result %s does not fit this version (%s); its panels stay empty", name, why)
+            return why
+        self._take_result(result)
         return ""
 
-    def _decode_result(self, name: str, doc: dict[str, Any]) -> None:
-        if name == "ablation":
-            self.ablation_map = AblationMap.from_json(doc)
-            self.ablation = {row.layer: row for row in self.ablation_map.layers}
-            self.ablation_baseline = self.ablation_map.baseline_ppl
+    def result(self, cls: type[R]) -> R | None:
+        """The session's result of this class (results/<cls.name>.json) decoded; None when there is
+        none, or one that does not fit this version."""
+        return decode_or_none(cls, self.results.get(cls.name))
+
+    def _take_result(self, result: ResultDocument) -> None:
+        if isinstance(result, AblationMap):
+            self.ablation_map = result
+            self.ablation = {row.layer: row for row in result.layers}
+            self.ablation_baseline = result.baseline_ppl
             self.dirty.add(Dirty.LAYERS)
-        elif name == "recovery":
-            for summary in RecoveryResult.from_json(doc).layers:
+        elif isinstance(result, RecoveryResult):
+            for summary in result.layers:
                 self.difficulty[summary.layer] = summary
             self.dirty.add(Dirty.LAYERS)
-        elif name == "growth":
-            self.growth_arms = GrowthResult.from_json(doc).arms
+        elif isinstance(result, GrowthResult):
+            self.growth_arms = result.arms
             self.dirty.add(Dirty.GROWTH)
-        elif name == "dynamics":
-            self.dynamics = DynamicsResult.from_json(doc).layers
+        elif isinstance(result, DynamicsResult):
+            self.dynamics = result.layers
 
     # events ---------------------------------------------------------------------------------
     def apply(self, event: Event) -> None:

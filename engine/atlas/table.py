@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.events import from_doc, json_safe
+from engine.core.events import ResultDocument, decode_or_none, from_doc, json_safe
 from engine.experiments.ablation.vocabulary import AblationMap
 from engine.experiments.dynamics.vocabulary import DynamicsResult
 from engine.experiments.prune.vocabulary import PruneResult
@@ -167,15 +167,31 @@ def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+PER_LAYER: dict[str, type[ResultDocument]] = {
+    cls.name: cls for cls in (AblationMap, PruneResult, DynamicsResult, RecoveryResult)
+}  # the results with per-layer values, by experiment
+
+
 def rows_of(model: str, variant: str, session: str, results: Mapping[str, Mapping[str, Any]]) -> list[AtlasRow]:
     """The table rows of one model's session results (experiment name -> result document): a
     result that is absent gives none; one of the wrong shape is a UserError naming it."""
     rows: list[AtlasRow] = []
     for experiment, doc in results.items():
+        cls = PER_LAYER.get(experiment)
+        if cls is None or doc is None:
+            continue
+
+        def unreadable(exc: Exception, experiment: str = experiment) -> UserError:
+            return UserError(f"session {session}: results/{experiment}.json cannot be read ({exc})")
+
+        unfit: list[Exception] = []
+        result = decode_or_none(cls, doc, on_error=unfit.append)
+        if result is None:
+            raise unreadable(unfit[0]) from None
         try:
-            found = list(_per_layer(experiment, doc))
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise UserError(f"session {session}: results/{experiment}.json cannot be read ({exc})") from None
+            found = list(_per_layer(result))
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a value of the wrong type inside it
+            raise unreadable(exc) from None
         if not found:
             continue
         n_layers = max(n for n, *_ in found)
@@ -189,33 +205,28 @@ def rows_of(model: str, variant: str, session: str, results: Mapping[str, Mappin
     return rows
 
 
-def _per_layer(experiment: str, doc: Mapping[str, Any]) -> Iterable[tuple]:
+def _per_layer(result: ResultDocument) -> Iterable[tuple]:
     """(n_layers, layer, criterion, value, lo, hi, class) of every per-layer value of a result."""
-    if experiment == "ablation":
-        layers = AblationMap.from_json(doc).layers
-        n = len(layers)
-        for row in layers:
+    if isinstance(result, AblationMap):
+        n = len(result.layers)
+        for row in result.layers:
             yield n, row.layer, "d_pct", row.degradation_pct, row.ci_low, row.ci_high, row.layer_class
             yield n, row.layer, "block_influence", row.block_influence, None, None, None
             yield n, row.layer, "angular_distance", row.angular_distance, None, None, None
             last = row.angular_last_token
             if isinstance(last, (int, float)):  # ABSENT in maps made before it was measured
                 yield n, row.layer, "angular_last_token", last, None, None, None
-    elif experiment == "prune":
-        result = PruneResult.from_json(doc)
+    elif isinstance(result, PruneResult):
         for layer, value in enumerate(result.scores.get("ppl") or []):
             yield result.n_layers, layer, "removal_ppl", value, None, None, None
-    elif experiment == "dynamics":
-        result = DynamicsResult.from_json(doc)
+    elif isinstance(result, DynamicsResult):
         for row in result.layers:
             yield result.n_layers, row.layer, "angle_state", row.angle_state.median, None, None, None
             if row.angle_update is not None and row.angle_update.median is not None:
                 yield result.n_layers, row.layer, "angle_update", row.angle_update.median, None, None, None
-    elif experiment == "recovery":
-        result = RecoveryResult.from_json(doc)
-        n = _int(doc.get("n_layers")) or _int(result.settings.get("n_layers"))
-        for row in result.layers:
-            yield n or 0, row.layer, "recovery_difficulty", row.difficulty, None, None, None
+    elif isinstance(result, RecoveryResult):
+        for row in result.layers:  # its model's depth is not in it: `with_depth` gives it
+            yield 0, row.layer, "recovery_difficulty", row.difficulty, None, None, None
 
 
 def with_depth(rows: list[AtlasRow], n_layers: int) -> list[AtlasRow]:

@@ -36,6 +36,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from engine.core.errors import UserError
+from engine.core.settings import Settings
+
 EVENT_SCHEMA_VERSION = 2
 
 _EVENT_TYPES: dict[str, type[Event]] = {}
@@ -106,9 +109,12 @@ ABSENT: Any = _Absent()
 
 def json_safe(value: Any) -> Any:
     """NaN and inf are not JSON: they become null, which every reader handles. A dataclass becomes
-    its fields in their order, less those that are ABSENT."""
+    its fields in their order, less those that are ABSENT; an experiment's `Settings` its `to_dict()`
+    (the form a job file stores)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, Settings):
+        return json_safe(value.to_dict())
     if isinstance(value, dict):
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -132,10 +138,13 @@ def _hints(cls: type) -> dict[str, Any]:
 @functools.cache
 def _decoder(hint: Any) -> Callable[[Any], Any] | None:
     """How a JSON value (not None) becomes the annotated type, worked out once per type: nested
-    dataclasses rebuilt, lists to tuples where declared; None: the value as it is."""
+    dataclasses rebuilt, an experiment's `Settings` through its `from_dict`, lists to tuples where
+    declared; None: the value as it is."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         return _decoder(next(a for a in args if a is not type(None)))
+    if isinstance(hint, type) and issubclass(hint, Settings):
+        return functools.partial(_settings_from_doc, hint)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return functools.partial(from_doc, hint)
     if origin is list or origin is tuple:
@@ -153,6 +162,20 @@ def _decoder(hint: Any) -> Callable[[Any], Any] | None:
 def _field_decoders(cls: type) -> dict[str, Callable[[Any], Any] | None]:
     hints = _hints(cls)
     return {f.name: _decoder(hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+
+
+def _settings_from_doc(cls: type[Settings], doc: Any) -> Settings:
+    """The settings a result records, rebuilt and checked by `from_dict`: a setting the document
+    lacks (it was written before the setting existed; `{}` lacks them all) takes its default, one
+    this version does not know (a newer writer's) is left out, as `from_doc` leaves out unknown
+    keys; a value `from_dict` refuses is a ValueError, as any other field that does not fit."""
+    if not isinstance(doc, Mapping):
+        raise TypeError(f"{cls.__name__}: expected an object of settings, not {type(doc).__name__}")
+    known = {spec.name for spec in cls.fields()}
+    try:
+        return cls.from_dict({k: v for k, v in doc.items() if k in known})
+    except UserError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def from_doc(cls: type[T], doc: Mapping[str, Any]) -> T:
@@ -191,14 +214,19 @@ class ResultDocument:
         return from_doc(cls, cls.upgrade_v1(dict(doc)))
 
 
-def decode_or_none(cls: type[R], doc: Any) -> R | None:
+def decode_or_none(cls: type[R], doc: Any, on_error: Callable[[Exception], object] | None = None) -> R | None:
     """`doc` read as result document `cls`; None when it is missing or does not fit the class (an
-    older, damaged or foreign file: the reader then shows or uses nothing of it)."""
-    if not isinstance(doc, Mapping):
+    older, damaged or foreign file: the reader then shows or uses nothing of it). `on_error` hears
+    why a document that is there does not fit (a caller that logs it, or says it)."""
+    if doc is None:
         return None
     try:
+        if not isinstance(doc, Mapping):
+            raise TypeError(f"{cls.name or cls.__name__}: expected an object, not {type(doc).__name__}")
         return cls.from_json(doc)
-    except (TypeError, ValueError, KeyError, AttributeError):
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        if on_error is not None:
+            on_error(exc)
         return None
 
 

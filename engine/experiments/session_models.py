@@ -6,7 +6,6 @@ run fine-tuned."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,33 +16,23 @@ from engine.experiments.prune.vocabulary import PruneResult
 SAVED_ARMS = {"growth": "growth_100", "uniform": "uniform_100"}  # variant -> the growth run's arm
 
 
-def pruned_layers(prune_result: Mapping[str, Any] | None) -> tuple[int, ...]:
+def pruned_layers(result: PruneResult | None) -> tuple[int, ...]:
     """The layers the session's prune run removed at its exported point (else its ppl criterion's
-    deepest cut): what the `pruned` variant drops. () when there is no prune result, or one this
-    version cannot read (damaged, or written by another version)."""
-    if not prune_result:
-        return ()
-    try:
-        result = PruneResult.from_json(prune_result)
-    except (KeyError, TypeError, ValueError, AttributeError):
+    deepest cut): what the `pruned` variant drops. () when there is no prune result (or one this
+    version cannot read: `decode_or_none` made it None)."""
+    if result is None:
         return ()
     point = result.exported_point or max((cut for cut in result.curve if cut.method == "ppl"),
                                          key=lambda cut: cut.removed, default=None)
     return tuple(int(layer) for layer in point.layers) if point is not None else ()
 
 
-def saved_model_path(growth_result: Mapping[str, Any] | None, name: str, session: Path | str) -> Path | None:
+def saved_model_path(result: GrowthResult | None, name: str, session: Path | str) -> Path | None:
     """The folder a growth run saved the `growth` or `uniform` model in, if it still exists (None
-    without a growth result, or with one this version cannot read). The result is the session's
-    (`session`, its folder), untrusted: a folder outside it, or reached through a symbolic link, is a
-    one-line UserError, never loaded."""
+    without a growth result). The result is the session's (`session`, its folder), untrusted: a folder
+    outside it, or reached through a symbolic link, is a one-line UserError, never loaded."""
     wanted = SAVED_ARMS[name]
-    if not growth_result:
-        return None
-    try:
-        arm = GrowthResult.from_json(growth_result).arms.get(wanted)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
+    arm = result.arms.get(wanted) if result is not None else None
     path = arm.model if arm is not None else None
     if not path:
         return None

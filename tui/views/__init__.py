@@ -6,8 +6,9 @@ one of them, gets the plain form:
   print_result(doc)     how `anatomy-tui run <command>` prints the result (plain: its JSON)
   ANALYSIS              an `Analysis`: its title and place in the console's Analyses pane (plain:
                         not in the pane)
-  summary(doc, command) the result's table and lines in the pane, `command` being the line that
-                        (re)fills it (plain: the document as a readable tree)
+  summary(result, command) the result's table and lines in the pane (`result` read through its
+                        class), `command` being the line that (re)fills it (plain: the document as a
+                        readable tree)
   plots()               the pane's widgets above the summary (plain: none)
   show(pane, state)     redraws those widgets from the session state (tui/state.py)
 
@@ -24,24 +25,21 @@ import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import Static
 
 from engine import registry
+from engine.core.events import ResultDocument, decode_or_none
 from tui.widgets.result_view import ResultView
 
 if TYPE_CHECKING:
     from tui.state import SessionState
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-
-class Decodes(Protocol[T]):  # a result class of engine/core/events.py
-    def from_json(self, doc: Mapping[str, Any]) -> T: ...
+R = TypeVar("R", bound=ResultDocument)
 
 
 @dataclass(frozen=True)
@@ -52,16 +50,14 @@ class Analysis:
     place: int = 100  # the pane's order, top first; the registry's order among equals
 
 
-def decoded(cls: Decodes[T], doc: Mapping[str, Any] | None) -> T | None:
+def decoded(cls: type[R], doc: Mapping[str, Any] | None) -> R | None:
     """A session's result document as its class; None when there is none, or when it does not fit
     this version (damaged, or written by another version): the plots it feeds stay hidden."""
-    if doc is None:
-        return None
-    try:
-        return cls.from_json(doc)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        log.warning("a result does not fit this version (%s); its plots stay empty", exc)
-        return None
+    return decode_or_none(cls, doc, on_error=_unfit)
+
+
+def _unfit(exc: Exception) -> None:
+    log.warning("a result does not fit this version (%s); its plots stay empty", exc)
 
 
 def view(name: str) -> ModuleType | None:
@@ -102,5 +98,6 @@ def show_analyses(pane: Widget, state: SessionState, session: str) -> None:
         if show is not None:
             show(pane, state)
         pane.query_one(f"#result-{name}", ResultView).show(
-            state.results.get(name), rerun_command(name, session), getattr(found, "summary", None)
+            state.results.get(name), rerun_command(name, session), getattr(found, "summary", None),
+            registry.experiment(name).result_class,
         )

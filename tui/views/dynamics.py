@@ -71,10 +71,10 @@ def print_result(doc: dict[str, Any]) -> None:
             console.print(f"    {example}", markup=False, highlight=False)
 
 
-def summary(doc: dict[str, Any], command: str) -> Group:
+def summary(result: DynamicsResult, command: str) -> Group:
     """results/dynamics.json `pca.clusters`, largest (the bulk) first; a line with `command` where the
     result has no PCA sample to draw (written before anatomy-tui 0.3)."""
-    pca = DynamicsResult.from_json(doc).pca
+    pca = result.pca
     explained = ", ".join(f"{100 * share:.0f}%" for share in pca.explained[:3])
     table = Table(title=f"token clusters (k={pca.k}; PCA explains {explained or '?'})", expand=False)
     for column in ("cluster", "size", "share", "top tokens", "typical examples"):

@@ -75,9 +75,8 @@ def print_result(doc: dict[str, Any]) -> None:
         console.print(Text(f"{row.label}: {row.description}"), highlight=False)
 
 
-def summary(doc: dict[str, Any], command: str = "") -> Group:
+def summary(result: EvaluateResult, command: str = "") -> Group:
     """The console's side-by-side table, the protocol, and each variant's first continuation."""
-    result = EvaluateResult.from_json(doc)
     lines = [table(result), protocol_line(result.protocol, result.gen_tokens)]
     if result.prompts:
         lines.append(Text(f"first prompt: {result.prompts[0]!r}", style="italic"))

@@ -17,9 +17,8 @@ ANALYSIS = Analysis("Weight manipulation strategies", place=2)
 SAMPLE_WIDTH = 70
 
 
-def summary(doc: dict[str, Any], command: str = "") -> Table:
+def summary(result: ManipulateResult, command: str = "") -> Table:
     """results/manipulate.json as rows: layers, strategy, its parameter, ppl, D %, the sample."""
-    result = ManipulateResult.from_json(doc)
     table = Table(title=f"baseline ppl {result.baseline_ppl:,.2f} · sample: {result.baseline_sample[:60]!r}",
                   expand=False)  # fmt: skip
     for column, justify in (("layers", "left"), ("strategy", "left"), ("param", "right"), ("ppl", "right"),
@@ -43,5 +42,5 @@ def print_result(doc: dict[str, Any]) -> None:
     result = ManipulateResult.from_json(doc)
     console = Console()
     console.print(f"{result.model}  prompt {result.prompt!r}", highlight=False)
-    console.print(summary(doc))
+    console.print(summary(result))
     console.print(f"baseline sample: {result.baseline_sample!r}", highlight=False)

@@ -84,10 +84,9 @@ def print_result(doc: dict[str, Any]) -> None:
         console.print(line, highlight=False)
 
 
-def summary(doc: dict[str, Any], command: str = "") -> Group:
+def summary(result: PruneResult, command: str = "") -> Group:
     """The console's compact prune table: per number of layers removed, each criterion's perplexity
     and which layers it removed (healed perplexity beside it where healed)."""
-    result = PruneResult.from_json(doc)
     methods = list(dict.fromkeys(point.method for point in result.curve))
     heading = Text(f"{result.model}  baseline PPL {fmt(result.baseline_ppl, '.2f')}: perplexity "
                    "(and the layers removed) per criterion", style="italic")

@@ -22,8 +22,8 @@ def print_result(doc: dict[str, Any]) -> None:
     settings = result.settings
     table = Table(
         box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
-        title=f"{result.model}  baseline PPL {result.baseline_ppl:.2f}  sigma {settings['sigma']}  "
-        f"{settings['steps']} steps  lr {settings['lr']}"
+        title=f"{result.model}  baseline PPL {result.baseline_ppl:.2f}  sigma {settings.sigma}  "
+        f"{settings.steps} steps  lr {settings.lr}"
     )  # fmt: skip
     columns = ("layer", "status", "noised", "<2x", "<1.5x", "<1.1x", "best", "final", "x base", "better")
     for column in columns:

@@ -57,9 +57,8 @@ def print_result(doc: dict[str, Any]) -> None:
     Console().print(figures(ScalingFitResult.from_json(doc)))
 
 
-def summary(doc: dict[str, Any], command: str) -> Any:
+def summary(result: ScalingFitResult, command: str) -> Any:
     """The fit's figures; a line with `command` for a result without the runs to plot against depth."""
-    result = ScalingFitResult.from_json(doc)
     view = figures(result)
     if result.depth_points:
         return view

@@ -25,9 +25,8 @@ REGIME_COLOURS = ("cyan", "magenta", "orange", "green")
 FIT_COLOURS = ("cyan+", "magenta+", "orange+", "green+")  # each regime's fitted line: its bright twin
 
 
-def summary(doc: dict[str, Any], command: str = "") -> Table:
+def summary(result: ToyDepthResult, command: str = "") -> Table:
     """One row per regime: the fitted a_l with its interval, then the held-out loss at each depth."""
-    result = ToyDepthResult.from_json(doc)
     depths = sorted({d for fit in result.regimes.values() for d in fit.depths})
     table = Table(title=f"{result.fit}  (preset {result.preset}, "
                         f"temperature {result.temperature}): held-out loss by student depth")
@@ -41,7 +40,7 @@ def summary(doc: dict[str, Any], command: str = "") -> Table:
 
 
 def print_result(doc: dict[str, Any]) -> None:
-    Console().print(summary(doc))
+    Console().print(summary(ToyDepthResult.from_json(doc)))
 
 
 def _fitted(fit: ToyDepthCurve, depth: float) -> float | None:

@@ -17,9 +17,8 @@ from tui.views._format import fmt
 ANALYSIS = Analysis("Weight statistics and their null models", place=1)
 
 
-def summary(doc: dict[str, Any], command: str = "") -> Group:
+def summary(result: WeightsResult, command: str = "") -> Group:
     """Predictability against the two nulls, then the R²-perplexity paradox."""
-    result = WeightsResult.from_json(doc)
     first, last = (result.predicted_layers or ["?", "?"])[:2]
     table = Table(title=f"{result.model}: predictability of layers {first}-{last} "
                         "(real / shuffled order / independent layers)")
@@ -57,4 +56,4 @@ def summary(doc: dict[str, Any], command: str = "") -> Group:
 
 
 def print_result(doc: dict[str, Any]) -> None:
-    Console().print(summary(doc))
+    Console().print(summary(WeightsResult.from_json(doc)))

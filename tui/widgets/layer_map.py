@@ -10,6 +10,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import DataTable
 
+from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.recovery.vocabulary import RecoveryRow
 from engine.experiments.variants import pruned_layers
 from tui.palette import class_style
@@ -60,7 +61,7 @@ class LayerMap(DataTable):
         same, so the cursor (the selected layer) never jumps when new numbers arrive."""
         count = max(n_layers, state.n_layers)
         recovering = state.recovering()
-        pruned = set(pruned_layers(state.results.get("prune")))
+        pruned = set(pruned_layers(state.result(PruneResult)))
         rows = [self._cells(state, index, index in recovering, index in pruned) for index in range(count)]
         if self.row_count == count:
             for index, cells in enumerate(rows):

@@ -10,9 +10,11 @@ from rich.pretty import Pretty
 from rich.text import Text
 from textual.widgets import Static
 
+from engine.core.events import ResultDocument, decode_or_none
+
 MAX_ITEMS = 40  # long lists are cut in the view; the file has everything
 
-Summary = Callable[[dict[str, Any], str], Any]  # (document, the command that refills it) -> renderable
+Summary = Callable[[Any, str], Any]  # (result, as its class; the command that refills it) -> renderable
 
 
 def _trimmed(value: Any) -> Any:
@@ -26,22 +28,27 @@ def _trimmed(value: Any) -> Any:
     return value
 
 
-def _summarised(doc: dict[str, Any], command: str, summary: Summary | None) -> Any:
-    """The summary of `doc`; None without one, or when the document does not fit its result class
-    (damaged, or written by another version): the tree then shows what it holds."""
-    if summary is None:
+def _summarised(doc: dict[str, Any], command: str, summary: Summary | None,
+                result_class: type[ResultDocument] | None = None) -> Any:
+    """The summary of `doc` read as `result_class`; None without one, or when the document does not
+    fit its class (damaged, or written by another version): the tree then shows what it holds."""
+    if summary is None or result_class is None:
+        return None
+    result = decode_or_none(result_class, doc)
+    if result is None:
         return None
     try:
-        return summary(doc, command)
-    except (KeyError, TypeError, ValueError, AttributeError):
+        return summary(result, command)
+    except (KeyError, TypeError, ValueError, AttributeError):  # read, but a value inside of the wrong type
         return None
 
 
 class ResultView(Static):
     """Shows `results/<name>.json` through its view's summary, or the command that fills it."""
 
-    def show(self, doc: dict[str, Any] | None, command: str, summary: Summary | None = None) -> None:
+    def show(self, doc: dict[str, Any] | None, command: str, summary: Summary | None = None,
+             result_class: type[ResultDocument] | None = None) -> None:
         if doc is not None:
-            self.update(_summarised(doc, command, summary) or Pretty(_trimmed(doc), expand_all=False))
+            self.update(_summarised(doc, command, summary, result_class) or Pretty(_trimmed(doc), expand_all=False))
         else:
             self.update(Text(f"not run in this session yet; run:  {command}", style="dim"))

@@ -177,7 +177,7 @@ def run_ablation(
         eval_tokens=evaluator.n_tokens,
         eval_texts=evaluator.n_texts,
         seconds=time.perf_counter() - started,
-        settings=settings.to_dict(),
+        settings=settings,
         layers=layers,
         spearman=spearmans(layers),
         protocol=evaluator.protocol,
@@ -212,7 +212,7 @@ def merge_shards(docs: list[dict], settings: AblationSettings) -> dict:
     maps = [AblationMap.from_json(doc) for doc in docs]
     layers = sorted((row for part in maps for row in part.layers), key=lambda row: row.layer)
     merged = dataclasses.replace(
-        maps[0], seconds=max(part.seconds for part in maps), settings=settings.to_dict(), layers=layers,
+        maps[0], seconds=max(part.seconds for part in maps), settings=settings, layers=layers,
         spearman=spearmans(layers),
     )
     return json_safe(merged)

@@ -101,7 +101,7 @@ class AblationMap(ResultDocument):
     eval_tokens: int
     eval_texts: int
     seconds: float
-    settings: dict[str, Any]
+    settings: AblationSettings  # as the run resolved them
     layers: list[AblationRow]
     spearman: dict[str, float | None]
     protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
@@ -130,4 +130,5 @@ def sample() -> AblationMap:
         ])
     ]  # fmt: skip
     return AblationMap(model="tiny", method="mean", baseline_ppl=baseline, eval_tokens=100, eval_texts=4, seconds=1.0,
-                       settings={}, layers=rows, spearman={"block_influence": 0.5, "angular_distance": 0.5})
+                       settings=AblationSettings(), layers=rows,
+                       spearman={"block_influence": 0.5, "angular_distance": 0.5})

@@ -536,7 +536,7 @@ def run_dynamics(
         first_token="included" if settings.include_first else "excluded",
         n_layers=n_layers,
         seconds=time.perf_counter() - started,
-        settings=settings.to_dict(),
+        settings=settings,
         embedding_norm=quartiles(profiles.embedding_norm),
         core=core_summary(profiles),
         layers=layers,

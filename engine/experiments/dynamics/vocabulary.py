@@ -166,7 +166,7 @@ class DynamicsResult(ResultDocument):
     first_token: str  # included or excluded
     n_layers: int
     seconds: float
-    settings: dict[str, Any]
+    settings: DynamicsSettings  # as the run resolved them
     embedding_norm: Quartiles
     core: DynamicsCore
     layers: list[DynamicsRow]
@@ -207,5 +207,5 @@ def sample() -> DynamicsResult:
     core = DynamicsCore(layers=[1, 4], angle_update_median=93.0, angle_state_median=25.0, relative_update_median=0.1)
     return DynamicsResult(
         model="tiny", tokens=1000, texts=4, text_source="built-in", first_token="excluded", n_layers=6, seconds=1.0,
-        settings={}, embedding_norm=q(8.0), core=core, layers=layers, pca=pca, logit_lens=None,
+        settings=DynamicsSettings(), embedding_norm=q(8.0), core=core, layers=layers, pca=pca, logit_lens=None,
     )  # fmt: skip

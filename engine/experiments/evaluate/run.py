@@ -35,6 +35,7 @@ from engine.experiments.evaluate.vocabulary import (
     EvaluateSettings,
     ModelEvaluated,
 )
+from engine.experiments.growth.vocabulary import GrowthResult
 from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.session_models import layer_weights, pruned_layers, saved_model_path
 
@@ -81,7 +82,7 @@ def subject(name: str, settings: EvaluateSettings, context: RunContext) -> Itera
     if name == "original":
         yield Subject(name, name, f"{loaded.name}, {loaded.n_layers} layers", model, tokenizer)
     elif name == "pruned":
-        layers = settings.remove or pruned_layers(context.inputs.get("prune"))
+        layers = settings.remove or pruned_layers(context.input(PruneResult))
         if not layers:
             raise UserError("variant pruned: no prune result in this session; run `anatomy-tui run prune` "
                             "or give --remove LAYERS")
@@ -90,7 +91,7 @@ def subject(name: str, settings: EvaluateSettings, context: RunContext) -> Itera
             yield Subject(name, f"pruned -{_layers(layers)}", f"layers {_layers(layers)} removed{where}",
                           model, tokenizer)
     elif name == "healed":
-        folder = _healed_folder(context.inputs.get("prune"))
+        folder = _healed_folder(context.input(PruneResult))
         with _loaded_folder(folder, loaded) as other:
             yield Subject(name, name, f"the healed cut the session's prune run exported to {folder}",
                           other.model, other.tokenizer)
@@ -104,7 +105,7 @@ def subject(name: str, settings: EvaluateSettings, context: RunContext) -> Itera
             yield Subject(name, name, f"layers {_layers(sorted(weights))} as the recovery run fine-tuned them",
                           model, tokenizer)
     else:  # growth, uniform
-        path = None if context.output_dir is None else saved_model_path(context.inputs.get("growth"), name,
+        path = None if context.output_dir is None else saved_model_path(context.input(GrowthResult), name,
                                                                          context.output_dir)
         if path is None:
             raise UserError(f"variant {name}: no {name} model in this session (anatomy-tui run growth)")
@@ -115,11 +116,7 @@ def subject(name: str, settings: EvaluateSettings, context: RunContext) -> Itera
                       own_tokenizer=True)
 
 
-def _healed_folder(prune_doc: dict[str, Any] | None) -> Path:
-    try:
-        result = PruneResult.from_json(prune_doc) if prune_doc else None
-    except (KeyError, TypeError, ValueError, AttributeError):
-        result = None
+def _healed_folder(result: PruneResult | None) -> Path:
     if result is None or result.heal is None or not result.exported or not Path(result.exported).is_dir():
         raise UserError("variant healed: the session has no healed cut exported (anatomy-tui run prune "
                         "--heal-steps N --export DIR), or give --folder DIR")
@@ -187,16 +184,12 @@ def _any_subject(name: str, settings: EvaluateSettings, context: RunContext) -> 
             yield found
 
 
-def _kept_rows(previous: dict[str, Any] | None, model: str, protocol: Any, gen_tokens: int,
+def _kept_rows(earlier: EvaluateResult | None, model: str, protocol: Any, gen_tokens: int,
                labels: set[str]) -> tuple[list[EvaluatedModel], str]:
     """The earlier evaluation's rows this run keeps (same model, protocol and check; other labels),
     and a note when it had rows it cannot keep."""
-    if not previous:
+    if earlier is None:
         return [], ""
-    try:
-        earlier = EvaluateResult.from_json(previous)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return [], "the session's earlier evaluation could not be read; it is replaced"
     same = (earlier.model == model and earlier.gen_tokens == gen_tokens and earlier.prompts == list(PROMPTS)
             and _comparable(earlier.protocol) == _comparable(protocol))
     if not same:
@@ -239,13 +232,15 @@ def run(settings: EvaluateSettings, context: RunContext) -> Iterator[Event]:
         yield ModelEvaluated(row.variant, row.label, scores, check)
     yield Progress(len(names), len(names), "evaluate")
     protocol = harness.protocol()
-    kept, note = _kept_rows(context.inputs.get("evaluate"), loaded.name, protocol, settings.gen_tokens,
-                            {row.label for row in rows})
+    earlier = context.input(EvaluateResult)
+    kept, note = _kept_rows(earlier, loaded.name, protocol, settings.gen_tokens, {row.label for row in rows})
+    if earlier is None and EvaluateResult.name in context.inputs:
+        note = "the session's earlier evaluation could not be read; it is replaced"
     if note:
         yield Message(note, "warning")
     if kept:
         yield Message(f"kept from the session's earlier evaluation: {', '.join(row.label for row in kept)}")
     ordered = sorted(kept + rows, key=lambda row: row.variant != "original")  # stable: the original first
     doc = EvaluateResult(model=loaded.name, protocol=protocol, prompts=list(PROMPTS), gen_tokens=settings.gen_tokens,
-                         models=ordered, settings=settings.to_dict(), seconds=time.perf_counter() - started)
+                         models=ordered, settings=settings, seconds=time.perf_counter() - started)
     yield Result("evaluate", json_safe(doc))

@@ -100,7 +100,7 @@ class EvaluateResult(ResultDocument):
     prompts: list[str]
     gen_tokens: int
     models: list[EvaluatedModel]
-    settings: dict[str, Any]
+    settings: EvaluateSettings  # as the run resolved them
     seconds: float
 
 
@@ -138,4 +138,4 @@ def sample() -> EvaluateResult:
               row("folder", "folder /models/smol-minus-2", "the exported model in /models/smol-minus-2", 4,
                   (0.55, 0.5), None)]
     return EvaluateResult(model="tiny", protocol=protocol, prompts=["The capital of France is"],
-                          gen_tokens=32, models=models, settings={}, seconds=40.0)
+                          gen_tokens=32, models=models, settings=EvaluateSettings(), seconds=40.0)

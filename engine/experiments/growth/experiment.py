@@ -29,6 +29,7 @@ from engine.core.settings import from_preset
 from engine.disk.atomic import guarded_root, inside
 from engine.disk.session_layout import GROWTH_MODELS
 from engine.evaluation.generation import generate_text
+from engine.experiments.ablation.vocabulary import AblationMap
 from engine.experiments.context import RunContext
 from engine.experiments.growth.architecture import growth_widths, param_count, solve_uniform_width
 from engine.experiments.growth.checkpoint import load_checkpoint, save_checkpoint
@@ -376,7 +377,7 @@ def result_doc(
         data=GrowthData(source=corpus.source, tokenizer="character", vocab_size=corpus.tokenizer.vocab_size,
                         train_tokens=len(corpus.train), val_tokens=len(corpus.val),
                         batch_tokens=settings.batch_size * settings.seq_len),
-        settings=settings.to_dict(),
+        settings=settings,
         paper=PAPER_RESULTS,
     ))  # fmt: skip
 
@@ -392,11 +393,11 @@ def run(settings: GrowthSettings, context: RunContext) -> Iterator[Event]:
         yield Message("resuming with the checkpoint's settings (other settings are ignored)")
         settings = saved
     elif settings.profile_from is not None:
-        doc = context.inputs.get("ablation")
-        if doc is None:
+        ablation = context.input(AblationMap)
+        if ablation is None:
             raise UserError(f"session {settings.profile_from!r} has no ablation result; "
                             "run `anatomy-tui run ablation` there first")
-        profile = profile_from_ablation(doc, settings.profile_layers)
+        profile = profile_from_ablation(ablation, settings.profile_layers)
         yield Message(f"profile from session {settings.profile_from}'s ablation map: {','.join(profile)}")
         settings = dataclasses.replace(settings, profile=profile, profile_from=None)
         settings.validate()

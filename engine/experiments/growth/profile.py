@@ -14,8 +14,7 @@ covers is anti; otherwise it takes the most important class among its non-anti l
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from engine.core.errors import UserError
 from engine.experiments.ablation.vocabulary import AblationMap
@@ -51,9 +50,9 @@ def kept_layers(profile: Sequence[str]) -> list[int]:
     return [i for i, c in enumerate(profile) if c != ANTI]
 
 
-def profile_from_ablation(doc: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
-    """Compresses a results/ablation.json document to `n_layers` classes (rule in the module doc)."""
-    rows = sorted(AblationMap.from_json(doc).layers, key=lambda row: row.layer)
+def profile_from_ablation(ablation: AblationMap, n_layers: int) -> tuple[str, ...]:
+    """Compresses an ablation map (results/ablation.json) to `n_layers` classes (rule in the module doc)."""
+    rows = sorted(ablation.layers, key=lambda row: row.layer)
     if not rows:
         raise UserError("the ablation result has no layers; run `anatomy-tui run ablation` first")
     if n_layers < 1:

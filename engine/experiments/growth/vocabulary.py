@@ -309,7 +309,7 @@ class GrowthResult(ResultDocument):
     profile: list[str]
     widths: GrowthWidths
     data: GrowthData
-    settings: dict[str, Any]
+    settings: GrowthSettings  # as the run resolved them
     paper: dict[str, float]
 
     @classmethod
@@ -359,5 +359,5 @@ def sample() -> GrowthResult:
         widths=GrowthWidths(growth=[64, 48, 32, 16, 16, 64], uniform=40),
         data=GrowthData(source="built-in", tokenizer="character", vocab_size=96, train_tokens=9000, val_tokens=1000,
                         batch_tokens=64),
-        settings={}, paper={"growth_val_loss": 0.127},
+        settings=PRESETS["tiny"], paper={"growth_val_loss": 0.127},
     )  # fmt: skip

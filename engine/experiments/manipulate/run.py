@@ -18,7 +18,7 @@ from dataclasses import replace
 import torch
 
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
+from engine.core.events import CancelToken, Event, Message, Progress, Result, decode_or_none, json_safe
 from engine.evaluation.generation import generate_text
 from engine.evaluation.perplexity import Evaluator
 from engine.evaluation.statistics import degradation_pct
@@ -34,12 +34,11 @@ from engine.models.anatomy import LayerStack
 from engine.models.distributed import ShardPlan
 
 
-def default_layers(ablation: dict | None, model_name: str) -> tuple[tuple[int, ...], str]:
+def default_layers(ablation: AblationMap | None, model_name: str) -> tuple[tuple[int, ...], str]:
     """The redundant and anti layers of an ablation map of this model, else () for all."""
-    if ablation is None or ablation.get("model") != model_name:
+    if ablation is None or ablation.model != model_name:
         return (), "no ablation map of this model in the session: every layer"
-    rows = AblationMap.from_json(ablation).layers
-    chosen = tuple(row.layer for row in rows if row.layer_class == "redundant" or row.anti)
+    chosen = tuple(row.layer for row in ablation.layers if row.layer_class == "redundant" or row.anti)
     if not chosen:
         return (), "the ablation map has no redundant or anti layers: every layer"
     return chosen, f"redundant and anti layers of the session's ablation map: {','.join(map(str, chosen))}"
@@ -217,7 +216,7 @@ def run_manipulation(
         layers=layers,
         eval_tokens=evaluator.n_tokens,
         seconds=time.perf_counter() - started,
-        settings=settings.to_dict(),
+        settings=settings,
         results=rows,
         protocol=evaluator.protocol,
     )
@@ -229,13 +228,13 @@ def run(settings: ManipulationSettings, context: RunContext) -> Iterator[Event]:
     redundant or anti."""
     loaded = context.model
     if settings.layers is None:
-        chosen, why = default_layers(context.inputs.get("ablation"), loaded.name)
+        chosen, why = default_layers(context.input(AblationMap), loaded.name)
         yield Message(f"layers: {why}")
         settings = replace(settings, layers=chosen)
     yield from run_manipulation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name, context.share)
 
 
-def planned(settings: ManipulationSettings, n_layers: int, ablation: dict | None, model_name: str
+def planned(settings: ManipulationSettings, n_layers: int, ablation: AblationMap | None, model_name: str
             ) -> tuple[ManipulationSettings, list[Trial], str]:
     """The settings with their layers chosen (as `run` chooses them), the run's trials, and why those
     layers ("" when --layers named them), for a split run: every worker must agree on them."""
@@ -254,7 +253,8 @@ def shard_plan(settings: ManipulationSettings, n_layers: int, inputs: Mapping[st
                ) -> ShardPlan:
     """The registry's split (`--shards`): by trial, each share's trial positions in RunContext.share;
     the layers are chosen once (`planned`) and logged as a serial run logs them."""
-    chosen, planned_trials, why = planned(settings, n_layers, inputs.get("ablation"), model_name)
+    ablation = decode_or_none(AblationMap, inputs.get(AblationMap.name))  # JSON in the plan's inputs
+    chosen, planned_trials, why = planned(settings, n_layers, ablation, model_name)
     merge = functools.partial(merge_shards, settings=chosen)
     notes = (f"layers: {why}",) if why else ()
     return ShardPlan(list(range(len(planned_trials))), lambda share: chosen, merge, notes=notes)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from engine.core.errors import UserError
 from engine.core.events import (
@@ -104,7 +104,7 @@ class ManipulateResult(ResultDocument):
     layers: list[int]  # the layers manipulated
     eval_tokens: int
     seconds: float
-    settings: dict[str, Any]
+    settings: ManipulationSettings  # as the run resolved them
     results: list[ManipulateRow]  # in the order of the trials
     protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
 
@@ -121,5 +121,6 @@ def sample() -> ManipulateResult:
     ]  # fmt: skip
     return ManipulateResult(
         model="tiny", baseline_ppl=baseline, baseline_sample="The capital of France is Paris",
-        prompt="The capital of France is", layers=[3], eval_tokens=100, seconds=1.0, settings={}, results=rows,
+        prompt="The capital of France is", layers=[3], eval_tokens=100, seconds=1.0,
+        settings=ManipulationSettings(), results=rows,
     )  # fmt: skip

@@ -40,8 +40,10 @@ from engine.evaluation.accuracy import CutJudge, Harness, accuracy_line
 from engine.evaluation.perplexity import Batch, Evaluator, TextScores, masked
 from engine.evaluation.statistics import bootstrap_perplexity, spearman
 from engine.experiments.ablation.run import InfluenceMeter
+from engine.experiments.ablation.vocabulary import AblationMap
 from engine.experiments.context import RunContext
 from engine.experiments.prune.vocabulary import (
+    CHINCHILLA_A_L,
     DepthLaw,
     PruneCut,
     PruneExported,
@@ -63,7 +65,6 @@ if TYPE_CHECKING:
 
     from engine.models.loading import LoadedModel
 
-CHINCHILLA_A_L = {"a_l": 1.2, "sd": 0.3, "source": "Paper B, fit to reconstructed Chinchilla runs"}
 
 
 
@@ -71,17 +72,10 @@ CHINCHILLA_A_L = {"a_l": 1.2, "sd": 0.3, "source": "Paper B, fit to reconstructe
 # --- reading the ablation map ---------------------------------------------------------------------
 
 
-def map_degradation(doc: dict[str, Any] | None) -> dict[int, float]:
-    """Layer -> D% from an ablation result (rows say `layer`; files written before the rename
-    say `index`)."""
-    rows = (doc or {}).get("layers") or []
-    found = {}
-    for row in rows:
-        layer = row.get("layer", row.get("index"))
-        value = row.get("degradation_pct")
-        if isinstance(layer, int) and isinstance(value, (int, float)):
-            found[layer] = float(value)
-    return found
+def map_degradation(ablation: AblationMap | None) -> dict[int, float]:
+    """Layer -> D% from the session's ablation map (rows without a D% left out)."""
+    rows = ablation.layers if ablation is not None else []
+    return {row.layer: float(row.degradation_pct) for row in rows if row.degradation_pct is not None}
 
 
 # --- the cheap criteria, from one pass ------------------------------------------------------------
@@ -432,8 +426,9 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     n = len(stack)
     counts = settings.counts(n)
     methods = list(settings.methods())
-    degradation = map_degradation(context.inputs.get("ablation"))
-    ablation_model = (context.inputs.get("ablation") or {}).get("model")
+    ablation = context.input(AblationMap)
+    degradation = map_degradation(ablation)
+    ablation_model = ablation.model if ablation is not None else None
     if degradation and ablation_model not in (None, "", loaded.name):
         degradation = {}
         yield Message(f"the session's ablation map is for {ablation_model}, not {loaded.name}; not used", "warning")
@@ -457,7 +452,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
                if settings.evaluate_tasks else None)  # tasks checked before the slow part
     texts = settings.eval_source(tokenizer)
     evaluator = Evaluator.for_settings(model, tokenizer, settings, texts)
-    if "map" in methods and (differs := comparable((context.inputs.get("ablation") or {}).get("protocol"),
+    if "map" in methods and (differs := comparable((ablation.protocol if ablation is not None else None) or None,
                                                    evaluator.protocol)):
         yield Message(f"the session's ablation map (the map criterion) and this run: {differs}", "warning")
     influence = InfluenceMeter(n)
@@ -551,7 +546,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         eval_tokens=evaluator.n_tokens,
         eval_texts=evaluator.n_texts,
         n_layers=n,
-        settings=settings.to_dict(),
+        settings=settings,
         methods=methods,
         curve=curve,
         agreement=agreement,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from engine.core.errors import UserError
 from engine.core.events import (
@@ -168,6 +168,18 @@ class PruneCut:
 
 
 @dataclass(frozen=True)
+class ChinchillaPrior:
+    """The depth exponent fitted to the reconstructed Chinchilla runs, printed beside a prune run's own."""
+
+    a_l: float
+    sd: float
+    source: str
+
+
+CHINCHILLA_A_L = ChinchillaPrior(a_l=1.2, sd=0.3, source="Paper B, fit to reconstructed Chinchilla runs")
+
+
+@dataclass(frozen=True)
 class DepthLaw:
     """results/prune.json `depth_fit` (exploratory): the ppl criterion's loss (ln PPL) against the
     remaining depth l, fitted to c / l^a + L0, with a's bootstrap interval."""
@@ -179,7 +191,7 @@ class DepthLaw:
     points: int
     depths: list[float]
     label: str
-    chinchilla: dict[str, Any]
+    chinchilla: ChinchillaPrior
 
 
 @dataclass(frozen=True)
@@ -204,7 +216,7 @@ class PruneResult(ResultDocument):
     eval_tokens: int
     eval_texts: int
     n_layers: int
-    settings: dict[str, Any]
+    settings: PruneSettings  # as the run resolved them
     methods: list[str]
     curve: list[PruneCut]
     agreement: dict[str, float | None]  # Spearman of each criterion's scores with the ppl criterion's
@@ -228,9 +240,9 @@ def sample() -> PruneResult:
                       ci_high=None, healed_ppl=None)
              for method, factor in growth.items() for k in range(1, 5)]  # fmt: skip
     fit = DepthLaw(a=1.1, c=2.0, L0=1.0, ci95=[0.7, 1.6], points=5, depths=[6.0, 5.0, 4.0, 3.0, 2.0], label="",
-                   chinchilla={})  # fmt: skip
+                   chinchilla=CHINCHILLA_A_L)  # fmt: skip
     return PruneResult(
-        model="tiny", baseline_ppl=baseline, eval_tokens=100, eval_texts=4, n_layers=6, settings={},
+        model="tiny", baseline_ppl=baseline, eval_tokens=100, eval_texts=4, n_layers=6, settings=PruneSettings(),
         methods=list(growth), curve=curve, agreement={"angular": 0.6, "bi": 0.8}, agreement_note="", scores={},
         depth_fit=fit, heal=None, exported=None, exported_point=None, seconds=1.0,
     )  # fmt: skip

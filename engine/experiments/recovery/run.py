@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
+from engine.core.events import CancelToken, Event, Message, Progress, Result, decode_or_none, json_safe
 from engine.data.eval_data import comparable
 from engine.disk.session_layout import (
     LAYER_WEIGHTS,  # each recovered layer, for the prompt pane (sessions/layer_weights.py)
@@ -322,12 +322,12 @@ def run_recovery(
     cancel: CancelToken | None = None,
     model_name: str = "",
     done_layers: Sequence[dict[str, Any]] = (),
-    ablation: dict[str, Any] | None = None,
+    ablation: AblationMap | None = None,
     keep_weights: KeepWeights = None,
     runs: Collection[tuple[int, int]] | None = None,
 ) -> Iterator[Event]:
     """The sweep. `done_layers` are rows finished earlier with the same settings (--resume), as
-    saved (JSON): those layers are not run again. `ablation` is an ablation result document for the
+    saved (JSON): those layers are not run again. `ablation` is the session's ablation map, for the
     Spearman. `runs` limits it to these (layer, repeat) runs, a worker's share of a split sweep:
     a layer's row then holds its runs made here (`whole_layers` and `merge_shards` join them).
     Every run's numbers depend on its layer and repeat alone (`noise_seed`, `layer_inputs`), not on
@@ -345,7 +345,7 @@ def run_recovery(
     sweep.steps_total = sum(map(len, repeats.values())) * settings.steps
     if rows:
         yield Message(f"resuming: layers {', '.join(map(str, rows))} already finished, skipped")
-    ablation_map = AblationMap.from_json(ablation) if ablation else None
+    ablation_map = ablation
     if ablation_map is not None and model_name and ablation_map.model not in ("", model_name):
         yield Message(f"the session's ablation map is for {ablation_map.model}, not {model_name}; "
                       "no Spearman", "warning")
@@ -370,7 +370,7 @@ def run_recovery(
         eval_texts=sweep.evaluator.n_texts,
         train_source=sweep.train_source,
         train_blocks=len(sweep.blocks),
-        settings=settings.to_dict(),
+        settings=settings,
         **over_layers(ordered, settings, ablation_map),
         resumed_layers=[index for index in layers if index not in todo],
         seconds=time.perf_counter() - started,
@@ -498,7 +498,7 @@ def run(settings: RecoverySettings, context: RunContext) -> Iterator[Event]:
     keep = weights_keeper(folder, loaded.name) if folder is not None else None
     events = run_recovery(
         loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name,
-        done_layers=list(state["layers"].values()), ablation=context.inputs.get("ablation"), keep_weights=keep,
+        done_layers=list(state["layers"].values()), ablation=context.input(AblationMap), keep_weights=keep,
     )  # fmt: skip
     yield from events if folder is None else checkpointed(events, Path(folder) / CHECKPOINT_FILE, state)
 
@@ -516,7 +516,7 @@ def shard_plan(settings: RecoverySettings, n_layers: int, inputs: Mapping[str, d
     merge makes the comparisons across layers again over all (the Spearman with the session's
     ablation map); `sharded_sweep` runs the split."""
     runs = [(layer, repeat) for layer in settings.resolve_layers(n_layers) for repeat in range(settings.repeats)]
-    merge = functools.partial(merge_shards, settings=settings, ablation=inputs.get("ablation"))
+    merge = functools.partial(merge_shards, settings=settings, ablation=inputs.get(AblationMap.name))
 
     def layers_of(share: list[tuple[int, int]]) -> RecoverySettings:
         return replace(settings, layers=tuple(dict.fromkeys(layer for layer, _ in share)))
@@ -540,11 +540,12 @@ def sharded_sweep(settings: RecoverySettings, split: ShardPlan, context: RunCont
     where = Path(shared[1]) if shared[1] else None
     # the session is on this worker's disk: keep its layers there
     keep = weights_keeper(where, loaded.name) if where is not None and where.parent.is_dir() else None
+    ablation = context.input(AblationMap)
 
     def run_share(share: list[tuple[int, int]]) -> Iterator[Event]:
         return run_recovery(
             loaded.model, loaded.tokenizer, split.restrict(share), context.cancel, loaded.name, done_layers=done,
-            ablation=context.inputs.get("ablation"), keep_weights=keep, runs=set(share),
+            ablation=ablation, keep_weights=keep, runs=set(share),
         )  # fmt: skip
 
     events = whole_layers(workers.sweep(run_share, items, split.merge), settings)
@@ -572,16 +573,17 @@ def whole_layers(events: Iterable[Event], settings: RecoverySettings) -> Iterato
 def merge_shards(docs: list[dict[str, Any]], settings: RecoverySettings, ablation: dict[str, Any] | None = None
                  ) -> dict[str, Any]:
     """One result from the results of a split sweep (each over some (layer, repeat) runs): rows in
-    the order the layers were asked for, and every comparison across layers made again over all."""
+    the order the layers were asked for, and every comparison across layers made again over all;
+    `ablation` is the session's ablation map as JSON (as the plan hands it over), read here."""
     shares = [RecoveryResult.from_json(doc) for doc in docs]
     parts = (RecoveryLayer(row.layer, row) for share in shares for row in share.layers)
     rows = {event.layer: event.result for event in whole_layers(parts, settings)}  # type: ignore[attr-defined]
     order = sorted(rows) if settings.layers is None else list(dict.fromkeys(settings.layers))
     resumed = {index for share in shares for index in share.resumed_layers}
-    ablation_map = AblationMap.from_json(ablation) if ablation else None
+    ablation_map = decode_or_none(AblationMap, ablation)
     return json_safe(replace(
         shares[0],
-        settings=settings.to_dict(),
+        settings=settings,
         **over_layers([rows[index] for index in order], settings, ablation_map),
         resumed_layers=[index for index in order if index in resumed],
         seconds=max(share.seconds for share in shares),

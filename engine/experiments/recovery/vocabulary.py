@@ -223,7 +223,7 @@ class RecoveryResult(ResultDocument):
     eval_texts: int
     train_source: str
     train_blocks: int
-    settings: dict[str, Any]
+    settings: RecoverySettings  # as the run resolved them
     layers: list[RecoveryRow]  # in the order the layers were asked for
     ranking: list[int]  # hardest first
     spearman_vs_ablation: float | None  # versus_ablation's difficulty
@@ -271,6 +271,6 @@ def sample() -> RecoveryResult:
                                 ratio_after_noise=-1.0)
     return RecoveryResult(
         model="tiny", baseline_ppl=baseline, eval_tokens=100, eval_texts=4, train_source="built-in", train_blocks=16,
-        settings={"sigma": 0.5, "steps": 40, "lr": 1e-4}, layers=rows, ranking=[1, 3], spearman_vs_ablation=1.0,
+        settings=RecoverySettings(steps=40), layers=rows, ranking=[1, 3], spearman_vs_ablation=1.0,
         versus_ablation=versus, budget=budget, seconds_per_step=0.05, resumed_layers=[], seconds=4.0,
     )  # fmt: skip

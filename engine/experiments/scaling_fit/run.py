@@ -206,7 +206,7 @@ def run_scaling_fit(
                                seconds=boot_seconds),
         **heldout,
         optimal_shape=shape,
-        settings=settings.to_dict(),
+        settings=settings,
         seconds=time.perf_counter() - started,
     )
     yield Result(name="scaling-fit", data=json_safe(doc))
@@ -316,7 +316,7 @@ def _run_paper(data: Runs, x: np.ndarray, y: np.ndarray, settings: ScalingFitSet
             trajectory=trajectory,
         ),
         optimal_shape=optimal_shape(best, settings.budgets),
-        settings=settings.to_dict(),
+        settings=settings,
         seconds=time.perf_counter() - started,
     )
     yield Result(name="scaling-fit", data=json_safe(result))

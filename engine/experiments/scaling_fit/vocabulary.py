@@ -192,7 +192,7 @@ class ScalingFitResult(ResultDocument):
     heldout_n_test: int = field(default=ABSENT, kw_only=True)
     paper: PaperFit = field(default=ABSENT, kw_only=True)
     optimal_shape: dict[str, Any]  # width and depth that minimise the fit at each budget
-    settings: dict[str, Any]
+    settings: ScalingFitSettings  # as the run resolved them
     seconds: float
 
 
@@ -218,6 +218,7 @@ def sample() -> ScalingFitResult:
         train_rmse_log=0.01, restarts=FitRestarts(n=64, reaching_best=10, best_objective=1.25e-4),
         bootstrap=FitBootstrap(n=100, n_valid=100, restarts=4, seconds=1.0), heldout_rmse=0.014,
         heldout_rmse_log=0.012, heldout_splits=10, heldout_n_test=2,
-        optimal_shape={"width_depth_exponent": None, "note": "an exponent is 0: no interior optimum"}, settings={},
+        optimal_shape={"width_depth_exponent": None, "note": "an exponent is 0: no interior optimum"},
+        settings=ScalingFitSettings(),
         seconds=1.0,
     )  # fmt: skip

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
+from engine.core.events import CancelToken, Event, Message, Progress, Result, from_doc, json_safe
 from engine.core.settings import from_preset
 from engine.disk.atomic import atomic_write_bytes, atomic_write_json, read_text
 from engine.evaluation import powerfit
@@ -44,6 +44,7 @@ from engine.experiments.toy_depth.vocabulary import (
     ToyDepthCurve,
     ToyDepthResult,
     ToyDepthSettings,
+    ToyDepthShare,
 )
 from engine.models.distributed import ShardPlan
 from engine.models.loading import precision_messages, training_precision
@@ -380,10 +381,11 @@ def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
                 yield Message(fit_line(regime, temperature, fit))
     seconds = time.perf_counter() - started
     if only is None:
-        yield Result(name="toy-depth", data=result_doc(settings.to_dict(), preset, by_temperature, seconds))
+        yield Result(name="toy-depth", data=result_doc(settings, preset, by_temperature, seconds))
     else:
-        yield Result(name="toy-depth", data={"students": [[*key, value] for key, value in losses.items()],
-                                             "settings": settings.to_dict(), "seconds": seconds})
+        share = ToyDepthShare(students=[(*key, value) for key, value in losses.items()], settings=settings,
+                              seconds=seconds)
+        yield Result(name="toy-depth", data=json_safe(share))
 
 
 def _student(teacher: Teacher, temperature: float, depth: int, settings: ToyDepthSettings, eval_x: torch.Tensor,
@@ -430,16 +432,16 @@ def group_fit(settings: ToyDepthSettings, losses: list[list[float]]) -> ToyDepth
     )
 
 
-def result_doc(settings: dict[str, Any], preset: str, by_temperature: dict[str, dict[str, ToyDepthCurve]],
+def result_doc(settings: ToyDepthSettings, preset: str, by_temperature: dict[str, dict[str, ToyDepthCurve]],
                seconds: float) -> dict[str, Any]:
     """results/toy-depth.json from the fitted curves; `settings` as the run resolved them."""
-    temperature = settings["temperatures"][0]
+    temperature = settings.temperatures[0]
     return json_safe(ToyDepthResult(
         preset=preset or "custom",
         regimes=by_temperature[f"{temperature:g}"],
         temperature=temperature,
         by_temperature=by_temperature,
-        fit="L = c / l^alpha_l + L0" if settings["fit_floor"] else "L = c / l^alpha_l",
+        fit="L = c / l^alpha_l + L0" if settings.fit_floor else "L = c / l^alpha_l",
         settings=settings,
         seconds=seconds,
     ))
@@ -459,14 +461,15 @@ def fit_lines(doc: dict[str, Any]) -> list[str]:
 def merge_shards(docs: list[dict[str, Any]], settings: ToyDepthSettings) -> dict[str, Any]:
     """One result from the results of a split run (each over some groups of students): every
     curve fitted over all its depths, as a serial run fits it."""
-    losses = {(regime, t, depth): value for doc in docs for regime, t, depth, value in doc["students"]}
+    shares = [from_doc(ToyDepthShare, doc) for doc in docs]
+    losses = {(regime, t, depth): value for share in shares for regime, t, depth, value in share.students}
     depths = sorted(set(settings.student_depths))
     by_temperature: dict[str, dict[str, Any]] = {}
     for regime in settings.regimes:
         for t in settings.temperatures:
             curve = [losses[regime, t, depth] for depth in depths]
             by_temperature.setdefault(f"{t:g}", {})[regime] = group_fit(settings, curve)
-    return result_doc(docs[0]["settings"], settings.preset, by_temperature, max(doc["seconds"] for doc in docs))
+    return result_doc(shares[0].settings, settings.preset, by_temperature, max(share.seconds for share in shares))
 
 
 def shard_plan(settings: ToyDepthSettings, n_layers: int, inputs: Mapping[str, dict], model_name: str) -> ShardPlan:

@@ -4,7 +4,7 @@ and `toy-depth.student` events, and results/toy-depth.json (loss against depth).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from engine.core.errors import UserError
 from engine.core.events import (
@@ -117,6 +117,17 @@ class ToyDepthCurve:
     bootstrap_valid: int  # bootstrap draws with enough depths to fit
 
 
+@dataclass(frozen=True)
+class ToyDepthShare:
+    """What a worker of a split run hands back (its Result's data, read by the run's merge): each of
+    its groups of students as (regime, temperature, depth, held-out loss of each seed), and the
+    settings as the worker resolved them (its device and dtype)."""
+
+    students: list[tuple[str, float, int, list[float | None]]]
+    settings: ToyDepthSettings
+    seconds: float
+
+
 @result_type
 @dataclass(frozen=True)
 class ToyDepthResult(ResultDocument):
@@ -129,7 +140,7 @@ class ToyDepthResult(ResultDocument):
     temperature: float  # the first temperature
     by_temperature: dict[str, dict[str, ToyDepthCurve]]  # temperature (as %g) -> regime -> curve
     fit: str  # the law fitted
-    settings: dict[str, Any]
+    settings: ToyDepthSettings  # as the run resolved them
     seconds: float
 
 
@@ -143,4 +154,4 @@ def sample() -> ToyDepthResult:
 
     regimes = {"compositional": regime(2.0, 0.9), "ensemble": regime(1.5, 0.4)}
     return ToyDepthResult(preset="tiny", regimes=regimes, temperature=1.0, by_temperature={"1": regimes},
-                          fit="L = c / l^alpha_l", settings={}, seconds=1.0)  # fmt: skip
+                          fit="L = c / l^alpha_l", settings=PRESETS["tiny"], seconds=1.0)  # fmt: skip

@@ -312,7 +312,7 @@ def run_weights(
         family=stack.family,
         n_layers=n,
         predicted_layers=[settings.first_layer, n - 1],
-        settings=settings.to_dict(),
+        settings=settings,
         components=components,
         paradox=rows,
         baseline_ppl=baseline,

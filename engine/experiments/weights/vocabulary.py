@@ -187,7 +187,7 @@ class WeightsResult(ResultDocument):
     family: str
     n_layers: int
     predicted_layers: list[int]  # [first, last]
-    settings: dict[str, Any]
+    settings: WeightsSettings  # as the run resolved them
     components: dict[str, WeightsComponent]
     paradox: list[ParadoxRow]  # [] with --no-paradox
     baseline_ppl: float | None  # None with --no-paradox
@@ -223,5 +223,5 @@ def sample() -> WeightsResult:
     paradox = [ParadoxRow(layers_replaced=layers, ppl=baseline * (1 + len(layers)), degradation_pct=100.0 * len(layers),
                           r2_in_sample_mean=0.8, r2_loo_mean=0.5, cosine_mean=0.4, prediction="loo")
                for layers in ([3], [2, 3, 4])]  # fmt: skip
-    return WeightsResult(model="tiny", family="llama", n_layers=6, predicted_layers=[1, 5], settings={},
+    return WeightsResult(model="tiny", family="llama", n_layers=6, predicted_layers=[1, 5], settings=WeightsSettings(),
                          components=components, paradox=paradox, baseline_ppl=baseline, seconds=1.0)
