@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from engine.atomic import atomic_write_json, check_free_space, check_writable_path
 from engine.errors import UserError
 from engine.events import Event, Message, Progress, Result
-from engine.options import ModelOptions
+from engine.options import ModelOptions, check_device
 from engine.process import Stopped, exit_code
 from engine.registry import EXPERIMENTS, Experiment, RunContext
 from engine.settings import Settings
@@ -58,6 +58,7 @@ def _report(text: str) -> None:
 def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     settings = settings_from_args(experiment, args)
     options = model_options_from_args(args) if experiment.needs_model else None
+    check_device(_asked_device(options, settings))  # a GPU this machine lacks: one line before any file is read
     settings.check_inputs()
     world = _world(experiment, args, options, settings)
     main = world is None or world.is_main
