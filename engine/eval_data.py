@@ -135,7 +135,7 @@ def _text_lines(path: Path, chars: int | None) -> tuple[list[str], bool]:
     size = 0
     with path.open(encoding="utf-8", newline="") as handle:
         while chars is None or size < chars:
-            chunk = handle.read(READ_CHUNK)
+            chunk = handle.read(READ_CHUNK if chars is None else min(READ_CHUNK, chars - size))
             if not chunk:
                 return "".join(parts).splitlines(), True
             parts.append(chunk)

@@ -24,7 +24,9 @@ from tui.cli import main
 
 NAMES = [entry.name for entry in EXPERIMENTS]
 BY = {entry.name: entry for entry in EXPERIMENTS}
-HYPOTHESIS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# the examples and their number come from the profile tests/conftest.py loads: `ci` (the default,
+# derandomized: the same examples every run) or `explore` (HYPOTHESIS_PROFILE=explore: new ones)
+HYPOTHESIS = settings(suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture])
 
 
 class Validated(Exception):
@@ -329,13 +331,25 @@ def test_scaling_fit_says_which_rows_it_drops_and_strict_refuses_them(tmp_path, 
     assert load_runs(clean, ScalingFitSettings(csv=str(clean), strict=True)).dropped == ()
 
 
-@pytest.mark.parametrize("experiment", ["scaling-fit", "toy-depth"])
-def test_a_count_or_size_too_large_for_memory_is_one_line(experiment, tmp_path, capsys):
-    if experiment == "scaling-fit":  # numpy's MemoryError
-        argv = ["--csv", str(_csv(tmp_path, GOOD_ROWS)), "--exclude-highest", "0", "--restarts", str(10**12),
-                "--bootstrap", "0", "--heldout-splits", "0"]  # fmt: skip
-    else:  # torch's RuntimeError
-        argv = ["--preset", "tiny", "--width", str(10**11), "--student-depths", "1", "--device", "cpu"]
-    assert main(["run", experiment, *argv]) == 2
+def test_a_size_too_large_for_memory_is_one_line(capsys):
+    """Under the integers' ceiling (MAX_INT) a size can still ask for more than a machine has:
+    torch's RuntimeError is the one out-of-memory line."""
+    argv = ["--preset", "tiny", "--width", str(2 * 10**9), "--student-depths", "1", "--device", "cpu"]
+    assert main(["run", "toy-depth", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("anatomy-tui: error: out of memory") and not any("Traceback" in e for e in err), err
+
+
+@pytest.mark.parametrize("argv", [
+    ["scaling-fit", "--restarts", str(10**12)],
+    ["toy-depth", "--width", str(10**11)],
+    ["recovery", "--repeats", str(10**11)],
+], ids=lambda argv: " ".join(argv[:2]))
+def test_a_count_past_every_machine_is_refused_with_the_settings(argv, monkeypatch, capsys):
+    """A count no run can make (numpy's MemoryError or torch's once) is refused with the settings,
+    naming the limit."""
+    name, flags_given = argv[0], argv[1:]
+    extra = ["--model", "smollm2-135m"] if BY[name].needs_model else []
+    code, err, _ = _run(["run", name, *flags_given, *extra], monkeypatch, capsys)
+    assert code == 2 and len(err) == 1 and f"{argv[1]} {argv[2]}: must be an integer" in err[0], err
+    assert "at most" in err[0]

@@ -72,7 +72,7 @@ from engine.models import precision_messages, training_precision
 from engine.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
 from engine.registry import RunContext
 from engine.session_layout import GROWTH_MODELS
-from engine.settings import MAX_SEED, Settings, from_preset, setting
+from engine.settings import MAX_SEED, MAX_WINDOW, WINDOW_WHY, Settings, from_preset, setting
 
 ARMS = ("growth_100", "growth_50", "uniform_100")
 PROMPTS = (
@@ -155,7 +155,7 @@ class GrowthSettings(Settings):
     hidden_size: int = setting(256, "model width", low=1)
     heads: int = setting(8, "attention heads", low=1)
     base_ffn: int = setting(345, "FFN width of a redundant (x1) layer", low=1)
-    seq_len: int = setting(128, "context in characters", low=2)
+    seq_len: int = setting(128, "context in characters", low=2, high=MAX_WINDOW, why=WINDOW_WHY)
     batch_size: int = setting(32, "sequences per step", low=1)
     lr: float = setting(2e-3, "peak AdamW learning rate", above=0)
     warmup_frac: float = setting(0.05, "share of the steps spent warming up the learning rate", low=0, high=1)
