@@ -3,6 +3,7 @@ from the English documentation CPython ships (`pydoc_data.topics`), split determ
 
 from __future__ import annotations
 
+import errno
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -57,6 +58,12 @@ def read_lines(path: Path, what: str) -> list[str]:
     if not lines:
         raise UserError(f"{what} {path} is empty; put one text per line")
     return lines
+
+
+# OSErrors of a path a user gave (a name too long, no permission, a folder for a file, a loop of links):
+# the user's to fix, one line naming the path (tui/cli.py), never "the memory plan skipped"
+PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.ELOOP,
+                         errno.ENOENT, errno.EROFS})
 
 
 def path_kind(path: Path, what: str) -> str:

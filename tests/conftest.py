@@ -27,7 +27,7 @@ hypothesis_settings.register_profile(
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 hypothesis_settings.register_profile(
-    "explore", derandomize=False, max_examples=400, deadline=None, print_blob=True,
+    "explore", derandomize=False, max_examples=200, deadline=None, print_blob=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

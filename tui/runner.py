@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import os
 import struct
 import sys
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from engine.memory import MemoryPlan
 
 CANCELLED = 130
+UNREADABLE_PATH = (errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM)  # no load would read it either
 
 
 def _inputs(session: Session | None, experiment: Experiment) -> dict[str, dict[str, Any]]:
@@ -236,7 +238,11 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
                         options.device_map, options.max_memory, preview)
     except UserError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError,
+    except OSError as exc:
+        if exc.errno in UNREADABLE_PATH and exc.filename:  # a --model path the user gave: one line (tui/cli.py)
+            raise
+        skipped = _first_line(exc)
+    except (ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError,
             struct.error) as exc:  # a damaged GGUF header: the load says so in its own words
         lines = str(exc).strip().splitlines()
         skipped = lines[0] if lines else type(exc).__name__
@@ -254,6 +260,11 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
         _report(plan.line())
     check_fits(plan, free_memory(plan.device), experiment.name)
     return plan
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def sharded_events(name: str, settings: Settings, context: RunContext, workers: Workers) -> Iterator[Event]:
