@@ -38,6 +38,7 @@ PAPERS, SLIDING, TEXTS = "papers", "sliding", "texts"
 COMPARED = ("dataset", "config", "split", "revision", "text_column", "protocol", "context", "stride", "tokens")
 READ_CHUNK = 2**20  # characters read from a local file at a time
 TOKENIZE_CHUNK = 2**20  # characters tokenized at a time
+SLACK = 64  # tokens read past what a bound needs: the last tokens of a text cut short may change with what follows
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,9 @@ def _column(rows: Sequence[Mapping[str, Any]] | Any, column: str, where: str, ch
 def over_budget(where: str, size: int, past: bool = False) -> UserError:
     """The one line for text over TEXT_BUDGET read without a bound."""
     amount = f"holds more than {BUDGET_TEXT}" if past else f"is {size / 2**20:.0f} MB"
-    return UserError(f"{where} {amount} of text, over the {BUDGET_TEXT} a run reads without a bound: "
-                     "give --max-tokens N or --max-windows N (only the beginning is read), or a smaller file")
+    return UserError(f"{where} {amount} of text, over the {BUDGET_TEXT} a run reads without a bound: give a "
+                     "smaller file, or with --eval-dataset --max-tokens N or --max-windows N (only its beginning "
+                     "is read)")
 
 
 def _disk_size(path: Path) -> int:
@@ -440,12 +442,16 @@ def dataset_windows(tokenizer, settings: Any) -> EvalSource:
     wanted, chars = wanted_tokens(settings), stream_chars(settings)
     while True:
         loaded = load_texts(settings.eval_dataset, "test", settings.text_column, chars)
-        ids = token_ids(tokenizer, "\n\n".join(loaded.texts), wanted)
-        if wanted is None or len(ids) >= wanted or loaded.complete:
+        # a beginning of the source: its last tokens may change with the text after it, so it is
+        # enough when it holds SLACK more than wanted (or is the whole source)
+        ids = token_ids(tokenizer, "\n\n".join(loaded.texts), None if wanted is None else wanted + SLACK)
+        if wanted is None or len(ids) >= wanted + SLACK or loaded.complete:
+            ids = ids if wanted is None else ids[:wanted]
             break
         if chars >= TEXT_BUDGET:
             raise UserError(f"dataset {loaded.spec.label()}: its first {BUDGET_TEXT} of text hold {len(ids)} "
-                            f"tokens, fewer than the {wanted} --max-tokens/--max-windows ask for; lower them")
+                            f"tokens, fewer than the {wanted} --max-tokens/--max-windows ask for (a run reads at "
+                            f"most {BUDGET_TEXT}); lower them")
         chars = min(4 * chars, TEXT_BUDGET)
     windows = cut_windows(ids, settings.context, settings.stride, settings.max_windows)
     if not windows.rows:

@@ -284,8 +284,12 @@ def test_a_source_over_the_budget_is_refused_before_it_is_read(tmp_path, monkeyp
     monkeypatch.setattr(engine.eval_data, "_text_lines", no_reading)
     monkeypatch.setattr(Path, "read_text", no_reading)
     line = refused(["run", "ablation", "--eval-dataset", str(big)], capsys)
-    assert line.endswith(f"dataset {big} is 65 MB of text, over the 64 MB a run reads without a bound: give "
-                         "--max-tokens N or --max-windows N (only the beginning is read), or a smaller file")
+    assert line.endswith(f"dataset {big} is 65 MB of text, over the 64 MB a run reads without a bound: give a "
+                         "smaller file, or with --eval-dataset --max-tokens N or --max-windows N (only its "
+                         "beginning is read)")
+    line = refused(["run", "recovery", "--calib-dataset", str(big), *PAPER], capsys)
+    assert line.endswith("is 65 MB of text, over the 64 MB a run reads without a bound: give a smaller file, or "
+                         "with --eval-dataset --max-tokens N or --max-windows N (only its beginning is read)")
     line = refused(["run", "ablation", "--eval-file", str(big)], capsys)
     assert line.endswith("is 65 MB, over the 64 MB a run reads whole; give a smaller file, or score its "
                          "beginning: --eval-dataset FILE --max-tokens N")
@@ -313,6 +317,7 @@ def test_bounds_read_only_the_beginning_of_a_one_line_file(tmp_path):
     assert len(source.windows.rows) == 2 and source.protocol.tokens == 2 * 63
     (loaded,) = [load_texts(str(path), "test", "text", engine.eval_data.stream_chars(settings))]
     assert not loaded.complete and sum(map(len, loaded.texts)) == engine.eval_data.stream_chars(settings) == 6144
+    assert engine.eval_data.wanted_tokens(settings) == 128
     with path.open(encoding="utf-8") as handle:
         head = handle.read(200)
     expected = byte_tokenizer()(head)["input_ids"]
@@ -343,7 +348,7 @@ def test_a_bound_past_the_budget_is_one_line(tmp_path, monkeypatch):
     path = tmp_path / "lines.txt"
     path.write_text("word " * 40_000, encoding="utf-8")
     settings = AblationSettings(eval_dataset=str(path), context=64, max_tokens=60_000)
-    with pytest.raises(UserError, match=r"its first 64 MB of text hold 50000 tokens, fewer than the 60000 "):
+    with pytest.raises(UserError, match=r"its first 64 MB of text hold 50000 tokens, fewer than the 60000 --max-tokens/--max-windows ask for"):
         eval_source(byte_tokenizer(), settings)
 
 
