@@ -126,9 +126,6 @@ def _disk_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-_LINE_BREAK = re.compile("\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
-
-
 def _text_lines(path: Path, chars: int | None) -> tuple[list[str], bool]:
     """(lines of a UTF-8 text file, read to its end?), read READ_CHUNK characters at a time and
     stopped once `chars` characters are read (a one-line file of 200 MB is never held whole): the

@@ -195,7 +195,7 @@ class FieldSpec:
                 raise self.fail(whole, why=meta.get("why"))
             if base is int and meta.get("high") is None and meta.get("below") is None and converted > MAX_INT:
                 raise self.fail(whole, f"{self.rule()} and at most {MAX_INT}",
-                                "no count or size of a run goes beyond it")
+                                "no count or size of a run goes beyond it: use a smaller one")
             if meta.get("above") is not None and converted <= meta["above"]:
                 raise self.fail(whole)
             if meta.get("below") is not None and converted >= meta["below"]:

@@ -348,7 +348,8 @@ def test_a_bound_past_the_budget_is_one_line(tmp_path, monkeypatch):
     path = tmp_path / "lines.txt"
     path.write_text("word " * 40_000, encoding="utf-8")
     settings = AblationSettings(eval_dataset=str(path), context=64, max_tokens=60_000)
-    with pytest.raises(UserError, match=r"its first 64 MB of text hold 50000 tokens, fewer than the 60000 --max-tokens/--max-windows ask for"):
+    with pytest.raises(UserError, match=r"its first 64 MB of text hold 50000 tokens, fewer than the 60000 "
+                                        "--max-tokens/--max-windows ask for"):
         eval_source(byte_tokenizer(), settings)
 
 
