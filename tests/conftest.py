@@ -23,7 +23,7 @@ TESTS = Path(__file__).resolve().parent
 # sees; `HYPOTHESIS_PROFILE=explore` draws new random examples, many more of them, to look for new
 # failures (each one found becomes a fixed test).
 hypothesis_settings.register_profile(
-    "ci", derandomize=True, max_examples=25, deadline=None, database=None, print_blob=True,
+    "ci", derandomize=True, deadline=None, database=None, print_blob=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 hypothesis_settings.register_profile(
