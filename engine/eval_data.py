@@ -55,8 +55,16 @@ class DatasetSpec:
         text = spec.strip()
         if not text:
             raise UserError("--eval-dataset/--calib-dataset: give NAME[:CONFIG][:SPLIT] or a local file or folder")
-        if path_kind(Path(text).expanduser(), "dataset") != "missing":
-            return cls(str(Path(text).expanduser()), None, None, True)
+        try:
+            path = Path(text).expanduser()
+        except RuntimeError:  # ~someone who is no user here
+            path = Path(text)
+        kind = path_kind(path, "dataset")
+        if kind == "other":
+            raise UserError(f"dataset {text}: not a regular file or folder (a device or a pipe); give a .txt, .jsonl, "
+                            ".json or .parquet file or a folder of them")
+        if kind != "missing":
+            return cls(str(path), None, None, True)
         parts = text.split(":")
         if len(parts) > 3 or not all(parts) or text.startswith((".", "/", "~")):
             raise UserError(f"dataset {spec!r}: no such file or folder, and not a Hugging Face dataset "

@@ -37,6 +37,9 @@ def read_lines(path: Path, what: str) -> list[str]:
     kind = path_kind(path, what)
     if kind == "folder":
         raise UserError(f"{what} {short_path(path)} is a folder; give a UTF-8 text file, one text per line")
+    if kind == "other":
+        raise UserError(f"{what} {short_path(path)} is not a regular file (a device or a pipe); give a UTF-8 text "
+                        "file, one text per line")
     if kind != "file":
         raise UserError(f"{what} {short_path(path)} does not exist; give a UTF-8 text file, one text per line")
     try:
@@ -67,10 +70,11 @@ PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.EI
 
 
 def path_kind(path: Path, what: str) -> str:
-    """'file', 'folder' or 'missing' for a path a user gave; an OSError (a name too long, a folder
-    that cannot be searched) is one line naming `what`."""
+    """'file', 'folder', 'other' (a device, a pipe) or 'missing' for a path a user gave; an OSError
+    (a name too long, a folder that cannot be searched) is one line naming `what`."""
     try:
-        return "file" if path.is_file() else "folder" if path.is_dir() else "missing"
+        return ("file" if path.is_file() else "folder" if path.is_dir() else "other" if path.exists()
+                else "missing")
     except OSError as exc:
         raise UserError(f"{what} {short_path(path)}: {exc.strerror or str(exc)}") from None
 

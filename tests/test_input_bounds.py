@@ -248,6 +248,17 @@ def test_a_folder_or_an_unreadable_file_is_one_line(tmp_path, monkeypatch, no_lo
     assert line.endswith(f"dataset file {locked}: Permission denied")
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--eval-file", "/dev/zero"], "evaluation file /dev/zero is not a regular file (a device or a pipe)"),
+    (["--eval-dataset", "/dev/null"], "dataset /dev/null: not a regular file or folder (a device or a pipe)"),
+    (["--eval-dataset", "~nosuchuser/data.txt"], "dataset '~nosuchuser/data.txt': no such file or folder"),
+], ids=["a device as a file", "a device as a dataset", "an unknown user's home"])
+def test_paths_that_are_no_file_are_one_line(argv, message, no_load, capsys):
+    if not Path(argv[1]).exists() and argv[1].startswith("/dev/"):
+        pytest.skip(f"no {argv[1]} here")
+    assert message in refused(["run", "ablation", *argv], capsys)
+
+
 @pytest.mark.parametrize("kind", ["no rows", "no bytes", "no columns", "a folder of one empty file"])
 def test_an_empty_parquet_is_one_line(kind, tmp_path, tiny_folder, no_load, capsys):
     import pyarrow as pa
