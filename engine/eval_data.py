@@ -387,15 +387,7 @@ def token_ids(tokenizer: Any, text: str, wanted: int | None = None, add_special_
         return tokenizer(part, add_special_tokens=special)["input_ids"]
 
     if wanted is not None:
-        size = min(len(text), 4 * wanted + 1024)
-        ids = encode(text[:size], add_special_tokens)
-        while size < len(text):
-            longer = min(len(text), 2 * size)
-            more = encode(text[:longer], add_special_tokens)
-            if len(ids) > wanted + 8 and more[:wanted] == ids[:wanted]:
-                break
-            size, ids = longer, more
-        return array("q", ids[:wanted])
+        return array("q", stable_prefix(tokenizer, text, wanted, add_special_tokens)[1][:wanted])
     if len(text) <= TOKENIZE_CHUNK:
         return array("q", encode(text, add_special_tokens))
     head, tail = _special_ends(tokenizer) if add_special_tokens else ([], [])
@@ -406,6 +398,28 @@ def token_ids(tokenizer: Any, text: str, wanted: int | None = None, add_special_
         start = end
     ids.extend(tail)
     return ids
+
+
+def stable_prefix(tokenizer: Any, text: str, wanted: int, add_special_tokens: bool = True) -> tuple[int, list[int]]:
+    """(n, ids of text[:n]): the shortest beginning tried (4 x wanted + 1024 characters, then
+    doubled) whose first `wanted` ids a beginning twice as long agrees with, so they are the whole
+    text's (n is the text's length when it is short)."""
+    size = min(len(text), 4 * wanted + 1024)
+    ids = tokenizer(text[:size], add_special_tokens=add_special_tokens)["input_ids"]
+    while size < len(text):
+        longer = min(len(text), 2 * size)
+        more = tokenizer(text[:longer], add_special_tokens=add_special_tokens)["input_ids"]
+        if len(ids) > wanted + 8 and more[:wanted] == ids[:wanted]:
+            break
+        size, ids = longer, more
+    return size, ids
+
+
+def clip_texts(tokenizer: Any, texts: Sequence[str], max_length: int) -> tuple[str, ...]:
+    """Each text cut to a beginning that holds its first `max_length` tokens (and SLACK more), so
+    a line of 60 MB is never tokenized whole only to be truncated (a fast tokenizer's encoding of it
+    takes gigabytes); the evaluator's truncated ids are unchanged."""
+    return tuple(text[: stable_prefix(tokenizer, text, max_length + SLACK, False)[0]] for text in texts)
 
 
 _BOUNDARY = re.compile(r"(?<=[A-Za-z0-9]) (?=[A-Za-z])")  # " word" after a word: a new pre-token everywhere
@@ -436,7 +450,7 @@ def eval_source(tokenizer, settings: Any) -> EvalSource:
     from engine.text import eval_texts
 
     path = Path(settings.eval_file) if settings.eval_file else None
-    return EvalSource(tuple(eval_texts(path, settings.eval_set)), None,
+    return EvalSource(clip_texts(tokenizer, eval_texts(path, settings.eval_set), settings.max_length), None,
                       str(path) if path else f"builtin:{settings.eval_set}")
 
 

@@ -10,7 +10,6 @@ leaves layers offloaded. Each failure is one UserError line, as the run itself w
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import UserError
@@ -36,9 +35,8 @@ def check_eval_tokens(settings: EvalTextSettings, tokenizer: object) -> None:
         return
     from engine.memory import text_lengths
     from engine.perplexity import NO_TOKENS
-    from engine.text import eval_texts
 
-    texts = eval_texts(Path(settings.eval_file) if settings.eval_file else None, settings.eval_set)
+    texts = settings.eval_source(tokenizer)  # each text cut to what its first --max-length tokens need
     if sum(max(length - 1, 0) for length in text_lengths(tokenizer, texts, settings.max_length)) == 0:
         raise UserError(NO_TOKENS)
 

@@ -364,14 +364,16 @@ def test_a_bound_past_the_budget_is_one_line(tmp_path, monkeypatch):
         eval_source(byte_tokenizer(), settings)
 
 
-def test_text_tokenized_in_chunks_gives_the_whole_texts_ids(monkeypatch):
-    """A GPT-2-like byte-level BPE (trained here on the text), a BOS/EOS template, and the byte
-    tokenizer: ids in chunks of 2,000 characters are the ids of the whole text."""
+TEXT = "\n\n".join(f"Paragraph {i}: the mill's wheel turned {i % 17} times, and   the river ran on.\n"
+                   f"It's {i * 3} metres to the bridge; don't stop." for i in range(600))
+
+
+def bpe_tokenizers(text: str = TEXT):
+    """A GPT-2-like byte-level BPE trained on `text`, the same with a BOS/EOS template, and the byte
+    tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    text = "\n\n".join(f"Paragraph {i}: the mill's wheel turned {i % 17} times, and   the river ran on.\n"
-                       f"It's {i * 3} metres to the bridge; don't stop." for i in range(600))
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
@@ -382,6 +384,28 @@ def test_text_tokenized_in_chunks_gives_the_whole_texts_ids(monkeypatch):
     framed.post_processor = processors.TemplateProcessing(single="<s> $A </s>",
                                                           special_tokens=[("<s>", 0), ("</s>", 1)])
     with_ends = PreTrainedTokenizerFast(tokenizer_object=framed, bos_token="<s>", eos_token="</s>")
+    return bpe, with_ends, byte_tokenizer()
+
+
+def test_texts_cut_to_their_first_tokens_give_the_same_truncated_ids():
+    """--eval-file's texts are cut to what their first --max-length tokens need (a 20 MB line is
+    never tokenized whole): the ids the evaluator's truncation gives are unchanged."""
+    from engine.eval_data import clip_texts
+
+    texts = [TEXT, TEXT.replace("\n", " "), "short text", "x" * 50_000, " " * 20_000 + "end"]
+    for tokenizer in bpe_tokenizers():
+        for max_length in (8, 256):
+            clipped = clip_texts(tokenizer, texts, max_length)
+            assert sum(map(len, clipped)) < sum(map(len, texts)) / 4 and clipped[2] == "short text"
+            assert (tokenizer(list(clipped), truncation=True, max_length=max_length)["input_ids"]
+                    == tokenizer(texts, truncation=True, max_length=max_length)["input_ids"])
+
+
+def test_text_tokenized_in_chunks_gives_the_whole_texts_ids(monkeypatch):
+    """A GPT-2-like byte-level BPE (trained here on the text), a BOS/EOS template, and the byte
+    tokenizer: ids in chunks of 2,000 characters are the ids of the whole text."""
+    text = TEXT
+    bpe, with_ends, _ = bpe_tokenizers()
     monkeypatch.setattr(engine.eval_data, "TOKENIZE_CHUNK", 2000)
     assert len(text) > 20 * 2000
     for tokenizer in (bpe, with_ends, byte_tokenizer()):
@@ -407,10 +431,14 @@ PEAK = textwrap.dedent("""
 
     tokenizer = byte_tokenizer()
     before = rss("VmRSS:")
-    settings = AblationSettings(eval_dataset={path!r}, context=500, **json.loads(sys.argv[1]))
+    settings = AblationSettings(**json.loads(sys.argv[1]))
     try:
         source = eval_source(tokenizer, settings)
-        said = f"{{len(source.windows.rows)}} windows"
+        if source.windows is not None:
+            said = f"{{len(source.windows.rows)}} windows"
+        else:  # as the memory plan and the evaluator tokenize the texts
+            lengths = [len(ids) for ids in tokenizer(list(source.texts), truncation=True, max_length=256)["input_ids"]]
+            said = f"{{len(lengths)}} texts of {{max(lengths)}} tokens"
     except UserError as exc:
         said = str(exc)
     print(json.dumps({{"before": before, "peak": rss("VmHWM:"), "said": said}}))
@@ -422,7 +450,8 @@ PEAK = textwrap.dedent("""
 def test_the_memory_of_a_bounded_read_does_not_grow_with_the_file(tmp_path):
     """The issue's probe: a 200 MB one-line file with --max-windows 2 reached 22.4 GB; --max-tokens
     1000 of a 20 MB file 3.2 GB. Each reading process's peak (VmHWM) over its memory before the
-    read: a few MB, where reading the file whole would take its size at least."""
+    read: a few MB, where reading the file whole would take its size at least. The 20 MB line as an
+    --eval-file too (a fast tokenizer's encoding of it, truncated, took 5 GB)."""
     sizes = {"200 MB": 200 * MB, "20 MB": 20 * MB}
     grown = {}
     for label, size in sizes.items():
@@ -430,22 +459,30 @@ def test_the_memory_of_a_bounded_read_does_not_grow_with_the_file(tmp_path):
         one_line_file(path, size)
         assert path.stat().st_size == size
         script = tmp_path / "peak.py"
-        script.write_text(PEAK.format(root=str(ROOT), tests=str(ROOT / "tests"), path=str(path)))
-        for bound in ({"max_windows": 2}, {"max_tokens": 1000}, *([{}] if size > TEXT_BUDGET else [])):
+        script.write_text(PEAK.format(root=str(ROOT), tests=str(ROOT / "tests")))
+        cases = [{"max_windows": 2}, {"max_tokens": 1000}, *([{}] if size > TEXT_BUDGET else [])]
+        for bound in [{"eval_dataset": str(path), "context": 500, **bound} for bound in cases] + [
+                {"eval_file": str(path), "max_length": 256}] * (size < TEXT_BUDGET):
             done = subprocess.run([sys.executable, str(script), json.dumps(bound)], capture_output=True, text=True,
                                   timeout=600)
             assert done.returncode == 0, done.stderr
             found = json.loads(done.stdout)
             grown[(label, json.dumps(bound))] = found["peak"] - found["before"]
-            print(f"{label} one-line file, {bound or 'no bound'}: peak {found['peak'] / MB:.0f} MB, "
+            shown = {k: v for k, v in bound.items() if k not in ("eval_dataset", "context")}
+            print(f"{label} one-line file, {shown}: peak {found['peak'] / MB:.0f} MB, "
                   f"{(found['peak'] - found['before']) / MB:.1f} MB over the {found['before'] / MB:.0f} MB "
                   f"before the read; {found['said'][:90]}")
-            if bound:
+            if "eval_file" in bound:  # one text of 20 MB, cut to what its first 256 tokens need
+                assert found["said"] == "1 texts of 256 tokens", found
+            elif "max_windows" in bound or "max_tokens" in bound:
                 assert found["said"] == "2 windows", found
             else:
                 assert "over the 64 MB a run reads without a bound" in found["said"]
         path.unlink()
-    assert max(grown.values()) < 32 * MB, {k: v / MB for k, v in grown.items()}
+    bounded = {key: value for key, value in grown.items() if "eval_dataset" in key[1]}
+    assert max(bounded.values()) < 32 * MB, {k: v / MB for k, v in grown.items()}
+    whole_file = {key: value for key, value in grown.items() if "eval_file" in key[1]}  # read whole, never tokenized so
+    assert whole_file and max(whole_file.values()) < 3 * 20 * MB, {k: v / MB for k, v in grown.items()}
 
 
 @pytest.mark.slow
