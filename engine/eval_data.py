@@ -29,7 +29,7 @@ from typing import Any
 
 from engine.errors import UserError
 from engine.events import EvalProtocol
-from engine.text import BUDGET_TEXT, TEXT_BUDGET, path_kind
+from engine.text import BUDGET_TEXT, SLACK, TEXT_BUDGET, clip_texts, path_kind, token_ids
 
 INSTALL = "pip install 'anatomy-tui[eval]'"
 LOCAL_SUFFIXES = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -37,8 +37,6 @@ PAPERS, SLIDING, TEXTS = "papers", "sliding", "texts"
 # What two results must share for their perplexities to be comparable (EvalProtocol's fields).
 COMPARED = ("dataset", "config", "split", "revision", "text_column", "protocol", "context", "stride", "tokens")
 READ_CHUNK = 2**20  # characters read from a local file at a time
-TOKENIZE_CHUNK = 2**20  # characters tokenized at a time
-SLACK = 64  # tokens read past what a bound needs: the last tokens of a text cut short may change with what follows
 
 
 @dataclass(frozen=True)
@@ -373,73 +371,6 @@ def stream_chars(settings: Any) -> int | None:
     the whole source (at most TEXT_BUDGET)."""
     wanted = wanted_tokens(settings)
     return None if wanted is None else min(16 * wanted + 4096, TEXT_BUDGET)
-
-
-def token_ids(tokenizer: Any, text: str, wanted: int | None = None, add_special_tokens: bool = True) -> Any:
-    """The ids of `text` as `tokenizer(text)` gives them (the first `wanted` of them), tokenized
-    TOKENIZE_CHUNK characters at a time (a tokenizer's encoding of 64 MB takes gigabytes): with
-    `wanted`, longer and longer beginnings until two agree on their first `wanted` ids; else the
-    text in pieces cut at a space between two words, where every tokenizer's pre-tokenization
-    splits. An array of ids (8 bytes each)."""
-    from array import array
-
-    def encode(part: str, special: bool) -> list[int]:
-        return tokenizer(part, add_special_tokens=special)["input_ids"]
-
-    if wanted is not None:
-        return array("q", stable_prefix(tokenizer, text, wanted, add_special_tokens)[1][:wanted])
-    if len(text) <= TOKENIZE_CHUNK:
-        return array("q", encode(text, add_special_tokens))
-    head, tail = _special_ends(tokenizer) if add_special_tokens else ([], [])
-    ids, start = array("q", head), 0
-    while start < len(text):
-        end = _word_boundary(text, start + TOKENIZE_CHUNK) if start + TOKENIZE_CHUNK < len(text) else len(text)
-        ids.extend(encode(text[start:end], False))
-        start = end
-    ids.extend(tail)
-    return ids
-
-
-def stable_prefix(tokenizer: Any, text: str, wanted: int, add_special_tokens: bool = True) -> tuple[int, list[int]]:
-    """(n, ids of text[:n]): the shortest beginning tried (4 x wanted + 1024 characters, then
-    doubled) whose first `wanted` ids a beginning twice as long agrees with, so they are the whole
-    text's (n is the text's length when it is short)."""
-    size = min(len(text), 4 * wanted + 1024)
-    ids = tokenizer(text[:size], add_special_tokens=add_special_tokens)["input_ids"]
-    while size < len(text):
-        longer = min(len(text), 2 * size)
-        more = tokenizer(text[:longer], add_special_tokens=add_special_tokens)["input_ids"]
-        if len(ids) > wanted + 8 and more[:wanted] == ids[:wanted]:
-            break
-        size, ids = longer, more
-    return size, ids
-
-
-def clip_texts(tokenizer: Any, texts: Sequence[str], max_length: int) -> tuple[str, ...]:
-    """Each text cut to a beginning that holds its first `max_length` tokens (and SLACK more), so
-    a line of 60 MB is never tokenized whole only to be truncated (a fast tokenizer's encoding of it
-    takes gigabytes); the evaluator's truncated ids are unchanged."""
-    return tuple(text[: stable_prefix(tokenizer, text, max_length + SLACK, False)[0]] for text in texts)
-
-
-_BOUNDARY = re.compile(r"(?<=[A-Za-z0-9]) (?=[A-Za-z])")  # " word" after a word: a new pre-token everywhere
-
-
-def _word_boundary(text: str, near: int) -> int:
-    """A cut at or after `near` before a space between two words (the end when there is none
-    within another chunk's length)."""
-    found = _BOUNDARY.search(text, near, near + TOKENIZE_CHUNK)
-    return found.start() if found else min(len(text), near + TOKENIZE_CHUNK)
-
-
-def _special_ends(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """The ids a tokenizer puts before and after a text (a BOS, an EOS), found on a probe text."""
-    plain = tokenizer("probe", add_special_tokens=False)["input_ids"]
-    full = tokenizer("probe", add_special_tokens=True)["input_ids"]
-    for start in range(len(full) - len(plain) + 1):
-        if full[start : start + len(plain)] == plain:
-            return full[:start], full[start + len(plain) :]
-    return [], []
 
 
 def eval_source(tokenizer, settings: Any) -> EvalSource:

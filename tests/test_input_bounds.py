@@ -27,12 +27,13 @@ from tiny_models import byte_tokenizer
 import engine.eval_data
 import engine.memory
 import engine.models
+import engine.text
 from engine.errors import UserError
-from engine.eval_data import describe, eval_source, load_texts, token_ids
+from engine.eval_data import describe, eval_source, load_texts
 from engine.experiments.ablation import AblationSettings
 from engine.registry import EXPERIMENTS
 from engine.settings import MAX_INT, MAX_WINDOW
-from engine.text import TEXT_BUDGET, read_lines
+from engine.text import TEXT_BUDGET, read_lines, token_ids
 from sessions.store import SessionStore
 from tui.cli import main
 
@@ -390,7 +391,7 @@ def bpe_tokenizers(text: str = TEXT):
 def test_texts_cut_to_their_first_tokens_give_the_same_truncated_ids():
     """--eval-file's texts are cut to what their first --max-length tokens need (a 20 MB line is
     never tokenized whole): the ids the evaluator's truncation gives are unchanged."""
-    from engine.eval_data import clip_texts
+    from engine.text import clip_texts
 
     texts = [TEXT, TEXT.replace("\n", " "), "short text", "x" * 50_000, " " * 20_000 + "end"]
     for tokenizer in bpe_tokenizers():
@@ -401,12 +402,27 @@ def test_texts_cut_to_their_first_tokens_give_the_same_truncated_ids():
                     == tokenizer(texts, truncation=True, max_length=max_length)["input_ids"])
 
 
+def test_training_blocks_tokenize_only_the_text_they_take():
+    """--train-file's pool: --train-blocks blocks of --block-size tokens, the same as cut from the
+    whole text's ids, tokenized from the beginning that holds them."""
+    import torch
+
+    from engine.text import token_blocks
+
+    for tokenizer in bpe_tokenizers():
+        whole = tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+        blocks = token_blocks(tokenizer, TEXT, 16, 5)
+        assert torch.equal(blocks, torch.tensor(whole[:80]).view(5, 16))
+        every = token_blocks(tokenizer, TEXT, 16)
+        assert torch.equal(every, torch.tensor(whole[: len(whole) // 16 * 16]).view(-1, 16))
+
+
 def test_text_tokenized_in_chunks_gives_the_whole_texts_ids(monkeypatch):
     """A GPT-2-like byte-level BPE (trained here on the text), a BOS/EOS template, and the byte
     tokenizer: ids in chunks of 2,000 characters are the ids of the whole text."""
     text = TEXT
     bpe, with_ends, _ = bpe_tokenizers()
-    monkeypatch.setattr(engine.eval_data, "TOKENIZE_CHUNK", 2000)
+    monkeypatch.setattr(engine.text, "TOKENIZE_CHUNK", 2000)
     assert len(text) > 20 * 2000
     for tokenizer in (bpe, with_ends, byte_tokenizer()):
         for special in (True, False):

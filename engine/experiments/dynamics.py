@@ -41,7 +41,7 @@ from engine.events import (
 from engine.perplexity import Batch, token_nll, tokenize_batches
 from engine.registry import RunContext
 from engine.settings import MAX_SEED, MAX_WINDOW, WINDOW_WHY, Settings, setting
-from engine.text import corpus, heldout_texts, read_lines
+from engine.text import clip_text, corpus, heldout_texts, read_lines
 
 PROFILES = ("both", "state", "update")
 LENSES = ("plain", "last-block")
@@ -309,6 +309,7 @@ def select_texts(tokenizer, texts: Sequence[str], max_tokens: int, max_length: i
     """Texts in order until their tokens (each cut at max_length) reach max_tokens; at least one."""
     chosen, total = [], 0
     for text in texts:
+        text = clip_text(tokenizer, text, max_length)  # a line of 60 MB: never tokenized whole to be truncated
         n = len(tokenizer(text, truncation=True, max_length=max_length)["input_ids"])
         if chosen and total + n > max_tokens:
             break
