@@ -14,6 +14,11 @@ tokens the previous one did not (the first scores all after its first token). Ca
 (the usual 128 x 2048 of Wanda, SparseGPT, SLEB): random windows of the train split's token stream,
 from a seeded generator.
 
+What is read is bounded: with --max-tokens or --max-windows only the beginning of a source that
+they need (a file read a chunk at a time, parquet and hub datasets streamed, the text tokenized in
+growing beginnings: `engine.text.token_ids`); without them at most `engine.text.TEXT_BUDGET` (64 MB),
+a local source over it refused before it is read.
+
 No torch or `datasets` at import: the console's views import `comparable`.
 """
 
