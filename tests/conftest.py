@@ -12,9 +12,25 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 from tiny_models import byte_tokenizer, save_tiny, tiny_model
 
 TESTS = Path(__file__).resolve().parent
+
+# Hypothesis (tests/test_settings_properties.py, tests/test_distributed.py): by default (and in CI)
+# the `ci` profile, derandomized, so every run draws the same examples and a failure is one every run
+# sees; `HYPOTHESIS_PROFILE=explore` draws new random examples, many more of them, to look for new
+# failures (each one found becomes a fixed test).
+hypothesis_settings.register_profile(
+    "ci", derandomize=True, deadline=None, database=None, print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+hypothesis_settings.register_profile(
+    "explore", derandomize=False, max_examples=200, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

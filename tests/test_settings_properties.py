@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import Any
 
 import pytest
@@ -24,7 +25,23 @@ from tui.cli import main
 
 NAMES = [entry.name for entry in EXPERIMENTS]
 BY = {entry.name: entry for entry in EXPERIMENTS}
-HYPOTHESIS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# the examples come from the profile tests/conftest.py loads: `ci` (the default, derandomized: the same
+# 25 examples a test every run) or `explore` (HYPOTHESIS_PROFILE=explore: new ones, as many as it says)
+EXPLORING = os.environ.get("HYPOTHESIS_PROFILE") == "explore"
+HYPOTHESIS = settings(max_examples=settings().max_examples if EXPLORING else 25,
+                      suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    """A random --eval-dataset word is a hub name: the hub is not reached here (each try would wait
+    for the network's timeout), and says so as an offline hub would."""
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach the Hub (offline in the tests)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
 
 
 class Validated(Exception):
@@ -138,6 +155,15 @@ def _check(name: str, argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: 
         return
     assert code == 2, (argv, code, err)
     assert len(err) == 1 and err[0].startswith("anatomy-tui: error:"), (argv, err)
+
+
+def test_the_examples_are_the_same_every_run_unless_exploring():
+    """CI sees the examples every run sees (a failure found by chance on one run only, as issue 31's
+    long file name was, is not a CI result); `HYPOTHESIS_PROFILE=explore` looks for new ones."""
+    if EXPLORING:
+        assert not HYPOTHESIS.derandomize and HYPOTHESIS.max_examples >= 200
+    else:
+        assert HYPOTHESIS.derandomize and HYPOTHESIS.database is None and HYPOTHESIS.max_examples == 25
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -313,9 +339,9 @@ BAD_ROWS = ["64,2,abc,3.0", "64,2,1e8,nan", "0,2,1e8,3.0", "64,-2,1e8,3.0", "64,
 
 
 def test_scaling_fit_says_which_rows_it_drops_and_strict_refuses_them(tmp_path, monkeypatch, capsys):
+    from engine.experiments.context import RunContext
     from engine.experiments.scaling_fit.run import load_runs, run
     from engine.experiments.scaling_fit.vocabulary import ScalingFitSettings
-    from engine.registry import RunContext
 
     path = _csv(tmp_path, GOOD_ROWS + BAD_ROWS)
     settings = ScalingFitSettings(csv=str(path), exclude_highest=0, restarts=2, bootstrap=0, heldout_splits=0)
@@ -330,13 +356,25 @@ def test_scaling_fit_says_which_rows_it_drops_and_strict_refuses_them(tmp_path, 
     assert load_runs(clean, ScalingFitSettings(csv=str(clean), strict=True)).dropped == ()
 
 
-@pytest.mark.parametrize("experiment", ["scaling-fit", "toy-depth"])
-def test_a_count_or_size_too_large_for_memory_is_one_line(experiment, tmp_path, capsys):
-    if experiment == "scaling-fit":  # numpy's MemoryError
-        argv = ["--csv", str(_csv(tmp_path, GOOD_ROWS)), "--exclude-highest", "0", "--restarts", str(10**12),
-                "--bootstrap", "0", "--heldout-splits", "0"]  # fmt: skip
-    else:  # torch's RuntimeError
-        argv = ["--preset", "tiny", "--width", str(10**11), "--student-depths", "1", "--device", "cpu"]
-    assert main(["run", experiment, *argv]) == 2
+def test_a_size_too_large_for_memory_is_one_line(capsys):
+    """Under the integers' ceiling (MAX_INT) a size can still ask for more than a machine has:
+    torch's RuntimeError is the one out-of-memory line."""
+    argv = ["--preset", "tiny", "--width", str(2 * 10**9), "--student-depths", "1", "--device", "cpu"]
+    assert main(["run", "toy-depth", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("anatomy-tui: error: out of memory") and not any("Traceback" in e for e in err), err
+
+
+@pytest.mark.parametrize("argv", [
+    ["scaling-fit", "--restarts", str(10**12)],
+    ["toy-depth", "--width", str(10**11)],
+    ["recovery", "--repeats", str(10**11)],
+], ids=lambda argv: " ".join(argv[:2]))
+def test_a_count_past_every_machine_is_refused_with_the_settings(argv, monkeypatch, capsys):
+    """A count no run can make (numpy's MemoryError or torch's once) is refused with the settings,
+    naming the limit."""
+    name, flags_given = argv[0], argv[1:]
+    extra = ["--model", "smollm2-135m"] if BY[name].needs_model else []
+    code, err, _ = _run(["run", name, *flags_given, *extra], monkeypatch, capsys)
+    assert code == 2 and len(err) == 1 and f"{argv[1]} {argv[2]}: must be an integer" in err[0], err
+    assert "at most" in err[0]

@@ -134,6 +134,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"anatomy-tui: error: out of memory ({one_line(str(exc)) or 'MemoryError'}); the settings ask "
               "for more than this machine has: use smaller counts or sizes", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path a user gave, wherever a check first touched it (engine.data.text.PATH_ERRNOS)
+        from engine.data.text import PATH_ERRNOS, short_path
+
+        if exc.errno not in PATH_ERRNOS:
+            raise
+
+        where = f"{short_path(exc.filename)}: " if exc.filename else ""
+        print(f"anatomy-tui: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:  # before the job started (the model loading) or after it ended
         print(f"anatomy-tui: interrupted{f' by {exc.name}' if isinstance(exc, Stopped) else ''}", file=sys.stderr)
         return exit_code(exc)

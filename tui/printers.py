@@ -17,7 +17,7 @@ def print_result(experiment: str, doc: dict[str, Any]) -> None:
         print(json.dumps(doc, indent=2))
         return
     printer(doc)
-    if isinstance(doc.get("protocol"), dict):
-        from engine.data.eval_data import describe
+    from engine.data.eval_data import describe, is_eval_protocol
 
+    if is_eval_protocol(doc.get("protocol")):
         print(describe(doc["protocol"]))

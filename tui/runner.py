@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import os
 import struct
 import sys
@@ -30,8 +31,9 @@ from engine.core.events import Event, Message, Progress, Result
 from engine.core.process import Stopped, exit_code
 from engine.core.settings import Settings
 from engine.disk.atomic import atomic_write_json, check_free_space, check_writable_path
-from engine.models.options import ModelOptions
-from engine.registry import EXPERIMENTS, Experiment, RunContext, experiment
+from engine.experiments.context import RunContext
+from engine.models.options import ModelOptions, check_device
+from engine.registry import EXPERIMENTS, Experiment, experiment
 from sessions.job_runner import run_job
 from sessions.store import Session, SessionExists, SessionStore
 from tui.flags import model_options_from_args, settings_from_args
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from engine.models.memory import MemoryPlan
 
 CANCELLED = 130
+UNREADABLE_PATH = (errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM)  # no load would read it either
 
 
 def _inputs(session: Session | None, experiment: Experiment) -> dict[str, dict[str, Any]]:
@@ -58,6 +61,7 @@ def _report(text: str) -> None:
 def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     settings = settings_from_args(experiment, args)
     options = model_options_from_args(args) if experiment.needs_model else None
+    check_device(_asked_device(options, settings))  # a GPU this machine lacks: one line before any file is read
     settings.check_inputs()
     world = _world(experiment, args, options, settings)
     main = world is None or world.is_main
@@ -235,7 +239,11 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
                         options.device_map, options.max_memory, preview)
     except UserError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError,
+    except OSError as exc:
+        if exc.errno in UNREADABLE_PATH and exc.filename:  # a --model path the user gave: one line (tui/cli.py)
+            raise
+        skipped = _first_line(exc)
+    except (ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError,
             struct.error) as exc:  # a damaged GGUF header: the load says so in its own words
         lines = str(exc).strip().splitlines()
         skipped = lines[0] if lines else type(exc).__name__
@@ -253,6 +261,11 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
         _report(plan.line())
     check_fits(plan, free_memory(plan.device), experiment.name)
     return plan
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def sharded_events(name: str, settings: Settings, context: RunContext, workers: Workers) -> Iterator[Event]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,15 @@ S = TypeVar("S", bound="Settings")
 
 _MISSING = dataclasses.MISSING
 MAX_SEED = 2**31 - 1  # numpy's legacy, sklearn's and torch's generators all take it (seed + index too)
+# Every integer a setting takes, when its field names no upper bound of its own: a count or size past
+# it is no run this machine can make, and what Rust tokenizers and numpy take without an OverflowError.
+MAX_INT = 2**31 - 1
+# Tokens in one evaluation text, window or training block at most: the memory plan's eager attention
+# scores alone are width^2 x (bytes + 4) per head (engine/models/memory.py plan_memory), so a window of 2^20
+# tokens needs 6.6 TB for one head in float16; the longest contexts models are trained on are below it.
+MAX_WINDOW = 2**20
+WINDOW_WHY = ("one window's attention scores take tokens^2 x 6 bytes a head (6.6 TB at 2^20 tokens); "
+              "use a value the model's context holds")
 
 
 def setting(
@@ -34,9 +44,12 @@ def setting(
     above: float | None = None,
     below: float | None = None,
     flag: str | None = None,
+    why: str | None = None,
     aliases: tuple[str, ...] = (),
     words: Mapping[str, Any] | None = None,
     none_word: str | None = None,
+    pattern: str | None = None,
+    rule: str | None = None,
     cli: bool = True,
     resume_free: bool = False,
     file: str | None = None,
@@ -46,7 +59,10 @@ def setting(
     decode: Callable[[Any], Any] | None = None,
 ) -> Any:
     """A settings field. `low`/`high` are inclusive bounds and `above`/`below` exclusive ones,
-    applied to a number or to each element of a tuple; floats must also be finite. `words` maps
+    applied to a number or to each element of a tuple; floats must also be finite; an integer
+    field without `high` or `below` takes at most MAX_INT. `why` says why `high` is the limit (the
+    error over it ends with it). Text fields may name a `pattern` (a regular expression the text
+    must match whole) and the `rule` that says it in words. `words` maps
     words a user may type for an element ('all' -> 0); `none_word` is the word that means None for
     an optional field ('all' layers). `resume_free` marks settings a resumed run may change.
     `file` names what the path in this field is ("evaluation file"): it is read before a model
@@ -55,9 +71,9 @@ def setting(
     UserError or ValueError on a bad document)."""
     meta = {
         "help": help, "choices": choices, "low": low, "high": high, "above": above, "below": below, "flag": flag,
-        "aliases": aliases, "words": dict(words or {}), "none_word": none_word, "cli": cli,
-        "resume_free": resume_free, "file": file, "parse": parse, "show": show, "encode": encode,
-        "decode": decode,
+        "why": why, "pattern": pattern, "rule": rule, "aliases": aliases, "words": dict(words or {}),
+        "none_word": none_word, "cli": cli, "resume_free": resume_free, "file": file, "parse": parse, "show": show,
+        "encode": encode, "decode": decode,
     }  # fmt: skip
     if isinstance(default, (list, dict, set)):
         raise TypeError("settings are immutable: use a tuple default")
@@ -88,6 +104,8 @@ class FieldSpec:
         meta = self.meta
         if meta.get("choices"):
             text = "one of " + ", ".join(map(str, meta["choices"]))
+        elif meta.get("rule"):
+            text = meta["rule"]
         elif self.base is bool:
             text = "true or false"
         else:
@@ -109,11 +127,16 @@ class FieldSpec:
         return text
 
     # checking one value ------------------------------------------------------------------------
-    def fail(self, value: Any, rule: str | None = None) -> UserError:
+    def fail(self, value: Any, rule: str | None = None, why: str | None = None) -> UserError:
         shown = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
         if not shown.isprintable():  # a newline or a control character typed: the error stays one line
             shown = repr(shown)
-        return UserError(f"{self.flag} {shown}: must be {rule or self.rule()} (default {self.default_text()})")
+        if len(shown) > 60:  # 10**30, a file's whole text: the start and the length
+            shown = f"{shown[:24]}...({len(shown)} characters)"
+        error = UserError(f"{self.flag} {shown}: must be {rule or self.rule()} (default {self.default_text()})"
+                          + (f"; {why}" if why else ""))
+        error.rule_why = (rule, why)  # type: ignore[attr-defined]  # kept when the typed text is shown instead
+        return error
 
     def default_text(self) -> str:
         if self.default is None:
@@ -143,6 +166,8 @@ class FieldSpec:
         if base is str:
             if not isinstance(item, str):
                 raise self.fail(whole)
+            if self.meta.get("pattern") and not re.fullmatch(self.meta["pattern"], item):
+                raise self.fail(whole)
             converted: Any = item
         elif base is int:
             if isinstance(item, bool) or not isinstance(item, int):
@@ -166,7 +191,10 @@ class FieldSpec:
             if meta.get("low") is not None and converted < meta["low"]:
                 raise self.fail(whole)
             if meta.get("high") is not None and converted > meta["high"]:
-                raise self.fail(whole)
+                raise self.fail(whole, why=meta.get("why"))
+            if base is int and meta.get("high") is None and meta.get("below") is None and converted > MAX_INT:
+                raise self.fail(whole, f"{self.rule()} and at most {MAX_INT}",
+                                "no count or size of a run goes beyond it: use a smaller one")
             if meta.get("above") is not None and converted <= meta["above"]:
                 raise self.fail(whole)
             if meta.get("below") is not None and converted >= meta["below"]:
@@ -242,8 +270,8 @@ class FieldSpec:
         """`coerce`, with an error that repeats what was typed."""
         try:
             return self.coerce(value)
-        except UserError:
-            raise self.fail(text.strip()) from None
+        except UserError as exc:
+            raise self.fail(text.strip(), *getattr(exc, "rule_why", (None, None))) from None
 
 
 def _spec_of(name: str, hint: Any, f: dataclasses.Field) -> FieldSpec:

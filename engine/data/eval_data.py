@@ -14,6 +14,11 @@ tokens the previous one did not (the first scores all after its first token). Ca
 (the usual 128 x 2048 of Wanda, SparseGPT, SLEB): random windows of the train split's token stream,
 from a seeded generator.
 
+What is read is bounded: with --max-tokens or --max-windows only the beginning of a source that
+they need (a file read a chunk at a time, parquet and hub datasets streamed, the text tokenized in
+growing beginnings: `engine.data.text.token_ids`); without them at most `engine.data.text.TEXT_BUDGET` (64 MB),
+a local source over it refused before it is read.
+
 No torch or `datasets` at import: the console's views import `comparable`.
 """
 
@@ -28,12 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
+from engine.core.files import BUDGET_TEXT, TEXT_BUDGET, path_kind
+from engine.data.text import SLACK, clip_texts, token_ids
 
 INSTALL = "pip install 'anatomy-tui[eval]'"
 LOCAL_SUFFIXES = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 PAPERS, SLIDING, TEXTS = "papers", "sliding", "texts"
 # What two results must share for their perplexities to be comparable (EvalProtocol's fields).
 COMPARED = ("dataset", "config", "split", "revision", "text_column", "protocol", "context", "stride", "tokens")
+READ_CHUNK = 2**20  # characters read from a local file at a time
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,16 @@ class DatasetSpec:
         text = spec.strip()
         if not text:
             raise UserError("--eval-dataset/--calib-dataset: give NAME[:CONFIG][:SPLIT] or a local file or folder")
-        if Path(text).expanduser().exists():
-            return cls(str(Path(text).expanduser()), None, None, True)
+        try:
+            path = Path(text).expanduser()
+        except RuntimeError:  # ~someone who is no user here
+            path = Path(text)
+        kind = path_kind(path, "dataset")
+        if kind == "other":
+            raise UserError(f"dataset {text}: not a regular file or folder (a device or a pipe); give a .txt, .jsonl, "
+                            ".json or .parquet file or a folder of them")
+        if kind != "missing":
+            return cls(str(path), None, None, True)
         parts = text.split(":")
         if len(parts) > 3 or not all(parts) or text.startswith((".", "/", "~")):
             raise UserError(f"dataset {spec!r}: no such file or folder, and not a Hugging Face dataset "
@@ -71,6 +87,7 @@ class LoadedTexts:
     spec: DatasetSpec
     split: str | None  # the split read (None: a single local file)
     revision: str | None
+    complete: bool = True  # the whole source was read (False: reading stopped at `stream_chars`)
 
 
 def _datasets():
@@ -81,19 +98,84 @@ def _datasets():
     return datasets
 
 
-def _column(rows: Sequence[Mapping[str, Any]] | Any, column: str, where: str) -> list[str]:
+def _column(rows: Sequence[Mapping[str, Any]] | Any, column: str, where: str, chars: int | None = None
+            ) -> tuple[list[str], bool]:
+    """(texts of `column`, whether every row was read): rows are read until the texts joined with
+    blank lines reach `chars` characters (None: all of them, up to TEXT_BUDGET, past which it is
+    one line naming the bounds)."""
     names = getattr(rows, "column_names", None)
     if names is not None and column not in names:
         raise UserError(f"{where} has no column {column!r} (it has {', '.join(names)}); use --text-column")
-    texts = []
+    texts, size = [], 0
     for row in rows:
+        if chars is not None and size >= chars:
+            return texts, False
         if column not in row:
             raise UserError(f"{where}: a row has no {column!r} field; use --text-column")
         value = row[column]
         if not isinstance(value, str):
             raise UserError(f"{where}: column {column!r} holds {type(value).__name__}, not text; use --text-column")
         texts.append(value)
-    return texts
+        size += len(value) + 2
+        if chars is None and size > TEXT_BUDGET:
+            raise over_budget(where, size, past=True)
+    return texts, True
+
+
+def over_budget(where: str, size: int, past: bool = False) -> UserError:
+    """The one line for text over TEXT_BUDGET read without a bound."""
+    amount = f"holds more than {BUDGET_TEXT}" if past else f"is {size / 2**20:.0f} MB"
+    return UserError(f"{where} {amount} of text, over the {BUDGET_TEXT} a run reads without a bound: give a "
+                     "smaller file, or with --eval-dataset --max-tokens N or --max-windows N (only its beginning "
+                     "is read)")
+
+
+def _disk_size(path: Path) -> int:
+    """Bytes of a file, or of every file in a folder."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _text_lines(path: Path, chars: int | None) -> tuple[list[str], bool]:
+    """(lines of a UTF-8 text file, read to its end?), read READ_CHUNK characters at a time and
+    stopped once `chars` characters are read (a one-line file of 200 MB is never held whole): the
+    lines joined with blank lines are then the beginning of the whole file's."""
+    parts: list[str] = []
+    size = 0
+    with path.open(encoding="utf-8", newline="") as handle:
+        while chars is None or size < chars:
+            chunk = handle.read(READ_CHUNK if chars is None else min(READ_CHUNK, chars - size))
+            if not chunk:
+                return "".join(parts).splitlines(), True
+            parts.append(chunk)
+            size += len(chunk)
+        text = "".join(parts)
+        if text.endswith("\r"):  # perhaps half of a \r\n: the rest is unread
+            text = text[:-1]
+        return text.splitlines(), False
+
+
+def _json_lines(path: Path, column: str, chars: int | None) -> tuple[list[str], bool]:
+    """(texts of a JSON-lines file's `column`, read to its end?), a line at a time (none longer than
+    TEXT_BUDGET), until `chars` characters of text."""
+    texts, size = [], 0
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(iter(lambda: handle.readline(TEXT_BUDGET + 1), ""), 1):
+            if len(line) > TEXT_BUDGET:
+                raise UserError(f"dataset file {path}: line {number} is longer than {BUDGET_TEXT}")
+            if not line.strip():
+                continue
+            if chars is not None and size >= chars:
+                return texts, False
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise UserError(f"dataset file {path}: line {number} of a JSON-lines file is not JSON") from None
+            found, _ = _column([row], column, str(path))
+            texts.extend(found)
+            size += len(found[0]) + 2
+    return texts, True
 
 
 def _revision(dataset: Any) -> str | None:
@@ -110,37 +192,78 @@ def _revision(dataset: Any) -> str | None:
     return version if version and version != "0.0.0" else None
 
 
-def _local(spec: DatasetSpec, split: str, column: str) -> tuple[list[str], str | None, str | None]:
-    """(texts, split read, revision) of a local file or folder. A text file is read here (its
-    lines; no `datasets` needed), JSON lines too; parquet and folders go through `datasets`."""
+def _local(spec: DatasetSpec, split: str, column: str, chars: int | None
+           ) -> tuple[list[str], str | None, str | None, bool]:
+    """(texts, split read, revision, read to the end?) of a local file or folder. A text file is
+    read here (its lines; no `datasets` needed), JSON lines too; parquet and folders go through
+    `datasets`, streamed when `chars` bounds what is read. Without a bound, a source over
+    TEXT_BUDGET on disk is refused before it is read."""
     path = Path(spec.name)
-    kind = LOCAL_SUFFIXES.get(path.suffix.lower()) if path.is_file() else None
-    if path.is_file() and kind is None:
+    is_file = path_kind(path, "dataset") == "file"
+    kind = LOCAL_SUFFIXES.get(path.suffix.lower()) if is_file else None
+    if is_file and kind is None:
         raise UserError(f"dataset file {path}: unknown kind; use .txt, .jsonl, .json or .parquet")
+    if chars is None:
+        try:
+            size = _disk_size(path)
+        except OSError as exc:
+            raise UserError(f"dataset {path}: {exc.strerror or _first_line(exc)}") from None
+        if size > TEXT_BUDGET:
+            raise over_budget(f"dataset {path}", size)
     try:
         if kind == "text":
-            return path.read_text(encoding="utf-8").splitlines(), None, None
+            return _text_file(path, chars)
         if kind == "json" and path.suffix.lower() == ".jsonl":
-            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-            return _column(rows, column, str(path)), None, None
+            texts, complete = _json_lines(path, column, chars)
+            return texts, None, None, complete
     except UnicodeDecodeError:
         raise UserError(f"dataset file {path} is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"dataset file {path}: line {exc.lineno} of a JSON-lines file is not JSON") from None
+    except OSError as exc:
+        raise UserError(f"dataset file {path}: {exc.strerror or _first_line(exc)}") from None
+    if kind == "parquet":
+        _check_rows(path)
     datasets = _datasets()
     datasets.disable_progress_bars()  # a local file takes a moment: no bars on the terminal
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its error log of a bad file: the one line below says it
     try:
         if kind is not None:
-            loaded = datasets.load_dataset(kind, data_files=str(path), split="train")
-            return _column(loaded, column, str(path)), None, None
-        splits = datasets.load_dataset(str(path))
-    except (ValueError, FileNotFoundError, OSError) as exc:
-        raise UserError(f"dataset {path}: {_first_line(exc)}") from None
-    chosen = split if split in splits else next(iter(splits)) if len(splits) == 1 else None
-    if chosen is None:
-        raise UserError(f"dataset folder {path} has splits {', '.join(splits)} but no {split!r}; "
-                        f"name the files after the split ({split}-00000.parquet)")
-    return _column(splits[chosen], column, f"{path} ({chosen})"), chosen, None
+            loaded = datasets.load_dataset(kind, data_files=str(path), split="train", streaming=chars is not None)
+            texts, complete = _column(loaded, column, str(path), chars)
+            return texts, None, None, complete
+        splits = datasets.load_dataset(str(path), streaming=chars is not None)
+        chosen = split if split in splits else next(iter(splits)) if len(splits) == 1 else None
+        if chosen is None:
+            raise UserError(f"dataset folder {path} has splits {', '.join(splits)} but no {split!r}; "
+                            f"name the files after the split ({split}-00000.parquet)")
+        texts, complete = _column(splits[chosen], column, f"{path} ({chosen})", chars)
+        return texts, chosen, None, complete
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - `datasets` and pyarrow raise many kinds (DatasetGenerationError, ArrowInvalid)
+        while exc.__cause__ is not None:  # DatasetGenerationError: the reason is its cause's
+            exc = exc.__cause__
+        raise UserError(f"dataset {path} could not be read ({_first_line(exc)}); give a .txt, .jsonl, .json or "
+                        ".parquet file of text rows") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+
+
+def _check_rows(path: Path) -> None:
+    """A parquet file with no rows is one line saying so (`datasets` fails on it deep inside)."""
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # noqa: BLE001 - not readable as parquet: `datasets` says why, below
+        return
+    if rows == 0:
+        raise UserError(f"dataset {path} holds no rows (an empty parquet file); give a file of text rows")
+
+
+def _text_file(path: Path, chars: int | None) -> tuple[list[str], str | None, str | None, bool]:
+    texts, complete = _text_lines(path, chars)
+    return texts, None, None, complete
 
 
 def _first_line(exc: BaseException) -> str:
@@ -148,21 +271,15 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _hub(spec: DatasetSpec, split: str, column: str, stream_chars: int | None) -> tuple[list[str], str | None]:
-    """(texts, revision) of a hub dataset's split; with `stream_chars`, streamed and read only
-    until that many characters (enough for the tokens asked for)."""
+def _hub(spec: DatasetSpec, split: str, column: str, stream_chars: int | None
+         ) -> tuple[list[str], str | None, bool]:
+    """(texts, revision, read to the end?) of a hub dataset's split; with `stream_chars`, streamed
+    and read only until that many characters (enough for the tokens asked for)."""
     datasets = _datasets()
     try:
         loaded = datasets.load_dataset(spec.name, spec.config, split=split, streaming=stream_chars is not None)
-        if stream_chars is None:
-            return _column(loaded, column, spec.label() or spec.name), _revision(loaded)
-        texts, size = [], 0
-        for row in loaded:
-            texts.extend(_column([row], column, spec.name))
-            size += len(texts[-1]) + 2
-            if size >= stream_chars:
-                break
-        return texts, _revision(loaded)
+        texts, complete = _column(loaded, column, spec.label() or spec.name, stream_chars)
+        return texts, _revision(loaded), complete
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - `datasets` raises many kinds (offline, missing config, no split)
@@ -173,17 +290,19 @@ def _hub(spec: DatasetSpec, split: str, column: str, stream_chars: int | None) -
 @functools.lru_cache(maxsize=4)
 def load_texts(spec_text: str, default_split: str, column: str = "text", stream_chars: int | None = None
                ) -> LoadedTexts:
-    """The texts a SPEC names, in order (cached: the memory plan and the run read the same ones)."""
+    """The texts a SPEC names, in order (cached: the memory plan and the run read the same ones);
+    with `stream_chars`, only the first texts, until about that many characters (`complete` says
+    whether that was all); without it, at most TEXT_BUDGET."""
     spec = DatasetSpec.parse(spec_text)
     split = spec.split or default_split
     if spec.local:
-        texts, read, revision = _local(spec, split, column)
+        texts, read, revision, complete = _local(spec, split, column, stream_chars)
     else:
-        texts, revision = _hub(spec, split, column, stream_chars)
+        texts, revision, complete = _hub(spec, split, column, stream_chars)
         read = split
     if not any(t.strip() for t in texts):
         raise UserError(f"dataset {spec.label()} holds no text (column {column!r})")
-    return LoadedTexts(tuple(texts), spec, read, revision)
+    return LoadedTexts(tuple(texts), spec, read, revision, complete)
 
 
 @dataclass(frozen=True)
@@ -242,13 +361,21 @@ class EvalSource:
                             tokens=tokens)
 
 
+def wanted_tokens(settings: Any) -> int | None:
+    """How many tokens of the stream --max-tokens and --max-windows need at most (None: all)."""
+    wanted = [settings.max_tokens] if settings.max_tokens is not None else []
+    if settings.max_windows is not None:
+        step = settings.stride or settings.context
+        wanted.append((settings.max_windows - 1) * step + settings.context)
+    return min(wanted) if wanted else None
+
+
 def stream_chars(settings: Any) -> int | None:
-    """With --max-tokens or --max-windows, how many characters of a hub dataset to stream (enough
-    for the tokens: a token is rarely over 16 characters); None: the whole split."""
-    if settings.max_tokens is None and settings.max_windows is None:
-        return None
-    wanted = settings.max_tokens or settings.max_windows * settings.context
-    return 16 * wanted + 4096
+    """With --max-tokens or --max-windows, how many characters of a dataset to read first (enough
+    for the tokens: a token is rarely over 16 characters; more is read when they are not); None:
+    the whole source (at most TEXT_BUDGET)."""
+    wanted = wanted_tokens(settings)
+    return None if wanted is None else min(16 * wanted + 4096, TEXT_BUDGET)
 
 
 def eval_source(tokenizer, settings: Any) -> EvalSource:
@@ -259,17 +386,28 @@ def eval_source(tokenizer, settings: Any) -> EvalSource:
     from engine.data.text import eval_texts
 
     path = Path(settings.eval_file) if settings.eval_file else None
-    return EvalSource(tuple(eval_texts(path, settings.eval_set)), None,
+    return EvalSource(clip_texts(tokenizer, eval_texts(path, settings.eval_set), settings.max_length), None,
                       str(path) if path else f"builtin:{settings.eval_set}")
 
 
 def dataset_windows(tokenizer, settings: Any) -> EvalSource:
-    """--eval-dataset read, joined with blank lines, tokenized once (the tokenizer's defaults) and
-    cut by the settings' protocol."""
-    loaded = load_texts(settings.eval_dataset, "test", settings.text_column, stream_chars(settings))
-    ids = list(tokenizer("\n\n".join(loaded.texts))["input_ids"])
-    if settings.max_tokens is not None:
-        ids = ids[: settings.max_tokens]
+    """--eval-dataset read, joined with blank lines, tokenized as one stream (the tokenizer's
+    defaults) and cut by the settings' protocol. With --max-tokens or --max-windows only the
+    beginning of the source is read and tokenized, more of it while it holds too few tokens."""
+    wanted, chars = wanted_tokens(settings), stream_chars(settings)
+    while True:
+        loaded = load_texts(settings.eval_dataset, "test", settings.text_column, chars)
+        # a beginning of the source: its last tokens may change with the text after it, so it is
+        # enough when it holds SLACK more than wanted (or is the whole source)
+        ids = token_ids(tokenizer, "\n\n".join(loaded.texts), None if wanted is None else wanted + SLACK)
+        if wanted is None or len(ids) >= wanted + SLACK or loaded.complete:
+            ids = ids if wanted is None else ids[:wanted]
+            break
+        if chars >= TEXT_BUDGET:
+            raise UserError(f"dataset {loaded.spec.label()}: its first {BUDGET_TEXT} of text hold {len(ids)} "
+                            f"tokens, fewer than the {wanted} --max-tokens/--max-windows ask for (a run reads at "
+                            f"most {BUDGET_TEXT}); lower them")
+        chars = min(4 * chars, TEXT_BUDGET)
     windows = cut_windows(ids, settings.context, settings.stride, settings.max_windows)
     if not windows.rows:
         raise UserError(f"dataset {loaded.spec.label()} has {len(ids)} tokens, fewer than one window of "
@@ -290,7 +428,7 @@ def calibration_blocks(tokenizer, spec: str, column: str, block_size: int, n_blo
     import torch
 
     loaded = load_texts(spec, "train", column)
-    ids = tokenizer("\n\n".join(loaded.texts), add_special_tokens=False)["input_ids"]
+    ids = token_ids(tokenizer, "\n\n".join(loaded.texts), add_special_tokens=False)
     if len(ids) < block_size:
         raise UserError(f"calibration dataset {loaded.spec.label()} has {len(ids)} tokens, fewer than one "
                         f"--block-size {block_size}")
@@ -324,12 +462,20 @@ def describe(protocol: EvalProtocol | Mapping[str, Any]) -> str:
     where = ":".join(str(p[k]) for k in ("dataset", "config", "split") if p.get(k))
     revision = f" @{str(p['revision'])[:12]}" if p.get("revision") else ""
     if p.get("protocol") == TEXTS:
-        how = f"each text alone, up to {p.get('context')} tokens"
+        how, count = f"each text alone, up to {p.get('context')} tokens", f"{p.get('windows')} texts"
     elif p.get("protocol") == SLIDING:
         how = f"sliding windows of {p.get('context')} tokens, stride {p.get('stride')}"
+        count = f"{p.get('windows')} windows"
     else:
         how = f"the papers' protocol: non-overlapping windows of {p.get('context')} tokens"
-    return f"evaluation: {where}{revision}; {how}; {p.get('windows')} windows/texts, {p.get('tokens')} scored tokens"
+        count = f"{p.get('windows')} windows"
+    return f"evaluation: {where}{revision}; {how}; {count}, {p.get('tokens')} scored tokens"
+
+
+def is_eval_protocol(doc: Any) -> bool:
+    """Whether a result's `protocol` is a perplexity protocol (EvalProtocol's fields), which
+    `describe` prints; evaluate's lm-eval protocol is its view's to print."""
+    return isinstance(doc, Mapping) and {"dataset", "protocol", "context", "windows", "tokens"} <= set(doc)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.settings import MAX_SEED, Settings, setting
+from engine.core.files import TEXT_BUDGET
+from engine.core.settings import MAX_SEED, MAX_WINDOW, WINDOW_WHY, Settings, setting
 
+BOUND_WHY = "a token is at least a character, and a run reads at most 64 MB of text"
 EVAL_BATCH_HELP = ("evaluation texts per forward pass (auto: on a GPU the most that fit in its free memory, "
                    "up to all of them; 8 on the CPU)")
 
@@ -29,24 +31,29 @@ class EvalTextSettings(DatasetTextSettings):
 
     eval_set: str = setting("full", "built-in evaluation texts: full (48 sentences) or paper (a 10-sentence subset)",
                             choices=("full", "paper"))
-    eval_file: str | None = setting(None, "UTF-8 file, one evaluation text per line (instead of --eval-set)",
-                                     file="evaluation file")
+    eval_file: str | None = setting(None, "UTF-8 file, one evaluation text per line (instead of --eval-set; at most "
+                                     "64 MB)", file="evaluation file")
     eval_dataset: str | None = setting(
         None, "evaluate on a dataset by the papers' protocol: a Hugging Face dataset NAME[:CONFIG][:SPLIT] "
         "(split default test; e.g. wikitext:wikitext-2-raw-v1:test) or a local .txt (one text a line), .jsonl, "
         ".parquet file or folder of them; its texts joined with blank lines, tokenized once, cut into windows "
-        "of --context tokens")
-    context: int = setting(2048, "tokens per evaluation window with --eval-dataset", low=2)
+        "of --context tokens; over 64 MB of text only with --max-tokens or --max-windows, which read its beginning")
+    context: int = setting(2048, "tokens per evaluation window with --eval-dataset", low=2, high=MAX_WINDOW,
+                           why=WINDOW_WHY)
     stride: int | None = setting(None, "with --eval-dataset: a sliding window moving N tokens at a time, each window "
                                  "scoring only its new tokens (below --context; off: non-overlapping windows, the "
-                                 "remainder dropped)", low=1, none_word="off")
-    max_windows: int | None = setting(None, "with --eval-dataset: score the first N windows only", low=1,
-                                      none_word="all")
-    max_tokens: int | None = setting(None, "with --eval-dataset: read the first N tokens only (a hub dataset is then "
-                                     "streamed)", low=2, none_word="all")
+                                 "remainder dropped)", low=1, high=MAX_WINDOW, none_word="off", why=WINDOW_WHY)
+    max_windows: int | None = setting(None, "with --eval-dataset: score the first N windows only (only the text "
+                                      "they need is read)", low=1, high=TEXT_BUDGET, none_word="all",
+                                      why=BOUND_WHY)
+    max_tokens: int | None = setting(None, "with --eval-dataset: read the first N tokens only (only the text they "
+                                     "need is read; a hub dataset is then streamed); without it or --max-windows, "
+                                     "a source over 64 MB is refused", low=2, high=TEXT_BUDGET,
+                                     none_word="all", why=BOUND_WHY)
     eval_batch_size: int | None = setting(None, EVAL_BATCH_HELP, low=1, none_word="auto", aliases=("--batch-size",),
                                           resume_free=True)
-    max_length: int = setting(256, "tokens per evaluation text at most (--eval-set, --eval-file)", low=2)
+    max_length: int = setting(256, "tokens per evaluation text at most (--eval-set, --eval-file)", low=2,
+                              high=MAX_WINDOW, why=WINDOW_WHY)
 
     def check_inputs(self) -> None:
         """The protocol's flags agree, and --eval-dataset is read now (a wrong name, a missing
@@ -85,7 +92,7 @@ class TrainTextSettings(DatasetTextSettings):
         "--train-blocks random windows of --block-size tokens (the usual: 128 x 2048), drawn with --calib-seed")
     calib_seed: int = setting(0, "seed of the random calibration windows of --calib-dataset", low=0, high=MAX_SEED)
     batch_size: int = setting(4, "training blocks per step", low=1)
-    block_size: int = setting(128, "tokens per training block", low=2)
+    block_size: int = setting(128, "tokens per training block", low=2, high=MAX_WINDOW, why=WINDOW_WHY)
     train_blocks: int = setting(128, "training pool size in blocks, cycled in a seeded order", low=1)
 
     def check_inputs(self) -> None:

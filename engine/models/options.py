@@ -21,11 +21,24 @@ DEVICE_MAPS = ("auto", "balanced", "sequential")  # engine.models.loading.DEVICE
 TRAIN_DEVICE_HELP = "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N"  # growth, toy-depth
 
 
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"  # engine.models.loading.choose_device's names (cuda:N: N a GPU's index)
+
+
 def device_setting(help: str = "auto, cpu, cuda or cuda:N") -> Any:
     """The one declaration of `--device` (a model's, and growth's and toy-depth's, which train models
-    of their own): auto, cpu, cuda or cuda:N, resolved by engine.models.loading.choose_device. `help` says
-    what the device is for."""
-    return setting("auto", help)
+    of their own): auto, cpu, cuda or cuda:N, resolved by engine.models.loading.choose_device; any other
+    name is refused with the settings, before anything is read (the GPU count: `check_device`).
+    `help` says what the device is for."""
+    return setting("auto", help, pattern=DEVICE_PATTERN, rule="auto, cpu, cuda or cuda:N (N = 0, 1, ...)")
+
+
+def check_device(device: str) -> None:
+    """A CUDA device that this machine has: one line for `cuda` without a GPU or `cuda:N` past the
+    last one, before any model file is read (imports torch only for a CUDA name)."""
+    if device.startswith("cuda"):
+        from engine.models.loading import choose_device
+
+        choose_device(device)
 
 
 def dtype_setting(help: str) -> Any:

@@ -10,7 +10,6 @@ leaves layers offloaded. Each failure is one UserError line, as the run itself w
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.core.errors import UserError
@@ -35,10 +34,10 @@ def check_eval_tokens(settings: EvalTextSettings, tokenizer: object) -> None:
     as the evaluator will tokenize them. Dataset windows (--eval-dataset) are cut by their own reader."""
     if settings.eval_dataset is not None:
         return
-    from engine.data.text import NO_TOKENS, eval_texts
+    from engine.data.text import NO_TOKENS
     from engine.models.memory import text_lengths
 
-    texts = eval_texts(Path(settings.eval_file) if settings.eval_file else None, settings.eval_set)
+    texts = settings.eval_source(tokenizer)  # each text cut to what its first --max-length tokens need
     if sum(max(length - 1, 0) for length in text_lengths(tokenizer, texts, settings.max_length)) == 0:
         raise UserError(NO_TOKENS)
 

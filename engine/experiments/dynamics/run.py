@@ -22,7 +22,7 @@ import torch
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
 from engine.core.files import read_lines
-from engine.data.text import corpus, heldout_texts
+from engine.data.text import clip_text, corpus, heldout_texts
 from engine.evaluation.perplexity import Batch, token_nll, tokenize_batches
 from engine.experiments.context import RunContext
 from engine.experiments.dynamics.vocabulary import (
@@ -278,6 +278,7 @@ def select_texts(tokenizer, texts: Sequence[str], max_tokens: int, max_length: i
     """Texts in order until their tokens (each cut at max_length) reach max_tokens; at least one."""
     chosen, total = [], 0
     for text in texts:
+        text = clip_text(tokenizer, text, max_length)  # a line of 60 MB: never tokenized whole to be truncated
         n = len(tokenizer(text, truncation=True, max_length=max_length)["input_ids"])
         if chosen and total + n > max_tokens:
             break

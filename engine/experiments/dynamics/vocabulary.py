@@ -15,7 +15,7 @@ from engine.core.events import (
     renamed_v1,
     result_type,
 )
-from engine.core.settings import MAX_SEED, Settings, setting
+from engine.core.settings import MAX_SEED, MAX_WINDOW, WINDOW_WHY, Settings, setting
 
 PROFILES = ("both", "state", "update")
 
@@ -34,7 +34,7 @@ class DynamicsSettings(Settings):
                                     "corpus)", file="text file")
     max_tokens: int = setting(8192, "tokens to read at most", low=1)
     eval_batch_size: int = setting(8, "texts per forward pass", low=1, aliases=("--batch-size",))
-    max_length: int = setting(256, "tokens per text at most", low=2)
+    max_length: int = setting(256, "tokens per text at most", low=2, high=MAX_WINDOW, why=WINDOW_WHY)
     include_first: bool = setting(False, "keep each text's first position (the attention sink); excluded by "
                                   "default")
     profile: str = setting("both", "what PCA sees per token: both angle profiles, or one", choices=PROFILES)

@@ -17,7 +17,7 @@ from engine.core.events import (
     renamed_v1,
     result_type,
 )
-from engine.core.settings import MAX_SEED, Settings, setting
+from engine.core.settings import MAX_SEED, MAX_WINDOW, WINDOW_WHY, Settings, setting
 from engine.experiments.growth.profile import (
     ANTI,
     CLASSES,
@@ -103,7 +103,7 @@ class GrowthSettings(Settings):
     hidden_size: int = setting(256, "model width", low=1)
     heads: int = setting(8, "attention heads", low=1)
     base_ffn: int = setting(345, "FFN width of a redundant (x1) layer", low=1)
-    seq_len: int = setting(128, "context in characters", low=2)
+    seq_len: int = setting(128, "context in characters", low=2, high=MAX_WINDOW, why=WINDOW_WHY)
     batch_size: int = setting(32, "sequences per step", low=1)
     lr: float = setting(2e-3, "peak AdamW learning rate", above=0)
     warmup_frac: float = setting(0.05, "share of the steps spent warming up the learning rate", low=0, high=1)

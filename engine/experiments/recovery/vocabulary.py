@@ -41,7 +41,8 @@ class RecoverySettings(TrainTextSettings, EvalTextSettings):
     steps: int = setting(200, "fine-tuning steps per layer", low=1)
     lr: float = setting(1e-4, "AdamW learning rate", above=0)
     eval_every: int = setting(1, "evaluate every N steps", low=1)
-    repeats: int = setting(1, "noise seeds per layer", low=1)
+    repeats: int = setting(1, "noise seeds per layer", low=1, high=1000,
+                           why="each repeat is a whole fine-tuning run of --steps for every layer")
     seed: int = setting(0, "seed for noise and batch order", low=0, high=MAX_SEED)
     prefix_cache: bool = setting(True, "start at the noised layer from cached inputs (off only to measure "
                                  "the straightforward version)", cli=False, resume_free=True)
