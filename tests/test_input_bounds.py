@@ -29,10 +29,10 @@ import engine.data.text
 import engine.models.loading
 import engine.models.memory
 from engine.core.errors import UserError
-from engine.core.files import read_lines
+from engine.core.files import TEXT_BUDGET, read_lines
 from engine.core.settings import MAX_INT, MAX_WINDOW
 from engine.data.eval_data import describe, eval_source, load_texts
-from engine.data.text import TEXT_BUDGET, token_ids
+from engine.data.text import token_ids
 from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.registry import EXPERIMENTS
 from sessions.store import SessionStore
@@ -58,7 +58,7 @@ def no_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model file was read")
 
-    monkeypatch.setattr(engine.models, "load_model", refuse)
+    monkeypatch.setattr(engine.models.loading, "load_model", refuse)
     monkeypatch.setattr(engine.models.memory, "preview_model", refuse)
 
 
@@ -227,7 +227,7 @@ def test_a_file_name_too_long_is_one_line(flag, no_load, capsys):
 ], ids=lambda argv: " ".join(argv[:-1]))
 def test_a_name_too_long_in_any_path_flag_is_one_line(argv, monkeypatch, capsys):
     """Issue 31 on every flag that names a file or folder: wherever a check first touches the path."""
-    monkeypatch.setattr(engine.models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr(engine.models.loading, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
     line = refused(["run", *argv], capsys)
     assert "File name too long" in line and "x" * 300 not in line or "phase table" in line, line
 
@@ -439,7 +439,7 @@ PEAK = textwrap.dedent("""
     from tiny_models import byte_tokenizer
     from engine.core.errors import UserError
     from engine.data.eval_data import eval_source
-    from engine.experiments.ablation import AblationSettings
+    from engine.experiments.ablation.vocabulary import AblationSettings
 
     def rss(field):
         for line in open("/proc/self/status"):

@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "for more than this machine has: use smaller counts or sizes", file=sys.stderr)
         return 2
     except OSError as exc:  # a path a user gave, wherever a check first touched it (engine.data.text.PATH_ERRNOS)
-        from engine.data.text import PATH_ERRNOS, short_path
+        from engine.core.files import PATH_ERRNOS, short_path
 
         if exc.errno not in PATH_ERRNOS:
             raise
