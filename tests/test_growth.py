@@ -323,8 +323,8 @@ def test_training_runs_keep_float32_weights_under_autocast(vocab):
             outcome = done.value
             break
     assert all(p.dtype == torch.float32 for p in outcome.model.model.parameters())
-    with pytest.raises(UserError, match="not understood"):
-        list(run_growth(small_settings(device="gpu")))
+    with pytest.raises(UserError, match="--device gpu: must be auto, cpu, cuda or cuda:N"):
+        list(run_growth(small_settings(device="gpu")))  # refused with the settings, before any run
 
 
 def test_float16_resume_continues_with_the_saved_loss_scale(tmp_path):
