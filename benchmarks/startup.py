@@ -29,7 +29,8 @@ def probe(mode: str, session: str, model: str, started: float) -> None:
         from engine.models.loading import load_model
 
         load_model(model, device="cpu")
-    from tui.app import AnatomyApp, ModelOptions
+    from engine.models.options import ModelOptions
+    from tui.app import AnatomyApp
     from tui.widgets.layer_map import LayerMap
 
     times: dict[str, float] = {}
@@ -46,7 +47,7 @@ def probe(mode: str, session: str, model: str, started: float) -> None:
             super().poll()
             if self.loaded is not None and "model_loaded" not in times:  # the worker's ModelLoaded arrived
                 times["model_loaded"] = time.time() - started
-                if mode == "cold" and "ablation" not in self.cancels:
+                if mode == "cold" and "ablation" not in self.lab.cancels:
                     self.action_compute_map()
             screen = self._console()
             if mode in ("cold", "cached") and screen is not None and "ablation" in self.state.results:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -73,3 +75,40 @@ def test_an_error_after_the_load_prints_once(tiny_folder, capsys, monkeypatch):
     assert main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper"]) == 2
     err = capsys.readouterr().err
     assert err.count("layer 7 went away") == 1 and "anatomy-tui: error: layer 7 went away; rerun" in err
+
+
+def test_a_map_of_two_layers_names_only_them_and_says_why_spearman_is_undefined(tiny_folder, capsys):
+    """Issue 29: `--layers` on two of the tiny model's four layers. The block search's summary names
+    only blocks of the layers ablated (not the whole model's best, a layer this run never removed), and
+    the rank correlations say why they are undefined."""
+    assert main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--layers", "2,3"]) == 0
+    out = capsys.readouterr().out
+    spearman = next(line for line in out.splitlines() if line.startswith("Spearman vs D"))
+    assert spearman == "Spearman vs D: undefined: 2 layers ablated, and a rank correlation needs at least 3"
+    blocks = next(line for line in out.splitlines() if line.startswith("angular_block_n"))
+    assert "among the layers ablated (2, 3)" in blocks
+    named = re.findall(r"layers (\d+)-(\d+)", blocks)
+    assert named and {int(layer) for pair in named for layer in pair} <= {2, 3}
+    assert "n=2: layers 2-3" in blocks
+
+
+def test_a_whole_map_says_which_measure_is_undefined_and_why():
+    from engine.registry import BY_NAME
+    from tui.views.ablation import _blocks_line, _spearman_line
+
+    sample = BY_NAME["ablation"].sample()
+    depth = len(sample.layers)
+    rows = [dataclasses.replace(row, degradation_pct=5.0) for row in sample.layers]
+    flat = dataclasses.replace(sample, layers=rows, spearman={"block_influence": None})
+    assert _spearman_line(flat) == "Spearman vs D: block influence undefined (D % is the same on every layer)"
+    # the block search over every layer: the whole map shows its own best, up to blocks shorter than the model
+    blocks = {str(n): [0.5 - 0.01 * abs(first - 2) * n for first in range(depth - n + 1)] for n in range(1, depth + 1)}
+    best = {n: min(range(len(values)), key=values.__getitem__) for n, values in blocks.items()}
+    whole = dataclasses.replace(sample, angular_blocks=blocks, angular_block_best=best)
+    line = _blocks_line(whole)
+    assert "among" not in line and f"n={depth}:" not in line and f"n=1: layers {best['1']}-{best['1']}" in line
+    # two layers apart: only single-layer blocks lie inside what was ablated
+    apart = dataclasses.replace(whole, layers=[sample.layers[1], sample.layers[4]])
+    line = _blocks_line(apart)
+    assert "among the layers ablated (1, 4)" in line and "n=2" not in line
+    assert re.findall(r"n=1: layers (\d+)-\1", line) in (["1"], ["4"])

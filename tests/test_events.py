@@ -130,6 +130,44 @@ def test_a_missing_field_is_an_error_not_a_default():
         event_from_json({"v": 2, "kind": "nobody.knows"})
 
 
+def ablated(**changes: Any) -> dict[str, Any]:
+    doc = LayerAblated(layer=2, n_layers=4, ppl=1.0, baseline_ppl=1.0, degradation_pct=0.0,
+                       layer_class="minor", job="j").to_json()
+    return doc | changes
+
+
+@pytest.mark.parametrize("changes", [
+    {"layer": "2"}, {"layer": 2.0}, {"layer": True}, {"layer": [2]}, {"ppl": "1.0"}, {"ppl": False},
+    {"layer_class": ["minor"]}, {"layer_class": 3}, {"job": 5}, {"job": {"no": "string"}}, {"t": "now"},
+], ids=repr)
+def test_a_value_of_the_wrong_type_is_an_error(changes):
+    """The log is untrusted: a value its field's annotation does not allow raises, so the reader skips
+    the line as damaged instead of drawing a job named 5 or a log line made of an object."""
+    with pytest.raises(TypeError):
+        event_from_json(ablated(**changes))
+
+
+def test_the_types_a_document_may_use():
+    """An int is fine for a float (1 for 1.0), None for any field (NaN is written as null), and the
+    items of lists and dicts are checked too."""
+    event = event_from_json(ablated(ppl=3, baseline_ppl=None, t=12))
+    assert event.ppl == 3 and event.baseline_ppl is None
+    assert event_from_json({"v": 2, "kind": "job.started", "experiment": "x", "spec": {"a": [1, "b"]}}).spec
+    for spec in ("not an object", [1], 5):
+        with pytest.raises(TypeError):
+            event_from_json({"v": 2, "kind": "job.started", "experiment": "x", "spec": spec})
+    doc = json_safe(build(AblationMap))
+    assert from_doc(AblationMap, doc) == build(AblationMap)
+    row = json_safe(build(AblationRow))
+    for layers in ([row | {"layer": "1"}], ["not a row"], {"0": row}):
+        with pytest.raises(TypeError):
+            from_doc(AblationMap, doc | {"layers": layers})
+    for spearman in ({"d": "high"}, {"d": [1.0]}, [0.5]):
+        with pytest.raises(TypeError):
+            from_doc(AblationMap, doc | {"spearman": spearman})
+    assert from_doc(AblationMap, doc | {"spearman": {"d": None, "bi": 1}}).spearman == {"d": None, "bi": 1}
+
+
 @pytest.mark.parametrize("cls", [AblationMap, RecoveryRow, GrowthArm, DynamicsRow, ManipulateRow, ParadoxRow,
                                  PruneResult, RecoveryResult, GrowthResult, ManipulateResult,
                                  WeightsResult, DynamicsResult, ToyDepthResult, ScalingFitResult])  # fmt: skip

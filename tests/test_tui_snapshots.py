@@ -84,8 +84,10 @@ def test_every_snapshot_belongs_to_a_test() -> None:
     there): a snapshot whose test was renamed or dropped is found here instead."""
     here = Path(__file__)
     command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-               "--noconftest", here.name]  # the test ids only: no fixtures, no torch  # fmt: skip
-    listed = subprocess.run(command, capture_output=True, text=True, cwd=here.parent)
+               "--noconftest", str(here)]  # the test ids only: no fixtures, no torch  # fmt: skip
+    # from the project's root, so the modules the file imports are this checkout's (from tests/, `tui`
+    # would be whichever copy is installed)
+    listed = subprocess.run(command, capture_output=True, text=True, cwd=here.parent.parent)
     assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
     tests = {line.partition("::")[2] for line in listed.stdout.splitlines() if "::" in line}
     snapshots = {path.stem for path in (here.parent / "__snapshots__" / here.stem).glob("*.svg")}

@@ -11,10 +11,8 @@ The app routes: the console screen's requests and the workers' messages go to th
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +38,12 @@ from tui.messages import (
     LogPageRequested,
     ModelFailed,
     ModelLoaded,
-    TextGenerated,
 )
 from tui.screens.compare import CompareScreen
 from tui.screens.confirm import ConfirmScreen
-from tui.screens.console import ACTIONS, APP_ACTIONS, ConsoleScreen, PanelData, binding_action
-from tui.screens.help import HelpScreen
+from tui.screens.console import ACTIONS, APP_ACTIONS, ConsoleScreen, PanelData, help_screen, palette
 from tui.screens.picker import SessionPicker
 from tui.state import Dirty, SessionState
-
-log = logging.getLogger("anatomy_tui.console")
 
 POLL_SECONDS = 0.25  # the event log is read and the panels redrawn at most 4 times a second
 GENERATE_TOKENS = 64  # the prompt pane's generations
@@ -89,7 +83,7 @@ class AnatomyApp(App[None]):
             model_explicit=options is not None if model_explicit is None else model_explicit,
             settings=self.console_settings,
             tell=self.tell,
-            status_changed=self.update_status,
+            status_changed=lambda: self.redraw({Dirty.JOBS}),  # the status line
             start_load=lambda options: self.work.load_model(options),
         )
         self.work = ConsoleWork(self.lab, self.post_message, self.run_worker, GENERATE_TOKENS)  # starts the workers
@@ -168,8 +162,11 @@ class AnatomyApp(App[None]):
 
     @on(ForTheLab)
     def to_the_lab(self, message: ForTheLab) -> None:
-        """A worker's message or a request the lab answers alone (tui/messages.py names its call)."""
+        """A worker's message or a request the lab answers alone (tui/messages.py names its call); what
+        the answer changed (the growth form's phases, a mark, a notice) is drawn now, not at the next poll."""
         message.answer(self.lab)
+        if self.lab.state.dirty and self._console() is not None:
+            self.redraw(self.lab.state.take_dirty())
 
     @on(ModelLoaded)
     def model_loaded(self, message: ModelLoaded) -> None:
@@ -190,22 +187,10 @@ class AnatomyApp(App[None]):
 
     def redraw(self, dirty: set[str]) -> None:
         screen = self._console()
-        if screen is None:
-            return
-        try:
-            screen.redraw(PanelData(self.lab.state, self.lab.n_layers, self.lab.session_name), dirty)
-        except Exception as exc:  # a damaged or unexpected result must not take the console down
-            self.lab.say(f"could not draw {', '.join(sorted(dirty))}: {type(exc).__name__}: {exc}", "error")
-            log.exception("redraw failed")
-        if dirty & {Dirty.JOBS, Dirty.LAYERS}:
-            self.update_status()
-        if Dirty.LOG in dirty:
-            screen.write_log(self.lab.state.take_new_log())
-
-    def update_status(self) -> None:
-        screen = self._console()
         if screen is not None:
-            screen.show_status(self.lab.session_name, self.lab.model_status, self.lab.running_jobs())
+            lab = self.lab
+            screen.redraw(PanelData(lab.state, lab.n_layers, lab.session_name, lab.model_status, lab.running_jobs()),
+                          dirty)
 
     def _console(self) -> ConsoleScreen | None:
         """The console screen once it is built and until the app starts shutting down (a message can
@@ -227,38 +212,26 @@ class AnatomyApp(App[None]):
         """An older or newer page of the Log tab, read from the event log; page 0, the live lines."""
         screen = self._console()
         lines = self.lab.log_page(request.back)
-        if screen is None:
-            return
-        if request.back and not lines:
-            self.notify("no older log lines: this is the start of the session's log")
-            return
-        screen.show_log_page(request.back, lines if request.back else list(self.lab.state.log))
+        if screen is not None:
+            screen.show_log_page(request.back, lines if request.back else list(self.lab.state.log))
 
     # the failures of any worker (tui/console_work.py starts them) -------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        worker = event.worker
         if event.state == WorkerState.ERROR:
-            error = worker.error
-            self.lab.say(f"{worker.description or worker.name} failed: {type(error).__name__}: {error}", "error")
-            log.error("worker %s failed", worker.name, exc_info=error)
+            self.work.failed(event.worker)
 
     # requests from the console screen --------------------------------------------------------------
     def action_help(self) -> None:
-        self.push_screen(
-            HelpScreen([(key.replace(",", " / "), f"{title}: {text}") for key, _, title, text in ACTIONS])
-        )
+        self.push_screen(help_screen())
 
     def action_compare(self) -> None:
-        from sessions.atlas import console_comparison
-
-        if self.lab.session is None:
-            return
         try:
-            doc = console_comparison(self.lab.store, self.lab.session.name)
+            doc = self.lab.comparison()
         except (UserError, SessionError) as exc:
             self.notify(str(exc), severity="warning", title="nothing to compare")
             return
-        self.push_screen(CompareScreen(doc))
+        if doc is not None:
+            self.push_screen(CompareScreen(doc))
 
     def action_map_job(self) -> None:
         self.lab.map_job()
@@ -290,43 +263,31 @@ class AnatomyApp(App[None]):
 
     async def action_quit(self) -> None:
         busy = self.lab.running_in_console()
-        if busy:
-
-            def answer(yes: bool | None) -> None:
-                if yes:
-                    self.lab.stop_console_runs()
-                    self.exit()
-
-            self.push_screen(
-                ConfirmScreen(f"{', '.join(busy)} is running in the console and will stop. Quit anyway?"),
-                callback=answer,
-            )
+        if not busy:
+            self.lab.closing()
+            self.exit()
             return
-        self.lab.closing()
-        self.exit()
+        question = f"{', '.join(busy)} is running in the console and will stop. Quit anyway?"
+        self.push_screen(ConfirmScreen(question), callback=self.stop_and_quit)
+
+    def stop_and_quit(self, yes: bool | None) -> None:
+        if yes:
+            self.lab.stop_console_runs()
+            self.exit()
 
     # the prompt pane -------------------------------------------------------------------------------
     @on(GenerateRequested)
     def generate(self, request: GenerateRequested) -> None:
-        """Starts a generation with what the request captured; a running one is stopped first."""
+        """Starts a generation with what the request captured (a running one is stopped first); its
+        worker posts the text to the console screen."""
         screen = self._console()
-        start = self.work.generation(request.prompt, request.columns, request.sigma) if screen is not None else None
-        if screen is not None and start is not None:
-            screen.begin_generation(request.prompt)
-            start()
-
-    @on(TextGenerated)
-    def text_generated(self, message: TextGenerated) -> None:
-        screen = self._console()
-        if screen is not None and self.lab.current_generation(message.run):
-            screen.show_generated(message.column, message.text, message.note)
+        if screen is not None:
+            self.work.generation(request.prompt, request.columns, request.sigma, screen)
 
     def action_stop_generation(self) -> None:
         self.lab.stop_generation()
 
-    # the command palette ---------------------------------------------------------------------------
+    # the command palette: the console's actions too
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        for _, action, title, text in ACTIONS:
-            if action != "quit":
-                yield SystemCommand(title, text, partial(self.run_action, binding_action(action), screen))
+        yield from palette(screen, self.run_action)

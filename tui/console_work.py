@@ -1,10 +1,12 @@
 """The console's thread workers, started with what the lab answered: the model's load (a daemon
 thread), the layer map in the console, the growth form's phases, the prompt pane's generations.
 Everything a worker needs is captured here, on the UI thread, when it starts; the workers
-(tui/workers.py) only post messages, which the app routes (tui/app.py)."""
+(tui/workers.py) only post messages, which the app routes (tui/app.py); a generation's text goes
+to the console screen, which shows it."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -12,6 +14,7 @@ from typing import Any
 
 from engine.models.options import ModelOptions
 from tui.lab import Lab
+from tui.screens.console import ConsoleScreen
 from tui.workers import (
     Column,
     GenerationPlan,
@@ -21,6 +24,8 @@ from tui.workers import (
     growth_preview_work,
     load_model_work,
 )
+
+log = logging.getLogger("anatomy_tui.console")
 
 
 class ConsoleWork:
@@ -36,6 +41,12 @@ class ConsoleWork:
     def in_thread(self, work: Callable[[], None], name: str, group: str, description: str) -> None:
         """`work` in a thread worker; a failure is said by the app (its on_worker_state_changed)."""
         self.run_worker(work, name=name, group=group, thread=True, exit_on_error=False, description=description)
+
+    def failed(self, worker: Any) -> None:
+        """A worker (a Textual one) that raised: said in the log panel and app.log, never raised into the app."""
+        error = worker.error
+        self.lab.say(f"{worker.description or worker.name} failed: {type(error).__name__}: {error}", "error")
+        log.error("worker %s failed", worker.name, exc_info=error)
 
     def load_model(self, options: ModelOptions) -> None:
         """The console's model, loaded on a daemon thread (the lab says when). Not a Textual worker:
@@ -59,13 +70,13 @@ class ConsoleWork:
         self.in_thread(partial(growth_preview_work, self.post, flags), "growth preview", "preview",
                        "planning the growth phases")
 
-    def generation(self, prompt: str, columns: dict[str, str], sigma: float) -> Callable[[], None] | None:
-        """A new generation of `prompt` in each column's model (a running one is stopped first): what
-        starts its worker, or None (the lab said why)."""
+    def generation(self, prompt: str, columns: dict[str, str], sigma: float, screen: ConsoleScreen) -> None:
+        """A new generation of `prompt` in each column's model (a running one is stopped first), its
+        text posted to the console screen, its end to the app; nothing if the lab says why."""
         lab = self.lab
         generation = lab.new_generation()
         if generation is None:
-            return None
+            return
         plan = GenerationPlan(
             run=generation.run,
             prompt=prompt,
@@ -77,4 +88,6 @@ class ConsoleWork:
             session=lab.session,
             saved_models=lab.saved_models,
         )
-        return partial(self.in_thread, partial(generate_work, self.post, plan), "generate", "generate", "generation")
+        screen.begin_generation(prompt, generation.run)
+        work = partial(generate_work, self.post, plan, screen.post_message)
+        self.in_thread(work, "generate", "generate", "generation")

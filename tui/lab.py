@@ -195,6 +195,15 @@ class Lab:
     def n_layers(self) -> int:
         return self.loaded.n_layers if self.loaded is not None else self.state.n_layers
 
+    def comparison(self) -> Any:
+        """What the Compare view shows for this session (sessions/atlas.py `console_comparison`, read
+        when asked); None without a session, UserError or SessionError when there is nothing to compare."""
+        if self.session is None:
+            return None
+        from sessions.atlas import console_comparison
+
+        return console_comparison(self.store, self.session.name)
+
     def poll(self) -> set[str]:
         """Folds the event log's new lines into the state, for FOLD_SECONDS at most (and every few
         polls, once the log is read to its end, checks the jobs' processes: a job whose end is

@@ -57,7 +57,10 @@ class ModelFailed(Message):
 class TextGenerated(Message):
     """Everything generation `run` has produced so far for one prompt column, and a note under it
     ('stopped', 'waiting for ...'). The text is whole, not a piece, so a newer message replaces an
-    older one still in the queue: a fast model never floods the UI."""
+    older one still in the queue: a fast model never floods the UI. Posted to the console screen,
+    which shows it (it goes no further)."""
+
+    bubble = False
 
     def __init__(self, run: int, column: str, text: str, note: str = "") -> None:
         super().__init__()
@@ -101,11 +104,11 @@ class ExperimentFinished(ForTheLab):
         super().__init__()
         self.name = name
 
-
-# from the console screen --------------------------------------------------------------------------
-
     def answer(self, lab: Any) -> None:
         lab.console_run_ended(self.name)
+
+
+# from the console screen --------------------------------------------------------------------------
 
 
 class ConsoleReady(Message):

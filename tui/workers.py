@@ -113,19 +113,21 @@ class GenerationPlan:
     saved_models: SavedModels
 
 
-def generate_work(post: Post, plan: GenerationPlan) -> None:
-    """Each column in turn, its text streamed through TextGenerated; GenerationDone at the end."""
+def generate_work(post: Post, plan: GenerationPlan, show: Post | None = None) -> None:
+    """Each column in turn, its text streamed through TextGenerated to `show` (the console screen;
+    `post` when None); GenerationDone, through `post`, at the end."""
+    show = show or post
     try:
         for column in plan.columns:
             if plan.stop.is_set():
-                post(TextGenerated(plan.run, column.id, "", "stopped"))
+                show(TextGenerated(plan.run, column.id, "", "stopped"))
             elif column.problem:
-                post(TextGenerated(plan.run, column.id, "", column.problem))
+                show(TextGenerated(plan.run, column.id, "", column.problem))
             else:
                 try:
-                    _generate_column(post, plan, column)
+                    _generate_column(show, plan, column)
                 except UserError as exc:  # out of memory, a layer that cannot be changed: said in the column
-                    post(TextGenerated(plan.run, column.id, "", str(exc)))
+                    show(TextGenerated(plan.run, column.id, "", str(exc)))
     finally:
         post(GenerationDone(plan.run))
 

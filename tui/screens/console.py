@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import logging
 import shlex
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 from rich.text import Text
 from textual import events, on
-from textual.app import ComposeResult
+from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
@@ -33,7 +35,9 @@ from tui.messages import (
     LogPageRequested,
     MarkRequested,
     Notice,
+    TextGenerated,
 )
+from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
 from tui.state import Dirty, JobView, SessionState
 from tui.views import analyses_widgets, show_analyses
@@ -56,11 +60,13 @@ RECOVERY_FORM = ("sigma", "steps", "lr")  # the recovery form's fields, Recovery
 
 @dataclass(frozen=True)
 class PanelData:
-    """What the panels are drawn from, handed down by the app."""
+    """What the panels and the status line are drawn from, handed down by the app."""
 
     state: SessionState
     n_layers: int
     session_name: str
+    model_status: str = ""
+    jobs: list[tuple[JobView, str]] = field(default_factory=list)  # the running jobs, each with where it runs
 
 
 PANELS = ("layers", "recovery", "growth", "prompt")  # the dashboard's four, in reading order
@@ -100,6 +106,20 @@ ROUTED = ("compute_map", "map_job", "resume_job", "stop_generation")  # the cons
 def binding_action(action: str) -> str:
     """`action` as the console screen (or the palette) runs it: the app's, or the screen's own."""
     return f"app.{action}" if action in APP_ACTIONS + ROUTED else action
+
+
+def palette(screen: Screen, run_action: Callable[..., object]) -> Iterator[SystemCommand]:
+    """The command palette's entry for each of the console's actions (quit is Textual's own)."""
+    for _, action, title, text in ACTIONS:
+        if action != "quit":
+            yield SystemCommand(title, text, partial(run_action, binding_action(action), screen))
+
+
+def help_screen() -> HelpScreen:
+    """Every key of the console and what it does."""
+    return HelpScreen([(key.replace(",", " / "), f"{title}: {text}") for key, _, title, text in ACTIONS])
+
+
 TITLES = {"layers": "Layer map", "recovery": "Recovery", "growth": "Growth", "prompt": "Prompt",
           "analyses": "Analyses", "log": "Log"}  # fmt: skip
 
@@ -197,6 +217,19 @@ class ConsoleScreen(Screen[None]):
 
     # redraws, each from the state alone ------------------------------------------------------
     def redraw(self, data: PanelData, dirty: set[str]) -> None:
+        """The dirty panels, then the status line (jobs or the model changed) and the log's new lines."""
+        try:
+            self.redraw_panels(data, dirty)
+        except Exception as exc:  # a damaged or unexpected result must not take the console down
+            self.post_message(Notice(f"could not draw {', '.join(sorted(dirty))}: {type(exc).__name__}: {exc}",
+                                     "error"))
+            log.exception("redraw failed")
+        if dirty & {Dirty.JOBS, Dirty.LAYERS}:
+            self.query_one(StatusLine).show(data.session_name, data.model_status, data.jobs)
+        if Dirty.LOG in dirty:
+            self.write_log(data.state.take_new_log())
+
+    def redraw_panels(self, data: PanelData, dirty: set[str]) -> None:
         state = data.state
         with self.app.batch_update():
             if dirty & {Dirty.LAYERS, Dirty.RECOVERY, Dirty.RESULTS}:
@@ -311,9 +344,6 @@ class ConsoleScreen(Screen[None]):
     def active_tab(self) -> str:
         return self.current
 
-    def show_status(self, session: str, model: str, jobs: list[tuple[JobView, str]]) -> None:
-        self.query_one(StatusLine).show(session, model, jobs)
-
     def write_log(self, lines: list[tuple[str, str]]) -> None:
         """New lines for the live view, while it is in view (the state keeps the newest for when it
         comes into view: a hidden RichLog would keep every line written to it until shown)."""
@@ -324,7 +354,11 @@ class ConsoleScreen(Screen[None]):
             view.write(f"[{level}] {text}")
 
     def show_log_page(self, back: int, lines: list[tuple[str, str]]) -> None:
-        """Page `back` of the Log tab (0: the live lines) in place of what it shows."""
+        """Page `back` of the Log tab (0: the live lines) in place of what it shows; a page back with
+        no lines: the page shown stays, and the user hears why."""
+        if back and not lines:
+            self.notify("no older log lines: this is the start of the session's log")
+            return
         self.log_back = 0
         self.query_one("#log-view", RichLog).clear()
         self.write_log(lines)
@@ -431,11 +465,17 @@ class ConsoleScreen(Screen[None]):
             return default
         return value if value > 0 else default
 
-    # the prompt pane, drawn as the app hears from its worker -------------------------------------
-    def begin_generation(self, prompt: str) -> None:
+    # the prompt pane: its generation's worker posts here ------------------------------------------
+    generation = 0  # the generation whose text the prompt columns show
+
+    def begin_generation(self, prompt: str, run: int) -> None:
+        self.generation = run
         for column in self.query(PromptColumn):
             column.begin(prompt)
 
-    def show_generated(self, column: str, text: str, note: str) -> None:
-        for found in self.query(f"#{column}").results(PromptColumn):
-            found.show(text, note)
+    @on(TextGenerated)
+    def show_generated(self, message: TextGenerated) -> None:
+        """A column's text so far, from the newest generation only (an older one's last words are late)."""
+        if message.run == self.generation:
+            for found in self.query(f"#{message.column}").results(PromptColumn):
+                found.show(message.text, message.note)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Console
@@ -26,15 +27,68 @@ def print_result(doc: dict[str, Any]) -> None:
                       f"{row.block_influence:.3f}", f"{row.angular_distance:.3f}",
                       *((f"{row.angular_last_token:.3f}",) if last else ()))
     Console().print(table)
-    rho = result.spearman
-    shown = {"block_influence": "block influence", "angular_distance": "angular_all_tokens",
-             "angular_last_token": "angular_last_token"}
-    print("Spearman vs D: " + ", ".join(f"{shown.get(k, k)} {_rho(v)}" for k, v in rho.items()))
+    print(_spearman_line(result))
     if result.angular_block_best:
-        blocks = [f"n={n}: layers {start}-{start + int(n) - 1} ({result.angular_blocks[n][start]:.3f})"
-                  for n, start in result.angular_block_best.items() if int(n) < len(result.layers)][:8]
-        print("angular_block_n (last token, Gromov et al.), the closest block of each length: " + "; ".join(blocks))
+        print(_blocks_line(result))
 
 
-def _rho(value: float | None) -> str:
-    return "undefined" if value is None else f"{value:.3f}"
+SHOWN = {"block_influence": "block influence", "angular_distance": "angular_all_tokens",
+         "angular_last_token": "angular_last_token"}  # fmt: skip
+
+
+def _spearman_line(result: AblationMap) -> str:
+    """How each cheap measure ranks the layers against the ablation, and why where it cannot say."""
+    rho, n = result.spearman, len(result.layers)
+    if n < 3 and rho and all(value is None for value in rho.values()):
+        return f"Spearman vs D: undefined: {_count(n)} ablated, and a rank correlation needs at least 3"
+    return "Spearman vs D: " + ", ".join(f"{SHOWN.get(k, k)} {_rho(v, result, k)}" for k, v in rho.items())
+
+
+def _rho(value: float | None, result: AblationMap, measure: str) -> str:
+    if value is not None:
+        return f"{value:.3f}"
+    pairs = [(getattr(row, measure, None), row.degradation_pct) for row in result.layers]
+    pairs = [(x, d) for x, d in pairs if _finite(x) and _finite(d)]
+    if len(pairs) < 3:
+        why = f"{_count(len(pairs))} with a value, and it needs at least 3"
+    elif len({d for _, d in pairs}) == 1:
+        why = "D % is the same on every layer"
+    elif len({x for x, _ in pairs}) == 1:
+        why = f"{SHOWN.get(measure, measure)} is the same on every layer"
+    else:
+        why = "not a number"
+    return f"undefined ({why})"
+
+
+def _blocks_line(result: AblationMap) -> str:
+    """Gromov et al.'s block search, the closest block of each length (shorter than the model): over
+    the whole model for a whole map; for a map of some layers (--layers), among the blocks made of
+    the layers it ablated, so it names no other layer."""
+    depth = len(result.angular_blocks.get("1", ()))
+    ablated = {row.layer for row in result.layers}
+    whole = ablated >= set(range(depth))
+    blocks = []
+    for n, values in result.angular_blocks.items():
+        length = int(n)
+        if length >= depth:
+            continue
+        if whole:
+            start = result.angular_block_best[n]
+        else:
+            inside = [first for first, value in enumerate(values)
+                      if _finite(value) and all(first + i in ablated for i in range(length))]  # fmt: skip
+            if not inside:
+                continue
+            start = min(inside, key=lambda first: values[first])
+        blocks.append(f"n={n}: layers {start}-{start + length - 1} ({values[start]:.3f})")
+    where = "" if whole else f" among the layers ablated ({', '.join(map(str, sorted(ablated)))})"
+    return f"angular_block_n (last token, Gromov et al.), the closest block of each length{where}: " + \
+        "; ".join(blocks[:8])
+
+
+def _count(n: int) -> str:
+    return f"{n} layer" + ("" if n == 1 else "s")
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
