@@ -243,8 +243,8 @@ def test_auto_precision_is_recorded_resolved_and_bad_devices_are_one_line() -> N
     result = list(run_toy_depth(dataclasses.replace(MICRO, regimes=("tied",), bootstrap=0, steps=4)))[-1]
     if not torch.cuda.is_available():  # 'auto' is stored as what it resolved to
         assert result.data["settings"]["dtype"] == "float32" and result.data["settings"]["device"] == "cpu"
-    with pytest.raises(UserError, match="not understood"):
-        list(run_toy_depth(dataclasses.replace(MICRO, device="cuda:x")))
+    with pytest.raises(UserError, match="--device cuda:x: must be auto, cpu, cuda or cuda:N"):
+        list(run_toy_depth(dataclasses.replace(MICRO, device="cuda:x")))  # refused with the settings
 
 
 def test_out_of_memory_in_training_is_one_line(monkeypatch) -> None:

@@ -61,9 +61,9 @@ def _report(text: str) -> None:
 def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
     settings = settings_from_args(experiment, args)
     options = model_options_from_args(args) if experiment.needs_model else None
+    world = _world(experiment, args, options, settings)  # flags that cannot go together: one line first
     check_device(_asked_device(options, settings))  # a GPU this machine lacks: one line before any file is read
     settings.check_inputs()
-    world = _world(experiment, args, options, settings)
     main = world is None or world.is_main
     if args.json is not None and main:
         check_writable_path(args.json, "--json")
