@@ -251,7 +251,7 @@ class Event:
     t: float = field(default_factory=time.time, kw_only=True)
 
     def to_json(self) -> dict[str, Any]:
-        body = json_safe(dataclasses.asdict(self))
+        body = json_safe(self)  # its fields less those that are ABSENT (an ablation row's `part`)
         return {"v": EVENT_SCHEMA_VERSION, "kind": self.kind, **body}
 
     @classmethod

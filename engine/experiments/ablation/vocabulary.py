@@ -60,7 +60,8 @@ class AblationSettings(EvalTextSettings):
 @event_type
 @dataclass(frozen=True)
 class LayerAblated(Event):
-    """One row of the map, as soon as it is known (before any bootstrap)."""
+    """One row of the map, as soon as it is known (before any bootstrap); with `part` (--part), a
+    block's row: "attention" or "mlp" of that layer (absent: the whole layer)."""
 
     kind: ClassVar[str] = "ablation.layer"
     v1_fields: ClassVar[Mapping[str, str]] = {"index": "layer"}
