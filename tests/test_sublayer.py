@@ -30,7 +30,7 @@ TEXTS = eval_texts(subset="paper")
 # Where transformers keeps each block, replaced below by a module of zeros: the block itself (Gemma's
 # post-norm of zero is zero), OPT's MLP its fc2 (the MLP has no module of its own).
 BLOCKS = {"llama": ("self_attn", "mlp"), "gpt_neox": ("attention", "mlp"), "gemma2": ("self_attn", "mlp"),
-          "opt": ("self_attn", "fc2"), "gpt2": ("attn", "mlp")}  # fmt: skip
+          "opt": ("self_attn", "fc2"), "gpt2": ("attn", "mlp"), "phi": ("self_attn", "mlp")}  # fmt: skip
 
 
 class Zeros(torch.nn.Module):
@@ -87,7 +87,8 @@ def test_skip_equals_transformers_forward_with_the_block_replaced(family):
 
 def test_gpt_neox_is_parallel_and_keeps_the_other_term():
     """Pythia adds attention and MLP to one residual: removing the attention keeps the MLP's term,
-    which a sequential reading (the MLP fed the attention's sum) would change."""
+    which a sequential reading (the MLP fed the attention's sum) would change; Phi-1/2 too."""
+    assert LayerStack(tiny_model("phi")).parallel_residual and not LayerStack(tiny_model("phi3")).parallel_residual
     model = tiny_model("gpt_neox", seed=4)
     assert model.config.use_parallel_residual and LayerStack(model).parallel_residual
     _, doc = the_map(model, method="skip", part="attention", layers=(1,))
@@ -143,11 +144,11 @@ def test_a_block_that_adds_nothing_changes_nothing(method):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "phi"])
 def test_block_proxies_match_the_residual_stream(family):
     """The blocks' proxies against the stream read another way: a Llama layer's middle is the
-    input of its post-attention norm; a parallel NeoX layer's blocks each go from the layer's input
-    to the input plus their own module's output."""
+    input of its post-attention norm; a parallel layer's blocks (NeoX, Phi) each go from the
+    layer's input to the input plus their own module's output."""
     model, tokenizer = tiny_model(family, seed=7), byte_tokenizer()
     _, doc = the_map(model, part="both", method="skip")
     proxies = {(row["layer"], row["part"]): row for row in doc["parts"]}
@@ -168,7 +169,7 @@ def test_block_proxies_match_the_residual_stream(family):
                 handles.append(layer.post_attention_layernorm.register_forward_pre_hook(
                     lambda m, a, i=index: seen.__setitem__(f"mid{i}", a[0][0])))
             else:
-                handles.append(layer.attention.register_forward_hook(
+                handles.append(layer.get_submodule(BLOCKS[family][0]).register_forward_hook(
                     lambda m, a, out, i=index: seen.__setitem__(f"attn{i}", out[0][0])))
                 handles.append(layer.mlp.register_forward_hook(
                     lambda m, a, out, i=index: seen.__setitem__(f"mlp{i}", out[0])))

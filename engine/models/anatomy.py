@@ -8,7 +8,7 @@ transposed (Conv1D, shape in x out); they are exposed as stored.
 Below the layer, each family names its two blocks (`PARTS`): the module whose output is what the
 attention block adds to the residual stream, and the MLP's (Gemma's post-norms, which scale the
 block's output before the addition; OPT's `fc2`, its MLP having no module of its own). Parallel-
-residual layers (GPT-NeoX with `use_parallel_residual`) add both terms to one residual.
+residual layers (Phi-1/Phi-2, GPT-NeoX with `use_parallel_residual`) add both terms to one residual.
 """
 
 from __future__ import annotations
@@ -65,6 +65,12 @@ FAMILIES: dict[str, Family] = {
         "Phi-3", "model.layers",
         (("qkv", "self_attn.qkv_proj"), ("o", "self_attn.o_proj"),
          ("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj")),
+        _LLAMA_PARTS,
+    ),
+    "phi": Family(
+        "Phi-1 / Phi-2", "model.layers",
+        (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+         ("o", "self_attn.dense"), ("up", "mlp.fc1"), ("down", "mlp.fc2")),
         _LLAMA_PARTS,
     ),
     "gpt2": Family(
@@ -198,7 +204,9 @@ class LayerStack:
     # --- below the layer: the attention and MLP blocks ------------------------------------------
     @property
     def parallel_residual(self) -> bool:
-        """Attention and MLP read the same input and add their terms to one residual (GPT-NeoX)."""
+        """Attention and MLP read the same input and add their terms to one residual (Phi-1/2, GPT-NeoX)."""
+        if self.model_type == "phi":
+            return True
         return self.model_type == "gpt_neox" and bool(getattr(self.model.config, "use_parallel_residual", True))
 
     def part_module(self, index: int, part: str) -> nn.Module:
