@@ -58,6 +58,7 @@ def main() -> None:
         events = list(run_ablation(model, tokenizer, settings, model_name=label))
         return time.perf_counter() - start, events[-1].data
 
+    run(proxies_only=True)  # warm-up (first-call costs), untimed
     only_s, only = run(proxies_only=True)
     full_s, full = run()
     keys = ("block_influence", "angular_distance", "angular_last_token")

@@ -35,12 +35,14 @@ def main() -> None:
 
     model, tokenizer, label = load(args.model)
 
-    def run(part: str, prefix_cache: bool) -> tuple[float, dict]:
-        settings = AblationSettings(eval_set=args.eval_set, part=part, method=args.method, prefix_cache=prefix_cache)
+    def run(part: str, prefix_cache: bool, **extra) -> tuple[float, dict]:
+        settings = AblationSettings(eval_set=args.eval_set, part=part, method=args.method, prefix_cache=prefix_cache,
+                                    **extra)
         start = time.perf_counter()
         events = list(run_ablation(model, tokenizer, settings, model_name=label))
         return time.perf_counter() - start, events[-1].data
 
+    run("layer", True, proxies_only=True)  # warm-up (first-call costs), untimed
     layer_s, _ = run("layer", True)
     plain_s, plain = run("both", False)
     cached_s, fast = run("both", True)
