@@ -32,8 +32,13 @@ def main() -> None:
 
     from engine.experiments.ablation.run import run_ablation
     from engine.experiments.ablation.vocabulary import AblationSettings
+    from engine.models.anatomy import LayerStack
 
     model, tokenizer, label = load(args.model)
+    stack = LayerStack(model)
+    computed = [0]  # decoder layers actually computed (their MLP runs; a cached or passed-through layer's does not)
+    for index in range(len(stack)):
+        stack.part_module(index, "mlp").register_forward_pre_hook(lambda *_: computed.__setitem__(0, computed[0] + 1))
 
     def run(part: str, prefix_cache: bool, **extra) -> tuple[float, dict]:
         settings = AblationSettings(eval_set=args.eval_set, part=part, method=args.method, prefix_cache=prefix_cache,
@@ -43,9 +48,14 @@ def main() -> None:
         return time.perf_counter() - start, events[-1].data
 
     run("layer", True, proxies_only=True)  # warm-up (first-call costs), untimed
+    counts = []
+    computed[0] = 0
     layer_s, _ = run("layer", True)
+    counts.append(computed[0])
     plain_s, plain = run("both", False)
+    counts.append(computed[0] - sum(counts))
     cached_s, fast = run("both", True)
+    counts.append(computed[0] - sum(counts))
     rows = list(zip(fast["layers"] + fast["parts"], plain["layers"] + plain["parts"], strict=True))
     worst = max(abs(a["ppl"] - b["ppl"]) / b["ppl"] for a, b in rows)
     assert worst < 1e-5, f"prefix cache changed a perplexity by {worst:.2e} (relative)"
@@ -56,6 +66,9 @@ def main() -> None:
     print(f"--part both, straightforward (a full forward per layer and per block): {plain_s:.1f} s")
     print(f"--part both, prefix cache (each unit from its layer's input): {cached_s:.1f} s "
           f"({cached_s / layer_s:.2f}x the layer map; the blocks alone {(cached_s - layer_s) / layer_s:.2f}x)")
+    print(f"decoder-layer forwards (batches x layers computed): layer map {counts[0]}, --part both straightforward "
+          f"{counts[1]}, with the prefix cache {counts[2]} ({counts[1] / counts[2]:.2f}x fewer; "
+          f"{counts[2] / counts[0]:.2f}x the layer map's)")
     print(f"ratio sublayer_prefix_cache: {plain_s / cached_s:.2f}")
 
 
