@@ -279,3 +279,21 @@ def test_proxies_only_does_not_split():
 
     with pytest.raises(UserError, match="--proxies-only"):
         experiment("ablation").shard_plan(AblationSettings(proxies_only=True), 4)
+
+
+def test_the_console_keeps_blocks_beside_their_layer():
+    """A block's live row never takes its layer's place; a map with parts fills `ablation_parts`;
+    an event with its `part` absent survives the pickling that carries it between workers."""
+    import pickle
+
+    from engine.core.events import event_from_json
+    from tui.state import SessionState
+
+    state = SessionState()
+    state.apply(LayerAblated(2, 4, 30.0, 20.0, 50.0, "important"))
+    state.apply(LayerAblated(2, 4, 21.0, 20.0, 5.0, "redundant", part="mlp"))
+    assert state.ablation[2].degradation_pct == 50.0 and state.ablation_parts[(2, "mlp")].degradation_pct == 5.0
+    state.set_result("ablation", json_safe(vocabulary.sample_parts()))
+    assert len(state.ablation_parts) == 12 and state.ablation[0].layer_class == "critical"
+    sent = pickle.loads(pickle.dumps(LayerAblated(1, 4, 20.0, 19.0, 5.0, "redundant")))
+    assert "part" not in sent.to_json() and event_from_json(sent.to_json()) == sent

@@ -97,6 +97,9 @@ class _Absent:
     def __deepcopy__(self, memo: dict[int, Any]) -> _Absent:
         return self
 
+    def __reduce__(self) -> str:
+        return "ABSENT"  # pickled by name: an event sent between workers keeps the one ABSENT
+
 
 # A field whose key a document has in one case and lacks in another (toy-depth's `se`, written only
 # when the law was fitted) defaults to ABSENT: `json_safe` writes no key for it, and a document
