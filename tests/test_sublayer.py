@@ -297,3 +297,27 @@ def test_the_console_keeps_blocks_beside_their_layer():
     assert len(state.ablation_parts) == 12 and state.ablation[0].layer_class == "critical"
     sent = pickle.loads(pickle.dumps(LayerAblated(1, 4, 20.0, 19.0, 5.0, "redundant")))
     assert "part" not in sent.to_json() and event_from_json(sent.to_json()) == sent
+
+
+@pytest.mark.embedded
+def test_embedded_blocks_of_one_layer_equal_the_replaced_forward(embedded):
+    """SmolLM2-135M: layer 11's attention and MLP removed alone through the prefix cache equal a
+    plain forward with the block's module returning zeros; the weights come back exactly."""
+    model, tokenizer = embedded.model, embedded.tokenizer
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    events = list(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", method="skip", part="both",
+                                                                  layers=(11,))))
+    doc = events[-1].data
+    layer = model.model.layers[11]
+    evaluator = Evaluator(model, tokenizer, TEXTS)
+    for row in doc["parts"]:
+        name = "self_attn" if row["part"] == "attention" else "mlp"
+        original = getattr(layer, name)
+        setattr(layer, name, Zeros(row["part"] == "attention", model.config.hidden_size))
+        try:
+            expected = evaluator.perplexity()
+        finally:
+            setattr(layer, name, original)
+        assert math.isclose(row["ppl"], expected, rel_tol=1e-5), row["part"]
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
