@@ -17,6 +17,7 @@ EXPECTED_MATRICES = {
     "gpt2": ("qkv", "o", "up", "down"),
     "gpt_neox": ("qkv", "o", "up", "down"),
     "opt": ("q", "k", "v", "o", "up", "down"),
+    "phi": ("q", "k", "v", "o", "up", "down"),
 }
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tui_fixtures import analyses_session, dashboard_session, demo_session, older_analyses_session
+from tui_fixtures import analyses_session, dashboard_session, demo_session, older_analyses_session, parts_session
 
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
@@ -77,6 +77,14 @@ def test_analyses_views_of_older_results(snap_compare, isolated_home) -> None:
     app = AnatomyApp(session="map", load_model=False)
     assert snap_compare(app, press=["f6", "pagedown", "_"], run_before=_settled, terminal_size=(200, 50))
 
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_layer_map_with_parts(snap_compare, isolated_home, size: tuple[int, int]) -> None:
+    """A map with parts (`run ablation --part both`): each layer's attention and MLP D% beside the
+    whole layer's, each in its own class's colour (a layer-only map keeps its columns)."""
+    parts_session(SessionStore())
+    app = AnatomyApp(session="parts", load_model=False)
+    assert snap_compare(app, press=["_"], run_before=_settled, terminal_size=size)
 
 
 def test_every_snapshot_belongs_to_a_test() -> None:

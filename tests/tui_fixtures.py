@@ -178,6 +178,19 @@ def dashboard_session(store: SessionStore, stage: str) -> Session:
     return session
 
 
+def parts_session(store: SessionStore, name: str = "parts") -> Session:
+    """A session whose map has parts (`run ablation --part both`): the ablation vocabulary's sample
+    with each layer's attention and MLP removed alone."""
+    from engine.experiments.ablation.vocabulary import sample_parts
+
+    session = store.create(name, model="tiny")
+    session.save_result("ablation", json_safe(sample_parts()))
+    manifest = {**session.manifest, "created": T0, "updated": T0}
+    atomic_write_json(session.path / "manifest.json", manifest)
+    session.manifest = manifest
+    return session
+
+
 SCALING = {"alpha_m": 0.5, "alpha_l": 0.3, "alpha_D": 0.3, "c_m": 4.0, "c_l": 2.0, "c_D": 50.0, "L0": 1.5}
 
 

@@ -133,6 +133,7 @@ class SessionState:
     def __init__(self) -> None:
         self.ablation: dict[int, AblationRow] = {}
         self.ablation_map: AblationMap | None = None
+        self.ablation_parts: dict[tuple[int, str], AblationRow] = {}  # (layer, "attention"/"mlp") -> row (--part)
         self.ablation_baseline: float | None = None
         self.ablation_layers: int | None = None  # depth told by the live events
         self.proxies: AblationProxies | None = None  # the first pass's Block Influence and angles
@@ -176,6 +177,7 @@ class SessionState:
         if isinstance(result, AblationMap):
             self.ablation_map = result
             self.ablation = {row.layer: row for row in result.layers}
+            self.ablation_parts = {(row.layer, row.part): row for row in result.parts or ()}
             self.ablation_baseline = result.baseline_ppl
             self.dirty.add(Dirty.LAYERS)
         elif isinstance(result, RecoveryResult):
@@ -260,10 +262,14 @@ class SessionState:
                 self.mark_job(job_id, str(doc.get("status")))
 
     def _ablation_layer(self, event: LayerAblated) -> None:
-        self.ablation[event.layer] = AblationRow(
+        row = AblationRow(
             layer=event.layer, ppl=event.ppl, degradation_pct=event.degradation_pct,
             layer_class=event.layer_class,
         )  # fmt: skip
+        if event.part:  # a block's row (--part) stands beside its layer's, never in its place
+            self.ablation_parts[(event.layer, event.part)] = row
+        else:
+            self.ablation[event.layer] = row
         if self.ablation_baseline is None:
             self.ablation_baseline = event.baseline_ppl
         self.ablation_layers = event.n_layers

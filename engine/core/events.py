@@ -100,6 +100,9 @@ class _Absent:
     def __deepcopy__(self, memo: dict[int, Any]) -> _Absent:
         return self
 
+    def __reduce__(self) -> str:
+        return "ABSENT"  # pickled by name: an event sent between workers keeps the one ABSENT
+
 
 # A field whose key a document has in one case and lacks in another (toy-depth's `se`, written only
 # when the law was fitted) defaults to ABSENT: `json_safe` writes no key for it, and a document
@@ -371,7 +374,7 @@ class Event:
     t: float = field(default_factory=time.time, kw_only=True)
 
     def to_json(self) -> dict[str, Any]:
-        body = json_safe(dataclasses.asdict(self))
+        body = json_safe(self)  # its fields less those that are ABSENT (an ablation row's `part`)
         return {"v": EVENT_SCHEMA_VERSION, "kind": self.kind, **body}
 
     @classmethod

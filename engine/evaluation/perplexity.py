@@ -202,17 +202,18 @@ class Evaluator:
         return self.scores(start_layer).perplexity
 
     @torch.no_grad()
-    def build_cache(self, observe: LayerObserver | None = None) -> TextScores:
+    def build_cache(self, observe: LayerObserver | None = None, keep: bool = True) -> TextScores:
         """One full forward per batch keeping each layer's input; returns the baseline scores.
 
         `observe(batch, index, layer_input, layer_output)` (engine.models.anatomy.LayerObserver, as for
         LayerStack.capture) sees every layer on the way, so cheap per-layer statistics (Block
-        Influence) come from the same pass.
+        Influence) come from the same pass. With `keep` False the pass keeps nothing (the proxies
+        alone: no cache in memory).
         """
         with out_of_memory_guard("building the prefix cache", OOM_ADVICE):
-            return self._build_cache(observe)
+            return self._build_cache(observe, keep)
 
-    def _build_cache(self, observe: LayerObserver | None) -> TextScores:
+    def _build_cache(self, observe: LayerObserver | None, keep: bool = True) -> TextScores:
         inputs: list[list[torch.Tensor]] = []
         per_batch = []
         for batch in self.batches:
@@ -221,14 +222,15 @@ class Evaluator:
             def keep(batch, index, layer_input, layer_output, per_layer=per_layer):
                 if len(self._layer_devices) == index:
                     self._layer_devices.append(layer_input.device)
-                per_layer.append(layer_input.detach().to("cpu") if self.cache_on_host else layer_input.detach())
+                if keep:
+                    per_layer.append(layer_input.detach().to("cpu") if self.cache_on_host else layer_input.detach())
                 if observe is not None:
                     observe(batch, index, layer_input, layer_output)
 
             with self.stack.capture(keep, batch):
                 per_batch.append(self._forward_nll(batch))
             inputs.append(per_layer)
-        self._layer_inputs = inputs
+        self._layer_inputs = inputs if keep else None
         return TextScores(self._gather(per_batch), self.tokens.copy())
 
     def drop_cache(self) -> None:

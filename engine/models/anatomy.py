@@ -4,6 +4,11 @@ Each supported family maps its own module names onto canonical ones (q, k, v, o,
 Fused matrices are exposed as they are, under fused names: `qkv` (GPT-2 c_attn, NeoX
 query_key_value, Phi-3 qkv_proj) and `gate_up` (Phi-3 gate_up_proj). GPT-2 stores its matrices
 transposed (Conv1D, shape in x out); they are exposed as stored.
+
+Below the layer, each family names its two blocks (`PARTS`): the module whose output is what the
+attention block adds to the residual stream, and the MLP's (Gemma's post-norms, which scale the
+block's output before the addition; OPT's `fc2`, its MLP having no module of its own). Parallel-
+residual layers (Phi-1/Phi-2, GPT-NeoX with `use_parallel_residual`) add both terms to one residual.
 """
 
 from __future__ import annotations
@@ -28,6 +33,14 @@ _LLAMA_MATRICES = (
     ("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"), ("down", "mlp.down_proj"),
 )
 
+_LLAMA_PARTS = ("self_attn", "mlp")
+_GEMMA_PARTS = ("post_attention_layernorm", "post_feedforward_layernorm")  # norms of the blocks' outputs
+
+PARTS = ("attention", "mlp")  # the blocks of a layer, in the order they run
+PART_MATRICES = {"attention": ("q", "k", "v", "qkv", "o"), "mlp": ("gate", "up", "gate_up", "down")}
+# one block's term in the residual sum, seen in a forward: observe(batch, index, part, term)
+PartObserver = Callable[[Any, int, str, torch.Tensor], None]
+
 
 @dataclass(frozen=True)
 class Family:
@@ -36,33 +49,46 @@ class Family:
     label: str
     layers: str
     matrices: tuple[tuple[str, str], ...]
+    # (attention, mlp): in each layer, the module whose output (its first element, for attention's
+    # tuple) is the block's term in the residual sum; None where anatomy-tui cannot name them
+    parts: tuple[str, str] | None = None
 
 
 FAMILIES: dict[str, Family] = {
-    "llama": Family("Llama / SmolLM", "model.layers", _LLAMA_MATRICES),
-    "mistral": Family("Mistral", "model.layers", _LLAMA_MATRICES),
-    "qwen2": Family("Qwen2", "model.layers", _LLAMA_MATRICES),
-    "qwen3": Family("Qwen3", "model.layers", _LLAMA_MATRICES),
-    "gemma2": Family("Gemma 2", "model.layers", _LLAMA_MATRICES),
-    "gemma3_text": Family("Gemma 3", "model.layers", _LLAMA_MATRICES),
+    "llama": Family("Llama / SmolLM", "model.layers", _LLAMA_MATRICES, _LLAMA_PARTS),
+    "mistral": Family("Mistral", "model.layers", _LLAMA_MATRICES, _LLAMA_PARTS),
+    "qwen2": Family("Qwen2", "model.layers", _LLAMA_MATRICES, _LLAMA_PARTS),
+    "qwen3": Family("Qwen3", "model.layers", _LLAMA_MATRICES, _LLAMA_PARTS),
+    "gemma2": Family("Gemma 2", "model.layers", _LLAMA_MATRICES, _GEMMA_PARTS),
+    "gemma3_text": Family("Gemma 3", "model.layers", _LLAMA_MATRICES, _GEMMA_PARTS),
     "phi3": Family(
         "Phi-3", "model.layers",
         (("qkv", "self_attn.qkv_proj"), ("o", "self_attn.o_proj"),
          ("gate_up", "mlp.gate_up_proj"), ("down", "mlp.down_proj")),
+        _LLAMA_PARTS,
+    ),
+    "phi": Family(
+        "Phi-1 / Phi-2", "model.layers",
+        (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+         ("o", "self_attn.dense"), ("up", "mlp.fc1"), ("down", "mlp.fc2")),
+        _LLAMA_PARTS,
     ),
     "gpt2": Family(
         "GPT-2", "transformer.h",
         (("qkv", "attn.c_attn"), ("o", "attn.c_proj"), ("up", "mlp.c_fc"), ("down", "mlp.c_proj")),
+        ("attn", "mlp"),
     ),
     "gpt_neox": Family(
         "GPT-NeoX / Pythia", "gpt_neox.layers",
         (("qkv", "attention.query_key_value"), ("o", "attention.dense"),
          ("up", "mlp.dense_h_to_4h"), ("down", "mlp.dense_4h_to_h")),
+        ("attention", "mlp"),
     ),
     "opt": Family(
         "OPT", "model.decoder.layers",
         (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
          ("o", "self_attn.out_proj"), ("up", "fc1"), ("down", "fc2")),
+        ("self_attn", "fc2"),
     ),
 }
 CANONICAL_ORDER = ("q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down")
@@ -81,6 +107,19 @@ def check_matrix_names(model_type: str, names: Sequence[str] | None) -> tuple[st
     if unknown:
         raise UserError(f"unknown component {unknown[0]!r} for {family.label}; use {', '.join(known)}")
     return known if names is None else tuple(names)
+
+
+def check_parts(model_type: str) -> None:
+    """A family whose attention and MLP blocks anatomy-tui can name (known from the config's
+    model_type, before the weights load); otherwise one line naming it."""
+    family = FAMILIES.get(model_type)
+    if family is not None and family.parts is None:
+        raise UserError(f"--part: anatomy-tui cannot name the attention and MLP blocks of {family.label} "
+                        f"({model_type}); use --part layer")
+
+
+def _first(output: Any) -> torch.Tensor:
+    return output[0] if isinstance(output, tuple) else output
 
 
 def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
@@ -161,6 +200,48 @@ class LayerStack:
 
     def check_matrix_names(self, names: Sequence[str]) -> tuple[str, ...]:
         return check_matrix_names(self.model_type, names)
+
+    # --- below the layer: the attention and MLP blocks ------------------------------------------
+    @property
+    def parallel_residual(self) -> bool:
+        """Attention and MLP read the same input and add their terms to one residual (Phi-1/2, GPT-NeoX)."""
+        if self.model_type == "phi":
+            return True
+        return self.model_type == "gpt_neox" and bool(getattr(self.model.config, "use_parallel_residual", True))
+
+    def part_module(self, index: int, part: str) -> nn.Module:
+        """The module whose output is the block's term in layer `index`'s residual sum."""
+        check_parts(self.model_type)
+        path = self.spec.parts[PARTS.index(part)]
+        return self.layers[self.check_index(index)].get_submodule(path)
+
+    def part_matrices(self, index: int, part: str) -> dict[str, nn.Parameter]:
+        """The block's weight matrices (attention: q, k, v, qkv, o; MLP: gate, up, gate_up, down)."""
+        return {name: p for name, p in self.matrices(index).items() if name in PART_MATRICES[part]}
+
+    @contextlib.contextmanager
+    def part_skipped(self, index: int, part: str) -> Iterator[None]:
+        """The block adds nothing to the residual (its term is zero, so the stream passes by): the
+        field's removal of an attention or MLP block. A parallel layer keeps the other term."""
+
+        def zero(module, args, output):
+            return (torch.zeros_like(output[0]), *output[1:]) if isinstance(output, tuple) else torch.zeros_like(output)
+
+        with self.part_module(index, part).register_forward_hook(zero):
+            yield
+
+    def capture_parts(self, observe: PartObserver, batch: Any = None) -> contextlib.AbstractContextManager:
+        """Calls observe(batch, index, part, term) with every block's term in the next forwards (before
+        the layer's own observer sees the layer: `capture` hooks fire after)."""
+        stack = contextlib.ExitStack()
+        for index in range(len(self)):
+            for part in PARTS:
+
+                def hook(module, args, output, index=index, part=part):
+                    observe(batch, index, part, _first(output))
+
+                stack.enter_context(self.part_module(index, part).register_forward_hook(hook))
+        return stack
 
     # --- changing weights and restoring them exactly --------------------------------------------
     # --- where layers live (accelerate's device_map) ---------------------------------------------

@@ -1,5 +1,7 @@
 """The layer map: one row per layer, coloured by class, D% on a log-scale bar with its interval,
-Block Influence, and recovery difficulty once known. Arrows or the mouse select a layer."""
+Block Influence, and recovery difficulty once known. Arrows or the mouse select a layer. A map
+with parts (`run ablation --part`) shows each layer's attention and MLP D% beside the whole
+layer's, each coloured by its own class."""
 
 from __future__ import annotations
 
@@ -47,34 +49,63 @@ class LayerMap(DataTable):
     """A DataTable with one row per layer; the row key is the layer index."""
 
     COLUMNS = ("L", "class", "D% (log)", "D %", "95% CI", "BI", "ang", "recov")
+    PART_COLUMNS = ("attn D%", "mlp D%")  # after "D %" when the session's map has parts
     RECOVERING = "⟳"  # beside the layer number while that layer recovers
     PRUNED = "✂"  # beside the layer number of a layer the session's prune run removes
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.zebra_stripes = False
+        self.shown: tuple[str, ...] = self.COLUMNS
         for name in self.COLUMNS:
             self.add_column(name, key=name)
+
+    @classmethod
+    def columns_for(cls, state: SessionState) -> tuple[str, ...]:
+        """The layer map's columns; with parts, the blocks' D% right after the whole layer's."""
+        if not state.ablation_parts:
+            return cls.COLUMNS
+        at = cls.COLUMNS.index("D %") + 1
+        return (*cls.COLUMNS[:at], *cls.PART_COLUMNS, *cls.COLUMNS[at:])
 
     def show(self, state: SessionState, n_layers: int) -> None:
         """Redraws every row from the state. Cells are updated in place while the layers stay the
         same, so the cursor (the selected layer) never jumps when new numbers arrive."""
-        count = max(n_layers, state.n_layers)
+        count = max(n_layers, state.n_layers, max((layer for layer, _ in state.ablation_parts), default=-1) + 1)
         recovering = state.recovering()
         pruned = set(pruned_layers(state.result(PruneResult)))
+        columns = self.columns_for(state)
         rows = [self._cells(state, index, index in recovering, index in pruned) for index in range(count)]
-        if self.row_count == count:
+        if columns != self.COLUMNS:
+            at = self.COLUMNS.index("D %") + 1
+            rows = [[*cells[:at], *self._part_cells(state, index), *cells[at:]] for index, cells in enumerate(rows)]
+        if self.row_count == count and columns == self.shown:
             for index, cells in enumerate(rows):
-                for column, value in zip(self.COLUMNS, cells, strict=True):
+                for column, value in zip(columns, cells, strict=True):
                     self.update_cell(str(index), column, value, update_width=True)
             return
         row = self.cursor_row
+        if columns != self.shown:
+            self.clear(columns=True)
+            self.shown = columns
+            for name in columns:
+                self.add_column(name, key=name)
         self.clear()
         for index, cells in enumerate(rows):
             self.add_row(*cells, key=str(index))
         if count:
             self.move_cursor(row=min(row, count - 1), animate=False)
             log.info("layer map: %d rows", count)
+
+    @staticmethod
+    def _part_cells(state: SessionState, index: int) -> list[Text]:
+        """The attention's and the MLP's D% in layer `index`, each in its own class's colour."""
+        cells = []
+        for part in ("attention", "mlp"):
+            info = state.ablation_parts.get((index, part))
+            d = info.degradation_pct if info else None
+            cells.append(Text(pct(d), style=class_style(layer_class(info)) if info else "", justify="right"))
+        return cells
 
     @staticmethod
     def _cells(state: SessionState, index: int, recovering: bool = False, pruned: bool = False) -> list[Text | str]:

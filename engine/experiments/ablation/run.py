@@ -1,5 +1,10 @@
 """A1: the layer-importance map. Each layer in turn is replaced (neighbour mean, skip or zero),
-the model is evaluated from that layer on through the prefix cache, and the weights are put back."""
+the model is evaluated from that layer on through the prefix cache, and the weights are put back.
+
+Below the layer (`--part`): each layer's attention and MLP blocks removed alone (skip: the block's
+term in the residual sum is zero, the field's removal; zero: its matrices zeroed; mean: its matrices
+the neighbours' mean), evaluated from their layer's input through the same cache. `--proxies-only`:
+the cheap measures of every layer and block from the one pass, no ablation."""
 
 from __future__ import annotations
 
@@ -15,17 +20,19 @@ import torch
 
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Progress, Result, json_safe
-from engine.evaluation.perplexity import Batch, Evaluator, masked
+from engine.evaluation.perplexity import Batch, Evaluator, TextScores, masked
 from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
 from engine.experiments.ablation.vocabulary import (
     AblationMap,
     AblationProxies,
+    AblationProxyMap,
     AblationRow,
     AblationSettings,
     LayerAblated,
+    ProxyRow,
 )
 from engine.experiments.context import RunContext
-from engine.models.anatomy import LayerStack
+from engine.models.anatomy import PARTS, LayerStack, check_parts
 from engine.models.distributed import ShardPlan
 
 
@@ -60,6 +67,75 @@ def ablated(stack: LayerStack, index: int, method: str) -> Iterator[None]:
                 else:
                     param.copy_(targets[name])
         yield
+
+
+@contextlib.contextmanager
+def ablated_part(stack: LayerStack, index: int, part: str, method: str) -> Iterator[None]:
+    """Block `part` ("attention" or "mlp") of layer `index` removed for the duration of the block:
+    skip zeroes its term in the residual sum, zero its matrices, mean puts the neighbours' mean of
+    its matrices in; the weights come back exactly."""
+    if method == "skip":
+        with stack.part_skipped(index, part):
+            yield
+        return
+    with stack.preserved([index]):
+        targets = neighbour_mean(stack, index) if method == "mean" else None
+        with torch.no_grad():
+            for name, param in stack.part_matrices(index, part).items():
+                if targets is None:
+                    param.zero_()
+                else:
+                    param.copy_(targets[name])
+        yield
+
+
+class PartMeter:
+    """Block Influence and the angular distances (all tokens, and each text's last token) of every
+    attention and MLP block: between the residual stream before the block's addition and after it.
+    Sequential layers: attention from the layer's input h to h + a, the MLP from h + a to the
+    layer's output; parallel ones (GPT-NeoX): each block from h to h plus its own term. The blocks'
+    terms come from `LayerStack.capture_parts` (`term`), the layer's input and output from the
+    layer observer (the call), in the same forward."""
+
+    def __init__(self, stack: LayerStack, parts: tuple[str, ...]) -> None:
+        self.parts = parts
+        self.parallel = stack.parallel_residual
+        self.terms: dict[tuple[int, str], torch.Tensor] = {}
+        self.sums: dict[tuple[int, str], torch.Tensor] = {}  # (influence, angular, tokens, last angular, rows)
+
+    def term(self, batch: Batch | None, index: int, part: str, term: torch.Tensor) -> None:
+        self.terms[(index, part)] = term
+
+    def __call__(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
+        attention = self.terms.pop((index, "attention")).reshape(layer_input.shape).to(layer_input.device)
+        mlp = self.terms.pop((index, "mlp")).reshape(layer_input.shape).to(layer_input.device)
+        middle = layer_input + attention  # as the layer adds it (OPT's fc2 term comes flat: reshaped)
+        pairs = {"attention": (layer_input, middle),
+                 "mlp": (layer_input, layer_input + mlp) if self.parallel else (middle, layer_output)}
+        for part in self.parts:
+            self._add(batch, (index, part), *pairs[part])
+
+    def _add(self, batch: Batch, key: tuple[int, str], before: torch.Tensor, after: torch.Tensor) -> None:
+        after = after.to(before.device)
+        cos = torch.nn.functional.cosine_similarity(before.float(), after.float(), dim=-1).clamp(-1.0, 1.0)
+        mask = batch.attention_mask.to(cos.device)
+        last = mask.sum(dim=1) - 1
+        rows = torch.arange(len(last), device=cos.device)
+        unit = [torch.nn.functional.normalize(x[rows, last].double(), dim=-1) for x in (before, after)]
+        last_cos = (unit[0] * unit[1]).sum(dim=-1).clamp(-1.0, 1.0)
+        values = torch.stack([
+            masked(1 - cos, mask).sum().double(), masked(torch.arccos(cos) / math.pi, mask).sum().double(),
+            mask.sum().double(), (torch.arccos(last_cos) / math.pi).sum(), last_cos.new_tensor(len(last)),
+        ])  # fmt: skip
+        self.sums[key] = self.sums[key] + values if key in self.sums else values
+
+    def means(self) -> dict[tuple[int, str], tuple[float, float, float]]:
+        """(layer, part) -> (Block Influence, angular all tokens, angular last token)."""
+        found = {}
+        for key, sums in self.sums.items():
+            influence, angular, tokens, last, rows = sums.cpu().tolist()
+            found[key] = (influence / tokens, angular / tokens, last / rows)
+        return found
 
 
 class InfluenceMeter:
@@ -123,53 +199,69 @@ def run_ablation(
     evaluator = Evaluator.for_settings(model, tokenizer, settings)
     stack = evaluator.stack
     n = len(stack)
+    parts = settings.parts()
+    if parts:
+        check_parts(stack.model_type)
     meter = InfluenceMeter(n)
-    base = evaluator.build_cache(observe=meter)
-    if not settings.prefix_cache:
-        evaluator.drop_cache()
+    part_meter = PartMeter(stack, parts) if parts else None
+    base = first_pass(evaluator, meter, part_meter, keep=settings.prefix_cache and not settings.proxies_only)
     baseline = base.perplexity
-    todo = range(n) if settings.layers is None else sorted({stack.check_index(i) for i in settings.layers})
     influence, angular = meter.means()
     blocks = meter.last_token_blocks()
     yield AblationProxies([float(v) for v in influence], [float(v) for v in angular], baseline)
-    yield Progress(0, len(todo), "ablation")
-    scores = {}
-    for done, index in enumerate(todo, start=1):
+    block_proxies = part_meter.means() if part_meter is not None else {}
+    if settings.proxies_only:
+        yield Result("ablation-proxies", json_safe(proxy_map(
+            model_name, evaluator, settings, time.perf_counter() - started, baseline, (influence, angular, blocks),
+            block_proxies)))
+        return
+    todo = range(n) if settings.layers is None else sorted({stack.check_index(i) for i in settings.layers})
+    units = [(index, part) for index in todo for part in (None, *parts)]  # a layer, then its blocks
+    yield Progress(0, len(units), "ablation")
+    scores: dict[tuple[int, str | None], TextScores] = {}
+    for done, (index, part) in enumerate(units, start=1):
         if cancel is not None:
             cancel.check()
-        with ablated(stack, index, settings.method):
-            layer_scores = evaluator.scores(index if settings.prefix_cache else 0)
-        scores[index] = layer_scores
-        ppl = layer_scores.perplexity
+        removal = ablated(stack, index, settings.method) if part is None else ablated_part(
+            stack, index, part, settings.method)
+        with removal:
+            unit_scores = evaluator.scores(index if settings.prefix_cache else 0)
+        scores[(index, part)] = unit_scores
+        ppl = unit_scores.perplexity
         d = degradation_pct(ppl, baseline)
-        yield LayerAblated(index, n, ppl, baseline, d, importance_class(d))
-        yield Progress(done, len(todo), "ablation")
+        yield LayerAblated(index, n, ppl, baseline, d, importance_class(d), **({"part": part} if part else {}))
+        yield Progress(done, len(units), "ablation")
 
-    layers = []
-    for index, layer_scores in scores.items():
-        ppl = layer_scores.perplexity
+    def row(index: int, part: str | None, unit_scores: TextScores) -> AblationRow:
+        ppl = unit_scores.perplexity
         d = degradation_pct(ppl, baseline)
         low = high = None
         if settings.bootstrap:
             low, high = bootstrap_degradation(
-                layer_scores.nll, base.nll, base.tokens, settings.bootstrap, settings.seed + index
+                unit_scores.nll, base.nll, base.tokens, settings.bootstrap, settings.seed + index
             )
         anti = d < 0 and (high is None or high < 0)
-        layers.append(
-            AblationRow(
-                layer=index,
-                ppl=ppl,
-                degradation_pct=d,
-                layer_class=importance_class(d),
-                anti=anti,
-                anti_within_noise=d < 0 and not anti,
-                ci_low=low,
-                ci_high=high,
-                block_influence=float(influence[index]),
-                angular_distance=float(angular[index]),
-                angular_last_token=float(blocks[1][index]),
-            )
+        if part is None:
+            proxies = float(influence[index]), float(angular[index]), float(blocks[1][index])
+        else:
+            proxies = block_proxies[(index, part)]
+        return AblationRow(
+            layer=index,
+            ppl=ppl,
+            degradation_pct=d,
+            layer_class=importance_class(d),
+            anti=anti,
+            anti_within_noise=d < 0 and not anti,
+            ci_low=low,
+            ci_high=high,
+            block_influence=proxies[0],
+            angular_distance=proxies[1],
+            angular_last_token=proxies[2],
+            **({"part": part} if part else {}),
         )
+
+    layers = [row(index, part, unit_scores) for (index, part), unit_scores in scores.items() if part is None]
+    part_rows = [row(index, part, unit_scores) for (index, part), unit_scores in scores.items() if part is not None]
     doc = AblationMap(
         model=model_name,
         method=settings.method,
@@ -179,12 +271,44 @@ def run_ablation(
         seconds=time.perf_counter() - started,
         settings=settings,
         layers=layers,
-        spearman=spearmans(layers),
+        spearman=all_spearmans(layers, part_rows),
         protocol=evaluator.protocol,
         angular_blocks={str(k): [float(v) for v in values] for k, values in blocks.items()},
         angular_block_best=block_search(blocks),
+        **({"parts": part_rows} if parts else {}),
     )
     yield Result("ablation", json_safe(doc))
+
+
+def first_pass(evaluator: Evaluator, meter: InfluenceMeter, part_meter: PartMeter | None, keep: bool) -> TextScores:
+    """The baseline's one forward: the prefix cache when `keep`, every layer's proxies on the way and
+    with `part_meter` every block's (its terms captured in the same forward)."""
+    if part_meter is None:
+        return evaluator.build_cache(observe=meter, keep=keep)
+
+    def both(batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
+        meter(batch, index, layer_input, layer_output)
+        part_meter(batch, index, layer_input, layer_output)
+
+    with evaluator.stack.capture_parts(part_meter.term):
+        return evaluator.build_cache(observe=both, keep=keep)
+
+
+def proxy_map(model_name: str, evaluator: Evaluator, settings: AblationSettings, seconds: float, baseline: float,
+              layer_proxies: tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]],
+              block_proxies: dict[tuple[int, str], tuple[float, float, float]]) -> AblationProxyMap:
+    """`--proxies-only`: the measures of the one pass, as the full map would record them."""
+    influence, angular, blocks = layer_proxies
+    layers = [ProxyRow(index, float(influence[index]), float(angular[index]), float(blocks[1][index]))
+              for index in range(len(influence))]
+    ordered = sorted(block_proxies, key=lambda key: (key[0], PARTS.index(key[1])))
+    parts = [ProxyRow(index, *block_proxies[(index, part)], part=part) for index, part in ordered]
+    return AblationProxyMap(
+        model=model_name, baseline_ppl=baseline, eval_tokens=evaluator.n_tokens, eval_texts=evaluator.n_texts,
+        seconds=seconds, settings=settings, layers=layers, protocol=evaluator.protocol,
+        angular_blocks={str(k): [float(v) for v in values] for k, values in blocks.items()},
+        angular_block_best=block_search(blocks), **({"parts": parts} if settings.parts() else {}),
+    )
 
 
 def spearmans(layers: list[AblationRow]) -> dict[str, float]:
@@ -200,6 +324,16 @@ def spearmans(layers: list[AblationRow]) -> dict[str, float]:
     return found
 
 
+def all_spearmans(layers: list[AblationRow], parts: list[AblationRow]) -> dict[str, float]:
+    """The whole layers' rankings, and with blocks each block kind's, keyed `<part>:<measure>`."""
+    found = spearmans(layers)
+    for part in PARTS:
+        rows = [row for row in parts if row.part == part]
+        if rows:
+            found.update({f"{part}:{key}": value for key, value in spearmans(rows).items()})
+    return found
+
+
 def block_search(blocks: dict[int, np.ndarray]) -> dict[str, int]:
     """short-transformers' block search: for each block length n, the first layer l of the block
     whose last-token angular distance from layer l's input to layer l+n's is smallest."""
@@ -211,15 +345,20 @@ def merge_shards(docs: list[dict], settings: AblationSettings) -> dict:
     Spearman over all of them, so the numbers equal a serial run's."""
     maps = [AblationMap.from_json(doc) for doc in docs]
     layers = sorted((row for part in maps for row in part.layers), key=lambda row: row.layer)
+    blocks = sorted((row for part in maps for row in part.parts or ()),
+                    key=lambda row: (row.layer, PARTS.index(row.part)))
     merged = dataclasses.replace(
         maps[0], seconds=max(part.seconds for part in maps), settings=settings, layers=layers,
-        spearman=spearmans(layers),
+        spearman=all_spearmans(layers, blocks), **({"parts": blocks} if settings.parts() else {}),
     )
     return json_safe(merged)
 
 
 def shard_plan(settings: AblationSettings, n_layers: int, inputs: Mapping[str, dict], model_name: str) -> ShardPlan:
-    """The registry's split (`--shards`): by layer, each share's layers through its settings."""
+    """The registry's split (`--shards`): by layer, each share's layers through its settings (with
+    --part, a layer's blocks go with it)."""
+    if settings.proxies_only:
+        raise UserError("--proxies-only is one pass; it does not split over workers: drop --shards")
     layers = range(n_layers) if settings.layers is None else sorted(set(settings.layers))
     merge = functools.partial(merge_shards, settings=settings)
     return ShardPlan(list(layers), lambda share: dataclasses.replace(settings, layers=tuple(share)), merge)

@@ -21,6 +21,7 @@ from engine.data.text_settings import EvalTextSettings
 from engine.models.memory import ModelShape
 
 METHODS = ("mean", "skip", "zero")
+PART_CHOICES = ("layer", "attention", "mlp", "both")  # what --part maps below the whole layer
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,22 @@ class AblationSettings(EvalTextSettings):
                                  "straightforward version)", cli=False)
     layers: tuple[int, ...] | None = setting(None, "ablate only these layers (a shard of a split sweep takes a few)",
                                              low=0, none_word="all")
+    part: str = setting("layer", "layer: whole layers (the map); attention, mlp or both: each layer's block(s) too, "
+                        "removed alone (skip: its term in the residual sum zero; zero: its matrices zeroed; mean: "
+                        "its matrices the neighbours' mean)", choices=PART_CHOICES)
+    proxies_only: bool = setting(False, "only Block Influence and the angular distances (of every layer, and with "
+                                 "--part every block) from one pass, no ablation: results/ablation-proxies.json")
+
+    def parts(self) -> tuple[str, ...]:
+        """The blocks mapped below the whole layer, in the order a layer runs them."""
+        return {"layer": (), "attention": ("attention",), "mlp": ("mlp",), "both": ("attention", "mlp")}[self.part]
 
     def check_against(self, shape: ModelShape) -> None:
         check_layers(self.layers or (), shape.n_layers, "--layers")
+        if self.parts() and shape.family:
+            from engine.models.anatomy import check_parts  # torch-free callers never get here with parts
+
+            check_parts(shape.family)
 
     def edits_weights(self) -> bool:
         return self.method != "skip"  # mean and zero put other weights in the ablated layer
@@ -46,7 +60,8 @@ class AblationSettings(EvalTextSettings):
 @event_type
 @dataclass(frozen=True)
 class LayerAblated(Event):
-    """One row of the map, as soon as it is known (before any bootstrap)."""
+    """One row of the map, as soon as it is known (before any bootstrap); with `part` (--part), a
+    block's row: "attention" or "mlp" of that layer (absent: the whole layer)."""
 
     kind: ClassVar[str] = "ablation.layer"
     v1_fields: ClassVar[Mapping[str, str]] = {"index": "layer"}
@@ -56,6 +71,7 @@ class LayerAblated(Event):
     baseline_ppl: float
     degradation_pct: float
     layer_class: str
+    part: str = field(default=ABSENT, kw_only=True)  # "attention" or "mlp" for a block (--part); absent: the layer
 
 
 @event_type
@@ -72,8 +88,11 @@ class AblationProxies(Event):
 
 @dataclass(frozen=True)
 class AblationRow:
-    """One layer of the importance map. A live row (from `LayerAblated`) has only the first four;
-    the saved map fills in the rest."""
+    """One layer of the importance map, or with `part` one of its blocks ("attention" or "mlp",
+    removed alone; `part` is absent for a whole layer, so a layer map's rows read as before). A
+    live row (from `LayerAblated`) has only the first four; the saved map fills in the rest. A
+    block's proxies compare the residual stream before and after its addition (a parallel layer:
+    the layer's input and the input plus the block's own term)."""
 
     layer: int
     ppl: float | None
@@ -86,12 +105,17 @@ class AblationRow:
     block_influence: float | None = None
     angular_distance: float | None = None  # angular_all_tokens: arccos(cos(h_in, h_out)) / pi, mean over real tokens
     angular_last_token: float | None = field(default=ABSENT, kw_only=True)  # the same, of each text's last token
+    part: str = field(default=ABSENT, kw_only=True)  # "attention" or "mlp": a block's row (--part)
 
 
 @result_type
 @dataclass(frozen=True)
 class AblationMap(ResultDocument):
-    """results/ablation.json."""
+    """results/ablation.json: `layers`, one row per whole layer, always (every reader of the map
+    reads these), and with `--part` also `parts`, one row per (layer, block) in layer order,
+    attention before MLP, each with its `part` (absent from a layer map, which reads and writes
+    byte for byte as before). `spearman` ranks the whole layers; a part map adds
+    `<part>:<measure>` keys for each block's ranking."""
 
     name: ClassVar[str] = "ablation"  # results/ablation.json
 
@@ -108,12 +132,52 @@ class AblationMap(ResultDocument):
     # angular_block_n (Gromov et al.): n -> [arccos(cos(h_l, h_{l+n})) / pi of the last token, l = 0 .. depth - n]
     angular_blocks: dict[str, list[float]] = field(default=ABSENT, kw_only=True)
     angular_block_best: dict[str, int] = field(default=ABSENT, kw_only=True)  # n -> its smallest block's first layer
+    parts: list[AblationRow] = field(default=ABSENT, kw_only=True)  # --part: each block's row; absent: a layer map
+
+    def part_rows(self, part: str) -> dict[int, AblationRow]:
+        """Layer -> the row of its `part` block (empty for a layer map)."""
+        return {row.layer: row for row in self.parts or () if row.part == part}
 
     @classmethod
     def upgrade_v1(cls, doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(doc.get("layers"), list):
             doc["layers"] = [renamed_v1(row) for row in doc["layers"]]
         return doc
+
+
+@dataclass(frozen=True)
+class ProxyRow:
+    """One layer's (or with `part`, one block's) cheap measures from the one pass, no ablation."""
+
+    layer: int
+    block_influence: float
+    angular_distance: float  # all tokens
+    angular_last_token: float
+    part: str = field(default=ABSENT, kw_only=True)
+
+
+@result_type
+@dataclass(frozen=True)
+class AblationProxyMap(ResultDocument):
+    """results/ablation-proxies.json (`run ablation --proxies-only`): Block Influence and the
+    angular distances of every layer, and with --part of every block, from one forward with
+    hidden states over the evaluation texts; equal to the full map's proxies at one pass's price.
+    A file of its own, so the session's map (results/ablation.json, read by recovery, prune and
+    the console) is left as it is."""
+
+    name: ClassVar[str] = "ablation-proxies"
+
+    model: str
+    baseline_ppl: float
+    eval_tokens: int
+    eval_texts: int
+    seconds: float
+    settings: AblationSettings
+    layers: list[ProxyRow]
+    protocol: EvalProtocol
+    angular_blocks: dict[str, list[float]]
+    angular_block_best: dict[str, int]
+    parts: list[ProxyRow] = field(default=ABSENT, kw_only=True)
 
 
 def sample() -> AblationMap:
@@ -132,3 +196,22 @@ def sample() -> AblationMap:
     return AblationMap(model="tiny", method="mean", baseline_ppl=baseline, eval_tokens=100, eval_texts=4, seconds=1.0,
                        settings=AblationSettings(), layers=rows,
                        spearman={"block_influence": 0.5, "angular_distance": 0.5})
+
+
+def sample_parts() -> AblationMap:
+    """The sample map with its blocks: in each layer the attention and the MLP removed alone, the
+    MLP of layer 0 the critical one, one block an anti-block (the console's side-by-side columns)."""
+    import dataclasses
+
+    whole = sample()
+    baseline = whole.baseline_ppl
+    degradations = [(800.0, 4000.0), (20.0, 15.0), (5.0, 6.0), (1.0, 0.5), (-3.0, 2.0), (40.0, 90.0)]
+    parts = []
+    for layer, pair in enumerate(degradations):
+        for part, d in zip(("attention", "mlp"), pair, strict=True):
+            name = "critical" if d >= 100 else "important" if d >= 30 else "minor" if d >= 10 else "redundant"
+            parts.append(AblationRow(layer=layer, ppl=baseline * (1 + d / 100), degradation_pct=d, layer_class=name,
+                                     anti=d < 0, ci_low=d - 0.5, ci_high=d + 0.5 if d > 0 else -1.0,
+                                     block_influence=0.005 * (layer + 1), angular_distance=0.01 * (layer + 1),
+                                     angular_last_token=0.012 * (layer + 1), part=part))
+    return dataclasses.replace(whole, parts=parts)

@@ -47,7 +47,7 @@ CORE = (0.25, 0.75)  # the "core" layers of the summary: the middle half of the 
 # Where each family keeps its final norm, for the logit lens (the head is get_output_embeddings()).
 FINAL_NORMS = {
     "llama": "model.norm", "mistral": "model.norm", "qwen2": "model.norm", "qwen3": "model.norm",
-    "gemma2": "model.norm", "gemma3_text": "model.norm", "phi3": "model.norm",
+    "gemma2": "model.norm", "gemma3_text": "model.norm", "phi3": "model.norm", "phi": "model.final_layernorm",
     "gpt2": "transformer.ln_f", "gpt_neox": "gpt_neox.final_layer_norm",
 }
 
