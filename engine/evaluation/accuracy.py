@@ -308,8 +308,8 @@ def disagreement(ppl: float | None, baseline_ppl: float, scores: Sequence[TaskSc
     task, worst = max(drops.items(), key=lambda item: item[1])
     generative = {row.task for row in scores if row.acc is None and row.score is not None}
     if moved < PPL_STEADY and worst > ACCURACY_DROP:
-        what = "generation fails: exact match" if task in generative else "accuracy falls:"
-        return f"{what} {task} -{worst:.1f} points while perplexity moves {100 * moved:.1f} %"
+        what = (f"generation fails ({task} exact match" if task in generative else f"accuracy falls ({task}")
+        return f"{what} -{worst:.1f} points) while perplexity moves {100 * moved:.1f} %"
     if moved >= PPL_STEADY and worst <= ACCURACY_DROP:
         shown = "inf" if moved == float("inf") else f"{100 * moved:.0f} %"
         return f"perplexity moves {shown} while no task's accuracy falls more than {ACCURACY_DROP:g} points"
