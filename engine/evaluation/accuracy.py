@@ -247,7 +247,9 @@ def task_scores(out: dict[str, Any]) -> list[TaskScore]:
         metrics = {key: float(value) if value == value else None for key, value in found.items()  # NaN: None
                    if isinstance(value, (int, float)) and not isinstance(value, bool) and "," in key}
         pick = {name: metrics.get(f"{name},none") for name in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr")}
-        exact = metrics.get("exact_match,none", ABSENT)
+        matches = [key for key in metrics if key.startswith("exact_match,")]  # GSM8K: strict-match, flexible-extract
+        exact = next((metrics[key] for key in ("exact_match,none", "exact_match,strict-match", *sorted(matches))
+                      if key in metrics), ABSENT)
         rows.append(TaskScore(task=task, **pick,
                               samples=int((samples.get(task) or {}).get("effective", 0)), metrics=metrics,
                               exact_match=exact))
