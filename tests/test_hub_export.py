@@ -311,7 +311,8 @@ def test_prune_card_carries_lm_evals_scores_of_the_exported_cut(tmp_path, files)
     tasks = write_task(tmp_path / "tasks", "tiny_qa", write_items(tmp_path / "tiny_qa.jsonl", items))
     folder = tmp_path / "out"
     doc = prune(loaded_from(save_tiny(tmp_path / "base", "llama")), method="bi", eval_file=files[0], remove=(1,),
-                bootstrap=0, export=str(folder), evaluate_tasks=("tiny_qa",), include_path=str(tasks), gen_tokens=0)
+                bootstrap=0, export=str(folder), evaluate_tasks=("tiny_qa",), include_path=str(tasks), gen_tokens=0,
+                gen_task=False)
     (score,) = doc["exported_point"]["accuracy"]
     data = ModelCard.load(folder / "README.md").data
     assert [(r.dataset_type, r.metric_type, r.metric_value) for r in data.eval_results] == [
