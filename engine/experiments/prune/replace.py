@@ -55,6 +55,10 @@ def check_foldable(model: nn.Module) -> None:
                         "add, so a linear map cannot be folded into its output projection; use a plain cut")
 
 
+class _Enough(Exception):
+    """Raised at the input of layer start+count: the forward has given all it needs."""
+
+
 def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
@@ -74,7 +78,7 @@ class Activations:
 def gather(model: nn.Module, blocks: torch.Tensor, start: int, count: int, batch_size: int,
            keep_rows: bool = False, cancel=None) -> Activations:
     """One pass over the calibration `blocks` (token ids [B, T]) with hooks on the projection of
-    layer start-1 and the inputs of layers start and start+count."""
+    layer start-1 and the inputs of layers start and start+count; each forward stops there."""
     stack = LayerStack(model)
     found: dict[str, torch.Tensor] = {}
     d = model.config.hidden_size
@@ -83,6 +87,8 @@ def gather(model: nn.Module, blocks: torch.Tensor, start: int, count: int, batch
         def hook(module, args, kwargs, output=None):
             value = output if name == "m" else _hidden(args, kwargs)
             found[name] = (value[0] if isinstance(value, tuple) else value).detach()
+            if name == "e":
+                raise _Enough  # the layers after the block and the logits are not needed
         return hook
 
     handles = [output_projection(stack, start - 1).register_forward_hook(keep("m"), with_kwargs=True),
@@ -100,7 +106,10 @@ def gather(model: nn.Module, blocks: torch.Tensor, start: int, count: int, batch
                 if cancel is not None:
                     cancel.check()
                 ids = blocks[first:first + batch_size].to(device)
-                model(input_ids=ids, use_cache=False)
+                try:
+                    model(input_ids=ids, use_cache=False)
+                except _Enough:
+                    pass
                 m = found["m"].reshape(-1, d).to("cpu", torch.float64)
                 y = (found["e"].reshape(-1, d).to("cpu", torch.float64)
                      - found["s"].reshape(-1, d).to("cpu", torch.float64) + m)
