@@ -17,11 +17,12 @@ from tui_fixtures import round_trips, task_score
 from engine.core.errors import UserError
 from engine.core.events import Result
 from engine.evaluation.accuracy import agreement, disagreement, without_machine_report
+from engine.experiments.context import RunContext
 from engine.experiments.evaluate.vocabulary import EvaluateResult, EvaluateSettings, ModelEvaluated
 from engine.experiments.prune.vocabulary import PruneResult, PruneSettings
 from engine.models.anatomy import LayerStack
 from engine.models.loading import LoadedModel
-from engine.registry import RunContext, experiment
+from engine.registry import experiment
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -99,7 +100,8 @@ def test_evaluate_gives_lm_evals_numbers_for_the_original_and_a_cut(tokenizer, t
     model = tiny_model("llama")
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     settings = EvaluateSettings(tasks=("tiny_qa", "everyday_sense"), include_path=str(tasks), limit=12.0,
-                                variants=("original", "pruned"), remove=(1, 2), gen_tokens=6)
+                                variants=("original", "pruned"), remove=(1, 2), gen_tokens=6,
+                                gen_task=False)
     events, result = run_evaluate(model, tokenizer, settings)
     original, pruned = result.models
     assert (original.label, pruned.label, original.n_layers, pruned.n_layers) == ("original", "pruned -1,2", 4, 2)
@@ -126,12 +128,13 @@ def test_evaluate_gives_lm_evals_numbers_for_the_original_and_a_cut(tokenizer, t
 
     # a later run evaluates one more model and keeps the earlier rows (same model and protocol)
     settings = EvaluateSettings(tasks=("tiny_qa", "everyday_sense"), include_path=str(tasks), limit=12.0,
-                                variants=("pruned",), remove=(3,), gen_tokens=6)
+                                variants=("pruned",), remove=(3,), gen_tokens=6, gen_task=False)
     events, later = run_evaluate(model, tokenizer, settings, inputs={"evaluate": json_of(result)})
     assert [row.label for row in later.models] == ["original", "pruned -1,2", "pruned -3"]
     assert later.models[0] == original
     # another protocol (batch size) replaces them, and says so
-    settings = EvaluateSettings(tasks=("tiny_qa",), include_path=str(tasks), limit=12.0, batch_size=2, gen_tokens=0)
+    settings = EvaluateSettings(tasks=("tiny_qa",), include_path=str(tasks), limit=12.0, batch_size=2, gen_tokens=0,
+                                gen_task=False)
     events, other = run_evaluate(model, tokenizer, settings, inputs={"evaluate": json_of(later)})
     assert [row.label for row in other.models] == ["original"] and other.models[0].generation is None
     assert any("replaced" in getattr(e, "text", "") for e in events)
@@ -148,7 +151,7 @@ def json_of(result: EvaluateResult) -> dict:
 def test_prune_evaluate_tasks_puts_lm_evals_numbers_in_each_row(tokenizer, tasks, files):
     model = tiny_model("llama")
     settings = PruneSettings(eval_file=files[0], method="bi", remove=(1, 2), bootstrap=0,
-                             evaluate_tasks=("tiny_qa",), include_path=str(tasks), gen_tokens=4)
+                             evaluate_tasks=("tiny_qa",), include_path=str(tasks), gen_tokens=4, gen_task=False)
     context = RunContext(model=loaded(model, tokenizer))
     events = list(experiment("prune").run(settings, context))
     assert round_trips("prune", events[-1].data)
@@ -244,7 +247,7 @@ def test_recovered_variant_reads_the_sessions_layers(tokenizer, tasks, tmp_path)
     save_layer_weights(folder, 2, weights, "tiny")
     save_layer_weights(folder, 1, weights, "another-model")
     settings = EvaluateSettings(tasks=("tiny_qa",), include_path=str(tasks), variants=("original", "recovered"),
-                                gen_tokens=0)
+                                gen_tokens=0, gen_task=False)
     _, result = run_evaluate(model, tokenizer, settings, output_dir=tmp_path)
     recovered = result.models[1]
     assert recovered.description.startswith("layers 2 as the recovery run")
@@ -272,7 +275,8 @@ def test_printed_table_and_console_summary(capsys):
 @pytest.mark.embedded
 def test_embedded_model_gives_lm_evals_numbers(embedded, tasks):
     settings = EvaluateSettings(tasks=("everyday_sense",), include_path=str(tasks), limit=8.0,
-                                variants=("original", "pruned"), remove=(14, 15), gen_tokens=4)
+                                variants=("original", "pruned"), remove=(14, 15), gen_tokens=4,
+                                gen_task=False)
     context = RunContext(model=embedded)
     events = list(experiment("evaluate").run(settings, context))
     result = EvaluateResult.from_json(events[-1].data)

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from engine.core.errors import UserError
 from engine.core.events import Result
+from engine.experiments.context import RunContext
 from engine.experiments.prune.vocabulary import PruneSettings
 from engine.export.folder import ADAPTER, export_recovered, push_to_hub
 from engine.export.mergekit_yaml import MERGEKIT_CONFIG, kept_ranges, passthrough_config
@@ -24,7 +25,7 @@ from engine.export.model_card import CardFacts, Perplexity, hub_id, model_card
 from engine.models.anatomy import LayerStack
 from engine.models.loading import LoadedModel
 from engine.models.pruning import removed
-from engine.registry import RunContext, experiment
+from engine.registry import experiment
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 IDS = torch.tensor([[5, 17, 99, 3, 42, 8, 61, 7]])
@@ -311,7 +312,8 @@ def test_prune_card_carries_lm_evals_scores_of_the_exported_cut(tmp_path, files)
     tasks = write_task(tmp_path / "tasks", "tiny_qa", write_items(tmp_path / "tiny_qa.jsonl", items))
     folder = tmp_path / "out"
     doc = prune(loaded_from(save_tiny(tmp_path / "base", "llama")), method="bi", eval_file=files[0], remove=(1,),
-                bootstrap=0, export=str(folder), evaluate_tasks=("tiny_qa",), include_path=str(tasks), gen_tokens=0)
+                bootstrap=0, export=str(folder), evaluate_tasks=("tiny_qa",), include_path=str(tasks), gen_tokens=0,
+                gen_task=False)
     (score,) = doc["exported_point"]["accuracy"]
     data = ModelCard.load(folder / "README.md").data
     assert [(r.dataset_type, r.metric_type, r.metric_value) for r in data.eval_results] == [

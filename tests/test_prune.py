@@ -18,11 +18,12 @@ from engine.core.errors import UserError
 from engine.core.events import Result
 from engine.evaluation.perplexity import Evaluator
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
+from engine.experiments.context import RunContext
 from engine.experiments.prune.run import map_degradation, neighbours_of_cuts
 from engine.experiments.prune.vocabulary import PrunePoint, PruneScores, PruneSettings
 from engine.models.anatomy import LayerStack
 from engine.models.loading import LoadedModel
-from engine.registry import RunContext, experiment
+from engine.registry import experiment
 
 CURVE_KEYS = {"method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl"}
 
@@ -64,8 +65,8 @@ def test_curve_equals_skipping_and_document_shape(tokenizer, files):
     events, doc = run_prune(model, tokenizer, settings, {"ablation": ablation_map([50.0, 3.0, 1.0, 20.0])})
     assert set(doc) >= {"model", "baseline_ppl", "eval_tokens", "settings", "curve", "agreement", "depth_fit",
                         "exported"}
-    assert doc["exported"] is None and doc["methods"] == ["angular", "angular_last", "bi", "ppl", "map"]
-    assert len(doc["curve"]) == 15
+    assert doc["exported"] is None and doc["methods"] == ["angular", "angular_last", "bi", "ppl", "map", "last"]
+    assert len(doc["curve"]) == 18
     for point in doc["curve"]:
         assert set(point) == CURVE_KEYS
         assert point["removed"] == len(point["layers"])
@@ -80,7 +81,7 @@ def test_curve_equals_skipping_and_document_shape(tokenizer, files):
             layers = by[(method, count)]
             assert layers == list(range(layers[0], layers[0] + count))
     assert set(doc["agreement"]) == {"angular", "angular_last", "bi", "map"}
-    assert len([e for e in events if isinstance(e, PrunePoint)]) == 15
+    assert len([e for e in events if isinstance(e, PrunePoint)]) == 18
     torch.testing.assert_close(model(input_ids=torch.tensor([[1, 2, 3]])).logits, before, rtol=0, atol=0)
 
 

@@ -10,20 +10,35 @@ here and only when a run asks for accuracy.
 The generation check greedily continues a few fixed prompts with the original model and a variant
 (`engine.evaluation.generation.greedy_tokens`) and says how much of the original's continuation the variant
 reproduces: up to its first divergence, and position by position.
+
+Choice tasks hold up under pruning where generation does not (ShortGPT's XSum, arXiv 2602.01997's
+GSM8K), so where accuracy is asked for a generative task runs beside the choice tasks by default
+(`--gen-task`, on; `--no-gen-task` leaves it out): `exact_facts`, 30 short factual and arithmetic
+questions of this package (engine/evaluation/tasks/exact_facts.jsonl) with one-word or one-number
+answers, lm-eval's `generate_until` after a fixed three-question prompt, greedy, stopped at a new
+line or a full stop, scored by exact match (`exact_match`: leading and trailing white space
+dropped, case and punctuation ignored; `exact_match_of` says the same in Python).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
+import re
+import string
+import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
+from engine.core.events import ABSENT
 from engine.core.settings import Settings, setting
+from engine.disk.atomic import atomic_write_bytes
 
 INSTALL = "pip install 'anatomy-tui[eval]'  (or: pip install 'lm-eval>=0.4.5' 'datasets>=2.19')"
 PROMPTS = (
@@ -33,6 +48,36 @@ PROMPTS = (
     "The three primary colours are",
     "To make a cup of tea, first",
 )
+GEN_TASK = "exact_facts"  # the built-in generative task (engine/evaluation/tasks)
+GEN_DATA = Path(__file__).parent / "tasks" / f"{GEN_TASK}.jsonl"
+GEN_PROMPT = ("Answer each question with one word or one number.\n\n"
+              "Question: What is the capital of Italy?\nAnswer: Rome\n\n"
+              "Question: What is 2 plus 2?\nAnswer: 4\n\n"
+              "Question: What colour is the sky on a clear day?\nAnswer: blue\n\n")
+GEN_TASK_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+description: {prompt}
+doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n", "."]
+  max_gen_toks: 10
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+    ignore_case: true
+    ignore_punctuation: true
+    regexes_to_ignore: ["^\\\\s+", "\\\\s+$"]
+metadata:
+  version: 1.0
+"""
 ACCURACY_DROP = 5.0  # points: a task's accuracy fell this much ...
 PPL_STEADY = 0.10  # ... while perplexity moved less than this fraction (or the reverse): they disagree
 
@@ -47,12 +92,38 @@ class LmEvalSettings(Settings):
                                   above=0.0, none_word="all")
     num_fewshot: int | None = setting(None, "lm-eval: examples in each prompt (default: each task's own, mostly 0)",
                                       low=0, none_word="task")
+    gen_task: bool = setting(True, f"with accuracy: also run the built-in generative task {GEN_TASK} (30 short "
+                                   "questions, greedy answers, exact match) beside the tasks named")
     gen_tokens: int = setting(32, "generation check: greedy tokens per fixed prompt, beside the original's (0: none)",
                               low=0)
 
     def check_include_path(self) -> None:
         if self.include_path is not None and not Path(self.include_path).is_dir():
             raise UserError(f"--include-path {self.include_path}: not a folder of lm-eval task YAMLs")
+
+
+def builtin_task_folder() -> Path:
+    """A folder holding the built-in generative task's YAML, pointing at the packaged data (lm-eval's
+    json builder wants an absolute path, so the YAML is written where this package is installed)."""
+    data = str(GEN_DATA.resolve())
+    text = GEN_TASK_YAML.format(name=GEN_TASK, data=json.dumps(data), prompt=json.dumps(GEN_PROMPT))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]  # one folder per installed copy and version
+    folder = Path(tempfile.gettempdir()) / f"anatomy-tui-lm-eval-{digest}"
+    path = folder / f"{GEN_TASK}.yaml"
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, text.encode("utf-8"), "lm-eval task")
+    return folder
+
+
+def exact_match_of(prediction: str, answer: str) -> bool:
+    """The task's exact match, as its YAML asks lm-eval for it: white space at either end dropped,
+    case and punctuation ignored."""
+    def norm(text: str) -> str:
+        text = re.sub(r"\s+$", "", re.sub(r"^\s+", "", text)).lower()
+        return text.translate(str.maketrans("", "", string.punctuation))
+
+    return norm(prediction) == norm(answer)
 
 
 def _lm_eval() -> Any:
@@ -111,18 +182,21 @@ class Harness:
         lm_eval = _lm_eval()
         from lm_eval.tasks import TaskManager
 
-        self.tasks = list(tasks)
+        self.tasks = list(tasks) + ([GEN_TASK] if settings.gen_task and GEN_TASK not in tasks else [])
         self.batch_size = batch_size
         self.settings = settings
         self.version = str(getattr(lm_eval, "__version__", "unknown"))
+        paths = [path for path in (settings.include_path,) if path is not None]
+        if GEN_TASK in self.tasks:
+            paths.append(str(builtin_task_folder()))
         with _quiet():
             manager = None
-            if settings.include_path is not None:
-                manager = TaskManager(include_path=settings.include_path, include_defaults=False)
+            if paths:
+                manager = TaskManager(include_path=paths, include_defaults=False)
                 if not set(self.tasks) <= set(manager.all_tasks):
                     manager = None
             if manager is None:
-                manager = TaskManager(include_path=settings.include_path)
+                manager = TaskManager(include_path=paths or None)
         unknown = [task for task in self.tasks if task not in manager.all_tasks]
         if unknown:
             raise UserError(f"unknown lm-eval task {unknown[0]!r}"
@@ -165,16 +239,20 @@ def _one_line(exc: BaseException) -> str:
 
 def task_scores(out: dict[str, Any]) -> list[TaskScore]:
     """`simple_evaluate`'s results as rows: acc and acc_norm with their standard errors under
-    lm-eval's default filter ('none'), None where the task has no such metric; every numeric metric
-    as lm-eval names it."""
+    lm-eval's default filter ('none'), None where the task has no such metric; a generative task's
+    exact match; every numeric metric as lm-eval names it."""
     rows = []
     samples = out.get("n-samples") or {}
     for task, found in (out.get("results") or {}).items():
         metrics = {key: float(value) if value == value else None for key, value in found.items()  # NaN: None
                    if isinstance(value, (int, float)) and not isinstance(value, bool) and "," in key}
         pick = {name: metrics.get(f"{name},none") for name in ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr")}
+        matches = [key for key in metrics if key.startswith("exact_match,")]  # GSM8K: strict-match, flexible-extract
+        exact = next((metrics[key] for key in ("exact_match,none", "exact_match,strict-match", *sorted(matches))
+                      if key in metrics), ABSENT)
         rows.append(TaskScore(task=task, **pick,
-                              samples=int((samples.get(task) or {}).get("effective", 0)), metrics=metrics))
+                              samples=int((samples.get(task) or {}).get("effective", 0)), metrics=metrics,
+                              exact_match=exact))
     return rows
 
 
@@ -220,16 +298,20 @@ def disagreement(ppl: float | None, baseline_ppl: float, scores: Sequence[TaskSc
                  baseline: Sequence[TaskScore]) -> str | None:
     """Where a cut's perplexity and accuracy tell different stories: perplexity moved less than 10 %
     while some task's accuracy fell more than 5 points, or perplexity moved 10 % or more while no
-    task's accuracy fell more than 5 points. None when they agree (or accuracy is missing)."""
-    before = {row.task: row.acc for row in baseline if row.acc is not None}
-    drops = {row.task: 100.0 * (before[row.task] - row.acc) for row in scores
-             if row.acc is not None and row.task in before}
+    task's accuracy fell more than 5 points. A generative task counts by its exact match, and a cut
+    whose perplexity holds while it fails says so ("generation fails"). None when they agree (or
+    accuracy is missing)."""
+    before = {row.task: row.score for row in baseline if row.score is not None}
+    drops = {row.task: 100.0 * (before[row.task] - row.score) for row in scores
+             if row.score is not None and row.task in before}
     if not drops:
         return None
     moved = abs(ppl / baseline_ppl - 1.0) if ppl is not None else float("inf")
     task, worst = max(drops.items(), key=lambda item: item[1])
+    generative = {row.task for row in scores if row.acc is None and row.score is not None}
     if moved < PPL_STEADY and worst > ACCURACY_DROP:
-        return f"accuracy falls ({task} -{worst:.1f} points) while perplexity moves {100 * moved:.1f} %"
+        what = (f"generation fails ({task} exact match" if task in generative else f"accuracy falls ({task}")
+        return f"{what} -{worst:.1f} points) while perplexity moves {100 * moved:.1f} %"
     if moved >= PPL_STEADY and worst <= ACCURACY_DROP:
         shown = "inf" if moved == float("inf") else f"{100 * moved:.0f} %"
         return f"perplexity moves {shown} while no task's accuracy falls more than {ACCURACY_DROP:g} points"
@@ -250,7 +332,7 @@ class CutJudge:
         self._cuts: dict[tuple[int, ...], tuple[list[TaskScore], GenerationCheck | None]] = {}
         self._healed: dict[tuple[int, ...], list[TaskScore]] = {}
 
-    def cut(self, model: Any, layers: tuple[int, ...]) -> tuple[list[TaskScore], GenerationCheck | None]:
+    def cut(self, model: Any, layers: tuple) -> tuple[list[TaskScore], GenerationCheck | None]:
         """Scores and generation check of `model` as it is now, the cut `layers` (call inside
         `removed(model, layers)`)."""
         if layers not in self._cuts:
@@ -267,7 +349,7 @@ class CutJudge:
             self._healed[layers] = self.harness.scores(model, self.tokenizer)
         return self._healed[layers]
 
-    def row(self, layers: tuple[int, ...], ppl: float | None, baseline_ppl: float) -> dict[str, Any]:
+    def row(self, layers: tuple, ppl: float | None, baseline_ppl: float) -> dict[str, Any]:
         """The row's fields (PruneCut's accuracy, healed_accuracy, generation, disagreement)."""
         scores, check = self._cuts[layers]
         return {"accuracy": scores, "healed_accuracy": self._healed.get(layers), "generation": check,
@@ -280,16 +362,17 @@ class CutJudge:
 
 def accuracy_line(scores: Sequence[TaskScore]) -> str:
     """task acc (acc_norm) in percent, for a log line."""
-    return ", ".join(f"{row.task} {100 * row.acc:.1f}" + (f" ({100 * row.acc_norm:.1f})" if row.acc_norm is not None
-                                                           else "")
-                     for row in scores if row.acc is not None) or "no acc"
+    return ", ".join(f"{row.task} {100 * row.score:.1f}" + (f" ({100 * row.acc_norm:.1f})" if row.acc_norm is not None
+                                                             else "") + (" EM" if row.acc is None else "")
+                     for row in scores if row.score is not None) or "no acc"
 
 
 @dataclass(frozen=True)
 class TaskScore:
     """One lm-eval task (or group) scored on one model: accuracy and length-normalised accuracy with
     their standard errors under lm-eval's default filter (None where the task has no such metric),
-    the items scored, and every numeric metric as lm-eval names it (`acc,none`)."""
+    the items scored, and every numeric metric as lm-eval names it (`acc,none`). A generative task
+    (exact_facts, GSM8K) has no acc: its `exact_match` (absent from choice tasks' documents)."""
 
     task: str
     acc: float | None
@@ -298,6 +381,14 @@ class TaskScore:
     acc_norm_stderr: float | None
     samples: int
     metrics: dict[str, float | None]
+    exact_match: float | None = field(default=ABSENT, kw_only=True)
+
+    @property
+    def score(self) -> float | None:
+        """acc, else a generative task's exact match."""
+        if self.acc is not None:
+            return self.acc
+        return None if self.exact_match is ABSENT else self.exact_match
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ class CardFacts:
         return found + accuracy_results(self.accuracy, self.n_shot) or None
 
 
-LM_EVAL_METRICS = ("acc", "acc_norm")
+LM_EVAL_METRICS = ("acc", "acc_norm", "exact_match")  # exact_match: a generative task (exact_facts)
 
 
 def accuracy_results(scores: Sequence[Mapping[str, Any]], n_shot: Mapping[str, int] | None) -> list[EvalResult]:

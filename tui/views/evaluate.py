@@ -20,7 +20,13 @@ ANALYSIS = Analysis("Zero-shot accuracy (lm-eval), original vs variants", place=
 
 def score_cell(score: TaskScore | None, baseline: TaskScore | None = None, compact: bool = False) -> str:
     """acc ± stderr in percent, acc_norm after a slash where the task has it (`compact`: acc alone),
-    and the change from the original's acc in points where there is one."""
+    and the change from the original's acc in points where there is one; a generative task's exact
+    match, marked EM."""
+    if score is not None and score.acc is None and score.score is not None:  # a generative task: exact match
+        cell = f"{100 * score.score:.1f} EM"
+        if baseline is not None and baseline is not score and baseline.score is not None:
+            cell += f" ({100 * (score.score - baseline.score):+.1f})"
+        return cell
     if score is None or score.acc is None:
         return "-" if score is None else fmt(score.acc_norm and 100 * score.acc_norm, ".1f", "n/a")
     cell = f"{100 * score.acc:.1f}"

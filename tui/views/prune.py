@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from tui.state import SessionState
 
 ANALYSIS = Analysis("Pruning curves (every criterion)", place=6)
-METHOD_COLOURS = {"angular": "cyan", "angular_last": "blue", "bi": "magenta", "ppl": "green", "map": "orange"}
+METHOD_COLOURS = {"angular": "cyan", "angular_last": "blue", "bi": "magenta", "ppl": "green", "map": "orange",
+                  "last": "red", "angular+linear": "cyan+", "angular_last+linear": "blue+"}
 
 
 def _layer_list(layers: list[int]) -> str:

@@ -23,6 +23,7 @@ loss against remaining depth l to c / l^a + L0.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import tempfile
 import time
@@ -42,8 +43,11 @@ from engine.evaluation.statistics import bootstrap_perplexity, spearman
 from engine.experiments.ablation.run import InfluenceMeter
 from engine.experiments.ablation.vocabulary import AblationMap
 from engine.experiments.context import RunContext
+from engine.experiments.prune.replace import admissible, check_foldable, estimate, folded
 from engine.experiments.prune.vocabulary import (
+    BLOCK_METHODS,
     CHINCHILLA_A_L,
+    HEAD_AND_LAST,
     DepthLaw,
     PruneCut,
     PruneExported,
@@ -52,6 +56,8 @@ from engine.experiments.prune.vocabulary import (
     PruneResult,
     PruneScores,
     PruneSettings,
+    check_run,
+    replaced_label,
 )
 from engine.export.folder import ADAPTER, check_export_folder, save_model_folder
 from engine.export.mergekit_yaml import MERGEKIT_CONFIG, passthrough_yaml
@@ -160,6 +166,48 @@ def neighbours_of_cuts(n_layers: int, layers: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
+def last_kept(n_layers: int, layers: Sequence[int], count: int = HEAD_AND_LAST) -> tuple[int, ...]:
+    """Original indices of the last `count` kept layers (--heal last trains them with the LM head)."""
+    return tuple(i for i in range(n_layers) if i not in set(layers))[-count:]
+
+
+@dataclasses.dataclass
+class CutWeights:
+    """What a healed or replaced cut changed, for its export: layers' tensors by the layers' own
+    names ({original index: {name: tensor}}), and the LM head's weight (--heal last)."""
+
+    layers: dict[int, dict[str, torch.Tensor]]
+    head: torch.Tensor | None = None
+
+
+@contextlib.contextmanager
+def holding(model, weights: CutWeights | None) -> Iterator[None]:
+    """The model with these weights for the block, its own put back bit for bit afterwards."""
+    if weights is None:
+        yield
+        return
+    with LayerStack(model).holding(weights.layers), head_preserved(model, weights.head is not None):
+        if weights.head is not None:
+            with torch.no_grad():
+                model.get_output_embeddings().weight.copy_(weights.head)
+        yield
+
+
+@contextlib.contextmanager
+def head_preserved(model, active: bool = True) -> Iterator[None]:
+    """The LM head's weight restored exactly on exit (tied to the input embedding: that too, the same tensor)."""
+    if not active:
+        yield
+        return
+    weight = model.get_output_embeddings().weight
+    saved = weight.detach().to("cpu", copy=True)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+
+
 class Healer:
     """Fine-tunes a cut model on the training half of the corpus (the split recovery uses)."""
 
@@ -173,20 +221,31 @@ class Healer:
 
     @contextlib.contextmanager
     def healed(self, layers: Sequence[int], cancel, keep: bool = False,
-               adapter: Path | None = None) -> Iterator[dict[int, dict[str, torch.Tensor]] | None]:
+               adapter: Path | None = None) -> Iterator[CutWeights | None]:
         """Inside `removed(model, layers)`: the cut model fine-tuned for the block, then restored
         exactly (an offloaded layer it would train is refused first). With `keep`, yields the
-        trained layers' weights ({original index: tensors by the layer's names}, on the CPU) for
-        export; else None. With `adapter`, LoRA healing also saves its adapter there (PEFT's format,
-        before it is merged)."""
-        trained = (neighbours_of_cuts(len(self.stack), layers) if self.settings.heal == "adjacent"
-                   else tuple(i for i in range(len(self.stack)) if i not in layers))
-        with self.stack.preserved(trained, host=self.settings.heal == "lora"):  # LoRA: the whole model's layers
-            if self.settings.heal == "adjacent":
-                self._train([p for i in trained for p in self.stack.layers[i].parameters()], trained[0], cancel)
-            else:
+        trained weights (CutWeights: layers by original index, on the CPU; the LM head with --heal
+        last) for export; else None. With `adapter`, LoRA healing also saves its adapter there
+        (PEFT's format, before it is merged). --heal last (Reassessing Layer Pruning) trains the LM
+        head and the last three kept layers, nothing else."""
+        heal = self.settings.heal
+        n = len(self.stack)
+        trained = (neighbours_of_cuts(n, layers) if heal == "adjacent" else last_kept(n, layers) if heal == "last"
+                   else tuple(i for i in range(n) if i not in layers))
+        with self.stack.preserved(trained, host=heal == "lora"), head_preserved(self.model, heal == "last"):
+            if heal == "lora":  # LoRA: the whole model's layers
                 self._lora(trained[0], cancel, adapter)
-            yield self.stack.copies(trained, host=True) if keep else None
+            else:
+                params = [p for i in trained for p in self.stack.layers[i].parameters()]
+                if heal == "last":
+                    params.append(self.model.get_output_embeddings().weight)
+                self._train(params, trained[0], cancel)
+            if not keep:
+                yield None
+            else:
+                head = self.model.get_output_embeddings().weight if heal == "last" else None
+                yield CutWeights(self.stack.copies(trained, host=True),
+                                 None if head is None else head.detach().to("cpu", copy=True))
 
     def _train(self, params: list[torch.nn.Parameter], layer: int, cancel) -> None:
         """`heal_steps` steps on the seeded batches; a non-finite loss ends the healing there."""
@@ -291,15 +350,24 @@ def depth_law(n_layers: int, points: Sequence[tuple[int, TextScores]], resamples
 
 def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angular: AngularMeter | None,
                      greedy: Sequence[int], degradation: dict[int, float],
-                     last_blocks: dict[int, np.ndarray] | None = None) -> dict[int, tuple[int, ...]]:
-    """The layers (original indices, sorted) each count removes under one criterion."""
-    if method in ("angular", "angular_last"):
+                     last_blocks: dict[int, np.ndarray] | None = None,
+                     foldable: bool = False) -> dict[int, tuple[int, ...]]:
+    """The layers (original indices, sorted) each count removes under one criterion. With
+    `foldable` (a block criterion for --replace), the best block that has a layer before it and
+    stops before the last layer."""
+    if method in BLOCK_METHODS:
         chosen = {}
+        n_layers = len(bi)
         for n in counts:
-            distances = angular.distances(n) if method == "angular" else last_blocks[n]
+            distances = np.asarray(angular.distances(n) if method == "angular" else last_blocks[n], dtype=float)
+            if foldable:
+                distances = np.array([d if admissible(n_layers, start, n) else np.inf
+                                      for start, d in enumerate(distances)])
             start = int(np.argmin(distances))
             chosen[n] = tuple(range(start, start + n))
         return chosen
+    if method == "last":  # the last layers before the final norm (the baseline of Reassessing Layer Pruning)
+        return {n: tuple(range(len(bi) - n, len(bi))) for n in counts}
     if method == "bi":
         order = [int(i) for i in np.argsort(bi, kind="stable")]
     elif method == "map":
@@ -309,7 +377,8 @@ def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angu
     return {n: tuple(sorted(order[:n])) for n in counts}
 
 
-def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: PruneSettings, why: str) -> ModelCard:
+def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: PruneSettings,
+          reason: str) -> ModelCard:
     """The exported cut's card: `doc` is the run's result document (its perplexity `protocol`, and
     with --evaluate-tasks lm-eval's accuracies and protocol, go into the metadata as they are)."""
     n_layers = doc["n_layers"]
@@ -334,7 +403,7 @@ def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: P
     details = {
         "experiment": "prune", "source_model": loaded.name, "source_num_hidden_layers": n_layers,
         "num_hidden_layers": n_layers - point.removed, "removed_layers": list(point.layers),
-        "criterion": point.method, "criterion_definition": WHY[point.method], "criteria_compared": doc["methods"],
+        "criterion": point.method, "criterion_definition": why(point.method), "criteria_compared": doc["methods"],
         "healing": healing,
         "perplexity": {"original": doc["baseline_ppl"], "pruned": point.ppl,
                        "pruned_ci95": [point.ci_low, point.ci_high] if point.ci_low is not None else None,
@@ -347,6 +416,7 @@ def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: P
     heal = ("Not healed." if healed is None else
             f"Healed afterwards with {settings.heal_steps} steps of AdamW (lr {settings.lr:g}) on "
             + ("the layers next to each cut" if settings.heal == "adjacent"
+               else f"the LM head and the last {HEAD_AND_LAST} kept layers" if settings.heal == "last"
                else f"LoRA adapters of rank {settings.lora_rank} on every layer")
             + f": perplexity {point.ppl:.3f} -> {healed:.3f}.")
     merged = ("" if not lora else
@@ -359,9 +429,10 @@ def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: P
             f"Load with `AutoModelForCausalLM.from_pretrained(folder)`: `num_hidden_layers` is "
             f"{n_layers - point.removed} and the per-layer config lists hold the kept layers, in order.\n{merged}"
             f"`{MERGEKIT_CONFIG}` makes the same cut of the original with mergekit "
-            f"(`mergekit-yaml {MERGEKIT_CONFIG} OUT`){'; the healing is not in it' if healed is not None else ''}.")
+            f"(`mergekit-yaml {MERGEKIT_CONFIG} OUT`){'; the healing is not in it' if healed is not None else ''}"
+            f"{'; the folded linear map is not in it' if '+' in point.method else ''}.")
     body = (f"Exported by anatomy-tui (`prune`). Removed layers (0-based indices of the original model): "
-            f"{removed_text}.\n\nChosen by the `{point.method}` criterion: {why}.\n\n"
+            f"{removed_text}.\n\nChosen by the `{point.method}` criterion: {reason}.\n\n"
             f"Perplexity on {texts} ({doc['eval_tokens']} tokens"
             + (f", protocol `{protocol.get('protocol')}`" if protocol else "")
             + f"): {doc['baseline_ppl']:.3f} before the cut, {point.ppl:.3f} after. {heal}\n\n{load}\n")
@@ -369,7 +440,8 @@ def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: P
     return model_card(CardFacts(
         title=f"{loaded.name or 'model'} with {point.removed} of {n_layers} layers removed", body=body,
         details=details, base_model=hub_id(loaded.name, loaded.source),
-        tags=["pruned", "layer-pruning", point.method, *(["healed"] if healed is not None else [])],
+        tags=["pruned", "layer-pruning", point.method.partition("+")[0],
+              *(["replaceme"] if "+" in point.method else []), *(["healed"] if healed is not None else [])],
         perplexity=Perplexity(final, texts, protocol) if final is not None else None,
         library="peft" if settings.export_adapter else "transformers",
         accuracy=accuracy or (), n_shot=(doc.get("evaluation") or {}).get("n_shot"),
@@ -383,20 +455,20 @@ def adapter_folder(adapters: tempfile.TemporaryDirectory | None, layers: Sequenc
     return None if adapters is None else Path(adapters.name) / "-".join(map(str, layers))
 
 
-def export_cut(doc: PruneResult, best: tuple[float, PruneCut, dict[int, dict[str, torch.Tensor]] | None],
+def export_cut(doc: PruneResult, best: tuple[float, PruneCut, CutWeights | None],
                loaded: LoadedModel, settings: PruneSettings,
                adapters: tempfile.TemporaryDirectory | None) -> Iterator[Event]:
     """The chosen cut (healed: its trained layers' weights) saved with its card, the mergekit
     configuration of the cut and, after LoRA healing, the adapter (or only the adapter)."""
     final, point, weights = best
-    why = WHY[point.method] + (f"; of the criteria compared ({', '.join(doc.methods)}), its cut of "
+    reason = why(point.method) + (f"; of the criteria compared ({', '.join(doc.methods)}), its cut of "
                                f"{point.removed} layers gave the lowest perplexity")
     mergekit = passthrough_yaml(loaded.source, doc.n_layers, point.layers, loaded.dtype_name)
     adapter = adapter_folder(adapters, point.layers) if point.healed_ppl is not None else None
     try:
-        with LayerStack(loaded.model).holding(weights or {}), removed(loaded.model, point.layers):
+        with holding(loaded.model, weights), removed(loaded.model, point.layers):
             save_model_folder(loaded.model, loaded.tokenizer, doc.exported,
-                              _card(json_safe(doc), point, loaded, settings, why), settings.force,
+                              _card(json_safe(doc), point, loaded, settings, reason), settings.force,
                               files={MERGEKIT_CONFIG: mergekit}, adapter=adapter, weights=not settings.export_adapter)
     finally:
         if adapters is not None:
@@ -412,7 +484,19 @@ WHY = {
     "bi": "the layers of lowest Block Influence (1 - cosine between a layer's input and output)",
     "ppl": "greedy removal of the layer whose removal raised perplexity least, re-evaluated after each removal",
     "map": "the layers of least degradation in the session's ablation map",
+    "last": "the last layers before the final norm (the baseline of Reassessing Layer Pruning, ICLR 2026)",
 }
+REPLACED = {"linear": "replaced by one linear map fitted by least squares to calibration activations and folded "
+                      "into the MLP output projection of the layer before the cut (ReplaceMe)",
+            "linear-cosine": "replaced by one linear map fitted by Adam on the cosine distance to calibration "
+                             "activations and folded into the MLP output projection of the layer before the cut "
+                             "(ReplaceMe's cosine variant)"}
+
+
+def why(label: str) -> str:
+    """What a curve's name means: a criterion, or a criterion's block replaced (`angular+linear`)."""
+    method, _, how = label.partition("+")
+    return WHY[method] + (f", {REPLACED[how]}" if how else "")
 
 
 def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
@@ -448,6 +532,17 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
             raise UserError("healing needs training text: the built-in corpus (pydoc_data) is missing here; "
                             "give --train-file or --calib-dataset") from None
 
+    calibration, calibration_tokens = None, 0
+    if settings.replace:
+        check_run(n, counts[-1], settings.replace[0])
+        check_foldable(model)
+        try:
+            calibration = healer.blocks if healer is not None else settings.training_blocks(tokenizer)[0]
+        except ImportError:
+            raise UserError("--replace needs calibration text: the built-in corpus (pydoc_data) is missing here; "
+                            "give --train-file or --calib-dataset") from None
+        calibration_tokens = int(calibration.numel())
+
     harness = (Harness(settings.evaluate_tasks, settings.evaluate_batch_size, settings)
                if settings.evaluate_tasks else None)  # tasks checked before the slow part
     texts = settings.eval_source(tokenizer)
@@ -479,7 +574,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
                                                evaluator.batch_size)
     scores = {"angular": angular.distances(1) if angular is not None else None, "bi": bi,
               "angular_last": last_blocks[1],
-              "ppl": np.array(single) if single else None,
+              "ppl": np.array(single) if single else None, "last": None,
               "map": np.array([degradation[i] for i in range(n)]) if "map" in methods else None}
     for method in methods:
         if scores[method] is not None:
@@ -487,49 +582,74 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
 
     chosen = {m: criterion_layers(m, counts, bi=bi, angular=angular, greedy=greedy, degradation=degradation,
                                   last_blocks=last_blocks) for m in methods}
-    measured: dict[tuple[int, ...], TextScores] = {}
+    # the curves: each criterion's cut, then each block criterion's foldable block replaced (ReplaceMe)
+    rows = [(m, m, None) for m in methods] + [(replaced_label(m, how), m, how) for m in methods
+                                              if m in BLOCK_METHODS for how in settings.replace]
+    for label, method, how in rows:
+        if how is not None and label not in chosen:
+            chosen[label] = criterion_layers(method, counts, bi=bi, angular=angular, greedy=greedy,
+                                             degradation=degradation, last_blocks=last_blocks, foldable=True)
+    measured: dict[tuple, TextScores] = {}
     healed: dict[tuple[int, ...], float] = {}
+    replaced: dict[tuple, CutWeights] = {}
     curve: list[PruneCut] = []
-    best_export: tuple[float, PruneCut, dict[int, dict[str, torch.Tensor]] | None] | None = None
+    best_export: tuple[float, PruneCut, CutWeights | None] | None = None
     # LoRA healing of each cut that may be exported saves its adapter here, until the export copies it
     adapters = (tempfile.TemporaryDirectory(prefix="anatomy-tui-lora-")
                 if export is not None and healer is not None and settings.heal == "lora" else None)
-    total = len(methods) * len(counts)
-    for m_index, method in enumerate(methods):
+    total = len(rows) * len(counts)
+    for m_index, (label, _, how) in enumerate(rows):
         for c_index, count in enumerate(counts):
             if cancel is not None:
                 cancel.check()
-            layers = chosen[method][count]
-            if layers not in measured:
-                measured[layers] = cut_scores(evaluator, layers)
-            point_scores = measured[layers]
+            layers = chosen[label][count]
+            key = layers if how is None else (*layers, how)
+            if key not in measured and how is not None:
+                began = time.perf_counter()
+                transform = estimate(model, calibration, layers[0], count, how, evaluator.batch_size, settings.seed,
+                                     cancel)
+                replaced[key] = CutWeights(folded(model, layers[0] - 1, transform))
+                fitted = time.perf_counter() - began
+                with holding(model, replaced[key]), removed(model, layers):
+                    measured[key] = evaluator.scores(layers[0] - 1)  # below the folded layer: the cache
+                    if judge is not None:
+                        judge.cut(model, key)
+                yield Message(f"{label} -{count}: layers {layers[0]}-{layers[-1]} replaced by a {how} map folded "
+                              f"into layer {layers[0] - 1} (fitted on {calibration_tokens} tokens in {fitted:.1f} s)")
+            elif key not in measured:
+                measured[key] = cut_scores(evaluator, layers)
+            point_scores = measured[key]
             ppl = point_scores.perplexity
             low = high = None
             if settings.bootstrap:
                 low, high = bootstrap_perplexity(point_scores.nll, point_scores.tokens, settings.bootstrap,
                                                  settings.seed + count)
-            if judge is not None:
+            if judge is not None and how is None:
                 with removed(model, layers):
-                    judge.cut(model, layers)
-            healed_ppl, weights = healed.get(layers), None
-            if healer is not None and layers not in healed:  # the same cut heals the same way (seeded)
+                    judge.cut(model, key)
+            healed_ppl, weights = healed.get(layers), replaced.get(key)
+            if how is None and healer is not None and layers not in healed:  # the same cut heals the same way
                 adapter = adapter_folder(adapters, layers) if count == export_count else None
                 with removed(model, layers), healer.healed(layers, cancel, keep=count == export_count,
                                                            adapter=adapter) as weights:
                     healed_ppl = healed[layers] = evaluator.perplexity()
                     if judge is not None:
                         judge.healed(model, layers)
-            point = PruneCut(method=method, removed=count, layers=list(layers), ppl=ppl, ci_low=low, ci_high=high,
-                             healed_ppl=healed_ppl, **(judge.row(layers, ppl, baseline) if judge is not None else {}))
+            if how is not None:
+                healed_ppl = None  # ReplaceMe needs no training: its rows are not healed
+            point = PruneCut(method=label, removed=count, layers=list(layers), ppl=ppl, ci_low=low, ci_high=high,
+                             healed_ppl=healed_ppl, **(judge.row(key, ppl, baseline) if judge is not None else {}))
             if judge is not None:
-                yield Message(f"{method} -{count}: accuracy {accuracy_line(point.accuracy)}"
+                yield Message(f"{label} -{count}: accuracy {accuracy_line(point.accuracy)}"
                               + (f"; {point.disagreement}" if point.disagreement else ""),
                               "warning" if point.disagreement else "info")
             curve.append(point)
-            yield PrunePoint(method, count, list(layers), ppl, baseline, low, high, healed_ppl)
-            yield Progress(m_index * len(counts) + c_index + 1, total, f"prune: {method}")
+            yield PrunePoint(label, count, list(layers), ppl, baseline, low, high, healed_ppl)
+            yield Progress(m_index * len(counts) + c_index + 1, total, f"prune: {label}")
             final = healed_ppl if healed_ppl is not None else ppl
-            if count == export_count and math.isfinite(final) and (best_export is None or final < best_export[0]):
+            wanted = settings.export_method in (None, label)
+            if (count == export_count and wanted and math.isfinite(final)
+                    and (best_export is None or final < best_export[0])):
                 best_export = (final, point, weights)
 
     exported = str(export) if export is not None and best_export is not None else None

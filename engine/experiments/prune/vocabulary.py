@@ -22,10 +22,24 @@ from engine.evaluation.accuracy import GenerationCheck, LmEvalProtocol, LmEvalSe
 from engine.export.folder import check_export_folder
 from engine.models.memory import ModelShape, Training
 
-METHODS = ("angular", "angular_last", "bi", "ppl", "map")
+METHODS = ("angular", "angular_last", "bi", "ppl", "map", "last")
+BLOCK_METHODS = ("angular", "angular_last")  # criteria whose cut is one run of consecutive layers
+HEALS = ("adjacent", "lora", "last")
+REPLACEMENTS = ("linear", "linear-cosine")  # engine/experiments/prune/replace.py (ReplaceMe)
+HEAD_AND_LAST = 3  # --heal last: the LM head and this many last kept layers (Reassessing Layer Pruning)
 
 
-HEALS = ("adjacent", "lora")
+def check_run(n_layers: int, count: int, how: str = "linear") -> None:
+    """A replaced run of `count` layers needs a layer before it (the map folds into its MLP output)
+    and must not reach the last layer."""
+    if count > n_layers - 2:
+        raise UserError(f"--replace {how}: a run of {count} layers in a model of {n_layers} needs a layer before "
+                        f"it and must not reach the last layer; remove at most {max(n_layers - 2, 0)}")
+
+
+def replaced_label(method: str, how: str) -> str:
+    """The curve's name for a criterion's block replaced by a linear map: `angular+linear`."""
+    return f"{method}+{how}"
 
 
 @dataclass(frozen=True)
@@ -33,20 +47,28 @@ class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
     """Defaults: every criterion, 1, 2, 4 and 8 layers removed, no healing, no export."""
 
     method: str = setting("all", "criterion: angular (all tokens), angular_last (the last token, Gromov et al.), bi, "
-                          "ppl, map, or all of them", choices=METHODS + ("all",))
+                          "ppl, map, last (the last layers before the final norm: the baseline), or all of them",
+                          choices=METHODS + ("all",))
     remove: tuple[int, ...] = setting((1, 2, 4, 8), "numbers of layers to remove", low=1)
     max_fraction: float | None = setting(None, "instead of --remove: every count up to this fraction of the layers",
                                          above=0.0, high=1.0, none_word="off")
     bootstrap: int = setting(1000, "bootstrap resamples of the evaluation texts for intervals (0: none)", low=0)
     seed: int = setting(0, "seed of the bootstrap and of the healing batches", low=0, high=MAX_SEED)
     heal_steps: int = setting(0, "fine-tuning steps after each cut (0: no healing)", low=0)
-    heal: str = setting("adjacent", "what healing trains: the layers next to each cut, or LoRA on every layer",
-                        choices=HEALS)
+    heal: str = setting("adjacent", "what healing trains: the layers next to each cut, LoRA on every layer, or "
+                        "the LM head and the last three kept layers (last)", choices=HEALS)
+    replace: tuple[str, ...] = setting((), "replace each block criterion's cut (angular, angular_last) by a linear "
+                                           "map folded into the MLP output of the layer before it (ReplaceMe): "
+                                           "linear (least squares), linear-cosine; extra rows of the curve",
+                                       choices=REPLACEMENTS)
     lora_rank: int = setting(8, "rank of the LoRA adapters (--heal lora)", low=1)
     lr: float = setting(1e-4, "AdamW learning rate of healing", above=0.0)
     export: str | None = setting(None, "save the pruned (and healed) model here as a Hugging Face folder")
     export_count: int | None = setting(None, "how many layers the exported model lacks (default: the largest count)",
                                        low=1, none_word="largest")
+    export_method: str | None = setting(None, "the curve whose cut is exported: a criterion, or a replaced one "
+                                              "(angular+linear); default: the lowest perplexity at the count",
+                                        none_word="best")
     force: bool = setting(False, "export into a folder that is not empty")
     evaluate_tasks: tuple[str, ...] = setting((), "lm-eval tasks to score each cut on, beside its perplexity "
                                                   "(e.g. piqa,arc_easy; none: no accuracy)")
@@ -59,8 +81,18 @@ class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
             raise UserError("--remove needs at least one count, e.g. 1,2,4,8, or give --max-fraction")
         if self.export_count is not None and self.export is None:
             raise UserError("--export-count needs --export DIR")
+        if self.export_method is not None:
+            labels = self.labels()
+            if self.export is None:
+                raise UserError("--export-method needs --export DIR")
+            if self.export_method not in labels:
+                raise UserError(f"--export-method {self.export_method}: not a curve of this run; "
+                                f"one of {', '.join(labels)}")
         if self.export_adapter and (self.export is None or self.heal != "lora" or not self.heal_steps):
             raise UserError("--export-adapter needs --export DIR, --heal lora and --heal-steps N")
+        if self.replace and not set(self.methods()) & set(BLOCK_METHODS):
+            raise UserError(f"--replace {','.join(self.replace)} replaces a run of consecutive layers: it needs a "
+                            f"block criterion ({', '.join(BLOCK_METHODS)}), not --method {self.method}")
 
     def counts(self, n_layers: int) -> tuple[int, ...]:
         """The counts of the curve for a model of this depth, checked."""
@@ -82,9 +114,16 @@ class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
     def methods(self) -> tuple[str, ...]:
         return METHODS if self.method == "all" else (self.method,)
 
+    def labels(self) -> tuple[str, ...]:
+        """The curves' names: each criterion, then each block criterion replaced (`angular+linear`)."""
+        methods = self.methods()
+        return methods + tuple(replaced_label(m, how) for m in methods if m in BLOCK_METHODS for how in self.replace)
+
     def check_against(self, shape: ModelShape) -> None:
         """The counts against the model's depth, and the export folder: new or empty (or --force)."""
-        self.counts(shape.n_layers)
+        counts = self.counts(shape.n_layers)
+        if self.replace:
+            check_run(shape.n_layers, counts[-1], self.replace[0])
         if self.export is not None:
             check_export_folder(self.export, self.force)
 
@@ -102,6 +141,8 @@ class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
         kept = shape.n_layers - min(counts)
         if self.heal == "lora":
             params = kept * self.lora_rank * shape.layer_matrix_sides
+        elif self.heal == "last":
+            params = min(HEAD_AND_LAST, kept) * shape.layer_params + shape.vocab * shape.hidden
         else:
             params = max(min(2 * count, shape.n_layers - count) for count in counts) * shape.layer_params
         return Training(params, self.batch_size, self.block_size, kept)
