@@ -299,6 +299,18 @@ class Settings:
         hints = typing.get_type_hints(cls)
         return tuple(_spec_of(f.name, hints[f.name], f) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
 
+    def __post_init__(self) -> None:
+        """A whole number given for a float field in code (`limit=3`) is the float a flag or a job
+        file gives (3.0), so settings made either way are equal and write the same JSON."""
+        for spec in self.fields():
+            value = getattr(self, spec.name)
+            if spec.base is not float or isinstance(value, bool):
+                continue
+            if type(value) is int:
+                object.__setattr__(self, spec.name, float(value))
+            elif spec.is_tuple and isinstance(value, tuple) and any(type(v) is int for v in value):
+                object.__setattr__(self, spec.name, tuple(float(v) if type(v) is int else v for v in value))
+
     def validate(self) -> None:
         """Every field against its declared range, then the experiment's cross-field `check`."""
         for spec in self.fields():
