@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
 import threading
 import time
 import types
@@ -147,6 +148,18 @@ _SCALARS: dict[Any, frozenset[type]] = {
     bool: frozenset({bool}),
 }
 _SEQUENCES = frozenset({list, tuple})
+
+
+def _fits(value: Any, allowed: frozenset[type]) -> bool:
+    """Whether a value is of an allowed JSON type; a number the engine built (a numpy float or int,
+    before `json_safe`) counts as the Python number it stands for, a bool never as a number."""
+    if type(value) in allowed:
+        return True
+    if isinstance(value, bool):
+        return False
+    if float in allowed and isinstance(value, numbers.Real) or int in allowed and isinstance(value, numbers.Integral):
+        return True
+    return any(isinstance(value, kind) for kind in allowed)
 Check = tuple[frozenset[type] | None, Callable[[Any], Any] | None]  # a field's JSON types and its decoding
 
 
@@ -208,7 +221,7 @@ def _items(origin: type, allowed: frozenset[type] | None, decode: Callable[[Any]
         def rebuilt(value: Any) -> Any:
             if allowed is not None:
                 for v in value:
-                    if v is not None and type(v) not in allowed:
+                    if v is not None and not _fits(v, allowed):
                         raise _wrong(v, allowed)
             return origin(None if v is None else decode(v) for v in value)
 
@@ -218,7 +231,7 @@ def _items(origin: type, allowed: frozenset[type] | None, decode: Callable[[Any]
 
     def checked(value: Any) -> Any:
         for v in value:
-            if v is not None and type(v) not in allowed:
+            if v is not None and not _fits(v, allowed):
                 raise _wrong(v, allowed)
         return value if origin is list or type(value) is tuple else tuple(value)
 
@@ -233,7 +246,7 @@ def _values(allowed: frozenset[type] | None, decode: Callable[[Any], Any] | None
     def checked(value: dict[Any, Any]) -> dict[Any, Any]:
         if allowed is not None:
             for v in value.values():
-                if v is not None and type(v) not in allowed:
+                if v is not None and not _fits(v, allowed):
                     raise _wrong(v, allowed)
         if decode is None:
             return value
@@ -275,7 +288,7 @@ def from_doc(cls: type[T], doc: Mapping[str, Any]) -> T:
             continue
         if v is not None:
             allowed, decode = found
-            if allowed is not None and type(v) not in allowed:
+            if allowed is not None and not _fits(v, allowed):
                 raise TypeError(f"{cls.__name__}.{k}: " + str(_wrong(v, allowed)))
             if decode is not None:
                 v = decode(v)
