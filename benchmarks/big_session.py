@@ -26,7 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.core.events import Event, Finished, Message, Progress, Result, Started, json_safe  # noqa: E402
+from engine.core.codec import json_safe  # noqa: E402
+from engine.core.events import Event, Finished, Message, Progress, Result, Started  # noqa: E402
 from engine.experiments.ablation.vocabulary import AblationMap, AblationProxies, AblationRow, LayerAblated  # noqa: E402
 from engine.experiments.growth.vocabulary import GrowthEval, GrowthPhase, GrowthPlan, GrowthStep  # noqa: E402
 from engine.experiments.recovery.vocabulary import RecoveryLayer, RecoveryPoint, RecoveryRow, RecoveryStart  # noqa: E402

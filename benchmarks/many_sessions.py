@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.core.events import Finished, Progress, Started, json_safe  # noqa: E402
+from engine.core.codec import json_safe  # noqa: E402
+from engine.core.events import Finished, Progress, Started  # noqa: E402
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow  # noqa: E402
 from engine.experiments.recovery.vocabulary import RecoveryPoint  # noqa: E402
 from sessions.store import SessionStore  # noqa: E402

@@ -12,8 +12,9 @@ import torch
 from tiny_models import TINY_CONFIGS, save_tiny, tiny_model
 from tui_fixtures import round_trips
 
+from engine.core.codec import from_doc
 from engine.core.errors import UserError
-from engine.core.events import Result, from_doc
+from engine.core.events import Result
 from engine.evaluation.perplexity import Evaluator, tokenize_batches
 from engine.experiments.dynamics.run import (
     LastBlockLens,

@@ -142,7 +142,7 @@ def test_evaluate_gives_lm_evals_numbers_for_the_original_and_a_cut(tokenizer, t
 
 
 def json_of(result: EvaluateResult) -> dict:
-    from engine.core.events import json_safe
+    from engine.core.codec import json_safe
 
     return json_safe(result)
 

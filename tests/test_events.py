@@ -17,17 +17,8 @@ from tui_fixtures import (
     round_trips,
 )
 
-from engine.core.events import (
-    ABSENT,
-    Started,
-    decode_or_none,
-    event_from_json,
-    event_types,
-    from_doc,
-    json_safe,
-    upgrade_event,
-    upgrade_result,
-)
+from engine.core.codec import ABSENT, from_doc, json_safe
+from engine.core.events import Started, decode_or_none, event_from_json, event_types, upgrade_event, upgrade_result
 from engine.core.settings import Settings
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow, AblationSettings, LayerAblated
 from engine.experiments.dynamics.vocabulary import (

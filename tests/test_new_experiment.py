@@ -18,7 +18,8 @@ from in_process_workers import InProcessWorkers
 from throwaway import installed
 
 from engine import registry
-from engine.core.events import Progress, event_from_json, event_types, json_safe
+from engine.core.codec import json_safe
+from engine.core.events import Progress, event_from_json, event_types
 from engine.experiments.context import RunContext
 from engine.models import memory
 from engine.models.distributed import shard

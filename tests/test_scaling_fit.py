@@ -19,8 +19,9 @@ import pytest
 from scipy.optimize import minimize
 from tui_fixtures import round_trips
 
+from engine.core.codec import from_doc
 from engine.core.errors import UserError
-from engine.core.events import Result, from_doc
+from engine.core.events import Result
 from engine.evaluation import powerfit
 from engine.experiments.scaling_fit.run import (
     Runs,

@@ -13,8 +13,9 @@ import pytest
 import torch
 from tiny_models import byte_tokenizer, tiny_model
 
+from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import Result, json_safe
+from engine.core.events import Result
 from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Evaluator
 from engine.evaluation.statistics import importance_class

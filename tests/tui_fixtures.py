@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from engine.core.events import ABSENT, Event, Started, json_safe
+from engine.core.codec import ABSENT, json_safe
+from engine.core.events import Event, Started
 from engine.core.process import process_identity
 from engine.disk.atomic import atomic_write_json
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow, AblationSettings

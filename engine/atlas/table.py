@@ -20,8 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.core.codec import from_doc, json_safe
 from engine.core.errors import UserError
-from engine.core.events import ResultDocument, decode_or_none, from_doc, json_safe
+from engine.core.events import ResultDocument, decode_or_none
 from engine.experiments.ablation.vocabulary import AblationMap
 from engine.experiments.dynamics.vocabulary import DynamicsResult
 from engine.experiments.prune.vocabulary import PruneResult

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import ABSENT
 from engine.core.settings import Settings, setting
 from engine.disk.atomic import atomic_write_bytes
 

@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.containers import Horizontal
 from textual.widget import Widget
 
-from engine.core.events import ABSENT
+from engine.core.codec import ABSENT
 from engine.experiments.scaling_fit.vocabulary import ProfilePoint, ScalingFitResult
 from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval

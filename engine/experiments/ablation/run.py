@@ -18,8 +18,9 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 import torch
 
+from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Progress, Result, json_safe
+from engine.core.events import CancelToken, Event, Progress, Result
 from engine.evaluation.perplexity import Batch, Evaluator, TextScores, masked
 from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
 from engine.experiments.ablation.vocabulary import (

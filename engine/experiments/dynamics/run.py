@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
+from engine.core.events import CancelToken, Event, Message, Progress, Result
 from engine.core.files import read_lines
 from engine.data.text import clip_text, corpus, heldout_texts
 from engine.evaluation.perplexity import Batch, token_nll, tokenize_batches

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import Event, Message, Progress, Result, json_safe
+from engine.core.events import Event, Message, Progress, Result
 from engine.disk.session_layout import CHECKPOINTS, LAYER_WEIGHTS
 from engine.evaluation.accuracy import PROMPTS, Harness, continuations, generation_check
 from engine.experiments.context import RunContext

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
+from engine.core.events import CancelToken, Event, Message, Progress, Result
 from engine.core.settings import from_preset
 from engine.disk.atomic import guarded_root, inside
 from engine.disk.session_layout import GROWTH_MODELS

@@ -17,8 +17,9 @@ from dataclasses import replace
 
 import torch
 
+from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Progress, Result, decode_or_none, json_safe
+from engine.core.events import CancelToken, Event, Message, Progress, Result, decode_or_none
 from engine.evaluation.generation import generate_text
 from engine.evaluation.perplexity import Evaluator
 from engine.evaluation.statistics import degradation_pct

@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import Event, Message, Progress, Result, json_safe
+from engine.core.events import Event, Message, Progress, Result
 from engine.data.eval_data import EvalSource, comparable
 from engine.evaluation.accuracy import CutJudge, Harness, accuracy_line
 from engine.evaluation.perplexity import Batch, Evaluator, TextScores, masked

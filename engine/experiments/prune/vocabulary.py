@@ -7,14 +7,9 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import (
-    ABSENT,
-    Event,
-    ResultDocument,
-    event_type,
-    result_type,
-)
+from engine.core.events import Event, ResultDocument, event_type, result_type
 from engine.core.settings import MAX_SEED, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings, TrainTextSettings

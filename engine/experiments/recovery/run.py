@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Progress, Result, decode_or_none, json_safe
+from engine.core.events import CancelToken, Event, Message, Progress, Result, decode_or_none
 from engine.data.eval_data import comparable
 from engine.disk.session_layout import (
     LAYER_WEIGHTS,  # each recovered layer, for the prompt pane (sessions/layer_weights.py)

@@ -7,16 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from engine.core.codec import ABSENT, from_doc
 from engine.core.errors import UserError
-from engine.core.events import (
-    ABSENT,
-    Event,
-    ResultDocument,
-    event_type,
-    from_doc,
-    renamed_v1,
-    result_type,
-)
+from engine.core.events import Event, ResultDocument, event_type, renamed_v1, result_type
 from engine.core.settings import MAX_SEED, check_layers, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings, TrainTextSettings

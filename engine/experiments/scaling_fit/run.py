@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Progress, Result, json_safe
+from engine.core.events import CancelToken, Event, Message, Progress, Result
 from engine.evaluation import powerfit
 from engine.experiments.context import RunContext
 from engine.experiments.scaling_fit.runs import Runs, load_runs

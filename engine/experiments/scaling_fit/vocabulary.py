@@ -8,14 +8,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
+from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import (
-    ABSENT,
-    Event,
-    ResultDocument,
-    event_type,
-    result_type,
-)
+from engine.core.events import Event, ResultDocument, event_type, result_type
 from engine.core.settings import MAX_SEED, Settings, setting
 
 CHINCHILLA_RELATIVE = Path("chinchilla") / "chinchilla_reconstructed.csv"

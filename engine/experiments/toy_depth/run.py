@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.core.codec import from_doc, json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Progress, Result, from_doc, json_safe
+from engine.core.events import CancelToken, Event, Message, Progress, Result
 from engine.core.settings import from_preset
 from engine.disk.atomic import atomic_write_bytes, atomic_write_json, read_text
 from engine.evaluation import powerfit

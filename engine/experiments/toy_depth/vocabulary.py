@@ -6,14 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import (
-    ABSENT,
-    Event,
-    ResultDocument,
-    event_type,
-    result_type,
-)
+from engine.core.events import Event, ResultDocument, event_type, result_type
 from engine.core.settings import MAX_SEED, Settings, setting
 from engine.models.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
 

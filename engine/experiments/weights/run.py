@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.core.codec import ABSENT, json_safe
 from engine.core.errors import UserError
-from engine.core.events import ABSENT, CancelToken, Event, Message, Progress, Result, json_safe
+from engine.core.events import CancelToken, Event, Message, Progress, Result
 from engine.evaluation.perplexity import Evaluator
 from engine.evaluation.statistics import degradation_pct
 from engine.experiments.context import RunContext

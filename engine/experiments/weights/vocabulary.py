@@ -6,15 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import (
-    ABSENT,
-    Event,
-    ResultDocument,
-    event_type,
-    renamed_v1,
-    result_type,
-)
+from engine.core.events import Event, ResultDocument, event_type, renamed_v1, result_type
 from engine.core.settings import MAX_SEED, check_layers, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings
