@@ -45,15 +45,17 @@ def member_name(atlas: str, model: str, variant: str, taken: Mapping[str, str]) 
     return name[:100]
 
 
-def same_settings(found: Any, wanted: Mapping[str, Any], free: set[str]) -> bool:
-    """Whether a result's recorded settings are the wanted ones, less the resume-free fields."""
+def same_settings(found: Any, wanted: Mapping[str, Any], free: set[str], defaults: Mapping[str, Any]) -> bool:
+    """Whether a result's recorded settings are the wanted ones, less the resume-free fields. A
+    setting the result does not record was added since it was written, and it ran as that setting's
+    default does (a new setting's default keeps the old behaviour: `--part layer`)."""
     if not isinstance(found, dict):
         return False
-    return all(found.get(key) == value for key, value in wanted.items() if key not in free)
+    return all(found.get(key, defaults.get(key)) == value for key, value in wanted.items() if key not in free)
 
 
 def reusable(store: SessionStore, model: str, result: str, wanted: Mapping[str, Any], free: set[str],
-             first: str) -> Session | None:
+             first: str, defaults: Mapping[str, Any]) -> Session | None:
     """A session holding `result` of `model` made with the wanted settings: the session `first`
     (the atlas's own for this model) when it does, else any other of the store, newest first."""
     names = [first] + [info.name for info in store.list() if info.openable and info.name != first]
@@ -67,7 +69,7 @@ def reusable(store: SessionStore, model: str, result: str, wanted: Mapping[str, 
             doc = session.load_result(result)
         except (SessionError, UserError):
             continue
-        if doc is not None and same_settings(doc.get("settings"), wanted, free):
+        if doc is not None and same_settings(doc.get("settings"), wanted, free, defaults):
             return session
     return None
 

@@ -428,3 +428,16 @@ def test_two_identical_atlases_started_at_once_both_finish(families, files, isol
         (str(families[f]), m) for f in ("llama", "qwen2")
         for m in ("d_pct", "block_influence", "angular_distance", "angular_last_token")}
     assert sorted(info.name for info in SessionStore().list()) == ["at", "at-llama", "at-qwen2"]
+
+
+def test_a_result_written_before_a_setting_existed_is_reused_when_the_default_is_wanted() -> None:
+    """A map of 0.3 records no `part` (it mapped whole layers, today's default): the atlas reuses it
+    for a whole-layer map, and not for a map of blocks."""
+    from engine.experiments.ablation.vocabulary import AblationSettings
+    from sessions.atlas import same_settings
+
+    defaults = AblationSettings().to_dict()
+    old = {key: value for key, value in defaults.items() if key not in ("part", "proxies_only")}
+    assert same_settings(old, defaults, set(), defaults)
+    assert not same_settings(old, AblationSettings(part="both").to_dict(), set(), defaults)
+    assert not same_settings({**old, "method": "zero"}, defaults, set(), defaults)

@@ -210,7 +210,8 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any], variants: dict[str,
                 member = members[model, variant]
                 doing.append((model, variant, experiment, member))
                 writes = experiment_named(experiment).writes
-                found = reusable(store, model, writes, settings.to_dict(), free, member)
+                found = reusable(store, model, writes, settings.to_dict(), free, member,
+                                 type(settings)().to_dict())
                 if found is not None:
                     _say(f"{what}: reused from session {found.name}")
                     previous = state.steps.get(state.key(model, variant, experiment), {})
