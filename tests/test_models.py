@@ -306,9 +306,9 @@ def test_gguf_cache_is_keyed_by_dtype_and_stale_staging_is_cleaned(tmp_path, mon
     monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    full, half = models._gguf_cache_dir(gguf), models._gguf_cache_dir(gguf, "float16")
+    full, half = models.gguf_cache_dir(gguf), models.gguf_cache_dir(gguf, "float16")
     assert full != half and "float16" in half.name and full.parent == half.parent
-    assert models._gguf_cache_dir(gguf, "bfloat16") not in (full, half)
+    assert models.gguf_cache_dir(gguf, "bfloat16") not in (full, half)
     parent = full.parent
     parent.mkdir(parents=True)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -476,7 +476,7 @@ def damaged_safetensors(exc: Exception) -> bool:
     return type(exc).__name__ == "SafetensorError"
 
 
-def _gguf_cache_dir(gguf: Path, dtype: str = "float32") -> Path:
+def gguf_cache_dir(gguf: Path, dtype: str = "float32") -> Path:
     """One cached folder per GGUF file and dtype (a 7B model cached in float16 takes half the disk
     and RAM of float32; float32 keeps the key it always had)."""
     stat = gguf.stat()
@@ -525,7 +525,7 @@ def clean_stale_staging(parent: Path, prefix: str = ".") -> list[Path]:
 def dequantized_folder(gguf: Path, report: Report = _quiet, dtype: str = "float32") -> Path:
     """A folder of safetensors + config + tokenizer made from the GGUF file once, in the dtype the
     run uses, then reused."""
-    folder = _gguf_cache_dir(gguf, dtype)
+    folder = gguf_cache_dir(gguf, dtype)
     clean_stale_staging(folder.parent)
     if (folder / "config.json").exists():
         return folder
@@ -568,7 +568,7 @@ def _save_float_copy(model: Any, folder: Path) -> None:
 # --- loading ------------------------------------------------------------------------------------
 
 
-def _friendly_load_error(exc: Exception, source: ModelSource) -> UserError:
+def friendly_load_error(exc: Exception, source: ModelSource) -> UserError:
     text = str(exc)
     lowered = text.lower()
     if damaged_safetensors(exc):
@@ -656,7 +656,7 @@ def load_model(
                 f"out of memory loading {source.display} on {device_name}; try --dtype float16 "
                 "(bfloat16 on Ampere and later) or --device cpu"
             ) from None
-        raise _friendly_load_error(exc, source) from exc
+        raise friendly_load_error(exc, source) from exc
     tf32_on = enable_tf32(device_name, dtype_name, tf32)
     model.eval()
     model.requires_grad_(False)

@@ -106,13 +106,13 @@ def preview_model(name: str, trust_remote_code: bool = False) -> ModelPreview:
     fails on every weight), is a one-line UserError, as the load would say it."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from engine.models.loading import _friendly_load_error, _gguf_cache_dir, meta_model, resolve
+    from engine.models.loading import friendly_load_error, gguf_cache_dir, meta_model, resolve
 
     source = resolve(name)
     where: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     location = source.location
     if source.kind == "gguf":
-        cached = _gguf_cache_dir(Path(location))  # config and tokenizer as saved once (reading the GGUF takes 15 s)
+        cached = gguf_cache_dir(Path(location))  # config and tokenizer as saved once (reading the GGUF takes 15 s)
         if (cached / "config.json").exists():
             location = str(cached)
         else:
@@ -120,7 +120,7 @@ def preview_model(name: str, trust_remote_code: bool = False) -> ModelPreview:
     try:
         config = AutoConfig.from_pretrained(location, **where)
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:  # struct: a damaged GGUF header
-        raise _friendly_load_error(exc, source) from None
+        raise friendly_load_error(exc, source) from None
     if source.kind == "folder":
         _check_config_keys(Path(location) / "config.json")
     meta = meta_model(config, trust_remote_code)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from engine.core.codec import json_safe
+from engine.core.codec import ABSENT, json_safe
 from engine.core.errors import UserError
 from engine.core.events import Event, Message, Progress, Result
 from engine.data.eval_data import EvalSource, comparable
@@ -378,38 +378,42 @@ def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angu
     return {n: tuple(sorted(order[:n])) for n in counts}
 
 
-def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: PruneSettings,
+def _card(result: PruneResult, point: PruneCut, loaded: LoadedModel, settings: PruneSettings,
           reason: str) -> ModelCard:
-    """The exported cut's card: `doc` is the run's result document (its perplexity `protocol`, and
-    with --evaluate-tasks lm-eval's accuracies and protocol, go into the metadata as they are)."""
-    n_layers = doc["n_layers"]
-    protocol = doc.get("protocol") or None
-    texts = str((protocol or {}).get("dataset") or settings.eval_file or f"builtin:{settings.eval_set}")
+    """The exported cut's card: the run's result (its perplexity `protocol`, and with
+    --evaluate-tasks lm-eval's accuracies and protocol, go into the metadata as they are written)."""
+    def written(value: Any) -> Any:  # a field as the result's JSON has it; absent: None
+        return None if value is ABSENT else json_safe(value)
+
+    n_layers = result.n_layers
+    protocol = written(result.protocol)
+    texts = str(result.protocol.dataset if result.protocol else settings.eval_file or f"builtin:{settings.eval_set}")
     healed = point.healed_ppl
     lora = settings.heal == "lora" and healed is not None
     healing = None if healed is None else {
         "method": settings.heal, "steps": settings.heal_steps, "lr": settings.lr,
-        "train_source": (doc.get("heal") or {}).get("train_source"),
+        "train_source": result.heal.train_source if result.heal is not None else None,
         **({"lora_rank": settings.lora_rank, "lora_alpha": 2 * settings.lora_rank,
             "adapter": ADAPTER + "/" if not settings.export_adapter else "."} if lora else {}),
     }
-    point_doc = doc.get("exported_point") or {}
-    accuracy = point_doc.get("healed_accuracy") if healed is not None else point_doc.get("accuracy")
-    lm_eval = {key: value for key, value in (("protocol", doc.get("evaluation")),
-                                             ("original", doc.get("baseline_accuracy")),
-                                             ("pruned", point_doc.get("accuracy")),
-                                             ("healed", point_doc.get("healed_accuracy")),
-                                             ("generation", point_doc.get("generation")),
-                                             ("disagreement", point_doc.get("disagreement"))) if value is not None}
+    exported = result.exported_point
+    cut_field = (lambda name: written(getattr(exported, name))) if exported is not None else (lambda name: None)
+    accuracy = cut_field("healed_accuracy") if healed is not None else cut_field("accuracy")
+    lm_eval = {key: value for key, value in (("protocol", written(result.evaluation)),
+                                             ("original", written(result.baseline_accuracy)),
+                                             ("pruned", cut_field("accuracy")),
+                                             ("healed", cut_field("healed_accuracy")),
+                                             ("generation", cut_field("generation")),
+                                             ("disagreement", cut_field("disagreement"))) if value is not None}
     details = {
         "experiment": "prune", "source_model": loaded.name, "source_num_hidden_layers": n_layers,
         "num_hidden_layers": n_layers - point.removed, "removed_layers": list(point.layers),
-        "criterion": point.method, "criterion_definition": why(point.method), "criteria_compared": doc["methods"],
+        "criterion": point.method, "criterion_definition": why(point.method), "criteria_compared": result.methods,
         "healing": healing,
-        "perplexity": {"original": doc["baseline_ppl"], "pruned": point.ppl,
+        "perplexity": {"original": result.baseline_ppl, "pruned": point.ppl,
                        "pruned_ci95": [point.ci_low, point.ci_high] if point.ci_low is not None else None,
                        "healed": healed,
-                       "texts": texts, "eval_tokens": doc["eval_tokens"], "protocol": protocol},
+                       "texts": texts, "eval_tokens": result.eval_tokens, "protocol": protocol},
         **({"lm_eval": lm_eval} if accuracy else {}),
         "mergekit_config": MERGEKIT_CONFIG,
     }
@@ -434,9 +438,9 @@ def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: P
             f"{'; the folded linear map is not in it' if '+' in point.method else ''}.")
     body = (f"Exported by anatomy-tui (`prune`). Removed layers (0-based indices of the original model): "
             f"{removed_text}.\n\nChosen by the `{point.method}` criterion: {reason}.\n\n"
-            f"Perplexity on {texts} ({doc['eval_tokens']} tokens"
+            f"Perplexity on {texts} ({result.eval_tokens} tokens"
             + (f", protocol `{protocol.get('protocol')}`" if protocol else "")
-            + f"): {doc['baseline_ppl']:.3f} before the cut, {point.ppl:.3f} after. {heal}\n\n{load}\n")
+            + f"): {result.baseline_ppl:.3f} before the cut, {point.ppl:.3f} after. {heal}\n\n{load}\n")
     final = healed if healed is not None else point.ppl
     return model_card(CardFacts(
         title=f"{loaded.name or 'model'} with {point.removed} of {n_layers} layers removed", body=body,
@@ -445,7 +449,7 @@ def _card(doc: dict[str, Any], point: PruneCut, loaded: LoadedModel, settings: P
               *(["replaceme"] if "+" in point.method else []), *(["healed"] if healed is not None else [])],
         perplexity=Perplexity(final, texts, protocol) if final is not None else None,
         library="peft" if settings.export_adapter else "transformers",
-        accuracy=accuracy or (), n_shot=(doc.get("evaluation") or {}).get("n_shot"),
+        accuracy=accuracy or (), n_shot=result.evaluation.n_shot if result.evaluation else None,
     ))
 
 
@@ -469,7 +473,7 @@ def export_cut(doc: PruneResult, best: tuple[float, PruneCut, CutWeights | None]
     try:
         with holding(loaded.model, weights), removed(loaded.model, point.layers):
             save_model_folder(loaded.model, loaded.tokenizer, doc.exported,
-                              _card(json_safe(doc), point, loaded, settings, reason), settings.force,
+                              _card(doc, point, loaded, settings, reason), settings.force,
                               files={MERGEKIT_CONFIG: mergekit}, adapter=adapter, weights=not settings.export_adapter)
     finally:
         if adapters is not None:
