@@ -10,6 +10,7 @@ each one's type and range exactly as a flag would be checked.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import typing
@@ -274,6 +275,13 @@ class FieldSpec:
             raise self.fail(text.strip(), *getattr(exc, "rule_why", (None, None))) from None
 
 
+@functools.cache
+def _fields_of(cls: type) -> tuple[FieldSpec, ...]:
+    """A settings class's field specs, worked out once per class (every Settings made reads them)."""
+    hints = typing.get_type_hints(cls)
+    return tuple(_spec_of(f.name, hints[f.name], f) for f in dataclasses.fields(cls))
+
+
 def _spec_of(name: str, hint: Any, f: dataclasses.Field) -> FieldSpec:
     optional = False
     origin = typing.get_origin(hint)
@@ -296,8 +304,7 @@ class Settings:
 
     @classmethod
     def fields(cls) -> tuple[FieldSpec, ...]:
-        hints = typing.get_type_hints(cls)
-        return tuple(_spec_of(f.name, hints[f.name], f) for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        return _fields_of(cls)
 
     def __post_init__(self) -> None:
         """A whole number given for a float field in code (`limit=3`) is the float a flag or a job
