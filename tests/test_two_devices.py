@@ -92,6 +92,18 @@ def test_ablation_map_with_its_meter_and_prefix_cache(monkeypatch, tokenizer, me
     assert without_times(got) == without_times(expected)
 
 
+@pytest.mark.parametrize(("part", "method", "dtype"), [("both", "skip", torch.float32), ("both", "mean", torch.float32),
+                                                       ("mlp", "zero", torch.float16)])
+def test_ablation_below_the_layer(monkeypatch, tokenizer, part, method, dtype):
+    """Each layer's attention and MLP removed alone, the blocks split over two GPUs and in half precision."""
+    from engine.experiments.ablation.run import run_ablation
+    from engine.experiments.ablation.vocabulary import AblationSettings
+
+    settings = AblationSettings(method=method, part=part, eval_set="paper", eval_batch_size=4)
+    expected, got = on_both(monkeypatch, lambda model: result(run_ablation(model, tokenizer, settings)), dtype=dtype)
+    assert got["parts"] and without_times(got) == without_times(expected)
+
+
 @pytest.mark.parametrize("lens", ["plain", "last-block"])
 def test_dynamics_angles_trajectories_and_lens(monkeypatch, tokenizer, files, lens):
     from engine.experiments.dynamics.run import run_dynamics
@@ -159,6 +171,31 @@ def test_prune_with_healing_and_export(monkeypatch, tokenizer, files, tmp_path, 
     assert without_times(split) == without_times(plain)
     assert split_weights.keys() == plain_weights.keys()
     assert all(torch.equal(split_weights[k], plain_weights[k]) for k in plain_weights)
+
+
+def test_prune_with_a_linear_replacement_and_export(monkeypatch, tokenizer, files, tmp_path):
+    """ReplaceMe's calibration pass and fold when the block's layers and the layer before it sit on
+    different GPUs: the same curves and the same exported weights as on one device."""
+    from engine.experiments.prune.vocabulary import PruneSettings
+    from engine.models.loading import LoadedModel
+    from engine.registry import RunContext, experiment
+
+    def run(model, folder):
+        settings = PruneSettings(method="angular", eval_file=files[0], train_file=files[1], remove=(2,), bootstrap=0,
+                                 replace=("linear",), block_size=16, train_blocks=16, export=str(folder),
+                                 export_method="angular+linear")
+        loaded = LoadedModel(model, tokenizer, "tiny", "test", "cpu", "float32", "llama", 4)
+        doc = result(experiment("prune").run(settings, RunContext(model=loaded)))
+        exported = tiny_model("llama").from_pretrained(folder)
+        return doc, {k: v.clone() for k, v in exported.state_dict().items()}
+
+    folders = iter((tmp_path / "plain", tmp_path / "split"))
+    (plain, plain_weights), (split, split_weights) = on_both(monkeypatch, lambda model: run(model, next(folders)))
+    for doc in (plain, split):
+        doc["exported"] = doc["settings"]["export"] = None
+    assert plain["exported_point"]["method"] == "angular+linear"
+    assert without_times(split) == without_times(plain)
+    assert all(torch.allclose(split_weights[k], plain_weights[k], atol=1e-6) for k in plain_weights)
 
 
 @pytest.mark.parametrize("embedding", [None, "disk"], ids=["embedding-on-gpu", "embedding-offloaded"])
