@@ -1,5 +1,5 @@
 """The experiments anatomy-tui knows: one row per command, the one list the CLI, the console, jobs,
-printers, snapshots, the README's event table and the tests all read.
+printers, snapshots, the documentation's event table (docs/events.md) and the tests all read.
 
 An experiment is a folder, `engine/experiments/<name>/`: its `vocabulary` module (settings, events,
 result document, its upgrade of older documents and a sample result; torch-free, imported here)
@@ -15,11 +15,13 @@ import dataclasses
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
 from engine.core.events import Event, ResultDocument, event_types, forget_types
 from engine.core.settings import Settings
+from engine.disk.atomic import atomic_write_bytes
 from engine.experiments.ablation import vocabulary as ablation
 from engine.experiments.context import RunContext
 from engine.experiments.dynamics import vocabulary as dynamics
@@ -175,8 +177,13 @@ def experiment(name: str) -> Experiment:
         raise UserError(f"unknown experiment {name!r}; use one of {', '.join(BY_NAME)}") from None
 
 
+# the documentation page that holds the table of live events, between these two markers
+EVENTS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "events.md"
+EVENTS_BEGIN, EVENTS_END = "<!-- events:begin -->\n", "\n<!-- events:end -->"
+
+
 def events_markdown() -> str:
-    """The README's table of live events, generated from every registered event class (a test compares)."""
+    """The table of live events (docs/events.md), generated from every registered event class (a test compares)."""
     lines = ["| kind | fields | meaning |", "|---|---|---|"]
     commands = ["job", *(entry.name for entry in EXPERIMENTS)]
     order = {command: place for place, command in enumerate(commands)}
@@ -188,5 +195,15 @@ def events_markdown() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    print(events_markdown())
+def with_events_table(page: str) -> str:
+    """`page` with what lies between its events markers replaced by `events_markdown()`."""
+    head, rest = page.split(EVENTS_BEGIN, 1)
+    return head + EVENTS_BEGIN + events_markdown() + EVENTS_END + rest.split(EVENTS_END, 1)[1]
+
+
+if __name__ == "__main__":  # in a checkout, regenerate the page's table; installed, print it
+    if EVENTS_PAGE.is_file():
+        atomic_write_bytes(EVENTS_PAGE, with_events_table(EVENTS_PAGE.read_text(encoding="utf-8")).encode())
+        print(f"{EVENTS_PAGE}: the table of live events regenerated from the event classes")
+    else:
+        print(events_markdown())

@@ -1,5 +1,5 @@
 """The one vocabulary: every kind spelled one way, every event and result type round-tripping through
-JSON, version 1 logs and results upgraded on reading, and the README's event table in step."""
+JSON, version 1 logs and results upgraded on reading, and the documentation's event table in step."""
 
 from __future__ import annotations
 
@@ -64,11 +64,20 @@ from engine.experiments.weights.vocabulary import (
     WeightsLayer,
     WeightsResult,
 )
-from engine.registry import EXPERIMENTS, events_markdown, experiment
+from engine.registry import (
+    EVENTS_BEGIN,
+    EVENTS_END,
+    EVENTS_PAGE,
+    EXPERIMENTS,
+    events_markdown,
+    experiment,
+    with_events_table,
+)
 from sessions.store import SessionStore
 from tui.state import SessionState
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # every page that may name an event
 COMMANDS = ("job", *(entry.name for entry in EXPERIMENTS))
 
 
@@ -336,15 +345,19 @@ def test_a_key_a_document_has_in_one_shape_only_stays_out_when_absent():
     assert json.dumps(json_safe(from_doc(ToyDepthCurve, fitted))) == json.dumps(fitted)
 
 
-# --- the README ---------------------------------------------------------------------------------
-def test_readme_event_table_is_generated_from_the_classes():
-    text = README.read_text(encoding="utf-8")
-    table = text.split("<!-- events:begin -->\n", 1)[1].split("\n<!-- events:end -->", 1)[0]
-    assert table == events_markdown(), "README's event table is stale: paste `python3 -m engine.registry`"
+# --- the documentation ----------------------------------------------------------------------------
+def test_the_event_table_in_the_docs_is_generated_from_the_classes():
+    page = EVENTS_PAGE.read_text(encoding="utf-8")
+    assert with_events_table(page) == page, "docs/events.md's event table is stale: run `python3 -m engine.registry`"
 
 
-def test_readme_mentions_only_real_kinds_with_their_fields():
-    text = README.read_text(encoding="utf-8")
+def test_regenerating_the_event_table_replaces_only_what_lies_between_its_markers():
+    stale = f"# Events\nbefore\n{EVENTS_BEGIN}| kind |\n| old |{EVENTS_END}\nafter\n"
+    assert with_events_table(stale) == f"# Events\nbefore\n{EVENTS_BEGIN}{events_markdown()}{EVENTS_END}\nafter\n"
+
+
+def test_the_docs_mention_only_real_kinds_with_their_fields():
+    text = "\n".join(path.read_text(encoding="utf-8") for path in DOCS)
     commands = "|".join(map(re.escape, COMMANDS))
     mentions = re.findall(rf"`((?:{commands})[.-][a-z_]+)`([^`{{]{{0,30}}?\{{([^}}]*)\}})?", text)
     assert len(mentions) > 10
@@ -352,7 +365,7 @@ def test_readme_mentions_only_real_kinds_with_their_fields():
     for kind, braces, fields in mentions:
         if kind.endswith("json"):
             continue
-        assert kind in kinds, f"README names `{kind}`, which engine/core/events.py does not declare"
+        assert kind in kinds, f"the docs name `{kind}`, which no event class declares"
         if braces:
             declared = [f.name for f in dataclasses.fields(kinds[kind]) if f.name not in ("job", "t")]
             assert [name.strip() for name in fields.split(",")] == declared, kind
