@@ -46,7 +46,7 @@ def test_the_readme_is_short_and_its_links_land_in_the_repository():
     assert len(local) > 10
     for link in local:
         target = (ROOT / link.split("#")[0]).resolve()
-        assert target.is_relative_to(ROOT) and target.exists(), f"README links to {link}, which is not in the repository"
+        assert target.is_relative_to(ROOT) and target.exists(), f"README links to {link}, not a file of the repository"
 
 
 def test_no_page_points_outside_the_repository():
