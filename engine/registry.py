@@ -5,7 +5,7 @@ An experiment is a folder, `engine/experiments/<name>/`: its `vocabulary` module
 result document, its upgrade of older documents and a sample result; torch-free, imported here)
 and its computation (`run(settings, context)`, and `shard_plan` where its sweep splits), named by
 module and imported only when a run wants it, so the console paints and `anatomy-tui --help`
-answers before torch loads. Adding one is its folder, its view (tui/views/<name>.py) and a row
+answers before torch loads. Adding one is its folder, its view (`tui/views/<name>.py`) and a row
 here; `register` adds a row at run time (a test's throwaway experiment).
 """
 
@@ -62,7 +62,7 @@ class Experiment:
 
     @property
     def writes(self) -> str:
-        """Its result file's name, results/<writes>.json."""
+        """Its result file's name, `results/<writes>.json`."""
         return self.result_class.name
 
     def defaults(self) -> Settings:

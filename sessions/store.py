@@ -341,7 +341,7 @@ class Session:
 
     # results ------------------------------------------------------------------------------
     def save_result(self, name: str, doc: dict[str, Any]) -> Path:
-        """Writes results/<name>.json. If that cannot be written (it became a directory, the
+        """Writes `results/<name>.json`. If that cannot be written (it became a directory, the
         folder a link, the disk is full), the result goes to a spare file (`keep_spare`) and the
         one-line error says where: a finished computation is never lost."""
         path = self.path / RESULTS / f"{_checked_name(name)}.json"

@@ -90,7 +90,7 @@ def renamed_v1(row: Any, names: Mapping[str, str] = V1_FIELDS) -> Any:
 
 
 class ResultDocument:
-    """Base of every result document (results/<name>.json): `name` is its file; an experiment
+    """Base of every result document (`results/<name>.json`): `name` is its file; an experiment
     whose version 1 documents were spelled differently overrides `upgrade_v1`."""
 
     name: ClassVar[str] = ""
