@@ -274,19 +274,24 @@ class _Bar:
     def __call__(self, event: Event) -> None:
         self.events.append(event)
         if self.shown and isinstance(event, Progress):
-            if self.bar is None:
-                with warnings.catch_warnings():  # without ipywidgets: the text bar, no warning
-                    warnings.simplefilter("ignore")
-                    from tqdm.auto import tqdm
-                self.bar = tqdm(total=event.total, desc=self.label, file=sys.stderr)
-            self.bar.total = event.total
-            self.bar.n = event.done
-            self.bar.set_description(event.label or self.label, refresh=False)
-            self.bar.refresh()
+            self._progress(event)
         elif self.shown and isinstance(event, Message):
             self.write(f"[{event.level}] {event.text}")
         if self.on_event is not None:
             self.on_event(event)
+
+    def _progress(self, event: Progress) -> None:
+        label = event.label or self.label
+        if self.bar is None:
+            with warnings.catch_warnings():  # without ipywidgets: the text bar, no warning
+                warnings.simplefilter("ignore")
+                from tqdm.auto import tqdm
+            self.bar = tqdm(total=event.total, initial=event.done, desc=label, file=sys.stderr)
+            return
+        self.bar.total = event.total
+        self.bar.n = event.done
+        self.bar.set_description(label, refresh=False)
+        self.bar.refresh()
 
     def write(self, text: str) -> None:
         if self.bar is not None:
