@@ -24,6 +24,12 @@ from tui.cli import main
 
 
 @pytest.fixture
+def experiment(tmp_path):
+    """The throwaway letter-count experiment (tests/throwaway.py): no model, a word a step."""
+    yield from installed(tmp_path / "package")
+
+
+@pytest.fixture
 def tiny(tiny_folder):
     return load_model(str(tiny_folder), progress=False)
 
@@ -211,12 +217,27 @@ def test_settings_read_as_the_cli_reads_its_flags(experiment):
     assert run("letter-count", words="ab", progress=False).result.total == 2
 
 
+def test_progress_is_a_bar_fed_by_the_runs_events_and_its_messages_above_it(experiment, capsys, monkeypatch):
+    import importlib
+
+    from engine.core.events import Message
+
+    run_module = importlib.import_module("letter_count.run")
+    counted = run_module.run
+
+    def talking(settings, context):
+        yield Message("counting", level="info")
+        yield from counted(settings, context)
+
+    monkeypatch.setattr(run_module, "run", talking)
+    run("letter-count", words=["ab", "cde", "fghi"])
+    err = capsys.readouterr().err
+    assert "[info] counting" in err and "3/3" in err and "fghi" in err  # the last event's label
+    run("letter-count", words=["ab"], progress=False)
+    assert capsys.readouterr().err == ""
+
+
 # interrupts ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def experiment(tmp_path):
-    yield from installed(tmp_path / "package")
 
 
 def _interrupt_at(kind: str, times: int = 1):
