@@ -350,9 +350,9 @@ def _model_checks(entry: registry.Experiment, settings: Settings, loaded: Loaded
     check_before_load(entry.name, settings, preview, None)
 
 
-def _stored(name: str, options: ModelOptions | None, settings: Settings, writes: str) -> StoredSession:
+def _stored(store: SessionStore, name: str, options: ModelOptions | None, settings: Settings,
+            writes: str) -> StoredSession:
     """Session `name`, made when there is none (as `anatomy-tui run --session NAME` makes it)."""
-    store = SessionStore()
     store.check_home()
     session = store.open_or_create(name, model=options.model if options else "", settings=settings.to_dict())
     session.check_writable(writes)
@@ -399,10 +399,10 @@ def run(experiment: str, model: Model | None = None, session: str | Session | No
         if model is not None:
             _model_checks(entry, chosen, model.loaded)
         options = model.options if model is not None else None
-        stored = _stored(session, options, chosen, entry.writes) if session is not None else None
-        source = chosen.inputs_from()
-        reading = SessionStore().open(source) if source else stored
-        inputs = reading.results_named(entry.reads) if reading is not None else {}
+        store = SessionStore()  # the session's earlier results the run reads (none in a new one), then its own
+        source = chosen.inputs_from() or (session if session is not None and store.exists(session) else None)
+        inputs = store.open(source).results_named(entry.reads) if source else {}
+        stored = _stored(store, session, options, chosen, entry.writes) if session is not None else None
         token = CancelToken()
         context = RunContext(
             model=model.loaded if model is not None else None, cancel=token, inputs=inputs, resume=resume,
