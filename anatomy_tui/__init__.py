@@ -307,8 +307,9 @@ class _Bar:
 @contextlib.contextmanager
 def _interrupt_cancels(token: CancelToken, bar: _Bar) -> Iterator[None]:
     """The first Ctrl-C (Jupyter's interrupt) sets the run's cancel token: the experiment stops at
-    its next step and leaves the model as it was; a second one raises KeyboardInterrupt at once.
-    Only the main thread can take signals: elsewhere Ctrl-C is left as it is."""
+    its next step and leaves the model as it was; a second one raises KeyboardInterrupt where the
+    run is, mid-step, which cancels it too (the step unwinds, putting back what it changed). Only the
+    main thread can take signals: elsewhere Ctrl-C is left as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -382,7 +383,8 @@ def run(experiment: str, model: Model | None = None, session: str | Session | No
     `on_event` hears every event as it comes. An interrupt (Ctrl-C, Jupyter's interrupt button)
     cancels the run at its next step through its cancel token, leaving the model's weights as they
     were: the run returns a `partial` RunResult holding the events sent so far (and the session
-    records the job cancelled); a second interrupt stops at once with KeyboardInterrupt."""
+    records the job cancelled). A second interrupt stops it at once, mid-step, with the same end; a
+    KeyboardInterrupt raised in `on_event` cancels it too."""
     with _one_line():
         entry = registry.experiment(experiment)
         chosen = _settings(entry, preset, settings)
