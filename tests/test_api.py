@@ -68,6 +68,18 @@ def test_run_gives_what_the_cli_saves_into_the_same_store(tiny_folder, tiny, tmp
     assert [event.ppl for event in layer_events] == [row.ppl for row in result.layers]
 
 
+def test_a_preset_and_no_model_give_what_the_cli_saves(tmp_path, one_thread):
+    """toy-depth trains its own students: `preset=` and the settings over it, as `--preset` and flags."""
+    out = tmp_path / "cli.json"
+    flags = ["--steps", "4", "--student-depths", "2,3", "--seeds", "2", "--bootstrap", "5", "--eval-size", "64",
+             "--batch-size", "16", "--teacher-depth", "4"]
+    assert main(["run", "toy-depth", "--preset", "tiny", *flags, "--session", "cli", "--json", str(out)]) == 0
+    result = run("toy-depth", preset="tiny", steps=4, student_depths=[2, 3], seeds=2, bootstrap=5, eval_size=64,
+                 batch_size=16, teacher_depth=4, progress=False)
+    assert _timeless(result.data) == _timeless(json.loads(out.read_text()))
+    assert result.settings.preset == "tiny" and len(result.to_pandas()) == 2 * 2 * 2  # regimes x depths x seeds
+
+
 def test_a_run_reads_the_session_results_it_needs(tiny, one_thread):
     """Recovery in a session with an ablation map compares its difficulty with the map's D%."""
     run("ablation", tiny, session="s", eval_set="paper", progress=False)
