@@ -115,7 +115,7 @@ def load_model(name_or_path: str | None = None, *, device: str | None = None, dt
                deterministic: bool | None = None, tf32: bool | None = None, fresh: bool = False,
                progress: bool = True) -> Model:
     """Loads a model as `anatomy-tui --model NAME_OR_PATH` does, once: the same options again return
-    the model already loaded (`fresh=True` loads another copy).
+    the model already loaded (`fresh=True` loads another copy, which later calls then return).
 
     `name_or_path`: `smollm2-135m` (the embedded default, when None), a local Hugging Face folder, a
     `.gguf` file or a hub id. The other options are the CLI's model flags (None: the flag's default):

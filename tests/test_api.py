@@ -334,3 +334,14 @@ def test_the_api_names_no_experiment():
 
     source = Path(anatomy_tui.__file__).read_text(encoding="utf-8")
     assert _compared_names(ast.parse(source), {entry.name for entry in registry.EXPERIMENTS}) == []
+
+
+def test_a_cancelled_recovery_in_a_session_resumes_where_it_stopped(tiny, one_thread):
+    """Interrupted once its first layer is checkpointed, recovery continues with resume=True: the
+    first layer is read back, not trained again, and the finished job marks the cancelled one resumed."""
+    settings = dict(eval_set="paper", layers=[0, 2], steps=2, batch_size=2, block_size=16, progress=False)
+    stopped = run("recovery", tiny, session="r", on_event=_interrupt_at("recovery.layer"), **settings)
+    assert stopped.partial and [event.layer for event in stopped.events if event.kind == "recovery.layer"] == [0]
+    resumed = run("recovery", tiny, session="r", resume=True, **settings)
+    assert resumed.resumed_layers == [0] and [row.layer for row in resumed.layers] == [0, 2]
+    assert sorted(job["status"] for job in open_session("r").jobs.values()) == ["done", "resumed"]
