@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -21,8 +22,21 @@ log = logging.getLogger(__name__)
 UNFINISHED = ("interrupted", "cancelled", "failed")  # a job that a --resume run may continue
 
 
+_GIVEN: set[str] = set()  # the job ids this process gave out
+_GIVING = threading.Lock()
+
+
 def new_job_id(experiment: str) -> str:
-    return f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    """`<experiment>-<time>-<pid>`; a second job of one process in the same second (a notebook's, the
+    console's threads) gets `-2`, `-3` after it, so no job file is written over."""
+    base = f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    with _GIVING:
+        job_id, count = base, 1
+        while job_id in _GIVEN:
+            count += 1
+            job_id = f"{base}-{count}"
+        _GIVEN.add(job_id)
+    return job_id
 
 
 def started_at(doc: Mapping[str, Any]) -> float:

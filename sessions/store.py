@@ -39,6 +39,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -414,6 +415,12 @@ class Session:
             if doc is not None:
                 found[name] = doc
         return found
+
+    def results_named(self, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Those of the results `names` (an experiment's `reads`) that the session has, by name; one
+        that is damaged is a SessionError."""
+        found = {name: self.load_result(name) for name in names}
+        return {name: doc for name, doc in found.items() if doc is not None}
 
     def result_names(self) -> list[str]:
         try:

@@ -48,10 +48,7 @@ UNREADABLE_PATH = (errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM)  
 
 
 def _inputs(session: Session | None, experiment: Experiment) -> dict[str, dict[str, Any]]:
-    if session is None:
-        return {}
-    found = {name: session.load_result(name) for name in experiment.reads}
-    return {name: doc for name, doc in found.items() if doc is not None}
+    return session.results_named(experiment.reads) if session is not None else {}
 
 
 def _report(text: str) -> None:

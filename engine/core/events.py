@@ -25,13 +25,14 @@ and `class`; `upgrade_event` rewrites such documents on reading through each cla
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from engine.core.codec import from_doc, json_safe
+from engine.core.codec import ABSENT, from_doc, json_safe
 
 EVENT_SCHEMA_VERSION = 2
 
@@ -104,6 +105,24 @@ class ResultDocument:
     def from_json(cls: type[R], doc: Mapping[str, Any]) -> R:
         return from_doc(cls, cls.upgrade_v1(dict(doc)))
 
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """The document as a tidy table, one dict a row with the same keys in each (what the notebook
+        API's `to_pandas` makes a DataFrame of; the engine imports no pandas). Each experiment's
+        document gives its own rows (a layer, a curve's point, a task); this default: one row of the
+        top-level numbers, words and flags."""
+        plain = (bool, int, float, str, type(None))
+        return [{f.name: value for f in dataclasses.fields(self)  # type: ignore[arg-type]
+                 if isinstance(value := getattr(self, f.name), plain)}]
+
+
+def table_row(row: Any, *names: str) -> dict[str, Any]:
+    """A row of a result document (a dataclass) as one row of its tidy table: its fields (`names`:
+    these alone, in this order), a list as a tuple, an ABSENT field as None."""
+    keys = names or tuple(f.name for f in dataclasses.fields(row))
+    values = {name: getattr(row, name) for name in keys}
+    return {name: None if value is ABSENT else tuple(value) if isinstance(value, list) else value
+            for name, value in values.items()}
+
 
 def decode_or_none(cls: type[R], doc: Any, on_error: Callable[[Exception], object] | None = None) -> R | None:
     """`doc` read as result document `cls`; None when it is missing or does not fit the class (an
@@ -128,6 +147,11 @@ def result_type(cls: type[R]) -> type[R]:
         raise ValueError(f"result {cls.name!r} registered twice")
     _RESULT_TYPES[cls.name] = cls
     return cls
+
+
+def result_class(name: str) -> type[ResultDocument] | None:
+    """The registered result document class of results/<name>.json (None: no such result)."""
+    return _RESULT_TYPES.get(name)
 
 
 def forget_types(kind_prefix: str, result_name: str) -> None:

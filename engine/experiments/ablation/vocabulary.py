@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from engine.core.codec import ABSENT
-from engine.core.events import Event, ResultDocument, event_type, renamed_v1, result_type
+from engine.core.events import Event, ResultDocument, event_type, renamed_v1, result_type, table_row
 from engine.core.settings import MAX_SEED, check_layers, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings
@@ -132,6 +132,10 @@ class AblationMap(ResultDocument):
         """Layer -> the row of its `part` block (empty for a layer map)."""
         return {row.layer: row for row in self.parts or () if row.part == part}
 
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """A row per whole layer (`part` "layer"), then with --part a row per block."""
+        return block_rows(self.layers, self.parts)
+
     @classmethod
     def upgrade_v1(cls, doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(doc.get("layers"), list):
@@ -172,6 +176,17 @@ class AblationProxyMap(ResultDocument):
     angular_blocks: dict[str, list[float]]
     angular_block_best: dict[str, int]
     parts: list[ProxyRow] = field(default=ABSENT, kw_only=True)
+
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """A row per whole layer (`part` "layer"), then with --part a row per block."""
+        return block_rows(self.layers, self.parts)
+
+
+def block_rows(layers: list[Any], parts: list[Any]) -> list[dict[str, Any]]:
+    """The tidy rows of a map: each layer's, then each block's, `part` "layer" for a whole layer."""
+    return [{"layer": row.layer, "part": "layer" if row.part is ABSENT else row.part,
+             **{name: value for name, value in table_row(row).items() if name != "part"}}
+            for row in (*layers, *(parts or ()))]
 
 
 def sample() -> AblationMap:

@@ -173,6 +173,20 @@ class DynamicsResult(ResultDocument):
     pca: DynamicsPca
     logit_lens: LensLosses | None  # None without --logit-lens
 
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """A row per layer: each measure's median (its name) and quartiles (`<name>_q1`, `_q3`), and
+        the lens loss (None without --logit-lens)."""
+        rows = []
+        for row in self.layers:
+            cells: dict[str, Any] = {"layer": row.layer}
+            for name in ("angle_state", "angle_update", "angle_final", "progress", "norm", "update_norm",
+                         "relative_update"):
+                spread = getattr(row, name)
+                cells |= {name: spread and spread.median, f"{name}_q1": spread and spread.q1,
+                          f"{name}_q3": spread and spread.q3}
+            rows.append(cells | {"lens_loss": row.lens_loss})
+        return rows
+
     @classmethod
     def upgrade_v1(cls, doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(doc.get("layers"), list):

@@ -13,6 +13,7 @@ from engine.core.events import (
     ResultDocument,
     event_type,
     result_type,
+    table_row,
 )
 from engine.core.settings import setting
 from engine.evaluation.accuracy import GenerationCheck, LmEvalProtocol, LmEvalSettings, TaskScore
@@ -102,6 +103,12 @@ class EvaluateResult(ResultDocument):
     models: list[EvaluatedModel]
     settings: EvaluateSettings  # as the run resolved them
     seconds: float
+
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """A row per model and task: the variant, its depth and lm-eval's accuracies with their errors."""
+        return [{"variant": model.variant, "label": model.label, "n_layers": model.n_layers,
+                 **table_row(score, "task", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "samples")}
+                for model in self.models for score in model.scores]
 
 
 def sample_score(task: str, acc: float, acc_norm: float | None = None, samples: int = 80) -> TaskScore:

@@ -312,6 +312,14 @@ class GrowthResult(ResultDocument):
     settings: GrowthSettings  # as the run resolved them
     paper: dict[str, float]
 
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """A row per arm and seed: its final validation loss, and the arm's steps, tokens, training
+        seconds and throughput (means over its seeds)."""
+        return [{"arm": name, "seed": seed, "val_loss": loss, "steps": arm.steps, "tokens": arm.tokens,
+                 "seconds": arm.seconds, "tokens_per_s": arm.tokens_per_s}
+                for name, arm in self.arms.items()
+                for seed, loss in zip(self.settings.seeds, arm.val_loss, strict=False)]
+
     @classmethod
     def upgrade_v1(cls, doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(doc.get("budget_table"), list):

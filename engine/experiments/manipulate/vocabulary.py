@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, event_type, result_type
+from engine.core.events import Event, ResultDocument, event_type, result_type, table_row
 from engine.core.settings import check_layers, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings
@@ -102,6 +102,11 @@ class ManipulateResult(ResultDocument):
     settings: ManipulationSettings  # as the run resolved them
     results: list[ManipulateRow]  # in the order of the trials
     protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
+
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """A row per trial, in the order they ran: the layers changed, the strategy and its parameter,
+        the perplexity and its degradation, the greedy sample."""
+        return [table_row(row) for row in self.results]
 
 
 

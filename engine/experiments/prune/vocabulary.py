@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, event_type, result_type
+from engine.core.events import Event, ResultDocument, event_type, result_type, table_row
 from engine.core.settings import MAX_SEED, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings, TrainTextSettings
@@ -263,6 +263,12 @@ class PruneResult(ResultDocument):
     exported: str | None  # the folder of the exported model
     exported_point: PruneCut | None
     seconds: float
+
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """A row per point of each criterion's curve: the layers it cuts, the perplexity without them
+        with its interval, and after healing (None without --heal-steps)."""
+        return [table_row(cut, "method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl")
+                for cut in self.curve]
     evaluation: LmEvalProtocol = field(default=ABSENT, kw_only=True)  # with --evaluate-tasks
     baseline_accuracy: list[TaskScore] = field(default=ABSENT, kw_only=True)  # the full model's
     protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4

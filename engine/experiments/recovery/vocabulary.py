@@ -228,6 +228,19 @@ class RecoveryResult(ResultDocument):
     seconds: float
     protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
 
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """A row per evaluated step of every layer's curve, each repeat's (a row without `repeats`:
+        its one curve, repeat 0), with the training loss of that step where one was logged."""
+        rows = []
+        for row in self.layers:
+            for run in row.repeats or [row]:
+                losses = {int(step): loss for step, loss in run.train_loss}
+                rows += [{"layer": row.layer, "repeat": getattr(run, "repeat", 0), "step": int(step), "ppl": ppl,
+                          "ratio_to_baseline": None if ppl is None else ppl / self.baseline_ppl,
+                          "train_loss": losses.get(int(step))}
+                         for step, ppl in run.curve]
+        return rows
+
     @classmethod
     def upgrade_v1(cls, doc: dict[str, Any]) -> dict[str, Any]:
         if isinstance(doc.get("layers"), list):

@@ -190,6 +190,15 @@ class ScalingFitResult(ResultDocument):
     settings: ScalingFitSettings  # as the run resolved them
     seconds: float
 
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """A row per parameter of the law: its fitted value, 95% interval and standard error (None
+        where the fit made none: --optimizer paper, --bootstrap 0)."""
+        intervals = {} if self.ci95 is ABSENT else self.ci95
+        errors = {} if self.se is ABSENT else self.se
+        return [{"param": name, "value": value, "ci_low": (intervals.get(name) or (None, None))[0],
+                 "ci_high": (intervals.get(name) or (None, None))[1], "se": errors.get(name)}
+                for name, value in self.params.items()]
+
 
 
 

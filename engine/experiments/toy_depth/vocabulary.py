@@ -4,7 +4,7 @@ and `toy-depth.student` events, and results/toy-depth.json (loss against depth).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from engine.core.codec import ABSENT
 from engine.core.errors import UserError
@@ -137,6 +137,15 @@ class ToyDepthResult(ResultDocument):
     fit: str  # the law fitted
     settings: ToyDepthSettings  # as the run resolved them
     seconds: float
+
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """A row per temperature, regime, student depth and seed: that student's held-out loss, and
+        the exponent alpha_l fitted to its curve."""
+        return [{"temperature": float(temperature), "regime": regime, "depth": depth, "seed": seed, "loss": loss,
+                 "alpha_l": curve.alpha_l}
+                for temperature, curves in self.by_temperature.items() for regime, curve in curves.items()
+                for depth, losses in zip(curve.depths, curve.loss_per_seed, strict=True)
+                for seed, loss in enumerate(losses)]
 
 
 def sample() -> ToyDepthResult:

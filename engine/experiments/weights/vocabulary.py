@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, event_type, renamed_v1, result_type
+from engine.core.events import Event, ResultDocument, event_type, renamed_v1, result_type, table_row
 from engine.core.settings import MAX_SEED, check_layers, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings
@@ -187,6 +188,15 @@ class WeightsResult(ResultDocument):
     baseline_ppl: float | None  # None with --no-paradox
     seconds: float
     protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
+
+    def tidy_rows(self) -> list[dict[str, Any]]:
+        """A row per component and weights (`real`, or a null: `shuffled`, `independent`): how well
+        the layer index predicts them, and their delta correlation."""
+        names = [f.name for f in dataclasses.fields(WeightStats)]
+        return [{"component": name, "weights": weights, **table_row(stats, *names)}
+                for name, component in self.components.items()
+                for weights, stats in (("real", component), ("shuffled", component.null_shuffled),
+                                       ("independent", component.null_independent))]
 
     @classmethod
     def upgrade_v1(cls, doc: dict[str, Any]) -> dict[str, Any]:
