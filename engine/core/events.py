@@ -130,6 +130,11 @@ def result_type(cls: type[R]) -> type[R]:
     return cls
 
 
+def result_class(name: str) -> type[ResultDocument] | None:
+    """The result document class written as results/<name>.json, None for a name none registered."""
+    return _RESULT_TYPES.get(name)
+
+
 def forget_types(kind_prefix: str, result_name: str) -> None:
     """Takes an experiment's event kinds (`<prefix>.*`) and its result out of the tables again (a
     test's throwaway experiment, registered for the test only)."""
