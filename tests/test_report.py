@@ -154,3 +154,18 @@ async def test_the_key_in_the_console(isolated_home, anyio_backend):
         await pilot.pause(0.2)
     folder = SessionStore().open("demo").path / "figures"
     assert sorted(p.name for p in folder.iterdir()) == ["recovery.png", "recovery.svg"]
+
+
+def test_a_kind_without_a_figure_module_keeps_its_tables(isolated_home, tmp_path):
+    """An experiment added since (the throwaway one: its folder, view and row, no figure module) is
+    reported with its tables and a note; the other results keep their figures."""
+    from throwaway import installed
+
+    report_session()
+    for entry in installed(tmp_path / "package"):
+        SessionStore().open("demo").save_result(entry.writes, json_safe(entry.sample()))
+        assert main(["report", "demo", "--out", str(tmp_path / "out")]) == 0
+        page = (tmp_path / "out" / "report.html").read_text()
+        assert f"no figure is drawn for &#x27;{entry.writes}&#x27; results" in page
+        assert f"<h2 id='{entry.writes}'>" in page and page.count("data:image/png") == len(NAMES)
+        assert not (tmp_path / "out" / f"{entry.writes}.png").exists()

@@ -101,7 +101,9 @@ def reproducing_command(name: str, result: Any, session: Session, jobs: Mapping[
     job = max(done, key=lambda doc: float(doc.get("started") or 0.0), default=None)
     try:
         settings = (entry.settings_class.from_dict(job.get("settings") or {}, base=entry.defaults())
-                    if job is not None else result.settings)
+                    if job is not None else getattr(result, "settings", None))
+        if not isinstance(settings, entry.settings_class):
+            return "(cannot be rebuilt: no job file of it and no settings in the result)"
         options = None
         if entry.needs_model:
             recorded = (job or {}).get("model") or {"model": session.manifest.get("model") or ""}
@@ -211,12 +213,13 @@ def html_report(session: Session, found: Sequence[Entry], notes: Sequence[str], 
              f"<h1>Session {esc(session.name)}</h1>", html_table(("session", ["field", "value"], header_rows(session)))]
     parts += [f"<p class='note'>{esc(note)}</p>" for note in notes]
     for entry in found:
-        data = base64.b64encode(pngs[entry.name]).decode("ascii")
         parts += [f"<h2 id='{esc(entry.name)}'>{esc(entry.name)}</h2>",
-                  f"<p>Reproduce: <code>{esc(entry.command)}</code></p>",
-                  f"<figure><img alt='{esc(entry.name)} figure' src='data:image/png;base64,{data}'>"
-                  f"<figcaption>files: <a href='{esc(entry.name)}.png'>{esc(entry.name)}.png</a>, "
-                  f"<a href='{esc(entry.name)}.svg'>{esc(entry.name)}.svg</a></figcaption></figure>"]
+                  f"<p>Reproduce: <code>{esc(entry.command)}</code></p>"]
+        if entry.name in pngs:
+            data = base64.b64encode(pngs[entry.name]).decode("ascii")
+            parts.append(f"<figure><img alt='{esc(entry.name)} figure' src='data:image/png;base64,{data}'>"
+                         f"<figcaption>files: <a href='{esc(entry.name)}.png'>{esc(entry.name)}.png</a>, "
+                         f"<a href='{esc(entry.name)}.svg'>{esc(entry.name)}.svg</a></figcaption></figure>")
         parts += [html_table(table) for table in tables(entry.doc)]
     return "\n".join(parts) + "\n</body></html>\n"
 
@@ -230,12 +233,13 @@ def md_table(table: Table) -> str:
     return "\n".join([f"#### {title}", "", line(header), line(["---"] * len(header)), *map(line, rows), ""])
 
 
-def markdown_report(session: Session, found: Sequence[Entry], notes: Sequence[str]) -> str:
+def markdown_report(session: Session, found: Sequence[Entry], notes: Sequence[str], drawn: Mapping[str, bytes]) -> str:
     parts = [f"# Session {session.name}", "", md_table(("session", ["field", "value"], header_rows(session)))]
     parts += [f"> {note}\n" for note in notes]
     for entry in found:
-        parts += [f"## {entry.name}", "", "Reproduce:", "", "```", entry.command, "```", "",
-                  f"![{entry.name}]({entry.name}.png)", "", f"Vector: [{entry.name}.svg]({entry.name}.svg)", ""]
+        parts += [f"## {entry.name}", "", "Reproduce:", "", "```", entry.command, "```", ""]
+        if entry.name in drawn:
+            parts += [f"![{entry.name}]({entry.name}.png)", "", f"Vector: [{entry.name}.svg]({entry.name}.svg)", ""]
         parts += [md_table(table) for table in tables(entry.doc)]
     return "\n".join(parts)
 
@@ -267,17 +271,21 @@ def main(args: argparse.Namespace) -> int:
                         f"(anatomy-tui run ablation --session {session.name})")
     folder = output_folder(args.out, session.name)
     pngs: dict[str, bytes] = {}
-    drawn = []
     for entry in found:
-        figures.save_figure(entry.result, folder / entry.name, ("png", "svg"))
+        try:
+            figures.save_figure(entry.result, folder / entry.name, ("png", "svg"))
+        except UserError as exc:  # a result kind without a figure module (an experiment added since)
+            if "no figure is drawn" not in str(exc):
+                raise
+            notes.append(f"{entry.name}: {exc}; its tables are below")
+            continue
         pngs[entry.name] = (folder / f"{entry.name}.png").read_bytes()
-        drawn.append(folder / f"{entry.name}.png")
     written = []
     if "html" in formats:
         atomic_write_bytes(folder / "report.html", html_report(session, found, notes, pngs).encode(), "report")
         written.append(folder / "report.html")
     if "md" in formats:
-        atomic_write_bytes(folder / "report.md", markdown_report(session, found, notes).encode(), "report")
+        atomic_write_bytes(folder / "report.md", markdown_report(session, found, notes, pngs).encode(), "report")
         written.append(folder / "report.md")
     if "pdf" in formats:
         from matplotlib.backends.backend_pdf import PdfPages
@@ -285,11 +293,12 @@ def main(args: argparse.Namespace) -> int:
         def pdf(tmp: Path) -> None:
             with matplotlib.rc_context(RC), PdfPages(tmp) as pages:
                 for entry in found:
-                    pages.savefig(figures.figure_for(entry.result), dpi=DPI)
+                    if entry.name in pngs:
+                        pages.savefig(figures.figure_for(entry.result), dpi=DPI)
 
         atomic_write(folder / "report.pdf", pdf, "report")
         written.append(folder / "report.pdf")
     for path in written:
         print(path)
-    print(f"{len(drawn)} figures (PNG, SVG) in {folder}")
+    print(f"{len(pngs)} figures (PNG, SVG) in {folder}")
     return 0
