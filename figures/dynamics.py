@@ -29,7 +29,7 @@ def draw(result: DynamicsResult) -> Figure:
             angles.fill_between(x, low, high, color=look["color"], alpha=0.18, linewidth=0)
     core = result.core.layers
     if core:
-        angles.axvspan(min(core), max(core), color="0.9", zorder=0, linewidth=0)
+        angles.axvspan(min(core), max(core), color="0.9", zorder=0, linewidth=0, label="core layers")
     angles.set_xlabel("layer")
     angles.set_ylabel("angle (degrees)")
     angles.set_title(f"{result.model}: angles by layer")

@@ -42,7 +42,7 @@ def draw(result: ScalingFitResult) -> Figure:
         style.log_axis(depth, "x")
         depth.set_xlabel("depth l (layers)")
         depth.set_ylabel("loss − other terms")
-        depth.legend(loc="best")
+        depth.legend(loc="upper right")
     depth.set_title(f"fit to {result.n_points} runs")
     profiled = result.profile.alpha_l if result.profile is not ABSENT else None
     points_profile = [(p.alpha_l, p.objective) for p in profiled or [] if style.finite(p.objective)]

@@ -102,6 +102,7 @@ def d_axis(ax: Axes, values: Sequence[float | None], axis: str = "y") -> None:
     finite = [abs(v) for v in values if v is not None and math.isfinite(v)]
     threshold = 10.0 if not finite or max(finite) > 10.0 else max(max(finite), 1.0)
     (ax.set_yscale if axis == "y" else ax.set_xscale)("symlog", linthresh=threshold, linscale=0.6)
+    (ax.yaxis if axis == "y" else ax.xaxis).set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     (ax.axhline if axis == "y" else ax.axvline)(0.0, color="black", linewidth=0.5)
 
 

@@ -164,7 +164,8 @@ def test_growth_phases_and_widths():
 def test_dynamics_angles_and_pca():
     fig = figures.figure_for(SAMPLES["dynamics"]())
     angles, pca = fig.axes
-    assert len(labels(angles)) == 3 and angles.get_ylabel() == "angle (degrees)"
+    assert len(labels(angles)) == 4 and labels(angles)[-1] == "core layers"  # three angles, the core shaded
+    assert angles.get_ylabel() == "angle (degrees)"
     assert pca.get_xlabel() == "PC1 (60%)" and pca.get_ylabel() == "PC2 (20%)"
     assert labels(pca) == ["cluster 0 (bulk)", "cluster 1"]
     assert [len(c.get_offsets()) for c in pca.collections] == [30, 10]
