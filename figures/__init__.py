@@ -6,7 +6,9 @@
 One module per result kind, `figures/<name>.py` (the result class's `name` with `-` as `_`; an
 atlas: `figures/atlas.py`), each with `draw(result) -> Figure`; found by that name, never listed by
 hand, like the console's views. `figures/style.py` holds what they share: sizes for a two-column
-paper, the classes' colour, hatch and marker, one look per series. The engine imports none of this
+paper, the classes' colour, hatch and marker, one look per series. Every figure is made on its own
+Agg canvas, never through pyplot: no window, no global state, and a notebook's backend is left as
+it is (a notebook shows the returned figure as its PNG: `style.PaperFigure`). The engine imports none of this
 (a `lint-imports` contract): figures sit beside the store, above the engine; `anatomy-tui report`
 (tui/commands/report.py) and the notebook API call them.
 """
@@ -27,8 +29,6 @@ from engine.core.errors import UserError
 from engine.core.events import ResultDocument
 from engine.disk.atomic import atomic_write
 from figures.style import DPI, RC
-
-matplotlib.use("Agg")  # before anything draws; the figures are files, never windows
 
 FORMATS = ("png", "svg", "pdf")
 

@@ -8,11 +8,13 @@ any experiment.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -89,9 +91,20 @@ def bar_look(index: int) -> dict[str, Any]:
             "edgecolor": "black", "linewidth": 0.4}
 
 
+class PaperFigure(Figure):
+    """A figure a notebook shows as its PNG with no pyplot and no `%matplotlib` (IPython calls
+    `_repr_png_`)."""
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        with matplotlib.rc_context(RC):
+            self.savefig(buffer, format="png", dpi=150)
+        return buffer.getvalue()
+
+
 def figure(height: float, width: float = COLUMN) -> Figure:
     """A new figure of that size in inches, on the Agg canvas (no pyplot, no global state)."""
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = PaperFigure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 

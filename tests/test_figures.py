@@ -267,10 +267,16 @@ def test_bad_input_is_one_line(tmp_path):
 
 def test_a_figure_draws_without_a_display_and_the_engine_imports_no_matplotlib():
     code = ("import sys, engine.registry, engine.atlas.table; assert 'matplotlib' not in sys.modules; "
-            "import figures, matplotlib; assert matplotlib.get_backend().lower() == 'agg'")
+            "import figures; from matplotlib.backends.backend_agg import FigureCanvasAgg; "
+            "fig = figures.figure_for(engine.registry.BY_NAME['prune'].sample()); "
+            "assert isinstance(fig.canvas, FigureCanvasAgg) and 'matplotlib.pyplot' not in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(ROOT)})
     assert done.returncode == 0, done.stderr
+
+
+def test_a_notebook_shows_the_figure_as_png():
+    assert figures.figure_for(SAMPLES["toy-depth"]())._repr_png_().startswith(b"\x89PNG")
 
 
 def test_svg_keeps_text_as_text(tmp_path):
