@@ -169,3 +169,14 @@ def test_a_kind_without_a_figure_module_keeps_its_tables(isolated_home, tmp_path
         assert f"no figure is drawn for &#x27;{entry.writes}&#x27; results" in page
         assert f"<h2 id='{entry.writes}'>" in page and page.count("data:image/png") == len(NAMES)
         assert not (tmp_path / "out" / f"{entry.writes}.png").exists()
+
+
+def test_an_atlas_session_reports_its_profiles(isolated_home, tmp_path):
+    from test_figures import atlas_sample
+
+    session = SessionStore().create("atlas-demo", model="")
+    session.save_result("atlas", atlas_sample().to_json())
+    assert main(["report", "atlas-demo", "--out", str(tmp_path), "--format", "html"]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert (tmp_path / "atlas.png").exists() and "anatomy-tui compare --atlas demo" in page
+    assert not re.findall(r"src='(?!data:)|<script|<link", page)  # self-contained: nothing fetched
