@@ -15,7 +15,7 @@ from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
 from figures import style
 
 PROXIES = {"block_influence": "Block Influence", "angular_distance": "angular distance",
-           "angular_last_token": "angular distance, last token"}
+           "angular_last_token": "angular distance\n(last token)"}
 D_LABEL = "D (%)"
 
 
@@ -54,7 +54,7 @@ def proxy_panel(ax: Axes, rows: Sequence[AblationRow], proxy: str, rho: float | 
     style.d_axis(ax, [r.degradation_pct for r in rows])
     ax.set_xlabel(PROXIES[proxy])
     ax.set_ylabel(D_LABEL)
-    ax.set_title(f"Spearman ρ = {rho:.2f}" if style.finite(rho) else "Spearman ρ: n/a")
+    ax.set_title(f"Spearman ρ = {rho:.2f}" if style.finite(rho) else "Spearman ρ: n/a", fontsize=6)
 
 
 def proxies_of(rows: Sequence[AblationRow]) -> list[str]:

@@ -235,7 +235,7 @@ def test_manipulate_strategies():
 def test_proxies_only_map():
     fig = figures.figure_for(proxy_sample())
     (ax,) = fig.axes
-    assert labels(ax) == ["Block Influence", "angular distance", "angular distance, last token"]
+    assert labels(ax) == ["Block Influence", "angular distance", "angular distance\n(last token)"]
 
 
 def test_atlas_profiles_on_relative_depth():
