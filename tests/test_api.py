@@ -187,6 +187,17 @@ def test_open_session_reads_what_the_cli_made(tiny_folder, tmp_path):
     assert session.events(job="another") == [] and session.damage == []
 
 
+def test_plot_draws_the_figures_package_figure_of_a_run_and_of_a_saved_result(tiny, tmp_path):
+    from matplotlib.figure import Figure
+
+    done = run("ablation", tiny, session="plotted", eval_set="paper", progress=False)
+    figure = done.plot()
+    assert isinstance(figure, Figure) and figure.axes
+    assert any("layer" in axes.get_xlabel().lower() for axes in figure.axes)
+    saved = open_session("plotted").results["ablation"]
+    assert [a.get_xlabel() for a in anatomy_tui.plot(saved).axes] == [a.get_xlabel() for a in figure.axes]
+
+
 def test_open_session_of_no_session_is_one_error():
     with pytest.raises(InputError, match="no session 'nowhere'"):
         open_session("nowhere")

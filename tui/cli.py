@@ -63,7 +63,7 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
         help="with --serve: require a random token (printed at start, in the URL); without it anyone "
         "who can reach the port gets the console",
     )
-    commands = parser.add_subparsers(dest="command", metavar="{run,sessions,export,atlas,compare}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,sessions,export,atlas,compare,report}")
 
     run = commands.add_parser("run", help="run an experiment headless into a session")
     experiments = run.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
@@ -95,6 +95,13 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
                                     "with the criteria's agreement")
     compare.add_arguments(comparing)
     comparing.set_defaults(handler=compare.main)
+
+    from tui.commands import report
+
+    reporting = commands.add_parser("report", help="a session's results as figures (PNG, SVG), an HTML page, "
+                                    "Markdown and one PDF: tables, settings, versions, reproducing commands")
+    report.add_arguments(reporting)
+    reporting.set_defaults(handler=report.main)
     return parser
 
 
@@ -110,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "atlas":  # its runs, and what it does between them, stop on SIGTERM, SIGHUP too
             with stop_on_signals():
                 return int(args.handler(args) or 0)
-        if args.command in ("export", "compare"):
+        if args.command in ("export", "compare", "report"):
             return int(args.handler(args) or 0)
         if args.command == "sessions":
             from tui.commands.sessions import main as sessions_main

@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.events import CancelToken
+from engine.core.events import CancelToken, decode_or_none, result_class
 from engine.core.settings import Settings
-from engine.disk.session_layout import APP_LOG
+from engine.disk.session_layout import APP_LOG, FIGURES
 from engine.experiments.growth.vocabulary import GrowthResult
 from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.variants import SavedModels, Variant, pruned_layers, saved_model_path
@@ -147,6 +147,28 @@ class Lab:
         self._tell(text, level)
         self.state.add_log(level, text)
         log.log(logging.ERROR if level == "error" else logging.INFO, text)
+
+    def save_figures(self, names: tuple[str, ...]) -> None:
+        """The publication figures (figures/) of these results, as PNG and SVG in the session's
+        figures/ folder; says where, or why none was saved."""
+        drawable = [(name, cls) for name in names if name in self.state.results and (cls := result_class(name))]
+        if self.session is None or not drawable:
+            self.say("no result in this panel to draw yet", "warning")
+            return
+        import figures
+
+        written = []
+        try:
+            folder = self.session.part(FIGURES)
+            for name, cls in drawable:
+                result = decode_or_none(cls, self.state.results[name])
+                if result is not None:
+                    written += figures.save_figure(result, folder / name, ("png", "svg"))
+        except (UserError, OSError) as exc:
+            self.say(f"figure not saved: {exc}", "error")
+            return
+        shown = ", ".join(path.name for path in written)
+        self.say(f"saved {shown} in {folder}" if written else "these results do not fit this version: no figure")
 
     # the session -----------------------------------------------------------------------------------
     def first_session(self, requested: str | None, resume: bool) -> str | None:

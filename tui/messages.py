@@ -158,6 +158,17 @@ class MarkRequested(ForTheLab):
         lab.toggle_mark(self.layer)
 
 
+class FigureRequested(ForTheLab):
+    """Save the figures of these results (the panel in view's) in the session's figures/ folder."""
+
+    def __init__(self, results: tuple[str, ...]) -> None:
+        super().__init__()
+        self.results = results
+
+    def answer(self, lab: Any) -> None:
+        lab.save_figures(self.results)
+
+
 class CancelRequested(ForTheLab):
     """Cancel the running jobs of `experiment` (the job of the panel in view)."""
 

@@ -13,6 +13,7 @@ engine, sessions and tui can all import it.
               LOGS/           the output of jobs the console started
               APP_LOG         the console's log file
               GROWTH_MODELS/  the growth run's final models
+              FIGURES/        figures the console saved (its key F8: the panel in view's)
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 APP_LOG = "app.log"
 GROWTH_MODELS = "growth_models"
+FIGURES = "figures"
 LAYER_WEIGHTS = "weights"  # in an experiment's checkpoint folder: each layer it changed (recovery)
 
-FOLDERS = (RESULTS, JOBS, CHECKPOINTS, LOGS, GROWTH_MODELS)  # the parts that are folders
+FOLDERS = (RESULTS, JOBS, CHECKPOINTS, LOGS, GROWTH_MODELS, FIGURES)  # the parts that are folders
 # none may be a symbolic link
-PARTS = (MANIFEST, EVENTS, EVENT_INDEX, RESULTS, JOBS, CHECKPOINTS, LOGS, APP_LOG, GROWTH_MODELS)
+PARTS = (MANIFEST, EVENTS, EVENT_INDEX, RESULTS, JOBS, CHECKPOINTS, LOGS, APP_LOG, GROWTH_MODELS, FIGURES)

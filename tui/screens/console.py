@@ -28,6 +28,7 @@ from tui.console_settings import ConsoleSettings
 from tui.messages import (
     CancelRequested,
     ConsoleReady,
+    FigureRequested,
     GenerateRequested,
     GrowthPreviewRequested,
     GrowthRequested,
@@ -40,7 +41,7 @@ from tui.messages import (
 from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
 from tui.state import Dirty, JobView, SessionState
-from tui.views import analyses_widgets, show_analyses
+from tui.views import analyses, analyses_widgets, show_analyses
 from tui.widgets.curve_plot import Curve, CurvePlot
 from tui.widgets.growth_timeline import GrowthTable, GrowthTimeline
 from tui.widgets.layer_detail import LayerDetail
@@ -54,6 +55,7 @@ ARM_COLOURS = {"growth_100": "green", "growth_50": "cyan", "uniform_100": "magen
 log = logging.getLogger("anatomy_tui.console")
 TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")
 JOB_OF_TAB = {"layers": "ablation", "recovery": "recovery", "growth": "growth"}  # what c cancels there
+FIGURES_OF_TAB = {"layers": ("ablation",), "recovery": ("recovery",), "growth": ("growth",)}  # what F8 saves there
 REDRAW_ON_SHOW = {"recovery": frozenset({Dirty.RECOVERY}), "growth": frozenset({Dirty.GROWTH})}  # sized as shown
 RECOVERY_FORM = ("sigma", "steps", "lr")  # the recovery form's fields, RecoverySettings' own defaults in them
 
@@ -94,6 +96,8 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("n", "newer_log", "Newer log lines", "the Log tab: the page after the lines shown, then the live lines"),
     ("f9,s", "stop_generation", "Stop generation", "stop the text being generated"),
     ("r", "resume_job", "Resume interrupted job", "restart an interrupted job from its checkpoint"),
+    ("f8", "save_figure", "Save figure", "the publication figure of the panel in view (PNG, SVG) in the session's "
+     "figures/ folder"),
     ("k", "compare", "Compare view", "this session beside the others on relative depth (an atlas session: its "
      "models), criteria agreement"),
     ("q,ctrl+q", "quit", "Quit", "quit (jobs in their own process keep running)"),
@@ -390,6 +394,18 @@ class ConsoleScreen(Screen[None]):
     def action_toggle_modified(self) -> None:
         if self.selected_layer is not None:
             self.post_message(MarkRequested(self.selected_layer))
+
+    def action_save_figure(self) -> None:
+        """Saves the figure of the panel in view (the Analyses pane: of every analysis it shows)."""
+        if self.current == "analyses":
+            names = tuple(BY_NAME[name].writes for name, _ in analyses())
+        else:
+            names = FIGURES_OF_TAB.get(self.current, ())
+        if not names:
+            self.notify(f"the {TITLES[self.current]} panel has no figure; F8 saves the layer map's, recovery's, "
+                        "growth's and the analyses'")
+            return
+        self.post_message(FigureRequested(names))
 
     async def action_cancel(self) -> None:
         """Cancels the running jobs of the panel in view (the layer map's, recovery's or growth's);

@@ -1,0 +1,76 @@
+"""Growth against uniform: the growth arm's phases shaded on the step axis with the network drawn
+growing (each layer a bar as thick as its FFN width, from the phase that adds it), the uniform arm
+the same way, and each arm's final validation loss with its spread over seeds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from engine.evaluation.statistics import CLASSES
+from engine.experiments.growth.vocabulary import GrowthResult
+from figures import style
+
+SHADES = ("0.93", "0.85")
+
+
+def class_name(text: str) -> str:
+    """A profile entry (`critical`, or the sample's `C`) as its class; `anti` and unknown as redundant."""
+    text = text.strip().lower()
+    return next((name for name in CLASSES if name == text or name[0] == text), "redundant")
+
+
+def layer_bars(ax: Axes, start: float, steps: float, layers: Sequence[int], thickness: Sequence[float],
+               classes: Sequence[str]) -> None:
+    for layer in layers:
+        share = thickness[layer] if layer < len(thickness) else 1.0
+        look = style.class_look(classes[layer] if layer < len(classes) else None)
+        ax.barh(layer, steps, left=start, height=0.85 * share, color=look.color, hatch=look.hatch,
+                edgecolor="black", linewidth=0.3)
+
+
+def timeline(ax: Axes, phases: Sequence[tuple[str, float, float, Sequence[int], float]], widths: Sequence[float],
+             classes: Sequence[str], widest: float, n_layers: int) -> None:
+    """Phases (name, start, steps, layers, ffn scale) shaded in turn, the layers each one trains."""
+    for index, (name, start, steps, layers, scale) in enumerate(phases):
+        ax.axvspan(start, start + steps, color=SHADES[index % 2], zorder=0, linewidth=0)
+        ax.text(start + steps / 2, n_layers - 0.35, name, ha="center", va="bottom", fontsize=5.5)
+        layer_bars(ax, start, steps, layers, [w * scale / widest for w in widths], classes)
+    ax.set_ylim(-0.6, n_layers + 0.3)
+    ax.set_ylabel("layer")
+    ax.set_yticks(range(n_layers))
+
+
+def draw(result: GrowthResult) -> Figure:
+    classes = [class_name(c) for c in result.profile if c.strip().lower() != "anti"]
+    growth_widths = result.widths.growth or [1] * len(classes)
+    n_layers = len(growth_widths)
+    uniform = result.widths.uniform or max(growth_widths)
+    widest = max(*growth_widths, uniform)
+    fig = style.figure(height=3.3)
+    grown, flat, losses = fig.subplots(3, 1, height_ratios=(1.3, 1.0, 1.0))
+    phases = [(str(p["name"]), float(p["start"]), float(p["steps"]), [int(x) for x in p["layers"]],
+               float(p.get("ffn_scale", 1.0))) for p in result.phases]
+    timeline(grown, phases, growth_widths, classes, widest, n_layers)
+    grown.set_title(f"growth arm: phases, FFN widths {min(growth_widths)}–{max(growth_widths)}")
+    uniform_arm = result.arms.get("uniform_100")
+    uniform_steps = float(uniform_arm.steps) if uniform_arm else max((s + n for _, s, n, _, _ in phases), default=1)
+    timeline(flat, [("uniform", 0.0, uniform_steps, range(n_layers), 1.0)], [uniform] * n_layers, [],
+             widest, n_layers)
+    flat.set_title(f"uniform arm: FFN width {uniform}")
+    flat.set_xlabel("optimizer step")
+    flat.sharex(grown)
+    style.class_legend(grown, [c for c in CLASSES if c in classes], False, loc="upper left", ncols=4,
+                       bbox_to_anchor=(0.0, 1.45), fontsize=5.5)
+    names = list(result.arms)
+    for index, name in enumerate(names):
+        arm = result.arms[name]
+        losses.bar(index, arm.mean, yerr=arm.sd if arm.sd else None, label=name, **style.bar_look(index))
+    losses.set_xticks(range(len(names)), names)
+    losses.set_ylabel("validation loss")
+    means = [result.arms[n].mean for n in names]
+    if means:
+        losses.set_ylim(min(means) * 0.9, max(means) * 1.05)
+    return fig
