@@ -1,11 +1,15 @@
 """Console startup on the embedded model: time from process start to the first painted screen, and
 to a complete layer map, cold (a new session: load the model, compute the map) and cached
-(reopening that session: the map comes from the store). The straightforward version imports torch
-and loads the model before the first paint; the ratio is its first paint over ours.
+(reopening that session: the map comes from the store). Two yardsticks: an empty Textual app's
+first paint on the same machine (the floor: Python and Textual alone; ours should be within 2x
+of it) and the straightforward version, which imports torch and loads the model before the first
+paint. Then the command line's answers that need no model loaded: `run --help`, a bad value
+(`--sigma nan`) and a setting the model's config refuses (`--layers 99`), and `./start`'s check
+that everything is installed (scripts/bootstrap.sh --check).
 
     python benchmarks/startup.py [--model smollm2-135m]
 
-Each measurement is a fresh process running the console headless. Last line:
+Each measurement is a fresh process (the console headless at 120x40). Last line:
 `seconds first_paint: X`.
 """
 
@@ -25,6 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def probe(mode: str, session: str, model: str, started: float) -> None:
     """Runs inside the measured process; prints one JSON line of times (seconds since `started`)."""
+    if mode == "empty":
+        empty_app(started)
+        return
     if mode == "eager":  # the straightforward version: the model first, then the UI
         from engine.models.loading import load_model
 
@@ -61,6 +68,35 @@ def probe(mode: str, session: str, model: str, started: float) -> None:
     print(json.dumps(times))
 
 
+def empty_app(started: float) -> None:
+    """The floor: an empty Textual app, timed to its first paint as the console is."""
+    from textual.app import App
+
+    times: dict[str, float] = {}
+
+    class Empty(App):
+        def on_mount(self) -> None:
+            self.call_after_refresh(self.painted)
+
+        def painted(self) -> None:
+            times["first_paint"] = time.time() - started
+            self.exit()
+
+    Empty().run(headless=True, size=(120, 40))
+    print(json.dumps(times))
+
+
+def command_seconds(command: list[str], home: str, repeats: int = 3) -> float:
+    """The best of `repeats` wall-clock times of a command (each a fresh process)."""
+    env = {**os.environ, "ANATOMY_TUI_HOME": home, "PYTHONPATH": str(ROOT)}
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        subprocess.run(command, env=env, cwd=ROOT, capture_output=True, timeout=600)
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
 def measure(mode: str, session: str, model: str, home: str) -> dict[str, float]:
     env = {**os.environ, "ANATOMY_TUI_HOME": home, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, __file__, "--probe", mode, "--session", session, "--model", model,
@@ -81,11 +117,24 @@ def main() -> None:
     if args.probe:
         probe(args.probe, args.session, args.model, args.started)
         return
+    cli = [sys.executable, "-m", "tui.cli"]
     with tempfile.TemporaryDirectory() as home:
+        empty = measure("empty", "empty", args.model, home)
         eager = measure("eager", "eager", args.model, home)
         cold = measure("cold", "startup", args.model, home)
         cached = measure("cached", "startup", args.model, home)
+        refusals = {
+            "run --help": command_seconds([*cli, "run", "--help"], home),
+            "run recovery --sigma nan": command_seconds([*cli, "run", "recovery", "--sigma", "nan"], home),
+            "run recovery --layers 99": command_seconds([*cli, "run", "recovery", "--model", args.model,
+                                                         "--layers", "99"], home),
+        }
+        check = ["bash", str(ROOT / "scripts" / "bootstrap.sh"), "--check"]
+        installed = subprocess.run(check, capture_output=True).returncode == 0
+        refusals[f"./start's install check ({'installed' if installed else 'not installed here'})"] = (
+            command_seconds(check, home))
     print(f"model {args.model} on cpu, console headless at 120x40 (machine shared with other jobs)")
+    print(f"first paint, empty Textual app (the floor):  {empty['first_paint']:.2f} s")
     print(f"first paint, torch imported before it: {eager['first_paint']:.2f} s (straightforward version)")
     print(f"first paint, lazy (ours), cold session:   {cold['first_paint']:.2f} s, torch imported then: "
           f"{bool(cold['torch_at_paint'])}")
@@ -94,6 +143,9 @@ def main() -> None:
     print(f"first paint, cached session:               {cached['first_paint']:.2f} s")
     print(f"complete layer map, cached (from store):   {cached['map_complete']:.2f} s")
     print(f"ratio first paint straightforward / ours: {eager['first_paint'] / cold['first_paint']:.1f}x")
+    print(f"ratio first paint ours / empty app: {cold['first_paint'] / empty['first_paint']:.2f}x (target <= 2)")
+    for what, seconds in refusals.items():
+        print(f"{what + ':':52} {seconds:.2f} s (best of 3)")
     print(f"seconds first_paint: {cold['first_paint']:.2f}")
 
 
