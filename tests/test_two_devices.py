@@ -29,6 +29,7 @@ SPLIT = ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
 OFFLOADED = {"layout": ["cuda:0", "disk", "cuda:1", "cuda:1"], "head": "cuda:0"}
 LAYERS = len(SPLIT)
 MATRICES = 7  # a tiny llama layer's q, k, v, o, gate, up, down
+LAYER_PARAMS = MATRICES + 2  # and its two norms
 
 
 def result(events) -> dict:
@@ -220,14 +221,19 @@ def test_ablation_with_the_head_on_the_first_gpu_and_a_layer_on_disk(monkeypatch
     expected, got, mode = on_both(monkeypatch, lambda model: result(run_ablation(model, tokenizer, settings)),
                                   offload_dir=tmp_path / "offload", **OFFLOADED)
     assert without_times(got) == without_times(expected)
-    within(mode, **ablation_budget(settings, tokenizer))
+    budget = ablation_budget(settings, tokenizer)
+    # each forward through the disk layer brings its parameters up: the baseline's batches and layer 0's
+    # (the layers above start from the prefix cache, past it)
+    budget["uploads"] += LAYER_PARAMS * 2 * batches(settings, tokenizer)
+    within(mode, **budget)
 
 
-def dynamics_budget(settings, tokenizer, measures: int = 7) -> dict[str, int]:
+def dynamics_budget(settings, measures: int = 7) -> dict[str, int]:
     """Per batch: each of the meter's `measures` once, the kept positions, the token count, the
     lens' token count, the ids and mask for the clusters' examples (one read each) and its ids and
     mask up; the lens' losses once at the end."""
-    n = math.ceil(len(settings.eval_source(tokenizer).texts) / (settings.eval_batch_size or 8))
+    with open(settings.text_file, encoding="utf-8") as texts:
+        n = math.ceil(len(texts.read().splitlines()) / settings.eval_batch_size)
     return {"reads": n * (measures + 5) + 1, "uploads": 2 * n}
 
 
@@ -243,7 +249,10 @@ def test_dynamics_angles_trajectories_and_lens(monkeypatch, tokenizer, files, tm
     expected, got, mode = on_both(monkeypatch, lambda model: result(run_dynamics(model, tokenizer, settings)),
                                   **placement)
     assert without_times(got) == without_times(expected)
-    within(mode, **dynamics_budget(settings, tokenizer))
+    budget = dynamics_budget(settings)
+    if placement:  # the one forward of each batch brings the disk layer's parameters up
+        budget["uploads"] += LAYER_PARAMS * (budget["uploads"] // 2)
+    within(mode, **budget)
 
 
 def test_weights_with_the_paradox(monkeypatch, tokenizer, files):
@@ -437,8 +446,8 @@ def test_an_np_asarray_of_a_gpu_tensor_mutation_is_caught(monkeypatch, tokenizer
 
 
 def test_an_index_on_the_wrong_gpu_mutation_is_caught(monkeypatch, tokenizer):
-    """The prefix cache's batch rows indexed with an index made on cuda:0 while the states sit on
-    cuda:1: CUDA refuses it, and so does the harness."""
+    """Each batch's token losses (handed back on cuda:0, where the ids went in) indexed with rows made
+    on cuda:1: CUDA refuses it, and so does the harness."""
     import engine.evaluation.perplexity as perplexity
     from engine.experiments.ablation.run import run_ablation
     from engine.experiments.ablation.vocabulary import AblationSettings
@@ -446,12 +455,12 @@ def test_an_index_on_the_wrong_gpu_mutation_is_caught(monkeypatch, tokenizer):
     masked = perplexity.masked
 
     def indexed(values, attention_mask):
-        rows = torch.arange(values.shape[0], device="cuda:0")
+        rows = torch.arange(values.shape[0], device="cuda:1")
         return masked(values[rows], attention_mask)
 
     monkeypatch.setattr(perplexity, "masked", indexed)
     settings = AblationSettings(method="skip", eval_set="paper", eval_batch_size=4)
-    with pytest.raises(DeviceMismatch, match=r"indices should be either on cpu or on the same device .*cuda:1"):
+    with pytest.raises(DeviceMismatch, match=r"indices should be either on cpu or on the same device .*cuda:0"):
         on_gpus(monkeypatch, lambda model: result(run_ablation(model, tokenizer, settings)))
 
 
