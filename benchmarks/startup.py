@@ -70,6 +70,18 @@ def probe(mode: str, session: str, model: str, started: float) -> None:
     print(json.dumps(times))
 
 
+PREVIEWED_REFUSAL = """
+import sys
+from engine.core.errors import UserError
+from engine.experiments.recovery.vocabulary import RecoverySettings
+from engine.models.memory import preview_model
+try:
+    RecoverySettings(layers=(99,)).check_against(preview_model(sys.argv[1]).shape)
+except UserError:
+    sys.exit(2)
+"""
+
+
 def empty_app(started: float) -> None:
     """The floor: an empty Textual app, timed to its first paint as the console is."""
     from textual.app import App
@@ -132,6 +144,9 @@ def main() -> None:
             "run recovery --layers 99": command_seconds([*cli, "run", "recovery", "--model", args.model,
                                                          "--layers", "99"], home),
         }
+        # the straightforward refusal of --layers 99: the same check on the preview's shape (transformers' config
+        # and tokenizer, the model on the meta device), where it was made before the config alone was read
+        previewed = command_seconds([sys.executable, "-c", PREVIEWED_REFUSAL, args.model], home)
         check = ["bash", str(ROOT / "scripts" / "bootstrap.sh"), "--check"]
         installed = subprocess.run(check, capture_output=True).returncode == 0
         refusals[f"./start's install check ({'installed' if installed else 'not installed here'})"] = (
@@ -150,6 +165,8 @@ def main() -> None:
     print(f"ratio first paint ours / empty app: {cold['first_paint'] / empty['first_paint']:.2f}x (target <= 2)")
     for what, seconds in refusals.items():
         print(f"{what + ':':52} {seconds:.2f} s (best of 3)")
+    print(f"{'--layers 99 refused after the preview (straightforward):':52} {previewed:.2f} s (best of 3)")
+    print(f"ratio refusal after the preview / from the config: {previewed / refusals['run recovery --layers 99']:.1f}x")
     print(f"seconds first_paint: {cold['first_paint']:.2f}")
 
 
