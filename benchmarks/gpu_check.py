@@ -30,6 +30,9 @@ Bounds, and why:
 - out of memory in ablation, recovery, growth and prune, provoked on the GPU (the probe caps the
   process at what it holds when the experiment starts): exit code 2 and exactly one stderr line
   naming out of memory, no traceback.
+- answers before torch (issue 31): `run --help` (exit 0) and `run recovery --layers 99` (exit 2, the
+  model's depth read from its config or GGUF header) import no torch and no transformers
+  (`python -X importtime`); the seconds are shown (on a GPU box torch's CUDA import is the slow part).
 - two GPUs or more: --device-map balanced against one GPU (ablation, dynamics, weights, prune) and
   --shards 2 against the serial map within 1e-5 relative, and the console's map and recovery jobs
   (the command the console builds, with --shards) against serial runs.
@@ -484,10 +487,29 @@ def console_job(check: Check, experiment: str, flags: list[str], dtype: str, ser
     check.judge(figure, bound, (serial,), verdict)
 
 
+def before_torch_figures(check: Check) -> None:
+    """`run --help` and a layer out of range answered before torch or transformers is imported."""
+    for figure, argv, code in (("run --help before torch", ["run", "--help"], 0),
+                               ("--layers 99 refused before torch",
+                                ["run", "recovery", "--model", check.args.model, "--layers", "99"], 2)):
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "tui.cli", *argv], cwd=ROOT,
+                              capture_output=True, text=True, timeout=check.args.timeout,
+                              env={**os.environ, "ANATOMY_TUI_HOME": str(check.work / "sessions")})
+        seconds = time.perf_counter() - started  # -X importtime adds a little
+        imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+                    if line.startswith("import time:")}
+        heavy = sorted(imported & {"torch", "transformers"})
+        check.verdict(figure, done.returncode == code and not heavy,
+                      f"exit {done.returncode} in {seconds:.1f} s, imported {', '.join(heavy) or 'neither'}",
+                      f"exit {code}, neither torch nor transformers imported")
+
+
 def figures(check: Check) -> None:
-    """Every figure, in the order of issue 18's list."""
+    """Every figure, in the order of issue 18's list (and issue 31's answers before torch)."""
     args = check.args
     device_info(check)
+    before_torch_figures(check)
     n_layers = layer_count(args.model)
     settings = Settings.choose(args.quick, n_layers)
     check.info(f"model {args.model}, {n_layers} layers; map: {' '.join(settings.map) or 'defaults'}; "

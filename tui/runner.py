@@ -1,8 +1,9 @@
 """`anatomy-tui run EXPERIMENT`: one path for every experiment of the registry.
 
-Everything that can fail fast is checked before the slow model load: the settings, every input
-file, the --json path, the sessions folder, the session name (and, for --resume, that the session
-exists), room on disk for a model export. A new session is made before the model loads (so two runs
+Everything that can fail fast is checked before the slow model load, most before torch is imported:
+the settings, the settings against the model's config (layers in range), every input file, the
+--json path, the sessions folder, the session name (and, for --resume, that the session exists),
+room on disk for a model export. A new session is made before the model loads (so two runs
 naming it cannot both load a model for it) and removed again when the run fails before writing
 anything, so a failed start leaves nothing behind. A cancelled run exits 130 (Ctrl-C), 143
 (SIGTERM) or 129 (SIGHUP) and prints the command that resumes it; a user error 2.
@@ -33,6 +34,7 @@ from engine.core.settings import Settings
 from engine.disk.atomic import atomic_write_json, check_free_space, check_writable_path
 from engine.experiments.context import RunContext
 from engine.models.options import ModelOptions, check_device
+from engine.models.preflight import check_config
 from engine.registry import EXPERIMENTS, Experiment, experiment
 from sessions.job_runner import run_job
 from sessions.store import Session, SessionExists, SessionStore
@@ -61,6 +63,8 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     world = _world(experiment, args, options, settings)  # flags that cannot go together: one line first
     check_device(_asked_device(options, settings))  # a GPU this machine lacks: one line before any file is read
     settings.check_inputs()
+    if options is not None:  # the settings against the model's config (layers in range), still without torch
+        check_config(settings, options.model)
     main = world is None or world.is_main
     if args.json is not None and main:
         check_writable_path(args.json, "--json")

@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from typing import TYPE_CHECKING, Any
 
 from engine.disk.atomic import atomic_write_bytes
 from engine.models.loading import DEFAULT_MODEL
+
+if TYPE_CHECKING:  # huggingface_hub's Hub client takes 0.8 s to import: not on the console's way to its first paint
+    from huggingface_hub import EvalResult, ModelCard
 
 CARD = "README.md"
 METADATA_KEY = "anatomy_tui"  # the card's block of what anatomy-tui did to the model
@@ -44,6 +45,8 @@ class Perplexity:
     protocol: Mapping[str, Any] | None = None  # the result's `protocol` where the run recorded one
 
     def eval_result(self) -> EvalResult:
+        from huggingface_hub import EvalResult
+
         protocol = dict(self.protocol or {})
         return EvalResult(
             task_type="text-generation", task_name="perplexity",
@@ -81,6 +84,8 @@ LM_EVAL_METRICS = ("acc", "acc_norm", "exact_match")  # exact_match: a generativ
 
 def accuracy_results(scores: Sequence[Mapping[str, Any]], n_shot: Mapping[str, int] | None) -> list[EvalResult]:
     """lm-eval's scores (events.TaskScore documents) as `model-index` entries, one per task and metric."""
+    from huggingface_hub import EvalResult
+
     found = []
     for score in scores:
         task = str(score["task"])
@@ -99,6 +104,8 @@ def add_accuracy(folder: Path, scores: Sequence[Mapping[str, Any]], protocol: Ma
     """Puts lm-eval's scores of an exported model (measured after the export: `source` says where)
     into its folder's card, in place of any it had: `model-index` entries and `lm_eval` in the
     `anatomy_tui` block. The card is rewritten atomically."""
+    from huggingface_hub import ModelCard
+
     path = Path(folder) / CARD
     card = ModelCard.load(path)
     data = card.data
@@ -112,6 +119,8 @@ def add_accuracy(folder: Path, scores: Sequence[Mapping[str, Any]], protocol: Ma
 
 
 def model_card(facts: CardFacts) -> ModelCard:
+    from huggingface_hub import ModelCard, ModelCardData
+
     data = ModelCardData(
         base_model=facts.base_model,
         library_name=facts.library,

@@ -44,7 +44,7 @@ class ModelShape:
     layer_matrices: int = 0  # parameters in one layer's weight matrices (what recovery trains)
     layer_params: int = 0  # every parameter of one layer, norms too (what prune's adjacent healing trains)
     layer_matrix_sides: int = 0  # rows + columns of one layer's matrices (a rank-1 LoRA on each has this many)
-    family: str = ""  # the config's model_type (engine.models.anatomy FAMILIES: its layers and matrix names)
+    family: str = ""  # the config's model_type (engine.models.families FAMILIES: its layers and matrix names)
 
     @classmethod
     def from_config(cls, config: Any, trust_remote_code: bool = False) -> ModelShape:
@@ -61,17 +61,26 @@ class ModelShape:
 
         stack = LayerStack(model)
         matrices = stack.matrices(0).values()
+        return replace(
+            cls.from_numbers(config),
+            params=parameter_count(model),
+            layer_matrices=sum(p.numel() for p in matrices),
+            layer_params=sum(p.numel() for p in stack.layers[0].parameters()),
+            layer_matrix_sides=sum(sum(p.shape) for p in matrices),
+        )
+
+    @classmethod
+    def from_numbers(cls, config: Any) -> ModelShape:
+        """What the config's numbers say alone (no model built, parameter counts 0): the checks of
+        the settings against the model's depth and family, before torch (engine/models/preflight.py)."""
         hidden = _first(config, *HIDDEN_KEYS)
         return cls(
-            params=parameter_count(model),
+            params=0,
             n_layers=_first(config, *LAYER_KEYS),
             hidden=hidden,
             intermediate=_first(config, "intermediate_size", "ffn_dim", "n_inner") or 4 * hidden,
             heads=_first(config, "num_attention_heads", "n_head"),
-            vocab=config.vocab_size,
-            layer_matrices=sum(p.numel() for p in matrices),
-            layer_params=sum(p.numel() for p in stack.layers[0].parameters()),
-            layer_matrix_sides=sum(sum(p.shape) for p in matrices),
+            vocab=int(getattr(config, "vocab_size", 0) or 0),
             family=str(config.model_type),
         )
 

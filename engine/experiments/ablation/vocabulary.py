@@ -12,6 +12,7 @@ from engine.core.events import Event, ResultDocument, event_type, renamed_v1, re
 from engine.core.settings import MAX_SEED, check_layers, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings
+from engine.models.families import check_parts
 from engine.models.memory import ModelShape
 
 METHODS = ("mean", "skip", "zero")
@@ -43,8 +44,6 @@ class AblationSettings(EvalTextSettings):
     def check_against(self, shape: ModelShape) -> None:
         check_layers(self.layers or (), shape.n_layers, "--layers")
         if self.parts() and shape.family:
-            from engine.models.anatomy import check_parts  # torch-free callers never get here with parts
-
             check_parts(shape.family)
 
     def edits_weights(self) -> bool:

@@ -526,9 +526,10 @@ def run_dynamics(
     clustering = cluster_profiles(profiles.matrix(settings.profile), settings.components, settings.clusters,
                                   settings.seed)
     text_ids = {}
-    for batch in batches:
+    for batch in batches:  # one host copy of a batch's ids and mask, not one per text
+        ids, mask = batch.input_ids.cpu().numpy(), batch.attention_mask.cpu().numpy().astype(bool)
         for row, t in enumerate(batch.text_index):
-            text_ids[int(t)] = batch.input_ids[row][batch.attention_mask[row].bool()].tolist()
+            text_ids[int(t)] = ids[row][mask[row]].tolist()
     clusters = cluster_rows(profiles, clustering, tokenizer, text_ids, settings.examples)
     doc = DynamicsResult(
         model=model_name,

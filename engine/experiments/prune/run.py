@@ -116,7 +116,9 @@ class AngularMeter:
                 self.sums[n, start] = self.sums.get((n, start), 0) + total
 
     def distances(self, n: int) -> np.ndarray:
-        return np.array([float(self.sums[n, start]) for start in range(self.n_layers - n + 1)]) / float(self.count)
+        """One host read for the row of sums (each sits on the GPU its first layer's states were on)."""
+        row = [self.sums[n, start] for start in range(self.n_layers - n + 1)]
+        return torch.stack([value.to(row[0].device) for value in row]).cpu().numpy() / float(self.count)
 
 
 # --- evaluation of a cut ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from engine.core.events import Event, ResultDocument, event_type, renamed_v1, re
 from engine.core.settings import MAX_SEED, check_layers, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings
+from engine.models.families import check_matrix_names
 from engine.models.memory import ModelShape
 
 PREDICTIONS = ("in_sample", "loo")
@@ -54,8 +55,6 @@ class WeightsSettings(EvalTextSettings):
         for index in self.paradox_layers:
             if index < self.first_layer:
                 raise UserError(f"--paradox-layers: layer {index} is not predicted (from {self.first_layer})")
-        from engine.models.anatomy import check_matrix_names  # torch: only once a model is named
-
         return check_matrix_names(family, self.components or None)
 
     def check_against(self, shape: ModelShape) -> None:
