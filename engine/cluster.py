@@ -28,9 +28,11 @@ Torch-free at import, and Ray-free too: `ray` is imported inside `connect` and t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -191,6 +193,8 @@ class Cluster:
         `cancel_all`) cancels the task."""
         import ray
 
+        if self.stopping is not None:  # cancelled before it was sent
+            raise self.stopping
         task, placement_group = _options(self, spec, resources)
         generator = task.remote(spec)
         with self._lock:
@@ -304,7 +308,8 @@ def runtime_env(remote: bool, model: str | None) -> dict[str, Any]:
 
 def connect(address: str) -> Cluster:
     """Ray started here (`local`) or joined (`auto`, `ray://HOST:PORT`); in this process once (a
-    second call, an atlas's next measure, reuses it). No Ray installed, or an address where no
+    second call, an atlas's next measure, gets the same Cluster; Ray started by this process's
+    caller, a test's, is used as it is). No Ray installed, or an address where no
     cluster answers: one line."""
     if address not in ("local", "auto") and not address.startswith("ray://"):
         raise UserError(f"--cluster {address}: use local, auto (RAY_ADDRESS) or ray://HOST:PORT")
@@ -312,15 +317,35 @@ def connect(address: str) -> Cluster:
         import ray
     except ImportError:
         raise UserError(f"--cluster needs Ray: {INSTALL}") from None
+    if address in _CONNECTED and ray.is_initialized():
+        return _CONNECTED[address]
     if not ray.is_initialized():
         try:
-            ray.init(address=None if address == "local" else address, logging_level="ERROR", log_to_driver=False,
-                     **({"include_dashboard": False} if address == "local" else {}))
+            with _own_sigterm():
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+                         **({"include_dashboard": False} if address == "local" else {}))
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
             where = f" ({os.environ['RAY_ADDRESS']})" if address == "auto" and os.environ.get("RAY_ADDRESS") else ""
             raise UserError(f"--cluster {address}{where}: no Ray cluster answers ({_first_line(str(exc))}); start "
                             "one with `ray start --head`, or check the address") from None
-    return Cluster(address, remote=address != "local")
+    _CONNECTED[address] = Cluster(address, remote=address != "local")
+    return _CONNECTED[address]
+
+
+@contextlib.contextmanager
+def _own_sigterm() -> Iterator[None]:
+    """ray.init sets its own SIGTERM handler (sys.exit); a run keeps its own (engine.core.process
+    stop_on_signals: the job marked interrupted, exit 143)."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+_CONNECTED: dict[str, Cluster] = {}  # one Cluster an address: an atlas's measures, each run in a thread, share it
 
 
 def _gpu_memory_probe() -> list[int]:
