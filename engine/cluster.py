@@ -33,9 +33,11 @@ import functools
 import math
 import os
 import signal
+import socket
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,7 +81,7 @@ class TaskResources:
     def text(self) -> str:
         if self.gpus:
             return f"{self.gpus} GPU{'s of one node' if self.packed else ''}"
-        return f"{self.cpus:g} CPU{'s' if self.cpus != 1 else ''}" + (f", {self.memory / 1e9:.2f} GB" if self.memory
+        return f"{self.cpus:g} CPU{'s' if self.cpus != 1 else ''}" + (f", {size_text(self.memory)}" if self.memory
                                                                       else "")
 
 
@@ -98,8 +100,8 @@ def task_resources(what: str, plan_bytes: int | None, device: str, device_map: s
         if device_map is None:
             sizes = [size for node in gpu_nodes for size in node.gpu_memory]
             if plan_bytes is not None and sizes and plan_bytes > MARGIN * max(sizes):
-                raise UserError(f"{what} needs about {plan_bytes / 1e9:.2f} GB but the largest GPU of the cluster "
-                                f"has {max(sizes) / 1e9:.2f} GB; spread the model with --device-map auto, or use "
+                raise UserError(f"{what} needs about {size_text(plan_bytes)} but the largest GPU of the cluster "
+                                f"has {size_text(max(sizes))}; spread the model with --device-map auto, or use "
                                 "--device cpu")
             return TaskResources(cpus, 1)
         most = max(node.gpus for node in gpu_nodes)
@@ -120,8 +122,8 @@ def task_resources(what: str, plan_bytes: int | None, device: str, device_map: s
     memory = plan_bytes or 0
     if not any(node.cpus >= cpus and node.memory * MARGIN >= memory for node in nodes):
         largest = max((node.memory for node in nodes), default=0)
-        raise UserError(f"{what} needs about {memory / 1e9:.2f} GB of memory but the largest node of the cluster "
-                        f"has {largest / 1e9:.2f} GB for tasks; use a smaller model, --dtype float16, or a GPU "
+        raise UserError(f"{what} needs about {size_text(memory)} of memory but the largest node of the cluster "
+                        f"has {size_text(largest)} for tasks; use a smaller model, --dtype float16, or a GPU "
                         "cluster")
     return TaskResources(cpus, 0, memory)
 
@@ -235,6 +237,11 @@ class Cluster:
             ray.cancel(generator)
 
 
+def size_text(size: float) -> str:
+    """Bytes as a line shows them: GB, or MB below one GB."""
+    return f"{size / 1e9:.2f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
+
+
 def _first_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[0] if lines else "no reason given"
@@ -319,9 +326,14 @@ def connect(address: str) -> Cluster:
         raise UserError(f"--cluster needs Ray: {INSTALL}") from None
     if address in _CONNECTED and ray.is_initialized():
         return _CONNECTED[address]
+    if ray.is_initialized() and (address != "local" or _CONNECTED):
+        raise UserError(f"--cluster {address}: this process is connected to another Ray cluster already; "
+                        "use that one, or run this command on its own")
     if not ray.is_initialized():
+        _check_reachable(address)
         try:
-            with _own_sigterm():
+            with _own_sigterm(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Ray Client's timeout warning: the one line below says it
                 ray.init(address=address, logging_level="ERROR", log_to_driver=False,
                          **({"include_dashboard": False} if address == "local" else {}))
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
@@ -330,6 +342,27 @@ def connect(address: str) -> Cluster:
                             "one with `ray start --head`, or check the address") from None
     _CONNECTED[address] = Cluster(address, remote=address != "local")
     return _CONNECTED[address]
+
+
+def _check_reachable(address: str) -> None:
+    """The HOST:PORT an address names (`ray://`, or RAY_ADDRESS for `auto`) answers a TCP connection
+    within CONNECT_TIMEOUT seconds: else one line now (Ray itself waits minutes for a GCS that is
+    not there)."""
+    target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
+    if address == "local" or not target or target == "auto":
+        return
+    host, _, port = target.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"--cluster {address}: {target} is not HOST:PORT (ray://HOST:10001 for Ray Client, "
+                        "HOST:6379 for the head's GCS)")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        raise UserError(f"--cluster {address}: nothing answers at {host}:{port} ({exc.strerror or exc}); start the "
+                        "cluster (`ray start --head`), or check the address and the port") from None
+
+
+CONNECT_TIMEOUT = 5.0
 
 
 @contextlib.contextmanager
@@ -372,14 +405,14 @@ def run_task(spec: TaskSpec) -> Iterator[dict[str, Any]]:
     document; a UserError as its one line. The model loads on this node (the hub or a path)."""
     import ray
 
-    from engine.experiments.context import RunContext
-    from engine.models.options import ModelOptions
-    from engine.registry import experiment
-
     context = ray.get_runtime_context()
     gpus = tuple(str(g) for g in context.get_accelerator_ids().get("GPU", []))
     yield {"placed": {"node_id": context.get_node_id(), "host": ray.util.get_node_ip_address(), "gpus": gpus,
                       "pid": os.getpid()}}
+    from engine.experiments.context import RunContext  # torch: after the word of where it runs
+    from engine.models.options import ModelOptions
+    from engine.registry import experiment
+
     with tempfile.TemporaryDirectory(prefix="anatomy-tui-task-") as folder:
         moved = _materialize(spec.files, Path(folder))
         try:

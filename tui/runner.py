@@ -22,6 +22,7 @@ import errno
 import os
 import struct
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,7 +165,7 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
     """The run as a Ray task: its resources from the memory plan (made here, from the model's config),
     its events written into the session as they arrive, a try whose worker died retried as a job of
     its own (`--retries`), the failure after the last one line naming the experiment and the model."""
-    from engine.cluster import DEFAULT_RETRIES, TaskFailed, TaskLost, TaskSpec, task_resources
+    from engine.cluster import DEFAULT_RETRIES, TaskFailed, TaskLost, TaskSpec, size_text, task_resources
 
     model = options.model if options is not None else ""
     label = f"{Path(model.rstrip('/')).name or model} · {experiment.name}" if model else experiment.name
@@ -174,15 +175,16 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
     plan = None
     if options is not None:  # planned as the worker will run it: the CPU's float32, or a GPU's half precision
         dtype = options.dtype if options.dtype != "auto" else "bfloat16" if on_gpu else "float32"
-        plan = memory_plan(experiment, settings, dataclasses.replace(options, device="cpu", dtype=dtype,
-                                                                     device_map=None, max_memory=None),
-                           quiet=True, fits=False)
+        with _PLANNING:  # an atlas plans its measures in threads; the meta-device model patches torch.nn
+            plan = memory_plan(experiment, settings, dataclasses.replace(options, device="cpu", dtype=dtype,
+                                                                         device_map=None, max_memory=None),
+                               quiet=True, fits=False)
         options = dataclasses.replace(options, device="cuda" if device.startswith("cuda") else device)
     resources = task_resources(label, plan.total if plan is not None else None, device,
                                options.device_map if options is not None else None,
                                options.max_memory if options is not None else None, nodes)
     _report(f"{label}: on the Ray cluster ({cluster.address}, {len(nodes)} node(s))"
-            + (f"; memory plan {plan.total / 1e9:.2f} GB in {plan.dtype}" if plan is not None else ""))
+            + (f"; memory plan {size_text(plan.total)} in {plan.dtype}" if plan is not None else ""))
     spec = TaskSpec(experiment.name, settings.to_dict(), options.to_dict() if options is not None else None, inputs,
                     settings_files(settings))
     retries = DEFAULT_RETRIES if args.retries is None else args.retries
@@ -206,6 +208,9 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
 
     print_result(experiment.name, result.data)
     return 0
+
+
+_PLANNING = threading.Lock()
 
 
 def settings_files(settings: Settings) -> dict[str, str]:
