@@ -174,6 +174,14 @@ def table(home: Path, name: str) -> list[dict]:
     return SessionStore(home).open(name).load_result("atlas")["rows"]
 
 
+def serial_table(families: dict[str, Path], evaluation: str, home: Path, monkeypatch) -> list[dict]:
+    """The serial atlas's table, made in a store of its own (a store's sessions are reused)."""
+    with monkeypatch.context() as patch:
+        patch.setenv("ANATOMY_TUI_HOME", str(home))
+        assert main(atlas_argv(families, evaluation, "serial", "--device", "cpu")) == 0
+    return table(home, "serial")
+
+
 def without_sessions(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "session"} for row in rows]
 
@@ -188,8 +196,7 @@ def jobs(home: Path) -> dict[str, list[str]]:
 @pytest.mark.slow
 def test_atlas_on_the_cluster_gives_the_serial_table_and_resumes_without_recomputing(
         ray_cluster, families, files, isolated_home, tmp_path, monkeypatch, capsys, one_thread):
-    assert main(atlas_argv(families, files[0], "serial", "--device", "cpu")) == 0
-    serial = table(isolated_home, "serial")
+    serial = serial_table(families, files[0], tmp_path / "serial", monkeypatch)
 
     # Ctrl-C as the first measure is recorded: the other is cancelled (or recorded, had it ended)
     import tui.commands.atlas as atlas
@@ -223,8 +230,8 @@ def test_atlas_on_the_cluster_gives_the_serial_table_and_resumes_without_recompu
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, families, long_eval, isolated_home,
-                                                               capsys, one_thread):
-    assert main(atlas_argv(families, long_eval, "serial", "--device", "cpu")) == 0
+                                                               tmp_path, monkeypatch, capsys, one_thread):
+    serial = serial_table(families, long_eval, tmp_path / "serial", monkeypatch)
     killed: list[int] = []
 
     def kill_the_first_worker_once_it_computes() -> None:
@@ -246,6 +253,6 @@ def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, fami
     err = capsys.readouterr().err
     assert "llama · ablation: retried (2 of 2): its worker died" in err
     assert jobs(isolated_home)["killed-llama"] == ["done", "failed"]  # the killed try, and the one that finished
-    assert without_sessions(table(isolated_home, "killed")) == without_sessions(table(isolated_home, "serial"))
+    assert without_sessions(table(isolated_home, "killed")) == without_sessions(serial)
     results = SessionStore(isolated_home).open("killed-llama").path / "results"
     assert sorted(p.name for p in results.iterdir()) == ["ablation.json"]  # written once, whole (no temp left)
