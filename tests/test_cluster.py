@@ -232,27 +232,42 @@ def test_atlas_on_the_cluster_gives_the_serial_table_and_resumes_without_recompu
 def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, families, long_eval, isolated_home,
                                                                tmp_path, monkeypatch, capsys, one_thread):
     serial = serial_table(families, long_eval, tmp_path / "serial", monkeypatch)
-    killed: list[int] = []
-
-    def kill_the_first_worker_once_it_computes() -> None:
-        log = isolated_home / "killed-llama" / "events.jsonl"
-        deadline = time.time() + 240
-        while time.time() < deadline and not killed:
-            docs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-            running = placements(docs)
-            if running and any(doc["kind"] == "job.progress" for doc in docs):
-                killed.append(int(running[0].rsplit("pid ", 1)[1]))
-                os.kill(killed[0], signal.SIGKILL)
-            time.sleep(0.05)
-
-    killer = threading.Thread(target=kill_the_first_worker_once_it_computes)
-    killer.start()
+    killed = kill_once(isolated_home / "killed-llama" / "events.jsonl")
     assert main(atlas_argv(families, long_eval, "killed", "--cluster", "local", "--retries", "1")) == 0
-    killer.join()
-    assert killed
+    killed.join()
     err = capsys.readouterr().err
     assert "llama · ablation: retried (2 of 2): its worker died" in err
     assert jobs(isolated_home)["killed-llama"] == ["done", "failed"]  # the killed try, and the one that finished
     assert without_sessions(table(isolated_home, "killed")) == without_sessions(serial)
     results = SessionStore(isolated_home).open("killed-llama").path / "results"
     assert sorted(p.name for p in results.iterdir()) == ["ablation.json"]  # written once, whole (no temp left)
+
+    # no retry left: the atlas says which model and measure failed and why, and goes on with the rest
+    killed = kill_once(isolated_home / "failing-llama" / "events.jsonl")
+    failing = atlas_argv(families, long_eval, "failing", "--cluster", "local", "--retries", "0", "--max-length", "200")
+    assert main(failing) == 1  # other settings than the first atlas's: nothing to reuse
+    killed.join()
+    err = capsys.readouterr().err
+    assert re.search(r"error: llama · ablation failed: its worker died on each of 1 tries \(last: .+\)\n", err)
+    assert f"atlas failing: 1 measure(s) failed ({families['llama']} · ablation on main)" in err
+    assert jobs(isolated_home)["failing-qwen2"] == ["done"]
+    assert {row["model"] for row in table(isolated_home, "failing")} == {str(families["qwen2"])}
+
+
+def kill_once(log: Path) -> threading.Thread:
+    """A thread that kills the worker of the run logging into `log` once it has begun computing
+    (its first progress event), by the pid the run's placement line names."""
+
+    def watch() -> None:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            docs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+            running = placements(docs)
+            if running and any(doc["kind"] == "job.progress" for doc in docs):
+                os.kill(int(running[0].rsplit("pid ", 1)[1]), signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
