@@ -24,6 +24,8 @@ from engine.core.errors import UserError
 from sessions.store import SessionStore
 from tui.cli import main
 
+pytestmark = pytest.mark.xdist_group("ray")  # one worker of ./test runs them all: one Ray start
+
 FAMILIES = ("llama", "qwen2")
 GB = 10**9
 
