@@ -45,6 +45,7 @@ from typing import Any
 
 from engine.core.errors import UserError
 from engine.core.events import Event, Message, event_from_json
+from engine.core.process import interruption, stop_signal
 
 INSTALL = "pip install 'anatomy-tui[cluster]' (Ray)"
 DEFAULT_RETRIES = 2  # tries after the first, for a task whose worker died
@@ -171,7 +172,7 @@ class Cluster:
     remote: bool  # another machine's cluster: the code travels as py_modules
     _live: dict[int, Any] = field(default_factory=dict)  # the streaming generators under way, by id
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    stopping: BaseException | None = None  # set by `cancel_all`: what every task of this driver stops with
+    stopping: KeyboardInterrupt | None = None  # set by `cancel_all`: what every task of this driver stops with
 
     def nodes(self) -> list[NodeShape]:
         """The alive nodes, each with its GPUs' memory (an NVML probe run on each GPU node)."""
@@ -191,12 +192,12 @@ class Cluster:
         """The task's events as they arrive, in order, after one Message naming where it was placed;
         `say` gets a line at each change of the task's state (queued, placed, running at each
         quarter of its progress, done). A worker that dies raises TaskLost; an error of the
-        experiment is raised as the worker raised it (a UserError as its one line); Ctrl-C (or
-        `cancel_all`) cancels the task."""
+        experiment raises TaskFailed (a UserError of the worker: its own line); Ctrl-C (or
+        `cancel_all`) cancels the task and raises as it was stopped."""
         import ray
 
         if self.stopping is not None:  # cancelled before it was sent
-            raise self.stopping
+            raise self._stop()
         task, placement_group = _options(self, spec, resources)
         generator = task.remote(spec)
         with self._lock:
@@ -208,17 +209,17 @@ class Cluster:
             ray.cancel(generator)
             raise
         except ray.exceptions.TaskCancelledError:
-            raise self.stopping or KeyboardInterrupt() from None
+            raise self._stop() from None
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.cause, ray.exceptions.TaskCancelledError) or self.stopping is not None:
-                raise self.stopping or KeyboardInterrupt() from None
+                raise self._stop() from None
             cause = exc.cause
             raise TaskFailed(f"{type(cause).__name__}: {_first_line(str(cause))}" if cause is not None
                              else _first_line(str(exc))) from None
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.OutOfMemoryError,
                 ray.exceptions.LocalRayletDiedError, ray.exceptions.ObjectLostError) as exc:
             if self.stopping is not None:
-                raise self.stopping from None
+                raise self._stop() from None
             raise TaskLost(_first_line(str(exc))) from None
         finally:
             with self._lock:
@@ -226,7 +227,12 @@ class Cluster:
             if placement_group is not None:
                 ray.util.remove_placement_group(placement_group)
 
-    def cancel_all(self, why: BaseException) -> None:
+    def _stop(self) -> KeyboardInterrupt:
+        """What a cancelled task raises: a new exception of the stop `cancel_all` was given (Ctrl-C
+        when none was: this thread's own), one per thread."""
+        return interruption(stop_signal(self.stopping) if self.stopping is not None else signal.SIGINT)
+
+    def cancel_all(self, why: KeyboardInterrupt) -> None:
         """Cancels every task this driver has under way; each one's `run` raises `why`."""
         import ray
 
