@@ -319,13 +319,18 @@ def runtime_env(remote: bool, model: str | None) -> dict[str, Any]:
     return {"py_modules": modules}
 
 
+def check_address(address: str) -> None:
+    """One line for an address that is not local, auto or ray://HOST:PORT."""
+    if address not in ("local", "auto") and not address.startswith("ray://"):
+        raise UserError(f"--cluster {address}: use local, auto (RAY_ADDRESS) or ray://HOST:PORT")
+
+
 def connect(address: str) -> Cluster:
     """Ray started here (`local`) or joined (`auto`, `ray://HOST:PORT`); in this process once (a
     second call, an atlas's next measure, gets the same Cluster; Ray started by this process's
     caller, a test's, is used as it is). No Ray installed, or an address where no
     cluster answers: one line."""
-    if address not in ("local", "auto") and not address.startswith("ray://"):
-        raise UserError(f"--cluster {address}: use local, auto (RAY_ADDRESS) or ray://HOST:PORT")
+    check_address(address)
     try:
         import ray
     except ImportError:

@@ -84,7 +84,30 @@ def test_cluster_flags_refused_in_one_line_before_any_work(tiny_folder, capsys, 
                                                "'anatomy-tui[cluster]' (Ray)")
     assert main(["atlas", "--models", str(tiny_folder), "--name", "a", "--cluster", "local"]) == 2
     assert "--cluster needs Ray" in capsys.readouterr().err
+    assert main(["--cluster", "local"]) == 2  # the console's: before any screen
+    assert "--cluster needs Ray" in capsys.readouterr().err
+    monkeypatch.delitem(sys.modules, "ray")
+    assert main(["--cluster", "elsewhere"]) == 2
+    assert "--cluster elsewhere: use local, auto (RAY_ADDRESS) or ray://HOST:PORT" in capsys.readouterr().err
     assert not (isolated_home / "s").exists() and not (isolated_home / "a").exists()  # no work was done
+
+
+def test_the_console_starts_its_jobs_on_its_cluster(monkeypatch):
+    from test_lab import flag, make_lab, stub_model
+
+    from tui.console_settings import ConsoleSettings
+
+    lab, console, started = make_lab(monkeypatch, placement="release")  # this GPU could not hold both
+    lab.settings = ConsoleSettings(cluster="ray://head:10001")
+    stub = stub_model()
+    lab.model_loaded(stub)
+    lab.map_job()
+    [argv] = started
+    assert argv[-4:] == ["--cluster", "ray://head:10001", "--session", "demo"]
+    assert lab.loaded is stub  # the job is not on this machine: the console keeps its model
+    assert not flag(argv, "shards") and not flag(argv, "device=cuda")  # the model flags the console was given
+    lab.start_job("ablation", lab.settings_for("ablation"), resume=True)  # a resume reads the session: here
+    assert "--cluster" not in started[1] and "--resume" in started[1]
 
 
 @pytest.fixture(scope="module")
