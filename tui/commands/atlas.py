@@ -207,9 +207,8 @@ def _interrupted(name: str, state: Any, doing: list[Step], code: int) -> int:
         with contextlib.suppress(OSError, UserError):
             state.done(step.model, step.variant, step.experiment, step.member, "interrupted")
     at = "; ".join(f"{step.model} · {step.experiment} on {step.variant}" for step in doing)
-    sessions = ", ".join(step.member for step in doing)
-    _say(f"atlas {name} interrupted{by} at {at} (marked interrupted; session{'s' if len(doing) > 1 else ''} "
-         f"{sessions}); {again}")
+    sessions = ("their sessions " if len(doing) > 1 else "its session ") + ", ".join(step.member for step in doing)
+    _say(f"atlas {name} interrupted{by} at {at} (marked interrupted; {sessions}); {again}")
     return code
 
 
