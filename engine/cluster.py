@@ -20,8 +20,7 @@ writes everything. The task is not retried by Ray (a streaming task's replay mus
 number of items, and events carry their times): the caller retries a task whose worker died
 (`WORKER_LOST`), each try a job of its own in the session, so nothing is written twice or half. The
 code reaches the workers through the runtime_env: on this machine the driver's own `engine` on
-PYTHONPATH; on a remote cluster as py_modules (the embedded model's package with it, when a task
-loads the embedded model).
+PYTHONPATH; on a remote cluster as the job's py_modules (the embedded model's package with it).
 
 Torch-free at import, and Ray-free too: `ray` is imported inside `connect` and the task.
 """
@@ -286,7 +285,7 @@ def _options(cluster: Cluster, spec: TaskSpec, resources: TaskResources) -> tupl
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     options: dict[str, Any] = {"num_cpus": resources.cpus, "num_gpus": resources.gpus, "max_retries": 0,
-                               "runtime_env": runtime_env(cluster.remote, (spec.options or {}).get("model"))}
+                               **({} if cluster.remote else {"runtime_env": runtime_env(remote=False)})}
     if resources.memory:
         options["memory"] = resources.memory
     group = None
@@ -296,26 +295,24 @@ def _options(cluster: Cluster, spec: TaskSpec, resources: TaskResources) -> tupl
     return _task().options(**options), group
 
 
-def runtime_env(remote: bool, model: str | None) -> dict[str, Any]:
+def runtime_env(remote: bool) -> dict[str, Any]:
     """How this driver's code reaches the workers: on this machine, the folder its `engine` was
-    imported from on PYTHONPATH; on a remote cluster, `engine` as py_modules, with the embedded
-    model's package when the task loads it and this machine has it installed."""
+    imported from on PYTHONPATH (each task's); on a remote cluster, the job's, uploaded by ray.init:
+    `engine` as py_modules, with the embedded model's package when this machine has it installed
+    (its GGUF file: a worker finds it as this machine does, never importing the package)."""
+    import importlib.util
+
     import engine
+    from engine.models.loading import EMBEDDED_PACKAGE
 
     root = Path(engine.__file__).resolve().parent
     if not remote:
         path = os.pathsep.join(p for p in (str(root.parent), os.environ.get("PYTHONPATH", "")) if p)
         return {"env_vars": {"PYTHONPATH": path}}
     modules = [str(root)]
-    if model is not None:
-        from engine.models.loading import DEFAULT_MODEL, EMBEDDED_PACKAGE
-
-        if model == DEFAULT_MODEL:
-            import importlib.util
-
-            found = importlib.util.find_spec(EMBEDDED_PACKAGE)
-            if found is not None and found.submodule_search_locations:
-                modules.append(str(next(iter(found.submodule_search_locations))))
+    found = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if found is not None and found.submodule_search_locations:
+        modules.append(str(next(iter(found.submodule_search_locations))))
     return {"py_modules": modules}
 
 
@@ -346,7 +343,8 @@ def connect(address: str) -> Cluster:
             with _own_sigterm(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Ray Client's timeout warning: the one line below says it
                 ray.init(address=address, logging_level="ERROR", log_to_driver=False,
-                         **({"include_dashboard": False} if address == "local" else {}))
+                         **({"include_dashboard": False} if address == "local" else
+                            {"runtime_env": runtime_env(remote=True)}))
         except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
             where = f" ({os.environ['RAY_ADDRESS']})" if address == "auto" and os.environ.get("RAY_ADDRESS") else ""
             raise UserError(f"--cluster {address}{where}: no Ray cluster answers ({_first_line(str(exc))}); start "
