@@ -117,7 +117,8 @@ def ray_cluster():
     ray = pytest.importorskip("ray")
     import engine.cluster
 
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # "local": a new one, never a cluster `ray start` left on this machine
     yield ray
     engine.cluster._CONNECTED.clear()
     ray.shutdown()
