@@ -63,6 +63,9 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
         help="with --serve: require a random token (printed at start, in the URL); without it anyone "
         "who can reach the port gets the console",
     )
+    parser.add_argument("--cluster", default=None, metavar="ADDRESS",
+                        help="start the console's jobs as Ray tasks there: local, auto (RAY_ADDRESS) or "
+                        "ray://HOST:PORT (pip install 'anatomy-tui[cluster]')")
     commands = parser.add_subparsers(dest="command", metavar="{run,sessions,export,atlas,compare,report}")
 
     run = commands.add_parser("run", help="run an experiment headless into a session")

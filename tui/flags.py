@@ -61,7 +61,7 @@ def _metavar(spec: FieldSpec) -> str:
 
 
 def experiment_flags(parser: argparse.ArgumentParser, experiment: Experiment) -> None:
-    taken = {"--session", "--json", "--resume", "--preset", "-h", "--help"}
+    taken = {"--session", "--json", "--resume", "--preset", "--cluster", "--retries", "-h", "--help"}
     if experiment.needs_model:
         group = parser.add_argument_group("model")
         add_settings_arguments(group, ModelOptions(), taken)  # type: ignore[arg-type]
@@ -75,11 +75,27 @@ def experiment_flags(parser: argparse.ArgumentParser, experiment: Experiment) ->
         parser.add_argument("--shards", type=_shards, default=None, metavar="N",
                             help="split the sweep over N worker processes on this machine (one per GPU, "
                             "or an equal share of the CPU threads); under torchrun the workers are torchrun's")
+    cluster_arguments(parser)
     presets = experiment.presets
     if presets:
         parser.add_argument("--preset", default=experiment.preset, choices=sorted(presets),
                             help=f"the settings to start from; flags given override it (default {experiment.preset})")
     add_settings_arguments(parser.add_argument_group("settings"), experiment.defaults(), taken)  # type: ignore[arg-type]
+
+
+def cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--cluster` and `--retries`: the run (or each measure of an atlas) as a Ray task (engine/cluster.py)."""
+    parser.add_argument("--cluster", default=None, metavar="ADDRESS",
+                        help="run as a Ray task: local (Ray started on this machine), auto (RAY_ADDRESS) or "
+                        "ray://HOST:PORT; needs the cluster extra (pip install 'anatomy-tui[cluster]')")
+    parser.add_argument("--retries", type=_retries, default=None, metavar="N",
+                        help="with --cluster: tries after the first for a task whose worker died (default 2)")
+
+
+def _retries(text: str) -> int:
+    if not text.isdigit() or int(text) > 10:
+        raise argparse.ArgumentTypeError(f"--retries {text}: must be a whole number from 0 to 10")
+    return int(text)
 
 
 def _shards(text: str) -> int:

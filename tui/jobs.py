@@ -51,12 +51,14 @@ class BackgroundJob:
 
 
 def job_argv(
-    experiment: str, settings: Settings, options: ModelOptions | None, session: str, resume: bool
+    experiment: str, settings: Settings, options: ModelOptions | None, session: str, resume: bool,
+    cluster: str | None = None,
 ) -> list[str]:
     """The exact `anatomy-tui run` command for these settings: `--preset` where the experiment has
     presets, then one flag for every setting that differs from where it starts, and `--shards` for
-    a sweep that splits over the visible GPUs. `--trust-remote-code` appears only if `options` asks
-    for it (options read from a file never do: `untrusted()`)."""
+    a sweep that splits over the visible GPUs, or `--cluster` for a Ray task there (`cluster`).
+    `--trust-remote-code` appears only if `options` asks for it (options read from a file never
+    do: `untrusted()`)."""
     entry = find_experiment(experiment)
     argv = [sys.executable, "-m", "tui.cli", "run", experiment]
     base = entry.defaults()
@@ -74,7 +76,8 @@ def job_argv(
         argv.append(flag_text(spec, value))
     if options is not None:
         argv += model_flags(options)
-    return [*argv, *shards_flag(experiment, settings, options), "--session", session, *(["--resume"] if resume else [])]
+    where = ["--cluster", cluster] if cluster else shards_flag(experiment, settings, options)
+    return [*argv, *where, "--session", session, *(["--resume"] if resume else [])]
 
 
 def typed(argv: Sequence[str]) -> str:

@@ -379,18 +379,21 @@ class Lab:
         """`anatomy-tui run EXPERIMENT ... --session S` as its own process, built from the settings
         (the same command a user would type; it outlives the console). A model job goes beside the
         console's model, to another GPU with room, or (`release`) where the console frees its model
-        first; one that cannot fit even then is said, not started."""
+        first; one that cannot fit even then is said, not started. With the console's `cluster`
+        setting, a job (not a resume) is a Ray task there, with the model flags the console was given."""
         if self.session is None:
             return None
         entry = BY_NAME[experiment]
         options = None
+        cluster = self.settings.cluster if not resume else None  # a resume reads the session's checkpoint: here
         if entry.needs_model:  # the device and dtype the console's model resolved to, not `auto` again
-            options = self.released_options or job_options(self.options, self.loaded)
+            options = self.options if cluster else self.released_options or job_options(self.options, self.loaded)
         try:
-            placement = job_placement(experiment, settings, options, self.loaded) if options else "beside"
+            placement = job_placement(experiment, settings, options, self.loaded) if options and not cluster \
+                else "beside"  # on a cluster: its own GPU or CPU, found by Ray
             if placement.startswith("cuda"):  # another GPU has room: the console keeps its model
                 options = replace(options, device=placement)
-            argv = job_argv(experiment, settings, options, self.session.name, resume)
+            argv = job_argv(experiment, settings, options, self.session.name, resume, cluster)
         except UserError as exc:
             self.say(str(exc), "error")
             return None

@@ -16,6 +16,8 @@ def serve_command(args: argparse.Namespace) -> str:
     from tui.flags import model_flags, model_options_from_args
 
     parts = [sys.executable, "-m", "tui.cli", *model_flags(model_options_from_args(args))]
+    if args.cluster:
+        parts += ["--cluster", args.cluster]
     if args.session:
         parts += ["--session", args.session]
     elif args.resume:
@@ -33,6 +35,20 @@ def check_session(name: str | None) -> None:
     store = SessionStore()
     if store.exists(name):
         store.open(name)
+
+
+def check_cluster(address: str | None) -> None:
+    """The console's --cluster, before any screen: a known form, and Ray installed (looked up, not
+    imported: each job connects on its own), or one line."""
+    if address is None:
+        return
+    import importlib.util
+
+    from engine.cluster import INSTALL, check_address
+
+    check_address(address)
+    if importlib.util.find_spec("ray") is None:
+        raise UserError(f"--cluster needs Ray: {INSTALL}")
 
 
 def check_port(port: int) -> None:
@@ -55,6 +71,7 @@ def launch(args: argparse.Namespace) -> int:
 
     SessionStore().check_home()  # a file or a read-only folder: one line before any screen (the console writes)
     check_session(args.session)
+    check_cluster(args.cluster)
     if args.serve_token and not args.serve:
         print("anatomy-tui: error: --serve-token goes with --serve", file=sys.stderr)
         return 2
@@ -82,6 +99,7 @@ def launch(args: argparse.Namespace) -> int:
         server.serve()
         return 0
     from tui.app import AnatomyApp
+    from tui.console_settings import ConsoleSettings
     from tui.flags import model_options_from_args
     from tui.logging_setup import setup_logging
 
@@ -89,7 +107,8 @@ def launch(args: argparse.Namespace) -> int:
 
     explicit = any(arg == "--model" or arg.startswith("--model=") for arg in sys.argv[1:])
     options = model_options_from_args(args)
-    app = AnatomyApp(session=args.session, resume=args.resume, options=options, model_explicit=explicit)
+    app = AnatomyApp(session=args.session, resume=args.resume, options=options, model_explicit=explicit,
+                     console=ConsoleSettings(cluster=args.cluster))
     app.run()
     if app.exit_line:
         print(app.exit_line, file=sys.stderr)

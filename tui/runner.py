@@ -23,6 +23,7 @@ import errno
 import os
 import struct
 import sys
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from tui.flags import model_options_from_args, settings_from_args
 from tui.jobs import job_argv, typed
 
 if TYPE_CHECKING:
+    from engine.cluster import Cluster
     from engine.models.distributed import ShardPlan, Workers, World
     from engine.models.memory import MemoryPlan
 
@@ -61,7 +63,9 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     settings = settings_from_args(experiment, args)
     options = model_options_from_args(args) if experiment.needs_model else None
     world = _world(experiment, args, options, settings)  # flags that cannot go together: one line first
-    check_device(_asked_device(options, settings))  # a GPU this machine lacks: one line before any file is read
+    cluster = _cluster(args, world)  # --cluster: refusals, Ray missing, no cluster there: one line each
+    if cluster is None:
+        check_device(_asked_device(options, settings))  # a GPU this machine lacks: one line before any file is read
     settings.check_inputs()
     if options is not None:  # the settings against the model's config (layers in range), still without torch
         check_config(settings, options.model)
@@ -96,6 +100,8 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
 
     with _workers(world, device) as workers, _claimed(store, session, args.session if main else None, main,
                                                       options, settings) as session:
+        if cluster is not None:
+            return _on_cluster(cluster, experiment, settings, options, session, inputs, args)
         loaded, plan = None, None
         if options is not None:
             if workers is not None:  # one worker per GPU (LOCAL_RANK), or the CPU
@@ -134,6 +140,87 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
 
     print_result(experiment.name, result.data)
     return 0
+
+
+def _cluster(args: argparse.Namespace, world: World | None) -> Cluster | None:
+    """The Ray cluster `--cluster` names, connected (None without it), after the one-line refusals
+    of what a task on it cannot do."""
+    address = getattr(args, "cluster", None)
+    if address is None:
+        if getattr(args, "retries", None) is not None:
+            raise UserError("--retries applies to tasks on a cluster; add --cluster local, auto or ray://HOST:PORT")
+        return None
+    if getattr(args, "shards", None) or world is not None:
+        raise UserError("--cluster runs the whole experiment as one task; --shards (torchrun) splits one sweep over "
+                        "the GPUs of this machine: use one of them")
+    if getattr(args, "resume", False):
+        raise UserError("--resume continues from the checkpoint in the session's folder, which a cluster's workers "
+                        "cannot read; resume without --cluster")
+    from engine.cluster import connect
+
+    return connect(address)
+
+
+def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, options: ModelOptions | None,
+                session: Session, inputs: dict[str, dict[str, Any]], args: argparse.Namespace) -> int:
+    """The run as a Ray task: its resources from the memory plan (made here, from the model's config),
+    its events written into the session as they arrive, a try whose worker died retried as a job of
+    its own (`--retries`), the failure after the last one line naming the experiment and the model."""
+    from engine.cluster import DEFAULT_RETRIES, TaskFailed, TaskLost, TaskSpec, size_text, task_resources
+
+    model = options.model if options is not None else ""
+    label = f"{Path(model.rstrip('/')).name or model} · {experiment.name}" if model else experiment.name
+    device = _asked_device(options, settings)
+    nodes = cluster.nodes()
+    on_gpu = device != "cpu" and any(node.gpus for node in nodes)
+    plan = None
+    if options is not None:  # planned as the worker will run it: the CPU's float32, or a GPU's half precision
+        dtype = options.dtype if options.dtype != "auto" else "bfloat16" if on_gpu else "float32"
+        with _PLANNING:  # an atlas plans its measures in threads; the meta-device model patches torch.nn
+            plan = memory_plan(experiment, settings, dataclasses.replace(options, device="cpu", dtype=dtype,
+                                                                         device_map=None, max_memory=None),
+                               quiet=True, fits=False)
+        options = dataclasses.replace(options, device="cuda" if device.startswith("cuda") else device)
+    resources = task_resources(label, plan.total if plan is not None else None, device,
+                               options.device_map if options is not None else None,
+                               options.max_memory if options is not None else None, nodes)
+    _report(f"{label}: on the Ray cluster ({cluster.address}, {len(nodes)} node(s))"
+            + (f"; memory plan {size_text(plan.total)} in {plan.dtype}" if plan is not None else ""))
+    spec = TaskSpec(experiment.name, settings.to_dict(), options.to_dict() if options is not None else None, inputs,
+                    settings_files(settings))
+    retries = DEFAULT_RETRIES if args.retries is None else args.retries
+    for attempt in range(1, retries + 2):
+        try:
+            result = drive(session, experiment.name, settings, options, None,
+                           cluster.run(spec, resources, lambda line: _report(f"{label}: {line}")), args.json,
+                           memory=plan.to_dict() if plan is not None else None, progress_bar=False)
+            break
+        except TaskLost as lost:
+            if attempt > retries:
+                raise UserError(f"{label} failed: its worker died on each of {attempt} tries (last: {lost})") from None
+            _report(f"{label}: retried ({attempt + 1} of {retries + 1}): its worker died ({lost})")
+        except TaskFailed as failed:
+            raise UserError(f"{label} failed on the cluster: {failed}") from None
+        except Stopped as stop:
+            return _stopped(experiment, settings, options, session, f"interrupted by {stop.name}", exit_code(stop))
+    if result is None:
+        return _stopped(experiment, settings, options, session, "cancelled", CANCELLED)
+    from tui.printers import print_result
+
+    print_result(experiment.name, result.data)
+    return 0
+
+
+_PLANNING = threading.Lock()
+
+
+def settings_files(settings: Settings) -> dict[str, str]:
+    """The text of each file a setting names (they were read once already, `check_inputs`): a
+    cluster's worker may not see this machine's disk."""
+    from engine.core.files import read_lines
+
+    return {str(value): "\n".join(read_lines(Path(value), spec.meta["file"])) + "\n"
+            for spec in settings.fields() if spec.meta.get("file") and (value := getattr(settings, spec.name))}
 
 
 def _stopped(experiment: Experiment, settings: Settings, options: ModelOptions | None, session: Session,
@@ -223,8 +310,8 @@ def _workers(world: World | None, device: str) -> contextlib.AbstractContextMana
     return Workers(world, device)
 
 
-def memory_plan(experiment: Experiment, settings: Settings, options: ModelOptions, quiet: bool = False
-                ) -> MemoryPlan | None:
+def memory_plan(experiment: Experiment, settings: Settings, options: ModelOptions, quiet: bool = False,
+                fits: bool = True) -> MemoryPlan | None:
     """The run's memory plan, printed and checked against the device's free memory before the
     model loads (one line and exit 2 when it cannot fit), after what the model's config and
     tokenizer can tell is checked (engine/models/preflight.py: layers, components, texts, export folder,
@@ -260,7 +347,8 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
         return plan
     if not quiet:
         _report(plan.line())
-    check_fits(plan, free_memory(plan.device), experiment.name)
+    if fits:  # checked against this machine's device (a cluster's task: against its nodes, engine/cluster.py)
+        check_fits(plan, free_memory(plan.device), experiment.name)
     return plan
 
 
@@ -326,9 +414,12 @@ def drive(
     json_path: Path | None,
     resume: bool = False,
     memory: dict[str, Any] | None = None,
+    progress_bar: bool = True,
 ) -> Result | None:
-    """Runs the experiment into the session with a rich progress bar on stderr; `memory` is the
-    memory plan, recorded in the job file with the model."""
+    """Runs the experiment into the session with a rich progress bar on stderr (`progress_bar`; without
+    it,
+    the events' own lines: a cluster's task states); `memory` is the memory plan, recorded in the
+    job file with the model."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from rich.progress import Progress as Bar
@@ -337,27 +428,29 @@ def drive(
     spec = {**settings.to_dict(), "model": loaded.describe() if loaded is not None else None}
     if memory is not None:
         spec["memory_plan"] = memory
-    with Bar(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=False,
-    ) as bar:  # fmt: skip
-        task = bar.add_task(experiment, total=None)
+    job = {"settings": settings.to_dict(), "model": options.to_dict() if options is not None else None,
+           "resume": resume}
+    if not progress_bar:
+        result = run_job(session, experiment, spec, events, **job)
+    else:
+        with Bar(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=False,
+        ) as bar:  # fmt: skip
+            task = bar.add_task(experiment, total=None)
 
-        def show(event: Event) -> None:
-            if isinstance(event, Progress):
-                bar.update(task, completed=event.done, total=event.total, description=event.label or experiment)
-            elif isinstance(event, Message):
-                bar.console.print(f"[{event.level}] {event.text}", markup=False, highlight=False)
+            def show(event: Event) -> None:
+                if isinstance(event, Progress):
+                    bar.update(task, completed=event.done, total=event.total, description=event.label or experiment)
+                elif isinstance(event, Message):
+                    bar.console.print(f"[{event.level}] {event.text}", markup=False, highlight=False)
 
-        try:  # how a run ends is said once, by the caller: a failure as the one error line
-            result = run_job(
-                session, experiment, spec, events, on_event=show, settings=settings.to_dict(),
-                model=options.to_dict() if options is not None else None, resume=resume,
-            )  # fmt: skip
-        except Exception:
-            if not bar.tasks[0].completed:
-                bar.live.transient = True  # no empty bar left above the error line
-            raise
+            try:  # how a run ends is said once, by the caller: a failure as the one error line
+                result = run_job(session, experiment, spec, events, on_event=show, **job)
+            except Exception:
+                if not bar.tasks[0].completed:
+                    bar.live.transient = True  # no empty bar left above the error line
+                raise
     if result is not None and json_path is not None:
         try:
             atomic_write_json(json_path, result.data, "--json")

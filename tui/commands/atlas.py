@@ -20,8 +20,10 @@ import random
 import signal
 import sys
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.atlas import table as A
 from engine.core.errors import UserError
@@ -29,8 +31,11 @@ from engine.core.process import STOP_EXIT_CODES, exit_code, interruption
 from engine.data.text_settings import EvalTextSettings
 from engine.models.options import ModelOptions
 from engine.registry import experiment as experiment_named
-from tui.flags import add_settings_arguments, flag_text, settings_from_flags
+from tui.flags import add_settings_arguments, cluster_arguments, flag_text, settings_from_flags
 from tui.flags import model_flags as flags_of_model
+
+if TYPE_CHECKING:
+    from engine.cluster import Cluster
 
 MODEL_FLAGS = tuple(spec.name for spec in ModelOptions.fields() if spec.name != "model")
 EVAL_FIELDS = tuple(spec.name for spec in EvalTextSettings.fields())
@@ -51,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also measure on this evaluation text (one text a line); may be repeated")
     parser.add_argument("--bins", type=int, default=A.DEFAULT_BINS, metavar="N",
                         help=f"relative-depth bins for the shared bands and profiles (default {A.DEFAULT_BINS})")
-    taken = {"--models", "--name", "--measures", "--calib-seeds", "--calib-file", "--bins", "-h", "--help"}
+    cluster_arguments(parser)
+    taken = {"--models", "--name", "--measures", "--calib-seeds", "--calib-file", "--bins", "--cluster", "--retries",
+             "-h", "--help"}
     add_settings_arguments(parser.add_argument_group("evaluation text (as for run ablation)"), EvalTextSettings(),
                            taken)
     add_settings_arguments(parser.add_argument_group("model (each model loads with these)"), ModelOptions(), taken,
@@ -149,6 +156,7 @@ def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     from tui.views.atlas import print_report
 
     spec = spec_of(args)
+    cluster = _cluster_flags(args)  # connected now: no Ray, no cluster there, one line before any work
     store = SessionStore()
     atlas, state = open_atlas(store, args.name, spec, _say)
     texts = atlas.checkpoint_dir(ATLAS_RESULT) / TEXTS
@@ -156,59 +164,177 @@ def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     model_flags = flags_of_model(ModelOptions().override(spec["model_flags"]))
     slugs: dict[str, str] = {}
     members = {(m, v): member_name(args.name, m, v, slugs) for m in spec["models"] for v in variants}
-    doing: list[tuple[str, str, str, str]] = []  # the step under way: (model, variant, experiment, session)
+    runs = _Runs(args.name, run, store, state, cluster)
     try:
-        _measure(args, spec, variants, texts, model_flags, members, store, state, doing, run)
+        _measure(args, spec, variants, texts, model_flags, members, store, state, runs)
     except KeyboardInterrupt as stop:  # Ctrl-C, or a signal between two runs (stop_on_signals in tui/cli.py)
-        return _interrupted(args.name, state, doing[-1] if doing else None, exit_code(stop))
+        runs.stop(stop)
+        return _interrupted(args.name, state, runs.doing, exit_code(stop))
     doc = merged(args.name, spec, variants, store, state)
     atlas.save_result(ATLAS_RESULT, doc.to_json())
     folder = write_dataset(doc, atlas.path / "dataset")
     print_report(doc)
     _say(f"atlas {args.name}: {len(doc.rows)} rows in session {atlas.name}; dataset in {folder}")
+    if runs.failed:
+        _say(f"atlas {args.name}: {len(runs.failed)} measure(s) failed ({'; '.join(runs.failed)}), the rest are in "
+             "the table; run the same atlas command again to retry them")
+        return 1
     return 0
 
 
-def _interrupted(name: str, state: Any, step: tuple[str, str, str, str] | None, code: int) -> int:
-    """A measure stopped by Ctrl-C or a signal: its step marked interrupted, said in one line, and
+def _cluster_flags(args: argparse.Namespace) -> tuple[Cluster, list[str]] | None:
+    """With --cluster: the cluster connected, and the flags each measure's run gets (None without)."""
+    if args.cluster is None:
+        if args.retries is not None:
+            raise UserError("--retries applies to tasks on a cluster; add --cluster local, auto or ray://HOST:PORT")
+        return None
+    from engine.cluster import connect
+
+    return connect(args.cluster), ["--cluster", args.cluster,
+                                   *(["--retries", str(args.retries)] if args.retries is not None else [])]
+
+
+def _interrupted(name: str, state: Any, doing: list[Step], code: int) -> int:
+    """Measures stopped by Ctrl-C or a signal: their steps marked interrupted, said in one line, and
     the atlas's exit code 128 + the signal."""
     signum = code - 128
     by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
     again = "run the same atlas command again to continue from here"
-    if step is None:
+    if not doing:
         _say(f"atlas {name} interrupted{by} between two measures; {again}")
         return code
-    model, variant, experiment, member = step
-    with contextlib.suppress(OSError, UserError):
-        state.done(model, variant, experiment, member, "interrupted")
-    _say(f"atlas {name} interrupted{by} at {model} · {experiment} on {variant} (marked interrupted; its session "
-         f"{member}); {again}")
+    for step in doing:
+        with contextlib.suppress(OSError, UserError):
+            state.done(step.model, step.variant, step.experiment, step.member, "interrupted")
+    at = "; ".join(f"{step.model} · {step.experiment} on {step.variant}" for step in doing)
+    sessions = ("their sessions " if len(doing) > 1 else "its session ") + ", ".join(step.member for step in doing)
+    _say(f"atlas {name} interrupted{by} at {at} (marked interrupted; {sessions}); {again}")
     return code
+
+
+@dataclass(frozen=True)
+class Step:
+    """One measure that runs: `anatomy-tui run ARGV` into the model's session `member`."""
+
+    model: str
+    variant: str
+    experiment: str
+    member: str
+    argv: list[str]
+
+
+class _Runs:
+    """The measures that run: one after another through `run` (`anatomy-tui run ...` in this
+    process), or, with --cluster (`cluster`: the flags each run gets), all at once, each run by a
+    thread of this driver as a Ray task whose events it writes into the model's session. The state
+    is written here alone (the main thread), as each measure ends; a measure that fails on the
+    cluster is said in one line by its run and the others go on (`failed`). `depth(model)` is the
+    model's layer count from its first measure (a cluster's atlas waits for it: recovery's layers)."""
+
+    def __init__(self, name: str, run: Callable[[list[str]], int], store: Any, state: Any,
+                 cluster: tuple[Cluster, list[str]] | None) -> None:
+        self.name, self.run, self.store, self.state = name, run, store, state
+        self.cluster, self.flags = cluster if cluster is not None else (None, [])
+        self.doing: list[Step] = []  # the measures under way
+        self.failed: list[str] = []
+        self.depths: dict[str, int] = {}
+        self.pool = ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT, thread_name_prefix="atlas") if cluster else None
+        self.pending: dict[Future[int], Step] = {}
+
+    def start(self, step: Step) -> None:
+        self.doing.append(step)
+        if self.pool is None:
+            self._ended(step, self.run(step.argv))
+        else:
+            self.pending[self.pool.submit(self.run, [*step.argv, *self.flags])] = step
+
+    def reused(self, model: str, variant: str, experiment: str) -> None:
+        self._measured(model, variant, experiment)
+
+    def depth(self, model: str) -> int:
+        while model not in self.depths and any(step.model == model for step in self.pending.values()):
+            self._next()
+        return self.depths.get(model, 0)
+
+    def join(self) -> None:
+        while self.pending:
+            self._next()
+        if self.pool is not None:
+            self.pool.shutdown()
+
+    def stop(self, why: KeyboardInterrupt) -> None:
+        """Ctrl-C or a signal: every task under way cancelled; those that ended first recorded as
+        done, the others left in `doing` (marked interrupted by the caller)."""
+        if self.pool is None or self.cluster is None:
+            return
+        self.cluster.cancel_all(why)
+        for future, step in list(self.pending.items()):
+            if future.cancel() or _code(future) != 0:  # never started, or stopped: the latter stay in `doing`
+                if future.cancelled():
+                    self.doing.remove(step)
+                continue
+            self.doing.remove(step)
+            self.state.done(step.model, step.variant, step.experiment, step.member, "run")
+        self.pending.clear()
+        self.pool.shutdown()
+        self.cluster.stopping = None
+
+    def _next(self) -> None:
+        done, _ = wait(self.pending, return_when=FIRST_COMPLETED)
+        for future in done:
+            self._ended(self.pending.pop(future), future.result())
+
+    def _ended(self, step: Step, code: int) -> None:
+        if code in STOP_EXIT_CODES:  # Ctrl-C, SIGTERM, SIGHUP: the run said so, its job interrupted
+            raise interruption(code - 128)
+        if code != 0 and self.pool is None:
+            raise UserError(f"atlas {self.name}: {step.experiment} of {step.model} failed (exit {code}); "
+                            "fix that, then run the same atlas command again to continue from here")
+        self.doing.remove(step)
+        if code != 0:  # its run said why in one line
+            self.failed.append(f"{step.model} · {step.experiment} on {step.variant}")
+            self.state.done(step.model, step.variant, step.experiment, step.member, "failed")
+            return
+        self.state.done(step.model, step.variant, step.experiment, step.member, "run")
+        self._measured(step.model, step.variant, step.experiment)
+
+    def _measured(self, model: str, variant: str, experiment: str) -> None:
+        if variant == A.MAIN and not self.depths.get(model):
+            self.depths[model] = _depth(self.store, self.state, model, variant, experiment)
+
+
+MAX_IN_FLIGHT = 32  # measures an atlas has on a cluster at once (the rest wait in this driver)
+
+
+def _code(future: Future[int]) -> int:
+    """The exit code of a measure's run once it has ended (a run that raised: 1)."""
+    try:
+        return future.result()
+    except Exception:
+        return 1
 
 
 def _measure(args: argparse.Namespace, spec: dict[str, Any], variants: dict[str, dict[str, Any]], texts: Path,
              model_flags: list[str], members: dict[tuple[str, str], str], store: Any, state: Any,
-             doing: list[tuple[str, str, str, str]], run: Callable[[list[str]], int]) -> None:
-    """Each measure of each model and variant, reused or run; `doing` holds the step under way."""
+             runs: _Runs) -> None:
+    """Each measure of each model and variant, reused or run (by `runs`)."""
     from sessions.atlas import reusable
     from sessions.job_runner import resumed_job
 
     measures = spec["measures"]
     for index, model in enumerate(spec["models"], 1):
-        depth = 0
         for variant, evaluation in variants.items():
             wanted = [m for m in measures if variant == A.MAIN or A.MEASURES[m].reads_eval_text]
             for experiment in A.experiments_of(wanted):
                 flags = A.experiment_flags(experiment, wanted) + experiment_flags(experiment, evaluation, texts)
                 if experiment == "recovery":
-                    flags += ["--layers", ",".join(map(str, A.sample_layers(depth)))]
+                    flags += ["--layers", ",".join(map(str, A.sample_layers(runs.depth(model))))]
                 settings = settings_from_flags(experiment_named(experiment), flags)
                 settings.check_inputs()
                 free = {s.name for s in settings.fields() if s.meta.get("resume_free")}
                 what = f"atlas {args.name} [model {index}/{len(spec['models'])}] {model} · {experiment} " \
                        f"({', '.join(m for m in wanted if A.MEASURES[m].experiment == experiment)}) on {variant}"
                 member = members[model, variant]
-                doing.append((model, variant, experiment, member))
                 writes = experiment_named(experiment).writes
                 found = reusable(store, model, writes, settings.to_dict(), free, member,
                                  type(settings)().to_dict())
@@ -217,22 +343,17 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any], variants: dict[str,
                     previous = state.steps.get(state.key(model, variant, experiment), {})
                     ran = previous.get("status") == "run" and previous.get("session") == found.name
                     state.done(model, variant, experiment, found.name, "run" if ran else "reused")
-                else:
-                    previous = state.steps.get(state.key(model, variant, experiment), {})
-                    resume = (previous.get("status") == "interrupted" and experiment_named(experiment).resumable
-                              and store.exists(member) and resumed_job(store.open(member), experiment) is not None)
-                    _say(f"{what}: {'resuming' if resume else 'running'} into session {member}")
-                    code = run(["run", experiment, "--model", model, *model_flags, "--session", member, *flags,
-                                *(["--resume"] if resume else [])])
-                    if code in STOP_EXIT_CODES:  # Ctrl-C, SIGTERM, SIGHUP: the run said so, its job interrupted
-                        raise interruption(code - 128)
-                    if code != 0:
-                        raise UserError(f"atlas {args.name}: {experiment} of {model} failed (exit {code}); "
-                                        "fix that, then run the same atlas command again to continue from here")
-                    state.done(model, variant, experiment, member, "run")
-                doing.pop()
-                if variant == A.MAIN and not depth:
-                    depth = _depth(store, state, model, variant, experiment)
+                    runs.reused(model, variant, experiment)
+                    continue
+                previous = state.steps.get(state.key(model, variant, experiment), {})
+                resume = (previous.get("status") == "interrupted" and experiment_named(experiment).resumable
+                          and runs.pool is None and store.exists(member)
+                          and resumed_job(store.open(member), experiment) is not None)
+                _say(f"{what}: {'resuming' if resume else 'running'} into session {member}")
+                runs.start(Step(model, variant, experiment, member,
+                                ["run", experiment, "--model", model, *model_flags, "--session", member, *flags,
+                                 *(["--resume"] if resume else [])]))
+    runs.join()
 
 
 def _depth(store: Any, state: Any, model: str, variant: str, experiment: str) -> int:

@@ -1,0 +1,302 @@
+"""Ray as the engine (issue 32): `--cluster` on a real local Ray cluster of this machine's CPUs with
+two GPUs declared (so Ray's placement is what is checked: which task got which GPU index, a
+device-mapped model's task both GPUs of its node), tiny models of two families; the atlas gives the
+serial atlas's table; a worker killed mid-task is retried to the same result; a driver interrupted
+and run again recomputes nothing; the events reach the session in order, none lost; bad input is
+one line. One Ray start for the module (Ray is heavy on two shared cores)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from tiny_models import EVAL, save_tiny
+
+from engine.cluster import NodeShape, TaskResources, task_resources
+from engine.core.errors import UserError
+from sessions.store import SessionStore
+from tui.cli import main
+
+pytestmark = pytest.mark.xdist_group("ray")  # one worker of ./test runs them all: one Ray start
+
+FAMILIES = ("llama", "qwen2")
+GB = 10**9
+
+
+def node(gpus: int = 0, memory: int = 64 * GB, gpu_memory: tuple[int, ...] = (), cpus: float = 8) -> NodeShape:
+    return NodeShape(f"n{gpus}-{memory}", "10.0.0.1", cpus, gpus, memory, gpu_memory)
+
+
+def test_task_resources_from_the_memory_plan():
+    gpus = [node(4, gpu_memory=(24 * GB,) * 4), node(2, gpu_memory=(80 * GB,) * 2)]
+    assert task_resources("m", 10 * GB, "auto", None, None, gpus) == TaskResources(1, 1)  # one GPU holds it
+    assert task_resources("m", 70 * GB, "auto", None, None, gpus) == TaskResources(1, 1)  # the 80 GB GPUs do
+    with pytest.raises(UserError, match="needs about 80.00 GB but the largest GPU of the cluster has 80.00 GB; "
+                                        "spread the model with --device-map auto"):
+        task_resources("m", 80 * GB, "auto", None, None, gpus)  # 90 % of 80 GB is 72 GB
+    # spread: as many GPUs as the plan needs of the smallest GPU (21.6 GB usable each), at most a node's
+    assert task_resources("m", 50 * GB, "auto", "auto", None, gpus) == TaskResources(1, 3)
+    assert task_resources("m", 500 * GB, "auto", "auto", None, gpus) == TaskResources(1, 4)  # the rest offloaded
+    assert task_resources("m", 50 * GB, "auto", "auto", "0=20GiB,1=20GiB,cpu=100GiB", gpus) == TaskResources(1, 2)
+    with pytest.raises(UserError, match="--max-memory names 5 GPUs but no node of the cluster has more than 4"):
+        task_resources("m", GB, "auto", "auto", "0=1GiB,1=1GiB,2=1GiB,3=1GiB,4=1GiB", gpus)
+    unknown = [node(2), node(8)]  # no NVML: a spread model takes every GPU of the largest node
+    assert task_resources("m", 50 * GB, "cuda", "auto", None, unknown) == TaskResources(1, 8)
+    assert task_resources("m", None, "auto", None, None, unknown) == TaskResources(1, 1)
+    # the CPU: asked for, or a cluster without GPUs; the plan's bytes are Ray's memory resource
+    assert task_resources("m", GB, "cpu", None, None, gpus) == TaskResources(1, 0, GB)
+    assert task_resources("m", GB, "auto", None, None, [node()]) == TaskResources(1, 0, GB)
+    with pytest.raises(UserError, match="needs about 100.00 GB of memory but the largest node of the cluster has "
+                                        "64.00 GB for tasks"):
+        task_resources("m", 100 * GB, "auto", None, None, [node(), node(memory=32 * GB)])
+    with pytest.raises(UserError, match="asks for --device cuda:1 but the cluster has no GPU"):
+        task_resources("m", GB, "cuda:1", None, None, [node()])
+    assert TaskResources(1, 2).text() == "2 GPUs of one node"
+    assert TaskResources(1, 0, 5 * 10**6).text() == "1 CPU, 5.0 MB"
+
+
+def test_cluster_flags_refused_in_one_line_before_any_work(tiny_folder, capsys, monkeypatch, isolated_home):
+    base = ["run", "ablation", "--model", str(tiny_folder), "--session", "s"]
+    cases = [
+        (["--cluster", "somewhere"], "--cluster somewhere: use local, auto (RAY_ADDRESS) or ray://HOST:PORT"),
+        (["--retries", "1"], "--retries applies to tasks on a cluster; add --cluster local"),
+        (["--cluster", "local", "--shards", "2"], "--cluster runs the whole experiment as one task; --shards"),
+        (["--cluster", "ray://127.0.0.1:1"], "--cluster ray://127.0.0.1:1: nothing answers at 127.0.0.1:1"),
+        (["--cluster", "ray://nohost"], "--cluster ray://nohost: ray://nohost is not HOST:PORT"),
+    ]
+    for flags, line in cases:
+        assert main([*base, *flags]) == 2
+        err = capsys.readouterr().err
+        assert line in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    assert main([*base, "--cluster", "auto"]) == 2
+    assert "--cluster auto: nothing answers at 127.0.0.1:1" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ray", None)  # the cluster extra not installed
+    assert main([*base, "--cluster", "local"]) == 2
+    assert capsys.readouterr().err.strip() == ("anatomy-tui: error: --cluster needs Ray: pip install "
+                                               "'anatomy-tui[cluster]' (Ray)")
+    assert main(["atlas", "--models", str(tiny_folder), "--name", "a", "--cluster", "local"]) == 2
+    assert "--cluster needs Ray" in capsys.readouterr().err
+    assert main(["--cluster", "local"]) == 2  # the console's: before any screen
+    assert "--cluster needs Ray" in capsys.readouterr().err
+    monkeypatch.delitem(sys.modules, "ray")
+    assert main(["--cluster", "elsewhere"]) == 2
+    assert "--cluster elsewhere: use local, auto (RAY_ADDRESS) or ray://HOST:PORT" in capsys.readouterr().err
+    assert not (isolated_home / "s").exists() and not (isolated_home / "a").exists()  # no work was done
+
+
+def test_the_console_starts_its_jobs_on_its_cluster(monkeypatch):
+    from test_lab import flag, make_lab, stub_model
+
+    from tui.console_settings import ConsoleSettings
+
+    lab, console, started = make_lab(monkeypatch, placement="release")  # this GPU could not hold both
+    lab.settings = ConsoleSettings(cluster="ray://head:10001")
+    stub = stub_model()
+    lab.model_loaded(stub)
+    lab.map_job()
+    [argv] = started
+    assert argv[-4:] == ["--cluster", "ray://head:10001", "--session", "demo"]
+    assert lab.loaded is stub  # the job is not on this machine: the console keeps its model
+    assert not flag(argv, "shards") and not flag(argv, "device=cuda")  # the model flags the console was given
+    lab.start_job("ablation", lab.settings_for("ablation"), resume=True)  # a resume reads the session: here
+    assert "--cluster" not in started[1] and "--resume" in started[1]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """This machine as a Ray cluster of its two CPUs, with two GPUs declared: Ray hands out GPU
+    indices (CUDA_VISIBLE_DEVICES) as on a real node, and the CPU build of torch runs on the CPU."""
+    ray = pytest.importorskip("ray")
+    import engine.cluster
+
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # "local": a new one, never a cluster `ray start` left on this machine
+    yield ray
+    engine.cluster._CONNECTED.clear()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    return {family: save_tiny(root / family, family) for family in FAMILIES}
+
+
+@pytest.fixture
+def long_eval(tmp_path) -> str:
+    """Enough texts that a tiny model's ablation runs for a few seconds (time to kill its worker)."""
+    path = tmp_path / "long.txt"
+    path.write_text("\n".join(f"{text} ({i})" for i in range(60) for text in EVAL), encoding="utf-8")
+    return str(path)
+
+
+def events(home: Path, session: str) -> list[dict]:
+    return [json.loads(line) for line in (home / session / "events.jsonl").read_text().splitlines()]
+
+
+def placements(docs: list[dict]) -> list[str]:
+    return [doc["text"] for doc in docs
+            if doc["kind"] == "job.message" and doc["text"].startswith("running on the cluster")]
+
+
+def comparable(doc: object) -> object:
+    """Events less what differs run to run: times, job ids, the job's spec (the device asked),
+    timings, and the line of where it ran."""
+    if isinstance(doc, list):
+        return [comparable(d) for d in doc
+                if not (isinstance(d, dict) and str(d.get("text", "")).startswith("running on the cluster"))]
+    if isinstance(doc, dict):
+        return {k: comparable(v) for k, v in doc.items() if k not in ("t", "job", "seconds", "spec")}
+    return doc
+
+
+@pytest.mark.slow
+def test_runs_on_the_cluster_get_their_gpus_and_stream_every_event_in_order(ray_cluster, families, files,
+                                                                           isolated_home, capsys, one_thread):
+    model = str(families["llama"])
+    common = ["run", "ablation", "--model", model, "--eval-file", files[0]]
+    assert main([*common, "--device", "cpu", "--session", "serial"]) == 0
+    assert main([*common, "--session", "one", "--cluster", "local"]) == 0
+    err = capsys.readouterr().err
+    for state in ("queued (1 GPU)", "placed on node", "running: ablation 4/4", "done"):
+        assert f"llama · ablation: {state}" in err
+    store = SessionStore(isolated_home)
+    layers = store.open("serial").load_result("ablation")["layers"]
+    assert store.open("one").load_result("ablation")["layers"] == layers
+    # every event of the serial run, in its order, nothing lost or added but the line of where it ran
+    assert comparable(events(isolated_home, "one")) == comparable(events(isolated_home, "serial"))
+    one = placements(events(isolated_home, "one"))
+    assert len(one) == 1 and re.search(r"GPU [01], pid \d+$", one[0])
+
+    # a device-mapped model's task: both GPUs, of one node (a STRICT_PACK placement group)
+    assert main([*common, "--session", "spread", "--device-map", "auto", "--cluster", "local"]) == 0
+    assert "queued (2 GPUs of one node)" in capsys.readouterr().err
+    spread = placements(events(isolated_home, "spread"))
+    assert len(spread) == 1 and "GPU 0,1, pid" in spread[0]
+    assert store.open("spread").load_result("ablation")["layers"] == layers
+
+    # a model no node can hold: one line, before any work
+    assert main([*common, "--session", "big", "--device-map", "auto", "--max-memory", "0=1GiB,1=1GiB,2=1GiB",
+                 "--cluster", "local"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-memory names 3 GPUs but no node of the cluster has more than 2" in err and "queued" not in err
+    assert not store.exists("big") or not store.open("big").jobs()
+
+
+def atlas_argv(families: dict[str, Path], evaluation: str, name: str, *extra: str) -> list[str]:
+    return ["atlas", "--models", ",".join(str(families[f]) for f in FAMILIES), "--name", name,
+            "--eval-file", evaluation, "--measures", "map,proxies", "--bins", "4", *extra]
+
+
+def table(home: Path, name: str) -> list[dict]:
+    return SessionStore(home).open(name).load_result("atlas")["rows"]
+
+
+def serial_table(families: dict[str, Path], evaluation: str, home: Path, monkeypatch) -> list[dict]:
+    """The serial atlas's table, made in a store of its own (a store's sessions are reused)."""
+    with monkeypatch.context() as patch:
+        patch.setenv("ANATOMY_TUI_HOME", str(home))
+        assert main(atlas_argv(families, evaluation, "serial", "--device", "cpu")) == 0
+    return table(home, "serial")
+
+
+def without_sessions(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "session"} for row in rows]
+
+
+def jobs(home: Path) -> dict[str, list[str]]:
+    """Each member session's jobs' statuses: one job is one computation."""
+    store = SessionStore(home)
+    return {info.name: sorted(doc["status"] for doc in store.open(info.name).jobs().values())
+            for info in store.list() if info.openable and store.open(info.name).jobs()}
+
+
+@pytest.mark.slow
+def test_atlas_on_the_cluster_gives_the_serial_table_and_resumes_without_recomputing(
+        ray_cluster, families, files, isolated_home, tmp_path, monkeypatch, capsys, one_thread):
+    serial = serial_table(families, files[0], tmp_path / "serial", monkeypatch)
+
+    # SIGTERM (stop_on_signals raises Stopped, as Ctrl-C raises KeyboardInterrupt) as the first measure is
+    # recorded: the other is cancelled (or recorded as done, had it ended first)
+    import tui.commands.atlas as atlas
+    from engine.core.process import Stopped
+
+    real = atlas._Runs._ended
+    ended = []
+
+    def interrupted_after_the_first(self, step, code):
+        real(self, step, code)
+        ended.append(step)
+        if len(ended) == 1:
+            raise Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(atlas._Runs, "_ended", interrupted_after_the_first)
+    assert main(atlas_argv(families, files[0], "ray", "--cluster", "local")) == 143
+    err = capsys.readouterr().err
+    assert "atlas ray interrupted by SIGTERM" in err
+    first = ended[0].member
+    other = ({"ray-llama", "ray-qwen2"} - {first}).pop()
+    before = jobs(isolated_home)
+    assert before[first] == ["done"] and before.get(other, ["interrupted"]) in (["done"], ["interrupted"])
+
+    monkeypatch.setattr(atlas._Runs, "_ended", real)
+    assert main(atlas_argv(families, files[0], "ray", "--cluster", "local")) == 0
+    err = capsys.readouterr().err
+    assert f"reused from session {first}" in err
+    after = jobs(isolated_home)
+    assert after[first] == ["done"]  # not computed again
+    assert all(after[name].count("done") == 1 for name in ("ray-llama", "ray-qwen2"))  # each computed once
+    assert without_sessions(table(isolated_home, "ray")) == without_sessions(serial)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, families, long_eval, isolated_home,
+                                                               tmp_path, monkeypatch, capsys, one_thread):
+    serial = serial_table(families, long_eval, tmp_path / "serial", monkeypatch)
+    killed = kill_once(isolated_home / "killed-llama" / "events.jsonl")
+    assert main(atlas_argv(families, long_eval, "killed", "--cluster", "local", "--retries", "1")) == 0
+    killed.join()
+    err = capsys.readouterr().err
+    assert "llama · ablation: retried (2 of 2): its worker died" in err
+    assert jobs(isolated_home)["killed-llama"] == ["done", "failed"]  # the killed try, and the one that finished
+    assert without_sessions(table(isolated_home, "killed")) == without_sessions(serial)
+    results = SessionStore(isolated_home).open("killed-llama").path / "results"
+    assert sorted(p.name for p in results.iterdir()) == ["ablation.json"]  # written once, whole (no temp left)
+
+    # no retry left: the atlas says which model and measure failed and why, and goes on with the rest
+    killed = kill_once(isolated_home / "failing-llama" / "events.jsonl")
+    failing = atlas_argv(families, long_eval, "failing", "--cluster", "local", "--retries", "0", "--max-length", "200")
+    assert main(failing) == 1  # other settings than the first atlas's: nothing to reuse
+    killed.join()
+    err = capsys.readouterr().err
+    assert re.search(r"error: llama · ablation failed: its worker died on each of 1 tries \(last: .+\)\n", err)
+    assert f"atlas failing: 1 measure(s) failed ({families['llama']} · ablation on main)" in err
+    assert jobs(isolated_home)["failing-qwen2"] == ["done"]
+    assert {row["model"] for row in table(isolated_home, "failing")} == {str(families["qwen2"])}
+
+
+def kill_once(log: Path) -> threading.Thread:
+    """A thread that kills the worker of the run logging into `log` once it has begun computing
+    (its first progress event), by the pid the run's placement line names."""
+
+    def watch() -> None:
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            docs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+            running = placements(docs)
+            if running and any(doc["kind"] == "job.progress" for doc in docs):
+                os.kill(int(running[0].rsplit("pid ", 1)[1]), signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
