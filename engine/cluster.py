@@ -334,11 +334,11 @@ def connect(address: str) -> Cluster:
         raise UserError(f"--cluster needs Ray: {INSTALL}") from None
     if address in _CONNECTED and ray.is_initialized():
         return _CONNECTED[address]
+    _check_reachable(address)
     if ray.is_initialized() and (address != "local" or _CONNECTED):
         raise UserError(f"--cluster {address}: this process is connected to another Ray cluster already; "
                         "use that one, or run this command on its own")
     if not ray.is_initialized():
-        _check_reachable(address)
         try:
             with _own_sigterm(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # Ray Client's timeout warning: the one line below says it
