@@ -36,11 +36,12 @@ def timeline(ax: Axes, phases: Sequence[tuple[str, float, float, Sequence[int], 
     """Phases (name, start, steps, layers, ffn scale) shaded in turn, the layers each one trains."""
     for index, (name, start, steps, layers, scale) in enumerate(phases):
         ax.axvspan(start, start + steps, color=SHADES[index % 2], zorder=0, linewidth=0)
-        ax.text(start + steps / 2, n_layers - 0.35, name, ha="center", va="bottom", fontsize=5.5)
+        # neighbouring names alternate between two rows, so short phases' names do not overlap
+        ax.text(start + steps / 2, n_layers - 0.35 + 0.9 * (index % 2), name, ha="center", va="bottom", fontsize=5)
         layer_bars(ax, start, steps, layers, [w * scale / widest for w in widths], classes)
-    ax.set_ylim(-0.6, n_layers + 0.3)
+    ax.set_ylim(-0.6, n_layers + 1.2)
     ax.set_ylabel("layer")
-    ax.set_yticks(range(n_layers))
+    ax.set_yticks(range(0, n_layers, max(1, round(n_layers / 6))))
 
 
 def draw(result: GrowthResult) -> Figure:

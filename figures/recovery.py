@@ -33,6 +33,9 @@ def draw(result: RecoveryResult) -> Figure:
     layers = [row.layer for row in result.layers]
     for index, row in enumerate(result.layers):
         difficulty.bar(index, row.difficulty, **style.bar_look(index))
+        if row.steps_to.get("1.1") is None:  # never below 1.1x: the bar is the budget, a lower bound
+            difficulty.annotate(f"≥{row.difficulty:g}\nnot reached", (index, row.difficulty), ha="center",
+                                va="bottom", fontsize=5)
     difficulty.set_xticks(range(len(layers)), [str(layer) for layer in layers])
     difficulty.set_xlabel("layer")
     difficulty.set_ylabel("steps to 1.1×")

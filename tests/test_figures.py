@@ -142,6 +142,10 @@ def test_recovery_curves_and_thresholds():
     assert flat == [1.1, 1.5, 2.0]
     assert curves.get_lines()[0].get_ydata()[0] == pytest.approx(4.0)  # 80 / 20
     assert [b.get_height() for b in bars(difficulty)] == [40.0, 10.0]
+    # a layer that never got below 1.1x has the budget as its bar: a lower bound, and said so
+    notes = [t.get_text() for t in difficulty.texts]
+    reached = [row.steps_to.get("1.1") is not None for row in SAMPLES["recovery"]().layers]
+    assert len(notes) == reached.count(False) and all("not reached" in note for note in notes)
 
 
 def test_growth_phases_and_widths():
