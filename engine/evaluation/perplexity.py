@@ -8,14 +8,15 @@ layer l on": layers below l are not run again.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from engine.core.errors import UserError
+from engine.core.events import CancelToken, Pace, Progress
 from engine.data.eval_data import EvalProtocol, EvalSource, Windows
 from engine.data.text import NO_TOKENS
 from engine.models.anatomy import LayerObserver, LayerStack
@@ -122,14 +123,39 @@ def masked(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(attention_mask.to(values.device, torch.bool), values, 0)
 
 
+Scoring = Generator[Progress, None, TextScores]  # a pass that says how far it got, batch by batch
+
+
+def drained(scoring: Scoring) -> TextScores:
+    """The scores of a pass whose progress nobody follows."""
+    while True:
+        try:
+            next(scoring)
+        except StopIteration as done:
+            return done.value
+
+
+def spread(count: int, n: int) -> list[int]:
+    """`count` of the indices 0..n-1, evenly spread over them, the first and last included (all of
+    them when count >= n): a fixed subset that samples every part of an ordered set."""
+    if count >= n:
+        return list(range(n))
+    if count == 1:
+        return [0]
+    return sorted({round(i * (n - 1) / (count - 1)) for i in range(count)})
+
+
 class Evaluator:
     """Perplexity of one model on fixed texts or token windows (an engine.data.eval_data.EvalSource),
     with an optional prefix cache. A text or a window is one unit of the per-unit scores (what the
-    bootstrap resamples)."""
+    bootstrap resamples). With a `cancel` token, every pass checks it before each forward, so a
+    cancel waits for one batch at most."""
 
     def __init__(self, model, tokenizer, texts: Sequence[str] | EvalSource, batch_size: int = 8,
-                 max_length: int = 256, cache_on_host: bool = False):
+                 max_length: int = 256, cache_on_host: bool = False, cancel: CancelToken | None = None):
         self.model = model
+        self.tokenizer = tokenizer
+        self.cancel = cancel
         self.cache_on_host = cache_on_host  # the prefix cache in host memory (engine.models.memory.place_prefix_cache)
         self.stack = LayerStack(model)
         self.source = texts if isinstance(texts, EvalSource) else EvalSource(tuple(texts), None, "texts")
@@ -152,7 +178,8 @@ class Evaluator:
         self._layer_devices: list[torch.device] = []  # where each layer's input is computed
 
     @classmethod
-    def for_settings(cls, model, tokenizer, settings, source: EvalSource | None = None) -> Evaluator:
+    def for_settings(cls, model, tokenizer, settings, source: EvalSource | None = None,
+                     cancel: CancelToken | None = None) -> Evaluator:
         """The evaluator an experiment's settings ask for (its evaluation-text group, unless a
         `source` is given), its batch sized by the free memory when the settings leave it auto."""
         from engine.models.memory import loaded_cache_on_host, loaded_eval_batch
@@ -161,7 +188,27 @@ class Evaluator:
             source = settings.eval_source(tokenizer)
         batch_size = loaded_eval_batch(model, tokenizer, source, settings)
         return cls(model, tokenizer, source, batch_size, settings.max_length,
-                   loaded_cache_on_host(model, tokenizer, source, settings, batch_size))
+                   loaded_cache_on_host(model, tokenizer, source, settings, batch_size), cancel)
+
+    def subset(self, count: int) -> Evaluator:
+        """An evaluator of `count` of these texts (or windows), evenly spread over them (`spread`),
+        with the same batch size, length and cancel token; itself when count covers them all."""
+        if count >= self.n_texts:
+            return self
+        keep = spread(count, self.n_texts)
+        source = self.source
+        if source.windows is not None:
+            windows = replace(source.windows, rows=tuple(source.windows.rows[i] for i in keep),
+                              scored=tuple(source.windows.scored[i] for i in keep))
+            part = replace(source, windows=windows, protocol=None)
+        else:
+            part = replace(source, texts=tuple(source.texts[i] for i in keep))  # type: ignore[index]
+        return Evaluator(self.model, self.tokenizer, part, self.batch_size, self.max_length, self.cache_on_host,
+                         self.cancel)
+
+    def _check(self) -> None:
+        if self.cancel is not None:
+            self.cancel.check()
 
     @property
     def protocol(self) -> EvalProtocol:
@@ -176,20 +223,32 @@ class Evaluator:
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
         return token_nll(logits, batch.input_ids, batch.attention_mask, scored=batch.scored)
 
-    @torch.no_grad()
     def scores(self, start_layer: int = 0) -> TextScores:
         """Per-text NLL; with start_layer > 0 the layers below it come from the prefix cache."""
+        return drained(self.scoring(start_layer))
+
+    def scoring(self, start_layer: int = 0, phase: str = "evaluation") -> Scoring:
+        """`scores` as a pass that yields its Progress after each batch (`phase`, in texts) and
+        returns the scores: `scores = yield from evaluator.scoring(layer)`."""
         if start_layer > 0 and self._layer_inputs is None:
-            self.build_cache()
+            yield from self.building(phase=phase)
+        pace = Pace(phase, self.n_texts, "texts")
+        yield pace.at(0)
         per_batch = []
         with out_of_memory_guard("perplexity evaluation", OOM_ADVICE):
             for b, batch in enumerate(self.batches):
-                hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None
+                self._check()
+                hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None  # type: ignore[index]
                 if hidden is not None and self.cache_on_host:  # one batch's one layer back to its device
                     hidden = hidden.to(self._layer_devices[start_layer], non_blocking=True)
-                with self.stack.starting_at(start_layer, hidden):
+                with torch.no_grad(), self.stack.starting_at(start_layer, hidden):
                     per_batch.append(self._forward_nll(batch))
+                yield pace.at(self._texts_through(b))
         return TextScores(self._gather(per_batch), self.tokens.copy())
+
+    def _texts_through(self, b: int) -> int:
+        """How many texts batches 0..b hold."""
+        return sum(len(batch.text_index) for batch in self.batches[: b + 1])
 
     def _gather(self, per_batch: list[torch.Tensor]) -> np.ndarray:
         """Per-text NLL from the batches' device tensors, copied to the host once (one sync)."""
@@ -201,7 +260,6 @@ class Evaluator:
     def perplexity(self, start_layer: int = 0) -> float:
         return self.scores(start_layer).perplexity
 
-    @torch.no_grad()
     def build_cache(self, observe: LayerObserver | None = None, keep: bool = True) -> TextScores:
         """One full forward per batch keeping each layer's input; returns the baseline scores.
 
@@ -210,16 +268,24 @@ class Evaluator:
         Influence) come from the same pass. With `keep` False the pass keeps nothing (the proxies
         alone: no cache in memory).
         """
-        with out_of_memory_guard("building the prefix cache", OOM_ADVICE):
-            return self._build_cache(observe, keep)
+        return drained(self.building(observe, keep))
 
-    def _build_cache(self, observe: LayerObserver | None, keep: bool = True) -> TextScores:
+    def building(self, observe: LayerObserver | None = None, keep: bool = True, phase: str = "baseline"
+                 ) -> Scoring:
+        """`build_cache` as a pass that yields its Progress after each batch (`phase`, in texts)."""
+        with out_of_memory_guard("building the prefix cache", OOM_ADVICE):
+            return (yield from self._build_cache(observe, keep, phase))
+
+    def _build_cache(self, observe: LayerObserver | None, keep: bool, phase: str) -> Scoring:
         inputs: list[list[torch.Tensor]] = []
         per_batch = []
-        for batch in self.batches:
+        pace = Pace(phase, self.n_texts, "texts")
+        yield pace.at(0)
+        for b, batch in enumerate(self.batches):
+            self._check()
             per_layer: list[torch.Tensor] = []
 
-            def keep(batch, index, layer_input, layer_output, per_layer=per_layer):
+            def hold(batch, index, layer_input, layer_output, per_layer=per_layer):
                 if len(self._layer_devices) == index:
                     self._layer_devices.append(layer_input.device)
                 if keep:
@@ -227,9 +293,10 @@ class Evaluator:
                 if observe is not None:
                     observe(batch, index, layer_input, layer_output)
 
-            with self.stack.capture(keep, batch):
+            with torch.no_grad(), self.stack.capture(hold, batch):
                 per_batch.append(self._forward_nll(batch))
             inputs.append(per_layer)
+            yield pace.at(self._texts_through(b))
         self._layer_inputs = inputs if keep else None
         return TextScores(self._gather(per_batch), self.tokens.copy())
 
