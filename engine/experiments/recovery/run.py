@@ -156,6 +156,7 @@ class _Sweep:
         if not self.settings.prefix_cache:
             self.evaluator.drop_cache()
         yield RecoveryBaseline(self.baseline, self.evaluator.n_texts, self.subset.n_texts, self.every or 0)
+        yield Message(f"baseline perplexity {self.baseline:.4g} on {self.evaluator.n_texts} texts")
         if self.subset is self.evaluator:
             self.subset_baseline = self.baseline
             return
