@@ -115,7 +115,7 @@ def test_the_command_line_prints_each_phase_as_a_plain_line_when_not_a_terminal(
     err = capsys.readouterr().err.splitlines()
     progress = [line for line in err if line.startswith("[progress] ")]
     assert progress[:2] == ["[progress] recovery: starting", "[progress] baseline: 0/10 texts"]
-    assert "[progress] baseline (subset): 0/4 texts" in progress
+    assert "[progress] evaluation: 0/10 texts" in progress  # after the noise, every text
     assert any(line.startswith("[info] baseline perplexity ") for line in err)
 
 
@@ -142,8 +142,8 @@ def test_a_cancel_during_an_evaluation_stops_it_before_the_next_forward(tiny_lla
         assert forwards.count == 0  # cancelled already: not one forward
 
 
-# a text a forward: the baseline's 10 forwards, the subset's 4, then the evaluation after the noise
-@pytest.mark.parametrize("forward", [2, 12, 17])
+# a text a forward: the baseline's 10 forwards, then the 10 of the evaluation after the noise
+@pytest.mark.parametrize("forward", [2, 10, 17])
 def test_a_cancel_stops_recovery_within_one_forward(tiny_llama, texts, forward):
     model, tokenizer = tiny_llama
     token = CancelToken()
@@ -154,7 +154,7 @@ def test_a_cancel_stops_recovery_within_one_forward(tiny_llama, texts, forward):
         for event in run_recovery(model, tokenizer, settings, token, "tiny"):
             kinds.append(event.kind)
     assert forwards.count == forward
-    assert ("recovery.start" in kinds) == (forward > 17)
+    assert ("recovery.baseline" in kinds) == (forward >= 10) and "recovery.start" not in kinds  # the last: kept
 
 
 def test_a_cancel_stops_the_ablation_map_within_one_forward_of_a_layer(tiny_llama, texts):
@@ -196,6 +196,20 @@ def test_the_subset_is_fixed_and_spread_over_the_texts():
         chosen = spread(count, 11)
         assert len(chosen) == min(count, 11) and chosen == sorted(set(chosen)) and chosen[0] == 0
         assert count == 1 or chosen[-1] == 10
+
+
+def test_a_subset_is_whole_batches_scored_as_the_whole_set_scores_them(tiny_llama):
+    model, tokenizer = tiny_llama
+    evaluator = Evaluator(model, tokenizer, EVAL, batch_size=3)  # batches of 3, 3, 3, 1
+    everything = evaluator.build_cache()
+    part = evaluator.subset(5)  # 2 batches: the first and the last
+    assert part.n_texts == 4 and len(part.batches) == 2 and evaluator.subset(10) is evaluator
+    assert list(part.chosen) == [*evaluator.batches[0].text_index, *evaluator.batches[3].text_index]
+    for start in (0, 2):
+        got, whole = part.scores(start), evaluator.scores(start)
+        assert (got.nll[part.chosen] == whole.nll[part.chosen]).all()  # bit for bit
+        assert got.perplexity == whole.of(part.chosen).perplexity
+    assert part.perplexity(0) == everything.of(part.chosen).perplexity
 
 
 def test_auto_schedule_rules(texts):

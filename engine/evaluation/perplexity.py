@@ -7,9 +7,10 @@ layer l on": layers below l are not run again.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -35,6 +36,12 @@ class TextScores:
     @property
     def perplexity(self) -> float:
         return perplexity_of(self.nll, self.tokens)
+
+    def of(self, chosen: np.ndarray) -> TextScores:
+        """The scores of these texts alone (a subset's, from the scores of all)."""
+        nll, tokens = np.zeros_like(self.nll), np.zeros_like(self.tokens)
+        nll[chosen], tokens[chosen] = self.nll[chosen], self.tokens[chosen]
+        return TextScores(nll, tokens)
 
 
 def perplexity_of(nll: np.ndarray, tokens: np.ndarray) -> float:
@@ -174,6 +181,7 @@ class Evaluator:
             self.tokens[batch.text_index] = batch.target_mask.sum(dim=1).cpu().numpy()
         if not self.tokens.sum():
             raise UserError(NO_TOKENS)
+        self.chosen = np.arange(self.n_texts)  # which texts it scores (a subset's fewer)
         self._layer_inputs: list[list[torch.Tensor]] | None = None
         self._layer_devices: list[torch.device] = []  # where each layer's input is computed
 
@@ -191,20 +199,24 @@ class Evaluator:
                    loaded_cache_on_host(model, tokenizer, source, settings, batch_size), cancel)
 
     def subset(self, count: int) -> Evaluator:
-        """An evaluator of `count` of these texts (or windows), evenly spread over them (`spread`),
-        with the same batch size, length and cancel token; itself when count covers them all."""
-        if count >= self.n_texts:
+        """An evaluator of about `count` of these texts (or windows): whole batches of this one,
+        spread over them (`spread`; the batches go from the shortest texts to the longest), sharing
+        its prefix cache as built so far and its cancel token; itself when they cover every batch.
+        Its scores are those this evaluator gets for the same texts, bit for bit (the same batches),
+        so its baseline is `TextScores.of(baseline, subset.chosen)`."""
+        wanted = -(-count // self.batch_size)
+        if wanted >= len(self.batches):
             return self
-        keep = spread(count, self.n_texts)
-        source = self.source
-        if source.windows is not None:
-            windows = replace(source.windows, rows=tuple(source.windows.rows[i] for i in keep),
-                              scored=tuple(source.windows.scored[i] for i in keep))
-            part = replace(source, windows=windows, protocol=None)
-        else:
-            part = replace(source, texts=tuple(source.texts[i] for i in keep))  # type: ignore[index]
-        return Evaluator(self.model, self.tokenizer, part, self.batch_size, self.max_length, self.cache_on_host,
-                         self.cancel)
+        keep = spread(wanted, len(self.batches))
+        part = copy.copy(self)
+        part.batches = [self.batches[b] for b in keep]
+        if self._layer_inputs is not None:
+            part._layer_inputs = [self._layer_inputs[b] for b in keep]
+        part.chosen = np.concatenate([batch.text_index for batch in part.batches])
+        part.n_texts = len(part.chosen)
+        part.tokens = np.zeros_like(self.tokens)
+        part.tokens[part.chosen] = self.tokens[part.chosen]
+        return part
 
     def _check(self) -> None:
         if self.cancel is not None:
@@ -251,8 +263,9 @@ class Evaluator:
         return sum(len(batch.text_index) for batch in self.batches[: b + 1])
 
     def _gather(self, per_batch: list[torch.Tensor]) -> np.ndarray:
-        """Per-text NLL from the batches' device tensors, copied to the host once (one sync)."""
-        nll = np.zeros(self.n_texts)
+        """Per-text NLL from the batches' device tensors, copied to the host once (one sync); a
+        subset's texts at their places among all (the others 0, as are their tokens)."""
+        nll = np.zeros(len(self.tokens))
         values = torch.cat(per_batch).double().cpu().numpy()
         nll[np.concatenate([batch.text_index for batch in self.batches])] = values
         return nll

@@ -141,7 +141,8 @@ class _Sweep:
         self.evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel)
         self.stack = self.evaluator.stack
         self.blocks = blocks.to(self.stack.input_device())
-        self.subset = self.evaluator.subset(auto_eval_texts(settings, self.evaluator.n_texts, self.evaluator.n_tokens))
+        self.subset_texts = auto_eval_texts(settings, self.evaluator.n_texts, self.evaluator.n_tokens)
+        self.subset = self.evaluator  # its batches are chosen once the cache is built (`baselines`)
         self.baseline = math.nan
         self.subset_baseline = math.nan
         self.every = settings.eval_every  # None until the first step's time is measured (auto)
@@ -150,19 +151,16 @@ class _Sweep:
         self.pace = Pace("training", 0, "steps", "recovery")  # sized once the runs to make are known
 
     def baselines(self) -> Iterator[Event]:
-        """The model's perplexity before any noise, on all the texts and on the subset (each its
-        prefix cache), with their progress; the baseline is sent as soon as it is known."""
-        self.baseline = (yield from self.evaluator.building(phase="baseline")).perplexity
+        """The model's perplexity before any noise on every text (building the prefix cache), with
+        its progress, sent as soon as it is known; and the subset's, from the same scores."""
+        scores = yield from self.evaluator.building(phase="baseline")
+        self.baseline = scores.perplexity
         if not self.settings.prefix_cache:
             self.evaluator.drop_cache()
+        self.subset = self.evaluator.subset(self.subset_texts)
+        self.subset_baseline = scores.of(self.subset.chosen).perplexity
         yield RecoveryBaseline(self.baseline, self.evaluator.n_texts, self.subset.n_texts, self.every or 0)
         yield Message(f"baseline perplexity {self.baseline:.4g} on {self.evaluator.n_texts} texts")
-        if self.subset is self.evaluator:
-            self.subset_baseline = self.baseline
-            return
-        self.subset_baseline = (yield from self.subset.building(phase="baseline (subset)")).perplexity
-        if not self.settings.prefix_cache:
-            self.subset.drop_cache()
 
     def _start(self, index: int) -> int:
         return index if self.settings.prefix_cache else 0

@@ -37,9 +37,9 @@ class RecoverySettings(TrainTextSettings, EvalTextSettings):
         None, "evaluate every N steps (auto: every step, or every few when one evaluation costs more than a "
         "training step, as measured); the last step is always evaluated", low=1, none_word="auto")
     eval_texts: int | None = setting(
-        None, "evaluation texts (or windows) at the steps between the first and the last, a fixed subset spread "
-        "over them; the baseline, step 0 and the last step use them all (auto: as many as cost a quarter of a "
-        "training step's tokens, at least 8)", low=1, none_word="auto")
+        None, "evaluation texts (or windows) at the steps between the first and the last: whole evaluation "
+        "batches spread over them (a fixed subset); the baseline, step 0 and the last step use them all "
+        "(auto: as many as cost a quarter of a training step's tokens, at least 8)", low=1, none_word="auto")
     repeats: int = setting(1, "noise seeds per layer", low=1, high=1000,
                            why="each repeat is a whole fine-tuning run of --steps for every layer")
     seed: int = setting(0, "seed for noise and batch order", low=0, high=MAX_SEED)
