@@ -284,3 +284,29 @@ def test_growth_stopped_before_its_first_checkpoint_resumes_from_the_start_with_
     assert set(doc["arms"]) == {"growth_100", "uniform_100"}
     messages = [e.text for e in SessionStore().open("early").events() if isinstance(e, Message)]
     assert any(text.startswith("no growth checkpoint in this session yet") for text in messages)
+
+
+def test_the_commands_a_refused_recovery_resume_offers_run(tiny_folder, texts, capsys):
+    """Each refusal names a command (the same settings, the saved dtype, no --resume): each one runs."""
+    train, evaluation = texts
+
+    def flags(*extra: str) -> list[str]:
+        return ["run", "recovery", "--model", str(tiny_folder), "--device", "cpu", "--layers", "1", "--sigma", "3",
+                "--steps", "2", "--batch-size", "2", "--block-size", "16", "--train-blocks", "4", "--train-file",
+                train, "--eval-file", evaluation, "--eval-batch-size", "2", "--session", "s", *extra]
+
+    assert main(flags()) == 0
+    capsys.readouterr()
+    assert main(flags("--resume", "--sigma", "2")) == 2
+    assert "resume with the same settings or run without --resume" in capsys.readouterr().err
+    assert main(flags("--resume")) == 0  # the same settings
+    assert main(flags("--resume", "--dtype", "bfloat16")) == 2
+    assert "resume with --dtype float32 or run without --resume" in capsys.readouterr().err
+    assert main(flags("--resume", "--dtype", "float32")) == 0
+    assert main(flags("--sigma", "2")) == 0  # without --resume: the other settings run from the start
+    checkpoint = SessionStore().open("s").path / "checkpoints" / "recovery" / "layers.json"
+    checkpoint.write_text("{damaged", encoding="utf-8")
+    capsys.readouterr()
+    assert main(flags("--resume")) == 2
+    assert "run without --resume to start over" in capsys.readouterr().err
+    assert main(flags()) == 0 and main(flags("--resume")) == 0  # started over, then resumable again
