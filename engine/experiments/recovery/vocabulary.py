@@ -157,8 +157,8 @@ class RecoveryRepeat:
     seconds: float
     seconds_per_step: float | None
     train_loss: list[list[float]]
-    eval_every: int = field(default=ABSENT, kw_only=True)  # as used (auto: measured); absent before 0.5
-    eval_texts: int = field(default=ABSENT, kw_only=True)  # texts at intermediate steps; absent before 0.5
+    eval_every: int = field(default=ABSENT, kw_only=True)  # as used (auto: measured); absent in older results
+    eval_texts: int = field(default=ABSENT, kw_only=True)  # texts at intermediate steps; absent in older results
 
 
 @dataclass(frozen=True)
