@@ -189,6 +189,20 @@ def test_a_cancel_is_logged_at_once_and_the_job_ends_cancelled(tmp_path):
     assert [event.kind for event in session.events()] == kinds
 
 
+def test_the_console_state_shows_a_cancelling_job_until_it_ends():
+    from engine.core.events import Started
+    from tui.state import SessionState
+
+    state = SessionState()
+    state.apply(Started("ablation", {}, job="j"))
+    state.apply(Progress(3, 10, "ablation", phase="ablation", unit="layers", job="j"))
+    state.apply(Cancelling(job="j"))
+    assert (state.jobs["j"].status, state.jobs["j"].label) == ("running", "cancelling")
+    assert state.log[-1] == ("warning", "j cancelling: it stops at its next forward")
+    state.apply(Finished("cancelled", job="j"))
+    assert state.jobs["j"].status == "cancelled"
+
+
 # recovery: the subset between, the first and last step whole ----------------------------------------
 def test_the_subset_is_fixed_and_spread_over_the_texts():
     assert spread(4, 10) == [0, 3, 6, 9] and spread(1, 10) == [0] and spread(12, 10) == list(range(10))
