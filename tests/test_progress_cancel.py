@@ -219,8 +219,8 @@ def test_a_subset_is_whole_batches_scored_as_the_whole_set_scores_them(tiny_llam
     part = evaluator.subset(5)  # 2 batches: the first and the last
     assert part.n_texts == 4 and len(part.batches) == 2 and evaluator.subset(10) is evaluator
     assert list(part.chosen) == [*evaluator.batches[0].text_index, *evaluator.batches[3].text_index]
-    for start in (0, 2):
-        got, whole = part.scores(start), evaluator.scores(start)
+    for layer in (0, 2):
+        got, whole = part.scores(layer), evaluator.scores(layer)
         assert (got.nll[part.chosen] == whole.nll[part.chosen]).all()  # bit for bit
         assert got.perplexity == whole.of(part.chosen).perplexity
     assert part.perplexity(0) == everything.of(part.chosen).perplexity
