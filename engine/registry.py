@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, event_types, forget_types
+from engine.core.events import Event, Progress, ResultDocument, event_types, forget_types
 from engine.core.settings import Settings
 from engine.disk.atomic import atomic_write_bytes
 from engine.experiments.ablation import vocabulary as ablation
@@ -104,6 +104,7 @@ class Experiment:
         the flags to change, raised after the memory is given back (every front end, every worker)."""
         from engine.models.oom import out_of_memory_guard
 
+        yield Progress(0, 0, f"{self.name}: starting", phase="starting")  # said before any forward
         runner: Callable[[Any, RunContext], Iterator[Event]] = importlib.import_module(self.computation).run
         with out_of_memory_guard(self.name, self.oom_advice):
             yield from runner(settings, context)

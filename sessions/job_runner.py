@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.events import Cancelled, Event, Finished, Result, Started
+from engine.core.events import Cancelled, Cancelling, CancelToken, Event, Finished, Result, Started
 from engine.core.process import Stopped, process_identity
 from engine.disk.atomic import is_no_space, no_space
 from sessions.store import Session
@@ -80,6 +80,7 @@ def run_job(
     settings: dict[str, Any] | None = None,
     model: dict[str, Any] | None = None,
     resume: bool = False,
+    cancel: CancelToken | None = None,
 ) -> Result | None:
     """Drains `events` into the session and returns the final Result (None if cancelled).
 
@@ -91,6 +92,8 @@ def run_job(
     disk still allows. Exceptions from the experiment are logged as a `Finished(status="failed")`
     event and re-raised, so the caller decides how to show them; so is `Stopped` (SIGTERM, SIGHUP), after a
     `Finished(status="interrupted")` naming the signal: the caller exits with its code.
+    With the run's `cancel` token, a cancel is logged at once (`Cancelling`, from the thread that
+    cancels), before the run reaches its next check and ends as cancelled.
     """
     job_id = job_id or new_job_id(experiment)
     resumes = resumed_job(session, experiment) if resume else None
@@ -116,6 +119,7 @@ def run_job(
             on_event(event)
 
     emit(Started(experiment=experiment, spec=spec))
+    forget = cancel.on_cancel(lambda: emit(Cancelling())) if cancel is not None else None
     result: Result | None = None
     status, error = "done", ""
     try:
@@ -139,6 +143,8 @@ def run_job(
         error = f"UserError: {full}"
         raise full from None
     finally:
+        if forget is not None:
+            forget()
         try:  # on a full disk these may fail too: as much as can be written
             emit(Finished(status=status, error=error))
         except (OSError, UserError) as exc:

@@ -210,7 +210,7 @@ def test_an_error_after_the_load_is_one_line_with_no_empty_bar(monkeypatch, caps
         registry.unregister(row.name)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert lines == ["[info] loaded; checking what needs the model",
+    assert lines == ["[progress] late-error: starting", "[info] loaded; checking what needs the model",
                      "anatomy-tui: error: layer 9 is out of range; this model has layers 0 to 3"], err
     (doc,) = SessionStore().open("late").jobs().values()  # the job is recorded, failed, with its reason
     assert doc["status"] == "failed" and "layer 9 is out of range" in doc["error"]

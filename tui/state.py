@@ -14,7 +14,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from engine.core.events import Event, Finished, Message, Progress, Result, ResultDocument, Started, decode_or_none
+from engine.core.events import (
+    Cancelling,
+    Event,
+    Finished,
+    Message,
+    Progress,
+    Result,
+    ResultDocument,
+    Started,
+    decode_or_none,
+)
 from engine.experiments.ablation.vocabulary import AblationMap, AblationProxies, AblationRow, LayerAblated
 from engine.experiments.dynamics.vocabulary import DynamicsResult, DynamicsRow
 from engine.experiments.growth.vocabulary import (
@@ -219,6 +229,13 @@ class SessionState:
 
     def _message(self, event: Message) -> None:
         self.add_log(*log_line(event))
+
+    def _cancelling(self, event: Cancelling) -> None:
+        view = self.jobs.get(event.job)
+        if view is not None and view.status == "running":
+            view.label = "cancelling"
+            self.dirty.add(Dirty.JOBS)
+        self.add_log("warning", f"{event.job} cancelling: it stops at its next forward")
 
     def _result(self, event: Result) -> None:
         self.set_result(event.name, event.data)
@@ -489,6 +506,7 @@ _HANDLERS: dict[type[Event], Callable[[SessionState, Any], None]] = {
     Started: SessionState._started,
     Progress: SessionState._progress,
     Message: SessionState._message,
+    Cancelling: SessionState._cancelling,
     Result: SessionState._result,
     Finished: SessionState._finished,
     LayerAblated: SessionState._ablation_layer,

@@ -69,7 +69,7 @@ def experiment_work(
         with lock:
             spec = {**settings.to_dict(), "model": loaded.describe()}
             events = experiment(name).run(settings, RunContext(model=loaded, cancel=token))
-            run_job(session, name, spec, events, settings=settings.to_dict(), model=options.to_dict())
+            run_job(session, name, spec, events, settings=settings.to_dict(), model=options.to_dict(), cancel=token)
     finally:
         post(ExperimentFinished(name))
 

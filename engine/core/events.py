@@ -48,13 +48,39 @@ class Cancelled(Exception):
 
 
 class CancelToken:
-    """A flag the front end sets and the experiment checks between steps."""
+    """A flag the front end sets and the experiment checks between steps (and between the forwards
+    of an evaluation). `on_cancel` callbacks run at once in the thread that cancels, so a job can say
+    "cancelling" before the computation reaches its next check."""
 
     def __init__(self) -> None:
         self._flag = threading.Event()
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
 
     def cancel(self) -> None:
-        self._flag.set()
+        with self._lock:
+            first = not self._flag.is_set()
+            self._flag.set()
+            listeners = list(self._listeners) if first else []
+        for listener in listeners:
+            listener()
+
+    def on_cancel(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Calls `listener` when the token is cancelled (at once when it is already); returns the
+        function that takes it off again (a job that ended before the cancel)."""
+        with self._lock:
+            already = self._flag.is_set()
+            if not already:
+                self._listeners.append(listener)
+        if already:
+            listener()
+
+        def forget() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return forget
 
     @property
     def cancelled(self) -> bool:
@@ -226,13 +252,40 @@ class Started(Event):
 @event_type
 @dataclass(frozen=True)
 class Progress(Event):
-    """Generic progress of a long job: `done` of `total` units, with a short label."""
+    """Progress of a job: `done` of `total` `unit`s (texts, batches, steps, layers; total 0 while
+    not known) in its `phase` (starting, baseline, training, evaluation, ...), with a short label and
+    the `rate` measured in this phase (units a second; null before one unit is done), from which a
+    front end draws a bar and the time left (`seconds_left`)."""
 
     kind: ClassVar[str] = "job.progress"
     v1_kind: ClassVar[str] = "progress"
     done: int
     total: int
     label: str = ""
+    phase: str = ""
+    unit: str = ""
+    rate: float | None = None
+
+    @property
+    def seconds_left(self) -> float | None:
+        """The time left in this phase at the measured rate (None while there is no rate)."""
+        if not self.rate or self.total <= 0:
+            return None
+        return max(0, self.total - self.done) / self.rate
+
+
+class Pace:
+    """One phase of a job, timed: `at(done)` is its Progress with the rate measured since the phase
+    began (`Pace("baseline", 48, "texts")`)."""
+
+    def __init__(self, phase: str, total: int, unit: str, label: str = "") -> None:
+        self.phase, self.total, self.unit, self.label = phase, total, unit, label or phase
+        self.began = time.perf_counter()
+
+    def at(self, done: int) -> Progress:
+        seconds = time.perf_counter() - self.began
+        rate = done / seconds if done > 0 and seconds > 0 else None
+        return Progress(done, self.total, self.label, phase=self.phase, unit=self.unit, rate=rate)
 
 
 @event_type
@@ -261,6 +314,14 @@ class Result(Event):
         if isinstance(doc.get("data"), dict):
             doc["data"] = upgrade_result(str(doc.get("name")), doc["data"])
         return doc
+
+
+@event_type
+@dataclass(frozen=True)
+class Cancelling(Event):
+    """The job was asked to stop; it stops at its next forward (and keeps what it finished)."""
+
+    kind: ClassVar[str] = "job.cancelling"
 
 
 @event_type

@@ -7,8 +7,9 @@ layer l on": layers below l are not run again.
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.errors import UserError
+from engine.core.events import CancelToken, Pace, Progress
 from engine.data.eval_data import EvalProtocol, EvalSource, Windows
 from engine.data.text import NO_TOKENS
 from engine.models.anatomy import LayerObserver, LayerStack
@@ -34,6 +36,12 @@ class TextScores:
     @property
     def perplexity(self) -> float:
         return perplexity_of(self.nll, self.tokens)
+
+    def of(self, chosen: np.ndarray) -> TextScores:
+        """The scores of these texts alone (a subset's, from the scores of all)."""
+        nll, tokens = np.zeros_like(self.nll), np.zeros_like(self.tokens)
+        nll[chosen], tokens[chosen] = self.nll[chosen], self.tokens[chosen]
+        return TextScores(nll, tokens)
 
 
 def perplexity_of(nll: np.ndarray, tokens: np.ndarray) -> float:
@@ -122,14 +130,39 @@ def masked(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(attention_mask.to(values.device, torch.bool), values, 0)
 
 
+Scoring = Generator[Progress, None, TextScores]  # a pass that says how far it got, batch by batch
+
+
+def drained(scoring: Scoring) -> TextScores:
+    """The scores of a pass whose progress nobody follows."""
+    while True:
+        try:
+            next(scoring)
+        except StopIteration as done:
+            return done.value
+
+
+def spread(count: int, n: int) -> list[int]:
+    """`count` of the indices 0..n-1, evenly spread over them, the first and last included (all of
+    them when count >= n): a fixed subset that samples every part of an ordered set."""
+    if count >= n:
+        return list(range(n))
+    if count == 1:
+        return [0]
+    return sorted({round(i * (n - 1) / (count - 1)) for i in range(count)})
+
+
 class Evaluator:
     """Perplexity of one model on fixed texts or token windows (an engine.data.eval_data.EvalSource),
     with an optional prefix cache. A text or a window is one unit of the per-unit scores (what the
-    bootstrap resamples)."""
+    bootstrap resamples). With a `cancel` token, every pass checks it before each forward, so a
+    cancel waits for one batch at most."""
 
     def __init__(self, model, tokenizer, texts: Sequence[str] | EvalSource, batch_size: int = 8,
-                 max_length: int = 256, cache_on_host: bool = False):
+                 max_length: int = 256, cache_on_host: bool = False, cancel: CancelToken | None = None):
         self.model = model
+        self.tokenizer = tokenizer
+        self.cancel = cancel
         self.cache_on_host = cache_on_host  # the prefix cache in host memory (engine.models.memory.place_prefix_cache)
         self.stack = LayerStack(model)
         self.source = texts if isinstance(texts, EvalSource) else EvalSource(tuple(texts), None, "texts")
@@ -148,11 +181,13 @@ class Evaluator:
             self.tokens[batch.text_index] = batch.target_mask.sum(dim=1).cpu().numpy()
         if not self.tokens.sum():
             raise UserError(NO_TOKENS)
+        self.chosen = np.arange(self.n_texts)  # which texts it scores (a subset's fewer)
         self._layer_inputs: list[list[torch.Tensor]] | None = None
         self._layer_devices: list[torch.device] = []  # where each layer's input is computed
 
     @classmethod
-    def for_settings(cls, model, tokenizer, settings, source: EvalSource | None = None) -> Evaluator:
+    def for_settings(cls, model, tokenizer, settings, source: EvalSource | None = None,
+                     cancel: CancelToken | None = None) -> Evaluator:
         """The evaluator an experiment's settings ask for (its evaluation-text group, unless a
         `source` is given), its batch sized by the free memory when the settings leave it auto."""
         from engine.models.memory import loaded_cache_on_host, loaded_eval_batch
@@ -161,7 +196,31 @@ class Evaluator:
             source = settings.eval_source(tokenizer)
         batch_size = loaded_eval_batch(model, tokenizer, source, settings)
         return cls(model, tokenizer, source, batch_size, settings.max_length,
-                   loaded_cache_on_host(model, tokenizer, source, settings, batch_size))
+                   loaded_cache_on_host(model, tokenizer, source, settings, batch_size), cancel)
+
+    def subset(self, count: int) -> Evaluator:
+        """An evaluator of about `count` of these texts (or windows): whole batches of this one,
+        spread over them (`spread`; the batches go from the shortest texts to the longest), sharing
+        its prefix cache as built so far and its cancel token; itself when they cover every batch.
+        Its scores are those this evaluator gets for the same texts, bit for bit (the same batches),
+        so its baseline is `TextScores.of(baseline, subset.chosen)`."""
+        wanted = -(-count // self.batch_size)
+        if wanted >= len(self.batches):
+            return self
+        keep = spread(wanted, len(self.batches))
+        part = copy.copy(self)
+        part.batches = [self.batches[b] for b in keep]
+        if self._layer_inputs is not None:
+            part._layer_inputs = [self._layer_inputs[b] for b in keep]
+        part.chosen = np.concatenate([batch.text_index for batch in part.batches])
+        part.n_texts = len(part.chosen)
+        part.tokens = np.zeros_like(self.tokens)
+        part.tokens[part.chosen] = self.tokens[part.chosen]
+        return part
+
+    def _check(self) -> None:
+        if self.cancel is not None:
+            self.cancel.check()
 
     @property
     def protocol(self) -> EvalProtocol:
@@ -176,24 +235,37 @@ class Evaluator:
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
         return token_nll(logits, batch.input_ids, batch.attention_mask, scored=batch.scored)
 
-    @torch.no_grad()
     def scores(self, start_layer: int = 0) -> TextScores:
         """Per-text NLL; with start_layer > 0 the layers below it come from the prefix cache."""
+        return drained(self.scoring(start_layer))
+
+    def scoring(self, start_layer: int = 0, phase: str = "evaluation") -> Scoring:
+        """`scores` as a pass that yields its Progress after each batch (`phase`, in texts) and
+        returns the scores: `scores = yield from evaluator.scoring(layer)`."""
         if start_layer > 0 and self._layer_inputs is None:
-            self.build_cache()
+            yield from self.building(phase=phase)
+        pace = Pace(phase, self.n_texts, "texts")
+        yield pace.at(0)
         per_batch = []
         with out_of_memory_guard("perplexity evaluation", OOM_ADVICE):
             for b, batch in enumerate(self.batches):
-                hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None
+                self._check()
+                hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None  # type: ignore[index]
                 if hidden is not None and self.cache_on_host:  # one batch's one layer back to its device
                     hidden = hidden.to(self._layer_devices[start_layer], non_blocking=True)
-                with self.stack.starting_at(start_layer, hidden):
+                with torch.no_grad(), self.stack.starting_at(start_layer, hidden):
                     per_batch.append(self._forward_nll(batch))
+                yield pace.at(self._texts_through(b))
         return TextScores(self._gather(per_batch), self.tokens.copy())
 
+    def _texts_through(self, b: int) -> int:
+        """How many texts batches 0..b hold."""
+        return sum(len(batch.text_index) for batch in self.batches[: b + 1])
+
     def _gather(self, per_batch: list[torch.Tensor]) -> np.ndarray:
-        """Per-text NLL from the batches' device tensors, copied to the host once (one sync)."""
-        nll = np.zeros(self.n_texts)
+        """Per-text NLL from the batches' device tensors, copied to the host once (one sync); a
+        subset's texts at their places among all (the others 0, as are their tokens)."""
+        nll = np.zeros(len(self.tokens))
         values = torch.cat(per_batch).double().cpu().numpy()
         nll[np.concatenate([batch.text_index for batch in self.batches])] = values
         return nll
@@ -201,7 +273,6 @@ class Evaluator:
     def perplexity(self, start_layer: int = 0) -> float:
         return self.scores(start_layer).perplexity
 
-    @torch.no_grad()
     def build_cache(self, observe: LayerObserver | None = None, keep: bool = True) -> TextScores:
         """One full forward per batch keeping each layer's input; returns the baseline scores.
 
@@ -210,16 +281,24 @@ class Evaluator:
         Influence) come from the same pass. With `keep` False the pass keeps nothing (the proxies
         alone: no cache in memory).
         """
-        with out_of_memory_guard("building the prefix cache", OOM_ADVICE):
-            return self._build_cache(observe, keep)
+        return drained(self.building(observe, keep))
 
-    def _build_cache(self, observe: LayerObserver | None, keep: bool = True) -> TextScores:
+    def building(self, observe: LayerObserver | None = None, keep: bool = True, phase: str = "baseline"
+                 ) -> Scoring:
+        """`build_cache` as a pass that yields its Progress after each batch (`phase`, in texts)."""
+        with out_of_memory_guard("building the prefix cache", OOM_ADVICE):
+            return (yield from self._build_cache(observe, keep, phase))
+
+    def _build_cache(self, observe: LayerObserver | None, keep: bool, phase: str) -> Scoring:
         inputs: list[list[torch.Tensor]] = []
         per_batch = []
-        for batch in self.batches:
+        pace = Pace(phase, self.n_texts, "texts")
+        yield pace.at(0)
+        for b, batch in enumerate(self.batches):
+            self._check()
             per_layer: list[torch.Tensor] = []
 
-            def keep(batch, index, layer_input, layer_output, per_layer=per_layer):
+            def hold(batch, index, layer_input, layer_output, per_layer=per_layer):
                 if len(self._layer_devices) == index:
                     self._layer_devices.append(layer_input.device)
                 if keep:
@@ -227,9 +306,10 @@ class Evaluator:
                 if observe is not None:
                     observe(batch, index, layer_input, layer_output)
 
-            with self.stack.capture(keep, batch):
+            with torch.no_grad(), self.stack.capture(hold, batch):
                 per_batch.append(self._forward_nll(batch))
             inputs.append(per_layer)
+            yield pace.at(self._texts_through(b))
         self._layer_inputs = inputs if keep else None
         return TextScores(self._gather(per_batch), self.tokens.copy())
 

@@ -200,7 +200,7 @@ class _Merger:
 
     def __init__(self) -> None:
         self.finished = 0  # workers other than rank 0 that sent their last word
-        self.progress: dict[int, tuple[int, int]] = {}
+        self.progress: dict[int, Progress] = {}
         self.results: dict[int, Result] = {}
 
     def take(self, rank: int, item: Any) -> Iterator[Event]:
@@ -215,10 +215,12 @@ class _Merger:
         if isinstance(item, Result):
             self.results[rank] = item
         elif isinstance(item, Progress):
-            self.progress[rank] = (item.done, item.total)
-            done = sum(d for d, _ in self.progress.values())
-            total = sum(t for _, t in self.progress.values())
-            yield Progress(done, total, item.label)
+            self.progress[rank] = item  # summed over the workers in the same phase as this one
+            same = [p for p in self.progress.values() if (p.phase, p.unit) == (item.phase, item.unit)]
+            rates = [p.rate for p in same]
+            rate = sum(rates) if all(r is not None for r in rates) else None  # type: ignore[misc]
+            yield Progress(sum(p.done for p in same), sum(p.total for p in same), item.label, phase=item.phase,
+                           unit=item.unit, rate=rate)
         else:
             yield item
 

@@ -20,8 +20,8 @@ import torch
 
 from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Progress, Result
-from engine.evaluation.perplexity import Batch, Evaluator, TextScores, masked
+from engine.core.events import CancelToken, Event, Pace, Result
+from engine.evaluation.perplexity import Batch, Evaluator, Scoring, TextScores, masked
 from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
 from engine.experiments.ablation.vocabulary import (
     AblationMap,
@@ -197,7 +197,7 @@ def run_ablation(
 ) -> Iterator[Event]:
     settings.validate()
     started = time.perf_counter()
-    evaluator = Evaluator.for_settings(model, tokenizer, settings)
+    evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel)
     stack = evaluator.stack
     n = len(stack)
     parts = settings.parts()
@@ -205,7 +205,7 @@ def run_ablation(
         check_parts(stack.model_type)
     meter = InfluenceMeter(n)
     part_meter = PartMeter(stack, parts) if parts else None
-    base = first_pass(evaluator, meter, part_meter, keep=settings.prefix_cache and not settings.proxies_only)
+    base = yield from first_pass(evaluator, meter, part_meter, keep=settings.prefix_cache and not settings.proxies_only)
     baseline = base.perplexity
     influence, angular = meter.means()
     blocks = meter.last_token_blocks()
@@ -218,11 +218,10 @@ def run_ablation(
         return
     todo = range(n) if settings.layers is None else sorted({stack.check_index(i) for i in settings.layers})
     units = [(index, part) for index in todo for part in (None, *parts)]  # a layer, then its blocks
-    yield Progress(0, len(units), "ablation")
+    pace = Pace("ablation", len(units), "layers")
+    yield pace.at(0)
     scores: dict[tuple[int, str | None], TextScores] = {}
     for done, (index, part) in enumerate(units, start=1):
-        if cancel is not None:
-            cancel.check()
         removal = ablated(stack, index, settings.method) if part is None else ablated_part(
             stack, index, part, settings.method)
         with removal:
@@ -231,7 +230,7 @@ def run_ablation(
         ppl = unit_scores.perplexity
         d = degradation_pct(ppl, baseline)
         yield LayerAblated(index, n, ppl, baseline, d, importance_class(d), **({"part": part} if part else {}))
-        yield Progress(done, len(units), "ablation")
+        yield pace.at(done)
 
     def row(index: int, part: str | None, unit_scores: TextScores) -> AblationRow:
         ppl = unit_scores.perplexity
@@ -281,18 +280,18 @@ def run_ablation(
     yield Result("ablation", json_safe(doc))
 
 
-def first_pass(evaluator: Evaluator, meter: InfluenceMeter, part_meter: PartMeter | None, keep: bool) -> TextScores:
+def first_pass(evaluator: Evaluator, meter: InfluenceMeter, part_meter: PartMeter | None, keep: bool) -> Scoring:
     """The baseline's one forward: the prefix cache when `keep`, every layer's proxies on the way and
-    with `part_meter` every block's (its terms captured in the same forward)."""
+    with `part_meter` every block's (its terms captured in the same forward); its progress batch by batch."""
     if part_meter is None:
-        return evaluator.build_cache(observe=meter, keep=keep)
+        return (yield from evaluator.building(observe=meter, keep=keep))
 
     def both(batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
         meter(batch, index, layer_input, layer_output)
         part_meter(batch, index, layer_input, layer_output)
 
     with evaluator.stack.capture_parts(part_meter.term):
-        return evaluator.build_cache(observe=both, keep=keep)
+        return (yield from evaluator.building(observe=both, keep=keep))
 
 
 def proxy_map(model_name: str, evaluator: Evaluator, settings: AblationSettings, seconds: float, baseline: float,

@@ -385,15 +385,20 @@ def result_doc(
 
 def run(settings: GrowthSettings, context: RunContext) -> Iterator[Event]:
     """The registry's entry. With `context.resume` the checkpoint's own settings are used (so a
-    resumed run is the interrupted one); final models go to `context.output_dir/growth_models`."""
+    resumed run is the interrupted one), and a run stopped before its first checkpoint starts again
+    from the beginning with the settings given (the `continue with` command carries them all);
+    final models go to `context.output_dir/growth_models`."""
     folder = context.checkpoint_dir
-    if context.resume:
-        saved = saved_settings(folder) if folder is not None else None
-        if saved is None:
-            raise UserError("no growth checkpoint in this session to resume; run without --resume")
+    resume = context.resume
+    saved = saved_settings(folder) if resume and folder is not None else None
+    if saved is not None:
         yield Message("resuming with the checkpoint's settings (other settings are ignored)")
         settings = saved
-    elif settings.profile_from is not None:
+    elif resume:  # stopped before its first checkpoint: the run this command describes, from its start
+        yield Message("no growth checkpoint in this session yet (the run stopped before its first): "
+                      "starting from the beginning with these settings")
+        resume = False
+    if saved is None and settings.profile_from is not None:
         ablation = context.input(AblationMap)
         if ablation is None:
             raise UserError(f"session {settings.profile_from!r} has no ablation result; "
@@ -403,4 +408,4 @@ def run(settings: GrowthSettings, context: RunContext) -> Iterator[Event]:
         settings = dataclasses.replace(settings, profile=profile, profile_from=None)
         settings.validate()
     models = context.output_dir / GROWTH_MODELS if context.output_dir is not None else None
-    yield from run_growth(settings, context.cancel, folder, models, context.resume)
+    yield from run_growth(settings, context.cancel, folder, models, resume)

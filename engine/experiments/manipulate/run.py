@@ -186,7 +186,7 @@ def run_manipulation(
     starts from the weights as they were, and the samples are greedy."""
     settings.validate()
     started = time.perf_counter()
-    evaluator = Evaluator.for_settings(model, tokenizer, settings)
+    evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel)
     stack = evaluator.stack
     layers = sorted({stack.check_index(i) for i in settings.layers or range(len(stack))})
     needs_neighbours = any(s in ("clone", "blend", "svd") for s in settings.strategies)

@@ -140,7 +140,8 @@ def greedy_ppl(model, tokenizer, texts: EvalSource, settings: PruneSettings, rou
     first: list[float] = []
     for round_ in range(rounds):
         with removed(model, order) as kept:
-            evaluator = Evaluator(model, tokenizer, texts, batch_size, settings.max_length)  # sized once, by the caller
+            # sized once, by the caller
+            evaluator = Evaluator(model, tokenizer, texts, batch_size, settings.max_length, cancel=cancel)
             evaluator.build_cache()
             trial = []
             for position in range(len(kept)):
@@ -553,7 +554,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     harness = (Harness(settings.evaluate_tasks, settings.evaluate_batch_size, settings)
                if settings.evaluate_tasks else None)  # tasks checked before the slow part
     texts = settings.eval_source(tokenizer)
-    evaluator = Evaluator.for_settings(model, tokenizer, settings, texts)
+    evaluator = Evaluator.for_settings(model, tokenizer, settings, texts, cancel=cancel)
     if "map" in methods and (differs := comparable((ablation.protocol if ablation is not None else None) or None,
                                                    evaluator.protocol)):
         yield Message(f"the session's ablation map (the map criterion) and this run: {differs}", "warning")

@@ -25,7 +25,7 @@ import torch
 
 from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Progress, Result, decode_or_none
+from engine.core.events import CancelToken, Event, Message, Pace, Result, decode_or_none
 from engine.data.eval_data import comparable
 from engine.disk.session_layout import (
     LAYER_WEIGHTS,  # each recovered layer, for the prompt pane (sessions/layer_weights.py)
@@ -38,6 +38,7 @@ from engine.experiments.recovery.vocabulary import (
     DIFFICULTY_THRESHOLD,
     THRESHOLDS,
     LayerBudget,
+    RecoveryBaseline,
     RecoveryBudget,
     RecoveryLayer,
     RecoveryPoint,
@@ -92,8 +93,42 @@ class _PrefixDone(Exception):
 
 KeepWeights = Callable[[int, dict[str, torch.Tensor]], None] | None
 
+AUTO_EVAL_SHARE = 0.25  # --eval-texts auto: an intermediate evaluation's tokens, against a training step's
+MIN_AUTO_TEXTS = 8
+BACKWARD_COST = 3  # a training step's forward and backward cost about three forwards of its tokens
+
+
+def auto_eval_texts(settings: RecoverySettings, n_texts: int, n_tokens: int) -> int:
+    """--eval-texts auto: as many texts as take a quarter of a training step's token passes (its
+    forward and backward: three forwards of batch_size x block_size tokens), at least 8 (or all
+    when there are fewer); counted in tokens, so the same on every machine."""
+    if settings.eval_texts is not None:
+        return min(settings.eval_texts, n_texts)
+    step = BACKWARD_COST * settings.batch_size * settings.block_size
+    fit = int(AUTO_EVAL_SHARE * step / (n_tokens / n_texts))
+    return max(min(n_texts, MIN_AUTO_TEXTS), min(n_texts, fit))
+
+
+def auto_eval_every(settings: RecoverySettings, eval_seconds: float, step_seconds: float) -> int:
+    """--eval-every auto: every step, unless one intermediate evaluation (as measured at step 1)
+    takes longer than 1.5 training steps (as measured at step 1): then every round(eval / step)
+    steps, so evaluating costs about as much as training, at most half the run."""
+    if settings.eval_every is not None:
+        return settings.eval_every
+    if step_seconds <= 0 or eval_seconds <= 1.5 * step_seconds:
+        return 1
+    return max(1, min(settings.steps, round(eval_seconds / step_seconds)))
+
+
+def evaluated(step: int, every: int, settings: RecoverySettings) -> bool:
+    """Whether step `step` (1..steps) of a run is evaluated: every `every`-th and the last; with
+    --eval-every auto also the first (whose times choose `every`)."""
+    return step % every == 0 or step == settings.steps or (step == 1 and settings.eval_every is None)
+
+
 class _Sweep:
-    """Shared state of one sweep: model, evaluation cache, training pool, baseline, progress."""
+    """Shared state of one sweep: model, evaluation cache (all the texts, and the subset evaluated
+    between the first and the last step), training pool, baselines, progress."""
 
     def __init__(
         self, model, tokenizer, settings: RecoverySettings, cancel: CancelToken | None, keep_weights: KeepWeights
@@ -103,20 +138,45 @@ class _Sweep:
         self.cancel = cancel
         self.keep_weights = keep_weights
         blocks, self.train_source = settings.training_blocks(tokenizer)
-        self.evaluator = Evaluator.for_settings(model, tokenizer, settings)
+        self.evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel)
         self.stack = self.evaluator.stack
         self.blocks = blocks.to(self.stack.input_device())
-        self.baseline = self.evaluator.build_cache().perplexity
-        if not settings.prefix_cache:
-            self.evaluator.drop_cache()
+        self.subset_texts = auto_eval_texts(settings, self.evaluator.n_texts, self.evaluator.n_tokens)
+        self.subset = self.evaluator  # its batches are chosen once the cache is built (`baselines`)
+        self.baseline = math.nan
+        self.subset_baseline = math.nan
+        self.every = settings.eval_every  # None until the first step's time is measured (auto)
         self.steps_done = 0
         self.steps_total = 0
+        self.pace = Pace("training", 0, "steps", "recovery")  # sized once the runs to make are known
+
+    def baselines(self) -> Iterator[Event]:
+        """The model's perplexity before any noise on every text (building the prefix cache), with
+        its progress, sent as soon as it is known; and the subset's, from the same scores."""
+        scores = yield from self.evaluator.building(phase="baseline")
+        self.baseline = scores.perplexity
+        if not self.settings.prefix_cache:
+            self.evaluator.drop_cache()
+        self.subset = self.evaluator.subset(self.subset_texts)
+        self.subset_baseline = scores.of(self.subset.chosen).perplexity
+        yield RecoveryBaseline(self.baseline, self.evaluator.n_texts, self.subset.n_texts, self.every or 0)
+        yield Message(f"baseline perplexity {self.baseline:.4g} on {self.evaluator.n_texts} texts")
 
     def _start(self, index: int) -> int:
         return index if self.settings.prefix_cache else 0
 
-    def evaluate(self, index: int) -> float:
-        return self.evaluator.perplexity(self._start(index))
+    def evaluate(self, index: int) -> Generator[Event, None, float]:
+        """The perplexity on every text, from the layer on, with its progress."""
+        return (yield from self.evaluator.scoring(self._start(index))).perplexity
+
+    def evaluate_subset(self, index: int) -> tuple[float, float]:
+        """(ratio to the subset's own baseline, that ratio times the full baseline) on the subset;
+        (ratio, perplexity) when the subset is every text."""
+        ppl = self.subset.perplexity(self._start(index))
+        if self.subset is self.evaluator:
+            return ppl / self.baseline, ppl
+        ratio = ppl / self.subset_baseline
+        return ratio, ratio * self.baseline
 
     def layer_inputs(self, index: int, rows: list[int], prefix: dict[int, torch.Tensor]) -> torch.Tensor:
         """Input of layer `index` for these training blocks, captured once per block. A block is
@@ -166,10 +226,11 @@ class _Sweep:
         losses: list[list[float]] = []
         with self.stack.preserved([index]):
             add_noise(self.stack, index, settings.sigma, seed)
-            after = self.evaluate(index)
+            after = yield from self.evaluate(index)
             curve = [[0, after]]
+            everything, part = self.evaluator.n_texts, self.subset.n_texts
             yield RecoveryStart(index, repeat, after, baseline, settings.steps)
-            yield RecoveryPoint(index, repeat, 0, None, after, after / baseline)
+            yield RecoveryPoint(index, repeat, 0, None, after, after / baseline, everything)
             params = list(self.stack.matrices(index).values())
             with Trainer(params, execution_device(self.stack.layers[index]), params[0].dtype, lr=settings.lr,
                          init_scale=FINE_TUNE_SCALE, what=f"recovery training of layer {index}",
@@ -177,6 +238,7 @@ class _Sweep:
                 for step in range(1, settings.steps + 1):
                     if self.cancel is not None:
                         self.cancel.check()
+                    step_began = time.perf_counter()
                     with trainer.forward():
                         loss = self.train_loss(index, next(batches), prefix)
                     value = float(loss.detach())
@@ -186,13 +248,24 @@ class _Sweep:
                         yield Message(f"layer {index}: training loss {value} at step {step}; stopped", "warning")
                         break
                     trainer.step(loss)
+                    step_seconds = time.perf_counter() - step_began
                     losses.append([step, value])
                     self.steps_done += 1
-                    if step % settings.eval_every == 0 or step == settings.steps:
-                        ppl = self.evaluate(index)
+                    yield self.pace.at(self.steps_done)
+                    if evaluated(step, self.every or 1, settings):
+                        if step == settings.steps:
+                            ppl = yield from self.evaluate(index)
+                            ratio, texts = ppl / baseline, everything
+                        else:
+                            eval_began = time.perf_counter()
+                            ratio, ppl = self.evaluate_subset(index)
+                            texts = part
+                            if self.every is None:  # auto: chosen from step 1's times, kept for the sweep
+                                self.every = auto_eval_every(settings, time.perf_counter() - eval_began,
+                                                             step_seconds)
+                                yield schedule_message(self.every, part, everything)
                         curve.append([step, ppl])
-                        yield RecoveryPoint(index, repeat, step, value, ppl, ppl / baseline)
-                    yield Progress(self.steps_done, self.steps_total, f"recovery layer {index}")
+                        yield RecoveryPoint(index, repeat, step, value, ppl, ratio, texts)
             if repeat == 0 and self.keep_weights is not None:
                 self.keep_weights(index, {n: p.detach().cpu().clone() for n, p in self.stack.matrices(index).items()})
         seconds = time.perf_counter() - started
@@ -205,7 +278,16 @@ class _Sweep:
             seconds=seconds,
             seconds_per_step=seconds / len(losses) if losses else None,
             train_loss=losses,
+            eval_every=self.every or 1,
+            eval_texts=self.subset.n_texts,
         )
+
+
+def schedule_message(every: int, part: int, everything: int) -> Message:
+    """The evaluation schedule a sweep settled on, and the flags that change it."""
+    between = "every step" if every == 1 else f"every {every} steps"
+    return Message(f"evaluating {between} on {part} of the {everything} texts (the first step, and the last "
+                   f"on all of them); --eval-every 1 --eval-texts {everything} evaluates every step on all")
 
 
 def summarise_run(curve: Sequence[Sequence[float]], baseline: float, status: str) -> dict[str, Any]:
@@ -339,11 +421,13 @@ def run_recovery(
     layers = settings.resolve_layers(len(LayerStack(model)))
     started = time.perf_counter()
     sweep = _Sweep(model, tokenizer, settings, cancel, keep_weights)
+    yield from sweep.baselines()
     done = [RecoveryRow.from_json(row) for row in done_layers]
     rows = {row.layer: row for row in done if row.layer in layers}
     todo = [index for index in layers if index not in rows]
     repeats = {index: [r for r in range(settings.repeats) if runs is None or (index, r) in runs] for index in todo}
     sweep.steps_total = sum(map(len, repeats.values())) * settings.steps
+    sweep.pace = Pace("training", sweep.steps_total, "steps", "recovery")
     if rows:
         yield Message(f"resuming: layers {', '.join(map(str, rows))} already finished, skipped")
     ablation_map = ablation
@@ -354,7 +438,7 @@ def run_recovery(
     if ablation_map is not None and (differs := comparable(ablation_map.protocol or None, sweep.evaluator.protocol)):
         yield Message(f"the session's ablation map and this run: {differs}; the Spearman compares rankings only",
                       "warning")
-    yield Progress(0, sweep.steps_total, "recovery")
+    yield sweep.pace.at(0)
     for index in todo:
         prefix: dict[int, torch.Tensor] = {}
         made = []

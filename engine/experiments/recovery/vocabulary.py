@@ -33,7 +33,13 @@ class RecoverySettings(TrainTextSettings, EvalTextSettings):
     sigma: float = setting(0.5, "noise = sigma * std(W) per matrix", above=0)
     steps: int = setting(200, "fine-tuning steps per layer", low=1)
     lr: float = setting(1e-4, "AdamW learning rate", above=0)
-    eval_every: int = setting(1, "evaluate every N steps", low=1)
+    eval_every: int | None = setting(
+        None, "evaluate every N steps (auto: every step, or every few when one evaluation costs more than a "
+        "training step, as measured); the last step is always evaluated", low=1, none_word="auto")
+    eval_texts: int | None = setting(
+        None, "evaluation texts (or windows) at the steps between the first and the last: whole evaluation "
+        "batches spread over them (a fixed subset); the baseline, step 0 and the last step use them all "
+        "(auto: as many as cost a quarter of a training step's tokens, at least 8)", low=1, none_word="auto")
     repeats: int = setting(1, "noise seeds per layer", low=1, high=1000,
                            why="each repeat is a whole fine-tuning run of --steps for every layer")
     seed: int = setting(0, "seed for noise and batch order", low=0, high=MAX_SEED)
@@ -70,6 +76,20 @@ class RecoverySettings(TrainTextSettings, EvalTextSettings):
 
 @event_type
 @dataclass(frozen=True)
+class RecoveryBaseline(Event):
+    """The model's perplexity before any noise, on every evaluation text: the curves' reference,
+    sent as soon as it is measured; and the schedule of the evaluations between (`eval_texts` of
+    the texts at intermediate steps; `eval_every` 0 while it is still to be measured)."""
+
+    kind: ClassVar[str] = "recovery.baseline"
+    baseline_ppl: float
+    texts: int
+    eval_texts: int
+    eval_every: int
+
+
+@event_type
+@dataclass(frozen=True)
 class RecoveryStart(Event):
     """Noise is in: the perplexity the layer starts recovering from."""
 
@@ -84,7 +104,10 @@ class RecoveryStart(Event):
 @event_type
 @dataclass(frozen=True)
 class RecoveryPoint(Event):
-    """One evaluated step of one layer's curve (step 0 is right after the noise, no training)."""
+    """One evaluated step of one layer's curve (step 0 is right after the noise, no training), on
+    `texts` evaluation texts: all of them at step 0 and the last step; between, --eval-texts of
+    them, whose ratio is to their own baseline and `eval_ppl` that ratio times the full baseline
+    (0: a log from before the subset)."""
 
     kind: ClassVar[str] = "recovery.point"
     layer: int
@@ -93,6 +116,7 @@ class RecoveryPoint(Event):
     train_loss: float | None
     eval_ppl: float
     ratio_to_baseline: float
+    texts: int = 0
 
 
 @event_type
@@ -133,6 +157,8 @@ class RecoveryRepeat:
     seconds: float
     seconds_per_step: float | None
     train_loss: list[list[float]]
+    eval_every: int = field(default=ABSENT, kw_only=True)  # as used (auto: measured); absent in older results
+    eval_texts: int = field(default=ABSENT, kw_only=True)  # texts at intermediate steps; absent in older results
 
 
 @dataclass(frozen=True)

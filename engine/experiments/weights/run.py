@@ -335,7 +335,7 @@ def paradox_order(fits: dict[str, Fit], settings: WeightsSettings) -> list[int]:
 
 
 def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
-    evaluator = Evaluator.for_settings(model, tokenizer, settings)
+    evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel)
     baseline = evaluator.build_cache().perplexity
     order = paradox_order(fits, settings)
     counts = sorted({len(order) if c == 0 else min(c, len(order)) for c in settings.paradox_counts})
