@@ -160,10 +160,11 @@ def test_a_result_with_no_rows_of_its_own_is_one_row_of_its_numbers():
 
 def test_events_read_as_a_frame_a_row_each():
     frame = to_pandas([Progress(1, 4, "x", job="j", t=1.0), Progress(2, 4, job="j", t=2.0)])
+    plain = {"phase": "", "unit": "", "rate": None}
     assert frame.to_dict("records") == [{"kind": "job.progress", "job": "j", "t": 1.0, "done": 1, "total": 4,
-                                         "label": "x"},
+                                         "label": "x", **plain},
                                         {"kind": "job.progress", "job": "j", "t": 2.0, "done": 2, "total": 4,
-                                         "label": ""}]
+                                         "label": "", **plain}]
 
 
 # sessions -----------------------------------------------------------------------------------------
