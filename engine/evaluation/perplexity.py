@@ -7,8 +7,9 @@ layer l on": layers below l are not run again.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,12 @@ from engine.models.anatomy import LayerObserver, LayerStack
 from engine.models.oom import out_of_memory_guard
 
 OOM_ADVICE = "a smaller --eval-batch-size or --max-length, or --dtype float16"
+
+Around = Callable[[], contextlib.AbstractContextManager[object]]  # a block entered around each batch's forward
+
+
+def _nothing_around() -> contextlib.AbstractContextManager[object]:
+    return contextlib.nullcontext()
 
 
 @dataclass
@@ -177,17 +184,19 @@ class Evaluator:
         return token_nll(logits, batch.input_ids, batch.attention_mask, scored=batch.scored)
 
     @torch.no_grad()
-    def scores(self, start_layer: int = 0) -> TextScores:
-        """Per-text NLL; with start_layer > 0 the layers below it come from the prefix cache."""
+    def scores(self, start_layer: int = 0, around: Around = _nothing_around) -> TextScores:
+        """Per-text NLL; with start_layer > 0 the layers below it come from the prefix cache.
+        `around()` is entered around each batch's forward (engine/core/turns.py: a turn on a shared
+        model, and the change the caller makes to it for that turn)."""
         if start_layer > 0 and self._layer_inputs is None:
-            self.build_cache()
+            self.build_cache(around=around)
         per_batch = []
         with out_of_memory_guard("perplexity evaluation", OOM_ADVICE):
             for b, batch in enumerate(self.batches):
                 hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None
                 if hidden is not None and self.cache_on_host:  # one batch's one layer back to its device
                     hidden = hidden.to(self._layer_devices[start_layer], non_blocking=True)
-                with self.stack.starting_at(start_layer, hidden):
+                with around(), self.stack.starting_at(start_layer, hidden):
                     per_batch.append(self._forward_nll(batch))
         return TextScores(self._gather(per_batch), self.tokens.copy())
 
@@ -202,18 +211,19 @@ class Evaluator:
         return self.scores(start_layer).perplexity
 
     @torch.no_grad()
-    def build_cache(self, observe: LayerObserver | None = None, keep: bool = True) -> TextScores:
+    def build_cache(self, observe: LayerObserver | None = None, keep: bool = True,
+                    around: Around = _nothing_around) -> TextScores:
         """One full forward per batch keeping each layer's input; returns the baseline scores.
 
         `observe(batch, index, layer_input, layer_output)` (engine.models.anatomy.LayerObserver, as for
         LayerStack.capture) sees every layer on the way, so cheap per-layer statistics (Block
         Influence) come from the same pass. With `keep` False the pass keeps nothing (the proxies
-        alone: no cache in memory).
+        alone: no cache in memory). `around()` is entered around each batch's forward, as in `scores`.
         """
         with out_of_memory_guard("building the prefix cache", OOM_ADVICE):
-            return self._build_cache(observe, keep)
+            return self._build_cache(observe, keep, around)
 
-    def _build_cache(self, observe: LayerObserver | None, keep: bool = True) -> TextScores:
+    def _build_cache(self, observe: LayerObserver | None, keep: bool, around: Around) -> TextScores:
         inputs: list[list[torch.Tensor]] = []
         per_batch = []
         for batch in self.batches:
@@ -227,7 +237,7 @@ class Evaluator:
                 if observe is not None:
                     observe(batch, index, layer_input, layer_output)
 
-            with self.stack.capture(keep, batch):
+            with around(), self.stack.capture(keep, batch):
                 per_batch.append(self._forward_nll(batch))
             inputs.append(per_layer)
         self._layer_inputs = inputs if keep else None
