@@ -266,7 +266,7 @@ async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
 ) -> None:
     release = threading.Event()
 
-    def slow(model, tokenizer, settings, cancel=None, model_name=""):
+    def slow(model, tokenizer, settings, cancel=None, model_name="", turns=None):
         while not release.wait(0.02):
             cancel.check()
         yield from ()
@@ -319,6 +319,43 @@ async def test_generation_streams_the_greedy_text(isolated_home, tiny_folder) ->
         left, right = app.screen.query(PromptColumn)
         assert left.text == expected
         assert right.text == expected  # nothing marked: the modified model is the original
+
+
+async def test_a_prompt_is_answered_during_the_map(isolated_home, tiny_folder, monkeypatch, record_property) -> None:
+    """The map in the console takes the model a batch at a time: a prompt typed during it streams
+    its text before the map ends, exactly the unchanged model's greedy text (the time to its first
+    token is recorded, not asserted)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.evaluation.generation import generate_text
+    from engine.evaluation.perplexity import Evaluator
+
+    expected = generate_text(AutoModelForCausalLM.from_pretrained(tiny_folder),
+                             AutoTokenizer.from_pretrained(tiny_folder), "The layer", app_module.GENERATE_TOKENS)
+    forward = Evaluator._forward_nll
+
+    def slow_forward(self, batch):  # a map of many seconds on the tiny model
+        time.sleep(0.2)
+        return forward(self, batch)
+
+    monkeypatch.setattr(Evaluator, "_forward_nll", slow_forward)
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("a")
+        await until(pilot, lambda: app.state.running_jobs())
+        await pilot.press("f5")
+        app.screen.query_one("#prompt-input").focus()
+        asked = time.perf_counter()
+        await pilot.press(*"The layer", "enter")
+        left, right = app.screen.query(PromptColumn)
+        await until(pilot, lambda: left.text != "")
+        record_property("seconds_to_first_token_during_map", time.perf_counter() - asked)
+        assert "ablation" in app.lab.cancels  # the map still runs
+        await until(pilot, lambda: right.text == expected and app.lab.generation is None)
+        assert left.text == expected
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: "ablation" in app.state.results)
 
 
 async def test_stop_generation(isolated_home, tiny_folder, monkeypatch) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from engine.core.errors import UserError
 from engine.core.events import CancelToken
 from engine.core.settings import Settings
+from engine.core.turns import ModelTurns
 from engine.disk.session_layout import APP_LOG
 from engine.experiments.growth.vocabulary import GrowthResult
 from engine.experiments.prune.vocabulary import PruneResult
@@ -130,7 +131,7 @@ class Lab:
         self.next_reconcile = 0  # the poll that checks the jobs' processes next
         self.loaded: Any = None
         self.model_status = "model: not loaded"
-        self.model_lock = threading.Lock()  # a worker holds it while it uses the loaded model
+        self.turns = ModelTurns()  # the loaded model, a forward at a time: the prompt pane and the map share it
         self.saved_models = SavedModels()
         self.cancels: dict[str, CancelToken] = {}  # experiments running in the console
         self.background: list[BackgroundJob] = []
