@@ -290,6 +290,38 @@ async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
         assert not release.is_set()
 
 
+async def test_cancel_says_cancelling_at_once(isolated_home, tiny_folder, monkeypatch) -> None:
+    """F2 then c: the status line and the layer map's panel say `cancelling` before the map has
+    stopped (it stops at its next check, here only once released); then the job reads cancelled."""
+    from tui.widgets.status_line import StatusLine
+
+    release = threading.Event()
+
+    def deaf(model, tokenizer, settings, cancel=None, model_name="", turns=None):
+        release.wait(60)
+        cancel.check()
+        yield from ()
+
+    monkeypatch.setattr("engine.experiments.ablation.run.run_ablation", deaf)
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("a")
+        await until(pilot, lambda: app.state.running_jobs() and app.state.running_jobs()[0].experiment)
+        await pilot.pause(0.3)
+        assert "map in console" in app.screen.query_one("#layers").border_subtitle
+        await pilot.press("f2", "c")
+        await pilot.pause()
+        assert "cancelling" in str(app.screen.query_one(StatusLine).render())
+        assert "cancelling" in app.screen.query_one("#layers").border_subtitle
+        assert not release.is_set() and app.state.running_jobs()  # said before the map has stopped
+        release.set()
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: not app.state.running_jobs())
+        assert [job.status for job in app.state.jobs.values()] == ["cancelled"]
+        assert "cancelling" not in str(app.screen.query_one(StatusLine).render())
+
+
 # the prompt pane ------------------------------------------------------------------------------------------
 async def test_generation_streams_the_greedy_text(isolated_home, tiny_folder) -> None:
     import torch

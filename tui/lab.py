@@ -415,13 +415,16 @@ class Lab:
         if self.session is None:
             return
         cancelled = []
+        me = os.getpid()
         if experiment in self.cancels:
             self.cancels[experiment].cancel()
-            cancelled.append(experiment)
+            cancelled += [job.id for job in self.state.running_jobs() if job.experiment == experiment
+                          and job.pid in (None, me)] or [experiment]
         for job_id, doc in self.session.jobs().items():
             mine = doc.get("experiment") == experiment and doc.get("status") == "running"
-            if mine and doc.get("pid") != os.getpid() and stop_job(doc):
+            if mine and doc.get("pid") != me and stop_job(doc):
                 cancelled.append(job_id)
+        self.state.cancelling(cancelled)
         self.say(f"cancelling {', '.join(cancelled)}" if cancelled else f"no {experiment} job is running")
 
     def resume_offer(self, asked: bool = True) -> ResumeOffer | None:

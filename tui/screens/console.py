@@ -124,6 +124,15 @@ TITLES = {"layers": "Layer map", "recovery": "Recovery", "growth": "Growth", "pr
           "analyses": "Analyses", "log": "Log"}  # fmt: skip
 
 
+def map_job_line(jobs: list[tuple[JobView, str]]) -> str:
+    """The layer map's own line of its running map: how far, and `cancelling` once asked to stop."""
+    for job, where in jobs:
+        if job.experiment == "ablation":
+            state = "cancelling" if job.cancelling else f"{job.done}/{job.total} · c cancels"
+            return f"map {where}: {state}"
+    return ""
+
+
 class ConsoleScreen(Screen[None]):
     """One widget tree for both layouts: CSS shows one pane at a time (tabs) or the four panels in
     a grid (the `-dashboard` class), so switching never rebuilds a widget: the selection, the forms
@@ -226,6 +235,7 @@ class ConsoleScreen(Screen[None]):
             log.exception("redraw failed")
         if dirty & {Dirty.JOBS, Dirty.LAYERS}:
             self.query_one(StatusLine).show(data.session_name, data.model_status, data.jobs)
+            self.query_one("#layers").border_subtitle = map_job_line(data.jobs)
         if Dirty.LOG in dirty:
             self.write_log(data.state.take_new_log())
 
@@ -237,8 +247,9 @@ class ConsoleScreen(Screen[None]):
                 self.query_one(LayerDetail).show(state, self.selected_layer)
             if dirty & {Dirty.RECOVERY, Dirty.LAYERS, Dirty.SELECTION}:
                 self.redraw_recovery(data)
-            if dirty & {Dirty.GROWTH, Dirty.RESULTS}:
-                self.query_one(GrowthTimeline).show(state.growth, state.growth_preview)
+            if dirty & {Dirty.GROWTH, Dirty.RESULTS, Dirty.JOBS}:
+                self.query_one(GrowthTimeline).show(state.growth, state.growth_preview,
+                                                    state.shown_status(state.growth.job, state.growth.status))
                 self.query_one(GrowthTable).show(state.growth_arms)
                 self.redraw_growth_plot(state)
             if Dirty.RESULTS in dirty:
@@ -256,7 +267,8 @@ class ConsoleScreen(Screen[None]):
         runs = [run for run in everything if run.layer == layer]  # the map's selection drives the plot
         curves = [
             Curve(
-                run.label + ("" if run.status in ("running", "done") else f" {run.status}"),
+                run.label + ("" if (shown := data.state.shown_status(run.job, run.status)) in ("running", "done")
+                             else f" {shown}"),
                 run.points,
                 CURVE_COLOURS[i % len(CURVE_COLOURS)],
             )
@@ -285,7 +297,7 @@ class ConsoleScreen(Screen[None]):
         else:
             last = current.points[-1] if current.points else None
             now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else "waiting for the first point"
-            info.update(f"{current.label} {current.status}\n{now}")
+            info.update(f"{current.label} {data.state.shown_status(current.job, current.status)}\n{now}")
 
     def redraw_growth_plot(self, state: SessionState) -> None:
         growth = state.growth

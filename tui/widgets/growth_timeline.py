@@ -19,10 +19,13 @@ def _phase_progress(phase: dict[str, Any], step: int) -> float:
     return min(1.0, max(0.0, (step - start) / steps))
 
 
-def timeline_text(growth: GrowthView, preview: tuple[str, dict[str, Any]] | None = None) -> Text:
-    """Each arm's phases; before any run, the phases the form's flags would run (`preview`)."""
+def timeline_text(growth: GrowthView, preview: tuple[str, dict[str, Any]] | None = None, status: str = "") -> Text:
+    """Each arm's phases; before any run, the phases the form's flags would run (`preview`);
+    `status` `cancelling` once its running job was asked to stop."""
     arms: dict[str, Any] = growth.plan.arms if growth.plan else {}
     text = Text()
+    if status == "cancelling":
+        text.append("cancelling: the run stops at its next step\n", style="bold yellow")
     if not arms and preview is not None:
         flags, arms = preview
         text.append(f"planned ({flags}); key g starts it\n", style="dim")
@@ -67,8 +70,8 @@ def comparison_table(arms: dict[str, GrowthArm]) -> Table | Text:
 
 
 class GrowthTimeline(Static):
-    def show(self, growth: GrowthView, preview: tuple[str, dict[str, Any]] | None = None) -> None:
-        self.update(timeline_text(growth, preview))
+    def show(self, growth: GrowthView, preview: tuple[str, dict[str, Any]] | None = None, status: str = "") -> None:
+        self.update(timeline_text(growth, preview, status))
 
 
 class GrowthTable(Static):

@@ -20,6 +20,8 @@ def job_text(job: JobView, where: str) -> Text:
     text = Text(f" {job.experiment}", style="bold")
     if job.total:
         text.append(f" {text_bar(job.done, job.total)} {job.done}/{job.total}")
+    if job.cancelling:
+        text.append(" cancelling", style="bold yellow")
     text.append(f" ({where})", style="dim")
     return text
 
