@@ -180,6 +180,56 @@ async def test_picker_lists_sessions_and_opens_one(isolated_home) -> None:
         assert app.screen.query_one(LayerMap).row_count == len(MAP)
 
 
+async def test_the_console_comes_back_to_its_session_layer_tab_and_forms(isolated_home) -> None:
+    """Quit on layer 3 of the Recovery tab with sigma 0.25; a headless run then writes a newer
+    session; --resume, and Enter in the picker, open the console's own session again, there."""
+    store = SessionStore()
+    demo_session(store)
+    app = AnatomyApp(session="demo", load_model=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("down", "down", "down", "f3")
+        app.screen.query_one("#sigma", Input).value = "0.25"
+        await pilot.pause()
+        await pilot.press("q")
+    store.create("cli-test", model="tiny")  # what `anatomy-tui run ... --session cli-test` leaves: the newest
+    assert store.most_recent().name == "cli-test"
+    for again in (AnatomyApp(resume=True, load_model=False), AnatomyApp(load_model=False)):
+        async with again.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            if again.session is None:  # the picker, its cursor on the console's session
+                await pilot.press("enter")
+                await pilot.pause()
+            screen = again.screen
+            assert again.session_name == "demo" and isinstance(screen, ConsoleScreen)
+            assert screen.selected_layer == 3 and screen.active_tab == "recovery"
+            assert screen.query_one("#sigma", Input).value == "0.25"
+            await pilot.press("q")
+
+
+def test_a_console_view_that_does_not_check_is_left_at_its_defaults(isolated_home) -> None:
+    """<session>/console.json and the home's .console.json are untrusted: wrong types, a session
+    that is gone or a name that escapes the folder are ignored."""
+    import json
+
+    from tui.console_view import FORMAT, LAST_SESSION, ConsoleView, last_session, load, remember_session, save
+
+    store = SessionStore()
+    session = demo_session(store)
+    save(session, ConsoleView(2, "growth", {"sigma": "0.3"}))
+    assert load(session) == ConsoleView(2, "growth", {"sigma": "0.3"})
+    (session.path / "console.json").write_text(json.dumps(
+        {"format": FORMAT, "layer": -1, "tab": "../x", "forms": {"sigma": 3, "lr": "1e-4"}}))
+    assert load(session) == ConsoleView(None, "layers", {"lr": "1e-4"})
+    (session.path / "console.json").write_text("[1, 2")
+    assert load(session) == ConsoleView()
+    remember_session(store, "demo")
+    assert last_session(store) == "demo"
+    for name in ("gone", "../demo", 7):
+        (store.home / LAST_SESSION).write_text(json.dumps({"format": FORMAT, "session": name}))
+        assert last_session(store) is None
+
+
 async def test_first_run_opens_a_session_and_draws_the_map_unasked(isolated_home, tiny_folder) -> None:
     app = AnatomyApp(options=ModelOptions(str(tiny_folder), "cpu", "float32"))
     async with app.run_test(size=SIZE) as pilot:

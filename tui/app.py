@@ -118,7 +118,7 @@ class AnatomyApp(App[None]):
         if name is not None:
             self.open_session(name)
         else:
-            self.push_screen(SessionPicker(self.lab.store), callback=self.open_session)
+            self.push_screen(SessionPicker(self.lab.store, self.lab.last_session()), callback=self.open_session)
 
     def open_session(self, name: str | None) -> None:
         if not name:
@@ -128,11 +128,11 @@ class AnatomyApp(App[None]):
             damaged = self.lab.open(name)
         except SessionError as exc:  # a damaged or refused session: say why and pick again
             self.notify(str(exc), severity="error", title="cannot open the session", timeout=20)
-            self.push_screen(SessionPicker(self.lab.store), callback=self.open_session)
+            self.push_screen(SessionPicker(self.lab.store, self.lab.last_session()), callback=self.open_session)
             return
         for reason in damaged:  # the session opens with what is readable; say what is not
             self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
-        self.push_screen(ConsoleScreen(self.console_settings, self.lab.state))
+        self.push_screen(ConsoleScreen(self.console_settings, self.lab.state, self.lab.view))
 
     @on(ConsoleReady)
     def console_ready(self) -> None:

@@ -12,6 +12,7 @@ engine, sessions and tui can all import it.
               CHECKPOINTS/<experiment>/  what a resumable job needs (recovery: LAYER_WEIGHTS/ too)
               LOGS/           the output of jobs the console started
               APP_LOG         the console's log file
+              CONSOLE_VIEW    where the console was: its selected layer, tab and forms (tui/console_view.py)
               GROWTH_MODELS/  the growth run's final models
 """
 
@@ -25,9 +26,10 @@ JOBS = "jobs"
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 APP_LOG = "app.log"
+CONSOLE_VIEW = "console.json"
 GROWTH_MODELS = "growth_models"
 LAYER_WEIGHTS = "weights"  # in an experiment's checkpoint folder: each layer it changed (recovery)
 
 FOLDERS = (RESULTS, JOBS, CHECKPOINTS, LOGS, GROWTH_MODELS)  # the parts that are folders
 # none may be a symbolic link
-PARTS = (MANIFEST, EVENTS, EVENT_INDEX, RESULTS, JOBS, CHECKPOINTS, LOGS, APP_LOG, GROWTH_MODELS)
+PARTS = (MANIFEST, EVENTS, EVENT_INDEX, RESULTS, JOBS, CHECKPOINTS, LOGS, APP_LOG, GROWTH_MODELS, CONSOLE_VIEW)

@@ -25,6 +25,7 @@ from textual.widgets import Footer, Input, Label, RichLog, Static, Tab, Tabs
 
 from engine.registry import BY_NAME
 from tui.console_settings import ConsoleSettings
+from tui.console_view import ConsoleView
 from tui.messages import (
     CancelRequested,
     ConsoleReady,
@@ -36,6 +37,7 @@ from tui.messages import (
     MarkRequested,
     Notice,
     TextGenerated,
+    ViewChanged,
 )
 from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
@@ -56,6 +58,7 @@ TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")
 JOB_OF_TAB = {"layers": "ablation", "recovery": "recovery", "growth": "growth"}  # what c cancels there
 REDRAW_ON_SHOW = {"recovery": frozenset({Dirty.RECOVERY}), "growth": frozenset({Dirty.GROWTH})}  # sized as shown
 RECOVERY_FORM = ("sigma", "steps", "lr")  # the recovery form's fields, RecoverySettings' own defaults in them
+FORMS = (*RECOVERY_FORM, "growth-flags", "prompt-input")  # every form field, kept in the console's view
 
 
 @dataclass(frozen=True)
@@ -145,10 +148,12 @@ class ConsoleScreen(Screen[None]):
         *(Binding(key, binding_action(action), title, show=action in FOOTER) for key, action, title, _ in ACTIONS),
     ]
 
-    def __init__(self, settings: ConsoleSettings | None = None, state: SessionState | None = None) -> None:
+    def __init__(self, settings: ConsoleSettings | None = None, state: SessionState | None = None,
+                 view: ConsoleView | None = None) -> None:
         super().__init__()
         self.settings = settings or ConsoleSettings()
         self.session_state = state or SessionState()  # the lab's, read here and marked for redraws
+        self.restored = view or ConsoleView()  # where the console was in this session: layer, tab, forms
         self.current = "layers"
         self.log_back = 0  # the Log tab's page: 0 live, k the k-th page back from the log's end
 
@@ -197,7 +202,32 @@ class ConsoleScreen(Screen[None]):
             self.query_one(f"#{tab}").border_title = TITLES[tab]
         self.apply_layout(self.size.width, self.size.height)
         self.query_one(LayerMap).focus()
+        self.restore(self.restored)
         self.call_after_refresh(self.post_message, ConsoleReady())
+
+    def restore(self, view: ConsoleView) -> None:
+        """Back where the console was: the forms' text, the tab, and the layer once the map has it."""
+        for name, value in view.forms.items():
+            if name in FORMS:
+                self.query_one(f"#{name}", Input).value = value
+        self.query_one(LayerMap).restore_row = view.layer
+        if view.tab in TABS:
+            self.show_tab(view.tab)
+
+    def view(self) -> ConsoleView:
+        """Where the console is now (a layer still to be restored counts as selected)."""
+        layer = self.selected_layer
+        return ConsoleView(layer=layer if layer is not None else self.query_one(LayerMap).restore_row,
+                           tab=self.current, forms={name: self.query_one(f"#{name}", Input).value for name in FORMS})
+
+    def view_changed(self) -> None:
+        if self.built:
+            self.post_message(ViewChanged(self.view()))
+
+    @on(Input.Changed)
+    def form_changed(self, event: Input.Changed) -> None:
+        if event.input.id in FORMS:
+            self.view_changed()
 
     def on_resize(self, event: events.Resize) -> None:
         self.apply_layout(event.size.width, event.size.height)
@@ -329,6 +359,7 @@ class ConsoleScreen(Screen[None]):
             self.query_one(f"#{pane}").set_class(pane == tab, "-active")
         self.set_class(self.dashboard and tab in ("analyses", "log"), "-overlay")
         log.info("panel: %s (%s)", tab, "dashboard" if self.dashboard else "tabs")
+        self.view_changed()
         if tab == "layers":
             self.query_one(LayerMap).focus()
         elif tab == "prompt":
@@ -394,6 +425,7 @@ class ConsoleScreen(Screen[None]):
     @on(LayerMap.RowHighlighted, "#map")
     def layer_highlighted(self) -> None:
         self.session_state.dirty.add(Dirty.SELECTION)  # drawn on the next poll, with whatever else changed
+        self.view_changed()
 
     @on(LayerMap.RowSelected, "#map")
     def layer_chosen(self) -> None:

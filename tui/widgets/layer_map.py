@@ -52,6 +52,7 @@ class LayerMap(DataTable):
     PART_COLUMNS = ("attn D%", "mlp D%")  # after "D %" when the session's map has parts
     RECOVERING = "⟳"  # beside the layer number while that layer recovers
     PRUNED = "✂"  # beside the layer number of a layer the session's prune run removes
+    restore_row: int | None = None  # the layer to select once the map has that many rows (the console's view)
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -85,6 +86,8 @@ class LayerMap(DataTable):
                     self.update_cell(str(index), column, value, update_width=True)
             return
         row = self.cursor_row
+        if self.restore_row is not None and self.restore_row < count:  # the layer selected when the console quit
+            row, self.restore_row = self.restore_row, None
         if columns != self.shown:
             self.clear(columns=True)
             self.shown = columns
