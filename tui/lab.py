@@ -505,6 +505,7 @@ class Lab:
     def toggle_mark(self, layer: int) -> None:
         """Marks `layer` ablated in the modified model (and noised in the noised one), or unmarks it."""
         self.modified_layers ^= {layer}
+        self.state.dirty.add(Dirty.MARKS)
         marked = ", ".join(map(str, sorted(self.modified_layers))) or "none"
         self.say(f"modified model: layers ablated (neighbour mean): {marked}")
 

@@ -55,7 +55,8 @@ class Dirty:
     JOBS = "jobs"  # the status line's running jobs
     SELECTION = "selection"  # the map's selected layer
     LOG = "log"
-    EVERY = frozenset({LAYERS, RECOVERY, GROWTH, RESULTS, JOBS, SELECTION, LOG})
+    MARKS = "marks"  # the layers marked for the prompt pane's modified and noised models
+    EVERY = frozenset({LAYERS, RECOVERY, GROWTH, RESULTS, JOBS, SELECTION, LOG, MARKS})
 
 
 CLASSES = ("critical", "important", "minor", "redundant", "anti")

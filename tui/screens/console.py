@@ -70,6 +70,7 @@ class PanelData:
     session_name: str
     model_status: str = ""
     jobs: list[tuple[JobView, str]] = field(default_factory=list)  # the running jobs, each with where it runs
+    marked: tuple[int, ...] = ()  # the layers marked (x) for the prompt pane's modified and noised models
 
 
 PANELS = ("layers", "recovery", "growth", "prompt")  # the dashboard's four, in reading order
@@ -101,7 +102,9 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
      "models), criteria agreement"),
     ("q,ctrl+q", "quit", "Quit", "quit (jobs in their own process keep running)"),
 )
-FOOTER = {"help", "compute_map", "detail", "inject", "cancel", "growth", "quit"}
+# the footer's keys, each with a word short enough that all of them fit in 80 columns (help lists the titles)
+FOOTER = {"help": "Help", "compute_map": "Map", "detail": "Detail", "inject": "Inject", "cancel": "Cancel",
+          "growth": "Growth", "quit": "Quit"}  # fmt: skip
 APP_ACTIONS = ("help", "quit", "compare")
 ROUTED = ("compute_map", "map_job", "resume_job", "stop_generation")  # the console's keys the app answers
 
@@ -145,7 +148,8 @@ class ConsoleScreen(Screen[None]):
     # quit's ctrl+q leads the footer, as Textual's own ctrl+q does on every other screen
     BINDINGS = [
         Binding("ctrl+q", "app.quit", "Quit"),
-        *(Binding(key, binding_action(action), title, show=action in FOOTER) for key, action, title, _ in ACTIONS),
+        *(Binding(key, binding_action(action), FOOTER.get(action, title), show=action in FOOTER)
+          for key, action, title, _ in ACTIONS),
     ]
 
     def __init__(self, settings: ConsoleSettings | None = None, state: SessionState | None = None,
@@ -180,8 +184,8 @@ class ConsoleScreen(Screen[None]):
                 with VerticalScroll(id="growth-left"):
                     yield Label("g starts: anatomy-tui run growth FLAGS")
                     yield Input(shlex.join(BY_NAME["growth"].console_flags), id="growth-flags")
+                    yield GrowthTable(id="growth-table")  # the final comparison first: never below the fold
                     yield GrowthTimeline(id="timeline")
-                    yield GrowthTable(id="growth-table")
                 yield CurvePlot(id="growth-plot")
             with Vertical(id="prompt", classes="pane panel"):
                 yield Input(placeholder="type a prompt and press Enter (F9 stops)", id="prompt-input")
@@ -286,6 +290,9 @@ class ConsoleScreen(Screen[None]):
                 show_analyses(self, state, data.session_name)
             if Dirty.SELECTION in dirty:
                 self.query_one(LayerDetail).show(state, self.selected_layer)
+            if Dirty.MARKS in dirty:
+                for column in self.query(PromptColumn):
+                    column.mark(data.marked)
 
     def redraw_recovery(self, data: PanelData) -> None:
         layer = self.selected_layer
@@ -331,11 +338,11 @@ class ConsoleScreen(Screen[None]):
 
     def redraw_growth_plot(self, state: SessionState) -> None:
         growth = state.growth
-        curves = [
-            Curve(f"{arm} train", pts, ARM_COLOURS.get(arm.split("/")[0], "blue"))
+        curves = [  # each arm's training loss in its colour, every validation loss white: one legend entry
+            Curve(arm, pts, ARM_COLOURS.get(arm.split("/")[0], "blue"))
             for arm, pts in growth.train.items()
         ]
-        curves += [Curve(f"{arm} val", pts, "white") for arm, pts in growth.val.items()]
+        curves += [Curve("val", pts, "white") for pts in growth.val.values()]
         budget = max((int(arm["steps"]) for arm in growth.plan.arms.values()), default=0) if growth.plan else 0
         self.query_one("#growth-plot", CurvePlot).draw(
             curves,

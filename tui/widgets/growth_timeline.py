@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
@@ -51,21 +52,20 @@ def timeline_text(growth: GrowthView, preview: tuple[str, dict[str, Any]] | None
 
 
 def comparison_table(arms: dict[str, GrowthArm]) -> Table | Text:
-    """The final growth-against-uniform table from results/growth.json."""
+    """The final growth-against-uniform table from results/growth.json, compact (it sits above the
+    timeline, in a third of the dashboard): the spread over seeds only where there are several (one
+    seed has none: said as n=1 in the title)."""
     if not arms:
         return Text("final comparison: when the run finishes", style="dim")
-    table = Table(title="final comparison", expand=False)
-    for column in ("arm", "val loss", "± sd", "seconds", "tok/s", "steps"):
-        table.add_column(column, justify="right")
+    seeds = max(len(arm.val_loss) for arm in arms.values())
+    title = "final comparison" + (f" (n={seeds} seeds)" if seeds > 1 else " (n=1 seed: no sd)")
+    table = Table(title=title, box=box.SIMPLE_HEAD, expand=False, pad_edge=False, title_justify="left")
+    columns = ("arm", "val loss", *(["± sd"] if seeds > 1 else []), "s", "tok/s")  # steps: in the timeline
+    for column in columns:
+        table.add_column(column, justify="left" if column == "arm" else "right", no_wrap=True)
     for name, arm in arms.items():
-        table.add_row(
-            name,
-            f"{arm.mean:.4f}",
-            f"{arm.sd:.4f}",
-            f"{arm.seconds:.1f}",
-            f"{arm.tokens_per_s:,.0f}",
-            str(arm.steps),
-        )
+        spread = [f"{arm.sd:.4f}" if len(arm.val_loss) > 1 else "n=1"] if seeds > 1 else []
+        table.add_row(name, f"{arm.mean:.4f}", *spread, f"{arm.seconds:.1f}", f"{arm.tokens_per_s:,.0f}")
     return table
 
 

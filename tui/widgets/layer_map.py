@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.text import Text
+from textual.scrollbar import ScrollBarRender
 from textual.widgets import DataTable
 
 from engine.experiments.prune.vocabulary import PruneResult
@@ -45,6 +46,14 @@ def pct(value: Any) -> str:
     return "" if not isinstance(value, (int, float)) else f"{value:+,.1f}"
 
 
+class WholeCells(ScrollBarRender):
+    """A scrollbar whose thumb fills whole cells: no eighth-block glyph (▆) at its ends, which in the
+    map's narrow gutter reads as a stray mark inside the table."""
+
+    VERTICAL_BARS: ClassVar[list[str]] = [" "] * len(ScrollBarRender.VERTICAL_BARS)
+    HORIZONTAL_BARS: ClassVar[list[str]] = [" "] * len(ScrollBarRender.HORIZONTAL_BARS)
+
+
 class LayerMap(DataTable):
     """A DataTable with one row per layer; the row key is the layer index."""
 
@@ -55,6 +64,7 @@ class LayerMap(DataTable):
     restore_row: int | None = None  # the layer to select once the map has that many rows (the console's view)
 
     def on_mount(self) -> None:
+        self.vertical_scrollbar.renderer = self.horizontal_scrollbar.renderer = WholeCells
         self.cursor_type = "row"
         self.zebra_stripes = False
         self.shown: tuple[str, ...] = self.COLUMNS
