@@ -60,15 +60,17 @@ def console(mode: str, trace: bool = False) -> None:
     started = time.time()
 
     baseline: list[tracemalloc.Snapshot] = []
-    if trace:
+
+    def trace_from_now() -> None:  # from 10 s on only: what the console keeps as it follows the log
         tracemalloc.start(8)
+        baseline.append(tracemalloc.take_snapshot())
 
     class Follower(AnatomyApp):
         def after_first_paint(self) -> None:
             super().after_first_paint()
             self.set_interval(5.0, lambda: samples.append((time.time() - started, me.memory_info().rss / 2**20)))
             if trace:
-                self.set_timer(10.0, lambda: baseline.append(tracemalloc.take_snapshot()))
+                self.set_timer(10.0, trace_from_now)
 
     app = Follower(session="soak", load_model=False)
     fold = app.lab.keeper.fold  # counted from the first line on
