@@ -121,6 +121,8 @@ def report(label: str, r: dict) -> None:
     print(f"{label}: {r['written'] / r['seconds']:,.0f} events/s written ({r['megabytes']:.0f} MB), "
           f"console CPU {r['cpu'] / r['wall']:.0%} of one core, RSS {rss[0]:.0f} -> {rss[-1]:.0f} MB "
           f"(max {max(rss):.0f}), numbers seen {r['seen']:,} of {r['written']:,}, in order: {r['in_order']}")
+    every = max(1, len(r["samples"]) // 10)  # about ten points of the RSS over the run
+    print("  RSS MB at s: " + ", ".join(f"{t:.0f}: {mb:.0f}" for t, mb in r["samples"][::every]))
 
 
 def main() -> None:
