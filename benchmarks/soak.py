@@ -5,7 +5,10 @@ end of the run (RSS sampled every 5 s), and whether every number reached the con
 in order. Run twice: the straightforward console (every new line read in one poll, no index) and
 ours (READ_LIMIT bytes a poll, the event index written as it goes).
 
-    python benchmarks/soak.py [--seconds 120]
+    python benchmarks/soak.py [--seconds 120] [--ours-only] [--trace]
+
+`--trace`: the console runs under tracemalloc and prints, at its end, the 12 places whose memory
+grew most from 10 s on (how the soak's growth was found).
 
 Last line: `ratio soak_console_cpu straightforward / ours: X`.
 """
@@ -40,8 +43,10 @@ print(n)
 """
 
 
-def console(mode: str) -> None:
+def console(mode: str, trace: bool = False) -> None:
     """Runs inside the measured process: the console on session 'soak' until the job's end is read."""
+    import tracemalloc
+
     import psutil
 
     import tui.lab
@@ -54,10 +59,18 @@ def console(mode: str) -> None:
     samples: list[tuple[float, float]] = []
     started = time.time()
 
+    baseline: list[tracemalloc.Snapshot] = []
+
+    def trace_from_now() -> None:  # from 10 s on only: what the console keeps as it follows the log
+        tracemalloc.start(8)
+        baseline.append(tracemalloc.take_snapshot())
+
     class Follower(AnatomyApp):
         def after_first_paint(self) -> None:
             super().after_first_paint()
             self.set_interval(5.0, lambda: samples.append((time.time() - started, me.memory_info().rss / 2**20)))
+            if trace:
+                self.set_timer(10.0, trace_from_now)
 
     app = Follower(session="soak", load_model=False)
     fold = app.lab.keeper.fold  # counted from the first line on
@@ -75,19 +88,24 @@ def console(mode: str) -> None:
 
     app.lab.keeper.fold = counting  # type: ignore[method-assign]
     app.run(headless=True, size=(120, 40))
+    if trace and baseline:
+        for stat in tracemalloc.take_snapshot().compare_to(baseline[0], "traceback")[:12]:
+            print(f"{stat.size_diff / 2**20:+.1f} MB in {stat.count_diff:+,} blocks", file=sys.stderr)
+            for line in stat.traceback.format()[-8:]:
+                print("   ", line, file=sys.stderr)
     cpu = me.cpu_times()
     print(json.dumps({"seen": len(seen), "in_order": seen == list(range(len(seen))), "wall": time.time() - started,
                       "cpu": cpu.user + cpu.system, "samples": samples}))
 
 
-def run(mode: str, seconds: float) -> dict:
+def run(mode: str, seconds: float, trace: bool = False) -> dict:
     from sessions.store import SessionStore
 
     with tempfile.TemporaryDirectory() as home:
         SessionStore(Path(home)).create("soak", model="synthetic")
         env = {**os.environ, "ANATOMY_TUI_HOME": home, "PYTHONPATH": str(ROOT)}
-        follower = subprocess.Popen([sys.executable, __file__, "--console", mode], env=env, cwd=ROOT,
-                                    stdout=subprocess.PIPE, text=True)  # fmt: skip
+        follower = subprocess.Popen([sys.executable, __file__, "--console", mode, *(["--trace"] if trace else [])],
+                                    env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # fmt: skip
         time.sleep(3.0)  # the console is up
         writer = subprocess.run([sys.executable, "-c", WRITER, home, str(seconds)], env=env, cwd=ROOT,
                                 capture_output=True, text=True, check=True)  # fmt: skip
@@ -103,19 +121,26 @@ def report(label: str, r: dict) -> None:
     print(f"{label}: {r['written'] / r['seconds']:,.0f} events/s written ({r['megabytes']:.0f} MB), "
           f"console CPU {r['cpu'] / r['wall']:.0%} of one core, RSS {rss[0]:.0f} -> {rss[-1]:.0f} MB "
           f"(max {max(rss):.0f}), numbers seen {r['seen']:,} of {r['written']:,}, in order: {r['in_order']}")
+    every = max(1, len(r["samples"]) // 10)  # about ten points of the RSS over the run
+    print("  RSS MB at s: " + ", ".join(f"{t:.0f}: {mb:.0f}" for t, mb in r["samples"][::every]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=120.0, help="how long the job writes, each run")
+    parser.add_argument("--ours-only", action="store_true", help="only our console (no straightforward run)")
+    parser.add_argument("--trace", action="store_true", help="where the console's memory grows (tracemalloc)")
     parser.add_argument("--console", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.console:
-        console(args.console)
+        console(args.console, args.trace)
         return
-    full = run("full", args.seconds)
-    ours = run("ours", args.seconds)
+    full = None if args.ours_only else run("full", args.seconds, args.trace)
+    ours = run("ours", args.seconds, args.trace)
     print(f"a job writing events as fast as it can for {args.seconds:.0f} s, the console following it headless")
+    if full is None:
+        report("ours", ours)
+        return
     report("straightforward", full)
     report("ours", ours)
     share = {label: r["cpu"] / r["wall"] for label, r in (("full", full), ("ours", ours))}

@@ -212,6 +212,27 @@ def test_cancel_stops_the_job_of_the_panel(monkeypatch):
     assert console.said("no recovery job is running")
 
 
+def test_a_cancelled_job_reads_cancelling_until_it_stops(monkeypatch):
+    """A job in its own process asked to stop (SIGINT) is `cancelling` in the status line and its
+    panel at once, and only its own word ends it."""
+    lab, console, _ = make_lab(monkeypatch)
+    monkeypatch.setattr("tui.lab.stop_job", lambda doc: True)
+    write_events(lab.session, [Started("recovery", {}, job="recovery-9", t=1.0)])
+    doc = {"id": "recovery-9", "experiment": "recovery", "pid": 2**22 + 7, "status": "running", "started": 1.0}
+    monkeypatch.setattr(lab.session, "jobs", lambda: {"recovery-9": doc})  # its process alive, as far as it says
+    lab.poll()
+    lab.cancel("recovery")
+    assert console.said("cancelling recovery-9")
+    job, where = lab.running_jobs()[0]
+    assert job.cancelling and where == "own process"
+    assert lab.state.shown_status("recovery-9", "running") == "cancelling"
+    assert lab.state.shown_status("recovery-9", "done") == "done"
+    assert lab.state.shown_status("other", "running") == "running"
+    write_events(lab.session, [Finished(status="cancelled", job="recovery-9", t=2.0)])
+    lab.poll()
+    assert lab.running_jobs() == [] and lab.state.jobs["recovery-9"].status == "cancelled"
+
+
 def test_an_interrupted_job_is_offered_with_the_command_that_resumes_it(monkeypatch):
     from engine.experiments.growth.vocabulary import PRESETS
 

@@ -180,6 +180,56 @@ async def test_picker_lists_sessions_and_opens_one(isolated_home) -> None:
         assert app.screen.query_one(LayerMap).row_count == len(MAP)
 
 
+async def test_the_console_comes_back_to_its_session_layer_tab_and_forms(isolated_home) -> None:
+    """Quit on layer 3 of the Recovery tab with sigma 0.25; a headless run then writes a newer
+    session; --resume, and Enter in the picker, open the console's own session again, there."""
+    store = SessionStore()
+    demo_session(store)
+    app = AnatomyApp(session="demo", load_model=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("down", "down", "down", "f3")
+        app.screen.query_one("#sigma", Input).value = "0.25"
+        await pilot.pause()
+        await pilot.press("q")
+    store.create("cli-test", model="tiny")  # what `anatomy-tui run ... --session cli-test` leaves: the newest
+    assert store.most_recent().name == "cli-test"
+    for again in (AnatomyApp(resume=True, load_model=False), AnatomyApp(load_model=False)):
+        async with again.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            if again.session is None:  # the picker, its cursor on the console's session
+                await pilot.press("enter")
+                await pilot.pause()
+            screen = again.screen
+            assert again.session_name == "demo" and isinstance(screen, ConsoleScreen)
+            assert screen.selected_layer == 3 and screen.active_tab == "recovery"
+            assert screen.query_one("#sigma", Input).value == "0.25"
+            await pilot.press("q")
+
+
+def test_a_console_view_that_does_not_check_is_left_at_its_defaults(isolated_home) -> None:
+    """<session>/console.json and the home's .console.json are untrusted: wrong types, a session
+    that is gone or a name that escapes the folder are ignored."""
+    import json
+
+    from tui.console_view import FORMAT, LAST_SESSION, ConsoleView, last_session, load, remember_session, save
+
+    store = SessionStore()
+    session = demo_session(store)
+    save(session, ConsoleView(2, "growth", {"sigma": "0.3"}))
+    assert load(session) == ConsoleView(2, "growth", {"sigma": "0.3"})
+    (session.path / "console.json").write_text(json.dumps(
+        {"format": FORMAT, "layer": -1, "tab": "../x", "forms": {"sigma": 3, "lr": "1e-4"}}))
+    assert load(session) == ConsoleView(None, "layers", {"lr": "1e-4"})
+    (session.path / "console.json").write_text("[1, 2")
+    assert load(session) == ConsoleView()
+    remember_session(store, "demo")
+    assert last_session(store) == "demo"
+    for name in ("gone", "../demo", 7):
+        (store.home / LAST_SESSION).write_text(json.dumps({"format": FORMAT, "session": name}))
+        assert last_session(store) is None
+
+
 async def test_first_run_opens_a_session_and_draws_the_map_unasked(isolated_home, tiny_folder) -> None:
     app = AnatomyApp(options=ModelOptions(str(tiny_folder), "cpu", "float32"))
     async with app.run_test(size=SIZE) as pilot:
@@ -266,7 +316,7 @@ async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
 ) -> None:
     release = threading.Event()
 
-    def slow(model, tokenizer, settings, cancel=None, model_name=""):
+    def slow(model, tokenizer, settings, cancel=None, model_name="", turns=None):
         while not release.wait(0.02):
             cancel.check()
         yield from ()
@@ -288,6 +338,38 @@ async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
         await until(pilot, lambda: not app.state.running_jobs())
         assert [job.status for job in app.state.jobs.values()] == ["cancelled"]
         assert not release.is_set()
+
+
+async def test_cancel_says_cancelling_at_once(isolated_home, tiny_folder, monkeypatch) -> None:
+    """F2 then c: the status line and the layer map's panel say `cancelling` before the map has
+    stopped (it stops at its next check, here only once released); then the job reads cancelled."""
+    from tui.widgets.status_line import StatusLine
+
+    release = threading.Event()
+
+    def deaf(model, tokenizer, settings, cancel=None, model_name="", turns=None):
+        release.wait(60)
+        cancel.check()
+        yield from ()
+
+    monkeypatch.setattr("engine.experiments.ablation.run.run_ablation", deaf)
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("a")
+        await until(pilot, lambda: app.state.running_jobs() and app.state.running_jobs()[0].experiment)
+        await pilot.pause(0.3)
+        assert "map in console" in app.screen.query_one("#layers").border_subtitle
+        await pilot.press("f2", "c")
+        await pilot.pause()
+        assert "cancelling" in str(app.screen.query_one(StatusLine).render())
+        assert "cancelling" in app.screen.query_one("#layers").border_subtitle
+        assert not release.is_set() and app.state.running_jobs()  # said before the map has stopped
+        release.set()
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: not app.state.running_jobs())
+        assert [job.status for job in app.state.jobs.values()] == ["cancelled"]
+        assert "cancelling" not in str(app.screen.query_one(StatusLine).render())
 
 
 # the prompt pane ------------------------------------------------------------------------------------------
@@ -319,6 +401,43 @@ async def test_generation_streams_the_greedy_text(isolated_home, tiny_folder) ->
         left, right = app.screen.query(PromptColumn)
         assert left.text == expected
         assert right.text == expected  # nothing marked: the modified model is the original
+
+
+async def test_a_prompt_is_answered_during_the_map(isolated_home, tiny_folder, monkeypatch, record_property) -> None:
+    """The map in the console takes the model a batch at a time: a prompt typed during it streams
+    its text before the map ends, exactly the unchanged model's greedy text (the time to its first
+    token is recorded, not asserted)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.evaluation.generation import generate_text
+    from engine.evaluation.perplexity import Evaluator
+
+    expected = generate_text(AutoModelForCausalLM.from_pretrained(tiny_folder),
+                             AutoTokenizer.from_pretrained(tiny_folder), "The layer", app_module.GENERATE_TOKENS)
+    forward = Evaluator._forward_nll
+
+    def slow_forward(self, batch):  # a map of many seconds on the tiny model
+        time.sleep(0.2)
+        return forward(self, batch)
+
+    monkeypatch.setattr(Evaluator, "_forward_nll", slow_forward)
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("a")
+        await until(pilot, lambda: app.state.running_jobs())
+        await pilot.press("f5")
+        app.screen.query_one("#prompt-input").focus()
+        asked = time.perf_counter()
+        await pilot.press(*"The layer", "enter")
+        left, right = app.screen.query(PromptColumn)
+        await until(pilot, lambda: left.text != "")
+        record_property("seconds_to_first_token_during_map", time.perf_counter() - asked)
+        assert "ablation" in app.lab.cancels  # the map still runs
+        await until(pilot, lambda: right.text == expected and app.lab.generation is None)
+        assert left.text == expected
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: "ablation" in app.state.results)
 
 
 async def test_stop_generation(isolated_home, tiny_folder, monkeypatch) -> None:

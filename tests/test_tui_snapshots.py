@@ -10,12 +10,20 @@ import time
 from pathlib import Path
 
 import pytest
-from tui_fixtures import analyses_session, dashboard_session, demo_session, older_analyses_session, parts_session
+from tui_fixtures import (
+    analyses_session,
+    dashboard_session,
+    deep_session,
+    demo_session,
+    older_analyses_session,
+    parts_session,
+)
 
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
 
 SIZES = [(80, 24), (160, 48)]
+SMALL_AND_DASHBOARD = [(80, 24), (200, 50)]  # the tabs at their smallest, and the dashboard
 
 
 @pytest.fixture
@@ -112,3 +120,39 @@ def test_compare_view(snap_compare, isolated_home, keys: list[str], size: tuple[
     atlas_session(SessionStore())
     app = AnatomyApp(session="atlas", load_model=False)
     assert snap_compare(app, press=[*keys, "_"], run_before=_settled, terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SMALL_AND_DASHBOARD, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_growth_finished(snap_compare, isolated_home, size: tuple[int, int]) -> None:
+    """A finished growth run: its final comparison above the timeline (in view in the dashboard
+    too), no sd for a single seed (n=1 said in its title), every curve in the loss plot's legend."""
+    dashboard_session(SessionStore(), "grown")
+    app = AnatomyApp(session="grown", load_model=False)
+    assert snap_compare(app, press=["f4", "wait:300", "_"], run_before=_settled, terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SMALL_AND_DASHBOARD, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_running_job_and_footer(snap_compare, isolated_home, size: tuple[int, int]) -> None:
+    """A growth job running: the status line names it before the model (a narrow terminal cuts the
+    model's description, never the job), and every footer key fits 80 columns."""
+    dashboard_session(SessionStore(), "growth")
+    app = AnatomyApp(session="growth", load_model=False)
+    assert snap_compare(app, press=["f4", "_"], run_before=_settled, terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SMALL_AND_DASHBOARD, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("keys", [["f5"], ["f2", "down", "x", "f5"]], ids=["none-marked", "layer-1-marked"])
+def test_prompt_marks(snap_compare, demo, keys: list[str], size: tuple[int, int]) -> None:
+    """The modified column says which layers it ablates, and that none is marked (it answers as the
+    original) until x marks one."""
+    app = AnatomyApp(session="demo", load_model=False)
+    assert snap_compare(app, press=[*keys, "wait:300", "_"], terminal_size=size)
+
+
+@pytest.mark.parametrize("size", SMALL_AND_DASHBOARD, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_deep_map_scrolls(snap_compare, isolated_home, size: tuple[int, int]) -> None:
+    """A 30-layer map taller than the terminal: its scrollbar's thumb fills whole cells (no ▆
+    glyph beside the rows)."""
+    deep_session(SessionStore())
+    app = AnatomyApp(session="deep", load_model=False)
+    assert snap_compare(app, press=["f2", "_"], run_before=_settled, terminal_size=size)

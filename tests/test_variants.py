@@ -134,6 +134,7 @@ def test_out_of_memory_in_a_prompt_column_is_said_there_and_the_others_go_on(mon
     import threading
 
     import engine.evaluation.generation
+    from engine.core.turns import ModelTurns
     from engine.models.loading import LoadedModel
     from tui.messages import GenerationDone, TextGenerated
     from tui.workers import Column, GenerationPlan, generate_work
@@ -145,10 +146,10 @@ def test_out_of_memory_in_a_prompt_column_is_said_there_and_the_others_go_on(mon
     posted = []
     loaded = LoadedModel(tiny_model("llama"), tokenizer, "tiny", "test", "cpu", "float32", "llama", 4)
     plan = GenerationPlan(1, "The cat", (Column("left", Variant("original")), Column("right", problem="no model")),
-                          4, loaded, threading.Lock(), threading.Event(), None, None)
+                          4, loaded, ModelTurns(), threading.Event(), None, None)
     generate_work(posted.append, plan)
     texts = [m for m in posted if isinstance(m, TextGenerated)]
     assert [(m.column, m.note) for m in texts] == [
         ("left", "out of memory in generation; try stopping the job that holds the GPU, or --dtype float16"),
         ("right", "no model")]
-    assert isinstance(posted[-1], GenerationDone) and not plan.lock.locked()
+    assert isinstance(posted[-1], GenerationDone) and not plan.turns.busy

@@ -8,7 +8,7 @@ import dataclasses
 import json
 
 from engine.core.codec import ABSENT, json_safe
-from engine.core.events import Event, Started
+from engine.core.events import Event, Finished, Started
 from engine.core.process import process_identity
 from engine.disk.atomic import atomic_write_json
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow, AblationSettings
@@ -17,6 +17,7 @@ from engine.experiments.dynamics.vocabulary import (
 )
 from engine.experiments.evaluate.vocabulary import sample_score
 from engine.experiments.growth.vocabulary import (
+    GrowthEval,
     GrowthPhase,
     GrowthPlan,
     GrowthStep,
@@ -131,6 +132,32 @@ def growth_events(job: str = "growth-1", upto: int = 14) -> list[Event]:
     return events
 
 
+def uniform_and_eval_events(job: str = "growth-1") -> list[Event]:
+    """The uniform arm's 30 steps and both arms' validation loss every 10 steps (the growth arm's
+    steps are `growth_events`'): every curve of the loss plot, so its legend has every entry."""
+    events: list[Event] = [GrowthStep(
+        arm="uniform_100", seed=0, phase="uniform", step=step, total_steps=30, train_loss=5.2 - 0.09 * step,
+        tokens_per_s=1000.0, lr=1e-3, n_layers=6, job=job, t=T0 + step,
+    ) for step in range(1, 31)]  # fmt: skip
+    for arm, start in (("growth_100", 4.6), ("uniform_100", 4.8)):
+        events += [GrowthEval(arm=arm, seed=0, phase="x", step=step, val_loss=start - 0.08 * step, job=job,
+                              t=T0 + step) for step in (10, 20, 30)]  # fmt: skip
+    return events
+
+
+def deep_session(store: SessionStore, name: str = "deep", layers: int = 30) -> Session:
+    """A session whose map has 30 layers: more rows than an 80x24 terminal shows (the map scrolls)."""
+    rows = [AblationRow(layer=i, ppl=BASELINE + i, degradation_pct=float(5 * i - 20),
+                        layer_class="redundant" if i < 8 else "minor" if i < 20 else "important",
+                        block_influence=0.01 * i, angular_distance=0.02 * i) for i in range(layers)]  # fmt: skip
+    session = store.create(name, model="tiny")
+    session.save_result("ablation", ablation_map(rows))
+    manifest = {**session.manifest, "created": T0, "updated": T0}
+    atomic_write_json(session.path / "manifest.json", manifest)
+    session.manifest = manifest
+    return session
+
+
 def growth_doc(models: dict[str, str | None] | None = None) -> dict:
     """results/growth.json of the plan above, one seed (the growth vocabulary's sample); `models`
     gives an arm's saved model folder (none saved by default)."""
@@ -163,7 +190,7 @@ def running_job(session: Session, job: str, experiment: str) -> None:
 
 def dashboard_session(store: SessionStore, stage: str) -> Session:
     """A session at one stage of the first hour: 'empty', 'map' (the map done), 'recovery' (layer 1
-    recovering) or 'growth' (a growth run half way)."""
+    recovering), 'growth' (a growth run half way) or 'grown' (the growth run done: its final table)."""
     session = store.create(stage, model="tiny")
     if stage != "empty":
         session.save_result("ablation", ablation_doc())
@@ -173,6 +200,10 @@ def dashboard_session(store: SessionStore, stage: str) -> Session:
     elif stage == "growth":
         write_events(session, growth_events(upto=15))
         running_job(session, "growth-1", "growth")
+    elif stage == "grown":
+        write_events(session, [*growth_events(upto=30), *uniform_and_eval_events(),
+                               Finished(status="done", job="growth-1", t=T0 + 31)])
+        session.save_result("growth", growth_doc())
     manifest = {**session.manifest, "created": T0, "updated": T0}
     atomic_write_json(session.path / "manifest.json", manifest)
     session.manifest = manifest

@@ -118,7 +118,7 @@ class AnatomyApp(App[None]):
         if name is not None:
             self.open_session(name)
         else:
-            self.push_screen(SessionPicker(self.lab.store), callback=self.open_session)
+            self.push_screen(SessionPicker(self.lab.store, self.lab.last_session()), callback=self.open_session)
 
     def open_session(self, name: str | None) -> None:
         if not name:
@@ -128,11 +128,11 @@ class AnatomyApp(App[None]):
             damaged = self.lab.open(name)
         except SessionError as exc:  # a damaged or refused session: say why and pick again
             self.notify(str(exc), severity="error", title="cannot open the session", timeout=20)
-            self.push_screen(SessionPicker(self.lab.store), callback=self.open_session)
+            self.push_screen(SessionPicker(self.lab.store, self.lab.last_session()), callback=self.open_session)
             return
         for reason in damaged:  # the session opens with what is readable; say what is not
             self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
-        self.push_screen(ConsoleScreen(self.console_settings, self.lab.state))
+        self.push_screen(ConsoleScreen(self.console_settings, self.lab.state, self.lab.view))
 
     @on(ConsoleReady)
     def console_ready(self) -> None:
@@ -189,8 +189,8 @@ class AnatomyApp(App[None]):
         screen = self._console()
         if screen is not None:
             lab = self.lab
-            screen.redraw(PanelData(lab.state, lab.n_layers, lab.session_name, lab.model_status, lab.running_jobs()),
-                          dirty)
+            screen.redraw(PanelData(lab.state, lab.n_layers, lab.session_name, lab.model_status, lab.running_jobs(),
+                                    tuple(sorted(lab.modified_layers))), dirty)
 
     def _console(self) -> ConsoleScreen | None:
         """The console screen once it is built and until the app starts shutting down (a message can

@@ -54,7 +54,8 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
     add_settings_arguments(parser, ModelOptions(), set())
     parser.set_defaults(**ModelOptions().to_dict())  # the console reads them all
     parser.add_argument("--session", default=None, help="open this session in the console")
-    parser.add_argument("--resume", action="store_true", help="open the most recent session")
+    parser.add_argument("--resume", action="store_true",
+                        help="open the session the console had open last (else the most recent), where it was")
     parser.add_argument("--serve", action="store_true", help="serve the console to a browser (textual-serve)")
     parser.add_argument("--port", type=int, default=8000, help="port for --serve (default 8000)")
     parser.add_argument(

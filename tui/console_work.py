@@ -61,7 +61,7 @@ class ConsoleWork:
         run = lab.map_in_console()
         if run is None:
             return
-        work = partial(experiment_work, self.post, lab.session, lab.loaded, lab.options, lab.model_lock,
+        work = partial(experiment_work, self.post, lab.session, lab.loaded, lab.options, lab.turns,
                        run.name, run.settings, run.token)
         self.in_thread(work, run.name, "experiment", run.description)
 
@@ -83,7 +83,7 @@ class ConsoleWork:
             columns=tuple(Column(name, *lab.variant(choice, sigma)) for name, choice in columns.items()),
             tokens=self.tokens,
             loaded=lab.loaded,
-            lock=lab.model_lock,
+            turns=lab.turns,
             stop=generation.stop,
             session=lab.session,
             saved_models=lab.saved_models,

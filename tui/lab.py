@@ -21,6 +21,7 @@ from typing import Any
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, decode_or_none, result_class
 from engine.core.settings import Settings
+from engine.core.turns import ModelTurns
 from engine.disk.session_layout import APP_LOG, FIGURES
 from engine.experiments.growth.vocabulary import GrowthResult
 from engine.experiments.prune.vocabulary import PruneResult
@@ -29,7 +30,7 @@ from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
 from sessions.layer_weights import saved_layers
 from sessions.store import Session, SessionStore
-from tui import event_index
+from tui import console_view, event_index
 from tui.console_settings import ConsoleSettings
 from tui.flags import settings_from_flags
 from tui.jobs import (
@@ -56,6 +57,7 @@ FOLD_SECONDS = 0.15  # folding per poll at most: a large log comes in over sever
 CATCH_UP_REDRAW = 4  # polls between redraws while a large log is read (redrawing costs more than folding)
 INDEX_EVERY = 4 << 20  # bytes of the log folded between writes of its index (tui/event_index.py)
 INDEX_IDLE_SECONDS = 10.0  # or, with the log read to its end, this long after the last write
+VIEW_SECONDS = 2.0  # the console's view (layer, tab, forms) is written at most this often, and on quitting
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ class Lab:
         self.next_reconcile = 0  # the poll that checks the jobs' processes next
         self.loaded: Any = None
         self.model_status = "model: not loaded"
-        self.model_lock = threading.Lock()  # a worker holds it while it uses the loaded model
+        self.turns = ModelTurns()  # the loaded model, a forward at a time: the prompt pane and the map share it
         self.saved_models = SavedModels()
         self.cancels: dict[str, CancelToken] = {}  # experiments running in the console
         self.background: list[BackgroundJob] = []
@@ -139,6 +141,9 @@ class Lab:
         self.released_for: BackgroundJob | None = None
         self.released_options: ModelOptions | None = None
         self.modified_layers: set[int] = set()
+        self.view = console_view.ConsoleView()  # where the console is in this session (the screen says)
+        self.view_changes = False  # changed since it was last written
+        self.view_saved = 0.0  # when it was last written (monotonic)
         self.generation: Generation | None = None
         self.generations = 0
 
@@ -172,13 +177,16 @@ class Lab:
 
     # the session -----------------------------------------------------------------------------------
     def first_session(self, requested: str | None, resume: bool) -> str | None:
-        """The session to open at start: the one asked for, the most recent (--resume), a new one on
-        a first run (nothing to pick yet); None lets the user pick."""
+        """The session to open at start: the one asked for, with --resume the one the console had
+        open last (else the most recent), a new one on a first run (nothing to pick yet); None lets
+        the user pick."""
         if requested:
             return requested
-        recent = self.store.most_recent() if resume else None
-        if recent is not None:
-            return recent.name
+        if resume:
+            last = self.last_session()
+            recent = self.store.most_recent() if last is None else None
+            if last or recent:
+                return last or recent.name  # type: ignore[union-attr]
         home = self.store.home
         self.store.check_home(writing=False)  # a file, or not readable: its one line
         if not home.is_dir() or not any(path.is_dir() and not path.name.startswith(".") for path in home.iterdir()):
@@ -197,6 +205,8 @@ class Lab:
         if app_log is not None:
             log_to_file(app_log)
         log.info("opened session %s (%s)", self.session.name, self.session.path)
+        console_view.remember_session(self.store, self.session.name)
+        self.view, self.view_changes = console_view.load(self.session), False
         for result, doc in self.session.results().items():
             why = self.state.set_result(result, doc)
             if why:
@@ -208,6 +218,23 @@ class Lab:
                 self.keeper.fold(span, event)
             self.indexed = self.offset
         return self.session.check()
+
+    def last_session(self) -> str | None:
+        """The session the console had open last (not one a headless run wrote since), if it exists."""
+        return console_view.last_session(self.store)
+
+    def view_changed(self, view: console_view.ConsoleView) -> None:
+        """The screen's selected layer, tab or forms changed: written within VIEW_SECONDS (a poll)."""
+        if view != self.view:
+            self.view, self.view_changes = view, True
+
+    def save_view(self, now: bool = False) -> None:
+        """Writes the console's view when it changed, VIEW_SECONDS after the last write (`now`: at once)."""
+        if self.session is None or not self.view_changes:
+            return
+        if now or time.monotonic() - self.view_saved >= VIEW_SECONDS:
+            console_view.save(self.session, self.view)
+            self.view_changes, self.view_saved = False, time.monotonic()
 
     @property
     def session_name(self) -> str:
@@ -244,6 +271,7 @@ class Lab:
         stale = not behind and time.monotonic() - self.index_written >= INDEX_IDLE_SECONDS
         if self.offset - self.indexed >= INDEX_EVERY or (stale and self.offset > self.indexed):
             self.write_index()
+        self.save_view()
         if not behind and self.polls >= self.next_reconcile:
             self.reconcile()
             self.next_reconcile = self.polls + RECONCILE_EVERY
@@ -439,13 +467,16 @@ class Lab:
         if self.session is None:
             return
         cancelled = []
+        me = os.getpid()
         if experiment in self.cancels:
             self.cancels[experiment].cancel()
-            cancelled.append(experiment)
+            cancelled += [job.id for job in self.state.running_jobs() if job.experiment == experiment
+                          and job.pid in (None, me)] or [experiment]
         for job_id, doc in self.session.jobs().items():
             mine = doc.get("experiment") == experiment and doc.get("status") == "running"
-            if mine and doc.get("pid") != os.getpid() and stop_job(doc):
+            if mine and doc.get("pid") != me and stop_job(doc):
                 cancelled.append(job_id)
+        self.state.cancelling(cancelled)
         self.say(f"cancelling {', '.join(cancelled)}" if cancelled else f"no {experiment} job is running")
 
     def resume_offer(self, asked: bool = True) -> ResumeOffer | None:
@@ -490,6 +521,7 @@ class Lab:
         """The console quits: jobs in their own process keep running; a generation stops at its next
         token; the event log's index is brought up to date."""
         self.write_index()
+        self.save_view(now=True)
         if self.state.running_jobs():
             log.info("quitting; jobs in their own process keep running")
         self.stop_generation()
@@ -498,6 +530,7 @@ class Lab:
     def toggle_mark(self, layer: int) -> None:
         """Marks `layer` ablated in the modified model (and noised in the noised one), or unmarks it."""
         self.modified_layers ^= {layer}
+        self.state.dirty.add(Dirty.MARKS)
         marked = ", ".join(map(str, sorted(self.modified_layers))) or "none"
         self.say(f"modified model: layers ablated (neighbour mean): {marked}")
 

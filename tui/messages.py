@@ -169,6 +169,18 @@ class FigureRequested(ForTheLab):
         lab.save_figures(self.results)
 
 
+class ViewChanged(ForTheLab):
+    """The console screen's selected layer, tab or a form changed (a `tui.console_view.ConsoleView`):
+    the lab keeps it for the next start."""
+
+    def __init__(self, view: Any) -> None:
+        super().__init__()
+        self.view = view
+
+    def answer(self, lab: Any) -> None:
+        lab.view_changed(self.view)
+
+
 class CancelRequested(ForTheLab):
     """Cancel the running jobs of `experiment` (the job of the panel in view)."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -65,7 +65,8 @@ class Dirty:
     JOBS = "jobs"  # the status line's running jobs
     SELECTION = "selection"  # the map's selected layer
     LOG = "log"
-    EVERY = frozenset({LAYERS, RECOVERY, GROWTH, RESULTS, JOBS, SELECTION, LOG})
+    MARKS = "marks"  # the layers marked for the prompt pane's modified and noised models
+    EVERY = frozenset({LAYERS, RECOVERY, GROWTH, RESULTS, JOBS, SELECTION, LOG, MARKS})
 
 
 CLASSES = ("critical", "important", "minor", "redundant", "anti")
@@ -97,6 +98,7 @@ class JobView:
     label: str = ""
     error: str = ""
     pid: int | None = None
+    cancelling: bool = False  # asked to stop (key c), still running until its own word or its process ends
 
 
 @dataclass
@@ -264,6 +266,19 @@ class SessionState:
         if self.growth.job == job:
             self.growth.status = status
             self.dirty.add(Dirty.GROWTH)
+
+    def cancelling(self, jobs: Iterable[str]) -> None:
+        """The running `jobs` were asked to stop: the status line and their panels say so at once."""
+        for job in jobs:
+            view = self.jobs.get(job)
+            if view is not None and view.status == "running":
+                view.cancelling = True
+                self.dirty.update({Dirty.JOBS, Dirty.LAYERS, Dirty.RECOVERY, Dirty.GROWTH})
+
+    def shown_status(self, job: str, status: str) -> str:
+        """A run's status as its panel says it: `cancelling` while its running job was asked to stop."""
+        view = self.jobs.get(job)
+        return "cancelling" if status == "running" and view is not None and view.cancelling else status
 
     def follow_job_files(self, docs: Mapping[str, Mapping[str, Any]]) -> None:
         """Reads the job files (`Session.jobs()`) into the jobs: where each runs (its pid), the

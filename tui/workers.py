@@ -17,6 +17,7 @@ from textual.message import Message
 from engine.core.errors import UserError
 from engine.core.events import CancelToken
 from engine.core.settings import Settings
+from engine.core.turns import ModelTurns
 from engine.experiments.variants import SavedModels, Variant
 from engine.models.loading import LoadedModel
 from engine.models.options import ModelOptions
@@ -57,19 +58,19 @@ def load_model_work(post: Post, options: ModelOptions) -> None:
 
 
 def experiment_work(
-    post: Post, session: Session, loaded: LoadedModel, options: ModelOptions, lock: threading.Lock,
+    post: Post, session: Session, loaded: LoadedModel, options: ModelOptions, turns: ModelTurns,
     name: str, settings: Settings, token: CancelToken,
 ) -> None:
     """An experiment of the registry in the console (the layer map), written into the session like a
-    job of its own, with its settings and model recorded as data."""
+    job of its own, with its settings and model recorded as data. It takes the model a forward at a
+    time (`turns`), so the prompt pane's generations go on while it runs."""
     from engine.registry import RunContext, experiment
     from sessions.job_runner import run_job
 
     try:
-        with lock:
-            spec = {**settings.to_dict(), "model": loaded.describe()}
-            events = experiment(name).run(settings, RunContext(model=loaded, cancel=token))
-            run_job(session, name, spec, events, settings=settings.to_dict(), model=options.to_dict(), cancel=token)
+        spec = {**settings.to_dict(), "model": loaded.describe()}
+        events = experiment(name).run(settings, RunContext(model=loaded, cancel=token, turns=turns))
+        run_job(session, name, spec, events, settings=settings.to_dict(), model=options.to_dict(), cancel=token)
     finally:
         post(ExperimentFinished(name))
 
@@ -107,7 +108,7 @@ class GenerationPlan:
     columns: tuple[Column, ...]
     tokens: int
     loaded: LoadedModel
-    lock: threading.Lock  # held while the loaded model's weights are changed and used
+    turns: ModelTurns  # one turn a column, while the loaded model's weights are changed and used
     stop: threading.Event
     session: Session
     saved_models: SavedModels
@@ -149,11 +150,7 @@ def _generate_column(post: Post, plan: GenerationPlan, column: Column) -> None:
 
     with ExitStack() as held:
         if variant.name in ON_LOADED_MODEL:
-            if not plan.lock.acquire(blocking=False):
-                show(note="waiting for the job running in the console")
-                plan.lock.acquire()
-                show()
-            held.callback(plan.lock.release)
+            held.enter_context(plan.turns.turn(waiting=lambda: show(note="waiting for the map's current batch")))
             if variant.name == "recovered":
                 variant = replace(variant, weights=load_layers(plan.session, "recovery", plan.loaded.name))
             model = held.enter_context(applied(plan.loaded.model, variant))

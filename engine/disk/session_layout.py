@@ -12,6 +12,7 @@ engine, sessions and tui can all import it.
               CHECKPOINTS/<experiment>/  what a resumable job needs (recovery: LAYER_WEIGHTS/ too)
               LOGS/           the output of jobs the console started
               APP_LOG         the console's log file
+              CONSOLE_VIEW    where the console was: its selected layer, tab and forms (tui/console_view.py)
               GROWTH_MODELS/  the growth run's final models
               FIGURES/        figures the console saved (its key F8: the panel in view's)
 """
@@ -26,10 +27,12 @@ JOBS = "jobs"
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 APP_LOG = "app.log"
+CONSOLE_VIEW = "console.json"
 GROWTH_MODELS = "growth_models"
 FIGURES = "figures"
 LAYER_WEIGHTS = "weights"  # in an experiment's checkpoint folder: each layer it changed (recovery)
 
 FOLDERS = (RESULTS, JOBS, CHECKPOINTS, LOGS, GROWTH_MODELS, FIGURES)  # the parts that are folders
 # none may be a symbolic link
-PARTS = (MANIFEST, EVENTS, EVENT_INDEX, RESULTS, JOBS, CHECKPOINTS, LOGS, APP_LOG, GROWTH_MODELS, FIGURES)
+PARTS = (MANIFEST, EVENTS, EVENT_INDEX, RESULTS, JOBS, CHECKPOINTS, LOGS, APP_LOG, GROWTH_MODELS, FIGURES,
+         CONSOLE_VIEW)

@@ -7,9 +7,10 @@ layer l on": layers below l are not run again.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,12 @@ from engine.models.anatomy import LayerObserver, LayerStack
 from engine.models.oom import out_of_memory_guard
 
 OOM_ADVICE = "a smaller --eval-batch-size or --max-length, or --dtype float16"
+
+Around = Callable[[], contextlib.AbstractContextManager[object]]  # a block entered around each batch's forward
+
+
+def _nothing_around() -> contextlib.AbstractContextManager[object]:
+    return contextlib.nullcontext()
 
 
 @dataclass
@@ -235,15 +242,17 @@ class Evaluator:
         logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
         return token_nll(logits, batch.input_ids, batch.attention_mask, scored=batch.scored)
 
-    def scores(self, start_layer: int = 0) -> TextScores:
-        """Per-text NLL; with start_layer > 0 the layers below it come from the prefix cache."""
-        return drained(self.scoring(start_layer))
+    def scores(self, start_layer: int = 0, around: Around = _nothing_around) -> TextScores:
+        """Per-text NLL; with start_layer > 0 the layers below it come from the prefix cache.
+        `around()` is entered around each batch's forward (engine/core/turns.py: a turn on a shared
+        model, and the change the caller makes to it for that turn)."""
+        return drained(self.scoring(start_layer, around=around))
 
-    def scoring(self, start_layer: int = 0, phase: str = "evaluation") -> Scoring:
+    def scoring(self, start_layer: int = 0, phase: str = "evaluation", around: Around = _nothing_around) -> Scoring:
         """`scores` as a pass that yields its Progress after each batch (`phase`, in texts) and
         returns the scores: `scores = yield from evaluator.scoring(layer)`."""
         if start_layer > 0 and self._layer_inputs is None:
-            yield from self.building(phase=phase)
+            yield from self.building(phase=phase, around=around)
         pace = Pace(phase, self.n_texts, "texts")
         yield pace.at(0)
         per_batch = []
@@ -253,7 +262,7 @@ class Evaluator:
                 hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None  # type: ignore[index]
                 if hidden is not None and self.cache_on_host:  # one batch's one layer back to its device
                     hidden = hidden.to(self._layer_devices[start_layer], non_blocking=True)
-                with torch.no_grad(), self.stack.starting_at(start_layer, hidden):
+                with torch.no_grad(), around(), self.stack.starting_at(start_layer, hidden):
                     per_batch.append(self._forward_nll(batch))
                 yield pace.at(self._texts_through(b))
         return TextScores(self._gather(per_batch), self.tokens.copy())
@@ -273,23 +282,24 @@ class Evaluator:
     def perplexity(self, start_layer: int = 0) -> float:
         return self.scores(start_layer).perplexity
 
-    def build_cache(self, observe: LayerObserver | None = None, keep: bool = True) -> TextScores:
+    def build_cache(self, observe: LayerObserver | None = None, keep: bool = True,
+                    around: Around = _nothing_around) -> TextScores:
         """One full forward per batch keeping each layer's input; returns the baseline scores.
 
         `observe(batch, index, layer_input, layer_output)` (engine.models.anatomy.LayerObserver, as for
         LayerStack.capture) sees every layer on the way, so cheap per-layer statistics (Block
         Influence) come from the same pass. With `keep` False the pass keeps nothing (the proxies
-        alone: no cache in memory).
+        alone: no cache in memory). `around()` is entered around each batch's forward, as in `scores`.
         """
-        return drained(self.building(observe, keep))
+        return drained(self.building(observe, keep, around=around))
 
-    def building(self, observe: LayerObserver | None = None, keep: bool = True, phase: str = "baseline"
-                 ) -> Scoring:
+    def building(self, observe: LayerObserver | None = None, keep: bool = True, phase: str = "baseline",
+                 around: Around = _nothing_around) -> Scoring:
         """`build_cache` as a pass that yields its Progress after each batch (`phase`, in texts)."""
         with out_of_memory_guard("building the prefix cache", OOM_ADVICE):
-            return (yield from self._build_cache(observe, keep, phase))
+            return (yield from self._build_cache(observe, keep, phase, around))
 
-    def _build_cache(self, observe: LayerObserver | None, keep: bool, phase: str) -> Scoring:
+    def _build_cache(self, observe: LayerObserver | None, keep: bool, phase: str, around: Around) -> Scoring:
         inputs: list[list[torch.Tensor]] = []
         per_batch = []
         pace = Pace(phase, self.n_texts, "texts")
@@ -306,7 +316,7 @@ class Evaluator:
                 if observe is not None:
                     observe(batch, index, layer_input, layer_output)
 
-            with torch.no_grad(), self.stack.capture(hold, batch):
+            with torch.no_grad(), around(), self.stack.capture(hold, batch):
                 per_batch.append(self._forward_nll(batch))
             inputs.append(per_layer)
             yield pace.at(self._texts_through(b))

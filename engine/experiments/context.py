@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.core.events import CancelToken, ResultDocument, decode_or_none
+from engine.core.turns import ModelTurns
 
 if TYPE_CHECKING:
     from engine.models.loading import LoadedModel
@@ -23,7 +24,9 @@ class RunContext:
     the experiment reads (the ablation map, say), by result name, as JSON (so workers can be sent
     them); an experiment reads them typed with `input`. `share` is this worker's units of a split
     sweep (engine/models/distributed.py), where the experiment reads them from the context rather
-    than its settings (manipulate's trials, toy-depth's students); None: all of them."""
+    than its settings (manipulate's trials, toy-depth's students); None: all of them. `turns`: the
+    model's turns where the console shares it with its prompt pane (engine/core/turns.py): an
+    experiment run in the console changes the model only inside a turn; None: not shared."""
 
     model: LoadedModel | None = None
     cancel: CancelToken = field(default_factory=CancelToken)
@@ -32,6 +35,7 @@ class RunContext:
     resume: bool = False
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     share: list[Any] | None = None
+    turns: ModelTurns | None = None
 
     def input(self, cls: type[R]) -> R | None:
         """The session's result of this class (results/<cls.name>.json); None when the session has

@@ -25,6 +25,7 @@ from textual.widgets import Footer, Input, Label, RichLog, Static, Tab, Tabs
 
 from engine.registry import BY_NAME
 from tui.console_settings import ConsoleSettings
+from tui.console_view import ConsoleView
 from tui.messages import (
     CancelRequested,
     ConsoleReady,
@@ -37,6 +38,7 @@ from tui.messages import (
     MarkRequested,
     Notice,
     TextGenerated,
+    ViewChanged,
 )
 from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
@@ -58,6 +60,7 @@ JOB_OF_TAB = {"layers": "ablation", "recovery": "recovery", "growth": "growth"} 
 FIGURES_OF_TAB = {"layers": ("ablation",), "recovery": ("recovery",), "growth": ("growth",)}  # what F8 saves there
 REDRAW_ON_SHOW = {"recovery": frozenset({Dirty.RECOVERY}), "growth": frozenset({Dirty.GROWTH})}  # sized as shown
 RECOVERY_FORM = ("sigma", "steps", "lr")  # the recovery form's fields, RecoverySettings' own defaults in them
+FORMS = (*RECOVERY_FORM, "growth-flags", "prompt-input")  # every form field, kept in the console's view
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class PanelData:
     session_name: str
     model_status: str = ""
     jobs: list[tuple[JobView, str]] = field(default_factory=list)  # the running jobs, each with where it runs
+    marked: tuple[int, ...] = ()  # the layers marked (x) for the prompt pane's modified and noised models
 
 
 PANELS = ("layers", "recovery", "growth", "prompt")  # the dashboard's four, in reading order
@@ -102,7 +106,9 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
      "models), criteria agreement"),
     ("q,ctrl+q", "quit", "Quit", "quit (jobs in their own process keep running)"),
 )
-FOOTER = {"help", "compute_map", "detail", "inject", "cancel", "growth", "quit"}
+# the footer's keys, each with a word short enough that all of them fit in 80 columns (help lists the titles)
+FOOTER = {"help": "Help", "compute_map": "Map", "detail": "Detail", "inject": "Inject", "cancel": "Cancel",
+          "growth": "Growth", "quit": "Quit"}  # fmt: skip
 APP_ACTIONS = ("help", "quit", "compare")
 ROUTED = ("compute_map", "map_job", "resume_job", "stop_generation")  # the console's keys the app answers
 
@@ -128,6 +134,15 @@ TITLES = {"layers": "Layer map", "recovery": "Recovery", "growth": "Growth", "pr
           "analyses": "Analyses", "log": "Log"}  # fmt: skip
 
 
+def map_job_line(jobs: list[tuple[JobView, str]]) -> str:
+    """The layer map's own line of its running map: how far, and `cancelling` once asked to stop."""
+    for job, where in jobs:
+        if job.experiment == "ablation":
+            state = "cancelling" if job.cancelling else f"{job.done}/{job.total} · c cancels"
+            return f"map {where}: {state}"
+    return ""
+
+
 class ConsoleScreen(Screen[None]):
     """One widget tree for both layouts: CSS shows one pane at a time (tabs) or the four panels in
     a grid (the `-dashboard` class), so switching never rebuilds a widget: the selection, the forms
@@ -137,13 +152,16 @@ class ConsoleScreen(Screen[None]):
     # quit's ctrl+q leads the footer, as Textual's own ctrl+q does on every other screen
     BINDINGS = [
         Binding("ctrl+q", "app.quit", "Quit"),
-        *(Binding(key, binding_action(action), title, show=action in FOOTER) for key, action, title, _ in ACTIONS),
+        *(Binding(key, binding_action(action), FOOTER.get(action, title), show=action in FOOTER)
+          for key, action, title, _ in ACTIONS),
     ]
 
-    def __init__(self, settings: ConsoleSettings | None = None, state: SessionState | None = None) -> None:
+    def __init__(self, settings: ConsoleSettings | None = None, state: SessionState | None = None,
+                 view: ConsoleView | None = None) -> None:
         super().__init__()
         self.settings = settings or ConsoleSettings()
         self.session_state = state or SessionState()  # the lab's, read here and marked for redraws
+        self.restored = view or ConsoleView()  # where the console was in this session: layer, tab, forms
         self.current = "layers"
         self.log_back = 0  # the Log tab's page: 0 live, k the k-th page back from the log's end
 
@@ -170,8 +188,8 @@ class ConsoleScreen(Screen[None]):
                 with VerticalScroll(id="growth-left"):
                     yield Label("g starts: anatomy-tui run growth FLAGS")
                     yield Input(shlex.join(BY_NAME["growth"].console_flags), id="growth-flags")
+                    yield GrowthTable(id="growth-table")  # the final comparison first: never below the fold
                     yield GrowthTimeline(id="timeline")
-                    yield GrowthTable(id="growth-table")
                 yield CurvePlot(id="growth-plot")
             with Vertical(id="prompt", classes="pane panel"):
                 yield Input(placeholder="type a prompt and press Enter (F9 stops)", id="prompt-input")
@@ -192,7 +210,32 @@ class ConsoleScreen(Screen[None]):
             self.query_one(f"#{tab}").border_title = TITLES[tab]
         self.apply_layout(self.size.width, self.size.height)
         self.query_one(LayerMap).focus()
+        self.restore(self.restored)
         self.call_after_refresh(self.post_message, ConsoleReady())
+
+    def restore(self, view: ConsoleView) -> None:
+        """Back where the console was: the forms' text, the tab, and the layer once the map has it."""
+        for name, value in view.forms.items():
+            if name in FORMS:
+                self.query_one(f"#{name}", Input).value = value
+        self.query_one(LayerMap).restore_row = view.layer
+        if view.tab in TABS:
+            self.show_tab(view.tab)
+
+    def view(self) -> ConsoleView:
+        """Where the console is now (a layer still to be restored counts as selected)."""
+        layer = self.selected_layer
+        return ConsoleView(layer=layer if layer is not None else self.query_one(LayerMap).restore_row,
+                           tab=self.current, forms={name: self.query_one(f"#{name}", Input).value for name in FORMS})
+
+    def view_changed(self) -> None:
+        if self.built:
+            self.post_message(ViewChanged(self.view()))
+
+    @on(Input.Changed)
+    def form_changed(self, event: Input.Changed) -> None:
+        if event.input.id in FORMS:
+            self.view_changed()
 
     def on_resize(self, event: events.Resize) -> None:
         self.apply_layout(event.size.width, event.size.height)
@@ -230,6 +273,7 @@ class ConsoleScreen(Screen[None]):
             log.exception("redraw failed")
         if dirty & {Dirty.JOBS, Dirty.LAYERS}:
             self.query_one(StatusLine).show(data.session_name, data.model_status, data.jobs)
+            self.query_one("#layers").border_subtitle = map_job_line(data.jobs)
         if Dirty.LOG in dirty:
             self.write_log(data.state.take_new_log())
 
@@ -241,14 +285,18 @@ class ConsoleScreen(Screen[None]):
                 self.query_one(LayerDetail).show(state, self.selected_layer)
             if dirty & {Dirty.RECOVERY, Dirty.LAYERS, Dirty.SELECTION}:
                 self.redraw_recovery(data)
-            if dirty & {Dirty.GROWTH, Dirty.RESULTS}:
-                self.query_one(GrowthTimeline).show(state.growth, state.growth_preview)
+            if dirty & {Dirty.GROWTH, Dirty.RESULTS, Dirty.JOBS}:
+                self.query_one(GrowthTimeline).show(state.growth, state.growth_preview,
+                                                    state.shown_status(state.growth.job, state.growth.status))
                 self.query_one(GrowthTable).show(state.growth_arms)
                 self.redraw_growth_plot(state)
             if Dirty.RESULTS in dirty:
                 show_analyses(self, state, data.session_name)
             if Dirty.SELECTION in dirty:
                 self.query_one(LayerDetail).show(state, self.selected_layer)
+            if Dirty.MARKS in dirty:
+                for column in self.query(PromptColumn):
+                    column.mark(data.marked)
 
     def redraw_recovery(self, data: PanelData) -> None:
         layer = self.selected_layer
@@ -260,7 +308,8 @@ class ConsoleScreen(Screen[None]):
         runs = [run for run in everything if run.layer == layer]  # the map's selection drives the plot
         curves = [
             Curve(
-                run.label + ("" if run.status in ("running", "done") else f" {run.status}"),
+                run.label + ("" if (shown := data.state.shown_status(run.job, run.status)) in ("running", "done")
+                             else f" {shown}"),
                 run.points,
                 CURVE_COLOURS[i % len(CURVE_COLOURS)],
             )
@@ -289,15 +338,15 @@ class ConsoleScreen(Screen[None]):
         else:
             last = current.points[-1] if current.points else None
             now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else "waiting for the first point"
-            info.update(f"{current.label} {current.status}\n{now}")
+            info.update(f"{current.label} {data.state.shown_status(current.job, current.status)}\n{now}")
 
     def redraw_growth_plot(self, state: SessionState) -> None:
         growth = state.growth
-        curves = [
-            Curve(f"{arm} train", pts, ARM_COLOURS.get(arm.split("/")[0], "blue"))
+        curves = [  # each arm's training loss in its colour, every validation loss white: one legend entry
+            Curve(arm, pts, ARM_COLOURS.get(arm.split("/")[0], "blue"))
             for arm, pts in growth.train.items()
         ]
-        curves += [Curve(f"{arm} val", pts, "white") for arm, pts in growth.val.items()]
+        curves += [Curve("val", pts, "white") for pts in growth.val.values()]
         budget = max((int(arm["steps"]) for arm in growth.plan.arms.values()), default=0) if growth.plan else 0
         self.query_one("#growth-plot", CurvePlot).draw(
             curves,
@@ -321,6 +370,7 @@ class ConsoleScreen(Screen[None]):
             self.query_one(f"#{pane}").set_class(pane == tab, "-active")
         self.set_class(self.dashboard and tab in ("analyses", "log"), "-overlay")
         log.info("panel: %s (%s)", tab, "dashboard" if self.dashboard else "tabs")
+        self.view_changed()
         if tab == "layers":
             self.query_one(LayerMap).focus()
         elif tab == "prompt":
@@ -386,6 +436,7 @@ class ConsoleScreen(Screen[None]):
     @on(LayerMap.RowHighlighted, "#map")
     def layer_highlighted(self) -> None:
         self.session_state.dirty.add(Dirty.SELECTION)  # drawn on the next poll, with whatever else changed
+        self.view_changed()
 
     @on(LayerMap.RowSelected, "#map")
     def layer_chosen(self) -> None:

@@ -35,9 +35,10 @@ class SessionPicker(Screen[str]):
         Binding("q", "app.quit", "Quit"),
     ]
 
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: SessionStore, current: str | None = None) -> None:
         super().__init__()
         self.store = store
+        self.current = current  # the session the console had open last: the cursor starts there
         self.infos: list[SessionInfo] = []
 
     def compose(self) -> ComposeResult:
@@ -67,6 +68,9 @@ class SessionPicker(Screen[str]):
         self.query_one("#new-name", Input).display = not self.infos
         if self.infos:
             table.focus()
+            names = [info.name for info in self.infos]
+            if self.current in names:
+                table.move_cursor(row=names.index(self.current), animate=False)
         else:
             self.query_one("#new-name", Input).focus()
 

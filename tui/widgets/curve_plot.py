@@ -42,9 +42,17 @@ def legend_colour(colour: PlotColour) -> str:
     return Color.from_rich_color(RichColor.from_ansi(colour_code(colour))).css
 
 
-def legend_markup(entries: Sequence[tuple[str, PlotColour]]) -> str:
-    """A one-line legend, each label after a line in its curve's colour (markup for a border subtitle)."""
-    return "  ".join(f"[{legend_colour(colour)}]━━[/] {escape(label)}" for label, colour in entries)
+def legend_markup(entries: Sequence[tuple[str, PlotColour]], width: int = 0) -> str:
+    """A one-line legend, each label after a line in its curve's colour (markup for a border subtitle);
+    with `width` (the cells it has), every label is cut by as much as it takes for all to show."""
+    labels = [label for label, _ in entries]
+    if width > 0:
+        longest = max(map(len, labels), default=0)
+        while longest > 1 and sum(len(label) + 5 for label in labels) - 2 > width:
+            longest -= 1
+            labels = [label if len(label) <= longest else label[: longest - 1] + "…" for label in labels]
+    return "  ".join(f"[{legend_colour(colour)}]━━[/] {escape(label)}"
+                     for label, (_, colour) in zip(labels, entries, strict=True))
 
 
 class CurvePlot(PlotextPlot):
@@ -101,5 +109,6 @@ class CurvePlot(PlotextPlot):
         entries = [(curve.label, curve.colour) for curve in curves if curve.points]
         if span is not None:
             entries += [(label, colour) for (label, _), colour in zip(references, REFERENCE_COLOURS, strict=False)]
-        self.border_subtitle = legend_markup(list(dict.fromkeys(entries)))  # one entry per label
+        # one entry per label, in the bottom border between its corners
+        self.border_subtitle = legend_markup(list(dict.fromkeys(entries)), self.size.width - 4)
         self.refresh()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
@@ -19,10 +20,13 @@ def _phase_progress(phase: dict[str, Any], step: int) -> float:
     return min(1.0, max(0.0, (step - start) / steps))
 
 
-def timeline_text(growth: GrowthView, preview: tuple[str, dict[str, Any]] | None = None) -> Text:
-    """Each arm's phases; before any run, the phases the form's flags would run (`preview`)."""
+def timeline_text(growth: GrowthView, preview: tuple[str, dict[str, Any]] | None = None, status: str = "") -> Text:
+    """Each arm's phases; before any run, the phases the form's flags would run (`preview`);
+    `status` `cancelling` once its running job was asked to stop."""
     arms: dict[str, Any] = growth.plan.arms if growth.plan else {}
     text = Text()
+    if status == "cancelling":
+        text.append("cancelling: the run stops at its next step\n", style="bold yellow")
     if not arms and preview is not None:
         flags, arms = preview
         text.append(f"planned ({flags}); key g starts it\n", style="dim")
@@ -48,27 +52,26 @@ def timeline_text(growth: GrowthView, preview: tuple[str, dict[str, Any]] | None
 
 
 def comparison_table(arms: dict[str, GrowthArm]) -> Table | Text:
-    """The final growth-against-uniform table from results/growth.json."""
+    """The final growth-against-uniform table from results/growth.json, compact (it sits above the
+    timeline, in a third of the dashboard): the spread over seeds only where there are several (one
+    seed has none: said as n=1 in the title)."""
     if not arms:
         return Text("final comparison: when the run finishes", style="dim")
-    table = Table(title="final comparison", expand=False)
-    for column in ("arm", "val loss", "± sd", "seconds", "tok/s", "steps"):
-        table.add_column(column, justify="right")
+    seeds = max(len(arm.val_loss) for arm in arms.values())
+    title = "final comparison" + (f" (n={seeds} seeds)" if seeds > 1 else " (n=1 seed: no sd)")
+    table = Table(title=title, box=box.SIMPLE_HEAD, expand=False, pad_edge=False, title_justify="left")
+    columns = ("arm", "val loss", *(["± sd"] if seeds > 1 else []), "s", "tok/s")  # steps: in the timeline
+    for column in columns:
+        table.add_column(column, justify="left" if column == "arm" else "right", no_wrap=True)
     for name, arm in arms.items():
-        table.add_row(
-            name,
-            f"{arm.mean:.4f}",
-            f"{arm.sd:.4f}",
-            f"{arm.seconds:.1f}",
-            f"{arm.tokens_per_s:,.0f}",
-            str(arm.steps),
-        )
+        spread = [f"{arm.sd:.4f}" if len(arm.val_loss) > 1 else "n=1"] if seeds > 1 else []
+        table.add_row(name, f"{arm.mean:.4f}", *spread, f"{arm.seconds:.1f}", f"{arm.tokens_per_s:,.0f}")
     return table
 
 
 class GrowthTimeline(Static):
-    def show(self, growth: GrowthView, preview: tuple[str, dict[str, Any]] | None = None) -> None:
-        self.update(timeline_text(growth, preview))
+    def show(self, growth: GrowthView, preview: tuple[str, dict[str, Any]] | None = None, status: str = "") -> None:
+        self.update(timeline_text(growth, preview, status))
 
 
 class GrowthTable(Static):

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.text import Text
+from textual.scrollbar import ScrollBarRender
 from textual.widgets import DataTable
 
 from engine.experiments.prune.vocabulary import PruneResult
@@ -45,6 +46,14 @@ def pct(value: Any) -> str:
     return "" if not isinstance(value, (int, float)) else f"{value:+,.1f}"
 
 
+class WholeCells(ScrollBarRender):
+    """A scrollbar whose thumb fills whole cells: no eighth-block glyph (▆) at its ends, which in the
+    map's narrow gutter reads as a stray mark inside the table."""
+
+    VERTICAL_BARS: ClassVar[list[str]] = [" "] * len(ScrollBarRender.VERTICAL_BARS)
+    HORIZONTAL_BARS: ClassVar[list[str]] = [" "] * len(ScrollBarRender.HORIZONTAL_BARS)
+
+
 class LayerMap(DataTable):
     """A DataTable with one row per layer; the row key is the layer index."""
 
@@ -52,8 +61,10 @@ class LayerMap(DataTable):
     PART_COLUMNS = ("attn D%", "mlp D%")  # after "D %" when the session's map has parts
     RECOVERING = "⟳"  # beside the layer number while that layer recovers
     PRUNED = "✂"  # beside the layer number of a layer the session's prune run removes
+    restore_row: int | None = None  # the layer to select once the map has that many rows (the console's view)
 
     def on_mount(self) -> None:
+        self.vertical_scrollbar.renderer = self.horizontal_scrollbar.renderer = WholeCells
         self.cursor_type = "row"
         self.zebra_stripes = False
         self.shown: tuple[str, ...] = self.COLUMNS
@@ -85,6 +96,8 @@ class LayerMap(DataTable):
                     self.update_cell(str(index), column, value, update_width=True)
             return
         row = self.cursor_row
+        if self.restore_row is not None and self.restore_row < count:  # the layer selected when the console quit
+            row, self.restore_row = self.restore_row, None
         if columns != self.shown:
             self.clear(columns=True)
             self.shown = columns

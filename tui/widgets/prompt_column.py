@@ -17,14 +17,29 @@ MODEL_CHOICES = (
 )
 
 
+MARKED = ("modified", "noised")  # the choices made from the layers marked with x
+
+
+def marks_hint(choice: str, marked: tuple[int, ...]) -> str:
+    """What the column's model is made of, for the choices built from the marked layers."""
+    if choice not in MARKED:
+        return ""
+    if not marked:
+        return "no layer marked (x on the map): it answers as the original"
+    change = "ablated (neighbour mean)" if choice == "modified" else "noised (sigma)"
+    return f"layer{'s' if len(marked) > 1 else ''} {', '.join(map(str, marked))} {change}"
+
+
 class PromptColumn(Vertical):
-    """`begin` clears the output for a new prompt; `show` draws the text generated so far."""
+    """`begin` clears the output for a new prompt; `show` draws the text generated so far; `mark`
+    says which layers the modified and noised models change (a line under the model's name)."""
 
     def __init__(self, default: str, id: str) -> None:  # noqa: A002 - Textual's own argument name
         super().__init__(id=id, classes="prompt-column")
         self.default = default
         self.prompt = ""
         self.text = ""
+        self.marked: tuple[int, ...] = ()
 
     def compose(self) -> ComposeResult:
         yield Select(
@@ -33,12 +48,27 @@ class PromptColumn(Vertical):
             allow_blank=False,
             classes="model-choice",
         )
+        yield Static(marks_hint(self.default, self.marked), classes="marks-hint")
         with VerticalScroll(classes="generation"):
             yield Static("", classes="generated")
 
     @property
     def model_choice(self) -> str:
         return str(self.query_one(Select).value)
+
+    def on_mount(self) -> None:
+        self._hint()
+
+    def mark(self, marked: tuple[int, ...]) -> None:
+        self.marked = marked
+        self._hint()
+
+    def on_select_changed(self) -> None:
+        self._hint()
+
+    def _hint(self) -> None:
+        for hint in self.query(".marks-hint").results(Static):
+            hint.update(marks_hint(self.model_choice, self.marked))
 
     def begin(self, prompt: str) -> None:
         self.prompt, self.text = prompt, ""

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -21,7 +21,8 @@ import torch
 from engine.core.codec import json_safe
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Pace, Result
-from engine.evaluation.perplexity import Batch, Evaluator, Scoring, TextScores, masked
+from engine.core.turns import Change, ModelTurns
+from engine.evaluation.perplexity import Batch, Evaluator, Scoring, TextScores, drained, masked
 from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
 from engine.experiments.ablation.vocabulary import (
     AblationMap,
@@ -193,8 +194,13 @@ class InfluenceMeter:
 
 
 def run_ablation(
-    model, tokenizer, settings: AblationSettings, cancel: CancelToken | None = None, model_name: str = ""
+    model, tokenizer, settings: AblationSettings, cancel: CancelToken | None = None, model_name: str = "",
+    turns: ModelTurns | None = None,
 ) -> Iterator[Event]:
+    """The map. With `turns` (a model the console shares with its prompt pane) every forward is a
+    turn of its own, and each layer is ablated inside the turn and put back before it ends, so
+    another thread waits for one batch, never for the map, and never sees a changed layer; without,
+    each layer is ablated once for all its batches."""
     settings.validate()
     started = time.perf_counter()
     evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel)
@@ -205,7 +211,8 @@ def run_ablation(
         check_parts(stack.model_type)
     meter = InfluenceMeter(n)
     part_meter = PartMeter(stack, parts) if parts else None
-    base = yield from first_pass(evaluator, meter, part_meter, keep=settings.prefix_cache and not settings.proxies_only)
+    base = yield from first_pass(evaluator, meter, part_meter, turns,
+                                 keep=settings.prefix_cache and not settings.proxies_only)
     baseline = base.perplexity
     influence, angular = meter.means()
     blocks = meter.last_token_blocks()
@@ -222,10 +229,10 @@ def run_ablation(
     yield pace.at(0)
     scores: dict[tuple[int, str | None], TextScores] = {}
     for done, (index, part) in enumerate(units, start=1):
-        removal = ablated(stack, index, settings.method) if part is None else ablated_part(
-            stack, index, part, settings.method)
-        with removal:
-            unit_scores = evaluator.scores(index if settings.prefix_cache else 0)
+        removal = functools.partial(ablated, stack, index, settings.method) if part is None else functools.partial(
+            ablated_part, stack, index, part, settings.method)
+        start = index if settings.prefix_cache else 0
+        unit_scores = drained(per_turn(turns, removal, functools.partial(evaluator.scoring, start)))
         scores[(index, part)] = unit_scores
         ppl = unit_scores.perplexity
         d = degradation_pct(ppl, baseline)
@@ -280,18 +287,28 @@ def run_ablation(
     yield Result("ablation", json_safe(doc))
 
 
-def first_pass(evaluator: Evaluator, meter: InfluenceMeter, part_meter: PartMeter | None, keep: bool) -> Scoring:
+def per_turn(turns: ModelTurns | None, change: Change | None, measure: Callable[..., Scoring]) -> Scoring:
+    """`measure(around=...)` (an Evaluator's pass) with the model changed by `change()`: for each
+    batch's turn only when the model is shared (`turns`), else once around the whole pass."""
+    if turns is not None:
+        return (yield from measure(around=turns.around(change)))
+    with change() if change is not None else contextlib.nullcontext():
+        return (yield from measure())
+
+
+def first_pass(evaluator: Evaluator, meter: InfluenceMeter, part_meter: PartMeter | None, turns: ModelTurns | None,
+               keep: bool) -> Scoring:
     """The baseline's one forward: the prefix cache when `keep`, every layer's proxies on the way and
     with `part_meter` every block's (its terms captured in the same forward); its progress batch by batch."""
     if part_meter is None:
-        return (yield from evaluator.building(observe=meter, keep=keep))
+        return (yield from per_turn(turns, None, functools.partial(evaluator.building, meter, keep)))
 
     def both(batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
         meter(batch, index, layer_input, layer_output)
         part_meter(batch, index, layer_input, layer_output)
 
-    with evaluator.stack.capture_parts(part_meter.term):
-        return (yield from evaluator.building(observe=both, keep=keep))
+    capture = functools.partial(evaluator.stack.capture_parts, part_meter.term)
+    return (yield from per_turn(turns, capture, functools.partial(evaluator.building, both, keep)))
 
 
 def proxy_map(model_name: str, evaluator: Evaluator, settings: AblationSettings, seconds: float, baseline: float,
@@ -367,4 +384,4 @@ def shard_plan(settings: AblationSettings, n_layers: int, inputs: Mapping[str, d
 def run(settings: AblationSettings, context: RunContext) -> Iterator[Event]:
     """The registry's entry: the map of the context's model."""
     loaded = context.model
-    yield from run_ablation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name)
+    yield from run_ablation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name, context.turns)
