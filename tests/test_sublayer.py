@@ -240,13 +240,13 @@ def test_the_sweep_costs_one_evaluation_per_unit_from_its_layer(monkeypatch):
     baseline pass and one evaluation per (layer, unit), each starting at that layer."""
     model = tiny_model("llama", seed=10)
     starts = []
-    original = Evaluator.scores
+    original = Evaluator.scoring
 
-    def counted(self, start_layer=0):
+    def counted(self, start_layer=0, *args, **kwargs):
         starts.append(start_layer)
-        return original(self, start_layer)
+        return original(self, start_layer, *args, **kwargs)
 
-    monkeypatch.setattr(Evaluator, "scores", counted)
+    monkeypatch.setattr(Evaluator, "scoring", counted)
     _, doc = the_map(model, method="skip", part="both")
     assert starts == [i for i in range(4) for _ in range(3)]
     assert set(doc["spearman"]) >= {"attention:block_influence", "mlp:angular_distance"}
