@@ -109,13 +109,14 @@ def check_matrix_names(model_type: str, names: Sequence[str] | None) -> tuple[st
     return known if names is None else tuple(names)
 
 
-def check_parts(model_type: str) -> None:
+def check_parts(model_type: str, flag: str = "--part") -> None:
     """A family whose attention and MLP blocks anatomy-tui can name (known from the config's
-    model_type, before the weights load); otherwise one line naming it."""
+    model_type, before the weights load); otherwise one line naming it and the option (`--part`,
+    `--unit`) to set back to whole layers."""
     family = FAMILIES.get(model_type)
     if family is not None and family.parts is None:
-        raise UserError(f"--part: anatomy-tui cannot name the attention and MLP blocks of {family.label} "
-                        f"({model_type}); use --part layer")
+        raise UserError(f"{flag}: anatomy-tui cannot name the attention and MLP blocks of {family.label} "
+                        f"({model_type}); use {flag} layer")
 
 
 def _first(output: Any) -> torch.Tensor:
@@ -218,6 +219,18 @@ class LayerStack:
     def part_matrices(self, index: int, part: str) -> dict[str, nn.Parameter]:
         """The block's weight matrices (attention: q, k, v, qkv, o; MLP: gate, up, gate_up, down)."""
         return {name: p for name, p in self.matrices(index).items() if name in PART_MATRICES[part]}
+
+    def part_params(self, index: int, part: str) -> int:
+        """Parameters of the block: its matrices' weights and biases (the norms are the layer's)."""
+        layer = self.layers[self.check_index(index)]
+        return sum(p.numel() for name, path in self.spec.matrices if name in PART_MATRICES[part]
+                   for p in layer.get_submodule(path).parameters())
+
+    def part_output(self, index: int, part: str) -> nn.Module:
+        """The block's output projection (attention's o, the MLP's down): zeroed, weight and bias,
+        the block adds exactly nothing to the residual, in any family's own forward."""
+        name = "o" if part == "attention" else "down"
+        return self.layers[self.check_index(index)].get_submodule(dict(self.spec.matrices)[name])
 
     @contextlib.contextmanager
     def part_skipped(self, index: int, part: str) -> Iterator[None]:
