@@ -77,6 +77,7 @@ from engine.models.pruning import (
     Cut,
     cut_layers,
     cut_removed,
+    is_block_cut,
     layer_params,
     outputs_zeroed,
     removed,
@@ -265,18 +266,22 @@ class Healer:
         self.blocks = blocks.to(self.stack.input_device())
 
     @contextlib.contextmanager
-    def healed(self, layers: Sequence[int], cancel, keep: bool = False,
+    def healed(self, cut: Cut, cancel, keep: bool = False,
                adapter: Path | None = None) -> Iterator[CutWeights | None]:
-        """Inside `removed(model, layers)`: the cut model fine-tuned for the block, then restored
+        """Inside `cut_removed(model, cut)`: the cut model fine-tuned for the block, then restored
         exactly (an offloaded layer it would train is refused first). With `keep`, yields the
         trained weights (CutWeights: layers by original index, on the CPU; the LM head with --heal
         last) for export; else None. With `adapter`, LoRA healing also saves its adapter there
         (PEFT's format, before it is merged). --heal last (Reassessing Layer Pruning) trains the LM
-        head and the last three kept layers, nothing else."""
+        head and the last three kept layers, nothing else. A block cut's adjacent healing trains
+        the kept layers holding a removed block and the layers next to them."""
         heal = self.settings.heal
         n = len(self.stack)
-        trained = (neighbours_of_cuts(n, layers) if heal == "adjacent" else last_kept(n, layers) if heal == "last"
-                   else tuple(i for i in range(n) if i not in layers))
+        touched = cut_layers(cut)
+        whole = split_cut(cut)[0] if is_block_cut(cut) else touched  # the layers that are gone
+        trained = (tuple(sorted({i for i in touched if i not in whole} | set(neighbours_of_cuts(n, touched))))
+                   if heal == "adjacent" else last_kept(n, whole) if heal == "last"
+                   else tuple(i for i in range(n) if i not in whole))
         with self.stack.preserved(trained, host=heal == "lora"), head_preserved(self.model, heal == "last"):
             if heal == "lora":  # LoRA: the whole model's layers
                 self._lora(trained[0], cancel, adapter)
@@ -772,8 +777,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
             healed_ppl, weights = healed.get(layers), replaced.get(key)
             if how is None and healer is not None and layers not in healed:  # the same cut heals the same way
                 adapter = adapter_folder(adapters, layers) if count == export_count else None
-                with cut_removed(model, layers), healer.healed(cut_layers(layers), cancel,
-                                                               keep=count == export_count,
+                with cut_removed(model, layers), healer.healed(layers, cancel, keep=count == export_count,
                                                                adapter=adapter) as weights:
                     healed_ppl = healed[layers] = evaluator.perplexity()
                     if judge is not None:

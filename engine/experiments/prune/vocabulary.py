@@ -128,6 +128,9 @@ class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
             from engine.models.anatomy import check_parts  # torch-free callers never get here with blocks
 
             check_parts(shape.family, "--unit")
+            if shape.family == "opt" and self.heal == "lora" and self.heal_steps:
+                raise UserError("--unit block --heal lora: OPT's MLP has no module of its own, so LoRA would wrap "
+                                "a removed block's fc2; use --heal adjacent or last")
         if self.replace:
             check_run(shape.n_layers, counts[-1], self.replace[0])
         if self.export is not None:
