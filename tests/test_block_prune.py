@@ -59,7 +59,8 @@ def test_a_block_cut_is_transformers_forward_with_the_blocks_replaced_by_zeros(f
     cut = [(1, "attention"), (2, "mlp"), (3, "attention"), (3, "mlp")]
     by_hand = copy.deepcopy(model)
     for layer, part in cut:
-        owner, _, name = f"{LayerStack(by_hand).spec.layers}.{layer}.{BLOCKS[family][PARTS.index(part)]}".rpartition(".")
+        path = f"{LayerStack(by_hand).spec.layers}.{layer}.{BLOCKS[family][PARTS.index(part)]}"
+        owner, _, name = path.rpartition(".")
         width = by_hand.config.hidden_size if family != "gpt2" else by_hand.config.n_embd
         setattr(by_hand.get_submodule(owner), name, Zeros(part == "attention", width))
     with torch.no_grad():
@@ -193,3 +194,15 @@ def test_one_line_errors_before_the_load(monkeypatch):
     opt = ModelShape(params=1, n_layers=4, hidden=32, intermediate=64, heads=4, vocab=260, family="opt")
     with pytest.raises(UserError, match="LoRA would wrap"):
         PruneSettings(unit="block", heal="lora", heal_steps=1, remove=(1,)).check_against(opt)
+
+
+def test_the_console_names_a_block_cut():
+    from engine.experiments.prune.vocabulary import PruneCut, PrunedBlock
+    from tui.views.prune import cut_text
+
+    blocks = [PrunedBlock(3, "attention"), PrunedBlock(3, "mlp"), PrunedBlock(1, "mlp"), PrunedBlock(12, "attention")]
+    point = PruneCut(method="bi", removed=2, layers=[3], ppl=1.0, ci_low=None, ci_high=None, healed_ppl=None,
+                     blocks=blocks, removed_params=10)
+    assert cut_text(point) == "1m,3,12a"
+    assert cut_text(PruneCut(method="bi", removed=3, layers=[4, 5, 7], ppl=1.0, ci_low=None, ci_high=None,
+                             healed_ppl=None)) == "4-5,7"
