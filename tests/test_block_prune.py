@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -206,3 +207,16 @@ def test_the_console_names_a_block_cut():
     assert cut_text(point) == "1m,3,12a"
     assert cut_text(PruneCut(method="bi", removed=3, layers=[4, 5, 7], ppl=1.0, ci_low=None, ci_high=None,
                              healed_ppl=None)) == "4-5,7"
+
+
+def test_a_block_cut_is_not_taken_for_the_pruned_layers():
+    """The `pruned` variant (evaluate, the prompt pane) drops layers: a block cut exported is not one."""
+    from engine.experiments.prune.vocabulary import PruneCut, PrunedBlock, sample
+    from engine.experiments.session_models import pruned_layers
+
+    block = PruneCut(method="bi", removed=1, layers=[], ppl=1.0, ci_low=None, ci_high=None, healed_ppl=None,
+                     blocks=[PrunedBlock(2, "mlp")], removed_params=1)
+    layer = PruneCut(method="ppl", removed=2, layers=[1, 3], ppl=1.0, ci_low=None, ci_high=None, healed_ppl=None)
+    result = dataclasses.replace(sample(), curve=[block, layer], exported_point=block)
+    assert pruned_layers(result) == (1, 3)
+    assert pruned_layers(dataclasses.replace(result, curve=[block])) == ()
