@@ -220,3 +220,13 @@ def test_a_block_cut_is_not_taken_for_the_pruned_layers():
     result = dataclasses.replace(sample(), curve=[block, layer], exported_point=block)
     assert pruned_layers(result) == (1, 3)
     assert pruned_layers(dataclasses.replace(result, curve=[block])) == ()
+
+
+def test_adjacent_healing_of_a_block_cut_is_planned_for_every_layer():
+    """One layer's worth of tiny llama's blocks can be four attention blocks (4 x 3072 >= 9280 > 3 x
+    3072), one in every layer: adjacent healing may then train them all, and the memory plan holds that."""
+    model = tiny_model("llama")
+    shape = ModelShape.from_config(model.config)
+    assert removed_params(model, [(i, "attention") for i in range(3)]) < layers_worth(model, 1)
+    training = PruneSettings(unit="block", heal_steps=5, remove=(1,)).training_needs(shape)
+    assert training.params == shape.n_layers * LAYER == shape.n_layers * shape.layer_params
