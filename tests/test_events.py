@@ -191,7 +191,7 @@ RESULT_KEYS: dict[type, list[str]] = {
                   "agreement", "agreement_note", "scores", "depth_fit", "heal", "exported", "exported_point",
                   "seconds", "evaluation", "baseline_accuracy", "protocol"],
     PruneCut: ["method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl", "accuracy", "healed_accuracy",
-               "generation", "disagreement"],
+               "generation", "disagreement", "removed_params", "blocks"],
     DepthLaw: ["a", "c", "L0", "ci95", "points", "depths", "label", "chinchilla"],
     PruneHeal: ["steps", "what", "train_source", "train_blocks"],
     RecoveryResult: ["model", "baseline_ppl", "eval_tokens", "eval_texts", "train_source", "train_blocks", "settings",

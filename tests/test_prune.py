@@ -25,7 +25,7 @@ from engine.models.anatomy import LayerStack
 from engine.models.loading import LoadedModel
 from engine.registry import experiment
 
-CURVE_KEYS = {"method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl"}
+CURVE_KEYS = {"method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl", "removed_params"}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -377,6 +377,37 @@ def test_prune_with_a_linear_replacement_and_export(monkeypatch, tokenizer, file
     assert all(torch.allclose(split_weights[k], plain_weights[k], atol=1e-6) for k in plain_weights)
 
 
+def test_prune_by_blocks_and_export(monkeypatch, tokenizer, files, tmp_path):
+    """Block cuts (each block's proxies from the one forward, its term skipped) with blocks on both
+    GPUs, the greedy search over blocks, and an export whose zeroed output projections sit on the
+    second GPU: the same curves and exported weights as on one device, reloading to the same logits."""
+    from engine.experiments.prune.vocabulary import PruneSettings
+    from engine.models.loading import LoadedModel
+    from engine.registry import RunContext, experiment
+
+    ids = torch.tensor([[5, 70, 33, 101, 9, 250, 17, 3]])
+
+    def run(model, folder):
+        settings = PruneSettings(method="all", unit="block", eval_file=files[0], remove=(1, 2), bootstrap=0,
+                                 export=str(folder), export_method="bi", export_count=2)
+        loaded = LoadedModel(model, tokenizer, "tiny", "test", "cpu", "float32", "llama", 4)
+        doc = result(experiment("prune").run(settings, RunContext(model=loaded)))
+        exported = tiny_model("llama").from_pretrained(folder)
+        with torch.no_grad():
+            logits = exported(input_ids=ids).logits
+        return doc, {k: v.clone() for k, v in exported.state_dict().items()}, logits
+
+    folders = iter((tmp_path / "plain", tmp_path / "split"))
+    (plain, plain_weights, plain_logits), (split, split_weights, split_logits) = on_both(
+        monkeypatch, lambda model: run(model, next(folders)))
+    for doc in (plain, split):
+        doc["exported"] = doc["settings"]["export"] = None
+    assert {block["layer"] for block in plain["exported_point"]["blocks"]} & {2, 3}  # a cut on the second GPU
+    assert without_times(split) == without_times(plain)
+    assert all(torch.equal(split_weights[k], plain_weights[k]) for k in plain_weights)
+    assert torch.equal(split_logits, plain_logits)
+
+
 @pytest.mark.parametrize("embedding", [None, "disk"], ids=["embedding-on-gpu", "embedding-offloaded"])
 def test_prompt_variants_and_generation(monkeypatch, tokenizer, tmp_path, embedding):
     from engine.evaluation.generation import generate_text

@@ -19,11 +19,13 @@ SAVED_ARMS = {"growth": "growth_100", "uniform": "uniform_100"}  # variant -> th
 def pruned_layers(result: PruneResult | None) -> tuple[int, ...]:
     """The layers the session's prune run removed at its exported point (else its ppl criterion's
     deepest cut): what the `pruned` variant drops. () when there is no prune result (or one this
-    version cannot read: `decode_or_none` made it None)."""
+    version cannot read: `decode_or_none` made it None), or when its cuts are of blocks (`--unit
+    block`: not a set of layers; prune's own --evaluate-tasks scores them)."""
     if result is None:
         return ()
-    point = result.exported_point or max((cut for cut in result.curve if cut.method == "ppl"),
-                                         key=lambda cut: cut.removed, default=None)
+    exported = result.exported_point if result.exported_point and not result.exported_point.blocks else None
+    point = exported or max((cut for cut in result.curve if cut.method == "ppl" and not cut.blocks),
+                            key=lambda cut: cut.removed, default=None)
     return tuple(int(layer) for layer in point.layers) if point is not None else ()
 
 

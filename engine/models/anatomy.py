@@ -140,6 +140,18 @@ class LayerStack:
         """The block's weight matrices (attention: q, k, v, qkv, o; MLP: gate, up, gate_up, down)."""
         return {name: p for name, p in self.matrices(index).items() if name in PART_MATRICES[part]}
 
+    def part_params(self, index: int, part: str) -> int:
+        """Parameters of the block: its matrices' weights and biases (the norms are the layer's)."""
+        layer = self.layers[self.check_index(index)]
+        return sum(p.numel() for name, path in self.spec.matrices if name in PART_MATRICES[part]
+                   for p in layer.get_submodule(path).parameters())
+
+    def part_output(self, index: int, part: str) -> nn.Module:
+        """The block's output projection (attention's o, the MLP's down): zeroed, weight and bias,
+        the block adds exactly nothing to the residual, in any family's own forward."""
+        name = "o" if part == "attention" else "down"
+        return self.layers[self.check_index(index)].get_submodule(dict(self.spec.matrices)[name])
+
     @contextlib.contextmanager
     def part_skipped(self, index: int, part: str) -> Iterator[None]:
         """The block adds nothing to the residual (its term is zero, so the stream passes by): the

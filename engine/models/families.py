@@ -89,10 +89,11 @@ def check_matrix_names(model_type: str, names: Sequence[str] | None) -> tuple[st
     return known if names is None else tuple(names)
 
 
-def check_parts(model_type: str) -> None:
+def check_parts(model_type: str, flag: str = "--part") -> None:
     """A family whose attention and MLP blocks anatomy-tui can name (known from the config's
-    model_type, before the weights load); otherwise one line naming it."""
+    model_type, before the weights load); otherwise one line naming it and the option (`--part`,
+    `--unit`) to set back to whole layers."""
     family = FAMILIES.get(model_type)
     if family is not None and family.parts is None:
-        raise UserError(f"--part: anatomy-tui cannot name the attention and MLP blocks of {family.label} "
-                        f"({model_type}); use --part layer")
+        raise UserError(f"{flag}: anatomy-tui cannot name the attention and MLP blocks of {family.label} "
+                        f"({model_type}); use {flag} layer")

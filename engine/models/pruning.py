@@ -9,6 +9,11 @@ renumbers every kept module's `layer_idx` (the slot it writes in the cache). Rot
 masks are built from the config and need nothing. On exit every change is undone exactly (same
 module objects, same numbers), so experiments cut in place, like the rest of the engine, instead of
 copying a model per candidate.
+
+Below the layer (`prune --unit block`), a cut is a set of attention and MLP blocks, (layer, part):
+a removed block adds nothing to the residual stream (its term skipped; a parallel layer keeps the
+other term), a layer that loses both blocks is removed whole. For an export the skipped blocks'
+output projections are zeroed, which every family's own forward reads as the same skip.
 """
 
 from __future__ import annotations
@@ -16,10 +21,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
+import torch
 from torch import nn
 
 from engine.core.errors import UserError
-from engine.models.anatomy import LayerStack
+from engine.models.anatomy import PARTS, LayerStack
+
+Block = tuple[int, str]  # (layer, "attention" or "mlp")
 
 # Config attributes holding one entry per layer (transformers 5): sliced with the layers.
 PER_LAYER_LISTS = ("layer_types", "intermediate_sizes", "no_rope_layers", "kv_sharing_modes")
@@ -108,3 +116,66 @@ def removed(model: nn.Module, indices: Sequence[int]) -> Iterator[tuple[int, ...
         yield kept
     finally:
         undo()
+
+
+def split_cut(blocks: Sequence[Block]) -> tuple[tuple[int, ...], tuple[Block, ...]]:
+    """The layers that lose both blocks (removed whole) and the blocks removed alone, sorted."""
+    chosen = set(blocks)
+    whole = tuple(sorted({layer for layer, _ in chosen if all((layer, part) in chosen for part in PARTS)}))
+    alone = tuple(sorted((b for b in chosen if b[0] not in whole), key=lambda b: (b[0], PARTS.index(b[1]))))
+    return whole, alone
+
+
+@contextlib.contextmanager
+def blocks_removed(model: nn.Module, blocks: Sequence[Block]) -> Iterator[tuple[int, ...]]:
+    """Inside the block these attention and MLP blocks add nothing to the residual stream (a layer
+    without both is removed, as `removed` does); yields the kept layers' original indices."""
+    whole, alone = split_cut(blocks)
+    stack = LayerStack(model)
+    with contextlib.ExitStack() as cut:
+        kept = cut.enter_context(removed(model, whole)) if whole else tuple(range(len(stack)))
+        for layer, part in alone:
+            cut.enter_context(stack.part_skipped(layer, part))
+        yield kept
+
+
+@contextlib.contextmanager
+def outputs_zeroed(model: nn.Module, blocks: Sequence[Block]) -> Iterator[None]:
+    """The output projections (weight and bias) of these blocks zeroed for the block, then put back
+    bit for bit: what an export of a block cut saves, so that plain transformers skips them too."""
+    stack = LayerStack(model)
+    with stack.preserved(sorted({layer for layer, _ in blocks})), torch.no_grad():
+        for layer, part in blocks:
+            for param in stack.part_output(layer, part).parameters():
+                param.zero_()
+        yield
+
+
+def layer_params(model: nn.Module) -> list[int]:
+    """Each decoder layer's parameters (every tensor of the layer: matrices, biases, norms)."""
+    return [sum(p.numel() for p in layer.parameters()) for layer in LayerStack(model).layers]
+
+
+def removed_params(model: nn.Module, blocks: Sequence[Block]) -> int:
+    """The parameters a block cut leaves unused: a layer removed whole, all of its own; a block
+    removed alone, its matrices' weights and biases."""
+    whole, alone = split_cut(blocks)
+    stack, sizes = LayerStack(model), layer_params(model)
+    return sum(sizes[layer] for layer in whole) + sum(stack.part_params(layer, part) for layer, part in alone)
+
+
+Cut = tuple  # a prune cut: layers (ints), or with --unit block attention and MLP blocks (Block pairs)
+
+
+def is_block_cut(cut: Cut) -> bool:
+    return bool(cut) and isinstance(cut[0], tuple)
+
+
+def cut_layers(cut: Cut) -> tuple[int, ...]:
+    """The layers a cut touches: its layers, or the layers holding its blocks."""
+    return tuple(sorted({b[0] for b in cut})) if is_block_cut(cut) else tuple(cut)
+
+
+def cut_removed(model: nn.Module, cut: Cut) -> contextlib.AbstractContextManager[tuple[int, ...]]:
+    """`removed` for a cut of layers, `blocks_removed` for a cut of blocks."""
+    return blocks_removed(model, cut) if is_block_cut(cut) else removed(model, cut)

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
-from engine.experiments.prune.vocabulary import PruneResult
+from engine.experiments.prune.vocabulary import PruneCut, PruneResult
 from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval
 from tui.views.evaluate import agreement_cell, score_cell
@@ -36,6 +36,16 @@ def _layer_list(layers: list[int]) -> str:
     return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
+def cut_text(point: PruneCut) -> str:
+    """A point's cut: its layers as runs, or with --unit block its blocks (`14a,15m`; a layer that
+    lost both, its number)."""
+    if not point.blocks:
+        return _layer_list(point.layers)
+    alone = [b for b in point.blocks if b.layer not in point.layers]
+    cells = [(layer, str(layer)) for layer in point.layers] + [(b.layer, f"{b.layer}{b.part[0]}") for b in alone]
+    return ",".join(text for _, text in sorted(cells))
+
+
 def notes(result: PruneResult) -> list[Text]:
     """The lines under either prune table: agreement with the ppl criterion, the depth law, the export."""
     agreement = ", ".join(f"{name} {fmt(rho, '.2f')}" for name, rho in result.agreement.items())
@@ -55,7 +65,7 @@ def accuracy_notes(result: PruneResult) -> list[Text]:
         return []
     lines = [Text("accuracy % (lm-eval) of the full model: "
                   + ", ".join(f"{s.task} {score_cell(s)}" for s in result.baseline_accuracy))]
-    lines += [Text(f"! {row.method} -{row.removed} ({_layer_list(row.layers)}): {row.disagreement}", style="bold")
+    lines += [Text(f"! {row.method} -{row.removed} ({cut_text(row)}): {row.disagreement}", style="bold")
               for row in result.curve if row.disagreement]
     return lines
 
@@ -73,7 +83,7 @@ def print_result(doc: dict[str, Any]) -> None:
     base = {score.task: score for score in result.baseline_accuracy or []}
     for row in result.curve:
         ci = "" if row.ci_low is None else f"[{row.ci_low:.1f}, {row.ci_high:.1f}]"
-        cells = [row.method, str(row.removed), ",".join(map(str, row.layers)),
+        cells = [row.method, str(row.removed), cut_text(row) if row.blocks else ",".join(map(str, row.layers)),
                  fmt(row.ppl, ".2f", "inf"), ci, fmt(row.healed_ppl, ".2f", "-")]
         if tasks:
             scores = {score.task: score for score in row.accuracy or []}
@@ -102,7 +112,7 @@ def summary(result: PruneResult, command: str = "") -> Group:
             point = cells.get((method, removed))
             healed = None if point is None else point.healed_ppl
             row.append("" if point is None else f"{fmt(point.ppl, '.2f', 'inf')} "
-                       f"({_layer_list(point.layers)})" + ("" if healed is None else f" → {healed:.2f}"))
+                       f"({cut_text(point)})" + ("" if healed is None else f" → {healed:.2f}"))
         table.add_row(*row)
     return Group(heading, table, *notes(result), *accuracy_notes(result))
 

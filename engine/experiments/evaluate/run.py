@@ -85,8 +85,8 @@ def subject(name: str, settings: EvaluateSettings, context: RunContext) -> Itera
     elif name == "pruned":
         layers = settings.remove or pruned_layers(context.input(PruneResult))
         if not layers:
-            raise UserError("variant pruned: no prune result in this session; run `anatomy-tui run prune` "
-                            "or give --remove LAYERS")
+            raise UserError("variant pruned: no prune result with a layer cut in this session (block cuts are "
+                            "scored by prune --evaluate-tasks); run `anatomy-tui run prune` or give --remove LAYERS")
         where = "" if settings.remove else " (the session's prune cut)"
         with removed(model, layers):
             yield Subject(name, f"pruned -{_layers(layers)}", f"layers {_layers(layers)} removed{where}",

@@ -12,6 +12,13 @@ Criteria (each gives, for every count n, the n layers to remove; layers indexed 
   perplexity least, re-evaluated on the model already cut. A round evaluates each candidate from
   its own position on, through the prefix cache of the cut model.
 - `map`: the session's ablation map, least degradation first.
+- `last`: the last layers before the final norm (the baseline of Reassessing Layer Pruning).
+
+With --unit block each criterion ranks the 2N attention and MLP blocks instead (LLM-Drop): angular,
+angular_last and bi each block's residual stream before against after its addition, from the same
+one forward; ppl greedy over the blocks; map the session's sublayer map (`ablation --part both`);
+last the blocks from the end. A count n cuts blocks in that order until their parameters reach n
+layers' worth, so layer and block cuts meet at equal removed parameters.
 
 Every set of layers is then really removed (`engine.models.pruning`) and evaluated; with --heal-steps the
 cut model is fine-tuned on training text (the layers next to each cut, or LoRA adapters on every
@@ -41,7 +48,7 @@ from engine.data.eval_data import EvalSource, comparable
 from engine.evaluation.accuracy import CutJudge, Harness, accuracy_line
 from engine.evaluation.perplexity import Batch, Evaluator, TextScores, masked
 from engine.evaluation.statistics import bootstrap_perplexity, spearman
-from engine.experiments.ablation.run import InfluenceMeter
+from engine.experiments.ablation.run import InfluenceMeter, PartMeter
 from engine.experiments.ablation.vocabulary import AblationMap
 from engine.experiments.context import RunContext
 from engine.experiments.prune.replace import admissible, check_foldable, estimate, folded
@@ -51,6 +58,7 @@ from engine.experiments.prune.vocabulary import (
     HEAD_AND_LAST,
     DepthLaw,
     PruneCut,
+    PrunedBlock,
     PruneExported,
     PruneHeal,
     PrunePoint,
@@ -63,8 +71,19 @@ from engine.experiments.prune.vocabulary import (
 from engine.export.folder import ADAPTER, check_export_folder, save_model_folder
 from engine.export.mergekit_yaml import MERGEKIT_CONFIG, passthrough_yaml
 from engine.export.model_card import CardFacts, Perplexity, hub_id, model_card
-from engine.models.anatomy import LayerStack, execution_device
-from engine.models.pruning import removed
+from engine.models.anatomy import PARTS, LayerStack, execution_device
+from engine.models.pruning import (
+    Block,
+    Cut,
+    cut_layers,
+    cut_removed,
+    is_block_cut,
+    layer_params,
+    outputs_zeroed,
+    removed,
+    removed_params,
+    split_cut,
+)
 from engine.training.trainer import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
 
 if TYPE_CHECKING:
@@ -79,10 +98,15 @@ if TYPE_CHECKING:
 # --- reading the ablation map ---------------------------------------------------------------------
 
 
-def map_degradation(ablation: AblationMap | None) -> dict[int, float]:
-    """Layer -> D% from the session's ablation map (rows without a D% left out)."""
-    rows = ablation.layers if ablation is not None else []
-    return {row.layer: float(row.degradation_pct) for row in rows if row.degradation_pct is not None}
+def map_degradation(ablation: AblationMap | None, blocks: bool = False) -> dict:
+    """Layer -> D% from the session's ablation map (rows without a D% left out); with `blocks`,
+    (layer, part) -> D% from its sublayer rows (`ablation --part`)."""
+    if ablation is None:
+        return {}
+    if blocks:
+        return {(row.layer, row.part): float(row.degradation_pct) for row in ablation.parts or ()
+                if row.degradation_pct is not None}
+    return {row.layer: float(row.degradation_pct) for row in ablation.layers if row.degradation_pct is not None}
 
 
 # --- the cheap criteria, from one pass ------------------------------------------------------------
@@ -124,39 +148,60 @@ class AngularMeter:
 # --- evaluation of a cut ----------------------------------------------------------------------------
 
 
-def cut_scores(evaluator: Evaluator, layers: Sequence[int]) -> TextScores:
-    """Per-text scores with `layers` removed; the layers below the first cut come from the cache."""
-    with removed(evaluator.model, layers):
-        return evaluator.scores(min(layers))
+def cut_scores(evaluator: Evaluator, cut: Cut) -> TextScores:
+    """Per-text scores with the cut's layers (or blocks) removed; the layers below the first one it
+    touches come from the cache."""
+    with cut_removed(evaluator.model, cut):
+        return evaluator.scores(min(cut_layers(cut)))
 
 
-def greedy_ppl(model, tokenizer, texts: EvalSource, settings: PruneSettings, rounds: int,
+def cut_name(cut: Cut) -> str:
+    """A cut in a few characters: layers `14-15`, blocks `14a-15m` (attention, MLP)."""
+    return "-".join(f"{b[0]}{b[1][0]}" if isinstance(b, tuple) else str(b) for b in cut)
+
+
+def units_of(n_layers: int, blocks: bool) -> list:
+    """What a criterion ranks: the layers, or with `blocks` every (layer, part) in the order they run."""
+    return [(i, part) for i in range(n_layers) for part in PARTS] if blocks else list(range(n_layers))
+
+
+def greedy_ppl(model, tokenizer, texts: EvalSource, settings: PruneSettings, target: int,
                cancel, batch_size: int) -> Iterator[Event]:
-    """SLEB: `rounds` greedy removals. Returns (the order of removal, the first round's perplexity
-    of each single-layer removal). Each round builds the prefix cache of the model cut so far and
-    evaluates every remaining layer from its own position, skipped (equal to removed; tested)."""
-    n = len(LayerStack(model))
-    order: list[int] = []
+    """SLEB: greedy removals, `target` layers (with --unit block: blocks until their parameters
+    reach `target`). Returns (the order of removal, the first round's perplexity of each single
+    removal, in `units_of` order). Each round builds the prefix cache of the model cut so far and
+    evaluates every remaining layer (block) from its layer's position, skipped (equal to removed;
+    tested)."""
+    blocks = settings.unit == "block"
+    candidates = units_of(len(LayerStack(model)), blocks)
+    order: list = []
     first: list[float] = []
-    for round_ in range(rounds):
-        with removed(model, order) as kept:
+
+    def reached() -> int:  # how far towards the target the order goes
+        return min(removed_params(model, order), target) if blocks else len(order)
+
+    while reached() < target:
+        with cut_removed(model, tuple(order)) as kept:
             # sized once, by the caller
             evaluator = Evaluator(model, tokenizer, texts, batch_size, settings.max_length, cancel=cancel)
             evaluator.build_cache()
+            rest = [unit for unit in candidates if unit not in order]
             trial = []
-            for position in range(len(kept)):
+            for unit in rest:
                 if cancel is not None:
                     cancel.check()
-                with evaluator.stack.skipped([position]):
+                position = kept.index(unit[0] if blocks else unit)
+                with (evaluator.stack.part_skipped(position, unit[1]) if blocks
+                      else evaluator.stack.skipped([position])):
                     trial.append(evaluator.perplexity(position))
             del evaluator
-        if round_ == 0:
+        if not order:
             first = trial
         best = int(np.argmin([p if math.isfinite(p) else math.inf for p in trial]))
-        order.append(kept[best])
-        yield Progress(round_ + 1, rounds, "prune: ppl greedy search")
-        yield Message(f"ppl round {round_ + 1}: remove layer {kept[best]} (PPL {trial[best]:.3f})")
-    assert len(first) == n or rounds == 0
+        order.append(rest[best])
+        yield Progress(reached(), target, "prune: ppl greedy search")
+        yield Message(f"ppl round {len(order)}: remove {'block' if blocks else 'layer'} {cut_name((rest[best],))} "
+                      f"(PPL {trial[best]:.3f})")
     return order, first
 
 
@@ -224,18 +269,22 @@ class Healer:
         self.blocks = blocks.to(self.stack.input_device())
 
     @contextlib.contextmanager
-    def healed(self, layers: Sequence[int], cancel, keep: bool = False,
+    def healed(self, cut: Cut, cancel, keep: bool = False,
                adapter: Path | None = None) -> Iterator[CutWeights | None]:
-        """Inside `removed(model, layers)`: the cut model fine-tuned for the block, then restored
+        """Inside `cut_removed(model, cut)`: the cut model fine-tuned for the block, then restored
         exactly (an offloaded layer it would train is refused first). With `keep`, yields the
         trained weights (CutWeights: layers by original index, on the CPU; the LM head with --heal
         last) for export; else None. With `adapter`, LoRA healing also saves its adapter there
         (PEFT's format, before it is merged). --heal last (Reassessing Layer Pruning) trains the LM
-        head and the last three kept layers, nothing else."""
+        head and the last three kept layers, nothing else. A block cut's adjacent healing trains
+        the kept layers holding a removed block and the layers next to them."""
         heal = self.settings.heal
         n = len(self.stack)
-        trained = (neighbours_of_cuts(n, layers) if heal == "adjacent" else last_kept(n, layers) if heal == "last"
-                   else tuple(i for i in range(n) if i not in layers))
+        touched = cut_layers(cut)
+        whole = split_cut(cut)[0] if is_block_cut(cut) else touched  # the layers that are gone
+        trained = (tuple(sorted({i for i in touched if i not in whole} | set(neighbours_of_cuts(n, touched))))
+                   if heal == "adjacent" else last_kept(n, whole) if heal == "last"
+                   else tuple(i for i in range(n) if i not in whole))
         with self.stack.preserved(trained, host=heal == "lora"), head_preserved(self.model, heal == "last"):
             if heal == "lora":  # LoRA: the whole model's layers
                 self._lora(trained[0], cancel, adapter)
@@ -381,6 +430,46 @@ def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angu
     return {n: tuple(sorted(order[:n])) for n in counts}
 
 
+PROXIES = {"bi": 0, "angular": 1, "angular_last": 2}  # a criterion's place in PartMeter.means' triples
+
+
+def block_order(method: str, n_layers: int, *, proxies: dict[Block, tuple[float, float, float]],
+                greedy: Sequence[Block], degradation: dict[Block, float]) -> list[Block]:
+    """Every attention and MLP block, cheapest to remove first, by one criterion (--unit block):
+    each block's own proxy (LLM-Drop), the greedy order, the sublayer map's D%, or from the end."""
+    units = units_of(n_layers, True)
+    if method == "ppl":
+        return list(greedy)
+    if method == "last":
+        return units[::-1]
+    score = degradation if method == "map" else {b: proxies[b][PROXIES[method]] for b in units}
+    return sorted(units, key=lambda b: score[b])  # stable: ties in running order
+
+
+def layers_worth(model, n: int) -> float:
+    """The parameters of n layers (n times the mean decoder layer's)."""
+    sizes = layer_params(model)
+    return n * sum(sizes) / len(sizes)
+
+
+def block_cuts(model, order: Sequence[Block], counts: Sequence[int]) -> dict[int, tuple[Block, ...]]:
+    """Each count n: the first blocks of `order` whose removed parameters reach n layers' worth."""
+    chosen = {}
+    for n in counts:
+        target, taken = layers_worth(model, n), []
+        for block in order:
+            if removed_params(model, taken) >= target:
+                break
+            taken.append(block)
+        chosen[n] = tuple(sorted(taken, key=lambda b: (b[0], PARTS.index(b[1]))))
+    return chosen
+
+
+def point_cut(point: PruneCut) -> Cut:
+    """What a curve's point removed, as `cut_removed` takes it: its blocks, else its layers."""
+    return tuple((b.layer, b.part) for b in point.blocks) if point.blocks else tuple(point.layers)
+
+
 def _card(result: PruneResult, point: PruneCut, loaded: LoadedModel, settings: PruneSettings,
           reason: str) -> ModelCard:
     """The exported cut's card: the run's result (its perplexity `protocol`, and with
@@ -408,19 +497,29 @@ def _card(result: PruneResult, point: PruneCut, loaded: LoadedModel, settings: P
                                              ("healed", cut_field("healed_accuracy")),
                                              ("generation", cut_field("generation")),
                                              ("disagreement", cut_field("disagreement"))) if value is not None}
+    blocks = [(b.layer, b.part) for b in point.blocks or ()]
+    zeroed = split_cut(blocks)[1] if blocks else ()
+    kept = n_layers - len(point.layers)
     details = {
         "experiment": "prune", "source_model": loaded.name, "source_num_hidden_layers": n_layers,
-        "num_hidden_layers": n_layers - point.removed, "removed_layers": list(point.layers),
-        "criterion": point.method, "criterion_definition": why(point.method), "criteria_compared": result.methods,
+        "num_hidden_layers": kept, "removed_layers": list(point.layers),
+        **({"removed_blocks": [{"layer": b[0], "part": b[1]} for b in blocks],
+            "zeroed_blocks": [{"layer": b[0], "part": b[1]} for b in zeroed]} if blocks else {}),
+        **({"removed_parameters": point.removed_params} if point.removed_params else {}),
+        "criterion": point.method, "criterion_definition": why(point.method, bool(blocks)),
+        "criteria_compared": result.methods,
         "healing": healing,
         "perplexity": {"original": result.baseline_ppl, "pruned": point.ppl,
                        "pruned_ci95": [point.ci_low, point.ci_high] if point.ci_low is not None else None,
                        "healed": healed,
                        "texts": texts, "eval_tokens": result.eval_tokens, "protocol": protocol},
         **({"lm_eval": lm_eval} if accuracy else {}),
-        "mergekit_config": MERGEKIT_CONFIG,
+        **({} if blocks else {"mergekit_config": MERGEKIT_CONFIG}),
     }
-    removed_text = ", ".join(map(str, point.layers))
+    removed_text = (f"attention and MLP blocks {', '.join(f'{layer} {part}' for layer, part in blocks)} "
+                    f"({point.removed_params} parameters, {point.removed} layers' worth; layers removed whole: "
+                    f"{', '.join(map(str, point.layers)) or 'none'})" if blocks
+                    else ", ".join(map(str, point.layers)))
     heal = ("Not healed." if healed is None else
             f"Healed afterwards with {settings.heal_steps} steps of AdamW (lr {settings.lr:g}) on "
             + ("the layers next to each cut" if settings.heal == "adjacent"
@@ -429,26 +528,35 @@ def _card(result: PruneResult, point: PruneCut, loaded: LoadedModel, settings: P
             + f": perplexity {point.ppl:.3f} -> {healed:.3f}.")
     merged = ("" if not lora else
               f"`{ADAPTER}/` holds the LoRA adapter in PEFT's format, already merged into these weights.\n")
-    load = (f"This folder holds only the healing's LoRA adapter (PEFT's format: `adapter_config.json`, "
-            "`adapter_model.safetensors`), for the cut model. Make the cut with mergekit "
-            f"(`mergekit-yaml {MERGEKIT_CONFIG} base`), then load "
-            "`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained('base'), folder)`."
-            if settings.export_adapter else
-            f"Load with `AutoModelForCausalLM.from_pretrained(folder)`: `num_hidden_layers` is "
-            f"{n_layers - point.removed} and the per-layer config lists hold the kept layers, in order.\n{merged}"
-            f"`{MERGEKIT_CONFIG}` makes the same cut of the original with mergekit "
-            f"(`mergekit-yaml {MERGEKIT_CONFIG} OUT`){'; the healing is not in it' if healed is not None else ''}"
-            f"{'; the folded linear map is not in it' if '+' in point.method else ''}.")
-    body = (f"Exported by anatomy-tui (`prune`). Removed layers (0-based indices of the original model): "
+    if blocks:
+        load = (f"Load with `AutoModelForCausalLM.from_pretrained(folder)`: `num_hidden_layers` is {kept} (the "
+                "layers that lost both blocks are gone). Each other removed block is zeroed, not dropped: its "
+                "output projection's weight and bias are zero (attention's, the MLP's down projection), so it adds "
+                f"nothing to the residual stream but still costs its compute, since {loaded.family} in "
+                "transformers has no config that drops one block of a layer.\n" + merged)
+    elif settings.export_adapter:
+        load = (f"This folder holds only the healing's LoRA adapter (PEFT's format: `adapter_config.json`, "
+                "`adapter_model.safetensors`), for the cut model. Make the cut with mergekit "
+                f"(`mergekit-yaml {MERGEKIT_CONFIG} base`), then load "
+                "`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained('base'), folder)`.")
+    else:
+        load = (f"Load with `AutoModelForCausalLM.from_pretrained(folder)`: `num_hidden_layers` is "
+                f"{kept} and the per-layer config lists hold the kept layers, in order.\n{merged}"
+                f"`{MERGEKIT_CONFIG}` makes the same cut of the original with mergekit "
+                f"(`mergekit-yaml {MERGEKIT_CONFIG} OUT`){'; the healing is not in it' if healed is not None else ''}"
+                f"{'; the folded linear map is not in it' if '+' in point.method else ''}.")
+    body = (f"Exported by anatomy-tui (`prune`). Removed {'' if blocks else 'layers '}"
+            f"(0-based indices of the original model): "
             f"{removed_text}.\n\nChosen by the `{point.method}` criterion: {reason}.\n\n"
             f"Perplexity on {texts} ({result.eval_tokens} tokens"
             + (f", protocol `{protocol.get('protocol')}`" if protocol else "")
             + f"): {result.baseline_ppl:.3f} before the cut, {point.ppl:.3f} after. {heal}\n\n{load}\n")
     final = healed if healed is not None else point.ppl
     return model_card(CardFacts(
-        title=f"{loaded.name or 'model'} with {point.removed} of {n_layers} layers removed", body=body,
-        details=details, base_model=hub_id(loaded.name, loaded.source),
-        tags=["pruned", "layer-pruning", point.method.partition("+")[0],
+        title=(f"{loaded.name or 'model'} with {len(blocks)} attention/MLP blocks removed ({point.removed} layers' "
+               f"worth)" if blocks else f"{loaded.name or 'model'} with {point.removed} of {n_layers} layers removed"),
+        body=body, details=details, base_model=hub_id(loaded.name, loaded.source),
+        tags=["pruned", "block-pruning" if blocks else "layer-pruning", point.method.partition("+")[0],
               *(["replaceme"] if "+" in point.method else []), *(["healed"] if healed is not None else [])],
         perplexity=Perplexity(final, texts, protocol) if final is not None else None,
         library="peft" if settings.export_adapter else "transformers",
@@ -460,7 +568,7 @@ def _card(result: PruneResult, point: PruneCut, loaded: LoadedModel, settings: P
 
 def adapter_folder(adapters: tempfile.TemporaryDirectory | None, layers: Sequence[int]) -> Path | None:
     """Where LoRA healing saves the adapter of this cut, when the run exports adapters."""
-    return None if adapters is None else Path(adapters.name) / "-".join(map(str, layers))
+    return None if adapters is None else Path(adapters.name) / cut_name(layers)
 
 
 def export_cut(doc: PruneResult, best: tuple[float, PruneCut, CutWeights | None],
@@ -469,15 +577,19 @@ def export_cut(doc: PruneResult, best: tuple[float, PruneCut, CutWeights | None]
     """The chosen cut (healed: its trained layers' weights) saved with its card, the mergekit
     configuration of the cut and, after LoRA healing, the adapter (or only the adapter)."""
     final, point, weights = best
-    reason = why(point.method) + (f"; of the criteria compared ({', '.join(doc.methods)}), its cut of "
-                               f"{point.removed} layers gave the lowest perplexity")
-    mergekit = passthrough_yaml(loaded.source, doc.n_layers, point.layers, loaded.dtype_name)
-    adapter = adapter_folder(adapters, point.layers) if point.healed_ppl is not None else None
-    try:
-        with holding(loaded.model, weights), removed(loaded.model, point.layers):
+    cut = point_cut(point)
+    whole, alone = split_cut(cut) if point.blocks else (cut, ())
+    worth = " layers' worth of parameters in attention and MLP blocks" if point.blocks else " layers"
+    reason = why(point.method, bool(point.blocks)) + (f"; of the criteria compared ({', '.join(doc.methods)}), "
+                                                      f"its cut of {point.removed}{worth} gave the lowest perplexity")
+    files = {} if point.blocks else {MERGEKIT_CONFIG: passthrough_yaml(loaded.source, doc.n_layers, point.layers,
+                                                                       loaded.dtype_name)}
+    adapter = adapter_folder(adapters, cut) if point.healed_ppl is not None else None
+    try:  # a block removed alone: its output projection zeroed (original indices, before the layers go)
+        with holding(loaded.model, weights), outputs_zeroed(loaded.model, alone), removed(loaded.model, whole):
             save_model_folder(loaded.model, loaded.tokenizer, doc.exported,
                               _card(doc, point, loaded, settings, reason), settings.force,
-                              files={MERGEKIT_CONFIG: mergekit}, adapter=adapter, weights=not settings.export_adapter)
+                              files=files, adapter=adapter, weights=not settings.export_adapter)
     finally:
         if adapters is not None:
             adapters.cleanup()
@@ -501,10 +613,25 @@ REPLACED = {"linear": "replaced by one linear map fitted by least squares to cal
                              "(ReplaceMe's cosine variant)"}
 
 
-def why(label: str) -> str:
-    """What a curve's name means: a criterion, or a criterion's block replaced (`angular+linear`)."""
+WHY_BLOCKS = {
+    "angular": "the attention and MLP blocks whose residual stream before and after their addition is closest "
+               "in angle (averaged over all tokens; LLM-Drop)",
+    "angular_last": "the attention and MLP blocks whose residual stream before and after their addition is "
+                    "closest in angle at the last token",
+    "bi": "the attention and MLP blocks of lowest Block Influence (1 - cosine between the residual stream before "
+          "and after their addition)",
+    "ppl": "greedy removal of the attention or MLP block whose removal raised perplexity least, re-evaluated "
+           "after each removal",
+    "map": "the attention and MLP blocks of least degradation in the session's sublayer map",
+    "last": "the last attention and MLP blocks before the final norm",
+}
+
+
+def why(label: str, blocks: bool = False) -> str:
+    """What a curve's name means: a criterion (on blocks, with --unit block), or a criterion's run of
+    layers replaced (`angular+linear`)."""
     method, _, how = label.partition("+")
-    return WHY[method] + (f", {REPLACED[how]}" if how else "")
+    return (WHY_BLOCKS if blocks else WHY)[method] + (f", {REPLACED[how]}" if how else "")
 
 
 def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
@@ -518,16 +645,17 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     n = len(stack)
     counts = settings.counts(n)
     methods = list(settings.methods())
+    blocks = settings.unit == "block"
     ablation = context.input(AblationMap)
-    degradation = map_degradation(ablation)
+    degradation = map_degradation(ablation, blocks)
     ablation_model = ablation.model if ablation is not None else None
     if degradation and ablation_model not in (None, "", loaded.name):
         degradation = {}
         yield Message(f"the session's ablation map is for {ablation_model}, not {loaded.name}; not used", "warning")
-    if "map" in methods and (set(degradation) != set(range(n))):
+    if "map" in methods and (set(degradation) != set(units_of(n, blocks))):
         if settings.method == "map":
-            raise UserError("--method map needs the session's ablation map of this model; "
-                            "run `anatomy-tui run ablation` in the session first")
+            raise UserError("--method map needs the session's ablation map of this model; run `anatomy-tui run "
+                            f"ablation{' --part both' if blocks else ''}` in the session first")
         methods.remove("map")
         yield Message("no ablation map of this model in the session: the map criterion is left out", "warning")
     export = check_export_folder(settings.export, settings.force) if settings.export else None
@@ -559,14 +687,18 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
                                                    evaluator.protocol)):
         yield Message(f"the session's ablation map (the map criterion) and this run: {differs}", "warning")
     influence = InfluenceMeter(n)
-    angular = AngularMeter(n, sorted({1, *counts})) if "angular" in methods else None
+    angular = AngularMeter(n, sorted({1, *counts})) if "angular" in methods and not blocks else None
+    part_meter = PartMeter(stack, PARTS) if blocks else None
 
     def observe(batch, index, layer_input, layer_output):
         influence(batch, index, layer_input, layer_output)
         if angular is not None:
             angular(batch, index, layer_input, layer_output)
+        if part_meter is not None:
+            part_meter(batch, index, layer_input, layer_output)
 
-    base = evaluator.build_cache(observe=observe)
+    with stack.capture_parts(part_meter.term) if part_meter is not None else contextlib.nullcontext():
+        base = evaluator.build_cache(observe=observe)
     baseline = base.perplexity
     bi, _ = influence.means()
     last_blocks = influence.last_token_blocks()
@@ -575,21 +707,31 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     if judge is not None:
         yield Message(f"baseline accuracy: {accuracy_line(judge.baseline)}")
 
-    greedy: list[int] = []
+    greedy: list = []
     single: list[float] = []
     if "ppl" in methods:
-        greedy, single = yield from greedy_ppl(model, tokenizer, texts, settings, counts[-1], cancel,
+        target = math.ceil(layers_worth(model, counts[-1])) if blocks else counts[-1]
+        greedy, single = yield from greedy_ppl(model, tokenizer, texts, settings, target, cancel,
                                                evaluator.batch_size)
-    scores = {"angular": angular.distances(1) if angular is not None else None, "bi": bi,
-              "angular_last": last_blocks[1],
-              "ppl": np.array(single) if single else None, "last": None,
-              "map": np.array([degradation[i] for i in range(n)]) if "map" in methods else None}
+    if blocks:  # each block's proxies, in units_of order
+        proxies = part_meter.means()
+        scores = {m: np.array([proxies[b][i] for b in units_of(n, True)]) for m, i in PROXIES.items()}
+    else:
+        scores = {"angular": angular.distances(1) if angular is not None else None, "bi": bi,
+                  "angular_last": last_blocks[1]}
+    scores |= {"ppl": np.array(single) if single else None, "last": None,
+               "map": np.array([degradation[u] for u in units_of(n, blocks)]) if "map" in methods else None}
     for method in methods:
         if scores[method] is not None:
             yield PruneScores(method, [float(v) for v in scores[method]])
 
-    chosen = {m: criterion_layers(m, counts, bi=bi, angular=angular, greedy=greedy, degradation=degradation,
-                                  last_blocks=last_blocks) for m in methods}
+    if blocks:
+        chosen = {m: block_cuts(model, block_order(m, n, proxies=proxies, greedy=greedy, degradation=degradation),
+                                counts) for m in methods}
+    else:
+        chosen = {m: criterion_layers(m, counts, bi=bi, angular=angular, greedy=greedy, degradation=degradation,
+                                      last_blocks=last_blocks) for m in methods}
+    sizes = layer_params(model)
     # the curves: each criterion's cut, then each block criterion's foldable block replaced (ReplaceMe)
     rows = [(m, m, None) for m in methods] + [(replaced_label(m, how), m, how) for m in methods
                                               if m in BLOCK_METHODS for how in settings.replace]
@@ -633,26 +775,33 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
                 low, high = bootstrap_perplexity(point_scores.nll, point_scores.tokens, settings.bootstrap,
                                                  settings.seed + count)
             if judge is not None and how is None:
-                with removed(model, layers):
+                with cut_removed(model, layers):
                     judge.cut(model, key)
             healed_ppl, weights = healed.get(layers), replaced.get(key)
             if how is None and healer is not None and layers not in healed:  # the same cut heals the same way
                 adapter = adapter_folder(adapters, layers) if count == export_count else None
-                with removed(model, layers), healer.healed(layers, cancel, keep=count == export_count,
-                                                           adapter=adapter) as weights:
+                with cut_removed(model, layers), healer.healed(layers, cancel, keep=count == export_count,
+                                                               adapter=adapter) as weights:
                     healed_ppl = healed[layers] = evaluator.perplexity()
                     if judge is not None:
                         judge.healed(model, layers)
             if how is not None:
                 healed_ppl = None  # ReplaceMe needs no training: its rows are not healed
-            point = PruneCut(method=label, removed=count, layers=list(layers), ppl=ppl, ci_low=low, ci_high=high,
-                             healed_ppl=healed_ppl, **(judge.row(key, ppl, baseline) if judge is not None else {}))
+            whole = split_cut(layers)[0] if blocks else layers
+            params = removed_params(model, layers) if blocks else sum(sizes[i] for i in layers)
+            if blocks:
+                yield Message(f"{label} -{count} layers' worth ({layers_worth(model, count):.0f} parameters): "
+                              f"blocks {cut_name(layers)} ({params} parameters)")
+            point = PruneCut(method=label, removed=count, layers=list(whole), ppl=ppl, ci_low=low, ci_high=high,
+                             healed_ppl=healed_ppl, **(judge.row(key, ppl, baseline) if judge is not None else {}),
+                             removed_params=params,
+                             **({"blocks": [PrunedBlock(*b) for b in layers]} if blocks else {}))
             if judge is not None:
                 yield Message(f"{label} -{count}: accuracy {accuracy_line(point.accuracy)}"
                               + (f"; {point.disagreement}" if point.disagreement else ""),
                               "warning" if point.disagreement else "info")
             curve.append(point)
-            yield PrunePoint(label, count, list(layers), ppl, baseline, low, high, healed_ppl)
+            yield PrunePoint(label, count, list(whole), ppl, baseline, low, high, healed_ppl)
             yield Progress(m_index * len(counts) + c_index + 1, total, f"prune: {label}")
             final = healed_ppl if healed_ppl is not None else ppl
             wanted = settings.export_method in (None, label)
@@ -662,9 +811,9 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
 
     exported = str(export) if export is not None and best_export is not None else None
 
-    ppl_points = [(0, base)] + [(p.removed, measured[tuple(p.layers)]) for p in curve if p.method == "ppl"]
-    depth_fit = depth_law(n, ppl_points, settings.bootstrap, settings.seed) if "ppl" in methods else None
-    if "ppl" in methods and depth_fit is None:
+    ppl_points = [(0, base)] + [(p.removed, measured[point_cut(p)]) for p in curve if p.method == "ppl"]
+    depth_fit = depth_law(n, ppl_points, settings.bootstrap, settings.seed) if "ppl" in methods and not blocks else None
+    if "ppl" in methods and not blocks and depth_fit is None:
         yield Message("depth law: fewer than 4 usable points on the ppl curve; not fitted", "warning")
     agreement = {m: spearman(scores[m], scores["ppl"]) for m in methods
                  if m != "ppl" and scores["ppl"] is not None and scores[m] is not None}
@@ -678,7 +827,8 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         methods=methods,
         curve=curve,
         agreement=agreement,
-        agreement_note="Spearman between each criterion's per-layer score (angular: distance over one "
+        agreement_note=("the same, per block (--unit block): " if blocks else "") +
+                       "Spearman between each criterion's per-layer score (angular: distance over one "
                        "layer, all tokens; angular_last: the same, last token; bi: Block Influence; map: D%) "
                        "and the perplexity with that single layer removed (the ppl criterion's first round)",
         scores={m: [float(v) for v in scores[m]] for m in methods if scores[m] is not None},

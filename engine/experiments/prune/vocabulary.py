@@ -21,6 +21,7 @@ METHODS = ("angular", "angular_last", "bi", "ppl", "map", "last")
 BLOCK_METHODS = ("angular", "angular_last")  # criteria whose cut is one run of consecutive layers
 HEALS = ("adjacent", "lora", "last")
 REPLACEMENTS = ("linear", "linear-cosine")  # engine/experiments/prune/replace.py (ReplaceMe)
+UNITS = ("layer", "block")  # what the criteria rank and remove: whole layers, or attention and MLP blocks apart
 HEAD_AND_LAST = 3  # --heal last: the LM head and this many last kept layers (Reassessing Layer Pruning)
 
 
@@ -70,6 +71,9 @@ class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
     evaluate_batch_size: int = setting(1, "lm-eval batch size of --evaluate-tasks (recorded)", low=1)
     export_adapter: bool = setting(False, "with --heal lora: export only the LoRA adapter (PEFT format), "
                                           "not the merged weights")
+    unit: str = setting("layer", "what each criterion ranks and removes: whole layers, or attention and MLP "
+                        "blocks apart (block: each count of --remove is that many layers' worth of parameters, "
+                        "blocks cut until their parameters reach it)", choices=UNITS)
 
     def check(self) -> None:
         if not self.remove and self.max_fraction is None:
@@ -85,6 +89,9 @@ class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
                                 f"one of {', '.join(labels)}")
         if self.export_adapter and (self.export is None or self.heal != "lora" or not self.heal_steps):
             raise UserError("--export-adapter needs --export DIR, --heal lora and --heal-steps N")
+        if self.unit == "block" and (self.replace or self.export_adapter):
+            raise UserError(f"{'--replace' if self.replace else '--export-adapter'} works on whole layers; "
+                            "drop it or use --unit layer")
         if self.replace and not set(self.methods()) & set(BLOCK_METHODS):
             raise UserError(f"--replace {','.join(self.replace)} replaces a run of consecutive layers: it needs a "
                             f"block criterion ({', '.join(BLOCK_METHODS)}), not --method {self.method}")
@@ -117,6 +124,13 @@ class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
     def check_against(self, shape: ModelShape) -> None:
         """The counts against the model's depth, and the export folder: new or empty (or --force)."""
         counts = self.counts(shape.n_layers)
+        if self.unit == "block" and shape.family:
+            from engine.models.anatomy import check_parts  # torch-free callers never get here with blocks
+
+            check_parts(shape.family, "--unit")
+            if shape.family == "opt" and self.heal == "lora" and self.heal_steps:
+                raise UserError("--unit block --heal lora: OPT's MLP has no module of its own, so LoRA would wrap "
+                                "a removed block's fc2; use --heal adjacent or last")
         if self.replace:
             check_run(shape.n_layers, counts[-1], self.replace[0])
         if self.export is not None:
@@ -138,6 +152,8 @@ class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
             params = kept * self.lora_rank * shape.layer_matrix_sides
         elif self.heal == "last":
             params = min(HEAD_AND_LAST, kept) * shape.layer_params + shape.vocab * shape.hidden
+        elif self.unit == "block":  # the blocks cut may sit in as many layers, each with its neighbours
+            params = shape.n_layers * shape.layer_params
         else:
             params = max(min(2 * count, shape.n_layers - count) for count in counts) * shape.layer_params
         return Training(params, self.batch_size, self.block_size, kept)
@@ -183,10 +199,21 @@ class PruneExported(Event):
 
 
 @dataclass(frozen=True)
+class PrunedBlock:
+    """One attention or MLP block of a block cut (--unit block): its layer (from 0) and `part`."""
+
+    layer: int
+    part: str  # "attention" or "mlp"
+
+
+@dataclass(frozen=True)
 class PruneCut:
     """One point of results/prune.json's `curve` (and its `exported_point`): the `removed` layers
     `layers` (original indices from 0) that `method` cuts, the perplexity without them with its
-    bootstrap interval, and after healing (None without --heal-steps). With --evaluate-tasks:
+    bootstrap interval, and after healing (None without --heal-steps). `removed_params`: the
+    parameters the cut leaves unused (the curve's comparable x-axis). With --unit block, `removed`
+    is the layers' worth of parameters asked for, `blocks` every block cut and `layers` the layers
+    that lost both (removed whole). With --evaluate-tasks:
     lm-eval's scores of the cut (and of the healed cut), the generation check against the full
     model, and where accuracy and perplexity disagree, how (`disagreement`, else None)."""
 
@@ -201,6 +228,8 @@ class PruneCut:
     healed_accuracy: list[TaskScore] | None = field(default=ABSENT, kw_only=True)
     generation: GenerationCheck | None = field(default=ABSENT, kw_only=True)
     disagreement: str | None = field(default=ABSENT, kw_only=True)
+    removed_params: int = field(default=ABSENT, kw_only=True)  # absent from older results
+    blocks: list[PrunedBlock] = field(default=ABSENT, kw_only=True)  # --unit block
 
 
 @dataclass(frozen=True)
