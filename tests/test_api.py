@@ -304,17 +304,17 @@ def test_an_interrupt_mid_step_puts_the_weights_back(tiny, monkeypatch):
     from engine.evaluation.perplexity import Evaluator
 
     weights = {name: value.clone() for name, value in tiny.model.state_dict().items()}
-    scores, calls = Evaluator.scores, []
+    scoring, calls = Evaluator.scoring, []
 
-    def interrupted(self, start_layer: int = 0):
+    def interrupted(self, start_layer: int = 0, *args, **kwargs):
         calls.append(start_layer)
         changed = not all(torch.equal(weights[n], v) for n, v in tiny.model.state_dict().items())
         if len(calls) == 2:
             assert changed  # layer 1 is zeroed now
             raise KeyboardInterrupt
-        return scores(self, start_layer)
+        return scoring(self, start_layer, *args, **kwargs)
 
-    monkeypatch.setattr(Evaluator, "scores", interrupted)
+    monkeypatch.setattr(Evaluator, "scoring", interrupted)
     result = run("ablation", tiny, eval_set="paper", method="zero", progress=False)
     assert result.partial and [event.layer for event in result.events if event.kind == "ablation.layer"] == [0]
     assert all(torch.equal(weights[name], value) for name, value in tiny.model.state_dict().items())

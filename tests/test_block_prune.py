@@ -25,7 +25,7 @@ from engine.evaluation.perplexity import Evaluator
 from engine.experiments.ablation.vocabulary import AblationRow
 from engine.experiments.prune.run import layers_worth
 from engine.experiments.prune.vocabulary import PruneSettings
-from engine.models import anatomy
+from engine.models import families
 from engine.models.anatomy import PARTS, LayerStack
 from engine.models.memory import ModelShape
 from engine.models.pruning import blocks_removed, removed_params, split_cut
@@ -184,8 +184,8 @@ def test_healing_a_block_cut_restores_the_model_exactly(tokenizer, files):
 def test_one_line_errors_before_the_load(monkeypatch):
     shape = ModelShape(params=1, n_layers=4, hidden=32, intermediate=64, heads=4, vocab=260, family="llama")
     PruneSettings(unit="block", remove=(1,)).check_against(shape)
-    unnamed = anatomy.Family("Llama / SmolLM", "model.layers", anatomy.FAMILIES["llama"].matrices)
-    monkeypatch.setitem(anatomy.FAMILIES, "llama", unnamed)
+    unnamed = families.Family("Llama / SmolLM", "model.layers", families.FAMILIES["llama"].matrices)
+    monkeypatch.setitem(families.FAMILIES, "llama", unnamed)
     PruneSettings(remove=(1,)).check_against(shape)  # whole layers need no blocks
     with pytest.raises(UserError, match=r"--unit: .*Llama / SmolLM \(llama\); use --unit layer") as caught:
         PruneSettings(unit="block", remove=(1,)).check_against(shape)
