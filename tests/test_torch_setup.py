@@ -106,14 +106,14 @@ def test_a_kernel_without_a_deterministic_version_is_one_line(tiny_folder, monke
 
 @pytest.mark.parametrize("name", ["growth", "toy-depth"])
 def test_growth_and_toy_depth_warn_of_emulated_bfloat16_like_run(name, monkeypatch):
-    from engine.core.events import Message
+    from engine.core.events import Message, Progress
     from engine.models.loading import dtype_warnings
     from engine.registry import RunContext, experiment
 
     fake_gpu_run(monkeypatch, (7, 5), 10**12)  # a T4: no native bfloat16
     entry = experiment(name)
     settings = entry.presets["tiny"].override({"device": "cuda:0", "dtype": "bfloat16"})
-    first = next(iter(entry.run(settings, RunContext(model=None))))
+    first = next(e for e in entry.run(settings, RunContext(model=None)) if not isinstance(e, Progress))
     assert isinstance(first, Message) and first.level == "warning"
     assert first.text == dtype_warnings("bfloat16", "cuda:0")[0] and "emulated" in first.text
 

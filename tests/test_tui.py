@@ -554,7 +554,7 @@ def test_serve_command_runs_the_same_console() -> None:
     from tui.launch import serve_command
 
     args = argparse.Namespace(model="m", device="cpu", dtype="auto", trust_remote_code=False, session="s",
-                              resume=False, deterministic=False)  # fmt: skip
+                              resume=False, deterministic=False, cluster=None)  # fmt: skip
     parts = shlex.split(serve_command(args))
     assert parts[1:] == ["-m", "tui.cli", "--model=m", "--device=cpu", "--no-deterministic",
                          "--session", "s"]  # fmt: skip

@@ -67,11 +67,11 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     if cluster is None:
         check_device(_asked_device(options, settings))  # a GPU this machine lacks: one line before any file is read
     settings.check_inputs()
-    if options is not None:  # the settings against the model's config (layers in range), still without torch
-        check_config(settings, options.model)
     main = world is None or world.is_main
     if args.json is not None and main:
         check_writable_path(args.json, "--json")
+    if options is not None:  # the settings against the model's config (layers in range), still without torch
+        check_config(settings, options.model)
     store = SessionStore()
     if main:
         store.check_home(writing=False)  # a file: one line now (one that cannot be written: when it is made)
