@@ -154,7 +154,7 @@ def comparable(doc: object) -> object:
         return [comparable(d) for d in doc
                 if not (isinstance(d, dict) and str(d.get("text", "")).startswith("running on the cluster"))]
     if isinstance(doc, dict):
-        return {k: comparable(v) for k, v in doc.items() if k not in ("t", "job", "seconds", "spec")}
+        return {k: comparable(v) for k, v in doc.items() if k not in ("t", "job", "seconds", "spec", "rate")}
     return doc
 
 
