@@ -398,7 +398,7 @@ def test_prune_by_blocks_and_export(monkeypatch, tokenizer, files, tmp_path):
         return doc, {k: v.clone() for k, v in exported.state_dict().items()}, logits
 
     folders = iter((tmp_path / "plain", tmp_path / "split"))
-    (plain, plain_weights, plain_logits), (split, split_weights, split_logits) = on_both(
+    (plain, plain_weights, plain_logits), (split, split_weights, split_logits), _ = on_both(
         monkeypatch, lambda model: run(model, next(folders)))
     for doc in (plain, split):
         doc["exported"] = doc["settings"]["export"] = None
