@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,17 @@ from engine.core.errors import UserError
 from engine.core.events import Progress, Result
 from engine.experiments.ablation.run import merge_shards, run_ablation
 from engine.experiments.ablation.vocabulary import AblationMap, AblationSettings
-from engine.models.distributed import World, _Done, _Failed, _Merger, cpu_threads, launch, shard, world_from_env
+from engine.models.distributed import (
+    World,
+    _Done,
+    _Failed,
+    _Merger,
+    _signals_held,
+    cpu_threads,
+    launch,
+    shard,
+    world_from_env,
+)
 from engine.registry import experiment
 
 TESTS = Path(__file__).resolve().parent
@@ -87,6 +99,19 @@ def test_merger_sums_progress_and_names_a_failed_worker():
 
 
 @pytest.mark.slow
+def test_a_stop_signal_waits_until_a_message_is_wholly_sent():
+    """A SIGTERM between a message's size and its bytes once garbled rank 0's next read."""
+    delivered: list[str] = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: delivered.append("after"))
+    try:
+        with _signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            delivered.append("inside")
+        assert delivered == ["inside", "after"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_a_dead_worker_fails_the_job_in_one_line(worker_env, tmp_path, capsys):
     out = tmp_path / "sharded.json"
     assert launch([str(WORKER), str(out), "die"], 2) == 2

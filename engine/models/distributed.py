@@ -16,6 +16,7 @@ import contextlib
 import os
 import pickle
 import queue
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,7 +28,7 @@ import torch.distributed as dist
 
 from engine.core.errors import UserError
 from engine.core.events import Event, Progress, Result
-from engine.core.process import STOP_EXIT_CODES, interruption, stop_signal
+from engine.core.process import STOP_EXIT_CODES, STOP_SIGNALS, interruption, stop_signal
 
 T = TypeVar("T")
 
@@ -114,9 +115,12 @@ class Workers:
         return objects
 
     def _send(self, item: Any) -> None:
+        """A message is its size, then its bytes: a stop signal between the two would leave rank 0
+        reading the next message's size as these bytes, so the stop signals wait until both are sent."""
         data = torch.frombuffer(bytearray(pickle.dumps(item)), dtype=torch.uint8)
-        dist.send(torch.tensor([data.numel()], dtype=torch.int64), dst=0, group=self.group)
-        dist.send(data, dst=0, group=self.group)
+        with _signals_held():
+            dist.send(torch.tensor([data.numel()], dtype=torch.int64), dst=0, group=self.group)
+            dist.send(data, dst=0, group=self.group)
 
     def _receive(self) -> tuple[int, Any]:
         size = torch.zeros(1, dtype=torch.int64)
@@ -172,8 +176,22 @@ class Workers:
                 inbox.put((rank, item))
                 if isinstance(item, (_Done, _Failed)):
                     finished += 1
-        except RuntimeError as exc:
+        except Exception as exc:  # a broken link or a garbled message: the job cannot go on either way
             inbox.put((-1, _Failed(f"lost contact with the workers: {_one_line(exc)}")))
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and the stop signals are held back (delivered on leaving) in the main thread."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGINT, *STOP_SIGNALS}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 @dataclass(frozen=True)
