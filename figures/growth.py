@@ -1,6 +1,7 @@
 """Growth against uniform: the growth arm's phases shaded on the step axis with the network drawn
 growing (each layer a bar as thick as its FFN width, from the phase that adds it), the uniform arm
-the same way, and each arm's final validation loss with its spread over seeds."""
+the same way, and each arm's validation loss curve on the same step axis, ending in its final loss
+with its spread over seeds."""
 
 from __future__ import annotations
 
@@ -44,6 +45,30 @@ def timeline(ax: Axes, phases: Sequence[tuple[str, float, float, Sequence[int], 
     ax.set_yticks(range(0, n_layers, max(1, round(n_layers / 6))))
 
 
+def loss_curves(ax: Axes, result: GrowthResult) -> None:
+    """Each arm's validation loss at the steps it was evaluated (mean over seeds), its final loss
+    with the spread over seeds as an error bar at its last step: the paper's growth-vs-uniform plot."""
+    for index, (name, arm) in enumerate(result.arms.items()):
+        look = style.series(index)
+        steps = [step for step, _ in arm.curve or ()]
+        ax.plot(steps, [loss for _, loss in arm.curve or ()], label=name, **look)
+        ax.errorbar([arm.steps], [arm.mean], yerr=[arm.sd] if arm.sd else None, color=look["color"],
+                    marker=look["marker"], capsize=2)
+    ax.legend(fontsize=5.5, ncols=len(result.arms), loc="upper right")
+    ax.set_xlabel("optimizer step")
+
+
+def final_losses(ax: Axes, result: GrowthResult) -> None:
+    names = list(result.arms)
+    for index, name in enumerate(names):
+        arm = result.arms[name]
+        ax.bar(index, arm.mean, yerr=arm.sd if arm.sd else None, label=name, **style.bar_look(index))
+    ax.set_xticks(range(len(names)), names)
+    means = [result.arms[n].mean for n in names]
+    if means:
+        ax.set_ylim(min(means) * 0.9, max(means) * 1.05)
+
+
 def draw(result: GrowthResult) -> Figure:
     classes = [class_name(c) for c in result.profile if c.strip().lower() != "anti"]
     growth_widths = result.widths.growth or [1] * len(classes)
@@ -65,13 +90,10 @@ def draw(result: GrowthResult) -> Figure:
     flat.sharex(grown)
     style.class_legend(grown, [c for c in CLASSES if c in classes], False, loc="upper left", ncols=4,
                        bbox_to_anchor=(0.0, 1.45), fontsize=5.5)
-    names = list(result.arms)
-    for index, name in enumerate(names):
-        arm = result.arms[name]
-        losses.bar(index, arm.mean, yerr=arm.sd if arm.sd else None, label=name, **style.bar_look(index))
-    losses.set_xticks(range(len(names)), names)
+    if any(arm.curve for arm in result.arms.values()):
+        loss_curves(losses, result)
+        losses.sharex(grown)
+    else:  # a result of 0.3 kept only each arm's final loss
+        final_losses(losses, result)
     losses.set_ylabel("validation loss")
-    means = [result.arms[n].mean for n in names]
-    if means:
-        losses.set_ylim(min(means) * 0.9, max(means) * 1.05)
     return fig

@@ -45,6 +45,7 @@ from engine.experiments.growth.vocabulary import (
     GrowthResult,
     GrowthWidths,
 )
+from engine.experiments.growth.vocabulary import sample as growth_sample
 from engine.experiments.manipulate.vocabulary import ManipulateResult, ManipulateRow
 from engine.experiments.prune.vocabulary import DepthLaw, PruneCut, PruneHeal, PruneResult
 from engine.experiments.recovery.vocabulary import (
@@ -101,7 +102,8 @@ def sample(hint: Any) -> Any:
     if origin is list:
         return [sample(args[0])]
     if origin is tuple:
-        return (sample(args[0]),)
+        fixed = not (len(args) == 2 and args[1] is Ellipsis)
+        return tuple(sample(arg) for arg in args) if fixed else (sample(args[0]),)
     if origin is dict:
         return {"k": sample(args[1])}
     return {bool: True, int: 3, float: 1.5, str: "x"}.get(hint, "any")
@@ -203,7 +205,7 @@ RESULT_KEYS: dict[type, list[str]] = {
     GrowthResult: ["preset", "params", "arms", "phases", "generations", "budget_table",
                    "ratio_uniform_over_growth_seconds", "profile", "widths", "data", "settings", "paper"],
     GrowthArm: ["val_loss", "mean", "sd", "seconds", "seconds_sd", "tokens_per_s", "tokens_per_s_sd", "steps", "tokens",
-                "phases", "model"],
+                "phases", "model", "curve"],
     GrowthBudgetRow: ["layer", "layer_class", "steps", "epochs"],
     GrowthWidths: ["growth", "uniform"],
     GrowthData: ["source", "tokenizer", "vocab_size", "train_tokens", "val_tokens", "batch_tokens"],
@@ -339,6 +341,19 @@ def test_results_of_older_versions_decode_without_what_they_lacked():
                      for row in doc["layers"]]
     old = DynamicsResult.from_json(doc)
     assert old.pca.sample is None and old.logit_lens.lens is None and old.layers[0].progress is None
+
+
+def test_a_fixed_tuples_items_are_checked_each_as_its_own():
+    """A growth arm's curve is (step, loss) pairs: a pair of the wrong length or types is an error, and
+    a growth result of 0.3 (no curve) reads with the curve absent."""
+    doc = json.loads(json.dumps(json_safe(growth_sample())))
+    assert from_doc(GrowthResult, doc).arms["growth_100"].curve[0] == (10, pytest.approx(2.2))
+    for curve in ([[10, "low"]], [[10, 1.0, 2.0]], [[1.5, 1.0]], [10]):
+        with pytest.raises(TypeError):
+            from_doc(GrowthResult, doc | {"arms": doc["arms"] | {"uniform_100": doc["arms"]["uniform_100"]
+                                                                 | {"curve": curve}}})
+    del doc["arms"]["growth_100"]["curve"]
+    assert from_doc(GrowthResult, doc).arms["growth_100"].curve is ABSENT
 
 
 def test_a_key_a_document_has_in_one_shape_only_stays_out_when_absent():

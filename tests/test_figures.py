@@ -19,7 +19,7 @@ from matplotlib.patches import Rectangle
 import figures
 from engine import registry
 from engine.atlas import table as A
-from engine.core.codec import json_safe
+from engine.core.codec import ABSENT, json_safe
 from engine.core.errors import UserError
 from engine.data.eval_data import EvalProtocol
 from engine.evaluation.accuracy import TaskScore
@@ -161,8 +161,19 @@ def test_growth_phases_and_widths():
     for layer, width in enumerate(sample.widths.growth):
         assert thickness[layer] == pytest.approx(0.85 * width / widest)  # drawn as wide as its FFN
     assert len(bars(flat)) == 6 and flat.get_xlabel() == "optimizer step"
+    assert labels(losses) == ["growth_100", "uniform_100"] and losses.get_ylabel() == "validation loss"
+    curves = [line for line in losses.get_lines() if len(line.get_xdata()) > 1]
+    assert [list(line.get_xdata()) for line in curves] == [[10, 20, 30]] * 2
+    assert [list(line.get_ydata()) for line in curves] == [[2.2, 1.6, 1.2], [2.5, 1.9, 1.5]]
+    assert losses.get_shared_x_axes().joined(losses, grown)  # the loss under the phase that made it
+
+
+def test_growth_of_an_older_result_shows_the_final_losses():
+    sample = SAMPLES["growth"]()
+    old = dataclasses.replace(sample, arms={name: dataclasses.replace(arm, curve=ABSENT)
+                                            for name, arm in sample.arms.items()})
+    losses = figures.figure_for(old).axes[2]
     assert [b.get_height() for b in bars(losses)] == [1.2, 1.5]
-    assert losses.get_ylabel() == "validation loss"
 
 
 def test_dynamics_angles_and_pca():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 
@@ -233,6 +234,12 @@ def test_resume_equals_uninterrupted(tmp_path, dtype):
     assert first.arm == "growth_50" and 1 < first.step <= 8  # from its last checkpoint, not from 0
     for arm in ("growth_100", "growth_50", "uniform_100"):
         assert got["arms"][arm]["val_loss"] == pytest.approx(expected["arms"][arm]["val_loss"], abs=1e-6)
+        # the loss curve too: the evaluations before the stop travel in the checkpoint
+        whole_arm = expected["arms"][arm]
+        phase_ends = itertools.accumulate(phase["steps"] for phase in whole_arm["phases"])
+        curve = torch.tensor(whole_arm["curve"], dtype=torch.float64)  # every 6 steps and at each phase's end
+        assert curve[:, 0].tolist() == sorted({*range(6, whole_arm["steps"] + 1, 6), *phase_ends})
+        torch.testing.assert_close(torch.tensor(got["arms"][arm]["curve"], dtype=torch.float64), curve)
     assert got["generations"] == expected["generations"]
     with pytest.raises(UserError, match="other settings"):
         list(run_growth(dataclasses.replace(settings, lr=1e-3), checkpoint_dir=tmp_path / "b", resume=True))

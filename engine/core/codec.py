@@ -139,7 +139,7 @@ def _decoder(hint: Any) -> Check:
         return frozenset({dict}), functools.partial(from_doc, hint)
     if origin is list or origin is tuple:
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-            return _SEQUENCES, tuple if origin is tuple else None  # a fixed tuple: its items not checked
+            return _SEQUENCES, _fixed(tuple(_decoder(arg) for arg in args))
         return _SEQUENCES, _items(origin, *_decoder(args[0] if args else Any))
     if origin is dict or hint is dict:
         return frozenset({dict}), _values(*_decoder(args[1])) if len(args) == 2 else None
@@ -170,6 +170,22 @@ def _items(origin: type, allowed: frozenset[type] | None, decode: Callable[[Any]
         return value if origin is list or type(value) is tuple else tuple(value)
 
     return checked
+
+
+def _fixed(checks: tuple[Check, ...]) -> Callable[[Any], Any]:
+    """A fixed tuple (`tuple[int, float]`): as many items as it names, each checked as its own."""
+
+    def rebuilt(value: Any) -> tuple[Any, ...]:
+        if len(value) != len(checks):
+            raise TypeError(f"{len(value)} items where {len(checks)} belong")
+        items = []
+        for v, (allowed, decode) in zip(value, checks, strict=True):
+            if v is not None and allowed is not None and not _fits(v, allowed):
+                raise _wrong(v, allowed)
+            items.append(v if v is None or decode is None else decode(v))
+        return tuple(items)
+
+    return rebuilt
 
 
 def _values(allowed: frozenset[type] | None, decode: Callable[[Any], Any] | None) -> Callable[[Any], Any] | None:

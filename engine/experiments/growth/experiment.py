@@ -290,7 +290,7 @@ def _run(
             record = {
                 "arm": name, "seed": seed, "val_loss": outcome.val_loss, "seconds": outcome.seconds,
                 "tokens_per_s": outcome.tokens_per_s, "steps": outcome.steps, "phases": outcome.phase_stats,
-                "generations": [],
+                "curve": outcome.curve, "generations": [],
             }  # fmt: skip
             if seed == settings.seeds[0]:
                 model = outcome.model.model
@@ -324,6 +324,13 @@ def budget_table(settings: GrowthSettings, plan: Design) -> list[GrowthBudgetRow
     return rows
 
 
+def mean_curve(curves: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
+    """The validation loss at each step every seed evaluated, averaged over the seeds."""
+    by_step = [dict(curve) for curve in curves]
+    shared = set.intersection(*(set(losses) for losses in by_step)) if by_step else set()
+    return [(step, statistics.fmean(losses[step] for losses in by_step)) for step in sorted(shared)]
+
+
 def result_doc(
     settings: GrowthSettings,
     plan: Design,
@@ -347,6 +354,7 @@ def result_doc(
             tokens=arm.total_steps * settings.batch_size * settings.seq_len,
             phases=records[0]["phases"],
             model=str(Path(model_dir) / name) if model_dir is not None else None,
+            curve=mean_curve([r.get("curve", []) for r in records]),
         )
     first = settings.seeds[0]
     generations = [

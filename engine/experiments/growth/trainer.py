@@ -79,6 +79,7 @@ class ArmOutcome:
     tokens: int
     phase_stats: list[dict[str, Any]] = field(default_factory=list)
     model: GrowingModel | None = None
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (step, validation loss) at each evaluation
 
     @property
     def tokens_per_s(self) -> float:
@@ -144,6 +145,7 @@ def train_arm(
                       advice="a smaller --batch-size or --seq-len")
     total, tokens_per_step = plan.total_steps, c.batch_size * c.seq_len
     step, seconds, phase_seconds = 0, 0.0, [0.0] * len(plan.phases)
+    curve: list[tuple[int, float]] = []
     if resume is not None:
         state, tensors = resume
         with torch.no_grad():
@@ -154,12 +156,13 @@ def train_arm(
             trainer.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(tensors["rng.torch"])
         step, seconds, phase_seconds = state["step"], state["seconds"], list(state["phase_seconds"])
+        curve = [(int(at), float(loss)) for at, loss in state.get("curve", [])]  # absent before 0.4
 
     def checkpoint() -> None:
         if save is not None:
             tensors, groups = _tensors(grow, trainer.optimizer)
             state = {"step": step, "seconds": seconds, "phase_seconds": phase_seconds, "optimizer": groups,
-                     "scaler": trainer.scaler.state_dict()}  # a few numbers ({} unless float16): JSON
+                     "scaler": trainer.scaler.state_dict(), "curve": curve}  # a few numbers: JSON
             save(state, tensors)
 
     model.train()
@@ -211,6 +214,7 @@ def train_arm(
                 losses, lrs = [], []
                 if evaluating:
                     val_loss = evaluate(model, val_set, trainer)
+                    curve.append((step, val_loss))
                     yield GrowthEval(arm=plan.name, seed=seed, phase=phase.name, step=step, val_loss=val_loss)
                 if saving:
                     checkpoint()
@@ -228,4 +232,4 @@ def train_arm(
     grow.set_active(kept)
     final = evaluate(model, val_set, trainer)
     model.to("cpu")  # generation and saving read the final model on the host
-    return ArmOutcome(final, seconds, step, step * tokens_per_step, stats, grow)
+    return ArmOutcome(final, seconds, step, step * tokens_per_step, stats, grow, curve)

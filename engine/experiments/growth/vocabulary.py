@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from engine.core.codec import ABSENT
 from engine.core.errors import UserError
 from engine.core.events import (
     Event,
@@ -259,6 +260,7 @@ class GrowthArm:
     tokens: int
     phases: list[dict[str, Any]]
     model: str | None
+    curve: list[tuple[int, float]] = field(default=ABSENT, kw_only=True)  # (step, mean val loss); absent before 0.4
 
 
 @dataclass(frozen=True)
@@ -351,7 +353,8 @@ def sample() -> GrowthResult:
         name: GrowthArm(val_loss=[loss], mean=loss, sd=0.0, seconds=seconds, seconds_sd=0.0, tokens_per_s=1000.0,
                         tokens_per_s_sd=0.0, steps=30, tokens=30 * 64,
                         phases=[{"name": p["name"], "steps": p["steps"], "seconds": 1.0, "tokens_per_s": 1000.0}
-                                for p in phases[name]], model=None)
+                                for p in phases[name]], model=None,
+                        curve=[(10, loss + 1.0), (20, loss + 0.4), (30, loss)])
         for name, loss, seconds in (("growth_100", 1.2, 3.0), ("uniform_100", 1.5, 3.5))
     }  # fmt: skip
     steps = {0: 30, 1: 20, 2: 20, 3: 10, 4: 10, 5: 30}
