@@ -68,6 +68,16 @@ def test_one_format_only(isolated_home, tmp_path):
     assert not (tmp_path / "report.html").exists() and not (tmp_path / "report.pdf").exists()
 
 
+def test_pdf_alone_is_one_pdf_of_every_figure(isolated_home, tmp_path, capsys):
+    report_session()
+    assert main(["report", "demo", "--out", str(tmp_path), "--pdf"]) == 0
+    pdf = (tmp_path / "report.pdf").read_bytes()
+    assert len(re.findall(rb"/Type\s*/Page\b(?!s)", pdf)) == len(NAMES)
+    assert not (tmp_path / "report.html").exists() and not (tmp_path / "report.md").exists()
+    assert main(["report", "demo", "--out", str(tmp_path), "--pdf", "--format", "md"]) == 2
+    assert "--pdf is short for --format pdf" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not CHROMIUM.exists() and shutil.which("chromium") is None, reason="chromium is not installed")
 def test_the_page_opens_in_chromium_with_every_image(isolated_home, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")

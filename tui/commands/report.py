@@ -1,4 +1,4 @@
-"""`anatomy-tui report SESSION [--out DIR] [--format html,md,pdf]`: a session's results as a paper
+"""`anatomy-tui report SESSION [--out DIR] [--format html,md,pdf | --pdf]`: a session's results as a paper
 appendix. For every result its figure (figures/, drawn from the typed result) as PNG and SVG files
 in DIR, and in the report its tables (the result's scalars and per-layer rows), its settings and
 protocol, the model, the package versions and the exact command that reproduces it.
@@ -43,9 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("session", metavar="SESSION", help="the session to report")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="folder for the report and its figures (default: ./SESSION-report)")
-    parser.add_argument("--format", default=",".join(FORMATS), metavar="LIST",
+    parser.add_argument("--format", default=None, metavar="LIST",
                         help=f"comma-separated: {', '.join(FORMATS)} (default: all; the figures' PNG and SVG "
                              "files are always written)")
+    parser.add_argument("--pdf", action="store_true",
+                        help="only report.pdf, every figure one a page (the same as --format pdf)")
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,9 @@ def main(args: argparse.Namespace) -> int:
     from figures.style import DPI, RC
     from sessions.store import SessionStore
 
-    formats = parse_formats(args.format)
+    if args.pdf and args.format is not None:
+        raise UserError(f"--pdf is short for --format pdf; give one of them (--format {args.format},pdf for both)")
+    formats = ("pdf",) if args.pdf else parse_formats(args.format or ",".join(FORMATS))
     store = SessionStore()
     store.check_home(writing=False)
     session = store.open(args.session)
