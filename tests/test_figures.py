@@ -5,10 +5,13 @@ save_figure writes PNG (>= 150 dpi), SVG and PDF; the engine imports no matplotl
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pytest
 from matplotlib.collections import PathCollection
@@ -297,3 +300,24 @@ def test_a_notebook_shows_the_figure_as_png():
 def test_svg_keeps_text_as_text(tmp_path):
     (svg,) = figures.save_figure(SAMPLES["recovery"](), tmp_path / "recovery", ("svg",))
     assert "fine-tuning step" in svg.read_text()
+
+
+BASELINES = Path(__file__).parent / "baseline_images"
+STABLE = ("ablation", "recovery", "growth", "prune")  # drawn from fixed samples: the same pixels every run
+
+
+@pytest.mark.parametrize("name", STABLE)
+def test_a_figure_looks_as_its_baseline_image(name, tmp_path):
+    """The pixels, not only the artists: a change of style, layout or colour shows here. After an
+    intended change, `ANATOMY_TUI_NEW_BASELINES=1 pytest tests/test_figures.py -k baseline` rewrites
+    them (look at the new images before committing)."""
+    from matplotlib.testing.compare import compare_images
+
+    drawn_now = tmp_path / f"{name}.png"
+    with matplotlib.rc_context(style.RC):
+        figures.figure_for(SAMPLES[name]()).savefig(drawn_now, dpi=100)
+    baseline = BASELINES / f"{name}.png"
+    if os.environ.get("ANATOMY_TUI_NEW_BASELINES"):
+        BASELINES.mkdir(exist_ok=True)
+        shutil.copyfile(drawn_now, baseline)
+    assert compare_images(str(baseline), str(drawn_now), tol=2.0) is None
