@@ -7,6 +7,8 @@ import itertools
 import json
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -102,14 +104,22 @@ def test_merger_sums_progress_and_names_a_failed_worker():
 def test_a_stop_signal_waits_until_a_message_is_wholly_sent():
     """A SIGTERM between a message's size and its bytes once garbled rank 0's next read."""
     delivered: list[str] = []
-    previous = signal.signal(signal.SIGTERM, lambda *_: delivered.append("after"))
+    def handler(*_: object) -> None:
+        delivered.append("after")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    other = threading.Thread(target=time.sleep, args=(0.5,))  # a thread that could take the signal
+    other.start()
     try:
         with _signals_held():
             os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # time for the handler to run, were it not held
             delivered.append("inside")
         assert delivered == ["inside", "after"]
+        assert signal.getsignal(signal.SIGTERM) is handler  # the handler it was meant for, back in place
     finally:
         signal.signal(signal.SIGTERM, previous)
+        other.join()
 
 
 def test_a_dead_worker_fails_the_job_in_one_line(worker_env, tmp_path, capsys):

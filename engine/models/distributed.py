@@ -182,16 +182,22 @@ class Workers:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Ctrl-C and the stop signals are held back (delivered on leaving) in the main thread."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        yield
+    """Ctrl-C and the stop signals are noted, not acted on, until the block ends, then raised again
+    for the handlers they were meant for. (Blocking them would not do: the process's other threads,
+    gloo's and torch's, would take them and Python would still run the handler in the block.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread sets handlers, and Python runs them only there
         return
-    held = {signal.SIGINT, *STOP_SIGNALS}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    noted: list[int] = []
+    before = {sig: signal.signal(sig, lambda signum, _frame: noted.append(signum))
+              for sig in (signal.SIGINT, *STOP_SIGNALS)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(noted):
+            signal.raise_signal(sig)
 
 
 @dataclass(frozen=True)
