@@ -10,7 +10,7 @@ from tui.marks import NO_MARKS, Marks
 
 MODEL_CHOICES = (
     ("original", "original"),
-    ("modified", "modified (marked layers, blocks)"),
+    ("modified", "modified (x/t/m marks)"),
     ("noised", "noised (x-marked layers, sigma)"),
     ("recovered", "recovered (session's recovery)"),
     ("pruned", "pruned (session's prune run)"),
