@@ -96,13 +96,17 @@ def test_layer_map_with_parts(snap_compare, isolated_home, size: tuple[int, int]
 
 
 def pressed_quietly(keys: list[str]):
-    """The keys pressed, then the notifications they raised cleared (they would cover the panel)."""
+    """The keys pressed, then the notifications they raised cleared (they would cover the panel) and
+    the form fields' cursors held still (a blinking one is drawn or not by the clock)."""
+    from textual.widgets import Input
 
     async def run(pilot) -> None:
         await _settled(pilot)
         await pilot.press(*keys)
         await pilot.pause(0.3)
         pilot.app.clear_notifications()
+        for field in pilot.app.screen.query(Input):
+            field.cursor_blink = False
         await pilot.pause()
 
     return run
