@@ -12,12 +12,14 @@ from tui_fixtures import cut, demo_session, growth_doc, prune_result, write_even
 
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Finished, Started
+from engine.experiments.variants import Variant
 from engine.models.loading import LoadedModel
 from engine.models.options import ModelOptions
 from sessions.store import SessionStore
 from tui.console_settings import ConsoleSettings
 from tui.jobs import BackgroundJob
 from tui.lab import Lab
+from tui.marks import Marks
 
 
 class Console:
@@ -295,7 +297,7 @@ def test_the_prompt_pane_models_this_session_has(monkeypatch, tmp_path):
     lab, console, _ = make_lab(monkeypatch, session="fresh")
     lab.toggle_mark(3)
     lab.toggle_mark(1)
-    assert console.said("modified model: layers ablated (neighbour mean): 1, 3")
+    assert console.said("modified model: L1, L3 neighbour mean")
     noised, problem = lab.variant("noised", 1.5)
     assert noised is not None and (noised.layers, noised.sigma, problem) == ((1, 3), 1.5, "")
     assert lab.variant("recovered", 0.5) == (None, "no recovered layer in this session yet (inject noise: key i)")
@@ -311,6 +313,36 @@ def test_the_prompt_pane_models_this_session_has(monkeypatch, tmp_path):
     assert "is not inside session folder" in lab.variant("uniform", 0.5)[1]
     lab.toggle_mark(3)
     assert lab.variant("modified", 0.5)[0].layers == (1,)
+
+
+def test_block_marks_make_the_modified_model_and_come_back_with_the_session(monkeypatch):
+    """t and m mark blocks beside the layers x marks; a layer is marked whole or by its blocks; the
+    marks are the session's (console.json), and those beyond the loaded model's layers are dropped."""
+    lab, console, _ = make_lab(monkeypatch, session="fresh")
+    assert lab.variant("modified", 0.5)[0] == Variant("modified")
+    lab.toggle_block_mark(3, "mlp")
+    lab.toggle_mark(1)
+    lab.toggle_block_mark(3, "attention")
+    lab.toggle_block_mark(11, "mlp")
+    assert console.said("modified model: L1 neighbour mean · L3.attn, L3.mlp, L11.mlp removed")
+    modified, noised = lab.variant("modified", 0.5)[0], lab.variant("noised", 0.5)[0]
+    assert (modified.layers, modified.blocks) == ((1,), ((3, "attention"), (3, "mlp"), (11, "mlp")))
+    assert (noised.layers, noised.blocks) == ((1,), ())  # the noised model noises whole layers only
+    lab.toggle_block_mark(1, "mlp")  # a block of a layer marked whole: its mark takes the layer's place
+    lab.toggle_mark(3)  # a layer marked whole: its blocks' marks give way
+    assert lab.marks == Marks(frozenset({3}), frozenset({(1, "mlp"), (11, "mlp")}))
+    lab.toggle_block_mark(11, "mlp")
+    lab.toggle_block_mark(11, "mlp")  # twice: unmarked, marked again
+    lab.closing()
+    again, told, _ = make_lab(monkeypatch, session="fresh")
+    assert again.marks == Marks(frozenset({3}), frozenset({(1, "mlp"), (11, "mlp")}))
+    again.model_loaded(stub_model())  # 4 layers
+    assert again.marks == Marks(frozenset({3}), frozenset({(1, "mlp")}))
+    assert told.said("marks beyond this model's 4 layers dropped", "warning")
+    lab.toggle_mark(3)
+    lab.toggle_block_mark(1, "mlp")
+    lab.toggle_block_mark(11, "mlp")
+    assert console.said("modified model: nothing marked, it answers as the original")
 
 
 def test_one_generation_at_a_time(monkeypatch):

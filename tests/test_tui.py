@@ -209,10 +209,11 @@ async def test_the_console_comes_back_to_its_session_layer_tab_and_forms(isolate
 
 def test_a_console_view_that_does_not_check_is_left_at_its_defaults(isolated_home) -> None:
     """<session>/console.json and the home's .console.json are untrusted: wrong types, a session
-    that is gone or a name that escapes the folder are ignored."""
+    that is gone, a name that escapes the folder or marks that do not check are ignored."""
     import json
 
     from tui.console_view import FORMAT, LAST_SESSION, ConsoleView, last_session, load, remember_session, save
+    from tui.marks import Marks
 
     store = SessionStore()
     session = demo_session(store)
@@ -223,6 +224,17 @@ def test_a_console_view_that_does_not_check_is_left_at_its_defaults(isolated_hom
     assert load(session) == ConsoleView(None, "layers", {"lr": "1e-4"})
     (session.path / "console.json").write_text("[1, 2")
     assert load(session) == ConsoleView()
+    marks = Marks(frozenset({2}), frozenset({(0, "attention"), (3, "mlp")}))
+    save(session, ConsoleView(1, "prompt", {}, marks))
+    assert load(session) == ConsoleView(1, "prompt", {}, marks)
+    for bad in ({"layers": [2]}, {"layers": [True], "blocks": []}, {"layers": [-1], "blocks": []},
+                {"layers": [2.0], "blocks": []}, {"layers": [], "blocks": [[1, "attn"]]},
+                {"layers": [], "blocks": [[1, "mlp", 0]]}, {"layers": [], "blocks": [["1", "mlp"]]},
+                {"layers": [], "blocks": [[1, ["mlp"]]]}, {"layers": [1], "blocks": [[1, "mlp"]]},
+                {"layers": list(range(5000)), "blocks": []}, "L1"):
+        (session.path / "console.json").write_text(json.dumps(
+            {"format": FORMAT, "layer": 1, "tab": "prompt", "forms": {}, "marks": bad}))
+        assert load(session) == ConsoleView(1, "prompt", {}), bad  # the marks alone left at none
     remember_session(store, "demo")
     assert last_session(store) == "demo"
     for name in ("gone", "../demo", 7):
@@ -403,6 +415,58 @@ async def test_generation_streams_the_greedy_text(isolated_home, tiny_folder) ->
         assert right.text == expected  # nothing marked: the modified model is the original
 
 
+async def test_marked_blocks_change_the_modified_column(isolated_home, tiny_folder) -> None:
+    """On the layer map t marks the selected layer's attention block and m its MLP block: the map
+    shows the marks in its blocks' columns (before any map with parts), the modified column's hint
+    names them, and its text is the greedy text of the model without those blocks (a block cut),
+    the original column's the original's. Quit and open again: the marks are back."""
+    import torch
+    from textual.widgets import Static
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.models.pruning import cut_removed
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
+    ids = torch.tensor([tokenizer.encode("The layer")])
+
+    def greedy() -> str:
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=app_module.GENERATE_TOKENS,
+                             do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
+        return tokenizer.decode(out[0, ids.shape[1]:].tolist())
+
+    original = greedy()
+    with cut_removed(model, ((1, "attention"), (2, "mlp"))):
+        without = greedy()
+    assert without != original
+
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        right = app.screen.query(PromptColumn).last()
+        hint = right.query_one(".marks-hint", Static)
+        assert str(hint.content).startswith("nothing marked (map: x layer, t attn, m mlp)")
+        await pilot.press("down", "t", "down", "m", "down", "x", "x")  # x twice: layer 3 marked, then not
+        table = app.screen.query_one(LayerMap)
+        assert [str(table.get_cell(str(i), "attn D%")) for i in range(4)] == ["", "✕", "", ""]
+        assert [str(table.get_cell(str(i), "mlp D%")) for i in range(4)] == ["", "", "✕", ""]
+        await pilot.press("f5")
+        assert str(hint.content) == "L1.attn, L2.mlp removed"
+        app.screen.query_one("#prompt-input").focus()
+        await pilot.press(*"The layer", "enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.3)
+        left = app.screen.query(PromptColumn).first()
+        assert (left.text, right.text) == (original, without)
+        await pilot.press("q")
+    again = tiny_app(tiny_folder, load_model=False)
+    async with again.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("f5")
+        assert str(again.screen.query(PromptColumn).last().query_one(".marks-hint", Static).content) == \
+            "L1.attn, L2.mlp removed"
+
+
 async def test_a_prompt_is_answered_during_the_map(isolated_home, tiny_folder, monkeypatch, record_property) -> None:
     """The map in the console takes the model a batch at a time: a prompt typed during it streams
     its text before the map ends, exactly the unchanged model's greedy text (the time to its first
@@ -576,7 +640,7 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
         stack = LayerStack(app.loaded.model)
         scrambled = {name: torch.randn_like(param) for name, param in stack.matrices(2).items()}
         save_layer_weights(app.session.checkpoint_dir("recovery") / "weights", 2, scrambled, app.loaded.name)
-        app.lab.modified_layers = {1}
+        app.lab.toggle_mark(1)
         await pilot.press("f5")
         left, right = app.screen.query(PromptColumn)
         texts = {}
@@ -683,7 +747,7 @@ async def test_the_noised_model_uses_the_sigma_of_the_request(isolated_home, tin
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
-        app.lab.modified_layers = {1}
+        app.lab.toggle_mark(1)
         app.screen.query_one("#sigma").value = "1.5"
         await pilot.press("f5")
         right = app.screen.query(PromptColumn).last()

@@ -95,6 +95,33 @@ def test_layer_map_with_parts(snap_compare, isolated_home, size: tuple[int, int]
     assert snap_compare(app, press=["_"], run_before=_settled, terminal_size=size)
 
 
+def pressed_quietly(keys: list[str]):
+    """The keys pressed, then the notifications they raised cleared (they would cover the panel) and
+    the form fields' cursors held still (a blinking one is drawn or not by the clock)."""
+    from textual.widgets import Input
+
+    async def run(pilot) -> None:
+        await _settled(pilot)
+        await pilot.press(*keys)
+        await pilot.pause(0.3)
+        pilot.app.clear_notifications()
+        for field in pilot.app.screen.query(Input):
+            field.cursor_blink = False
+        await pilot.pause()
+
+    return run
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_layer_map_marks(snap_compare, isolated_home, size: tuple[int, int]) -> None:
+    """A map with parts, layer 1 marked whole (x), layer 2's MLP (m) and layer 4's attention (t):
+    the whole layer's mark beside its number, a block's in its own column beside its D%."""
+    parts_session(SessionStore())
+    app = AnatomyApp(session="parts", load_model=False)
+    press = ["down", "x", "down", "m", "down", "down", "t"]
+    assert snap_compare(app, run_before=pressed_quietly(press), terminal_size=size)
+
+
 def test_every_snapshot_belongs_to_a_test() -> None:
     """syrupy fails a run that leaves a snapshot unused, but not under pytest-xdist (./test runs
     there): a snapshot whose test was renamed or dropped is found here instead."""
@@ -141,12 +168,15 @@ def test_running_job_and_footer(snap_compare, isolated_home, size: tuple[int, in
 
 
 @pytest.mark.parametrize("size", SMALL_AND_DASHBOARD, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("keys", [["f5"], ["f2", "down", "x", "f5"]], ids=["none-marked", "layer-1-marked"])
+@pytest.mark.parametrize(
+    "keys", [["f5"], ["f2", "down", "x", "f5"], ["f2", "down", "x", "down", "m", "down", "t", "f5"]],
+    ids=["none-marked", "layer-1-marked", "layer-and-blocks-marked"],
+)
 def test_prompt_marks(snap_compare, demo, keys: list[str], size: tuple[int, int]) -> None:
-    """The modified column says which layers it ablates, and that none is marked (it answers as the
-    original) until x marks one."""
+    """The modified column says which layers and blocks it changes, and that nothing is marked (it
+    answers as the original, and which keys mark) until x, t or m marks something."""
     app = AnatomyApp(session="demo", load_model=False)
-    assert snap_compare(app, press=[*keys, "wait:300", "_"], terminal_size=size)
+    assert snap_compare(app, run_before=pressed_quietly(keys), terminal_size=size)
 
 
 @pytest.mark.parametrize("size", SMALL_AND_DASHBOARD, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -1,20 +1,24 @@
 """The prompt pane's model variants, without a terminal: each is what its experiment defines, and
-the loaded model comes back bit for bit."""
+the loaded model comes back bit for bit. The modified model's marked blocks against the sublayer
+map's skip, a block cut and transformers' own forward with the block's module replaced by zeros,
+on a sequential family and the parallel-residual ones."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from test_sublayer import BLOCKS, Zeros
 from tiny_models import tiny_model
 from tui_fixtures import cut, growth_doc, prune_result
 
 from engine.core.errors import UserError
 from engine.core.events import decode_or_none
-from engine.experiments.ablation.run import neighbour_mean
+from engine.experiments.ablation.run import ablated_part, neighbour_mean
 from engine.experiments.growth.vocabulary import GrowthResult
 from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.variants import Variant, applied, modified, noised, recovered, saved_model_path
-from engine.models.anatomy import LayerStack
+from engine.models.anatomy import PARTS, LayerStack
+from engine.models.pruning import cut_removed
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:
@@ -58,6 +62,74 @@ def test_modified_is_the_ablation_neighbour_mean_of_the_original_weights() -> No
     assert_same(model, before)
 
 
+IDS = torch.tensor([[5, 70, 33, 101, 9, 250, 17, 3], [44, 2, 200, 8, 8, 120, 61, 77]])
+
+
+def zeroed_blocks(model, blocks):
+    """A copy of `model` whose blocks' modules return zeros: transformers' own forward without them."""
+    import copy
+
+    by_hand = copy.deepcopy(model)
+    family = by_hand.config.model_type
+    for layer, part in blocks:
+        path = f"{LayerStack(by_hand).spec.layers}.{layer}.{BLOCKS[family][PARTS.index(part)]}"
+        owner, _, name = path.rpartition(".")
+        setattr(by_hand.get_submodule(owner), name, Zeros(part == "attention", by_hand.config.hidden_size))
+    return by_hand
+
+
+def no_hooks(model) -> bool:
+    return not any(module._forward_hooks for module in model.modules())
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox", "phi"])  # sequential, and the two parallel-residual
+@pytest.mark.parametrize("block", [(1, "attention"), (2, "mlp")])
+def test_a_marked_block_is_the_sublayer_maps_skip_and_a_block_cut(family, block) -> None:
+    """The modified model with one block marked: the same logits as the sublayer map's skip and as
+    a block cut of that block (exactly), as transformers' forward with the block's module replaced by
+    zeros (a parallel layer keeps the other term); the original's logits, bit for bit, afterwards."""
+    model = tiny_model(family)
+    stack = LayerStack(model)
+    with torch.no_grad():
+        before = model(input_ids=IDS).logits
+        expected = zeroed_blocks(model, [block])(input_ids=IDS).logits
+        with applied(model, Variant("modified", blocks=(block,))):
+            got = model(input_ids=IDS).logits
+        with ablated_part(stack, *block, "skip"):
+            skipped = model(input_ids=IDS).logits
+        with cut_removed(model, (block,)):
+            cut_out = model(input_ids=IDS).logits
+        assert torch.equal(got, skipped) and torch.equal(got, cut_out)
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(got, before, atol=1e-4)  # the block mattered
+        assert torch.equal(model(input_ids=IDS).logits, before) and no_hooks(model)
+
+
+@pytest.mark.parametrize("family", ["llama", "phi"])
+def test_the_modified_model_mixes_whole_layers_and_blocks(family) -> None:
+    """Layer 1 marked whole (its matrices the mean of layers 0 and 2, made here from the state dict)
+    and the attention of layer 2 and the MLP of layer 3 marked: transformers' forward of that model
+    built by hand; everything back afterwards, weights and hooks, even after an error inside."""
+    model = tiny_model(family)
+    before, weights = snapshot(model), snapshot(model)
+    blocks = [(2, "attention"), (3, "mlp")]
+    by_hand = zeroed_blocks(model, blocks)
+    prefix = LayerStack(model).spec.layers
+    with torch.no_grad():
+        for _, path in LayerStack(model).spec.matrices:
+            mean = (weights[f"{prefix}.0.{path}.weight"] + weights[f"{prefix}.2.{path}.weight"]) / 2
+            by_hand.get_parameter(f"{prefix}.1.{path}.weight").copy_(mean)
+        expected = by_hand(input_ids=IDS).logits
+        original = model(input_ids=IDS).logits
+        with modified(model, [1], blocks):
+            got = model(input_ids=IDS).logits
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        with pytest.raises(KeyError), modified(model, [1], blocks):
+            raise KeyError("an error inside the block")
+        assert_same(model, before)
+        assert torch.equal(model(input_ids=IDS).logits, original) and no_hooks(model)
+
+
 def test_noised_is_reproducible_and_scaled_by_sigma() -> None:
     model = tiny_model("llama")
     before = snapshot(model)
@@ -96,6 +168,16 @@ def test_variant_checks_what_it_is_given(tmp_path) -> None:
         Variant("noised", layers=(1,), sigma=0.0)
     with pytest.raises(UserError, match="out of range"), modified(tiny_model("llama"), [9]):
         pass
+    with pytest.raises(UserError, match="layer 1 is marked whole and its mlp block too"):
+        Variant("modified", layers=(1,), blocks=((1, "mlp"),))
+    with pytest.raises(UserError, match="unknown block 'attn' of layer 2; use one of attention, mlp"):
+        Variant("modified", blocks=((2, "attn"),))
+    with pytest.raises(UserError, match="only the modified model removes blocks"):
+        Variant("noised", layers=(1,), blocks=((2, "mlp"),))
+    model = tiny_model("llama")
+    with pytest.raises(UserError, match="layer 9 is out of range"), modified(model, [], [(1, "mlp"), (9, "mlp")]):
+        pass
+    assert no_hooks(model)  # the block marked before the bad one is put back
     folder = tmp_path / "growth_100"
     result = GrowthResult.from_json(growth_doc({"growth_100": str(folder), "uniform_100": str(tmp_path / "gone")}))
     assert saved_model_path(result, "growth", tmp_path) is None  # not saved yet

@@ -190,7 +190,7 @@ class AnatomyApp(App[None]):
         if screen is not None:
             lab = self.lab
             screen.redraw(PanelData(lab.state, lab.n_layers, lab.session_name, lab.model_status, lab.running_jobs(),
-                                    tuple(sorted(lab.modified_layers))), dirty)
+                                    lab.marks), dirty)
 
     def _console(self) -> ConsoleScreen | None:
         """The console screen once it is built and until the app starts shutting down (a message can

@@ -1,8 +1,9 @@
 """Where the console was, so it comes back there: the session it had open (in the sessions folder,
 `.console.json`: the console's own, which a headless `anatomy-tui run --session S` never writes) and,
-in each session, its selected layer, tab and forms (`<session>/console.json`, engine/disk/session_layout.py
-CONSOLE_VIEW). Both are written atomically and, like every file there, read as untrusted: JSON
-only, each field checked, anything else left at its default (and logged)."""
+in each session, its selected layer, tab, forms and the layers and blocks marked for the prompt pane's
+modified model (tui/marks.py) (`<session>/console.json`, engine/disk/session_layout.py CONSOLE_VIEW).
+Both are written atomically and, like every file there, read as untrusted: JSON only, each field
+checked, anything else left at its default (and logged)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from engine.core.errors import UserError
 from engine.disk.atomic import atomic_write_json, open_unlinked
 from engine.disk.session_layout import CONSOLE_VIEW
 from sessions.store import Session, SessionError, SessionStore
+from tui.marks import NO_MARKS, Marks
 
 log = logging.getLogger("anatomy_tui.console")
 
@@ -27,14 +29,17 @@ MAX_FIELD = 4000  # characters of a form's value at most
 
 @dataclass(frozen=True)
 class ConsoleView:
-    """The selected layer (None: none yet), the tab in view and each form field's text by its id."""
+    """The selected layer (None: none yet), the tab in view, each form field's text by its id and
+    the marks of the modified model."""
 
     layer: int | None = None
     tab: str = "layers"
     forms: dict[str, str] = field(default_factory=dict)
+    marks: Marks = NO_MARKS
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "layer": self.layer, "tab": self.tab, "forms": dict(self.forms)}
+        return {"format": FORMAT, "layer": self.layer, "tab": self.tab, "forms": dict(self.forms),
+                "marks": self.marks.to_json()}
 
 
 def _read(path: Path) -> Any:
@@ -68,7 +73,19 @@ def load(session: Session) -> ConsoleView:
         forms={key: value for key, value in forms.items()
                if isinstance(key, str) and isinstance(value, str) and len(value) <= MAX_FIELD}
         if isinstance(forms, dict) else {},
+        marks=_marks(doc.get("marks"), session.name),
     )  # fmt: skip
+
+
+def _marks(doc: Any, session: str) -> Marks:
+    """The saved marks; none when there are none or they do not check (logged)."""
+    if doc is None:
+        return Marks()
+    try:
+        return Marks.from_json(doc)
+    except ValueError as exc:
+        log.info("marks of %s not used (%s)", session, exc)
+        return Marks()
 
 
 def save(session: Session, view: ConsoleView) -> None:

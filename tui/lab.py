@@ -47,6 +47,7 @@ from tui.jobs import (
 )
 from tui.log_pager import LogPager
 from tui.logging_setup import log_to_file
+from tui.marks import Marks
 from tui.state import Dirty, JobView, LineKeeper, SessionState
 
 log = logging.getLogger("anatomy_tui.console")
@@ -140,8 +141,8 @@ class Lab:
         # released model had resolved to (later jobs keep them)
         self.released_for: BackgroundJob | None = None
         self.released_options: ModelOptions | None = None
-        self.modified_layers: set[int] = set()
-        self.view = console_view.ConsoleView()  # where the console is in this session (the screen says)
+        # where the console is in this session: the screen says, but for the marks (the lab's)
+        self.view = console_view.ConsoleView()
         self.view_changes = False  # changed since it was last written
         self.view_saved = 0.0  # when it was last written (monotonic)
         self.generation: Generation | None = None
@@ -225,6 +226,7 @@ class Lab:
 
     def view_changed(self, view: console_view.ConsoleView) -> None:
         """The screen's selected layer, tab or forms changed: written within VIEW_SECONDS (a poll)."""
+        view = replace(view, marks=self.view.marks)  # the screen does not hold them
         if view != self.view:
             self.view, self.view_changes = view, True
 
@@ -314,6 +316,9 @@ class Lab:
 
             self.model_status += f" · {placement_text(loaded.layer_devices)}"
         log.info("model loaded: %s", self.model_status)
+        if (kept := self.marks.within(loaded.n_layers)) != self.marks:  # a saved mark of a deeper model
+            self.say(f"marks beyond this model's {loaded.n_layers} layers dropped", "warning")
+            self.set_marks(kept)
         self.state.dirty.update({Dirty.LAYERS, Dirty.JOBS})
         self._status_changed()
         if not self.settings.auto_map or self.session is None or "ablation" in self.state.results:
@@ -527,18 +532,29 @@ class Lab:
         self.stop_generation()
 
     # the prompt pane -------------------------------------------------------------------------------
-    def toggle_mark(self, layer: int) -> None:
-        """Marks `layer` ablated in the modified model (and noised in the noised one), or unmarks it."""
-        self.modified_layers ^= {layer}
+    @property
+    def marks(self) -> Marks:
+        """The layers and blocks marked for the modified model (kept in the session's console.json)."""
+        return self.view.marks
+
+    def set_marks(self, marks: Marks) -> None:
+        self.view, self.view_changes = replace(self.view, marks=marks), True
         self.state.dirty.add(Dirty.MARKS)
-        marked = ", ".join(map(str, sorted(self.modified_layers))) or "none"
-        self.say(f"modified model: layers ablated (neighbour mean): {marked}")
+        self.say(f"modified model: {marks.describe() or 'nothing marked, it answers as the original'}")
+
+    def toggle_mark(self, layer: int) -> None:
+        """Marks `layer` whole in the modified model (neighbour mean; noised in the noised one), or unmarks it."""
+        self.set_marks(self.marks.toggle_layer(layer))
+
+    def toggle_block_mark(self, layer: int, part: str) -> None:
+        """Marks block `part` of `layer` removed in the modified model, or unmarks it."""
+        self.set_marks(self.marks.toggle_block(layer, part))
 
     def variant(self, choice: str, sigma: float) -> tuple[Variant | None, str]:
         """The prompt pane's model `choice` in this session, with `sigma` for the noised one; or none
         and why (`problem`): what it is made from is not in the session yet."""
         assert self.session is not None
-        layers = tuple(sorted(self.modified_layers))
+        layers = self.marks.sorted_layers
         problem, path, chosen = "", None, layers
         if choice == "recovered" and not saved_layers(self.session, "recovery"):
             problem = "no recovered layer in this session yet (inject noise: key i)"
@@ -553,7 +569,8 @@ class Lab:
                 problem = str(exc)
         if problem:
             return None, problem
-        return Variant(choice, layers=chosen, sigma=sigma, path=path), ""
+        blocks = self.marks.sorted_blocks if choice == "modified" else ()
+        return Variant(choice, layers=chosen, sigma=sigma, path=path, blocks=blocks), ""
 
     def new_generation(self) -> Generation | None:
         """A new generation, the running one stopped first; None (said why) without a model."""

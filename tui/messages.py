@@ -148,14 +148,19 @@ class InjectRequested(Message):
 
 
 class MarkRequested(ForTheLab):
-    """Mark `layer` ablated in the prompt pane's modified model, or unmark it."""
+    """Mark `layer` (with `part`, its attention or MLP block) in the prompt pane's modified model, or
+    unmark it."""
 
-    def __init__(self, layer: int) -> None:
+    def __init__(self, layer: int, part: str | None = None) -> None:
         super().__init__()
         self.layer = layer
+        self.part = part
 
     def answer(self, lab: Any) -> None:
-        lab.toggle_mark(self.layer)
+        if self.part is None:
+            lab.toggle_mark(self.layer)
+        else:
+            lab.toggle_block_mark(self.layer, self.part)
 
 
 class FigureRequested(ForTheLab):

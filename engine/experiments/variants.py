@@ -20,6 +20,7 @@ from engine.core.errors import UserError
 from engine.experiments.session_models import SAVED_ARMS
 from engine.experiments.session_models import pruned_layers as pruned_layers  # the prompt pane's and the layer map's
 from engine.experiments.session_models import saved_model_path as saved_model_path
+from engine.models.families import PARTS, Block
 
 ON_LOADED_MODEL = ("original", "modified", "noised", "recovered", "pruned")
 VARIANTS = ON_LOADED_MODEL + tuple(SAVED_ARMS)
@@ -31,34 +32,55 @@ class Variant:
     """One variant as the user asked for it, captured when asked (so a later edit of the form
     does not change a generation already under way).
 
-    `layers`: the layers modified or noised; `sigma`: noise scale in units of each matrix's std;
-    `weights`: the recovered layers' matrices (layer -> canonical name -> tensor); `path`: the
-    saved growth or uniform model."""
+    `layers`: the layers modified or noised; `blocks`: the attention and MLP blocks the modified
+    model removes, (layer, part), each in a layer not in `layers`; `sigma`: noise scale in units of
+    each matrix's std; `weights`: the recovered layers' matrices (layer -> canonical name -> tensor);
+    `path`: the saved growth or uniform model."""
 
     name: str
     layers: tuple[int, ...] = ()
     sigma: float = 0.5
     weights: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     path: Path | None = None
+    blocks: tuple[Block, ...] = ()
 
     def __post_init__(self) -> None:
         if self.name not in VARIANTS:
             raise UserError(f"unknown model variant {self.name!r}; use one of {', '.join(VARIANTS)}")
         if self.name == "noised" and not self.sigma > 0:
             raise UserError(f"sigma must be above 0, not {self.sigma}")
+        if self.blocks and self.name != "modified":
+            raise UserError(f"only the modified model removes blocks, not the {self.name} one")
+        check_blocks(self.layers, self.blocks)
+
+
+def check_blocks(layers: Sequence[int], blocks: Sequence[Block]) -> None:
+    """Blocks the modified model can remove beside `layers`: each (layer, "attention" or "mlp") in a
+    layer not replaced whole (its weights are the neighbours' mean then: mark the layer or its blocks)."""
+    for layer, part in blocks:
+        if part not in PARTS:
+            raise UserError(f"unknown block {part!r} of layer {layer}; use one of {', '.join(PARTS)}")
+        if layer in layers:
+            raise UserError(f"layer {layer} is marked whole and its {part} block too; unmark one of them")
 
 
 @contextlib.contextmanager
-def modified(model: Any, layers: Sequence[int]) -> Iterator[Any]:
+def modified(model: Any, layers: Sequence[int], blocks: Sequence[Block] = ()) -> Iterator[Any]:
     """Each of `layers` replaced by the mean of its neighbours as they were before any change
     (so marking two adjacent layers gives each the mean of its original neighbours, the
-    ablation experiment's `mean` method layer by layer)."""
+    ablation experiment's `mean` method layer by layer), and each of `blocks` removed: its output
+    replaced by zero, so the residual passes by (the sublayer map's `skip`, a block cut's removal;
+    in a parallel layer the other block's term stays). Weights and hooks are put back on exit."""
     from engine.experiments.ablation.run import neighbour_mean
     from engine.models.anatomy import LayerStack
 
+    check_blocks(layers, blocks)
     stack = LayerStack(model)
     targets = {index: neighbour_mean(stack, stack.check_index(index)) for index in sorted(set(layers))}
-    with stack.holding(targets):
+    with contextlib.ExitStack() as held:
+        for layer, part in sorted(set(blocks)):
+            held.enter_context(stack.part_skipped(layer, part))
+        held.enter_context(stack.holding(targets))
         yield model
 
 
@@ -90,7 +112,7 @@ def recovered(model: Any, weights: Mapping[int, Mapping[str, Any]]) -> Iterator[
 def applied(model: Any, variant: Variant) -> Iterator[Any]:
     """The loaded model as `variant` sees it, for the block."""
     if variant.name == "modified":
-        with modified(model, variant.layers):
+        with modified(model, variant.layers, variant.blocks):
             yield model
     elif variant.name == "noised":
         with noised(model, variant.layers, variant.sigma):

@@ -20,6 +20,7 @@ _LLAMA_PARTS = ("self_attn", "mlp")
 _GEMMA_PARTS = ("post_attention_layernorm", "post_feedforward_layernorm")  # norms of the blocks' outputs
 
 PARTS = ("attention", "mlp")  # the blocks of a layer, in the order they run
+Block = tuple[int, str]  # one block: (layer, "attention" or "mlp")
 PART_MATRICES = {"attention": ("q", "k", "v", "qkv", "o"), "mlp": ("gate", "up", "gate_up", "down")}
 
 

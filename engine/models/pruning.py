@@ -26,8 +26,7 @@ from torch import nn
 
 from engine.core.errors import UserError
 from engine.models.anatomy import PARTS, LayerStack
-
-Block = tuple[int, str]  # (layer, "attention" or "mlp")
+from engine.models.families import Block
 
 # Config attributes holding one entry per layer (transformers 5): sliced with the layers.
 PER_LAYER_LISTS = ("layer_types", "intermediate_sizes", "no_rope_layers", "kv_sharing_modes")

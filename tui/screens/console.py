@@ -26,6 +26,7 @@ from textual.widgets import Footer, Input, Label, RichLog, Static, Tab, Tabs
 from engine.registry import BY_NAME
 from tui.console_settings import ConsoleSettings
 from tui.console_view import ConsoleView
+from tui.marks import NO_MARKS, Marks
 from tui.messages import (
     CancelRequested,
     ConsoleReady,
@@ -72,7 +73,7 @@ class PanelData:
     session_name: str
     model_status: str = ""
     jobs: list[tuple[JobView, str]] = field(default_factory=list)  # the running jobs, each with where it runs
-    marked: tuple[int, ...] = ()  # the layers marked (x) for the prompt pane's modified and noised models
+    marked: Marks = NO_MARKS  # the layers (x) and blocks (t, m) marked for the prompt pane's modified model
 
 
 PANELS = ("layers", "recovery", "growth", "prompt")  # the dashboard's four, in reading order
@@ -95,7 +96,12 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("i", "inject", "Inject noise", "noise the selected layer and watch it recover (own process)"),
     ("c", "cancel", "Cancel job", "cancel the running job of this tab"),
     ("g", "growth", "Start growth run", "a tiny growth run against its uniform baseline (own process)"),
-    ("x", "toggle_modified", "Mark layer ablated", "mark or unmark the selected layer in the modified model"),
+    ("x", "toggle_modified", "Mark layer", "mark or unmark the selected layer in the prompt pane's modified model "
+     "(replaced by its neighbours' mean; noised in the noised model)"),
+    ("t", "toggle_block('attention')", "Mark attention block", "mark or unmark the selected layer's attention "
+     "block in the modified model (removed: its output zero, the residual passes by)"),
+    ("m", "toggle_block('mlp')", "Mark MLP block", "mark or unmark the selected layer's MLP block in the modified "
+     "model (removed: its output zero, the residual passes by)"),
     ("o", "older_log", "Older log lines", "the Log tab: the page before the lines shown, read from the event log"),
     ("n", "newer_log", "Newer log lines", "the Log tab: the page after the lines shown, then the live lines"),
     ("f9,s", "stop_generation", "Stop generation", "stop the text being generated"),
@@ -280,8 +286,8 @@ class ConsoleScreen(Screen[None]):
     def redraw_panels(self, data: PanelData, dirty: set[str]) -> None:
         state = data.state
         with self.app.batch_update():
-            if dirty & {Dirty.LAYERS, Dirty.RECOVERY, Dirty.RESULTS}:
-                self.query_one(LayerMap).show(state, data.n_layers)
+            if dirty & {Dirty.LAYERS, Dirty.RECOVERY, Dirty.RESULTS, Dirty.MARKS}:
+                self.query_one(LayerMap).show(state, data.n_layers, data.marked)
                 self.query_one(LayerDetail).show(state, self.selected_layer)
             if dirty & {Dirty.RECOVERY, Dirty.LAYERS, Dirty.SELECTION}:
                 self.redraw_recovery(data)
@@ -445,6 +451,10 @@ class ConsoleScreen(Screen[None]):
     def action_toggle_modified(self) -> None:
         if self.selected_layer is not None:
             self.post_message(MarkRequested(self.selected_layer))
+
+    def action_toggle_block(self, part: str) -> None:
+        if self.selected_layer is not None:
+            self.post_message(MarkRequested(self.selected_layer, part))
 
     def action_save_figure(self) -> None:
         """Saves the figure of the panel in view (the Analyses pane: of every analysis it shows)."""

@@ -1,7 +1,9 @@
 """The layer map: one row per layer, coloured by class, D% on a log-scale bar with its interval,
 Block Influence, and recovery difficulty once known. Arrows or the mouse select a layer. A map
 with parts (`run ablation --part`) shows each layer's attention and MLP D% beside the whole
-layer's, each coloured by its own class."""
+layer's, each coloured by its own class. The marks of the prompt pane's modified model are drawn
+where they apply: a layer marked whole beside its number, a marked block in its block's column
+(shown for the mark even before a map with parts)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from textual.widgets import DataTable
 from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.recovery.vocabulary import RecoveryRow
 from engine.experiments.variants import pruned_layers
+from engine.models.families import PARTS
+from tui.marks import NO_MARKS, Marks
 from tui.palette import class_style
 from tui.state import SessionState, layer_class
 
@@ -61,6 +65,7 @@ class LayerMap(DataTable):
     PART_COLUMNS = ("attn D%", "mlp D%")  # after "D %" when the session's map has parts
     RECOVERING = "⟳"  # beside the layer number while that layer recovers
     PRUNED = "✂"  # beside the layer number of a layer the session's prune run removes
+    MARKED = "✕"  # beside the layer number, or in its block's column, marked for the modified model
     restore_row: int | None = None  # the layer to select once the map has that many rows (the console's view)
 
     def on_mount(self) -> None:
@@ -72,24 +77,27 @@ class LayerMap(DataTable):
             self.add_column(name, key=name)
 
     @classmethod
-    def columns_for(cls, state: SessionState) -> tuple[str, ...]:
-        """The layer map's columns; with parts, the blocks' D% right after the whole layer's."""
-        if not state.ablation_parts:
+    def columns_for(cls, state: SessionState, marks: Marks = NO_MARKS) -> tuple[str, ...]:
+        """The layer map's columns; with parts (or a block marked), the blocks' D% right after the
+        whole layer's."""
+        if not state.ablation_parts and not marks.blocks:
             return cls.COLUMNS
         at = cls.COLUMNS.index("D %") + 1
         return (*cls.COLUMNS[:at], *cls.PART_COLUMNS, *cls.COLUMNS[at:])
 
-    def show(self, state: SessionState, n_layers: int) -> None:
-        """Redraws every row from the state. Cells are updated in place while the layers stay the
-        same, so the cursor (the selected layer) never jumps when new numbers arrive."""
+    def show(self, state: SessionState, n_layers: int, marks: Marks = NO_MARKS) -> None:
+        """Redraws every row from the state and the marks. Cells are updated in place while the layers
+        stay the same, so the cursor (the selected layer) never jumps when new numbers arrive."""
         count = max(n_layers, state.n_layers, max((layer for layer, _ in state.ablation_parts), default=-1) + 1)
         recovering = state.recovering()
         pruned = set(pruned_layers(state.result(PruneResult)))
-        columns = self.columns_for(state)
-        rows = [self._cells(state, index, index in recovering, index in pruned) for index in range(count)]
+        columns = self.columns_for(state, marks)
+        rows = [self._cells(state, index, index in recovering, index in pruned, index in marks.layers)
+                for index in range(count)]
         if columns != self.COLUMNS:
             at = self.COLUMNS.index("D %") + 1
-            rows = [[*cells[:at], *self._part_cells(state, index), *cells[at:]] for index, cells in enumerate(rows)]
+            rows = [[*cells[:at], *self._part_cells(state, index, marks), *cells[at:]]
+                    for index, cells in enumerate(rows)]
         if self.row_count == count and columns == self.shown:
             for index, cells in enumerate(rows):
                 for column, value in zip(columns, cells, strict=True):
@@ -111,17 +119,20 @@ class LayerMap(DataTable):
             log.info("layer map: %d rows", count)
 
     @staticmethod
-    def _part_cells(state: SessionState, index: int) -> list[Text]:
-        """The attention's and the MLP's D% in layer `index`, each in its own class's colour."""
+    def _part_cells(state: SessionState, index: int, marks: Marks) -> list[Text]:
+        """The attention's and the MLP's D% in layer `index`, each in its own class's colour, a
+        marked block's behind the mark."""
         cells = []
-        for part in ("attention", "mlp"):
+        for part in PARTS:
             info = state.ablation_parts.get((index, part))
             d = info.degradation_pct if info else None
-            cells.append(Text(pct(d), style=class_style(layer_class(info)) if info else "", justify="right"))
+            mark = LayerMap.MARKED if (index, part) in marks.blocks else ""
+            cells.append(Text(mark + pct(d), style=class_style(layer_class(info)) if info else "", justify="right"))
         return cells
 
     @staticmethod
-    def _cells(state: SessionState, index: int, recovering: bool = False, pruned: bool = False) -> list[Text | str]:
+    def _cells(state: SessionState, index: int, recovering: bool = False, pruned: bool = False,
+               marked: bool = False) -> list[Text | str]:
         info = state.ablation.get(index)
         name = layer_class(info) if info else ""
         style = class_style(name)
@@ -130,7 +141,8 @@ class LayerMap(DataTable):
         known = low is not None and high is not None
         bi, angle = state.proxy(index)
         return [
-            Text(f"{index}{LayerMap.RECOVERING if recovering else ''}{LayerMap.PRUNED if pruned else ''}", style=style),
+            Text(f"{index}{LayerMap.RECOVERING if recovering else ''}{LayerMap.PRUNED if pruned else ''}"
+                 f"{LayerMap.MARKED if marked else ''}", style=style),
             Text(name or "?", style=style),
             log_bar(d, style=style),
             Text(pct(d), style=style, justify="right"),

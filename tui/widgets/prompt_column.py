@@ -6,9 +6,11 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Select, Static
 
+from tui.marks import NO_MARKS, Marks
+
 MODEL_CHOICES = (
     ("original", "original"),
-    ("modified", "modified (x-marked layers)"),
+    ("modified", "modified (x/t/m marks)"),
     ("noised", "noised (x-marked layers, sigma)"),
     ("recovered", "recovered (session's recovery)"),
     ("pruned", "pruned (session's prune run)"),
@@ -17,29 +19,28 @@ MODEL_CHOICES = (
 )
 
 
-MARKED = ("modified", "noised")  # the choices made from the layers marked with x
-
-
-def marks_hint(choice: str, marked: tuple[int, ...]) -> str:
-    """What the column's model is made of, for the choices built from the marked layers."""
-    if choice not in MARKED:
+def marks_hint(choice: str, marks: Marks) -> str:
+    """What the column's model is made of, for the choices built from the marks: the modified model
+    from the layers (x) and blocks (t, m), the noised one from the layers."""
+    if choice == "modified":
+        return marks.describe() or "nothing marked (map: x layer, t attn, m mlp): it answers as the original"
+    if choice != "noised":
         return ""
-    if not marked:
+    if not marks.layers:
         return "no layer marked (x on the map): it answers as the original"
-    change = "ablated (neighbour mean)" if choice == "modified" else "noised (sigma)"
-    return f"layer{'s' if len(marked) > 1 else ''} {', '.join(map(str, marked))} {change}"
+    return f"{marks.layer_text()} noised (sigma)"
 
 
 class PromptColumn(Vertical):
     """`begin` clears the output for a new prompt; `show` draws the text generated so far; `mark`
-    says which layers the modified and noised models change (a line under the model's name)."""
+    says which layers and blocks the modified and noised models change (a line under the model's name)."""
 
     def __init__(self, default: str, id: str) -> None:  # noqa: A002 - Textual's own argument name
         super().__init__(id=id, classes="prompt-column")
         self.default = default
         self.prompt = ""
         self.text = ""
-        self.marked: tuple[int, ...] = ()
+        self.marked = NO_MARKS
 
     def compose(self) -> ComposeResult:
         yield Select(
@@ -59,7 +60,7 @@ class PromptColumn(Vertical):
     def on_mount(self) -> None:
         self._hint()
 
-    def mark(self, marked: tuple[int, ...]) -> None:
+    def mark(self, marked: Marks) -> None:
         self.marked = marked
         self._hint()
 
