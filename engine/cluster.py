@@ -470,10 +470,13 @@ def _swapped(doc: Any, paths: Mapping[str, str]) -> Any:
 
 @functools.cache
 def _task() -> Any:
-    """`run_task` as a Ray streaming generator, made at first use (Ray is imported then)."""
+    """`run_task` as a Ray streaming generator, made at first use (Ray is imported then). Each task
+    has a worker process of its own (max_calls=1): a task cancelled in the middle of an import or a
+    load leaves no half-imported module to the next (a reused worker once failed every later task
+    with scipy's `NameError: _ndimage_api`), and a model's memory goes back when its task ends."""
     import ray
 
-    return ray.remote(num_returns="streaming")(run_task)
+    return ray.remote(num_returns="streaming", max_calls=1)(run_task)
 
 
 @functools.cache
