@@ -193,7 +193,7 @@ def test_recovery_shards_of_layer_repeat_runs_merge_to_the_serial_result(tokeniz
     (tmp_path / "eval.txt").write_text("The dog sat on the mat.\nA cat looked at the dog.", encoding="utf-8")
     settings = RecoverySettings(layers=(3, 1, 2), sigma=3.0, steps=2, lr=1e-2, batch_size=2, block_size=16,
                                 train_blocks=4, repeats=2, train_file=str(tmp_path / "train.txt"),
-                                eval_file=str(tmp_path / "eval.txt"))
+                                eval_file=str(tmp_path / "eval.txt"), eval_every=1)  # auto differs under load
     model = tiny_model("llama", seed=3)
     ablation = result_of(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", eval_batch_size=4)))
     serial = result_of(run_recovery(model, tokenizer, settings, ablation=AblationMap.from_json(ablation)))

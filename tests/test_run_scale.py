@@ -140,7 +140,8 @@ def test_sharded_recovery_by_layer_and_repeat_resumes_the_missing_layers(tiny_fo
     held_out.write_text("The dog sat on the mat.\nA cat looked at the dog.", encoding="utf-8")
     argv = ["run", "recovery", "--model", str(tiny_folder), "--sigma", "3", "--steps", "2", "--lr", "0.01",
             "--batch-size", "2", "--block-size", "16", "--train-blocks", "4", "--train-file", str(train),
-            "--eval-file", str(held_out), "--repeats", "2"]
+            "--eval-file", str(held_out), "--repeats", "2",
+            "--eval-every", "1"]  # not auto: chosen from the measured step time, it differs between loaded runs
     assert main([*argv, "--layers", "1,2", "--session", "r"]) == 0  # a sweep stopped after two layers
     with rank_zero_here(monkeypatch):
         assert main([*argv, "--layers", "0,1,2,3", "--session", "r", "--resume", "--shards", "2"]) == 0
@@ -149,8 +150,8 @@ def test_sharded_recovery_by_layer_and_repeat_resumes_the_missing_layers(tiny_fo
     resumed, fresh = store.open("r").load_result("recovery"), store.open("fresh").load_result("recovery")
     assert resumed["resumed_layers"] == [1, 2]
     assert [len(row["repeats"]) for row in resumed["layers"]] == [2, 2, 2, 2]  # (layer, repeat) runs joined again
-    for got, want in zip(untimed(resumed["layers"]), untimed(fresh["layers"]), strict=True):
-        assert got == want, {k: (got[k], want[k]) for k in got if got[k] != want.get(k)}
+    got, want = untimed(resumed["layers"]), untimed(fresh["layers"])
+    assert got == want, differences(got, want)
     assert resumed["budget"] == fresh["budget"] and resumed["ranking"] == fresh["ranking"]
     layers = [e for e in logged(store.open("r")) if e["kind"] == "recovery.layer"]  # the log holds whole layers only
     assert sorted(e["layer"] for e in layers) == [0, 1, 2, 3] and {len(e["result"]["repeats"]) for e in layers} == {2}
@@ -164,6 +165,15 @@ def test_shards_take_one_gpu_each(tiny_folder, monkeypatch, capsys):
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line == ("anatomy-tui: error: --shards 2 but 1 GPU(s) are visible here: one worker per GPU, "
                     "so at most 1 on this machine")
+
+
+def differences(got, want, at="") -> list[str]:
+    """Where two documents differ, as paths with both values (a failed comparison's message)."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        return [d for k in sorted({*got, *want}) for d in differences(got.get(k), want.get(k), f"{at}.{k}")]
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        return [d for i, (g, w) in enumerate(zip(got, want, strict=True)) for d in differences(g, w, f"{at}[{i}]")]
+    return [] if got == want else [f"{at}: {got!r} != {want!r}"]
 
 
 def untimed(doc):
