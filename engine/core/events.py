@@ -276,15 +276,17 @@ class Progress(Event):
 
 class Pace:
     """One phase of a job, timed: `at(done)` is its Progress with the rate measured since the phase
-    began (`Pace("baseline", 48, "texts")`)."""
+    began (`Pace("baseline", 48, "texts")`); `first` units were done before it began (a resumed
+    sweep's), counted in `done` but not in the rate."""
 
-    def __init__(self, phase: str, total: int, unit: str, label: str = "") -> None:
+    def __init__(self, phase: str, total: int, unit: str, label: str = "", first: int = 0) -> None:
         self.phase, self.total, self.unit, self.label = phase, total, unit, label or phase
+        self.first = first
         self.began = time.perf_counter()
 
     def at(self, done: int) -> Progress:
         seconds = time.perf_counter() - self.began
-        rate = done / seconds if done > 0 and seconds > 0 else None
+        rate = (done - self.first) / seconds if done > self.first and seconds > 0 else None
         return Progress(done, self.total, self.label, phase=self.phase, unit=self.unit, rate=rate)
 
 
