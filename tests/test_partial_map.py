@@ -243,3 +243,35 @@ async def test_the_console_keeps_a_cancelled_map_as_partial_and_a_completes_it(i
         assert app.screen.query_one("#layers").border_subtitle == ""
         statuses = sorted(doc["status"] for doc in SessionStore().open("s").jobs().values())
         assert statuses == ["done", "resumed"]  # the cancelled map was continued
+
+
+def test_a_stopped_recovery_sweep_keeps_its_finished_layers_as_partial(tiny_llama, eval_file, tmp_path):
+    """Recovery too: stopped during its second layer, the result holds the first layer (its curve as
+    a full sweep has it) marked `partial: 1 of 2 layers`; a resume from the checkpoint completes it."""
+    from engine.experiments.recovery.run import run as run_recovery_entry
+    from engine.experiments.recovery.run import run_recovery
+    from engine.experiments.recovery.vocabulary import RecoveryLayer, RecoveryResult, RecoverySettings
+
+    model, tokenizer = tiny_llama
+    train = tmp_path / "train.txt"
+    train.write_text("\n".join(f"The cat number {i} sat on the mat and looked at the dog." for i in range(30)))
+    settings = RecoverySettings(layers=(1, 2), sigma=3.0, steps=3, lr=1e-2, batch_size=2, block_size=16,
+                                train_blocks=4, train_file=str(train), eval_file=eval_file, eval_batch_size=2)
+    full = RecoveryResult.from_json(next(e for e in run_recovery(model, tokenizer, settings, model_name="tiny")
+                                         if isinstance(e, Result)).data)  # fmt: skip
+    token = CancelToken()
+    events = []
+    with pytest.raises(Cancelled):
+        for event in run_recovery_entry(settings, _context(loaded_tiny(tiny_llama), tmp_path / "cp", token)):
+            events.append(event)
+            if isinstance(event, RecoveryLayer):
+                token.cancel()
+    partial = RecoveryResult.from_json(events[-1].data)
+    assert partial.partial is True and partial.partial_text() == "partial: 1 of 2 layers"
+    assert [row.layer for row in partial.layers] == [1]
+    for name in ("curve", "steps_to", "final_ppl", "train_loss", "difficulty"):  # not its times: those vary
+        assert getattr(partial.layers[0], name) == getattr(full.layers[0], name), name
+    resumed = list(run_recovery_entry(settings, _context(loaded_tiny(tiny_llama), tmp_path / "cp", resume=True)))
+    whole = RecoveryResult.from_json(resumed[-1].data)
+    assert whole.partial is ABSENT and [row.layer for row in whole.layers] == [1, 2] and whole.resumed_layers == [1]
+    assert [row.curve for row in whole.layers] == [row.curve for row in full.layers]

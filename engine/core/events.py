@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -316,6 +316,19 @@ class Result(Event):
         if isinstance(doc.get("data"), dict):
             doc["data"] = upgrade_result(str(doc.get("name")), doc["data"])
         return doc
+
+
+def kept_on_stop(work: Iterator[Event], partial: Callable[[], Result | None]) -> Iterator[Event]:
+    """`work`'s events; when a stop ends it (a cancel, Ctrl-C, SIGTERM or SIGHUP: `Stopped` is a
+    KeyboardInterrupt), first the Result `partial()` makes of what is finished (None: nothing is),
+    marked partial by its document, then the stop goes on. A sweep's finished rows are so kept."""
+    try:
+        yield from work
+    except (Cancelled, KeyboardInterrupt):
+        found = partial()
+        if found is not None:
+            yield found
+        raise
 
 
 @event_type

@@ -22,7 +22,7 @@ import torch
 
 from engine.core.codec import ABSENT, from_doc, json_safe
 from engine.core.errors import UserError
-from engine.core.events import Cancelled, CancelToken, Event, Message, Pace, Result
+from engine.core.events import CancelToken, Event, Message, Pace, Result, kept_on_stop
 from engine.core.turns import Change, ModelTurns
 from engine.evaluation.perplexity import Batch, Evaluator, Scoring, TextScores, drained, masked
 from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
@@ -294,7 +294,7 @@ def run_ablation(
             **({"partial": True} if partial else {}),
         )
 
-    try:
+    def measured() -> Iterator[Event]:
         for index, part in units:
             if (index, part) in rows:
                 continue
@@ -308,10 +308,8 @@ def run_ablation(
             yield LayerAblated(index, n, finished.ppl, baseline, finished.degradation_pct, finished.layer_class,
                                **({"part": part} if part else {}))
             yield pace.at(len(rows))
-    except (Cancelled, KeyboardInterrupt):  # Stopped (SIGTERM, SIGHUP) is a KeyboardInterrupt too
-        if rows:
-            yield Result("ablation", json_safe(document(partial=True)))
-        raise
+
+    yield from kept_on_stop(measured(), lambda: Result("ablation", json_safe(document(partial=True))) if rows else None)
     yield Result("ablation", json_safe(document(partial=False)))
 
 

@@ -25,7 +25,7 @@ import torch
 
 from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Pace, Result, decode_or_none
+from engine.core.events import CancelToken, Event, Message, Pace, Result, decode_or_none, kept_on_stop
 from engine.data.eval_data import comparable
 from engine.disk.session_layout import (
     LAYER_WEIGHTS,  # each recovered layer, for the prompt pane (sessions/layer_weights.py)
@@ -440,29 +440,36 @@ def run_recovery(
         yield Message(f"the session's ablation map and this run: {differs}; the Spearman compares rankings only",
                       "warning")
     yield sweep.pace.at(0)
-    for index in todo:
-        prefix: dict[int, torch.Tensor] = {}
-        made = []
-        for repeat in repeats[index]:
-            run = yield from sweep.recover(index, repeat, prefix)
-            made.append(run)
-        rows[index] = layer_row(index, made, settings.steps)
-        yield RecoveryLayer(index, rows[index])
-    ordered = [rows[index] for index in layers]
-    doc = RecoveryResult(
-        model=model_name,
-        baseline_ppl=sweep.baseline,
-        eval_tokens=sweep.evaluator.n_tokens,
-        eval_texts=sweep.evaluator.n_texts,
-        train_source=sweep.train_source,
-        train_blocks=len(sweep.blocks),
-        settings=settings,
-        **over_layers(ordered, settings, ablation_map),
-        resumed_layers=[index for index in layers if index not in todo],
-        seconds=time.perf_counter() - started,
-        protocol=sweep.evaluator.protocol,
-    )
-    yield Result("recovery", json_safe(doc))
+
+    def trained() -> Iterator[Event]:
+        for index in todo:
+            prefix: dict[int, torch.Tensor] = {}
+            made = []
+            for repeat in repeats[index]:
+                run = yield from sweep.recover(index, repeat, prefix)
+                made.append(run)
+            rows[index] = layer_row(index, made, settings.steps)
+            yield RecoveryLayer(index, rows[index])
+
+    def document(partial: bool) -> RecoveryResult:
+        return RecoveryResult(
+            model=model_name,
+            baseline_ppl=sweep.baseline,
+            eval_tokens=sweep.evaluator.n_tokens,
+            eval_texts=sweep.evaluator.n_texts,
+            train_source=sweep.train_source,
+            train_blocks=len(sweep.blocks),
+            settings=settings,
+            **over_layers([rows[index] for index in layers if index in rows], settings, ablation_map),
+            resumed_layers=[index for index in layers if index not in todo],
+            seconds=time.perf_counter() - started,
+            protocol=sweep.evaluator.protocol,
+            **({"partial": True} if partial else {}),
+        )
+
+    # stopped: the layers finished so far (a curve cut short is not a row), marked partial
+    yield from kept_on_stop(trained(), lambda: Result("recovery", json_safe(document(True))) if rows else None)
+    yield Result("recovery", json_safe(document(False)))
 
 
 def over_layers(ordered: list[RecoveryRow], settings: RecoverySettings, ablation_map: AblationMap | None
