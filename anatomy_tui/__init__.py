@@ -376,8 +376,8 @@ def run(experiment: str, model: Model | None = None, session: str | Session | No
     `session`: a name (made when there is none) or an open Session: the job, every event and the
     result go into the session store as with `anatomy-tui run --session`, so the console and
     `anatomy-tui sessions show` see them, and the run reads the session's earlier results it needs
-    (recovery and prune the ablation map). `resume=True` continues a resumable run (recovery,
-    growth, toy-depth) from the session's checkpoint. None: nothing is written.
+    (recovery and prune the ablation map). `resume=True` continues a resumable run (ablation,
+    recovery, growth, toy-depth) from the session's checkpoint. None: nothing is written.
 
     Progress shows as a tqdm bar and the run's messages above it (`progress=False`: nothing);
     `on_event` hears every event as it comes. An interrupt (Ctrl-C, Jupyter's interrupt button)

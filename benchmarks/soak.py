@@ -43,6 +43,19 @@ print(n)
 """
 
 
+class Sequence:
+    """The numbers the console folded, checked as they come (each must be the next: 0, 1, 2, ...) in
+    constant memory. The harness used to keep them all in a list, some 40 bytes a number (a pointer
+    and an int object): that list was the soak's whole "console memory growth" (issue 29)."""
+
+    def __init__(self) -> None:
+        self.count, self.in_order = 0, True
+
+    def add(self, number: int) -> None:
+        self.in_order = self.in_order and number == self.count
+        self.count += 1
+
+
 def console(mode: str, trace: bool = False) -> None:
     """Runs inside the measured process: the console on session 'soak' until the job's end is read."""
     import tracemalloc
@@ -55,7 +68,7 @@ def console(mode: str, trace: bool = False) -> None:
     from tui.app import AnatomyApp
 
     me = psutil.Process()
-    seen: list[int] = []
+    seen = Sequence()  # a count and a flag, not a list of every number: the harness must not grow either
     samples: list[tuple[float, float]] = []
     started = time.time()
 
@@ -81,7 +94,7 @@ def console(mode: str, trace: bool = False) -> None:
 
     def counting(span, event) -> None:
         if isinstance(event, (Message, Progress)) and event.job == "soak":
-            seen.append(int(event.text.split()[1]) if isinstance(event, Message) else event.done)
+            seen.add(int(event.text.split()[1]) if isinstance(event, Message) else event.done)
         if isinstance(event, Finished) and event.job == "soak":
             app.call_later(app.exit)
         fold(span, event)
@@ -94,7 +107,7 @@ def console(mode: str, trace: bool = False) -> None:
             for line in stat.traceback.format()[-8:]:
                 print("   ", line, file=sys.stderr)
     cpu = me.cpu_times()
-    print(json.dumps({"seen": len(seen), "in_order": seen == list(range(len(seen))), "wall": time.time() - started,
+    print(json.dumps({"seen": seen.count, "in_order": seen.in_order, "wall": time.time() - started,
                       "cpu": cpu.user + cpu.system, "samples": samples}))
 
 

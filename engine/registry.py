@@ -120,7 +120,7 @@ def _row(name: str, help: str, vocabulary: Any, settings: type[Settings], result
 
 EXPERIMENTS: list[Experiment] = [
     _row("ablation", "layer-importance map: ablate each layer, measure perplexity",
-         ablation, ablation.AblationSettings, ablation.AblationMap, shardable=True),
+         ablation, ablation.AblationSettings, ablation.AblationMap, resumable=True, shardable=True),
     _row("recovery", "recovery speed: noise one layer, fine-tune it alone, follow its PPL",
          recovery, recovery.RecoverySettings, recovery.RecoveryResult, resumable=True, reads=("ablation",),
          long=True, shardable=True,

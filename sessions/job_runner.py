@@ -4,6 +4,7 @@ job's status to jobs/, so any front end (or a later one) can follow and resume i
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import threading
@@ -131,9 +132,11 @@ def run_job(
                 emit(event)
     except Stopped as stop:  # resumable like a job that died, and the console offers it
         status, error = "interrupted", f"stopped by {stop.name}"
+        _last_words(events, stop, lambda event: _keep(session, event, emit))
         raise
-    except (Cancelled, KeyboardInterrupt):
+    except (Cancelled, KeyboardInterrupt) as stop:
         status = "cancelled"
+        _last_words(events, stop, lambda event: _keep(session, event, emit))
     except Exception as exc:
         status, error = "failed", f"{type(exc).__name__}: {exc}"
         if not is_no_space(exc):
@@ -155,7 +158,26 @@ def run_job(
             log.info("could not mark job %s %s: %s", job_id, status, exc)
     if resumes and status == "done":
         _mark_resumed(session, resumes, job_id)
-    return result
+    return result if status == "done" else None
+
+
+def _last_words(events: Iterable[Event], stop: BaseException, keep: Callable[[Result], None]) -> None:
+    """A stop that came between two of the run's events (while one was written) is passed into the
+    run where it waits, so it can still hand over what it finished (the ablation map's partial
+    Result), as it does when the stop reaches it in its own work; the Results it yields are kept,
+    its other events dropped. A run that ended already (the stop came from inside it), or that is
+    no generator, is left as it is."""
+    if not inspect.isgenerator(events) or inspect.getgeneratorstate(events) != inspect.GEN_SUSPENDED:
+        return
+    try:
+        event = events.throw(stop)
+        while True:
+            if isinstance(event, Result):
+                keep(event)
+            event = next(events)
+    except (Exception, KeyboardInterrupt) as exc:  # the stop again (or the run's end): the stop goes on as it was
+        if exc is not stop and not isinstance(exc, StopIteration):
+            log.info("the run ended with %r after the stop %r", exc, stop)
 
 
 def _keep(session: Session, event: Result, emit: Callable[[Event], None]) -> None:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -365,3 +366,50 @@ def test_soak_a_job_writing_as_fast_as_it_can_loses_and_reorders_nothing(isolate
     again = Lab(store, ModelOptions("tiny"))
     again.open("soak")
     assert drawn(again.state) == drawn(lab.state)
+
+
+def footprint(*holders: object) -> dict[str, int]:
+    """The length of every collection each object holds as an attribute: what grows if something
+    keeps a line (a span, a number) for every event."""
+    return {f"{type(holder).__name__}.{name}": len(value) for holder in holders for name, value in vars(holder).items()
+            if isinstance(value, list | dict | set | deque | tuple)}  # fmt: skip
+
+
+def test_what_the_console_keeps_while_it_follows_a_job_stays_bounded(isolated_home):
+    """Issue 29's soak: following a job that writes messages and progress, the console's state, its
+    line keeper and the lab hold collections of the same sizes after 3,000 more events as before them
+    (the log panel's 500 lines, the job, its last progress line): nothing is kept per event."""
+    store = SessionStore()
+    session = store.create("soak", model="tiny")
+    lab = Lab(store, ModelOptions("tiny"))
+    lab.open("soak")
+    session.append_event(Started("soak", {}, job="soak"))
+
+    def burst(first: int) -> dict[str, int]:
+        for n in range(first, first + 3000):
+            session.append_event(Progress(n, 0, "soak", job="soak") if n % 2 else Message(f"seq {n}", job="soak"))
+        while lab.offset < session.events_path.stat().st_size:
+            lab.poll()
+        return footprint(lab, lab.state, lab.keeper)
+
+    before = burst(0)
+    assert len(lab.state.log) == lab.state.log.maxlen  # full already: 1,500 messages for 500 lines
+    assert burst(3000) == before
+    assert lab.state.jobs["soak"].done == 5999 and lab.state.log[-1] == ("info", "soak: seq 5998")
+
+
+def test_the_soak_benchmark_checks_its_numbers_in_constant_memory():
+    """The soak's own harness once kept every number it saw in a list (about 40 bytes an event): that
+    list was the 'console memory growth' of the 10-minute soak. It keeps a count and a flag now."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    sequence = soak.Sequence()
+    for n in range(10_000):
+        sequence.add(n)
+    assert vars(sequence) == {"count": 10_000, "in_order": True}  # nothing per number
+    sequence.add(10_001)  # 10,000 skipped
+    sequence.add(10_002)
+    assert vars(sequence) == {"count": 10_002, "in_order": False}

@@ -198,7 +198,7 @@ RESULT_KEYS: dict[type, list[str]] = {
     PruneHeal: ["steps", "what", "train_source", "train_blocks"],
     RecoveryResult: ["model", "baseline_ppl", "eval_tokens", "eval_texts", "train_source", "train_blocks", "settings",
                      "layers", "ranking", "spearman_vs_ablation", "versus_ablation", "budget", "seconds_per_step",
-                     "resumed_layers", "seconds", "protocol"],
+                     "resumed_layers", "seconds", "protocol", "partial"],
     RecoveryBudget: ["rule", "uniform_total", "proposed_total", "saving_steps", "saving_pct", "per_layer"],
     LayerBudget: ["layer", "difficulty", "uniform_steps", "proposed_steps", "reallocated_steps"],
     RecoveryVsAblation: ["layers", "ablation_method", "difficulty", "final_ratio", "ratio_after_noise"],

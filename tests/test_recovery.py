@@ -314,7 +314,7 @@ def test_sweep_killed_in_its_first_layer_resumes_from_the_start(tmp_path, texts)
 
 def test_resume_refuses_another_dtype(tmp_path, texts):
     """A float16 sweep never continues a float32 one (the key holds model, dtype and device)."""
-    from engine.experiments.recovery.run import load_finished, sweep_key
+    from engine.experiments.sweep_checkpoint import load_finished, sweep_key
 
     class Loaded:
         name, dtype_name, device = "m", "float32", "cpu"

@@ -120,7 +120,7 @@ def test_resume_command_never_trusts_the_job_file():
     with pytest.raises(UserError, match="unknown setting"):
         resume_argv(_job(settings={"layers": [1], "extra": "--trust-remote-code"}), session)
     with pytest.raises(UserError, match="cannot be resumed"):
-        resume_argv(_job(experiment="ablation"), session)
+        resume_argv(_job(experiment="prune"), session)
 
 
 def test_only_the_latest_interrupted_job_that_resumes_is_offered():
@@ -128,7 +128,7 @@ def test_only_the_latest_interrupted_job_that_resumes_is_offered():
     jobs = {
         "growth-old": {**dead, "experiment": "growth", "started": 1.0},
         "growth-new": {"status": "done", "experiment": "growth", "started": 2.0},  # resumed since
-        "ablation-1": {**dead, "experiment": "ablation", "started": 3.0},  # ablation does not resume
+        "prune-1": {**dead, "experiment": "prune", "started": 3.0},  # prune does not resume
         "bogus-1": {**dead, "experiment": "bogus", "started": "x"},
         "recovery-1": {**dead, "experiment": "recovery", "started": 0.5},
     }

@@ -328,7 +328,7 @@ async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
 ) -> None:
     release = threading.Event()
 
-    def slow(model, tokenizer, settings, cancel=None, model_name="", turns=None):
+    def slow(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None):
         while not release.wait(0.02):
             cancel.check()
         yield from ()
@@ -359,7 +359,7 @@ async def test_cancel_says_cancelling_at_once(isolated_home, tiny_folder, monkey
 
     release = threading.Event()
 
-    def deaf(model, tokenizer, settings, cancel=None, model_name="", turns=None):
+    def deaf(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None):
         release.wait(60)
         cancel.check()
         yield from ()

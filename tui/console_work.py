@@ -62,7 +62,7 @@ class ConsoleWork:
         if run is None:
             return
         work = partial(experiment_work, self.post, lab.session, lab.loaded, lab.options, lab.turns,
-                       run.name, run.settings, run.token)
+                       run.name, run.settings, run.token, run.resume)
         self.in_thread(work, run.name, "experiment", run.description)
 
     def growth_preview(self, flags: tuple[str, ...]) -> None:

@@ -63,12 +63,14 @@ VIEW_SECONDS = 2.0  # the console's view (layer, tab, forms) is written at most 
 
 @dataclass(frozen=True)
 class ConsoleRun:
-    """An experiment to run in a thread worker of the console, its cancel flag already held."""
+    """An experiment to run in a thread worker of the console, its cancel flag already held;
+    `resume`: it continues from the session's checkpoint (a partial layer map's finished layers)."""
 
     name: str
     settings: Settings
     token: CancelToken
     description: str
+    resume: bool = False
 
 
 @dataclass(frozen=True)
@@ -362,14 +364,20 @@ class Lab:
         settings = self.settings_for("ablation")
         if settings is None:
             return None
-        return self._console_run("ablation", settings, "layer map (ablation)")
+        partial = self.state.ablation_map
+        resume = (partial is not None and partial.partial is True and partial.settings == settings
+                  and partial.model == self.loaded.name)  # fmt: skip
+        if resume:
+            self.say(f"the layer map is {partial.partial_text()}: the map goes on from its checkpoint")
+        return self._console_run("ablation", settings, "layer map (ablation)", resume)
 
-    def _console_run(self, name: str, settings: Settings, description: str) -> ConsoleRun | None:
+    def _console_run(self, name: str, settings: Settings, description: str, resume: bool = False
+                     ) -> ConsoleRun | None:
         if name in self.cancels:
             self.say(f"{name} is already running in the console", "warning")
             return None
         token = self.cancels[name] = CancelToken()
-        return ConsoleRun(name, settings, token, description)
+        return ConsoleRun(name, settings, token, description, resume)
 
     def console_run_ended(self, name: str) -> None:
         self.cancels.pop(name, None)

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import dataclasses
 import errno
+import functools
 import os
 import struct
 import sys
@@ -428,11 +429,25 @@ def drive(
         spec["memory_plan"] = memory
     job = {"settings": settings.to_dict(), "model": options.to_dict() if options is not None else None,
            "resume": resume}
-    if not progress_bar:
-        result = run_job(session, experiment, spec, events, **job)
-    else:
-        with _progress_display(console, experiment) as show:
-            result = run_job(session, experiment, spec, events, on_event=show, **job)
+    kept: list[Result] = []  # a stopped run's partial Result (the ablation map's finished layers)
+
+    def seen(event: Event, show: Callable[[Event], None] | None = None) -> None:
+        if isinstance(event, Result):
+            kept.append(event)
+        if show is not None:
+            show(event)
+
+    try:
+        if not progress_bar:
+            result = run_job(session, experiment, spec, events, on_event=seen, **job)
+        else:
+            with _progress_display(console, experiment) as show:
+                result = run_job(session, experiment, spec, events, on_event=functools.partial(seen, show=show), **job)
+    except Stopped:
+        _print_partial(experiment, kept)
+        raise
+    if result is None:
+        _print_partial(experiment, kept)
     if result is not None and json_path is not None:
         try:
             atomic_write_json(json_path, result.data, "--json")
@@ -441,6 +456,15 @@ def drive(
         console.print(f"wrote {json_path}", highlight=False)
     console.print(f"session {session.name}: {session.path}", highlight=False)
     return result
+
+
+def _print_partial(experiment: str, kept: list[Result]) -> None:
+    """What a stopped run handed over before it stopped (kept in the session too), printed as its
+    result is (the ablation map says `partial: 12 of 30 layers`)."""
+    if kept:
+        from tui.printers import print_result
+
+        print_result(experiment, kept[-1].data)
 
 
 def progress_text(event: Progress) -> str:

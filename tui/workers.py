@@ -59,18 +59,22 @@ def load_model_work(post: Post, options: ModelOptions) -> None:
 
 def experiment_work(
     post: Post, session: Session, loaded: LoadedModel, options: ModelOptions, turns: ModelTurns,
-    name: str, settings: Settings, token: CancelToken,
+    name: str, settings: Settings, token: CancelToken, resume: bool = False,
 ) -> None:
     """An experiment of the registry in the console (the layer map), written into the session like a
     job of its own, with its settings and model recorded as data. It takes the model a forward at a
-    time (`turns`), so the prompt pane's generations go on while it runs."""
+    time (`turns`), so the prompt pane's generations go on while it runs. A resumable one keeps its
+    checkpoint in the session as a job in its own process does, and with `resume` goes on from it."""
     from engine.registry import RunContext, experiment
     from sessions.job_runner import run_job
 
     try:
         spec = {**settings.to_dict(), "model": loaded.describe()}
-        events = experiment(name).run(settings, RunContext(model=loaded, cancel=token, turns=turns))
-        run_job(session, name, spec, events, settings=settings.to_dict(), model=options.to_dict(), cancel=token)
+        entry = experiment(name)
+        folder = session.checkpoint_dir(name) if entry.resumable else None
+        context = RunContext(model=loaded, cancel=token, turns=turns, checkpoint_dir=folder, resume=resume)
+        run_job(session, name, spec, entry.run(settings, context), settings=settings.to_dict(),
+                model=options.to_dict(), cancel=token, resume=resume)
     finally:
         post(ExperimentFinished(name))
 

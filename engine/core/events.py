@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -276,15 +276,17 @@ class Progress(Event):
 
 class Pace:
     """One phase of a job, timed: `at(done)` is its Progress with the rate measured since the phase
-    began (`Pace("baseline", 48, "texts")`)."""
+    began (`Pace("baseline", 48, "texts")`); `first` units were done before it began (a resumed
+    sweep's), counted in `done` but not in the rate."""
 
-    def __init__(self, phase: str, total: int, unit: str, label: str = "") -> None:
+    def __init__(self, phase: str, total: int, unit: str, label: str = "", first: int = 0) -> None:
         self.phase, self.total, self.unit, self.label = phase, total, unit, label or phase
+        self.first = first
         self.began = time.perf_counter()
 
     def at(self, done: int) -> Progress:
         seconds = time.perf_counter() - self.began
-        rate = done / seconds if done > 0 and seconds > 0 else None
+        rate = (done - self.first) / seconds if done > self.first and seconds > 0 else None
         return Progress(done, self.total, self.label, phase=self.phase, unit=self.unit, rate=rate)
 
 
@@ -314,6 +316,19 @@ class Result(Event):
         if isinstance(doc.get("data"), dict):
             doc["data"] = upgrade_result(str(doc.get("name")), doc["data"])
         return doc
+
+
+def kept_on_stop(work: Iterator[Event], partial: Callable[[], Result | None]) -> Iterator[Event]:
+    """`work`'s events; when a stop ends it (a cancel, Ctrl-C, SIGTERM or SIGHUP: `Stopped` is a
+    KeyboardInterrupt), first the Result `partial()` makes of what is finished (None: nothing is),
+    marked partial by its document, then the stop goes on. A sweep's finished rows are so kept."""
+    try:
+        yield from work
+    except (Cancelled, KeyboardInterrupt):
+        found = partial()
+        if found is not None:
+            yield found
+        raise
 
 
 @event_type

@@ -23,6 +23,7 @@ from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, RichLog, Static, Tab, Tabs
 
+from engine.experiments.ablation.vocabulary import AblationMap
 from engine.registry import BY_NAME
 from tui.console_settings import ConsoleSettings
 from tui.console_view import ConsoleView
@@ -140,12 +141,15 @@ TITLES = {"layers": "Layer map", "recovery": "Recovery", "growth": "Growth", "pr
           "analyses": "Analyses", "log": "Log"}  # fmt: skip
 
 
-def map_job_line(jobs: list[tuple[JobView, str]]) -> str:
-    """The layer map's own line of its running map: how far, and `cancelling` once asked to stop."""
+def map_job_line(jobs: list[tuple[JobView, str]], shown: AblationMap | None = None) -> str:
+    """The layer map's own line of its running map: how far, and `cancelling` once asked to stop;
+    with none running, a partial map (a stopped run's) says so and how to complete it."""
     for job, where in jobs:
         if job.experiment == "ablation":
             state = "cancelling" if job.cancelling else f"{job.done}/{job.total} · c cancels"
             return f"map {where}: {state}"
+    if shown is not None and shown.partial is True:
+        return f"{shown.partial_text()} · a completes it"
     return ""
 
 
@@ -279,7 +283,7 @@ class ConsoleScreen(Screen[None]):
             log.exception("redraw failed")
         if dirty & {Dirty.JOBS, Dirty.LAYERS}:
             self.query_one(StatusLine).show(data.session_name, data.model_status, data.jobs)
-            self.query_one("#layers").border_subtitle = map_job_line(data.jobs)
+            self.query_one("#layers").border_subtitle = map_job_line(data.jobs, data.state.ablation_map)
         if Dirty.LOG in dirty:
             self.write_log(data.state.take_new_log())
 

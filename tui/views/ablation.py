@@ -19,6 +19,8 @@ def print_result(doc: dict[str, Any]) -> None:
         print_proxies(AblationProxyMap.from_json(doc))
         return
     result = AblationMap.from_json(doc)
+    if result.partial is True:  # a stopped run's map: the layers it finished, each as a full run has it
+        print(f"{result.partial_text()} (the run stopped before its last layer; --resume completes it)")
     last = all(isinstance(row.angular_last_token, float) for row in result.layers)
     table = Table(title=f"{result.model}  baseline PPL {result.baseline_ppl:.2f}  ({result.method})")
     for column in ("layer", "PPL", "D %", "95% CI", "class", "BI", "ang all", *(("ang last",) if last else ())):

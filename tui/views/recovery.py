@@ -19,6 +19,8 @@ def _steps(value: int | None) -> str:
 
 def print_result(doc: dict[str, Any]) -> None:
     result = RecoveryResult.from_json(doc)
+    if result.partial is True:  # a stopped sweep's: the layers it finished
+        print(f"{result.partial_text()} (the sweep stopped before its last layer; --resume goes on from them)")
     settings = result.settings
     table = Table(
         box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,

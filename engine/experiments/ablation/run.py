@@ -14,13 +14,15 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from engine.core.codec import json_safe
+from engine.core.codec import ABSENT, from_doc, json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Pace, Result
+from engine.core.events import CancelToken, Event, Message, Pace, Result, kept_on_stop
 from engine.core.turns import Change, ModelTurns
 from engine.evaluation.perplexity import Batch, Evaluator, Scoring, TextScores, drained, masked
 from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
@@ -34,6 +36,7 @@ from engine.experiments.ablation.vocabulary import (
     ProxyRow,
 )
 from engine.experiments.context import RunContext
+from engine.experiments.sweep_checkpoint import CHECKPOINT_FILE, resumed, write_checkpoint
 from engine.models.anatomy import PARTS, LayerStack, check_parts
 from engine.models.distributed import ShardPlan
 
@@ -193,14 +196,24 @@ class InfluenceMeter:
         return sums[0] / sums[2], sums[1] / sums[2]
 
 
+Unit = tuple[int, str | None]  # (layer, None) for a whole layer, (layer, "attention" or "mlp") for a block
+
+
 def run_ablation(
     model, tokenizer, settings: AblationSettings, cancel: CancelToken | None = None, model_name: str = "",
-    turns: ModelTurns | None = None,
+    turns: ModelTurns | None = None, done: Mapping[Unit, AblationRow] | None = None,
+    keep: Callable[[AblationRow], None] | None = None,
 ) -> Iterator[Event]:
     """The map. With `turns` (a model the console shares with its prompt pane) every forward is a
     turn of its own, and each layer is ablated inside the turn and put back before it ends, so
     another thread waits for one batch, never for the map, and never sees a changed layer; without,
-    each layer is ablated once for all its batches."""
+    each layer is ablated once for all its batches.
+
+    `done`: rows an earlier run with the same settings finished (--resume), not measured again;
+    `keep(row)` hears each row as soon as it is finished (the checkpoint). A run stopped before its
+    last row (a cancel, Ctrl-C, SIGTERM) still hands over the rows it has: a Result marked `partial`,
+    then the stop goes on. Every row depends on its own layer alone (its bootstrap's seed too), so
+    a row of a partial map equals the full map's, and a resumed map equals an uninterrupted one."""
     settings.validate()
     started = time.perf_counter()
     evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel)
@@ -224,20 +237,13 @@ def run_ablation(
             block_proxies)))
         return
     todo = range(n) if settings.layers is None else sorted({stack.check_index(i) for i in settings.layers})
-    units = [(index, part) for index in todo for part in (None, *parts)]  # a layer, then its blocks
-    pace = Pace("ablation", len(units), "layers")
-    yield pace.at(0)
-    scores: dict[tuple[int, str | None], TextScores] = {}
-    for done, (index, part) in enumerate(units, start=1):
-        removal = functools.partial(ablated, stack, index, settings.method) if part is None else functools.partial(
-            ablated_part, stack, index, part, settings.method)
-        start = index if settings.prefix_cache else 0
-        unit_scores = drained(per_turn(turns, removal, functools.partial(evaluator.scoring, start)))
-        scores[(index, part)] = unit_scores
-        ppl = unit_scores.perplexity
-        d = degradation_pct(ppl, baseline)
-        yield LayerAblated(index, n, ppl, baseline, d, importance_class(d), **({"part": part} if part else {}))
-        yield pace.at(done)
+    units: list[Unit] = [(index, part) for index in todo for part in (None, *parts)]  # a layer, then its blocks
+    rows = {unit: (done or {})[unit] for unit in units if unit in (done or {})}
+    if rows:
+        yield Message(f"resuming: {len(rows)} of {len(units)} {'rows' if parts else 'layers'} already finished "
+                      f"({', '.join(unit_name(unit) for unit in rows)}), skipped")
+    pace = Pace("ablation", len(units), "layers", first=len(rows))
+    yield pace.at(len(rows))
 
     def row(index: int, part: str | None, unit_scores: TextScores) -> AblationRow:
         ppl = unit_scores.perplexity
@@ -267,24 +273,50 @@ def run_ablation(
             **({"part": part} if part else {}),
         )
 
-    layers = [row(index, part, unit_scores) for (index, part), unit_scores in scores.items() if part is None]
-    part_rows = [row(index, part, unit_scores) for (index, part), unit_scores in scores.items() if part is not None]
-    doc = AblationMap(
-        model=model_name,
-        method=settings.method,
-        baseline_ppl=baseline,
-        eval_tokens=evaluator.n_tokens,
-        eval_texts=evaluator.n_texts,
-        seconds=time.perf_counter() - started,
-        settings=settings,
-        layers=layers,
-        spearman=all_spearmans(layers, part_rows),
-        protocol=evaluator.protocol,
-        angular_blocks={str(k): [float(v) for v in values] for k, values in blocks.items()},
-        angular_block_best=block_search(blocks),
-        **({"parts": part_rows} if parts else {}),
-    )
-    yield Result("ablation", json_safe(doc))
+    def document(partial: bool) -> AblationMap:
+        ordered = [rows[unit] for unit in units if unit in rows]
+        layers = [found for found in ordered if found.part is ABSENT]
+        part_rows = [found for found in ordered if found.part is not ABSENT]
+        return AblationMap(
+            model=model_name,
+            method=settings.method,
+            baseline_ppl=baseline,
+            eval_tokens=evaluator.n_tokens,
+            eval_texts=evaluator.n_texts,
+            seconds=time.perf_counter() - started,
+            settings=settings,
+            layers=layers,
+            spearman=all_spearmans(layers, part_rows),
+            protocol=evaluator.protocol,
+            angular_blocks={str(k): [float(v) for v in values] for k, values in blocks.items()},
+            angular_block_best=block_search(blocks),
+            **({"parts": part_rows} if parts else {}),
+            **({"partial": True} if partial else {}),
+        )
+
+    def measured() -> Iterator[Event]:
+        for index, part in units:
+            if (index, part) in rows:
+                continue
+            removal = functools.partial(ablated, stack, index, settings.method) if part is None else \
+                functools.partial(ablated_part, stack, index, part, settings.method)
+            start = index if settings.prefix_cache else 0
+            unit_scores = drained(per_turn(turns, removal, functools.partial(evaluator.scoring, start)))
+            finished = rows[(index, part)] = row(index, part, unit_scores)
+            if keep is not None:
+                keep(finished)
+            yield LayerAblated(index, n, finished.ppl, baseline, finished.degradation_pct, finished.layer_class,
+                               **({"part": part} if part else {}))
+            yield pace.at(len(rows))
+
+    yield from kept_on_stop(measured(), lambda: Result("ablation", json_safe(document(partial=True))) if rows else None)
+    yield Result("ablation", json_safe(document(partial=False)))
+
+
+def unit_name(unit: Unit) -> str:
+    """A unit as the checkpoint keys it and the log names it: `12`, or `12:attention` for a block."""
+    index, part = unit
+    return str(index) if part is None else f"{index}:{part}"
 
 
 def per_turn(turns: ModelTurns | None, change: Change | None, measure: Callable[..., Scoring]) -> Scoring:
@@ -382,6 +414,39 @@ def shard_plan(settings: AblationSettings, n_layers: int, inputs: Mapping[str, d
 
 
 def run(settings: AblationSettings, context: RunContext) -> Iterator[Event]:
-    """The registry's entry: the map of the context's model."""
+    """The registry's entry: the map of the context's model. With a checkpoint folder (a session's)
+    each finished row is kept there at once, and `context.resume` skips the rows an earlier run with
+    the same key finished (a share of a split sweep keeps none: rank 0 merges the shares)."""
     loaded = context.model
-    yield from run_ablation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name, context.turns)
+    folder = context.checkpoint_dir if context.share is None else None
+    state, note = resumed(settings, loaded, folder, context.resume)
+    yield from note
+    done = finished_rows(state, Path(folder) / CHECKPOINT_FILE if folder is not None else None)
+    keep = None
+    if folder is not None:
+        path = Path(folder) / CHECKPOINT_FILE
+        write_checkpoint(path, state)  # a fresh run forgets an older run's rows
+
+        def keep(row: AblationRow) -> None:
+            state["layers"][unit_name((row.layer, None if row.part is ABSENT else row.part))] = json_safe(row)
+            write_checkpoint(path, state)
+
+    yield from run_ablation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name, context.turns,
+                            done=done, keep=keep)
+
+
+def finished_rows(state: dict[str, Any], path: Path | None) -> dict[Unit, AblationRow]:
+    """The rows of a checkpoint's state, read as untrusted data: a row that does not fit says the file
+    is damaged."""
+    rows = {}
+    for doc in state["layers"].values():
+        try:
+            if not isinstance(doc, dict):
+                raise TypeError(f"a row is a {type(doc).__name__}, not an object")
+            found = from_doc(AblationRow, doc)
+            if found.part is not ABSENT and found.part not in PARTS:
+                raise ValueError(f"unknown part {found.part!r}")
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"{path} is damaged ({exc}); run without --resume to start over") from exc
+        rows[(found.layer, None if found.part is ABSENT else found.part)] = found
+    return rows

@@ -108,7 +108,9 @@ class AblationMap(ResultDocument):
     reads these), and with `--part` also `parts`, one row per (layer, block) in layer order,
     attention before MLP, each with its `part` (absent from a layer map, which reads and writes
     byte for byte as before). `spearman` ranks the whole layers; a part map adds
-    `<part>:<measure>` keys for each block's ranking."""
+    `<part>:<measure>` keys for each block's ranking. `partial` (true) marks the map of a run stopped
+    before its last layer (cancelled, Ctrl-C, SIGTERM): `layers` holds the rows it finished, each
+    equal to a full run's, and `--resume` completes it (absent from a finished map)."""
 
     name: ClassVar[str] = "ablation"  # results/ablation.json
 
@@ -126,6 +128,18 @@ class AblationMap(ResultDocument):
     angular_blocks: dict[str, list[float]] = field(default=ABSENT, kw_only=True)
     angular_block_best: dict[str, int] = field(default=ABSENT, kw_only=True)  # n -> its smallest block's first layer
     parts: list[AblationRow] = field(default=ABSENT, kw_only=True)  # --part: each block's row; absent: a layer map
+    partial: bool = field(default=ABSENT, kw_only=True)  # true: a stopped run's finished rows; absent: the whole map
+
+    def planned_layers(self) -> int:
+        """How many whole layers the run set out to map: its --layers, else every layer of the model
+        (the length of the one-layer blocks' row; a map from before those: the rows it has)."""
+        if self.settings.layers is not None:
+            return len(set(self.settings.layers))
+        return len(self.angular_blocks.get("1", ())) if self.angular_blocks else len(self.layers)
+
+    def partial_text(self) -> str:
+        """`partial: 12 of 30 layers` for a stopped run's map; empty for a whole one."""
+        return f"partial: {len(self.layers)} of {self.planned_layers()} layers" if self.partial is True else ""
 
     def part_rows(self, part: str) -> dict[int, AblationRow]:
         """Layer -> the row of its `part` block (empty for a layer map)."""

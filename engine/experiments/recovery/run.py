@@ -25,7 +25,7 @@ import torch
 
 from engine.core.codec import json_safe
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Pace, Result, decode_or_none
+from engine.core.events import CancelToken, Event, Message, Pace, Result, decode_or_none, kept_on_stop
 from engine.data.eval_data import comparable
 from engine.disk.session_layout import (
     LAYER_WEIGHTS,  # each recovered layer, for the prompt pane (sessions/layer_weights.py)
@@ -49,6 +49,7 @@ from engine.experiments.recovery.vocabulary import (
     RecoveryStart,
     RecoveryVsAblation,
 )
+from engine.experiments.sweep_checkpoint import CHECKPOINT_FILE, resumed, write_checkpoint
 from engine.models.anatomy import LayerStack, execution_device
 from engine.models.distributed import ShardPlan, Workers
 from engine.training.trainer import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
@@ -439,29 +440,36 @@ def run_recovery(
         yield Message(f"the session's ablation map and this run: {differs}; the Spearman compares rankings only",
                       "warning")
     yield sweep.pace.at(0)
-    for index in todo:
-        prefix: dict[int, torch.Tensor] = {}
-        made = []
-        for repeat in repeats[index]:
-            run = yield from sweep.recover(index, repeat, prefix)
-            made.append(run)
-        rows[index] = layer_row(index, made, settings.steps)
-        yield RecoveryLayer(index, rows[index])
-    ordered = [rows[index] for index in layers]
-    doc = RecoveryResult(
-        model=model_name,
-        baseline_ppl=sweep.baseline,
-        eval_tokens=sweep.evaluator.n_tokens,
-        eval_texts=sweep.evaluator.n_texts,
-        train_source=sweep.train_source,
-        train_blocks=len(sweep.blocks),
-        settings=settings,
-        **over_layers(ordered, settings, ablation_map),
-        resumed_layers=[index for index in layers if index not in todo],
-        seconds=time.perf_counter() - started,
-        protocol=sweep.evaluator.protocol,
-    )
-    yield Result("recovery", json_safe(doc))
+
+    def trained() -> Iterator[Event]:
+        for index in todo:
+            prefix: dict[int, torch.Tensor] = {}
+            made = []
+            for repeat in repeats[index]:
+                run = yield from sweep.recover(index, repeat, prefix)
+                made.append(run)
+            rows[index] = layer_row(index, made, settings.steps)
+            yield RecoveryLayer(index, rows[index])
+
+    def document(partial: bool) -> RecoveryResult:
+        return RecoveryResult(
+            model=model_name,
+            baseline_ppl=sweep.baseline,
+            eval_tokens=sweep.evaluator.n_tokens,
+            eval_texts=sweep.evaluator.n_texts,
+            train_source=sweep.train_source,
+            train_blocks=len(sweep.blocks),
+            settings=settings,
+            **over_layers([rows[index] for index in layers if index in rows], settings, ablation_map),
+            resumed_layers=[index for index in layers if index not in todo],
+            seconds=time.perf_counter() - started,
+            protocol=sweep.evaluator.protocol,
+            **({"partial": True} if partial else {}),
+        )
+
+    # stopped: the layers finished so far (a curve cut short is not a row), marked partial
+    yield from kept_on_stop(trained(), lambda: Result("recovery", json_safe(document(True))) if rows else None)
+    yield Result("recovery", json_safe(document(False)))
 
 
 def over_layers(ordered: list[RecoveryRow], settings: RecoverySettings, ablation_map: AblationMap | None
@@ -482,55 +490,13 @@ def over_layers(ordered: list[RecoveryRow], settings: RecoverySettings, ablation
 
 
 # --- the registry's entry: checkpoints after every layer, --resume ---------------------------------
-CHECKPOINT_FILE = "layers.json"
-
-
-def sweep_key(settings: RecoverySettings, loaded: Any) -> dict[str, Any]:
-    """What a finished layer's numbers depend on: the settings that are not free to change on
-    resume, and the model with its precision and device (a float16 sweep never continues a float32
-    one)."""
-    return {"model": loaded.name, "dtype": loaded.dtype_name, "device": loaded.device,
-            "settings": settings.resume_key()}  # fmt: skip
-
-
-def load_finished(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    """The checkpoint of an earlier sweep, checked against `key`; None when there is none (a sweep
-    killed before its first checkpoint resumes from the start)."""
-    import json
-
-    from engine.disk.atomic import read_text
-
-    if not path.exists():
-        return None
-    try:
-        state = json.loads(read_text(path))  # never through a link (engine.disk.atomic.unlinked)
-        saved, layers = state["key"], state["layers"]
-        if not isinstance(saved, dict) or not isinstance(layers, dict):
-            raise ValueError("not a recovery checkpoint")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path} is damaged ({exc}); run without --resume to start over") from exc
-    for name in ("model", "dtype", "device"):
-        if saved.get(name) != key[name]:
-            raise UserError(f"the saved sweep used {name} {saved.get(name)}, not {key[name]}; "
-                            f"resume with --{name} {saved.get(name)} or run without --resume")
-    wanted, had = key["settings"], saved.get("settings") or {}
-    changed = [name for name in wanted if had.get(name) != wanted[name]]
-    if changed:
-        name = changed[0]
-        raise UserError(f"the saved sweep used {name}={had.get(name)!r}, not {wanted[name]!r}; "
-                        "resume with the same settings or run without --resume")
-    return state
-
-
 def checkpointed(events: Iterator[Event], path: Path, state: dict[str, Any]) -> Iterator[Event]:
     """Passes events through; each finished layer is added to the checkpoint at once."""
-    from engine.disk.atomic import atomic_write_json
-
-    atomic_write_json(path, json_safe(state))
+    write_checkpoint(path, state)
     for event in events:
         if isinstance(event, RecoveryLayer):
             state["layers"][str(event.layer)] = event.result
-            atomic_write_json(path, json_safe(state))
+            write_checkpoint(path, state)
         yield event
 
 
@@ -547,20 +513,6 @@ def save_layer_weights(folder: Path, index: int, tensors: dict[str, torch.Tensor
     contiguous = {name: tensor.contiguous() for name, tensor in tensors.items()}
     atomic_write(path, lambda tmp: save_file(contiguous, str(tmp), metadata={"model": model}))
     return path
-
-
-def resumed(settings: RecoverySettings, loaded: Any, folder: Path | None, resume: bool
-            ) -> tuple[dict[str, Any], list[Event]]:
-    """The checkpoint state a sweep starts from: with `resume` and a folder, the finished layers of
-    the earlier sweep there (checked against this sweep's key), else none; and the note to log when
-    there was none to resume."""
-    state: dict[str, Any] = {"key": sweep_key(settings, loaded), "layers": {}}
-    if folder is None or not resume:
-        return state, []
-    found = load_finished(Path(folder) / CHECKPOINT_FILE, state["key"])
-    if found is None:
-        return state, [Message("no finished layer to resume from: the sweep starts from its first layer")]
-    return found, []
 
 
 def weights_keeper(folder: Path, model_name: str) -> KeepWeights:

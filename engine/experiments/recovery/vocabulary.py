@@ -233,7 +233,9 @@ class RecoveryVsAblation:
 @result_type
 @dataclass(frozen=True)
 class RecoveryResult(ResultDocument):
-    """results/recovery.json."""
+    """results/recovery.json. `partial` (true) marks the result of a sweep stopped before its last
+    layer: `layers` holds the layers it finished, each as a full sweep has it, and `--resume` goes on
+    from them (absent from a finished sweep's)."""
 
     name: ClassVar[str] = "recovery"  # results/recovery.json
 
@@ -253,6 +255,15 @@ class RecoveryResult(ResultDocument):
     resumed_layers: list[int]
     seconds: float
     protocol: EvalProtocol = field(default=ABSENT, kw_only=True)  # absent before 0.4
+    partial: bool = field(default=ABSENT, kw_only=True)  # true: a stopped sweep's finished layers; absent: all
+
+    def partial_text(self) -> str:
+        """`partial: 2 of 3 layers` for a stopped sweep's result (`partial: 2 layers` when it asked
+        for every layer); empty for a finished one."""
+        if self.partial is not True:
+            return ""
+        asked = f" of {len(dict.fromkeys(self.settings.layers))}" if self.settings.layers is not None else ""
+        return f"partial: {len(self.layers)}{asked} layers"
 
     def tidy_rows(self) -> list[dict[str, Any]]:
         """A row per evaluated step of every layer's curve, each repeat's (a row without `repeats`:
