@@ -1,10 +1,10 @@
-"""Ray as the engine (`--cluster local|auto|ray://HOST:PORT`): one experiment run as one Ray task,
-its events streamed back to the driver as they happen.
+"""Ray as the engine (`--cluster local|auto`): one experiment run as one Ray task, its events
+streamed back to the driver as they happen.
 
     connect(address)        Ray started here (`local`: this machine's GPUs, or its CPUs) or joined
-                            (`auto`: RAY_ADDRESS or the cluster started on this machine; `ray://`);
-                            Ray imported only now, and each refusal (no Ray, an unreachable address)
-                            one line before any work
+                            (`auto`: RAY_ADDRESS or the cluster started on this machine); Ray
+                            imported only now, and each refusal (no Ray, an unreachable address,
+                            Ray Client's ray://) one line before any work
     task_resources(...)     what the task asks Ray for, from the memory plan
                             (engine/models/memory.py): one whole GPU for a model that fits one (so
                             small models are packed one per GPU), the GPUs of one node (a STRICT_PACK
@@ -36,7 +36,6 @@ import socket
 import sys
 import tempfile
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,16 +316,31 @@ def runtime_env(remote: bool) -> dict[str, Any]:
 
 
 def check_address(address: str) -> None:
-    """One line for an address that is not local, auto or ray://HOST:PORT."""
-    if address not in ("local", "auto") and not address.startswith("ray://"):
-        raise UserError(f"--cluster {address}: use local, auto (RAY_ADDRESS) or ray://HOST:PORT")
+    """One line for an address that is not local or auto, and for Ray Client's `ray://` (as the
+    address, or as the RAY_ADDRESS `auto` joins): it runs no streaming generator, so a task's events
+    could not come back as they happen."""
+    if address.startswith("ray://"):
+        raise UserError(ray_client_refused(f"--cluster {address}"))
+    if address == "auto" and os.environ.get("RAY_ADDRESS", "").startswith("ray://"):
+        raise UserError(ray_client_refused(f"--cluster auto (RAY_ADDRESS={os.environ['RAY_ADDRESS']})"))
+    if address not in ("local", "auto"):
+        raise UserError(f"--cluster {address}: use local, or auto (RAY_ADDRESS=HEAD:6379, or the cluster `ray "
+                        "start` runs on this machine)")
+
+
+def ray_client_refused(what: str) -> str:
+    """The line refusing Ray Client (`ray://`), which Ray gives no streaming generators (a task's
+    `.remote()` raises "... not currently supported when using Ray Client"), and what to do instead."""
+    return (f"{what}: Ray Client (ray://) cannot stream a task's events; run this command on the cluster's head "
+            "with RAY_ADDRESS=HEAD:6379 and --cluster auto (or submit it there: ray job submit --address "
+            "http://HEAD:8265 -- anatomy-tui ... --cluster auto)")
 
 
 def connect(address: str) -> Cluster:
-    """Ray started here (`local`) or joined (`auto`, `ray://HOST:PORT`); in this process once (a
-    second call, an atlas's next measure, gets the same Cluster; Ray started by this process's
-    caller, a test's, is used as it is). No Ray installed, or an address where no
-    cluster answers: one line."""
+    """Ray started here (`local`) or joined (`auto`: RAY_ADDRESS, else the cluster `ray start` runs
+    on this machine); in this process once (a second call, an atlas's next measure, gets the same
+    Cluster; Ray started by this process's caller, a test's, is used as it is). No Ray installed,
+    or an address where no cluster answers: one line."""
     check_address(address)
     try:
         import ray
@@ -340,8 +354,7 @@ def connect(address: str) -> Cluster:
                         "use that one, or run this command on its own")
     if not ray.is_initialized():
         try:
-            with _own_sigterm(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # Ray Client's timeout warning: the one line below says it
+            with _own_sigterm():
                 ray.init(address=address, logging_level="ERROR", log_to_driver=False,
                          **({"include_dashboard": False} if address == "local" else
                             {"runtime_env": runtime_env(remote=True)}))
@@ -354,16 +367,14 @@ def connect(address: str) -> Cluster:
 
 
 def _check_reachable(address: str) -> None:
-    """The HOST:PORT an address names (`ray://`, or RAY_ADDRESS for `auto`) answers a TCP connection
-    within CONNECT_TIMEOUT seconds: else one line now (Ray itself waits minutes for a GCS that is
-    not there)."""
-    target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
-    if address == "local" or not target or target == "auto":
+    """The HOST:PORT RAY_ADDRESS names for `auto` answers a TCP connection within CONNECT_TIMEOUT
+    seconds: else one line now (Ray itself waits minutes for a GCS that is not there)."""
+    target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else ""
+    if not target or target == "auto":
         return
-    host, _, port = target.removeprefix("ray://").rpartition(":")
+    host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
-        raise UserError(f"--cluster {address}: {target} is not HOST:PORT (ray://HOST:10001 for Ray Client, "
-                        "HOST:6379 for the head's GCS)")
+        raise UserError(f"--cluster auto: RAY_ADDRESS={target} is not HOST:PORT (HOST:6379, the head's GCS)")
     try:
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
     except OSError as exc:

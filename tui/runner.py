@@ -148,7 +148,7 @@ def _cluster(args: argparse.Namespace, world: World | None) -> Cluster | None:
     address = getattr(args, "cluster", None)
     if address is None:
         if getattr(args, "retries", None) is not None:
-            raise UserError("--retries applies to tasks on a cluster; add --cluster local, auto or ray://HOST:PORT")
+            raise UserError("--retries applies to tasks on a cluster; add --cluster local or auto")
         return None
     if getattr(args, "shards", None) or world is not None:
         raise UserError("--cluster runs the whole experiment as one task; --shards (torchrun) splits one sweep over "

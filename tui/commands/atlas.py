@@ -186,7 +186,7 @@ def _cluster_flags(args: argparse.Namespace) -> tuple[Cluster, list[str]] | None
     """With --cluster: the cluster connected, and the flags each measure's run gets (None without)."""
     if args.cluster is None:
         if args.retries is not None:
-            raise UserError("--retries applies to tasks on a cluster; add --cluster local, auto or ray://HOST:PORT")
+            raise UserError("--retries applies to tasks on a cluster; add --cluster local or auto")
         return None
     from engine.cluster import connect
 
