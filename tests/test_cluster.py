@@ -21,6 +21,7 @@ from tiny_models import EVAL, save_tiny
 
 from engine.cluster import NodeShape, TaskResources, task_resources
 from engine.core.errors import UserError
+from engine.models.options import ModelOptions
 from sessions.store import SessionStore
 from tui.cli import main
 
@@ -314,3 +315,49 @@ def kill_once(log: Path) -> threading.Thread:
     thread = threading.Thread(target=watch)
     thread.start()
     return thread
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_the_console_follows_its_job_on_the_cluster_live(ray_cluster, families, long_eval, isolated_home,
+                                                               monkeypatch):
+    """The console started with --cluster auto (RAY_ADDRESS: this module's Ray) starts its map as
+    `anatomy-tui run ... --cluster auto`, its own process; the Ray task's events are written into
+    the session as they arrive, and the console's layer panel shows the map growing before the run
+    ends (its rows, the panel's `k/n` line), then the result."""
+    from tui.app import AnatomyApp
+    from tui.console_settings import ConsoleSettings
+    from tui.screens.console import ConsoleScreen
+
+    monkeypatch.setenv("RAY_ADDRESS", ray_cluster.get_runtime_context().gcs_address)
+    model = str(families["llama"])
+    app = AnatomyApp(session="live", options=ModelOptions(model, "cpu", "float32"), load_model=False,
+                     console=ConsoleSettings(auto_map=False, cluster="auto"))
+    seen: list[tuple[int, str, bool]] = []  # at each look: the map's rows, the panel's line, a result
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, ConsoleScreen)
+        job = app.lab.start_job("ablation", app.lab.settings_for("ablation", eval_file=long_eval))
+        assert job is not None and job.argv[-4:] == ["--cluster", "auto", "--session", "live"]
+        deadline = time.monotonic() + 300
+        while "ablation" not in app.state.results and time.monotonic() < deadline:
+            await pilot.pause(0.1)
+            seen.append((len(app.state.ablation), str(app.screen.query_one("#layers").border_subtitle),
+                         "ablation" in app.state.results))
+        assert job.process.wait(60) == 0, job.log_path.read_text()[-3000:]
+        await pilot.pause(0.5)
+        n = app.state.n_layers
+        # live: part of the map shown, with the job's progress on the panel, while the run had not ended
+        assert any(0 < rows < n and re.search(r"map own process: \d+/\d+", line) and not result
+                   for rows, line, result in seen), seen
+        saved = SessionStore(isolated_home).open("live").load_result("ablation")
+        assert [row.ppl for _, row in sorted(app.state.ablation.items())] == [r["ppl"] for r in saved["layers"]]
+        assert [job.status for job in app.state.jobs.values()] == ["done"]
+        assert app.screen.query_one("#layers").border_subtitle == ""  # no map running any more
+    ran = placements(events(isolated_home, "live"))
+    assert len(ran) == 1 and re.search(r"\) CPU, pid \d+$", ran[0])  # --device cpu: a CPU task
