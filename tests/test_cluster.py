@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -121,8 +122,8 @@ def test_the_console_starts_its_jobs_on_its_cluster(monkeypatch):
     assert argv[-4:] == ["--cluster", "auto", "--session", "demo"]
     assert lab.loaded is stub  # the job is not on this machine: the console keeps its model
     assert not flag(argv, "shards") and not flag(argv, "device=cuda")  # the model flags the console was given
-    lab.start_job("ablation", lab.settings_for("ablation"), resume=True)  # a resume reads the session: here
-    assert "--cluster" not in started[1] and "--resume" in started[1]
+    lab.start_job("recovery", lab.settings_for("recovery", layers=(1,)), resume=True)  # its checkpoint goes along
+    assert started[1][-5:] == ["--cluster", "auto", "--session", "demo", "--resume"]
 
 
 @pytest.fixture(scope="module")
@@ -361,3 +362,63 @@ async def test_the_console_follows_its_job_on_the_cluster_live(ray_cluster, fami
         assert app.screen.query_one("#layers").border_subtitle == ""  # no map running any more
     ran = placements(events(isolated_home, "live"))
     assert len(ran) == 1 and re.search(r"\) CPU, pid \d+$", ran[0])  # --device cpu: a CPU task
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigterm_resumes_on_the_cluster_from_its_checkpoint(ray_cluster, families, files,
+                                                                            isolated_home, capsys, one_thread):
+    """Recovery (resumable) on the cluster: each change of its checkpoint comes back with the events
+    and the driver writes it into the session's checkpoint folder. The driver, a process of its own
+    (RAY_ADDRESS: this module's Ray), stopped by SIGTERM once a layer is finished, records the job
+    interrupted and says the command that continues it on the cluster; that resume sends the
+    checkpoint with the task, recomputes no finished layer and gives the uninterrupted run's
+    result, written once."""
+    evaluation, train = files
+    common = ["run", "recovery", "--model", str(families["llama"]), "--device", "cpu", "--layers", "1,2", "--sigma",
+              "3", "--steps", "40", "--lr", "1e-2", "--batch-size", "2", "--block-size", "16", "--train-blocks", "4",
+              "--eval-every", "20", "--train-file", train, "--eval-file", evaluation]
+    assert main([*common, "--session", "serial"]) == 0
+    store = SessionStore(isolated_home)
+    serial = store.open("serial").load_result("recovery")
+
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
+    driver = subprocess.Popen([sys.executable, "-m", "tui.cli", *common, "--session", "rs", "--cluster", "auto"],
+                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    checkpoint = isolated_home / "rs" / "checkpoints" / "recovery"
+    kept = checkpoint / "layers.json"
+    deadline = time.monotonic() + 300
+    while not (kept.exists() and json.loads(kept.read_text())["layers"]):
+        assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()[1][-3000:]
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGTERM)  # one layer finished and kept, the other under way
+    err = driver.communicate(timeout=120)[1]
+    assert driver.returncode == 143, err[-3000:]
+    [first] = map(int, json.loads(kept.read_text())["layers"])
+    assert (checkpoint / "weights" / f"layer-{first}.safetensors").is_file()  # the worker's file, on the driver's disk
+    assert ("recovery interrupted by SIGTERM; continue with: anatomy-tui run recovery " in err
+            and err.rstrip().endswith("--cluster auto --session rs --resume")), err[-2000:]
+    [stopped] = store.open("rs").jobs().values()
+    assert stopped["status"] == "interrupted"
+
+    # the resume: on the same cluster (this process's Ray), from the checkpoint the driver kept
+    capsys.readouterr()
+    assert main([*common, "--session", "rs", "--cluster", "local", "--resume"]) == 0
+    session = store.open("rs")
+    result = session.load_result("recovery")
+    assert result["resumed_layers"] == [first]
+    for a, b in zip(result["layers"], serial["layers"], strict=True):
+        assert a["layer"] == b["layer"] and a["steps_to"] == b["steps_to"]
+        assert [p for _, p in a["curve"]] == pytest.approx([p for _, p in b["curve"]], rel=1e-6)
+    jobs = session.jobs()
+    assert sorted(doc["status"] for doc in jobs.values()) == ["done", "resumed"]
+    [resumed] = [job for job, doc in jobs.items() if doc["status"] == "done"]
+    started = [doc["layer"] for doc in events(isolated_home, "rs")
+               if doc["kind"] == "recovery.start" and doc["job"] == resumed]
+    assert started == [3 - first]  # the finished layer is not computed again
+    assert sorted(p.name for p in (session.path / "results").iterdir()) == ["recovery.json"]  # once, whole
+    assert sorted(json.loads(kept.read_text())["layers"]) == ["1", "2"]
+    assert sorted(p.name for p in (checkpoint / "weights").iterdir()) == ["layer-1.safetensors",
+                                                                         "layer-2.safetensors"]

@@ -347,7 +347,7 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any], variants: dict[str,
                     continue
                 previous = state.steps.get(state.key(model, variant, experiment), {})
                 resume = (previous.get("status") == "interrupted" and experiment_named(experiment).resumable
-                          and runs.pool is None and store.exists(member)
+                          and store.exists(member)
                           and resumed_job(store.open(member), experiment) is not None)
                 _say(f"{what}: {'resuming' if resume else 'running'} into session {member}")
                 runs.start(Step(model, variant, experiment, member,
