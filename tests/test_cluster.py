@@ -66,6 +66,43 @@ def test_task_resources_from_the_memory_plan():
     assert TaskResources(1, 0, 5 * 10**6).text() == "1 CPU, 5.0 MB"
 
 
+def test_a_checkpoint_folder_travels_as_its_changes(tmp_path):
+    """The worker's side sends what changed in its checkpoint folder (in the order written, hidden
+    temporary files left out, what it started with not sent back); the driver's side writes it and
+    refuses a path that leaves the folder; a resume reads the folder back whole."""
+    from engine.cluster import CheckpointChange, _Mirror, apply_checkpoint, checkpoint_files
+
+    worker, driver = tmp_path / "worker", tmp_path / "driver"
+    apply_checkpoint(worker, CheckpointChange({"old.json": b"old"}))  # a resume's checkpoint, restored
+    mirror = _Mirror(worker)
+    assert list(mirror.changes()) == []
+    (worker / "weights").mkdir()
+    (worker / "weights" / "layer-1.bin").write_bytes(b"\0\1")
+    (worker / "layers.json").write_text("{}")
+    (worker / ".layers.json.x.tmp").write_text("half")  # an atomic write under way
+    os.utime(worker / "weights" / "layer-1.bin", ns=(2_000, 2_000))
+    os.utime(worker / "layers.json", ns=(1_000, 1_000))
+    (worker / "old.json").unlink()
+    [doc] = mirror.changes()
+    change = CheckpointChange(doc["checkpoint"]["written"], tuple(doc["checkpoint"]["gone"]))
+    assert change == CheckpointChange({"layers.json": b"{}", "weights/layer-1.bin": b"\0\1"}, ("old.json",))
+    assert list(change.written) == ["layers.json", "weights/layer-1.bin"]  # as they were written
+    assert list(mirror.changes()) == []  # nothing new
+    (worker / "layers.json").write_text('{"layers": 1}')
+    assert [d["checkpoint"]["written"] for d in mirror.changes()] == [{"layers.json": b'{"layers": 1}'}]
+
+    apply_checkpoint(driver, CheckpointChange({"old.json": b"old"}))
+    apply_checkpoint(driver, change)
+    assert checkpoint_files(driver) == {"layers.json": b"{}", "weights/layer-1.bin": b"\0\1"}
+    assert checkpoint_files(tmp_path / "none") == {}
+    for name in ("../x", "/etc/x", ".hidden", "a/../../x", "a//b", ""):
+        with pytest.raises(UserError, match="is not a plain path inside the checkpoint folder"):
+            apply_checkpoint(driver, CheckpointChange({name: b"x"}))
+        with pytest.raises(UserError, match="is not a plain path inside the checkpoint folder"):
+            apply_checkpoint(driver, CheckpointChange({}, (name,)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["driver", "worker"]
+
+
 def test_cluster_flags_refused_in_one_line_before_any_work(tiny_folder, capsys, monkeypatch, isolated_home):
     base = ["run", "ablation", "--model", str(tiny_folder), "--session", "s"]
     cases = [
