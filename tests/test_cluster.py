@@ -336,16 +336,17 @@ def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, fami
     assert {row["model"] for row in table(isolated_home, "failing")} == {str(families["qwen2"])}
 
 
-def kill_once(log: Path) -> threading.Thread:
-    """A thread that kills the worker of the run logging into `log` once it has begun computing
-    (its first progress event), by the pid the run's placement line names."""
+def kill_once(log: Path, kind: str = "job.progress") -> threading.Thread:
+    """A thread that kills the worker of the run logging into `log` once an event of `kind` is
+    there (by default its first progress: it has begun computing), by the pid the run's placement
+    line names."""
 
     def watch() -> None:
         deadline = time.time() + 240
         while time.time() < deadline:
             docs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
             running = placements(docs)
-            if running and any(doc["kind"] == "job.progress" for doc in docs):
+            if running and any(doc["kind"] == kind for doc in docs):
                 os.kill(int(running[0].rsplit("pid ", 1)[1]), signal.SIGKILL)
                 return
             time.sleep(0.05)
@@ -404,19 +405,24 @@ async def test_the_console_follows_its_job_on_the_cluster_live(ray_cluster, fami
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def recovered(result: dict) -> list[tuple]:
+    """A recovery result's layers less their timings: the layer, its steps to each threshold, its curve."""
+    return [(row["layer"], row["steps_to"], row["curve"]) for row in result["layers"]]
+
+
 @pytest.mark.slow
-def test_a_run_stopped_by_sigterm_resumes_on_the_cluster_from_its_checkpoint(ray_cluster, families, files,
-                                                                            isolated_home, capsys, one_thread):
+def test_a_run_stopped_by_sigterm_or_whose_worker_died_continues_from_its_checkpoint(
+        ray_cluster, families, files, isolated_home, capsys, one_thread):
     """Recovery (resumable) on the cluster: each change of its checkpoint comes back with the events
     and the driver writes it into the session's checkpoint folder. The driver, a process of its own
     (RAY_ADDRESS: this module's Ray), stopped by SIGTERM once a layer is finished, records the job
     interrupted and says the command that continues it on the cluster; that resume sends the
     checkpoint with the task, recomputes no finished layer and gives the uninterrupted run's
-    result, written once."""
+    result, written once. A worker killed after a finished layer: the retry continues likewise."""
     evaluation, train = files
     common = ["run", "recovery", "--model", str(families["llama"]), "--device", "cpu", "--layers", "1,2", "--sigma",
-              "3", "--steps", "40", "--lr", "1e-2", "--batch-size", "2", "--block-size", "16", "--train-blocks", "4",
-              "--eval-every", "20", "--train-file", train, "--eval-file", evaluation]
+              "3", "--steps", "300", "--lr", "1e-2", "--batch-size", "2", "--block-size", "16", "--train-blocks", "4",
+              "--eval-every", "100", "--train-file", train, "--eval-file", evaluation]
     assert main([*common, "--session", "serial"]) == 0
     store = SessionStore(isolated_home)
     serial = store.open("serial").load_result("recovery")
@@ -446,9 +452,7 @@ def test_a_run_stopped_by_sigterm_resumes_on_the_cluster_from_its_checkpoint(ray
     session = store.open("rs")
     result = session.load_result("recovery")
     assert result["resumed_layers"] == [first]
-    for a, b in zip(result["layers"], serial["layers"], strict=True):
-        assert a["layer"] == b["layer"] and a["steps_to"] == b["steps_to"]
-        assert [p for _, p in a["curve"]] == pytest.approx([p for _, p in b["curve"]], rel=1e-6)
+    assert recovered(result) == recovered(serial)
     jobs = session.jobs()
     assert sorted(doc["status"] for doc in jobs.values()) == ["done", "resumed"]
     [resumed] = [job for job, doc in jobs.items() if doc["status"] == "done"]
@@ -459,3 +463,14 @@ def test_a_run_stopped_by_sigterm_resumes_on_the_cluster_from_its_checkpoint(ray
     assert sorted(json.loads(kept.read_text())["layers"]) == ["1", "2"]
     assert sorted(p.name for p in (checkpoint / "weights").iterdir()) == ["layer-1.safetensors",
                                                                          "layer-2.safetensors"]
+
+    # the worker killed once its first layer is kept: the retry resumes the dead try's job from there
+    killed = kill_once(isolated_home / "rk" / "events.jsonl", "recovery.layer")
+    assert main([*common, "--session", "rk", "--cluster", "local", "--retries", "1"]) == 0
+    killed.join()
+    assert re.search(r"recovery: retried \(2 of 2\): its worker died \(.+\); from its checkpoint\n",
+                     capsys.readouterr().err)
+    session = store.open("rk")
+    again = session.load_result("recovery")
+    assert len(again["resumed_layers"]) == 1 and recovered(again) == recovered(serial)
+    assert sorted(doc["status"] for doc in session.jobs().values()) == ["done", "resumed"]

@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import dataclasses
 import errno
-import functools
 import os
 import struct
 import sys
@@ -165,9 +164,11 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
     its events written into the session as they arrive, and so is each change of a resumable
     experiment's checkpoint (a resume sends the session's checkpoint with the task); a try whose
     worker died retried as a job of its own (`--retries`), the failure after the last one line
-    naming the experiment and the model."""
+    naming the experiment and the model; a resumable run's retry continues from the checkpoint the
+    try that died sent back."""
     from engine.cluster import (
         DEFAULT_RETRIES,
+        CheckpointChange,
         TaskFailed,
         TaskLost,
         TaskSpec,
@@ -200,18 +201,29 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
         check_free_space(session.path, plan.checkpoints, f"{experiment.name}'s checkpoints")
     spec = TaskSpec(experiment.name, settings.to_dict(), options.to_dict() if options is not None else None, inputs,
                     settings_files(settings), resume, checkpoint_files(folder) if resume and folder else {})
-    keep = functools.partial(apply_checkpoint, folder) if folder is not None else None
+    mirrored = False  # this try's checkpoint came back: a retry continues from it
+
+    def keep(change: CheckpointChange) -> None:
+        nonlocal mirrored
+        apply_checkpoint(folder, change)
+        mirrored = True
+
     retries = DEFAULT_RETRIES if args.retries is None else args.retries
     for attempt in range(1, retries + 2):
         try:
             result = drive(session, experiment.name, settings, options, None,
-                           cluster.run(spec, resources, lambda line: _report(f"{label}: {line}"), keep), args.json,
+                           cluster.run(spec, resources, lambda line: _report(f"{label}: {line}"),
+                                       keep if folder is not None else None), args.json,
                            resume, memory=plan.to_dict() if plan is not None else None, progress_bar=False)
             break
         except TaskLost as lost:
             if attempt > retries:
                 raise UserError(f"{label} failed: its worker died on each of {attempt} tries (last: {lost})") from None
-            _report(f"{label}: retried ({attempt + 1} of {retries + 1}): its worker died ({lost})")
+            if mirrored:  # resumes the job that died (it then reads resumed)
+                resume, mirrored = True, False
+                spec = dataclasses.replace(spec, resume=True, checkpoint=checkpoint_files(folder))
+            _report(f"{label}: retried ({attempt + 1} of {retries + 1}): its worker died ({lost})"
+                    + ("; from its checkpoint" if resume else ""))
         except TaskFailed as failed:
             raise UserError(f"{label} failed on the cluster: {failed}") from None
         except Stopped as stop:
