@@ -368,7 +368,12 @@ async def test_the_console_follows_its_job_on_the_cluster_live(ray_cluster, fami
     """The console started with --cluster auto (RAY_ADDRESS: this module's Ray) starts its map as
     `anatomy-tui run ... --cluster auto`, its own process; the Ray task's events are written into
     the session as they arrive, and the console's layer panel shows the map growing before the run
-    ends (its rows, the panel's `k/n` line), then the result."""
+    ends (its rows, the panel's `k/n` line), then the result. "Before the end" is made sure of, not
+    raced: the task's worker is held (SIGSTOP) from the first row in the session on, so the task
+    cannot have ended while the console shows part of the map (a driver that wrote the events only
+    once the task had ended would have written the result too)."""
+    from test_tui import until
+
     from tui.app import AnatomyApp
     from tui.console_settings import ConsoleSettings
     from tui.screens.console import ConsoleScreen
@@ -377,27 +382,37 @@ async def test_the_console_follows_its_job_on_the_cluster_live(ray_cluster, fami
     model = str(families["llama"])
     app = AnatomyApp(session="live", options=ModelOptions(model, "cpu", "float32"), load_model=False,
                      console=ConsoleSettings(auto_map=False, cluster="auto"))
-    seen: list[tuple[int, str, bool]] = []  # at each look: the map's rows, the panel's line, a result
+    log = isolated_home / "live" / "events.jsonl"
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause()
         assert isinstance(app.screen, ConsoleScreen)
         job = app.lab.start_job("ablation", app.lab.settings_for("ablation", eval_file=long_eval))
         assert job is not None and job.argv[-4:] == ["--cluster", "auto", "--session", "live"]
-        deadline = time.monotonic() + 300
-        while "ablation" not in app.state.results and time.monotonic() < deadline:
-            await pilot.pause(0.1)
-            seen.append((len(app.state.ablation), str(app.screen.query_one("#layers").border_subtitle),
-                         "ablation" in app.state.results))
-        assert job.process.wait(60) == 0, job.log_path.read_text()[-3000:]
-        await pilot.pause(0.5)
+        panel = app.screen.query_one("#layers")
+        worker = None
+        try:
+            deadline = time.monotonic() + 300
+            while not (log.exists() and '"kind": "ablation.layer"' in log.read_text()):
+                assert time.monotonic() < deadline and job.process.poll() is None, job.log_path.read_text()[-3000:]
+                await pilot.pause(0.02)
+            [where] = placements(events(isolated_home, "live"))
+            worker = int(where.rsplit("pid ", 1)[1])
+            os.kill(worker, signal.SIGSTOP)  # the task held after its first row
+            await until(pilot, lambda: len(app.state.ablation) > 0 and "map own process" in str(panel.border_subtitle))
+            await pilot.pause(1.0)  # time for anything more to arrive: nothing does
+            shown, line = len(app.state.ablation), str(panel.border_subtitle)
+            assert "ablation" not in app.state.results and '"kind": "job.finished"' not in log.read_text()
+        finally:
+            if worker is not None:
+                os.kill(worker, signal.SIGCONT)
         n = app.state.n_layers
-        # live: part of the map shown, with the job's progress on the panel, while the run had not ended
-        assert any(0 < rows < n and re.search(r"map own process: \d+/\d+", line) and not result
-                   for rows, line, result in seen), seen
+        assert 0 < shown < n and re.fullmatch(r"map own process: \d+/\d+ · c cancels", line), (shown, n, line)
+        await until(pilot, lambda: "ablation" in app.state.results, 300)
+        assert job.process.wait(60) == 0, job.log_path.read_text()[-3000:]
+        await until(pilot, lambda: [view.status for view in app.state.jobs.values()] == ["done"])
         saved = SessionStore(isolated_home).open("live").load_result("ablation")
         assert [row.ppl for _, row in sorted(app.state.ablation.items())] == [r["ppl"] for r in saved["layers"]]
-        assert [job.status for job in app.state.jobs.values()] == ["done"]
-        assert app.screen.query_one("#layers").border_subtitle == ""  # no map running any more
+        assert len(app.state.ablation) == n and panel.border_subtitle == ""  # the whole map, no map running
     ran = placements(events(isolated_home, "live"))
     assert len(ran) == 1 and re.search(r"\) CPU, pid \d+$", ran[0])  # --device cpu: a CPU task
 
