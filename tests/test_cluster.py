@@ -2,8 +2,11 @@
 two GPUs declared (so Ray's placement is what is checked: which task got which GPU index, a
 device-mapped model's task both GPUs of its node), tiny models of two families; the atlas gives the
 serial atlas's table; a worker killed mid-task is retried to the same result; a driver interrupted
-and run again recomputes nothing; the events reach the session in order, none lost; bad input is
-one line. One Ray start for the module (Ray is heavy on two shared cores)."""
+and run again recomputes nothing (an atlas's finished measures; a run's checkpointed layers, its
+checkpoint carried back and forth with the task); the events reach the session in order, none
+lost, and the console that started the job shows them live; bad input (Ray Client's ray://
+included) is one line. One Ray start for the module (Ray is heavy on two shared cores): a driver
+in a process of its own joins it with RAY_ADDRESS and --cluster auto."""
 
 from __future__ import annotations
 
