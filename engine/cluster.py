@@ -206,9 +206,9 @@ class Cluster:
         """The task's events as they arrive, in order, after one Message naming where it was placed;
         `say` gets a line at each change of the task's state (queued, placed, running at each
         quarter of its progress, done); `keep` each change of its checkpoint folder, before the
-        event that followed it. A worker that dies raises TaskLost; an error of the
-        experiment raises TaskFailed (a UserError of the worker: its own line); Ctrl-C (or
-        `cancel_all`) cancels the task and raises as it was stopped."""
+        event that followed it (what `keep` raises cancels the task). A worker that dies raises
+        TaskLost; an error of the experiment raises TaskFailed (a UserError of the worker: its own
+        line); Ctrl-C (or `cancel_all`) cancels the task and raises as it was stopped."""
         import ray
 
         if self.stopping is not None:  # cancelled before it was sent
@@ -236,6 +236,9 @@ class Cluster:
             if self.stopping is not None:
                 raise self._stop() from None
             raise TaskLost(_first_line(str(exc))) from None
+        except Exception:  # the driver could not take what came (a checkpoint it cannot write): the task stops too
+            ray.cancel(generator)
+            raise
         finally:
             with self._lock:
                 self._live.pop(id(generator), None)

@@ -247,6 +247,30 @@ def test_runs_on_the_cluster_get_their_gpus_and_stream_every_event_in_order(ray_
     assert not store.exists("big") or not store.open("big").jobs()
 
 
+@pytest.mark.slow
+def test_a_checkpoint_the_driver_cannot_keep_stops_its_task(ray_cluster, families, files, monkeypatch):
+    """What `keep` raises (the session's disk full, a link in its checkpoint folder) reaches the
+    caller, and the task is cancelled, not left running on the cluster."""
+    from engine.cluster import TaskResources, TaskSpec, connect
+    from engine.registry import BY_NAME
+    from tui.runner import settings_files
+
+    cancelled: list[object] = []
+    real = ray_cluster.cancel
+    monkeypatch.setattr(ray_cluster, "cancel", lambda ref, **kw: (cancelled.append(ref), real(ref, **kw)))
+    settings = BY_NAME["recovery"].defaults().override({"layers": (1,), "steps": 2, "eval_file": files[0],
+                                                         "train_file": files[1]})
+    spec = TaskSpec("recovery", settings.to_dict(), ModelOptions(str(families["llama"]), "cpu", "float32").to_dict(),
+                    files=settings_files(settings))
+
+    def keep(change):
+        raise UserError("no space left on the session's disk")
+
+    with pytest.raises(UserError, match="no space left"):
+        list(connect("local").run(spec, TaskResources(1), lambda line: None, keep))
+    assert len(cancelled) == 1
+
+
 def atlas_argv(families: dict[str, Path], evaluation: str, name: str, *extra: str) -> list[str]:
     return ["atlas", "--models", ",".join(str(families[f]) for f in FAMILIES), "--name", name,
             "--eval-file", evaluation, "--measures", "map,proxies", "--bins", "4", *extra]
