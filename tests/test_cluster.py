@@ -338,6 +338,41 @@ def test_atlas_on_the_cluster_gives_the_serial_table_and_resumes_without_recompu
 
 
 @pytest.mark.slow
+def test_an_atlas_driver_stopped_by_sigterm_continues_without_recomputing(ray_cluster, families, long_eval,
+                                                                         isolated_home, capsys, one_thread):
+    """A real SIGTERM to an atlas's driver, a process of its own on this module's Ray (RAY_ADDRESS,
+    --cluster auto), once one model's measure is done and kept: the other measure's task is
+    cancelled and marked interrupted, exit 143; the same atlas again reuses the finished one and
+    computes the other once. Each task holds both GPUs (--device-map auto), so they run one after
+    the other and the second is under way (or queued) when the first is done."""
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
+    argv = atlas_argv(families, long_eval, "sig", "--device-map", "auto")
+    driver = subprocess.Popen([sys.executable, "-m", "tui.cli", *argv, "--cluster", "auto"], env=env, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    members = ("sig-llama", "sig-qwen2")
+    deadline = time.monotonic() + 300
+    while not any("done" in statuses for statuses in jobs(isolated_home).values()):
+        assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()[1][-3000:]
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGTERM)
+    err = driver.communicate(timeout=120)[1]
+    assert driver.returncode == 143, err[-3000:]
+    assert "atlas sig interrupted by SIGTERM" in err
+    before = jobs(isolated_home)
+    [first] = [name for name in members if before.get(name) == ["done"]]
+    [other] = set(members) - {first}
+    assert before.get(other, ["interrupted"]) == ["interrupted"]  # its task cancelled, nothing half written
+    if other in before:
+        assert SessionStore(isolated_home).open(other).load_result("ablation") is None
+
+    assert main([*argv, "--cluster", "local"]) == 0
+    assert f"reused from session {first}" in capsys.readouterr().err
+    after = jobs(isolated_home)
+    assert after[first] == ["done"] and after[other].count("done") == 1  # none computed twice
+    assert {row["model"] for row in table(isolated_home, "sig")} == {str(families[f]) for f in FAMILIES}
+
+
+@pytest.mark.slow
 def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, families, long_eval, isolated_home,
                                                                tmp_path, monkeypatch, capsys, one_thread):
     serial = serial_table(families, long_eval, tmp_path / "serial", monkeypatch)
