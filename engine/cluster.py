@@ -1,10 +1,10 @@
-"""Ray as the engine (`--cluster local|auto|ray://HOST:PORT`): one experiment run as one Ray task,
-its events streamed back to the driver as they happen.
+"""Ray as the engine (`--cluster local|auto`): one experiment run as one Ray task, its events
+streamed back to the driver as they happen.
 
     connect(address)        Ray started here (`local`: this machine's GPUs, or its CPUs) or joined
-                            (`auto`: RAY_ADDRESS or the cluster started on this machine; `ray://`);
-                            Ray imported only now, and each refusal (no Ray, an unreachable address)
-                            one line before any work
+                            (`auto`: RAY_ADDRESS or the cluster started on this machine); Ray
+                            imported only now, and each refusal (no Ray, an unreachable address,
+                            Ray Client's ray://) one line before any work
     task_resources(...)     what the task asks Ray for, from the memory plan
                             (engine/models/memory.py): one whole GPU for a model that fits one (so
                             small models are packed one per GPU), the GPUs of one node (a STRICT_PACK
@@ -16,11 +16,14 @@ its events streamed back to the driver as they happen.
                             order and the caller writes them into its session, the one record
 
 Nodes share no disk: the task gets the session's inputs as data and writes nothing; the driver
-writes everything. The task is not retried by Ray (a streaming task's replay must yield the same
-number of items, and events carry their times): the caller retries a task whose worker died
-(`WORKER_LOST`), each try a job of its own in the session, so nothing is written twice or half. The
-code reaches the workers through the runtime_env: on this machine the driver's own `engine` on
-PYTHONPATH; on a remote cluster as the job's py_modules (the embedded model's package with it).
+writes everything. A resumable experiment checkpoints into a folder of the task's own, each change
+of which comes back with the events (`CheckpointChange`) and is written into the session's
+checkpoint folder by the driver; a resume sends that folder with the task. The task is not
+retried by Ray (a streaming task's replay must yield the same number of items, and events carry
+their times): the caller retries a task whose worker died (`TaskLost`), each try a job of its own in
+the session, so nothing is written twice or half. The code reaches the workers through the
+runtime_env: on this machine the driver's own `engine` on PYTHONPATH; on a remote cluster as the
+job's py_modules (the embedded model's package with it).
 
 Torch-free at import, and Ray-free too: `ray` is imported inside `connect` and the task.
 """
@@ -33,10 +36,10 @@ import math
 import os
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +142,17 @@ class TaskSpec:
     options: dict[str, Any] | None
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
+    resume: bool = False  # --resume: continue from `checkpoint`
+    checkpoint: dict[str, bytes] = field(default_factory=dict)  # a resume's checkpoint folder: path in it -> bytes
+
+
+@dataclass(frozen=True)
+class CheckpointChange:
+    """What changed in a task's checkpoint folder since its last word: each file written (its path
+    in the folder, POSIX, -> its bytes) in the order they were written, and the paths gone."""
+
+    written: dict[str, bytes]
+    gone: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,12 +201,14 @@ class Cluster:
             "CPU", 0)), int(node["Resources"].get("GPU", 0)), int(node["Resources"].get("memory", 0)),
             tuple(sizes.get(node["NodeID"], ()))) for node in alive]
 
-    def run(self, spec: TaskSpec, resources: TaskResources, say: Callable[[str], None]) -> Iterator[Event]:
+    def run(self, spec: TaskSpec, resources: TaskResources, say: Callable[[str], None],
+            keep: Callable[[CheckpointChange], None] | None = None) -> Iterator[Event]:
         """The task's events as they arrive, in order, after one Message naming where it was placed;
         `say` gets a line at each change of the task's state (queued, placed, running at each
-        quarter of its progress, done). A worker that dies raises TaskLost; an error of the
-        experiment raises TaskFailed (a UserError of the worker: its own line); Ctrl-C (or
-        `cancel_all`) cancels the task and raises as it was stopped."""
+        quarter of its progress, done); `keep` each change of its checkpoint folder, before the
+        event that followed it (what `keep` raises cancels the task). A worker that dies raises
+        TaskLost; an error of the experiment raises TaskFailed (a UserError of the worker: its own
+        line); Ctrl-C (or `cancel_all`) cancels the task and raises as it was stopped."""
         import ray
 
         if self.stopping is not None:  # cancelled before it was sent
@@ -203,7 +219,7 @@ class Cluster:
             self._live[id(generator)] = generator
         say(f"queued ({resources.text()})")
         try:
-            yield from _events(generator, say)
+            yield from _events(generator, say, keep)
         except (KeyboardInterrupt, GeneratorExit):
             ray.cancel(generator)
             raise
@@ -220,6 +236,9 @@ class Cluster:
             if self.stopping is not None:
                 raise self._stop() from None
             raise TaskLost(_first_line(str(exc))) from None
+        except Exception:  # the driver could not take what came (a checkpoint it cannot write): the task stops too
+            ray.cancel(generator)
+            raise
         finally:
             with self._lock:
                 self._live.pop(id(generator), None)
@@ -252,7 +271,8 @@ def _first_line(text: str) -> str:
     return lines[0] if lines else "no reason given"
 
 
-def _events(generator: Any, say: Callable[[str], None]) -> Iterator[Event]:
+def _events(generator: Any, say: Callable[[str], None],
+            keep: Callable[[CheckpointChange], None] | None) -> Iterator[Event]:
     import ray
 
     from engine.core.events import Progress, Result
@@ -267,6 +287,10 @@ def _events(generator: Any, say: Callable[[str], None]) -> Iterator[Event]:
             continue
         if "error" in doc:  # a UserError of the worker: its one line
             raise UserError(doc["error"])
+        if "checkpoint" in doc:
+            if keep is not None:
+                keep(CheckpointChange(doc["checkpoint"]["written"], tuple(doc["checkpoint"]["gone"])))
+            continue
         event = event_from_json(doc["event"])
         if isinstance(event, Progress) and event.total:
             step = PROGRESS_STEPS * event.done // event.total
@@ -317,16 +341,31 @@ def runtime_env(remote: bool) -> dict[str, Any]:
 
 
 def check_address(address: str) -> None:
-    """One line for an address that is not local, auto or ray://HOST:PORT."""
-    if address not in ("local", "auto") and not address.startswith("ray://"):
-        raise UserError(f"--cluster {address}: use local, auto (RAY_ADDRESS) or ray://HOST:PORT")
+    """One line for an address that is not local or auto, and for Ray Client's `ray://` (as the
+    address, or as the RAY_ADDRESS `auto` joins): it runs no streaming generator, so a task's events
+    could not come back as they happen."""
+    if address.startswith("ray://"):
+        raise UserError(ray_client_refused(f"--cluster {address}"))
+    if address == "auto" and os.environ.get("RAY_ADDRESS", "").startswith("ray://"):
+        raise UserError(ray_client_refused(f"--cluster auto (RAY_ADDRESS={os.environ['RAY_ADDRESS']})"))
+    if address not in ("local", "auto"):
+        raise UserError(f"--cluster {address}: use local, or auto (RAY_ADDRESS=HEAD:6379, or the cluster `ray "
+                        "start` runs on this machine)")
+
+
+def ray_client_refused(what: str) -> str:
+    """The line refusing Ray Client (`ray://`), which Ray gives no streaming generators (a task's
+    `.remote()` raises "... not currently supported when using Ray Client"), and what to do instead."""
+    return (f"{what}: Ray Client (ray://) cannot stream a task's events; run this command on the cluster's head "
+            "with RAY_ADDRESS=HEAD:6379 and --cluster auto (or submit it there: ray job submit --address "
+            "http://HEAD:8265 -- anatomy-tui ... --cluster auto)")
 
 
 def connect(address: str) -> Cluster:
-    """Ray started here (`local`) or joined (`auto`, `ray://HOST:PORT`); in this process once (a
-    second call, an atlas's next measure, gets the same Cluster; Ray started by this process's
-    caller, a test's, is used as it is). No Ray installed, or an address where no
-    cluster answers: one line."""
+    """Ray started here (`local`) or joined (`auto`: RAY_ADDRESS, else the cluster `ray start` runs
+    on this machine); in this process once (a second call, an atlas's next measure, gets the same
+    Cluster; Ray started by this process's caller, a test's, is used as it is). No Ray installed,
+    or an address where no cluster answers: one line."""
     check_address(address)
     try:
         import ray
@@ -340,8 +379,7 @@ def connect(address: str) -> Cluster:
                         "use that one, or run this command on its own")
     if not ray.is_initialized():
         try:
-            with _own_sigterm(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # Ray Client's timeout warning: the one line below says it
+            with _own_sigterm():
                 ray.init(address=address, logging_level="ERROR", log_to_driver=False,
                          **({"include_dashboard": False} if address == "local" else
                             {"runtime_env": runtime_env(remote=True)}))
@@ -354,16 +392,14 @@ def connect(address: str) -> Cluster:
 
 
 def _check_reachable(address: str) -> None:
-    """The HOST:PORT an address names (`ray://`, or RAY_ADDRESS for `auto`) answers a TCP connection
-    within CONNECT_TIMEOUT seconds: else one line now (Ray itself waits minutes for a GCS that is
-    not there)."""
-    target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
-    if address == "local" or not target or target == "auto":
+    """The HOST:PORT RAY_ADDRESS names for `auto` answers a TCP connection within CONNECT_TIMEOUT
+    seconds: else one line now (Ray itself waits minutes for a GCS that is not there)."""
+    target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else ""
+    if not target or target == "auto":
         return
-    host, _, port = target.removeprefix("ray://").rpartition(":")
+    host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
-        raise UserError(f"--cluster {address}: {target} is not HOST:PORT (ray://HOST:10001 for Ray Client, "
-                        "HOST:6379 for the head's GCS)")
+        raise UserError(f"--cluster auto: RAY_ADDRESS={target} is not HOST:PORT (HOST:6379, the head's GCS)")
     try:
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
     except OSError as exc:
@@ -432,10 +468,84 @@ def run_task(spec: TaskSpec) -> Iterator[dict[str, Any]]:
                 options = ModelOptions.from_dict(spec.options)
                 model = options.load(lambda line: print(line, file=sys.stderr, flush=True))
             back = {new: old for old, new in moved.items()}
-            for event in entry.run(settings, RunContext(model=model, inputs=spec.inputs)):
+            checkpoint = Path(folder) / "checkpoint" if entry.resumable else None
+            if checkpoint is not None:
+                apply_checkpoint(checkpoint, CheckpointChange(spec.checkpoint))
+            mirror = _Mirror(checkpoint)
+            context = RunContext(model=model, checkpoint_dir=checkpoint, resume=spec.resume, inputs=spec.inputs)
+            for event in entry.run(settings, context):
+                yield from mirror.changes()  # the checkpoint the experiment wrote before this event, first
                 yield {"event": _swapped(event.to_json(), back)}  # the driver's paths, in results too
+            yield from mirror.changes()
         except UserError as exc:
             yield {"error": str(exc)}
+
+
+class _Mirror:
+    """The worker's view of its checkpoint folder (None: the experiment keeps none): `changes()`
+    yields, at most once a call, the files written and gone since the last call, as a document."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self.seen = _marks(folder) if folder is not None else {}
+
+    def changes(self) -> Iterator[dict[str, Any]]:
+        if self.folder is None:
+            return
+        now = _marks(self.folder)
+        written: dict[str, bytes] = {}
+        for name in sorted((n for n in now if now[n] != self.seen.get(n)), key=lambda n: now[n][1]):
+            try:
+                written[name] = (self.folder / name).read_bytes()
+            except FileNotFoundError:  # removed since: the next call says it is gone
+                now.pop(name)
+        gone = sorted(set(self.seen) - set(now))
+        self.seen = now
+        if written or gone:
+            yield {"checkpoint": {"written": written, "gone": gone}}
+
+
+def _marks(folder: Path) -> dict[str, tuple[int, int]]:
+    """Each regular file in `folder` (its path there, POSIX) -> (size, mtime in ns); hidden names (an
+    atomic write's temporary file) and links left out."""
+    found: dict[str, tuple[int, int]] = {}
+    for root, folders, files in os.walk(folder):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        for name in files:
+            path = Path(root) / name
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if not name.startswith(".") and stat.S_ISREG(info.st_mode):
+                found[path.relative_to(folder).as_posix()] = (info.st_size, info.st_mtime_ns)
+    return found
+
+
+def checkpoint_files(folder: Path) -> dict[str, bytes]:
+    """The files of a checkpoint folder (the session's, for a resume), each read without following
+    a link (a link in a session folder is a one-line UserError)."""
+    from engine.disk.atomic import read_bytes
+
+    return {name: read_bytes(folder / name) for name in _marks(folder)} if folder.is_dir() else {}
+
+
+def apply_checkpoint(folder: Path, change: CheckpointChange) -> None:
+    """Writes `change` into `folder` (each file atomically; a path that leaves the folder, or that is
+    hidden, is a one-line UserError: it did not come from a checkpoint folder)."""
+    from engine.disk.atomic import atomic_write_bytes, unlinked
+
+    for name, data in change.written.items():
+        atomic_write_bytes(_inside(folder, name), data, "checkpoint")
+    for name in change.gone:
+        unlinked(_inside(folder, name)).unlink(missing_ok=True)
+
+
+def _inside(folder: Path, name: str) -> Path:
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(part in ("", ".", "..") or part.startswith(".") for part in parts):
+        raise UserError(f"checkpoint file {name!r} is not a plain path inside the checkpoint folder")
+    return folder.joinpath(*parts)
 
 
 def _materialize(files: Mapping[str, str], folder: Path) -> dict[str, str]:

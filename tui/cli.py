@@ -65,8 +65,8 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
         "who can reach the port gets the console",
     )
     parser.add_argument("--cluster", default=None, metavar="ADDRESS",
-                        help="start the console's jobs as Ray tasks there: local, auto (RAY_ADDRESS) or "
-                        "ray://HOST:PORT (pip install 'anatomy-tui[cluster]')")
+                        help="start the console's jobs as Ray tasks there: local (Ray started on this machine) or auto "
+                        "(RAY_ADDRESS=HEAD:6379) (pip install 'anatomy-tui[cluster]')")
     commands = parser.add_subparsers(dest="command", metavar="{run,sessions,export,atlas,compare,report}")
 
     run = commands.add_parser("run", help="run an experiment headless into a session")

@@ -13,8 +13,8 @@ class ConsoleSettings:
     """`layout` 'auto' shows the dashboard (four panels at once) from `dashboard_columns` x
     `dashboard_rows` cells up and the tabs below; 'dashboard' and 'tabs' force one (key w toggles).
     `auto_map`: a session without a layer map starts computing one as soon as the model is loaded.
-    `cluster`: the console's jobs start as Ray tasks there (`anatomy-tui run ... --cluster`: local,
-    auto or ray://HOST:PORT), their events written into the session as they arrive; None: on this
+    `cluster`: the console's jobs start as Ray tasks there (`anatomy-tui run ... --cluster`: local
+    or auto), their events written into the session as they arrive; None: on this
     machine."""
 
     layout: str = "auto"

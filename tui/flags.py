@@ -86,8 +86,9 @@ def experiment_flags(parser: argparse.ArgumentParser, experiment: Experiment) ->
 def cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """`--cluster` and `--retries`: the run (or each measure of an atlas) as a Ray task (engine/cluster.py)."""
     parser.add_argument("--cluster", default=None, metavar="ADDRESS",
-                        help="run as a Ray task: local (Ray started on this machine), auto (RAY_ADDRESS) or "
-                        "ray://HOST:PORT; needs the cluster extra (pip install 'anatomy-tui[cluster]')")
+                        help="run as a Ray task: local (Ray started on this machine) or auto (RAY_ADDRESS=HEAD:6379, "
+                        "or the cluster `ray start` runs here); needs the cluster extra (pip install "
+                        "'anatomy-tui[cluster]')")
     parser.add_argument("--retries", type=_retries, default=None, metavar="N",
                         help="with --cluster: tries after the first for a task whose worker died (default 2)")
 

@@ -421,12 +421,13 @@ class Lab:
         (the same command a user would type; it outlives the console). A model job goes beside the
         console's model, to another GPU with room, or (`release`) where the console frees its model
         first; one that cannot fit even then is said, not started. With the console's `cluster`
-        setting, a job (not a resume) is a Ray task there, with the model flags the console was given."""
+        setting, a job (a resume too: the session's checkpoint goes with the task) is a Ray task there,
+        with the model flags the console was given."""
         if self.session is None:
             return None
         entry = BY_NAME[experiment]
         options = None
-        cluster = self.settings.cluster if not resume else None  # a resume reads the session's checkpoint: here
+        cluster = self.settings.cluster
         if entry.needs_model:  # the device and dtype the console's model resolved to, not `auto` again
             options = self.options if cluster else self.released_options or job_options(self.options, self.loaded)
         try:

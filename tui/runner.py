@@ -102,7 +102,7 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     with _workers(world, device) as workers, _claimed(store, session, args.session if main else None, main,
                                                       options, settings) as session:
         if cluster is not None:
-            return _on_cluster(cluster, experiment, settings, options, session, inputs, args)
+            return _on_cluster(cluster, experiment, settings, options, session, inputs, args, resume)
         loaded, plan = None, None
         if options is not None:
             if workers is not None:  # one worker per GPU (LOCAL_RANK), or the CPU
@@ -149,25 +149,35 @@ def _cluster(args: argparse.Namespace, world: World | None) -> Cluster | None:
     address = getattr(args, "cluster", None)
     if address is None:
         if getattr(args, "retries", None) is not None:
-            raise UserError("--retries applies to tasks on a cluster; add --cluster local, auto or ray://HOST:PORT")
+            raise UserError("--retries applies to tasks on a cluster; add --cluster local or auto")
         return None
     if getattr(args, "shards", None) or world is not None:
         raise UserError("--cluster runs the whole experiment as one task; --shards (torchrun) splits one sweep over "
                         "the GPUs of this machine: use one of them")
-    if getattr(args, "resume", False):
-        raise UserError("--resume continues from the checkpoint in the session's folder, which a cluster's workers "
-                        "cannot read; resume without --cluster")
     from engine.cluster import connect
 
     return connect(address)
 
 
 def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, options: ModelOptions | None,
-                session: Session, inputs: dict[str, dict[str, Any]], args: argparse.Namespace) -> int:
+                session: Session, inputs: dict[str, dict[str, Any]], args: argparse.Namespace, resume: bool) -> int:
     """The run as a Ray task: its resources from the memory plan (made here, from the model's config),
-    its events written into the session as they arrive, a try whose worker died retried as a job of
-    its own (`--retries`), the failure after the last one line naming the experiment and the model."""
-    from engine.cluster import DEFAULT_RETRIES, TaskFailed, TaskLost, TaskSpec, size_text, task_resources
+    its events written into the session as they arrive, and so is each change of a resumable
+    experiment's checkpoint (a resume sends the session's checkpoint with the task); a try whose
+    worker died retried as a job of its own (`--retries`), the failure after the last one line
+    naming the experiment and the model; a resumable run's retry continues from the checkpoint the
+    try that died sent back."""
+    from engine.cluster import (
+        DEFAULT_RETRIES,
+        CheckpointChange,
+        TaskFailed,
+        TaskLost,
+        TaskSpec,
+        apply_checkpoint,
+        checkpoint_files,
+        size_text,
+        task_resources,
+    )
 
     model = options.model if options is not None else ""
     label = f"{Path(model.rstrip('/')).name or model} · {experiment.name}" if model else experiment.name
@@ -187,25 +197,41 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
                                options.max_memory if options is not None else None, nodes)
     _report(f"{label}: on the Ray cluster ({cluster.address}, {len(nodes)} node(s))"
             + (f"; memory plan {size_text(plan.total)} in {plan.dtype}" if plan is not None else ""))
+    folder = session.checkpoint_dir(experiment.name) if experiment.resumable else None
+    if folder is not None and plan is not None and plan.checkpoints:
+        check_free_space(session.path, plan.checkpoints, f"{experiment.name}'s checkpoints")
     spec = TaskSpec(experiment.name, settings.to_dict(), options.to_dict() if options is not None else None, inputs,
-                    settings_files(settings))
+                    settings_files(settings), resume, checkpoint_files(folder) if resume and folder else {})
+    mirrored = False  # this try's checkpoint came back: a retry continues from it
+
+    def keep(change: CheckpointChange) -> None:
+        nonlocal mirrored
+        apply_checkpoint(folder, change)
+        mirrored = True
+
     retries = DEFAULT_RETRIES if args.retries is None else args.retries
     for attempt in range(1, retries + 2):
         try:
             result = drive(session, experiment.name, settings, options, None,
-                           cluster.run(spec, resources, lambda line: _report(f"{label}: {line}")), args.json,
-                           memory=plan.to_dict() if plan is not None else None, progress_bar=False)
+                           cluster.run(spec, resources, lambda line: _report(f"{label}: {line}"),
+                                       keep if folder is not None else None), args.json,
+                           resume, memory=plan.to_dict() if plan is not None else None, progress_bar=False)
             break
         except TaskLost as lost:
             if attempt > retries:
                 raise UserError(f"{label} failed: its worker died on each of {attempt} tries (last: {lost})") from None
-            _report(f"{label}: retried ({attempt + 1} of {retries + 1}): its worker died ({lost})")
+            if mirrored:  # resumes the job that died (it then reads resumed)
+                resume, mirrored = True, False
+                spec = dataclasses.replace(spec, resume=True, checkpoint=checkpoint_files(folder))
+            _report(f"{label}: retried ({attempt + 1} of {retries + 1}): its worker died ({lost})"
+                    + ("; from its checkpoint" if resume else ""))
         except TaskFailed as failed:
             raise UserError(f"{label} failed on the cluster: {failed}") from None
         except Stopped as stop:
-            return _stopped(experiment, settings, options, session, f"interrupted by {stop.name}", exit_code(stop))
+            return _stopped(experiment, settings, options, session, f"interrupted by {stop.name}", exit_code(stop),
+                            cluster.address)
     if result is None:
-        return _stopped(experiment, settings, options, session, "cancelled", CANCELLED)
+        return _stopped(experiment, settings, options, session, "cancelled", CANCELLED, cluster.address)
     from tui.printers import print_result
 
     print_result(experiment.name, result.data)
@@ -225,12 +251,14 @@ def settings_files(settings: Settings) -> dict[str, str]:
 
 
 def _stopped(experiment: Experiment, settings: Settings, options: ModelOptions | None, session: Session,
-             what: str, code: int) -> int:
+             what: str, code: int, cluster: str | None = None) -> int:
     """One line for a run stopped before its end: what stopped it and, where it resumes from its
-    checkpoint, the exact command that continues it (the settings as flags, as the console offers it)."""
+    checkpoint, the exact command that continues it (the settings as flags, as the console offers it;
+    on the cluster it ran on)."""
     line = f"{experiment.name} {what}"
     if experiment.resumable:
-        line += f"; continue with: {typed(job_argv(experiment.name, settings, options, session.name, resume=True))}"
+        argv = job_argv(experiment.name, settings, options, session.name, resume=True, cluster=cluster)
+        line += f"; continue with: {typed(argv)}"
     print(line, file=sys.stderr, flush=True)
     return code
 

@@ -186,7 +186,7 @@ def _cluster_flags(args: argparse.Namespace) -> tuple[Cluster, list[str]] | None
     """With --cluster: the cluster connected, and the flags each measure's run gets (None without)."""
     if args.cluster is None:
         if args.retries is not None:
-            raise UserError("--retries applies to tasks on a cluster; add --cluster local, auto or ray://HOST:PORT")
+            raise UserError("--retries applies to tasks on a cluster; add --cluster local or auto")
         return None
     from engine.cluster import connect
 
@@ -347,7 +347,7 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any], variants: dict[str,
                     continue
                 previous = state.steps.get(state.key(model, variant, experiment), {})
                 resume = (previous.get("status") == "interrupted" and experiment_named(experiment).resumable
-                          and runs.pool is None and store.exists(member)
+                          and store.exists(member)
                           and resumed_job(store.open(member), experiment) is not None)
                 _say(f"{what}: {'resuming' if resume else 'running'} into session {member}")
                 runs.start(Step(model, variant, experiment, member,
