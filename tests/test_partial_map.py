@@ -256,7 +256,8 @@ def test_a_stopped_recovery_sweep_keeps_its_finished_layers_as_partial(tiny_llam
     train = tmp_path / "train.txt"
     train.write_text("\n".join(f"The cat number {i} sat on the mat and looked at the dog." for i in range(30)))
     settings = RecoverySettings(layers=(1, 2), sigma=3.0, steps=3, lr=1e-2, batch_size=2, block_size=16,
-                                train_blocks=4, train_file=str(train), eval_file=eval_file, eval_batch_size=2)
+                                train_blocks=4, train_file=str(train), eval_file=eval_file, eval_batch_size=2,
+                                eval_every=1)  # not auto: chosen from the measured step time, it varies with load
     full = RecoveryResult.from_json(next(e for e in run_recovery(model, tokenizer, settings, model_name="tiny")
                                          if isinstance(e, Result)).data)  # fmt: skip
     token = CancelToken()
