@@ -47,7 +47,7 @@ def texts(tmp_path):
 def recovery_settings(texts, **changes) -> RecoverySettings:
     train, evaluation = texts
     base = dict(layers=(2,), sigma=3.0, steps=5, lr=1e-2, batch_size=2, block_size=16, train_blocks=4,
-                train_file=train, eval_file=evaluation, eval_batch_size=2)
+                train_file=train, eval_file=evaluation, eval_batch_size=2, eval_every=1)  # auto varies with the load
     return RecoverySettings(**{**base, **changes})
 
 
@@ -234,7 +234,7 @@ def test_auto_schedule_rules(texts):
     assert auto_eval_texts(recovery_settings(texts, eval_texts=20), 10, 100) == 10
     assert auto_eval_every(settings, 1.5, 1.0) == 1 and auto_eval_every(settings, 10.0, 2.0) == 5
     assert auto_eval_every(recovery_settings(texts, eval_every=3), 100.0, 1.0) == 3
-    explicit, auto = recovery_settings(texts, eval_every=2, steps=5), recovery_settings(texts, steps=5)
+    explicit, auto = recovery_settings(texts, eval_every=2, steps=5), recovery_settings(texts, steps=5, eval_every=None)
     assert [s for s in range(1, 6) if evaluated(s, 2, explicit)] == [2, 4, 5]
     assert [s for s in range(1, 6) if evaluated(s, 2, auto)] == [1, 2, 4, 5]
 
@@ -266,13 +266,14 @@ def test_intermediate_steps_on_the_subset_and_the_first_and_last_on_every_text_e
 
 def test_auto_evaluates_the_first_step_and_records_what_it_chose(tiny_llama, texts):
     model, tokenizer = tiny_llama
-    events = list(run_recovery(model, tokenizer, recovery_settings(texts, steps=3), model_name="tiny"))
+    auto = recovery_settings(texts, steps=3, eval_every=None)
+    events = list(run_recovery(model, tokenizer, auto, model_name="tiny"))
     (base,) = [event for event in events if isinstance(event, RecoveryBaseline)]
     assert (base.texts, base.eval_texts, base.eval_every) == (10, 8, 0)  # auto: at least 8; every: measured
     steps = [event.step for event in events if isinstance(event, RecoveryPoint)]
     (row,) = [event.result.repeats[0] for event in events if isinstance(event, RecoveryLayer)]
     assert steps[:2] == [0, 1] and steps[-1] == 3 and row.eval_texts == 8
-    assert steps == [0, *[s for s in (1, 2) if evaluated(s, row.eval_every, recovery_settings(texts, steps=3))], 3]
+    assert steps == [0, *[s for s in (1, 2) if evaluated(s, row.eval_every, auto)], 3]
     assert any(isinstance(e, Message) and e.text.startswith("evaluating every") for e in events)
     assert isinstance(events[-1], Result)
 

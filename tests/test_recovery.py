@@ -74,7 +74,7 @@ def trained(tokenizer):
 def settings_for(texts, **changes) -> RecoverySettings:
     train, evaluation = texts
     base = dict(layers=(1, 2), sigma=3.0, steps=6, lr=1e-2, batch_size=2, block_size=16, train_blocks=4,
-                train_file=str(train), eval_file=str(evaluation))
+                train_file=str(train), eval_file=str(evaluation), eval_every=1)  # auto varies with the load
     return RecoverySettings(**{**base, **changes})
 
 

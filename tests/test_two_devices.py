@@ -279,7 +279,7 @@ def recovery_settings(files):
     from engine.experiments.recovery.vocabulary import RecoverySettings
 
     return RecoverySettings(layers=(1, 2), sigma=3.0, steps=3, lr=1e-2, batch_size=2, block_size=16,
-                            train_blocks=4, train_file=files[1], eval_file=files[0])
+                            train_blocks=4, train_file=files[1], eval_file=files[0], eval_every=1)
 
 
 def recovery_budget(settings, dtype) -> dict[str, int]:
