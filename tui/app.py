@@ -11,7 +11,6 @@ The app routes: the console screen's requests and the workers' messages go to th
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from tui.console_settings import ConsoleSettings
 from tui.console_work import ConsoleWork
 from tui.lab import Lab
 from tui.messages import (
+    ConsolePainted,
     ConsoleReady,
     ForTheLab,
     GenerateRequested,
@@ -39,7 +39,6 @@ from tui.messages import (
     ModelFailed,
     ModelLoaded,
 )
-from tui.screens.compare import CompareScreen
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.console import ACTIONS, APP_ACTIONS, ConsoleScreen, PanelData, help_screen, palette
 from tui.screens.picker import SessionPicker
@@ -134,13 +133,16 @@ class AnatomyApp(App[None]):
             self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
         self.push_screen(ConsoleScreen(self.console_settings, self.lab.state, self.lab.view))
 
+    @on(ConsolePainted)
+    def console_painted(self, message: ConsolePainted) -> None:
+        self.first_paint = message.at
+
     @on(ConsoleReady)
     def console_ready(self) -> None:
         self.after_first_paint()
 
     def after_first_paint(self) -> None:
-        """The console screen has painted: now the slow things may start."""
-        self.first_paint = time.perf_counter()
+        """The console screen has painted and built its panes: now the slow things may start."""
         self.lab.state.dirty.update(Dirty.EVERY)
         self.poll()
         self.set_interval(POLL_SECONDS, self.poll)
@@ -231,6 +233,8 @@ class AnatomyApp(App[None]):
             self.notify(str(exc), severity="warning", title="nothing to compare")
             return
         if doc is not None:
+            from tui.screens.compare import CompareScreen  # here: its plots' modules are not needed to paint
+
             self.push_screen(CompareScreen(doc))
 
     def action_map_job(self) -> None:
