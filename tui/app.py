@@ -11,6 +11,7 @@ The app routes: the console screen's requests and the workers' messages go to th
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,11 @@ from tui.state import Dirty, SessionState
 
 POLL_SECONDS = 0.25  # the event log is read and the panels redrawn at most 4 times a second
 GENERATE_TOKENS = 64  # the prompt pane's generations
+
+# What is imported by now (Textual, the engine's vocabularies, the console's modules: tens of thousands of
+# objects) lives as long as the process; frozen, the cyclic collector stops walking it at every full
+# collection, each of which cost the first screen's build about 15 ms (benchmarks/startup.py).
+gc.freeze()
 
 
 class AnatomyApp(App[None]):
