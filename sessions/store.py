@@ -41,7 +41,6 @@ import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +88,8 @@ def default_home() -> Path:
 
 
 def package_versions() -> dict[str, str]:
+    from importlib import metadata  # here: a session is created far less often than the console starts
+
     versions = {}
     for name in _VERSIONED_PACKAGES:
         try:

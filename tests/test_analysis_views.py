@@ -23,7 +23,7 @@ from engine.experiments.scaling_fit.vocabulary import ScalingFitResult
 from engine.registry import experiment
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
-from tui.screens import console
+from tui.screens import console_panes
 from tui.views import analyses, decoded, dynamics, prune, toy_depth, view
 from tui.views.dynamics import scatter_curves
 from tui.views.scaling_fit import depth_curves
@@ -41,7 +41,7 @@ def drawn_codes(plot: CurvePlot) -> set[int]:
 
 def every_colour() -> set[curve_plot.PlotColour]:
     """The colours the console hands plotext, wherever they are named."""
-    return {*curve_plot.REFERENCE_COLOURS, *console.CURVE_COLOURS, *console.ARM_COLOURS.values(),
+    return {*curve_plot.REFERENCE_COLOURS, *console_panes.CURVE_COLOURS, *console_panes.ARM_COLOURS.values(),
             *prune.METHOD_COLOURS.values(), *toy_depth.REGIME_COLOURS,
             *toy_depth.FIT_COLOURS, *dynamics.CLUSTER_COLOURS}  # fmt: skip
 

@@ -155,6 +155,54 @@ async def test_layer_map_select_and_detail(isolated_home) -> None:
         assert app.state.recovery[0].points[-1] == (40.0, 21.5)
 
 
+class ReadyRecorder(AnatomyApp):
+    """Records when the console said it was ready (every pane built)."""
+
+    ready_at: float | None = None
+
+    def after_first_paint(self) -> None:
+        self.ready_at = time.perf_counter()
+        super().after_first_paint()
+
+
+async def test_the_panes_out_of_view_are_built_after_the_first_paint(isolated_home) -> None:
+    """The console paints with the layer map alone; the other panes (console_panes.DEFERRED) are
+    filled just after, before the app is told the console is ready: every widget the console
+    draws into exists then, in its pane, whatever tab is shown."""
+    from tui.screens import console_panes
+    from tui.views import analyses
+
+    demo_session(SessionStore())
+    app = ReadyRecorder(session="demo", load_model=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.ready_at is not None, 10)
+        assert app.first_paint is not None and app.first_paint < app.ready_at  # painted first, then built
+        screen = app.screen
+        assert isinstance(screen, ConsoleScreen) and screen.built
+        inside = {
+            "recovery": ("recovery-form", "sigma", "steps", "lr", "recovery-layer", "recovery-info", "recovery-plot"),
+            "growth": ("growth-left", "growth-flags", "growth-table", "timeline", "growth-plot"),
+            "prompt": ("prompt-input", "prompt-columns", "left", "right"),
+            "analyses": tuple(f"result-{name}" for name, _ in analyses()),
+            "log": ("log-view",),
+        }
+        assert set(inside) == set(console_panes.DEFERRED)
+        assert inside["analyses"]  # the registry has analyses: the pane is not empty by construction
+        for pane, ids in inside.items():
+            holder = screen.query_one(f"#{pane}")
+            for widget_id in ids:
+                assert holder.query_one(f"#{widget_id}").id == widget_id, (pane, widget_id)
+        assert screen.query_one("#sigma", Input).value  # the forms hold their defaults
+        assert len(screen.query(PromptColumn)) == 2
+        await pilot.pause()  # the first redraw (every panel: Dirty.EVERY) drew into the deferred widgets
+        for widget_id in inside["analyses"]:
+            assert "anatomy-tui run" in str(screen.query_one(f"#{widget_id}").render())  # its summary, or how to run it
+        assert "layer 0" in str(screen.query_one("#recovery-layer").render())  # the map's selection
+        for key, tab in (("f3", "recovery"), ("f4", "growth"), ("f5", "prompt"), ("f6", "analyses"), ("f7", "log")):
+            await pilot.press(key)
+            assert screen.active_tab == tab
+
+
 async def test_help_lists_every_key_and_the_palette_every_action(isolated_home) -> None:
     demo_session(SessionStore())
     app = AnatomyApp(session="demo", load_model=False)

@@ -47,6 +47,23 @@ def test_first_paint_comes_before_torch(isolated_home, tmp_path) -> None:
     assert "heavy at first paint: []" in out.stdout
 
 
+# what the console's first paint does without: the panes out of view come after it (tui/screens/console_panes.py)
+AFTER_THE_PAINT = ("torch", "transformers", "plotext", "textual_plotext", "rich.pretty", "textual.widgets._rich_log",
+                   "tui.screens.console_panes", "tui.screens.compare", "tui.views", "tui.widgets.curve_plot",
+                   "tui.widgets.result_view")
+
+
+def test_importing_the_console_leaves_what_the_first_paint_does_not_need() -> None:
+    """`import tui.app` (what `anatomy-tui` imports before its first paint) brings in none of the
+    modules behind the deferred panes (the plots, every experiment's view, RichLog's pretty-printer),
+    the compare screen, or torch; the console builds those panes after the paint."""
+    code = f"import sys, tui.app; print(sorted(m for m in {AFTER_THE_PAINT!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
 def _pane(name: str) -> str:
     return subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
 

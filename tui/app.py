@@ -11,7 +11,7 @@ The app routes: the console screen's requests and the workers' messages go to th
 
 from __future__ import annotations
 
-import time
+import gc
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from tui.console_settings import ConsoleSettings
 from tui.console_work import ConsoleWork
 from tui.lab import Lab
 from tui.messages import (
+    ConsolePainted,
     ConsoleReady,
     ForTheLab,
     GenerateRequested,
@@ -39,7 +40,6 @@ from tui.messages import (
     ModelFailed,
     ModelLoaded,
 )
-from tui.screens.compare import CompareScreen
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.console import ACTIONS, APP_ACTIONS, ConsoleScreen, PanelData, help_screen, palette
 from tui.screens.picker import SessionPicker
@@ -47,6 +47,11 @@ from tui.state import Dirty, SessionState
 
 POLL_SECONDS = 0.25  # the event log is read and the panels redrawn at most 4 times a second
 GENERATE_TOKENS = 64  # the prompt pane's generations
+
+# What is imported by now (Textual, the engine's vocabularies, the console's modules: tens of thousands of
+# objects) lives as long as the process; frozen, the cyclic collector stops walking it at every full
+# collection, each of which cost the first screen's build about 15 ms (benchmarks/startup.py).
+gc.freeze()
 
 
 class AnatomyApp(App[None]):
@@ -134,13 +139,16 @@ class AnatomyApp(App[None]):
             self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
         self.push_screen(ConsoleScreen(self.console_settings, self.lab.state, self.lab.view))
 
+    @on(ConsolePainted)
+    def console_painted(self, message: ConsolePainted) -> None:
+        self.first_paint = message.at
+
     @on(ConsoleReady)
     def console_ready(self) -> None:
         self.after_first_paint()
 
     def after_first_paint(self) -> None:
-        """The console screen has painted: now the slow things may start."""
-        self.first_paint = time.perf_counter()
+        """The console screen has painted and built its panes: now the slow things may start."""
         self.lab.state.dirty.update(Dirty.EVERY)
         self.poll()
         self.set_interval(POLL_SECONDS, self.poll)
@@ -231,6 +239,8 @@ class AnatomyApp(App[None]):
             self.notify(str(exc), severity="warning", title="nothing to compare")
             return
         if doc is not None:
+            from tui.screens.compare import CompareScreen  # here: its plots' modules are not needed to paint
+
             self.push_screen(CompareScreen(doc))
 
     def action_map_job(self) -> None:

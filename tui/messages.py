@@ -111,8 +111,18 @@ class ExperimentFinished(ForTheLab):
 # from the console screen --------------------------------------------------------------------------
 
 
+class ConsolePainted(Message):
+    """The console screen's first frame is on the terminal (at `time.perf_counter()` `at`); the
+    panes out of view are built next."""
+
+    def __init__(self, at: float) -> None:
+        super().__init__()
+        self.at = at
+
+
 class ConsoleReady(Message):
-    """The console screen has painted once: now the slow things (torch, the model) may start."""
+    """The console screen has painted once and built every pane: now the slow things (torch, the
+    model) may start."""
 
 
 class LogPageRequested(Message):

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import logging
 import shlex
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import TYPE_CHECKING, cast
 
-from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Input, Label, RichLog, Static, Tab, Tabs
+from textual.widgets import Footer, Input, Tab, Tabs
 
 from engine.experiments.ablation.vocabulary import AblationMap
 from engine.registry import BY_NAME
@@ -30,6 +31,7 @@ from tui.console_view import ConsoleView
 from tui.marks import NO_MARKS, Marks
 from tui.messages import (
     CancelRequested,
+    ConsolePainted,
     ConsoleReady,
     FigureRequested,
     GenerateRequested,
@@ -45,17 +47,14 @@ from tui.messages import (
 from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
 from tui.state import Dirty, JobView, SessionState
-from tui.views import analyses, analyses_widgets, show_analyses
-from tui.widgets.curve_plot import Curve, CurvePlot
-from tui.widgets.growth_timeline import GrowthTable, GrowthTimeline
 from tui.widgets.layer_detail import LayerDetail
 from tui.widgets.layer_map import LayerMap
 from tui.widgets.prompt_column import PromptColumn
 from tui.widgets.status_line import StatusLine
 
-RATIO_LINES = (("2x", 2.0), ("1.5x", 1.5), ("1.1x", 1.1))
-CURVE_COLOURS = ("cyan", "magenta", "orange", "green", "blue", "red")
-ARM_COLOURS = {"growth_100": "green", "growth_50": "cyan", "uniform_100": "magenta"}
+if TYPE_CHECKING:
+    from textual.widgets import RichLog
+
 log = logging.getLogger("anatomy_tui.console")
 TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")
 JOB_OF_TAB = {"layers": "ablation", "recovery": "recovery", "growth": "growth"}  # what c cancels there
@@ -182,46 +181,34 @@ class ConsoleScreen(Screen[None]):
             with Horizontal(id="layers", classes="pane panel -active"):
                 yield LayerMap(id="map")
                 yield LayerDetail(id="detail")
-            with Horizontal(id="recovery", classes="pane panel"):
-                with Vertical(id="recovery-form"):
-                    yield Label("", id="recovery-layer")
-                    declared = BY_NAME["recovery"].default_texts()
-                    yield Label("sigma (x std of W)")
-                    yield Input(declared["sigma"], id="sigma", type="number")
-                    yield Label("steps")
-                    yield Input(declared["steps"], id="steps", type="integer")
-                    yield Label("lr")
-                    yield Input(declared["lr"], id="lr")
-                    yield Static("", id="recovery-info")
-                yield CurvePlot(id="recovery-plot")
-            with Horizontal(id="growth", classes="pane panel"):
-                with VerticalScroll(id="growth-left"):
-                    yield Label("g starts: anatomy-tui run growth FLAGS")
-                    yield Input(shlex.join(BY_NAME["growth"].console_flags), id="growth-flags")
-                    yield GrowthTable(id="growth-table")  # the final comparison first: never below the fold
-                    yield GrowthTimeline(id="timeline")
-                yield CurvePlot(id="growth-plot")
-            with Vertical(id="prompt", classes="pane panel"):
-                yield Input(placeholder="type a prompt and press Enter (F9 stops)", id="prompt-input")
-                with Horizontal(id="prompt-columns"):
-                    yield PromptColumn("original", id="left")
-                    yield PromptColumn("modified", id="right")
-            with VerticalScroll(id="analyses", classes="pane overlay"):
-                yield from analyses_widgets()  # each experiment's own (tui/views/)
-            with Vertical(id="log", classes="pane overlay"):
-                yield RichLog(id="log-view", wrap=True, markup=False, max_lines=2000)
+            # filled just after the first paint (build_panes): out of view in the tabs, frames in the dashboard
+            yield Horizontal(id="recovery", classes="pane panel")
+            yield Horizontal(id="growth", classes="pane panel")
+            yield Vertical(id="prompt", classes="pane panel")
+            yield VerticalScroll(id="analyses", classes="pane overlay")
+            yield Vertical(id="log", classes="pane overlay")
         yield Footer()
 
-    built = False  # set once mounted: until then the app neither draws on it nor asks it anything
+    built = False  # set once every pane is built: until then the app neither draws on it nor asks it anything
 
     def on_mount(self) -> None:
-        self.built = True
         for tab in TABS:
             self.query_one(f"#{tab}").border_title = TITLES[tab]
         self.apply_layout(self.size.width, self.size.height)
         self.query_one(LayerMap).focus()
+        self.call_after_refresh(self.build_panes)
+
+    async def build_panes(self) -> None:
+        """After the first paint: the other panes' widgets (tui/screens/console_panes.py), then the
+        console as it was left (its tab and forms), then the app hears that the console is ready."""
+        self.post_message(ConsolePainted(time.perf_counter()))
+        from tui.screens import console_panes  # here, not above: its modules are not needed to paint
+
+        for pane, children in console_panes.pane_children().items():
+            await self.query_one(f"#{pane}").mount_all(children)
+        self.built = True
         self.restore(self.restored)
-        self.call_after_refresh(self.post_message, ConsoleReady())
+        self.post_message(ConsoleReady())
 
     def restore(self, view: ConsoleView) -> None:
         """Back where the console was: the forms' text, the tab, and the layer once the map has it."""
@@ -288,83 +275,19 @@ class ConsoleScreen(Screen[None]):
             self.write_log(data.state.take_new_log())
 
     def redraw_panels(self, data: PanelData, dirty: set[str]) -> None:
+        from tui.screens import console_panes  # imported by build_panes, before the app draws anything
+
         state = data.state
         with self.app.batch_update():
             if dirty & {Dirty.LAYERS, Dirty.RECOVERY, Dirty.RESULTS, Dirty.MARKS}:
                 self.query_one(LayerMap).show(state, data.n_layers, data.marked)
                 self.query_one(LayerDetail).show(state, self.selected_layer)
-            if dirty & {Dirty.RECOVERY, Dirty.LAYERS, Dirty.SELECTION}:
-                self.redraw_recovery(data)
-            if dirty & {Dirty.GROWTH, Dirty.RESULTS, Dirty.JOBS}:
-                self.query_one(GrowthTimeline).show(state.growth, state.growth_preview,
-                                                    state.shown_status(state.growth.job, state.growth.status))
-                self.query_one(GrowthTable).show(state.growth_arms)
-                self.redraw_growth_plot(state)
-            if Dirty.RESULTS in dirty:
-                show_analyses(self, state, data.session_name)
+            console_panes.redraw(self, state, dirty, self.selected_layer, self.form_steps(), data.session_name)
             if Dirty.SELECTION in dirty:
                 self.query_one(LayerDetail).show(state, self.selected_layer)
             if Dirty.MARKS in dirty:
                 for column in self.query(PromptColumn):
                     column.mark(data.marked)
-
-    def redraw_recovery(self, data: PanelData) -> None:
-        layer = self.selected_layer
-        label = self.query_one("#recovery-layer", Label)
-        info = self.query_one("#recovery-info", Static)
-        plot = self.query_one("#recovery-plot", CurvePlot)
-        label.update(Text(f"layer {layer if layer is not None else '-'}\ni inject · c cancel", style="bold"))
-        everything = data.state.recovery
-        runs = [run for run in everything if run.layer == layer]  # the map's selection drives the plot
-        curves = [
-            Curve(
-                run.label + ("" if (shown := data.state.shown_status(run.job, run.status)) in ("running", "done")
-                             else f" {shown}"),
-                run.points,
-                CURVE_COLOURS[i % len(CURVE_COLOURS)],
-            )
-            for i, run in enumerate(runs[-6:])
-        ]
-        base = next((run.baseline_ppl for run in reversed(everything) if run.baseline_ppl), None)
-        if base is None:
-            base = data.state.ablation_baseline
-        refs = [("baseline", base)] if isinstance(base, (int, float)) else []
-        refs += [(name, base * k) for name, k in RATIO_LINES] if refs else []
-        budget = runs[-1].steps if runs and runs[-1].steps else self.form_steps()
-        plot.draw(
-            curves,
-            refs,
-            title="eval perplexity while the layer recovers",
-            xlabel="step",
-            ylabel="ppl",
-            log_y=True,
-            xspan=(0.0, float(budget)) if budget else None,
-        )
-        current = runs[-1] if runs else None
-        if current is None:
-            others = ", ".join(sorted({f"L{run.layer}" for run in everything}))
-            hint = f"no run on layer {layer} yet (runs on: {others})" if others else "no run yet"
-            info.update(Text(f"{hint}: set sigma, steps, lr and press i", style="dim"))
-        else:
-            last = current.points[-1] if current.points else None
-            now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else "waiting for the first point"
-            info.update(f"{current.label} {data.state.shown_status(current.job, current.status)}\n{now}")
-
-    def redraw_growth_plot(self, state: SessionState) -> None:
-        growth = state.growth
-        curves = [  # each arm's training loss in its colour, every validation loss white: one legend entry
-            Curve(arm, pts, ARM_COLOURS.get(arm.split("/")[0], "blue"))
-            for arm, pts in growth.train.items()
-        ]
-        curves += [Curve("val", pts, "white") for pts in growth.val.values()]
-        budget = max((int(arm["steps"]) for arm in growth.plan.arms.values()), default=0) if growth.plan else 0
-        self.query_one("#growth-plot", CurvePlot).draw(
-            curves,
-            title="loss: growth against uniform",
-            xlabel="step",
-            ylabel="loss",
-            xspan=(0.0, float(budget)) if budget else None,
-        )
 
     def on_tabs_tab_activated(self, event: Tabs.TabActivated) -> None:
         if event.tab is not None and event.tab.id:
@@ -388,7 +311,7 @@ class ConsoleScreen(Screen[None]):
         elif tab == "analyses":
             self.query_one("#analyses", VerticalScroll).focus()  # arrows and pgup/pgdn scroll
         elif tab == "log":
-            self.query_one("#log-view", RichLog).focus()
+            self.log_view().focus()
         else:
             self.query_one(Tabs).focus()
         self.session_state.dirty.update(REDRAW_ON_SHOW.get(tab, frozenset()))  # drawn on the next poll
@@ -408,12 +331,17 @@ class ConsoleScreen(Screen[None]):
     def active_tab(self) -> str:
         return self.current
 
+    def log_view(self) -> RichLog:
+        """The Log tab's view (its class is imported with the deferred panes: RichLog's module loads
+        rich's pretty-printer, which the first paint does not need)."""
+        return cast("RichLog", self.query_one("#log-view"))
+
     def write_log(self, lines: list[tuple[str, str]]) -> None:
         """New lines for the live view, while it is in view (the state keeps the newest for when it
         comes into view: a hidden RichLog would keep every line written to it until shown)."""
         if self.log_back or self.current != "log":
             return
-        view = self.query_one("#log-view", RichLog)
+        view = self.log_view()
         for level, text in lines:
             view.write(f"[{level}] {text}")
 
@@ -424,7 +352,7 @@ class ConsoleScreen(Screen[None]):
             self.notify("no older log lines: this is the start of the session's log")
             return
         self.log_back = 0
-        self.query_one("#log-view", RichLog).clear()
+        self.log_view().clear()
         self.write_log(lines)
         self.log_back = back
         paging = f" · page {back} back · o older · n newer" if back else ""
@@ -463,7 +391,9 @@ class ConsoleScreen(Screen[None]):
     def action_save_figure(self) -> None:
         """Saves the figure of the panel in view (the Analyses pane: of every analysis it shows)."""
         if self.current == "analyses":
-            names = tuple(BY_NAME[name].writes for name, _ in analyses())
+            from tui.screens.console_panes import analysis_figures  # built with the pane, after the first paint
+
+            names = analysis_figures()
         else:
             names = FIGURES_OF_TAB.get(self.current, ())
         if not names:
