@@ -56,8 +56,9 @@ def same_settings(found: Any, wanted: Mapping[str, Any], free: set[str], default
 
 def reusable(store: SessionStore, model: str, result: str, wanted: Mapping[str, Any], free: set[str],
              first: str, defaults: Mapping[str, Any]) -> Session | None:
-    """A session holding `result` of `model` made with the wanted settings: the session `first`
-    (the atlas's own for this model) when it does, else any other of the store, newest first."""
+    """A session holding `result` of `model` made with the wanted settings, whole (not the partial
+    result of a stopped run): the session `first` (the atlas's own for this model) when it does,
+    else any other of the store, newest first."""
     names = [first] + [info.name for info in store.list() if info.openable and info.name != first]
     for name in names:
         try:
@@ -69,7 +70,8 @@ def reusable(store: SessionStore, model: str, result: str, wanted: Mapping[str, 
             doc = session.load_result(result)
         except (SessionError, UserError):
             continue
-        if doc is not None and same_settings(doc.get("settings"), wanted, free, defaults):
+        if doc is not None and doc.get("partial") is not True and same_settings(doc.get("settings"), wanted, free,
+                                                                                 defaults):
             return session
     return None
 

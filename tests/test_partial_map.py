@@ -16,6 +16,7 @@ from engine.core.codec import ABSENT, json_safe
 from engine.core.events import Cancelled, CancelToken, Message, Result
 from engine.experiments.ablation.run import run, run_ablation
 from engine.experiments.ablation.vocabulary import AblationMap, AblationSettings, LayerAblated, sample
+from engine.experiments.context import RunContext
 from engine.models.loading import LoadedModel
 from sessions.job_runner import run_job
 from sessions.store import SessionStore
@@ -136,8 +137,6 @@ def test_a_fresh_run_forgets_an_older_checkpoint_and_a_damaged_one_says_what_to_
 
 
 def _context(loaded, folder, token=None, resume=False):
-    from engine.experiments.context import RunContext
-
     folder.mkdir(parents=True, exist_ok=True)
     return RunContext(model=loaded, cancel=token or CancelToken(), checkpoint_dir=folder, resume=resume)
 
@@ -173,6 +172,15 @@ def test_the_layer_panel_says_partial_and_how_to_complete_it():
     assert AblationMap.from_json(json.loads(json.dumps(json_safe(partial)))).partial is True  # round-trips
     old = json.loads(json.dumps(json_safe(whole)))
     assert "partial" not in old and AblationMap.from_json(old).partial is ABSENT  # a whole map as before
+
+
+def test_a_partial_map_is_no_input_for_the_experiments_that_read_one():
+    """Prune's `--method map`, growth's profile and manipulation's default layers would rank the
+    finished layers alone: a partial map reads as no map, as it does for the atlas's reuse."""
+    whole = sample()
+    partial = dataclasses.replace(whole, layers=whole.layers[:2], partial=True)
+    assert RunContext(inputs={"ablation": json_safe(whole)}).input(AblationMap) == whole
+    assert RunContext(inputs={"ablation": json_safe(partial)}).input(AblationMap) is None
 
 
 @pytest.mark.slow

@@ -433,6 +433,7 @@ def test_sigterm_stops_an_atlas_as_interrupted_and_its_rerun_reuses_the_finished
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert f"{models[0]} · ablation (map) on main: reused from session sig-llama" in err
-    assert f"{models[1]} · ablation (map) on main: running into session sig-qwen2" in err
+    # the stopped map's partial result is not reused: the map resumes from its checkpoint
+    assert f"{models[1]} · ablation (map) on main: resuming into session sig-qwen2" in err
     doc = SessionStore().open("sig").load_result("atlas")
     assert {row["model"] for row in doc["rows"]} == {str(m) for m in models}

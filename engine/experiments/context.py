@@ -39,5 +39,7 @@ class RunContext:
 
     def input(self, cls: type[R]) -> R | None:
         """The session's result of this class (results/<cls.name>.json); None when the session has
-        none, or one that does not read as this class (a damaged or foreign file)."""
-        return decode_or_none(cls, self.inputs.get(cls.name))
+        none, one that does not read as this class (a damaged or foreign file), or only the partial
+        result of a stopped run (a map of 12 of 30 layers would rank the 12 alone)."""
+        result = decode_or_none(cls, self.inputs.get(cls.name))
+        return None if getattr(result, "partial", None) is True else result
