@@ -400,6 +400,31 @@ async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
         assert not release.is_set()
 
 
+async def test_quitting_with_a_job_running_keeps_the_view(isolated_home, tiny_folder, monkeypatch) -> None:
+    """q, then y to stop the map running in the console: the layer and tab are kept as on any quit."""
+    from tui.console_view import load
+
+    release = threading.Event()
+
+    def slow(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None):
+        while not release.wait(0.02):
+            cancel.check()
+        yield from ()
+
+    monkeypatch.setattr("engine.experiments.ablation.run.run_ablation", slow)
+    app = tiny_app(tiny_folder)
+    async with app.run_test(size=SIZE) as pilot:
+        await loaded(pilot)
+        await pilot.press("a")
+        await until(pilot, lambda: "ablation" in app.lab.cancels and app.state.running_jobs())
+        await pilot.press("down", "down", "f4", "q")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        session = app.lab.session
+    view = load(session)
+    assert (view.layer, view.tab) == (2, "growth")
+
+
 async def test_cancel_says_cancelling_at_once(isolated_home, tiny_folder, monkeypatch) -> None:
     """F2 then c: the status line and the layer map's panel say `cancelling` before the map has
     stopped (it stops at its next check, here only once released); then the job reads cancelled."""
@@ -507,6 +532,8 @@ async def test_marked_blocks_change_the_modified_column(isolated_home, tiny_fold
         left = app.screen.query(PromptColumn).first()
         assert (left.text, right.text) == (original, without)
         await pilot.press("q")
+        if isinstance(app.screen, ConfirmScreen):  # the map the loaded model started still runs (a loaded machine)
+            await pilot.press("y")
     again = tiny_app(tiny_folder, load_model=False)
     async with again.run_test(size=SIZE) as pilot:
         await pilot.pause()

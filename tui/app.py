@@ -283,6 +283,7 @@ class AnatomyApp(App[None]):
     def stop_and_quit(self, yes: bool | None) -> None:
         if yes:
             self.lab.stop_console_runs()
+            self.lab.closing()  # the view (marks, layer, tab, forms) is kept as on any quit
             self.exit()
 
     # the prompt pane -------------------------------------------------------------------------------
