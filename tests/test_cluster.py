@@ -460,7 +460,8 @@ async def test_the_console_follows_its_job_on_the_cluster_live(ray_cluster, fami
             [where] = placements(events(isolated_home, "live"))
             worker = int(where.rsplit("pid ", 1)[1])
             os.kill(worker, signal.SIGSTOP)  # the task held after its first row
-            await until(pilot, lambda: len(app.state.ablation) > 0 and "map own process" in str(panel.border_subtitle))
+            await until(pilot, lambda: len(app.state.ablation) > 0)
+            await until(pilot, lambda: "map own process" in str(panel.border_subtitle), 30)
             await pilot.pause(1.0)  # time for anything more to arrive: nothing does
             shown, line = len(app.state.ablation), str(panel.border_subtitle)
             assert "ablation" not in app.state.results and '"kind": "job.finished"' not in log.read_text()
