@@ -414,7 +414,8 @@ def test_prompt_variants_and_generation(monkeypatch, tokenizer, tmp_path, embedd
     from engine.experiments.variants import Variant, applied
 
     variants = [Variant("original"), Variant("modified", layers=(1, 2)), Variant("noised", layers=(2,), sigma=2.0),
-                Variant("pruned", layers=(1, 2))]
+                Variant("pruned", layers=(1, 2)),
+                Variant("modified", layers=(1,), blocks=((2, "mlp"), (3, "attention")))]  # blocks across the GPUs
 
     def answers(model):
         before = {k: v.clone() for k, v in model.state_dict().items() if v.device.type != "meta"}
