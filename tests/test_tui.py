@@ -371,9 +371,9 @@ async def test_an_engine_error_becomes_a_notification(isolated_home, tiny_folder
     assert "boom from the engine" in log_text
 
 
-async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
-    isolated_home, tiny_folder, monkeypatch
-) -> None:
+@pytest.fixture
+def waiting_map(monkeypatch) -> threading.Event:
+    """The map replaced by one that runs (checking its cancel) until the event returned is set."""
     release = threading.Event()
 
     def slow(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None):
@@ -382,11 +382,20 @@ async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
         yield from ()
 
     monkeypatch.setattr("engine.experiments.ablation.run.run_ablation", slow)
+    return release
+
+
+async def map_running(app, pilot) -> None:
+    """The model loaded, then `a`: the map is running in the console."""
+    await loaded(pilot)
+    await pilot.press("a")
+    await until(pilot, lambda: "ablation" in app.lab.cancels and app.state.running_jobs())
+
+
+async def test_keys_are_handled_while_a_job_runs_and_quit_asks(isolated_home, tiny_folder, waiting_map) -> None:
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await pilot.press("a")
-        await until(pilot, lambda: "ablation" in app.lab.cancels and app.state.running_jobs())
+        await map_running(app, pilot)
         await pilot.press("down", "down", "f4")
         assert app.screen.selected_layer == 2 and app.screen.active_tab == "growth"
         await pilot.press("q")
@@ -397,26 +406,16 @@ async def test_keys_are_handled_while_a_job_runs_and_quit_asks(
         await app.workers.wait_for_complete()
         await until(pilot, lambda: not app.state.running_jobs())
         assert [job.status for job in app.state.jobs.values()] == ["cancelled"]
-        assert not release.is_set()
+        assert not waiting_map.is_set()
 
 
-async def test_quitting_with_a_job_running_keeps_the_view(isolated_home, tiny_folder, monkeypatch) -> None:
+async def test_quitting_with_a_job_running_keeps_the_view(isolated_home, tiny_folder, waiting_map) -> None:
     """q, then y to stop the map running in the console: the layer and tab are kept as on any quit."""
     from tui.console_view import load
 
-    release = threading.Event()
-
-    def slow(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None):
-        while not release.wait(0.02):
-            cancel.check()
-        yield from ()
-
-    monkeypatch.setattr("engine.experiments.ablation.run.run_ablation", slow)
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE) as pilot:
-        await loaded(pilot)
-        await pilot.press("a")
-        await until(pilot, lambda: "ablation" in app.lab.cancels and app.state.running_jobs())
+        await map_running(app, pilot)
         await pilot.press("down", "down", "f4", "q")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
