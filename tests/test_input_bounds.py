@@ -447,55 +447,64 @@ PEAK = textwrap.dedent("""
                 return int(line.split()[1]) * 1024
 
     tokenizer = byte_tokenizer()
-    before = rss("VmRSS:")
-    settings = AblationSettings(**json.loads(sys.argv[1]))
-    try:
-        source = eval_source(tokenizer, settings)
-        if source.windows is not None:
-            said = f"{{len(source.windows.rows)}} windows"
-        else:  # as the memory plan and the evaluator tokenize the texts
-            lengths = [len(ids) for ids in tokenizer(list(source.texts), truncation=True, max_length=256)["input_ids"]]
-            said = f"{{len(lengths)}} texts of {{max(lengths)}} tokens"
-    except UserError as exc:
-        said = str(exc)
-    print(json.dumps({{"before": before, "peak": rss("VmHWM:"), "said": said}}))
+    for bound in json.loads(sys.argv[1]):
+        with open("/proc/self/clear_refs", "w") as refs:  # the peak (VmHWM) starts again from what is resident now
+            refs.write("5")
+        before = rss("VmRSS:")
+        settings, source = AblationSettings(**bound), None
+        try:
+            source = eval_source(tokenizer, settings)
+            if source.windows is not None:
+                said = f"{{len(source.windows.rows)}} windows"
+            else:  # as the memory plan and the evaluator tokenize the texts
+                lengths = [len(ids) for ids in tokenizer(list(source.texts), truncation=True,
+                                                         max_length=256)["input_ids"]]
+                said = f"{{len(lengths)}} texts of {{max(lengths)}} tokens"
+        except UserError as exc:
+            said = str(exc)
+        del source
+        print(json.dumps({{"before": before, "peak": rss("VmHWM:"), "said": said}}), flush=True)
 """)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the peak from /proc")
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="resets the peak through /proc")
 def test_the_memory_of_a_bounded_read_does_not_grow_with_the_file(tmp_path):
     """The issue's probe: a 200 MB one-line file with --max-windows 2 reached 22.4 GB; --max-tokens
-    1000 of a 20 MB file 3.2 GB. Each reading process's peak (VmHWM) over its memory before the
-    read: a few MB, where reading the file whole would take its size at least. The 20 MB line as an
-    --eval-file too (a fast tokenizer's encoding of it, truncated, took 5 GB)."""
+    1000 of a 20 MB file 3.2 GB. The peak (VmHWM) of one reading process over its memory before
+    each read (the peak reset between reads, /proc/self/clear_refs): a few MB, where reading the
+    file whole would take its size at least. The 20 MB line as an --eval-file too (a fast
+    tokenizer's encoding of it, truncated, took 5 GB)."""
     sizes = {"200 MB": 200 * MB, "20 MB": 20 * MB}
-    grown = {}
+    bounds, labels = [], []
     for label, size in sizes.items():
         path = tmp_path / f"{size // MB}.txt"
         one_line_file(path, size)
         assert path.stat().st_size == size
-        script = tmp_path / "peak.py"
-        script.write_text(PEAK.format(root=str(ROOT), tests=str(ROOT / "tests")))
         cases = [{"max_windows": 2}, {"max_tokens": 1000}, *([{}] if size > TEXT_BUDGET else [])]
         for bound in [{"eval_dataset": str(path), "context": 500, **bound} for bound in cases] + [
                 {"eval_file": str(path), "max_length": 256}] * (size < TEXT_BUDGET):
-            done = subprocess.run([sys.executable, str(script), json.dumps(bound)], capture_output=True, text=True,
-                                  timeout=600)
-            assert done.returncode == 0, done.stderr
-            found = json.loads(done.stdout)
-            grown[(label, json.dumps(bound))] = found["peak"] - found["before"]
-            shown = {k: v for k, v in bound.items() if k not in ("eval_dataset", "context")}
-            print(f"{label} one-line file, {shown}: peak {found['peak'] / MB:.0f} MB, "
-                  f"{(found['peak'] - found['before']) / MB:.1f} MB over the {found['before'] / MB:.0f} MB "
-                  f"before the read; {found['said'][:90]}")
-            if "eval_file" in bound:  # one text of 20 MB, cut to what its first 256 tokens need
-                assert found["said"] == "1 texts of 256 tokens", found
-            elif "max_windows" in bound or "max_tokens" in bound:
-                assert found["said"] == "2 windows", found
-            else:
-                assert "over the 64 MB a run reads without a bound" in found["said"]
-        path.unlink()
+            bounds.append(bound)
+            labels.append(label)
+    script = tmp_path / "peak.py"
+    script.write_text(PEAK.format(root=str(ROOT), tests=str(ROOT / "tests")))
+    done = subprocess.run([sys.executable, str(script), json.dumps(bounds)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    grown = {}
+    for label, bound, line in zip(labels, bounds, done.stdout.splitlines(), strict=True):
+        found = json.loads(line)
+        grown[(label, json.dumps(bound))] = found["peak"] - found["before"]
+        shown = {k: v for k, v in bound.items() if k not in ("eval_dataset", "context")}
+        print(f"{label} one-line file, {shown}: peak {found['peak'] / MB:.0f} MB, "
+              f"{(found['peak'] - found['before']) / MB:.1f} MB over the {found['before'] / MB:.0f} MB "
+              f"before the read; {found['said'][:90]}")
+        if "eval_file" in bound:  # one text of 20 MB, cut to what its first 256 tokens need
+            assert found["said"] == "1 texts of 256 tokens", found
+        elif "max_windows" in bound or "max_tokens" in bound:
+            assert found["said"] == "2 windows", found
+        else:
+            assert "over the 64 MB a run reads without a bound" in found["said"]
     bounded = {key: value for key, value in grown.items() if "eval_dataset" in key[1]}
     assert max(bounded.values()) < 32 * MB, {k: v / MB for k, v in grown.items()}
     whole_file = {key: value for key, value in grown.items() if "eval_file" in key[1]}  # read whole, never tokenized so
