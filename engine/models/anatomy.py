@@ -14,7 +14,7 @@ residual layers (Phi-1/Phi-2, GPT-NeoX with `use_parallel_residual`) add both te
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -58,6 +58,15 @@ def _offloaded(module: nn.Module) -> torch.Tensor:
         if getattr(hook, "weights_map", None) is not None:
             return hook.weights_map["weight"]
     raise UserError("a layer's weights are neither loaded nor offloaded by accelerate; reload the model")
+
+
+def host_copies(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies of these tensors in host memory, to be read there: a GPU's are queued (`non_blocking`)
+    and waited for once per GPU, not once per tensor."""
+    copies = {name: t.detach().to("cpu", copy=True, non_blocking=t.is_cuda) for name, t in tensors.items()}
+    for device in dict.fromkeys(t.device for t in tensors.values() if t.is_cuda):
+        torch.cuda.synchronize(device)
+    return copies
 
 
 def execution_device(module: nn.Module) -> torch.device:

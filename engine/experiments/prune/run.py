@@ -71,7 +71,7 @@ from engine.experiments.prune.vocabulary import (
 from engine.export.folder import ADAPTER, check_export_folder, save_model_folder
 from engine.export.mergekit_yaml import MERGEKIT_CONFIG, passthrough_yaml
 from engine.export.model_card import CardFacts, Perplexity, hub_id, model_card
-from engine.models.anatomy import PARTS, LayerStack, execution_device
+from engine.models.anatomy import PARTS, LayerStack, execution_device, host_copies
 from engine.models.pruning import (
     Block,
     Cut,
@@ -345,7 +345,8 @@ class Healer:
             self._train([p for name, p in peft_model.named_parameters() if "lora_" in name], layer, cancel)
             if adapter is not None:
                 peft_model.peft_config["default"].base_model_name_or_path = ""  # not None: peft fills that in
-                peft_model.save_pretrained(adapter)
+                lora = {name: p for name, p in peft_model.state_dict().items() if "lora_" in name}
+                peft_model.save_pretrained(adapter, state_dict=host_copies(lora))
         finally:
             peft_model.merge_and_unload()
 
