@@ -118,23 +118,23 @@ def test_bad_layer_index_and_component():
 @pytest.mark.parametrize("host", [False, True])
 def test_preserved_restores_every_parameter_from_device_or_host_copies(host, monkeypatch):
     """Training changes norms too: all of a layer's parameters come back; with `host` the copies
-    wait in CPU memory."""
+    wait in CPU memory, queued there from a GPU (test_two_devices checks they are only copied back)."""
     model = tiny_model("llama")
     stack = LayerStack(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     copies = stack.copies
     kept = []
 
-    def spy(indices, on_host=False):
-        kept.append(on_host)
-        return copies(indices, on_host)
+    def spy(indices, on_host=False, queued=False):
+        kept.append((on_host, queued))
+        return copies(indices, on_host, queued)
 
     monkeypatch.setattr(stack, "copies", spy)
     with torch.no_grad(), stack.preserved([1, 2], host=host):
         for param in model.model.layers[1].parameters():
             param.add_(1.0)
         model.model.layers[2].input_layernorm.weight.zero_()
-    assert kept == [host]
+    assert kept == [(host, True)]  # queued: only ever copied back
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
 
 

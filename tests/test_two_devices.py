@@ -5,8 +5,9 @@ cuda:0 and cuda:1 by accelerate's hooks, where an operation that mixes the two d
 it would on CUDA. The numbers must be the plain run's. The ablation, recovery, prune and dynamics
 runs also keep to a budget of host reads (each waits for the GPU) and uploads, written as what the
 run's structure needs (per batch, per evaluation, per step); `test_*_mutation_is_caught` checks
-that a read per matrix or per layer and batch, an `np.asarray` of a GPU tensor and an index on
-the wrong GPU each fail them."""
+that a read per matrix or per layer and batch, a training forward without its attention mask,
+healed weights read to the host, an `np.asarray` of a GPU tensor and an index on the wrong GPU each
+fail them."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from tiny_models import tiny_model
-from virtual_devices import DeviceMismatch, VirtualDevices, device_of, place, two_gpus
+from tiny_models import TINY_CONFIGS, tiny_model
+from virtual_devices import DeviceMismatch, NotArrived, VirtualDevices, device_of, place, two_gpus
 
 from engine.core.events import Result
 from engine.models.anatomy import LayerStack
@@ -123,6 +124,59 @@ def test_reads_and_uploads_are_counted_where_cuda_pays_them():
         torch.ones(3).to("cuda:1")
         assert mode.uploads == 2 and mode.reads == 9
         assert all(site.endswith("elsewhere") for site in mode.sites)  # no engine line made them
+
+
+def test_a_queued_copy_to_the_host_waits_for_nothing_until_it_is_used(monkeypatch):
+    """`.to("cpu", non_blocking=True)` is no read; its host tensor may go back to a GPU at once (CUDA
+    orders the two copies on the stream), any other use needs a synchronize first, which is a read."""
+    with two_gpus(monkeypatch) as mode:
+        a = torch.arange(6.0, device="cuda:1")
+        saved = a.to("cpu", copy=True, non_blocking=True)
+        assert mode.reads == 0 and saved.device == torch.device("cpu")
+        a.mul_(2.0)
+        a.copy_(saved)
+        assert torch.equal(saved.to("cuda:1"), a)
+        with pytest.raises(NotArrived, match="non_blocking=True before torch.cuda.synchronize"):
+            saved.sum()
+        with pytest.raises(NotArrived):
+            np.asarray(saved)
+        torch.cuda.synchronize()
+        assert mode.reads == 1 and saved.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        assert a.to("cpu").tolist() == saved.tolist() and mode.reads == 2  # a blocking copy is a read
+
+
+def test_host_copies_wait_once_per_gpu(monkeypatch):
+    from engine.models.anatomy import host_copies
+
+    with two_gpus(monkeypatch) as mode:
+        tensors = {f"t{i}": torch.full((3,), float(i), device=f"cuda:{i % 2}") for i in range(6)}
+        tensors["host"] = torch.ones(2)
+        copies = host_copies(tensors)
+        assert mode.reads == 2  # one synchronize per GPU, not one read per tensor
+        assert {name: t.tolist() for name, t in copies.items()} == {name: t.cpu().tolist()
+                                                                    for name, t in tensors.items()}
+        assert all(t.device == torch.device("cpu") for t in copies.values())
+        assert copies["host"] is not tensors["host"]  # copies, even of what was on the host
+
+
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+def test_a_blocks_forward_reads_nothing_and_gives_the_forwards_numbers(family):
+    """Whole blocks with their all-ones mask: the logits of a forward without one, bit for bit, and
+    no host read (without a mask transformers reads the position ids back, looking for packing)."""
+    from engine.training.trainer import blocks_forward
+
+    model = tiny_model(family, seed=3)
+    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    expected = model(input_ids=ids, use_cache=False).logits
+    with VirtualDevices() as mode:
+        model.to("cuda:0")
+        ids = ids.to("cuda:0")
+        uploads = mode.uploads
+        logits = blocks_forward(model, ids).logits
+        assert mode.reads == 0 and mode.uploads == uploads
+        model(input_ids=ids, use_cache=False)
+        assert family == "opt" or mode.reads > 0  # the read it saves (OPT makes its mask without one)
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0)
 
 
 def test_index_tensors_on_another_gpu_raise_as_cuda_does():
@@ -285,12 +339,12 @@ def recovery_settings(files):
 def recovery_budget(settings, dtype) -> dict[str, int]:
     """The evaluation texts in one batch (its token count read, its ids and mask up) and the
     training blocks up once; one read per evaluation (the baseline, each layer noised and after each
-    step); per layer its two prefix forwards and per step its training forward (transformers reads
-    once in a forward without an attention mask) and its loss; in float16 GradScaler's overflow
-    check per step."""
+    step); per step its loss, and in float16 GradScaler's overflow check. The prefix and training
+    forwards read nothing: they pass their blocks' all-ones attention mask (without one transformers
+    reads the position ids back at every forward, looking for packed sequences)."""
     layers, steps = len(settings.layers), settings.steps
-    per_step = 3 if dtype == torch.float16 else 2
-    return {"reads": 1 + (1 + layers * (steps + 1)) + 2 * layers + per_step * layers * steps, "uploads": 3}
+    per_step = 2 if dtype == torch.float16 else 1
+    return {"reads": 1 + (1 + layers * (steps + 1)) + per_step * layers * steps, "uploads": 3}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -307,16 +361,20 @@ def test_recovery(monkeypatch, tokenizer, files, dtype):
 
 # prune's host reads and uploads on this layout, exactly as counted site by site: every run reads the
 # map's (3 batches' token counts, 22 evaluations, the meter's 4 + 1), the angular distances (a row of
-# sums at a time: 6), each healing step's forward (transformers' read without a mask) and loss (12 + 12),
-# the export's parameters from the GPUs (30; 29 with the embedding on disk) and the healed layers'
-# weights saved to the host first (36; LoRA 216, and 126 merging its adapters); float16 adds
-# GradScaler's overflow check per step (16; LoRA 20). It uploads each batch's ids and mask (6) and the
-# training blocks (1); LoRA its adapters, made on the host (210); an embedding on disk comes up at
-# every forward (68; 80 with LoRA).
+# sums at a time: 6), each healing step's loss (12) and the export's parameters from the GPUs (30; 29
+# with the embedding on disk); LoRA waits once per GPU for the adapters it writes to the export's
+# adapter folder (3 adapters on 2 GPUs: 6); float16 adds GradScaler's overflow check per step (16;
+# LoRA 20). The healing forwards pass their all-ones mask (without it, transformers' packed-sequence
+# test read once each: 12 more); the trained layers' snapshots and the kept healed weights are queued
+# to the host, only ever copied back (read one parameter at a time they cost 36 more, 216 with LoRA),
+# and the adapters' copies queued (one read a tensor: 126 instead of 6). It uploads each batch's ids
+# and mask (6) and the training blocks (1); LoRA its adapters, drawn on the host (210: the same numbers
+# whatever the layout; drawn on each GPU they would follow the layout); an embedding on disk comes up
+# at every forward (68; 80 with LoRA).
 PRUNE_BUDGET = {
-    ("adjacent", None, torch.float32): (126, 7), ("adjacent", "disk", torch.float32): (125, 75),
-    ("adjacent", None, torch.float16): (142, 7), ("lora", None, torch.float32): (432, 217),
-    ("lora", "disk", torch.float32): (431, 297), ("lora", None, torch.float16): (452, 217),
+    ("adjacent", None, torch.float32): (78, 7), ("adjacent", "disk", torch.float32): (77, 75),
+    ("adjacent", None, torch.float16): (94, 7), ("lora", None, torch.float32): (84, 217),
+    ("lora", "disk", torch.float32): (83, 297), ("lora", None, torch.float16): (104, 217),
 }
 
 
@@ -451,6 +509,35 @@ def test_a_float_of_each_matrix_std_mutation_is_caught(monkeypatch, tokenizer, f
     with pytest.raises(AssertionError, match="host reads"):
         within(mode, **recovery_budget(settings, torch.float32))
     assert sum(n for site, n in mode.sites.items() if "recovery/run.py" in site) >= MATRICES * len(settings.layers)
+
+
+def test_a_training_forward_without_its_mask_mutation_is_caught(monkeypatch, tokenizer, files):
+    """Recovery's prefix and training forwards given no attention mask: transformers' read per forward."""
+    import engine.experiments.recovery.run as recovery
+
+    monkeypatch.setattr(recovery, "blocks_forward", lambda model, ids: model(input_ids=ids, use_cache=False))
+    settings = recovery_settings(files)
+    _, mode = on_gpus(monkeypatch, lambda model: result(recovery.run_recovery(model, tokenizer, settings)))
+    with pytest.raises(AssertionError, match="host reads"):
+        within(mode, **recovery_budget(settings, torch.float32))
+
+
+def test_healed_weights_read_to_the_host_mutation_is_caught(monkeypatch, tokenizer, files, tmp_path):
+    """Prune's kept healed weights copied to the host one parameter at a time, each waiting for the GPU."""
+    from engine.experiments.prune.vocabulary import PruneSettings
+    from engine.models.loading import LoadedModel
+    from engine.registry import RunContext, experiment
+
+    copies = LayerStack.copies
+    monkeypatch.setattr(LayerStack, "copies",
+                        lambda self, indices, host=False, queued=False: copies(self, indices, host))
+    settings = PruneSettings(eval_file=files[0], train_file=files[1], remove=(1, 2), heal_steps=2, heal="adjacent",
+                             export=str(tmp_path / "export"), export_count=1)
+    run = experiment("prune").run
+    _, mode = on_gpus(monkeypatch, lambda model: result(run(settings, RunContext(
+        model=LoadedModel(model, tokenizer, "tiny", "test", "cpu", "float32", "llama", 4)))))
+    with pytest.raises(AssertionError, match="host reads"):
+        within(mode, *PRUNE_BUDGET["adjacent", None, torch.float32])
 
 
 def test_a_cpu_copy_per_layer_and_batch_mutation_is_caught(monkeypatch, tokenizer):

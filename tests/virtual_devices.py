@@ -11,7 +11,10 @@ tensor with an index tensor on another GPU, and a CPU generator drawing GPU numb
 It counts what a GPU pays for: `reads`, each GPU-to-host read, which waits for the queued work
 (`.item()`, `float()`, `int()`, `bool()`, `.tolist()`, `.cpu()`, an f-string's `__format__`, `__index__`);
 `uploads`, each host-to-GPU copy of more than one number (`.to("cuda")` of a host tensor, a host
-index tensor indexing a GPU one); `crossings`, each copy between two GPUs. `torch.autocast("cuda")`
+index tensor indexing a GPU one); `crossings`, each copy between two GPUs. `.to("cpu", non_blocking=True)`
+is queued as CUDA queues it, no read: its host tensor may be copied back to a GPU (stream-ordered
+after it), but any other use before `torch.cuda.synchronize()` (a read: it waits) raises, as its values
+may not have arrived. `torch.autocast("cuda")`
 autocasts the CPU arithmetic as CUDA's would the GPU's (two_gpus), so half-precision training under
 the harness runs as on the cards.
 
@@ -45,10 +48,15 @@ _READS = {"item", "tolist", "__float__", "__int__", "__bool__", "__complex__", "
 _TO_NUMPY = {"numpy", "__array__"}  # np.asarray(t) calls t.__array__
 _NO_MATH = {"_has_compatible_shallow_copy_type"}  # compares two tensors' types; computes nothing
 _INDEXING = {"__getitem__", "__setitem__", "index_put_", "index_put"}  # CPU index tensors are allowed
+_IN_FLIGHT = "_virtual_in_flight"  # on a non_blocking copy to the host: the synchronizations before it
 
 
 class DeviceMismatch(RuntimeError):
     """What CUDA raises when one operation gets tensors of two devices."""
+
+
+class NotArrived(RuntimeError):
+    """A host tensor from a non_blocking copy used before a synchronize: on CUDA, garbage."""
 
 
 def device_of(tensor: torch.Tensor) -> torch.device | None:
@@ -92,6 +100,12 @@ class VirtualDevices(TorchFunctionMode):
         super().__init__()
         self.crossings = 0  # explicit moves between two GPUs (what a split model pays per forward)
         self.sites: collections.Counter[str] = collections.Counter()  # "read engine/x.py:12": how many
+        self.synchronizations = 0
+
+    def synchronize(self) -> None:
+        """torch.cuda.synchronize: waits for every GPU (a read), after which every copy has arrived."""
+        self.count("read")
+        self.synchronizations += 1
 
     @property
     def reads(self) -> int:
@@ -117,6 +131,7 @@ class VirtualDevices(TorchFunctionMode):
         name = _name(func)
         if name.endswith(".__get__") or name.endswith(".__set__"):
             return self._property(name, func, args)
+        self._check_arrived(name, args, kwargs)
         if name in _MOVES:
             return self._move(name, func, args, kwargs)
         if name in _TO_NUMPY and (device_of(args[0]) or CPU).type != "cpu":
@@ -182,13 +197,27 @@ class VirtualDevices(TorchFunctionMode):
             self.crossings += 1
         if source is not None and source.type == "cpu" and target.type == "cuda" and args[0].numel() > 1:
             self.count("upload")
-        if source is not None and source.type == "cuda" and target.type == "cpu":
+        queued = name == "to" and bool(kwargs.get("non_blocking"))
+        if source is not None and source.type == "cuda" and target.type == "cpu" and not queued:
             self.count("read")
         if name in ("cpu", "cuda"):
             out = func(*args, **kwargs).clone()
         else:
             out = func(*args, **{**kwargs, "copy": True})
+        if source is not None and source.type == "cuda" and target.type == "cpu" and queued:
+            setattr(out, _IN_FLIGHT, self.synchronizations)
         return tag(out, target)
+
+    def _check_arrived(self, name: str, args, kwargs) -> None:
+        """A non_blocking copy's host tensor may only go back to a GPU before a synchronize."""
+        to_gpu = (name == "copy_" and args and (device_of(args[0]) or CPU).type == "cuda") or (
+            name in _MOVES and ((_target(args[1:], kwargs) or CPU).type == "cuda" or name == "cuda"))
+        if to_gpu:
+            return
+        for value in tree_flatten((args, kwargs))[0]:
+            if isinstance(value, torch.Tensor) and getattr(value, _IN_FLIGHT, None) == self.synchronizations:
+                raise NotArrived(f"{name} of a host tensor copied from a GPU with non_blocking=True before "
+                                 "torch.cuda.synchronize(): its values may not have arrived")
 
     def _foreach(self, func, args, kwargs):
         """A multi-tensor op (optimizers use them) may take lists spread over devices: CUDA groups
@@ -340,8 +369,9 @@ def two_gpus(monkeypatch, free: int = 16 * 2**30, capability: tuple[int, int] = 
     """torch believes it has two GPUs (count, capability, free memory, synchronize, events), and the
     VirtualDevices mode keeps each tensor's device; inside, experiments run as on two cards."""
     cuda = torch.cuda
+    mode = VirtualDevices()
     fakes = {
-        "is_available": lambda: True, "device_count": lambda: 2, "synchronize": lambda device=None: None,
+        "is_available": lambda: True, "device_count": lambda: 2, "synchronize": lambda device=None: mode.synchronize(),
         "get_device_capability": lambda device=None: capability,
         "is_bf16_supported": lambda *a, **k: capability >= (8, 0),
         "mem_get_info": lambda device=None: (free, 2 * free), "memory_allocated": lambda device=None: 0,
@@ -360,6 +390,5 @@ def two_gpus(monkeypatch, free: int = 16 * 2**30, capability: tuple[int, int] = 
         return tag(make_parameter(cls, data, requires_grad), None if data is None else device_of(data))
 
     monkeypatch.setattr(torch.nn.Parameter, "__new__", staticmethod(parameter))
-    mode = VirtualDevices()
     with mode:
         yield mode

@@ -14,7 +14,7 @@ residual layers (Phi-1/Phi-2, GPT-NeoX with `use_parallel_residual`) add both te
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -58,6 +58,15 @@ def _offloaded(module: nn.Module) -> torch.Tensor:
         if getattr(hook, "weights_map", None) is not None:
             return hook.weights_map["weight"]
     raise UserError("a layer's weights are neither loaded nor offloaded by accelerate; reload the model")
+
+
+def host_copies(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies of these tensors in host memory, to be read there: a GPU's are queued (`non_blocking`)
+    and waited for once per GPU, not once per tensor."""
+    copies = {name: t.detach().to("cpu", copy=True, non_blocking=t.is_cuda) for name, t in tensors.items()}
+    for device in dict.fromkeys(t.device for t in tensors.values() if t.is_cuda):
+        torch.cuda.synchronize(device)
+    return copies
 
 
 def execution_device(module: nn.Module) -> torch.device:
@@ -214,19 +223,24 @@ class LayerStack:
         """Where input ids and masks go: where the embedding runs."""
         return execution_device(self.model.get_input_embeddings())
 
-    def copies(self, indices: Sequence[int], host: bool = False) -> dict[int, dict[str, torch.Tensor]]:
+    def copies(self, indices: Sequence[int], host: bool = False,
+               queued: bool = False) -> dict[int, dict[str, torch.Tensor]]:
         """Copies of every parameter of these layers, by the layer's own names
-        (`self_attn.q_proj.weight`, `input_layernorm.weight`), where they are or, with `host`, on the CPU."""
-        return {i: {name: p.detach().to("cpu" if host else p.device, copy=True)
+        (`self_attn.q_proj.weight`, `input_layernorm.weight`), where they are or, with `host`, on the CPU.
+        With `queued`, a GPU's copies to the host are queued (`non_blocking`: into pinned memory,
+        without waiting for the GPU) and may be used only to be copied back to their GPU (on its
+        stream, after them) until a `torch.cuda.synchronize()`."""
+        return {i: {name: p.detach().to("cpu" if host else p.device, copy=True, non_blocking=queued and p.is_cuda)
                     for name, p in self.layers[self.check_index(i)].named_parameters()} for i in indices}
 
     @contextlib.contextmanager
     def preserved(self, indices: Sequence[int], host: bool = False) -> Iterator[None]:
         """Restores every parameter of these layers bit for bit on exit, whatever happened inside
         (training changes norms too). The originals are kept where the layers are, or with `host` in
-        CPU memory: no second copy on the GPU, for one transfer each way."""
+        CPU memory: no second copy on the GPU, for one transfer each way, queued (the host waits for
+        neither: the copies back follow the copies out on each GPU's stream)."""
         self.check_editable(indices)
-        saved = self.copies(indices, host)
+        saved = self.copies(indices, host, queued=True)
         try:
             yield
         finally:

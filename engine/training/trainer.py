@@ -106,6 +106,15 @@ def seeded_batches(pool: int, size: int, generator: torch.Generator) -> Iterator
     return ([order[(first + i) % pool] for i in range(size)] for first in itertools.count(0, size))
 
 
+def blocks_forward(model: nn.Module, ids: torch.Tensor) -> Any:
+    """`model` run on whole blocks of token ids (no padding), with their all-ones attention mask made
+    where the ids are. Given no mask and no cache, transformers reads the position ids back to the
+    host at every forward (`find_packed_sequence_indices`, its test for packed sequences: a wait for
+    the GPU's queue); with the mask, eager attention builds its causal mask without one (SDPA's
+    still reads once, to see whether the mask pads). The numbers are the same either way."""
+    return model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+
+
 def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Mean next-token loss of whole blocks of token ids (no padding)."""
     mask = torch.ones_like(ids)

@@ -28,7 +28,7 @@ from engine.experiments.growth.checkpoint import optimizer_tensors, restore_opti
 from engine.experiments.growth.data import train_batch
 from engine.experiments.growth.protocol import Phase
 from engine.experiments.growth.vocabulary import GrowthEval, GrowthPhase, GrowthPhaseEnd, GrowthStep
-from engine.training.trainer import Stopwatch, Trainer
+from engine.training.trainer import Stopwatch, Trainer, blocks_forward
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def evaluate(model: torch.nn.Module, batches: Sequence[torch.Tensor], trainer: T
     for batch in batches:
         batch = batch.to(trainer.device)
         with trainer.autocast():
-            logits = model(batch[:, :-1], use_cache=False).logits
+            logits = blocks_forward(model, batch[:, :-1]).logits
         total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
     model.train()
     return float(total) / len(batches)
@@ -189,7 +189,7 @@ def train_arm(
                     cancel.check()
                 batch = train_batch(train_tokens, seed, step, c.batch_size, c.seq_len).to(device)
                 with trainer.forward():
-                    logits = model(batch[:, :-1], use_cache=False).logits
+                    logits = blocks_forward(model, batch[:, :-1]).logits
                     loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
                 lrs.append(learning_rate(step, total, c.lr, c.warmup_frac))
                 trainer.step(loss, lrs[-1])

@@ -33,6 +33,7 @@ from torch import nn
 from engine.core.errors import UserError
 from engine.experiments.prune.vocabulary import REPLACEMENTS, check_run  # noqa: F401  (re-exported)
 from engine.models.anatomy import LayerStack, execution_device
+from engine.training.trainer import blocks_forward
 
 COSINE_LR, COSINE_BATCH, COSINE_EPOCHS = 1e-4, 1024, 10  # ReplaceMe's adam_method
 
@@ -107,7 +108,7 @@ def gather(model: nn.Module, blocks: torch.Tensor, start: int, count: int, batch
                     cancel.check()
                 ids = blocks[first:first + batch_size].to(device)
                 try:
-                    model(input_ids=ids, use_cache=False)
+                    blocks_forward(model, ids)
                 except _Enough:
                     pass
                 m = found["m"].reshape(-1, d).to("cpu", torch.float64)

@@ -71,7 +71,7 @@ from engine.experiments.prune.vocabulary import (
 from engine.export.folder import ADAPTER, check_export_folder, save_model_folder
 from engine.export.mergekit_yaml import MERGEKIT_CONFIG, passthrough_yaml
 from engine.export.model_card import CardFacts, Perplexity, hub_id, model_card
-from engine.models.anatomy import PARTS, LayerStack, execution_device
+from engine.models.anatomy import PARTS, LayerStack, execution_device, host_copies
 from engine.models.pruning import (
     Block,
     Cut,
@@ -84,7 +84,14 @@ from engine.models.pruning import (
     removed_params,
     split_cut,
 )
-from engine.training.trainer import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
+from engine.training.trainer import (
+    FINE_TUNE_ADVICE,
+    FINE_TUNE_SCALE,
+    Trainer,
+    blocks_forward,
+    next_token_loss,
+    seeded_batches,
+)
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard
@@ -223,7 +230,8 @@ def last_kept(n_layers: int, layers: Sequence[int], count: int = HEAD_AND_LAST) 
 @dataclasses.dataclass
 class CutWeights:
     """What a healed or replaced cut changed, for its export: layers' tensors by the layers' own
-    names ({original index: {name: tensor}}), and the LM head's weight (--heal last)."""
+    names ({original index: {name: tensor}}), and the LM head's weight (--heal last). A healed cut's
+    are host copies queued from the GPU (`LayerStack.copies(queued=True)`): only ever copied back."""
 
     layers: dict[int, dict[str, torch.Tensor]]
     head: torch.Tensor | None = None
@@ -249,7 +257,7 @@ def head_preserved(model, active: bool = True) -> Iterator[None]:
         yield
         return
     weight = model.get_output_embeddings().weight
-    saved = weight.detach().to("cpu", copy=True)
+    saved = weight.detach().to("cpu", copy=True, non_blocking=weight.is_cuda)  # queued: only copied back
     try:
         yield
     finally:
@@ -273,8 +281,8 @@ class Healer:
                adapter: Path | None = None) -> Iterator[CutWeights | None]:
         """Inside `cut_removed(model, cut)`: the cut model fine-tuned for the block, then restored
         exactly (an offloaded layer it would train is refused first). With `keep`, yields the
-        trained weights (CutWeights: layers by original index, on the CPU; the LM head with --heal
-        last) for export; else None. With `adapter`, LoRA healing also saves its adapter there
+        trained weights (CutWeights: layers by original index, queued to the CPU; the LM head with
+        --heal last) for export; else None. With `adapter`, LoRA healing also saves its adapter there
         (PEFT's format, before it is merged). --heal last (Reassessing Layer Pruning) trains the LM
         head and the last three kept layers, nothing else. A block cut's adjacent healing trains
         the kept layers holding a removed block and the layers next to them."""
@@ -297,8 +305,9 @@ class Healer:
                 yield None
             else:
                 head = self.model.get_output_embeddings().weight if heal == "last" else None
-                yield CutWeights(self.stack.copies(trained, host=True),
-                                 None if head is None else head.detach().to("cpu", copy=True))
+                yield CutWeights(self.stack.copies(trained, host=True, queued=True),
+                                 None if head is None else head.detach().to("cpu", copy=True,
+                                                                            non_blocking=head.is_cuda))
 
     def _train(self, params: list[torch.nn.Parameter], layer: int, cancel) -> None:
         """`heal_steps` steps on the seeded batches; a non-finite loss ends the healing there."""
@@ -311,7 +320,7 @@ class Healer:
                     cancel.check()
                 ids = self.blocks[next(batches)]
                 with trainer.forward():
-                    loss = next_token_loss(self.model(input_ids=ids, use_cache=False).logits, ids)
+                    loss = next_token_loss(blocks_forward(self.model, ids).logits, ids)
                 if not math.isfinite(float(loss.detach())):
                     break
                 trainer.step(loss)
@@ -336,7 +345,8 @@ class Healer:
             self._train([p for name, p in peft_model.named_parameters() if "lora_" in name], layer, cancel)
             if adapter is not None:
                 peft_model.peft_config["default"].base_model_name_or_path = ""  # not None: peft fills that in
-                peft_model.save_pretrained(adapter)
+                lora = {name: p for name, p in peft_model.state_dict().items() if "lora_" in name}
+                peft_model.save_pretrained(adapter, state_dict=host_copies(lora))
         finally:
             peft_model.merge_and_unload()
 

@@ -52,7 +52,14 @@ from engine.experiments.recovery.vocabulary import (
 from engine.experiments.sweep_checkpoint import CHECKPOINT_FILE, resumed, write_checkpoint
 from engine.models.anatomy import LayerStack, execution_device
 from engine.models.distributed import ShardPlan, Workers
-from engine.training.trainer import FINE_TUNE_ADVICE, FINE_TUNE_SCALE, Trainer, next_token_loss, seeded_batches
+from engine.training.trainer import (
+    FINE_TUNE_ADVICE,
+    FINE_TUNE_SCALE,
+    Trainer,
+    blocks_forward,
+    next_token_loss,
+    seeded_batches,
+)
 
 
 def threshold_key(threshold: float) -> str:
@@ -202,7 +209,7 @@ class _Sweep:
                 raise _PrefixDone
 
         with torch.no_grad(), self.stack.capture(keep), contextlib.suppress(_PrefixDone):
-            self.model(input_ids=self.blocks[members], use_cache=False)
+            blocks_forward(self.model, self.blocks[members])
         return got[0]
 
     def train_loss(self, index: int, rows: list[int], prefix: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -211,7 +218,7 @@ class _Sweep:
         start = self._start(index)
         hidden = self.layer_inputs(index, rows, prefix) if start > 0 else None
         with self.stack.starting_at(start, hidden):
-            logits = self.model(input_ids=ids, use_cache=False).logits
+            logits = blocks_forward(self.model, ids).logits
         return next_token_loss(logits, ids)
 
     def recover(
