@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual.scrollbar import ScrollBarRender
 from textual.widgets import DataTable
 
-from engine.experiments.recovery.vocabulary import RecoveryRow
 from engine.experiments.variants import pruned_layers
 from engine.models.families import PARTS
 from tui.marks import NO_MARKS, Marks
 from tui.palette import class_style
 from tui.state import SessionState, layer_class
+
+if TYPE_CHECKING:
+    from engine.experiments.recovery.vocabulary import RecoveryRow
 
 log = logging.getLogger("anatomy_tui.console")
 BAR_WIDTH = 16
