@@ -2,11 +2,14 @@
 printers, snapshots, the documentation's event table (docs/events.md) and the tests all read.
 
 An experiment is a folder, `engine/experiments/<name>/`: its `vocabulary` module (settings, events,
-result document, its upgrade of older documents and a sample result; torch-free, imported here)
-and its computation (`run(settings, context)`, and `shard_plan` where its sweep splits), named by
-module and imported only when a run wants it, so the console paints and `anatomy-tui --help`
-answers before torch loads. Adding one is its folder, its view (`tui/views/<name>.py`) and a row
-here; `register` adds a row at run time (a test's throwaway experiment).
+result document, its upgrade of older documents, a sample result and its presets; torch-free) and
+its computation (`run(settings, context)`, and `shard_plan` where its sweep splits). A row names
+both modules and imports neither: the vocabulary when the row's settings, result or sample are
+first asked for, or one of its event kinds is read (engine/core/events.py `declare_vocabulary`),
+the computation when a run wants it; so the console paints and `anatomy-tui --help` answers before
+the experiments' hundred and more dataclasses are built, and before torch loads. Adding one is its
+folder, its view (`tui/views/<name>.py`) and a row here; `register` adds a row at run time (a
+test's throwaway experiment).
 """
 
 from __future__ import annotations
@@ -14,25 +17,16 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
-from engine.core.events import Event, Progress, ResultDocument, event_types, forget_types
+from engine.core.events import Event, Progress, ResultDocument, declare_vocabulary, event_types, forget_types
 from engine.core.settings import Settings
 from engine.disk.atomic import atomic_write_bytes
-from engine.experiments.ablation import vocabulary as ablation
 from engine.experiments.context import RunContext
-from engine.experiments.dynamics import vocabulary as dynamics
-from engine.experiments.evaluate import vocabulary as evaluate
-from engine.experiments.growth import vocabulary as growth
-from engine.experiments.manipulate import vocabulary as manipulate
-from engine.experiments.prune import vocabulary as prune
-from engine.experiments.recovery import vocabulary as recovery
-from engine.experiments.scaling_fit import vocabulary as scaling_fit
-from engine.experiments.toy_depth import vocabulary as toy_depth
-from engine.experiments.weights import vocabulary as weights
 
 if TYPE_CHECKING:
     from engine.models.distributed import ShardPlan
@@ -40,25 +34,48 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Experiment:
-    """One command: `anatomy-tui run NAME`. Its computation module defines `run(settings, context)
-    -> Iterator[Event]` and, when the row is `shardable`, `shard_plan(settings, n_layers, inputs,
-    model_name) -> ShardPlan` (how its sweep splits over workers)."""
+    """One command: `anatomy-tui run NAME`. Its vocabulary module holds its Settings class and its
+    result document class (named here), `sample()` (a result built from the class: the tests' and
+    snapshots' example) and, where it has presets (`--preset NAME`), `PRESETS`. Its computation
+    module defines `run(settings, context) -> Iterator[Event]` and, when the row is `shardable`,
+    `shard_plan(settings, n_layers, inputs, model_name) -> ShardPlan` (how its sweep splits over
+    workers)."""
 
     name: str
     help: str
-    settings_class: type[Settings]
-    result_class: type[ResultDocument]  # results/<result_class.name>.json
+    vocabulary: str  # the module of its words, imported when first needed
+    settings_name: str  # its Settings class there
+    result_name: str  # its result document class there: results/<that class's name>.json
     computation: str  # the module with `run` (and `shard_plan`)
-    sample: Callable[[], ResultDocument]  # a result built from the class: the tests' and snapshots' example
     needs_model: bool = True
     resumable: bool = False
     reads: tuple[str, ...] = ()  # session results handed over in RunContext.inputs
     long: bool = False  # the console runs it as its own process rather than in a thread
-    presets: Mapping[str, Settings] = field(default_factory=dict)  # `--preset NAME`
     preset: str = ""  # the preset `--preset` starts from when not given
     shardable: bool = False  # its sweep splits over worker processes (`--shards N`, torchrun)
     oom_advice: str = "a smaller --eval-batch-size or --max-length, or --dtype float16"  # flags that need less memory
     console_flags: tuple[str, ...] = ()  # the flags the console's form for it starts with (growth: its tiny preset)
+
+    def words(self) -> ModuleType:
+        """Its vocabulary module (imported now if it was not yet)."""
+        return importlib.import_module(self.vocabulary)
+
+    @property
+    def settings_class(self) -> type[Settings]:
+        return getattr(self.words(), self.settings_name)
+
+    @property
+    def result_class(self) -> type[ResultDocument]:
+        return getattr(self.words(), self.result_name)
+
+    @property
+    def presets(self) -> Mapping[str, Settings]:
+        """Its named settings, `--preset NAME` (none: an empty mapping)."""
+        return getattr(self.words(), "PRESETS", {})
+
+    def sample(self) -> ResultDocument:
+        """A result built from the class: the tests' and snapshots' example."""
+        return self.words().sample()
 
     @property
     def writes(self) -> str:
@@ -110,49 +127,47 @@ class Experiment:
             yield from runner(settings, context)
 
 
-def _row(name: str, help: str, vocabulary: Any, settings: type[Settings], result: type[ResultDocument],
-         **options: Any) -> Experiment:
-    """A row whose computation is its folder's `run` module (growth's is `experiment`)."""
-    folder = vocabulary.__name__.rsplit(".", 1)[0]
-    computation = options.pop("computation", f"{folder}.run")
-    return Experiment(name, help, settings, result, computation, vocabulary.sample, **options)
+def _row(name: str, help: str, settings: str, result: str, **options: Any) -> Experiment:
+    """A row whose folder is `engine/experiments/<name with _ for ->/`: its `vocabulary` module and
+    its computation, the `run` module (growth's is `experiment`)."""
+    folder = f"engine.experiments.{name.replace('-', '_')}"
+    computation = f"{folder}.{options.pop('computation', 'run')}"
+    return Experiment(name, help, f"{folder}.vocabulary", settings, result, computation, **options)
 
 
 EXPERIMENTS: list[Experiment] = [
     _row("ablation", "layer-importance map: ablate each layer, measure perplexity",
-         ablation, ablation.AblationSettings, ablation.AblationMap, resumable=True, shardable=True),
+         "AblationSettings", "AblationMap", resumable=True, shardable=True),
     _row("recovery", "recovery speed: noise one layer, fine-tune it alone, follow its PPL",
-         recovery, recovery.RecoverySettings, recovery.RecoveryResult, resumable=True, reads=("ablation",),
-         long=True, shardable=True,
+         "RecoverySettings", "RecoveryResult", resumable=True, reads=("ablation",), long=True, shardable=True,
          oom_advice="a smaller --batch-size, --block-size or --eval-batch-size, or --dtype float16"),
     _row("growth", "grow a transformer phase by phase from an importance profile vs a uniform one",
-         growth, growth.GrowthSettings, growth.GrowthResult, computation="engine.experiments.growth.experiment",
-         needs_model=False, resumable=True, reads=("ablation",), long=True, presets=growth.PRESETS, preset="paper",
+         "GrowthSettings", "GrowthResult", computation="experiment", needs_model=False, resumable=True,
+         reads=("ablation",), long=True, preset="paper",
          oom_advice="a smaller --batch-size or --hidden-size, or --preset tiny", console_flags=("--preset", "tiny")),
     _row("dynamics", "hidden-state angles per layer, PCA and clusters of token profiles",
-         dynamics, dynamics.DynamicsSettings, dynamics.DynamicsResult,
-         oom_advice="a smaller --eval-batch-size, --max-length or --max-tokens"),
+         "DynamicsSettings", "DynamicsResult", oom_advice="a smaller --eval-batch-size, --max-length or --max-tokens"),
     _row("scaling-fit", "fit L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 to training runs (CSV)",
-         scaling_fit, scaling_fit.ScalingFitSettings, scaling_fit.ScalingFitResult, needs_model=False),
+         "ScalingFitSettings", "ScalingFitResult", needs_model=False),
     _row("toy-depth", "teacher-student toy models: student loss against depth, fitted a_l",
-         toy_depth, toy_depth.ToyDepthSettings, toy_depth.ToyDepthResult, needs_model=False, resumable=True,
-         long=True, presets=toy_depth.PRESETS, preset="tiny", shardable=True,
-         oom_advice="a smaller --batch-size or --width, or --device cpu"),
+         "ToyDepthSettings", "ToyDepthResult", needs_model=False, resumable=True, long=True, preset="tiny",
+         shardable=True, oom_advice="a smaller --batch-size or --width, or --device cpu"),
     _row("weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox",
-         weights, weights.WeightsSettings, weights.WeightsResult,
+         "WeightsSettings", "WeightsResult",
          oom_advice="--no-paradox, fewer --components, or a smaller --eval-batch-size"),
     _row("manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples",
-         manipulate, manipulate.ManipulationSettings, manipulate.ManipulateResult, reads=("ablation",),
-         shardable=True),
+         "ManipulationSettings", "ManipulateResult", reads=("ablation",), shardable=True),
     _row("prune", "remove layers by four criteria, heal the cut, export the pruned model",
-         prune, prune.PruneSettings, prune.PruneResult, reads=("ablation",), long=True,
+         "PruneSettings", "PruneResult", reads=("ablation",), long=True,
          oom_advice="a smaller --eval-batch-size or --batch-size, or --heal-steps 0"),
     _row("evaluate", "zero-shot accuracy through lm-eval of the model and its variants, with a generation check",
-         evaluate, evaluate.EvaluateSettings, evaluate.EvaluateResult, reads=("prune", "growth", "evaluate"),
-         long=True, oom_advice="a smaller --batch-size, or --dtype float16"),
+         "EvaluateSettings", "EvaluateResult", reads=("prune", "growth", "evaluate"), long=True,
+         oom_advice="a smaller --batch-size, or --dtype float16"),
 ]
 
 BY_NAME: dict[str, Experiment] = {experiment.name: experiment for experiment in EXPERIMENTS}
+for _entry in EXPERIMENTS:
+    declare_vocabulary(_entry.name, _entry.vocabulary)
 
 
 def register(entry: Experiment) -> None:
@@ -162,6 +177,7 @@ def register(entry: Experiment) -> None:
         raise ValueError(f"experiment {entry.name!r} registered twice")
     EXPERIMENTS.append(entry)
     BY_NAME[entry.name] = entry
+    declare_vocabulary(entry.name, entry.vocabulary)
 
 
 def unregister(name: str) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
 import types
 import typing
 from pathlib import Path
@@ -431,3 +434,48 @@ def test_a_toy_depth_worker_share_is_a_class_that_writes_the_dict_it_replaced():
     doc = json.loads(json.dumps(json_safe(share)))
     assert doc == {"students": [["tied", 1.0, 2, [0.5, None]]], "settings": settings.to_dict(), "seconds": 1.5}
     assert from_doc(ToyDepthShare, doc) == share
+
+
+WORDS_WHEN_NEEDED = """
+import json, sys
+from engine import registry
+from engine.core.events import event_from_json, event_types, result_class
+
+def imported():
+    return sorted(name.split(".")[2] for name in sys.modules if name.endswith(".vocabulary"))
+
+print(json.dumps(imported()))
+event_from_json(json.loads(sys.argv[1]))
+print(json.dumps(imported()))
+result_class("toy-depth")
+print(json.dumps(imported()))
+registry.BY_NAME["scaling-fit"].settings_class
+print(json.dumps(imported()))
+event_types()
+print(json.dumps(imported()))
+"""
+
+
+def test_a_vocabulary_is_imported_when_one_of_its_words_is_first_needed():
+    """The registry names each experiment's vocabulary without importing it: reading one of its
+    events imports that one alone (by the kind's command), as does asking for its result class or
+    its row's settings; every kind asked for imports them all."""
+    point = json.dumps(build(event_types()["recovery.point"]).to_json())
+    out = subprocess.run([sys.executable, "-c", WORDS_WHEN_NEEDED, point], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = [json.loads(line) for line in out.stdout.splitlines()]
+    assert steps[:4] == [[], ["recovery"], ["recovery", "toy_depth"], ["recovery", "scaling_fit", "toy_depth"]]
+    assert steps[4] == sorted(entry.name.replace("-", "_") for entry in EXPERIMENTS)
+
+
+def test_the_console_folds_kinds_and_results_the_vocabularies_declare():
+    """tui/state.py folds events by kind and results by name (so it imports no vocabulary before
+    the first paint): each of its words is one a vocabulary declares."""
+    from tui import state
+
+    kinds = event_types()
+    assert set(state._HANDLERS) <= set(kinds)
+    assert (kinds[state.RECOVERY_POINT].__name__, kinds[state.GROWTH_STEP].__name__,
+            kinds[state.GROWTH_EVAL].__name__) == ("RecoveryPoint", "GrowthStep", "GrowthEval")  # fmt: skip
+    assert all(experiment(name).writes == name for name in state._RESULT_HANDLERS)

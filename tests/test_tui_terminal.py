@@ -47,21 +47,59 @@ def test_first_paint_comes_before_torch(isolated_home, tmp_path) -> None:
     assert "heavy at first paint: []" in out.stdout
 
 
-# what the console's first paint does without: the panes out of view come after it (tui/screens/console_panes.py)
+# what the console's first paint does without: the panes out of view come after it (tui/screens/console_panes.py),
+# the experiments' vocabularies with their first event or result (engine/registry.py), the model's loader and the
+# memory plan with the model, the job launcher with the first job
 AFTER_THE_PAINT = ("torch", "transformers", "plotext", "textual_plotext", "rich.pretty", "textual.widgets._rich_log",
                    "tui.screens.console_panes", "tui.screens.compare", "tui.views", "tui.widgets.curve_plot",
-                   "tui.widgets.result_view")
+                   "tui.widgets.result_view", "engine.models.loading", "engine.models.memory", "engine.data.eval_data",
+                   "engine.evaluation.accuracy", "engine.export.folder")
+NOT_PAINTED = f"sorted(m for m in sys.modules if m in {AFTER_THE_PAINT!r} or m.endswith('.vocabulary'))"
 
 
 def test_importing_the_console_leaves_what_the_first_paint_does_not_need() -> None:
     """`import tui.app` (what `anatomy-tui` imports before its first paint) brings in none of the
     modules behind the deferred panes (the plots, every experiment's view, RichLog's pretty-printer),
-    the compare screen, or torch; the console builds those panes after the paint."""
-    code = f"import sys, tui.app; print(sorted(m for m in {AFTER_THE_PAINT!r} if m in sys.modules))"
+    the compare screen, no experiment's vocabulary (their hundred and more dataclasses), or torch;
+    the console builds those panes after the paint."""
+    code = f"import sys, tui.app; print({NOT_PAINTED})"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+PAINT_PROBE = f"""
+import sys
+from tui.app import AnatomyApp
+from tui.screens.console import ConsoleScreen
+
+build = ConsoleScreen.build_panes
+
+async def build_panes(self):  # called just after the first paint, before the deferred panes' modules
+    print("at the first paint:", {NOT_PAINTED})
+    await build(self)
+
+ConsoleScreen.build_panes = build_panes
+
+class Probe(AnatomyApp):
+    def after_first_paint(self):
+        super().after_first_paint()
+        self.exit()
+
+Probe(session="new", load_model=False).run(headless=True, size=(80, 24))
+"""
+
+
+def test_a_new_session_paints_before_any_vocabulary_is_imported(isolated_home, tmp_path) -> None:
+    """Opening a new session (the store made, the state built, the first screen composed and
+    painted) imports no experiment's vocabulary and nothing else the paint does not need."""
+    probe = tmp_path / "probe.py"  # a file: Textual finds app.tcss through the app class's source
+    probe.write_text(PAINT_PROBE)
+    out = subprocess.run([sys.executable, str(probe)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "at the first paint: []" in out.stdout
 
 
 def _pane(name: str) -> str:

@@ -5,7 +5,6 @@ in the project changes; `unregister` takes the row and its kinds out again."""
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,9 +132,8 @@ def write_experiment(root: Path, with_view: bool = True) -> None:
 
 def register(root: Path) -> Experiment:
     """The row, as it would stand in engine/registry.py's list."""
-    vocabulary = importlib.import_module("letter_count.vocabulary")
-    row = Experiment("letter-count", "count the letters of a few words", vocabulary.LetterCountSettings,
-                     vocabulary.LetterCounts, "letter_count.run", vocabulary.sample, needs_model=False,
+    row = Experiment("letter-count", "count the letters of a few words", "letter_count.vocabulary",
+                     "LetterCountSettings", "LetterCounts", "letter_count.run", needs_model=False,
                      shardable=True)  # fmt: skip
     registry.register(row)
     return row

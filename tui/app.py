@@ -48,7 +48,7 @@ from tui.state import Dirty, SessionState
 POLL_SECONDS = 0.25  # the event log is read and the panels redrawn at most 4 times a second
 GENERATE_TOKENS = 64  # the prompt pane's generations
 
-# What is imported by now (Textual, the engine's vocabularies, the console's modules: tens of thousands of
+# What is imported by now (Textual, the engine's core, the console's modules: tens of thousands of
 # objects) lives as long as the process; frozen, the cyclic collector stops walking it at every full
 # collection, each of which cost the first screen's build about 15 ms (benchmarks/startup.py).
 gc.freeze()

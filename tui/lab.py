@@ -23,8 +23,6 @@ from engine.core.events import CancelToken, decode_or_none, result_class
 from engine.core.settings import Settings
 from engine.core.turns import ModelTurns
 from engine.disk.session_layout import APP_LOG, FIGURES
-from engine.experiments.growth.vocabulary import GrowthResult
-from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.variants import SavedModels, Variant, pruned_layers, saved_model_path
 from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
@@ -568,9 +566,13 @@ class Lab:
         if choice == "recovered" and not saved_layers(self.session, "recovery"):
             problem = "no recovered layer in this session yet (inject noise: key i)"
         elif choice == "pruned":
+            from engine.experiments.prune.vocabulary import PruneResult  # here: read only for the prompt pane
+
             chosen = pruned_layers(self.state.result(PruneResult))
             problem = "" if chosen else "no prune result in this session yet (anatomy-tui run prune)"
         elif choice in ("growth", "uniform"):
+            from engine.experiments.growth.vocabulary import GrowthResult  # here: read only for the prompt pane
+
             try:
                 path = saved_model_path(self.state.result(GrowthResult), choice, self.session.path)
                 problem = "" if path else f"no {choice} model in this session yet (run growth: key g)"

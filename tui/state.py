@@ -1,8 +1,10 @@
 """What the console knows about a session, rebuilt from its event log and results alone.
 
 The console never recomputes on reopen: it replays `events.jsonl`, decoded into the typed events of
-`engine.core.events` (torch-free, so torch stays unimported), and reads `results/*.json` into the result
-types there. Each panel asks only for the part it draws; `dirty` says which parts changed.
+`engine.core.events` and each experiment's vocabulary (torch-free, so torch stays unimported), and
+reads `results/*.json` into the result types there. Events and results are folded by their kind and
+name, so an experiment's vocabulary is imported when its first event or result is read, not before
+the first paint. Each panel asks only for the part it draws; `dirty` says which parts changed.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.core.events import (
     Cancelling,
@@ -25,31 +27,30 @@ from engine.core.events import (
     Started,
     decode_or_none,
 )
-from engine.experiments.ablation.vocabulary import AblationMap, AblationProxies, AblationRow, LayerAblated
-from engine.experiments.dynamics.vocabulary import DynamicsResult, DynamicsRow
-from engine.experiments.growth.vocabulary import (
-    GrowthArm,
-    GrowthArmDone,
-    GrowthEval,
-    GrowthPhase,
-    GrowthPhaseEnd,
-    GrowthPlan,
-    GrowthResult,
-    GrowthStep,
-)
-from engine.experiments.recovery.vocabulary import (
-    RecoveryLayer,
-    RecoveryPoint,
-    RecoveryResult,
-    RecoveryRow,
-    RecoveryStart,
-)
+from engine.registry import BY_NAME
+
+if TYPE_CHECKING:  # an experiment's vocabulary is imported with its first event or result, never to paint
+    from engine.experiments.ablation.vocabulary import AblationMap, AblationProxies, AblationRow, LayerAblated
+    from engine.experiments.dynamics.vocabulary import DynamicsResult, DynamicsRow
+    from engine.experiments.growth.vocabulary import (
+        GrowthArm,
+        GrowthArmDone,
+        GrowthEval,
+        GrowthPhase,
+        GrowthPhaseEnd,
+        GrowthPlan,
+        GrowthResult,
+        GrowthStep,
+    )
+    from engine.experiments.recovery.vocabulary import (
+        RecoveryLayer,
+        RecoveryPoint,
+        RecoveryResult,
+        RecoveryRow,
+        RecoveryStart,
+    )
 
 log = logging.getLogger(__name__)
-# the results whose contents the panels draw (the others are kept as they are, for the Analyses views)
-_DRAWN: dict[str, type[ResultDocument]] = {
-    cls.name: cls for cls in (AblationMap, RecoveryResult, GrowthResult, DynamicsResult)
-}
 T = TypeVar("T")
 R = TypeVar("R", bound=ResultDocument)
 
@@ -168,16 +169,16 @@ class SessionState:
         ("" when it can): written by another version or damaged, it is kept raw and its panels stay empty."""
         self.results[name] = doc
         self.dirty.add(Dirty.RESULTS)
-        cls = _DRAWN.get(name)
-        if cls is None:
+        take = _RESULT_HANDLERS.get(name)
+        if take is None:
             return ""
         unfit: list[Exception] = []
-        result = decode_or_none(cls, doc, on_error=unfit.append)
+        result = decode_or_none(BY_NAME[name].result_class, doc, on_error=unfit.append)
         if result is None:
             why = f"{type(unfit[0]).__name__}: {unfit[0]}" if unfit else "no document"
             log.warning("result %s does not fit this version (%s); its panels stay empty", name, why)
             return why
-        self._take_result(result)
+        take(self, result)
         return ""
 
     def result(self, cls: type[R]) -> R | None:
@@ -185,28 +186,30 @@ class SessionState:
         none, or one that does not fit this version."""
         return decode_or_none(cls, self.results.get(cls.name))
 
-    def _take_result(self, result: ResultDocument) -> None:
-        if isinstance(result, AblationMap):
-            self.ablation_map = result
-            self.ablation = {row.layer: row for row in result.layers}
-            self.ablation_parts = {(row.layer, row.part): row for row in result.parts or ()}
-            self.ablation_baseline = result.baseline_ppl
-            self.dirty.add(Dirty.LAYERS)
-        elif isinstance(result, RecoveryResult):
-            for summary in result.layers:
-                self.difficulty[summary.layer] = summary
-            self.dirty.add(Dirty.LAYERS)
-        elif isinstance(result, GrowthResult):
-            self.growth_arms = result.arms
-            self.dirty.add(Dirty.GROWTH)
-        elif isinstance(result, DynamicsResult):
-            self.dynamics = result.layers
+    def _ablation_map(self, result: AblationMap) -> None:
+        self.ablation_map = result
+        self.ablation = {row.layer: row for row in result.layers}
+        self.ablation_parts = {(row.layer, row.part): row for row in result.parts or ()}
+        self.ablation_baseline = result.baseline_ppl
+        self.dirty.add(Dirty.LAYERS)
+
+    def _recovery_result(self, result: RecoveryResult) -> None:
+        for summary in result.layers:
+            self.difficulty[summary.layer] = summary
+        self.dirty.add(Dirty.LAYERS)
+
+    def _growth_result(self, result: GrowthResult) -> None:
+        self.growth_arms = result.arms
+        self.dirty.add(Dirty.GROWTH)
+
+    def _dynamics_result(self, result: DynamicsResult) -> None:
+        self.dynamics = result.layers
 
     # events ---------------------------------------------------------------------------------
     def apply(self, event: Event) -> None:
         """Folds one event in; a kind the console does not draw, or an event whose values do not fit
         (the log is untrusted: a string for a step), is logged and skipped."""
-        handler = _HANDLERS.get(type(event))
+        handler = _HANDLERS.get(event.kind)
         if handler is None:
             log.debug("no panel draws %s events; skipped", event.kind)
             return
@@ -294,10 +297,7 @@ class SessionState:
                 self.mark_job(job_id, str(doc.get("status")))
 
     def _ablation_layer(self, event: LayerAblated) -> None:
-        row = AblationRow(
-            layer=event.layer, ppl=event.ppl, degradation_pct=event.degradation_pct,
-            layer_class=event.layer_class,
-        )  # fmt: skip
+        row = event.row()
         if event.part:  # a block's row (--part) stands beside its layer's, never in its place
             self.ablation_parts[(event.layer, event.part)] = row
         else:
@@ -448,30 +448,30 @@ class LineKeeper:
             self._kept.append(span)
 
     def _fold(self, span: Span, event: Event) -> None:
-        kind, state = type(event), self.state
-        if kind is RecoveryPoint:
+        kind, state = event.kind, self.state
+        if kind == RECOVERY_POINT:
             key = (event.job, event.layer, event.repeat)
             before = self._points(key)
             state.apply(event)
             if self._points(key) is not before:  # a point was added (and the curve maybe thinned)
                 self._recovery[key] = thin([*self._recovery.get(key, []), span])
             return
-        if kind is GrowthStep or kind is GrowthEval:
+        if kind in (GROWTH_STEP, GROWTH_EVAL):
             if state.growth is not self._growth:
                 self._growth, self._train, self._val, self._step = state.growth, {}, {}, {}
             arm = _arm_key(event.arm, event.seed)
-            series, lines = (state.growth.train, self._train) if kind is GrowthStep else (state.growth.val, self._val)
+            series, lines = (state.growth.train, self._train) if kind == GROWTH_STEP else (state.growth.val, self._val)
             before = series.get(arm)
             state.apply(event)
             if series.get(arm) is not before:
                 lines[arm] = thin([*lines.get(arm, []), span])
-            if kind is GrowthStep:
+            if kind == GROWTH_STEP:
                 self._step[arm] = span
             return
         state.apply(event)
-        if kind is Progress:
+        if kind == Progress.kind:
             self._progress[event.job] = span
-        elif kind is Message:
+        elif kind == Message.kind:
             self._messages.append(span)
         elif kind in _HANDLERS:
             self._kept.append(span)
@@ -517,22 +517,32 @@ def _number(value: Any) -> float | None:
     return None
 
 
-_HANDLERS: dict[type[Event], Callable[[SessionState, Any], None]] = {
-    Started: SessionState._started,
-    Progress: SessionState._progress,
-    Message: SessionState._message,
-    Cancelling: SessionState._cancelling,
-    Result: SessionState._result,
-    Finished: SessionState._finished,
-    LayerAblated: SessionState._ablation_layer,
-    AblationProxies: SessionState._ablation_proxies,
-    RecoveryStart: SessionState._recovery_start,
-    RecoveryPoint: SessionState._recovery_point,
-    RecoveryLayer: SessionState._recovery_layer,
-    GrowthPlan: SessionState._growth_plan,
-    GrowthPhase: SessionState._growth_phase,
-    GrowthStep: SessionState._growth_step,
-    GrowthEval: SessionState._growth_eval,
-    GrowthPhaseEnd: SessionState._growth_phase_end,
-    GrowthArmDone: SessionState._growth_arm_done,
+# what the console folds, by event kind and result name: its own words for the experiments' (each
+# vocabulary's class declares the same kind; a test checks they agree)
+RECOVERY_POINT, GROWTH_STEP, GROWTH_EVAL = "recovery.point", "growth.step", "growth.eval"
+_HANDLERS: dict[str, Callable[[SessionState, Any], None]] = {
+    Started.kind: SessionState._started,
+    Progress.kind: SessionState._progress,
+    Message.kind: SessionState._message,
+    Cancelling.kind: SessionState._cancelling,
+    Result.kind: SessionState._result,
+    Finished.kind: SessionState._finished,
+    "ablation.layer": SessionState._ablation_layer,
+    "ablation.proxies": SessionState._ablation_proxies,
+    "recovery.start": SessionState._recovery_start,
+    RECOVERY_POINT: SessionState._recovery_point,
+    "recovery.layer": SessionState._recovery_layer,
+    "growth.plan": SessionState._growth_plan,
+    "growth.phase": SessionState._growth_phase,
+    GROWTH_STEP: SessionState._growth_step,
+    GROWTH_EVAL: SessionState._growth_eval,
+    "growth.phase_end": SessionState._growth_phase_end,
+    "growth.arm_done": SessionState._growth_arm_done,
+}
+# the results whose contents the panels draw (the others are kept as they are, for the Analyses views)
+_RESULT_HANDLERS: dict[str, Callable[[SessionState, Any], None]] = {
+    "ablation": SessionState._ablation_map,
+    "recovery": SessionState._recovery_result,
+    "growth": SessionState._growth_result,
+    "dynamics": SessionState._dynamics_result,
 }

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
@@ -19,7 +19,6 @@ from engine.core.events import CancelToken
 from engine.core.settings import Settings
 from engine.core.turns import ModelTurns
 from engine.experiments.variants import SavedModels, Variant
-from engine.models.loading import LoadedModel
 from engine.models.options import ModelOptions
 from sessions.store import Session
 from tui.messages import (
@@ -31,6 +30,9 @@ from tui.messages import (
     ModelProgress,
     TextGenerated,
 )
+
+if TYPE_CHECKING:  # the model's module is imported by the worker that loads it
+    from engine.models.loading import LoadedModel
 
 log = logging.getLogger("anatomy_tui.console")
 

@@ -6,7 +6,10 @@ with a schema version, and each one carries enough to redraw the UI from it alon
 that reopens a session replays the log instead of recomputing. This module names no experiment:
 each experiment's events and result document live in its own torch-free vocabulary module
 (`engine/experiments/<name>/vocabulary.py`), registered here by the `event_type` and
-`result_type` decorators when the registry imports it.
+`result_type` decorators when it is imported. The registry names each one here
+(`declare_vocabulary`) without importing it: the tables below import a vocabulary when one of its
+kinds or its result is first looked up, so a front end that reads no event pays for none of the
+experiments' dataclasses (the console's first paint, `anatomy-tui --help`).
 
 Spelling: a kind is `<command>.<what>` with the command as typed (`scaling-fit.stage`), and the
 generic ones are `job.*`. The same thing has the same field name everywhere, in events and in
@@ -26,6 +29,7 @@ and `class`; `upgrade_event` rewrites such documents on reading through each cla
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -39,6 +43,7 @@ EVENT_SCHEMA_VERSION = 2
 _EVENT_TYPES: dict[str, type[Event]] = {}
 _V1_KINDS: dict[str, type[Event]] = {}  # a version 1 kind spelled otherwise -> its class
 _RESULT_TYPES: dict[str, type[ResultDocument]] = {}
+_VOCABULARIES: dict[str, str] = {}  # a command -> its vocabulary module, not imported yet
 T = TypeVar("T")
 R = TypeVar("R", bound="ResultDocument")
 
@@ -102,8 +107,37 @@ def event_type(cls: type[Event]) -> type[Event]:
 
 
 def event_types() -> dict[str, type[Event]]:
-    """Every registered kind and its class, in the order they are declared here."""
+    """Every registered kind and its class, in the order they are declared here (every declared
+    vocabulary imported first)."""
+    _import_vocabularies()
     return dict(_EVENT_TYPES)
+
+
+def declare_vocabulary(command: str, module: str) -> None:
+    """Names the module that declares `command`'s event kinds (`<command>.*`) and its result
+    document, imported when one of them is first looked up (or every kind is asked for)."""
+    _VOCABULARIES[command] = module
+
+
+def _import_vocabularies(command: str | None = None) -> None:
+    """Imports the declared vocabulary of `command`, or with None every one not imported yet. A
+    module counts as imported once its import returns: a thread that asks meanwhile waits on
+    Python's import lock for the same module, never finds its kinds missing."""
+    for name in [command] if command is not None else list(_VOCABULARIES):
+        module = _VOCABULARIES.get(name)  # type: ignore[arg-type]
+        if module is not None:
+            importlib.import_module(module)
+            _VOCABULARIES.pop(name, None)
+
+
+def _registered(table: dict[str, T], key: str) -> T | None:
+    """`table[key]`, importing the vocabulary that may declare it when it is not there yet: its
+    command's first (the kind's prefix, a result's name), then every other."""
+    if key not in table and _VOCABULARIES:
+        _import_vocabularies(key.split(".")[0])
+        if key not in table:
+            _import_vocabularies()
+    return table.get(key)
 
 
 # --- version 1 --------------------------------------------------------------------------------
@@ -177,7 +211,7 @@ def result_type(cls: type[R]) -> type[R]:
 
 def result_class(name: str) -> type[ResultDocument] | None:
     """The registered result document class of results/<name>.json (None: no such result)."""
-    return _RESULT_TYPES.get(name)
+    return _registered(_RESULT_TYPES, name)
 
 
 def forget_types(kind_prefix: str, result_name: str) -> None:
@@ -186,11 +220,12 @@ def forget_types(kind_prefix: str, result_name: str) -> None:
     for kind in [kind for kind in _EVENT_TYPES if kind.startswith(kind_prefix + ".")]:
         del _EVENT_TYPES[kind]
     _RESULT_TYPES.pop(result_name, None)
+    _VOCABULARIES.pop(kind_prefix, None)
 
 
 def upgrade_result(name: str, doc: dict[str, Any]) -> dict[str, Any]:
     """Result document `name` in version 2's spelling (its class's `upgrade_v1`)."""
-    cls = _RESULT_TYPES.get(name)
+    cls = _registered(_RESULT_TYPES, name)
     return cls.upgrade_v1(dict(doc)) if cls is not None else doc
 
 
@@ -200,6 +235,7 @@ def upgrade_event(doc: dict[str, Any]) -> dict[str, Any]:
     if doc.get("v", 1) >= 2:
         return doc
     kind = doc.get("kind")
+    _import_vocabularies()  # a version 1 kind need not name its command (`toy-depth-step`)
     cls = _V1_KINDS.get(kind) or _EVENT_TYPES.get(kind)  # type: ignore[arg-type]
     if cls is None:
         return doc | {"v": EVENT_SCHEMA_VERSION}
@@ -232,7 +268,8 @@ def event_from_json(doc: dict[str, Any]) -> Event:
     """Rebuilds an event written by `Event.to_json` (any schema version, see `upgrade_event`);
     an unknown kind raises ValueError, a document missing a field TypeError."""
     doc = upgrade_event(doc)
-    cls = _EVENT_TYPES.get(doc.get("kind"))  # type: ignore[arg-type]
+    kind = doc.get("kind")
+    cls = _registered(_EVENT_TYPES, kind) if isinstance(kind, str) else None
     if cls is None:
         raise ValueError(f"unknown event kind {doc.get('kind')!r}")
     return from_doc(cls, doc)

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.disk.atomic import inside, unlinked
-from engine.experiments.growth.vocabulary import GrowthResult
-from engine.experiments.prune.vocabulary import PruneResult
+
+if TYPE_CHECKING:  # read, never built: a reader of this module needs no experiment's vocabulary
+    from engine.experiments.growth.vocabulary import GrowthResult
+    from engine.experiments.prune.vocabulary import PruneResult
 
 SAVED_ARMS = {"growth": "growth_100", "uniform": "uniform_100"}  # variant -> the growth run's arm
 

@@ -24,7 +24,6 @@ from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Tab, Tabs
 
-from engine.experiments.ablation.vocabulary import AblationMap
 from engine.registry import BY_NAME
 from tui.console_settings import ConsoleSettings
 from tui.console_view import ConsoleView
@@ -54,6 +53,8 @@ from tui.widgets.status_line import StatusLine
 
 if TYPE_CHECKING:
     from textual.widgets import RichLog
+
+    from engine.experiments.ablation.vocabulary import AblationMap
 
 log = logging.getLogger("anatomy_tui.console")
 TABS = ("layers", "recovery", "growth", "prompt", "analyses", "log")

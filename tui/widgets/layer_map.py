@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual.scrollbar import ScrollBarRender
 from textual.widgets import DataTable
 
-from engine.experiments.prune.vocabulary import PruneResult
-from engine.experiments.recovery.vocabulary import RecoveryRow
 from engine.experiments.variants import pruned_layers
 from engine.models.families import PARTS
 from tui.marks import NO_MARKS, Marks
 from tui.palette import class_style
 from tui.state import SessionState, layer_class
+
+if TYPE_CHECKING:
+    from engine.experiments.recovery.vocabulary import RecoveryRow
 
 log = logging.getLogger("anatomy_tui.console")
 BAR_WIDTH = 16
@@ -89,6 +90,8 @@ class LayerMap(DataTable):
         """Redraws every row from the state and the marks. Cells are updated in place while the layers
         stay the same, so the cursor (the selected layer) never jumps when new numbers arrive."""
         count = max(n_layers, state.n_layers, max((layer for layer, _ in state.ablation_parts), default=-1) + 1)
+        from engine.experiments.prune.vocabulary import PruneResult  # here: its vocabulary is not needed to paint
+
         recovering = state.recovering()
         pruned = set(pruned_layers(state.result(PruneResult)))
         columns = self.columns_for(state, marks)

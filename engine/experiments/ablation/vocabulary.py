@@ -66,6 +66,11 @@ class LayerAblated(Event):
     layer_class: str
     part: str = field(default=ABSENT, kw_only=True)  # "attention" or "mlp" for a block (--part); absent: the layer
 
+    def row(self) -> AblationRow:
+        """The map's row it tells, live: its first four fields (the saved map fills in the rest)."""
+        return AblationRow(layer=self.layer, ppl=self.ppl, degradation_pct=self.degradation_pct,
+                           layer_class=self.layer_class)
+
 
 @event_type
 @dataclass(frozen=True)
