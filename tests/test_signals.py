@@ -201,7 +201,7 @@ def run(settings: LateSettings, context: RunContext) -> Iterator[Event]:
 
 
 def test_an_error_after_the_load_is_one_line_with_no_empty_bar(monkeypatch, capsys):
-    row = Experiment("late-error", "fails once it runs", LateSettings, LateResult, __name__, LateResult,
+    row = Experiment("late-error", "fails once it runs", __name__, "LateSettings", "LateResult", __name__,
                      needs_model=False)  # fmt: skip
     registry.register(row)
     try:
