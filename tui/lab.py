@@ -28,6 +28,7 @@ from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.variants import SavedModels, Variant, pruned_layers, saved_model_path
 from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
+from sessions.atlas import is_atlas
 from sessions.layer_weights import saved_layers
 from sessions.store import Session, SessionStore
 from tui import console_view, event_index
@@ -125,6 +126,7 @@ class Lab:
         self.settings = settings or ConsoleSettings()
         self._tell, self._status_changed, self._start_load = tell, status_changed, start_load
         self.session: Session | None = None
+        self.atlas = False  # the session is an atlas's: no model of its own, its Compare view is what it shows
         self.state = SessionState()
         self.keeper = LineKeeper(self.state)  # which lines of the log the state depends on: the index
         self.offset = 0
@@ -201,6 +203,9 @@ class Lab:
         a line each; SessionError when it cannot be opened at all. A session keeps its model unless
         --model was given."""
         self.session = self.store.open_or_create(name, model=self.options.model)
+        self.atlas = is_atlas(self.session)
+        if self.atlas:
+            self.model_status = "model: none, an atlas's session (k: its measures, live, and its table)"
         saved_model = self.session.manifest.get("model")
         if saved_model and saved_model != self.options.model and not self.model_explicit:
             self.options = replace(self.options, model=saved_model)
@@ -250,7 +255,8 @@ class Lab:
 
     def comparison(self) -> Any:
         """What the Compare view shows for this session (sessions/atlas.py `console_comparison`, read
-        when asked); None without a session, UserError or SessionError when there is nothing to compare."""
+        when asked: an atlas session's AtlasWatch, else an AtlasDocument); None without a session,
+        UserError or SessionError when there is nothing to compare."""
         if self.session is None:
             return None
         from sessions.atlas import console_comparison
