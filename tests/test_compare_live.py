@@ -53,8 +53,7 @@ def test_the_states_of_an_atlas_folded_from_its_logs_as_they_grow():
         '{"kind": "job.state", "task": "m1|main|ablation", "state": "exploded"}\n',  # no such state
         '{"kind": "job.state", "task": "m1|main|ablation", "state": "done"')  # torn: no newline yet
     rows = watch.tasks()
-    assert [(r.model, r.variant, r.experiment) for r in rows] == [("m1", "main", "ablation"), ("m1", "main", "dynamics"),
-                                                                   ("m2", "main", "ablation"), ("m2", "seed-1", "ablation")]
+    assert [f"{r.model}|{r.variant}|{r.experiment}" for r in rows] == [A1, D1, A2, S2]  # in the order written
     assert {r.state for r in rows} == {"waiting"} and rows[0].session == "at-m1"
     raw(atlas, "\n")  # the torn line ended by the next writer: it does not parse, and is skipped
     assert by_task(watch.tasks())[A1] == ("waiting", "")

@@ -52,7 +52,7 @@ class CompareScreen(ModalScreen[None]):
     CompareScreen { background: $background; }
     #compare-title { height: 1; padding: 0 1; background: $panel; }
     #compare-tasks { height: 1fr; display: none; }
-    CompareScreen.-curves #compare-tasks { height: auto; max-height: 9; }
+    CompareScreen.-curves #compare-tasks { height: auto; max-height: 6; }
     #compare-note { height: 1; padding: 0 1; display: none; }
     #compare-plot { height: 2fr; min-height: 8; display: none; }
     #compare-text { height: 1fr; padding: 0 1; display: none; }
@@ -143,12 +143,11 @@ class CompareScreen(ModalScreen[None]):
         self.rows = rows
 
     def _take(self, doc: A.AtlasDocument) -> None:
-        """The atlas's table, from now on shown as curves under the measures."""
+        """The atlas's table, from now on shown as curves (under the measures of an atlas's session)."""
         self.doc, self.criteria, self.names = doc, A.criteria_of(doc.rows), short_names(doc.models)
-        if self.is_mounted:
-            self.add_class("-curves")
-            self.query_one("#compare-report", Static).update(self._text())
-            self._plot()
+        self.add_class("-curves")
+        self.query_one("#compare-report", Static).update(self._text())
+        self._plot()
 
     # drawing ------------------------------------------------------------------------------------------
     def _plot(self) -> None:
@@ -157,15 +156,14 @@ class CompareScreen(ModalScreen[None]):
 
     def _title(self) -> None:
         title = self.query_one("#compare-title", Static)
-        states = ", ".join(f"{n} {state}" for state, n in counts(self.rows).items())
-        if self.doc is None:
+        if self.doc is None:  # the measures' states; once the table is there, the table shows them
+            states = ", ".join(f"{n} {state}" for state, n in counts(self.rows).items())
             title.update(f"Atlas {self.shown_name} · {states or 'no measures yet'}  escape: close")
         elif not self.criteria:
-            title.update(f"Compare {self.doc.name}{' · ' + states if states else ''}: no per-layer values  "
-                         "(escape: close)")
+            title.update(f"Compare {self.doc.name}: no per-layer values  (escape: close)")
         else:
             title.update(f"Compare {self.doc.name} · {self.criteria[self.index]} ({self.index + 1}/"
-                         f"{len(self.criteria)}){' · ' + states if states else ''}  n/p: criterion  escape: close")
+                         f"{len(self.criteria)})  n/p: criterion  escape: close")
 
     def _text(self) -> str:
         assert self.doc is not None
