@@ -152,12 +152,6 @@ def saved_steps(path: Path) -> dict[str, dict[str, str]]:
             for k, v in doc["steps"].items() if isinstance(v, dict)}
 
 
-def is_atlas(session: Session) -> bool:
-    """Whether a session is an atlas's (`anatomy-tui atlas` made it: its manifest holds the spec)."""
-    settings = session.manifest.get("settings")
-    return isinstance(settings, dict) and "atlas" in settings
-
-
 class AtlasWatch:
     """An atlas's measures and their states, read again by each `tasks()` from where the last read
     stopped (the atlas's log, the logs of the sessions its measures under way run into), and its
@@ -242,7 +236,7 @@ def console_comparison(store: SessionStore, current: str, most: int = 6) -> Atla
     watch (its measures' states as they change, its table once saved), even before its first result;
     else it beside the newest other sessions with per-layer results (`most` in all)."""
     session = store.open(current)
-    if is_atlas(session):
+    if session.is_atlas:
         return AtlasWatch(store, current)
     others = [info.name for info in store.list()
               if info.openable and info.name != current and set(info.results) & set(PER_LAYER_RESULTS)]

@@ -28,7 +28,6 @@ from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.variants import SavedModels, Variant, pruned_layers, saved_model_path
 from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
-from sessions.atlas import is_atlas
 from sessions.layer_weights import saved_layers
 from sessions.store import Session, SessionStore
 from tui import console_view, event_index
@@ -203,7 +202,7 @@ class Lab:
         a line each; SessionError when it cannot be opened at all. A session keeps its model unless
         --model was given."""
         self.session = self.store.open_or_create(name, model=self.options.model)
-        self.atlas = is_atlas(self.session)
+        self.atlas = self.session.is_atlas
         if self.atlas:
             self.model_status = "model: none, an atlas's session (k: its measures, live, and its table)"
         saved_model = self.session.manifest.get("model")
