@@ -123,6 +123,17 @@ def test_nothing_in_the_folders_breaks_the_watch(tmp_path):
     assert by_task(atlas_tasks(store, "old")) == {A1: ("done", ""), A2: ("reused", "")}
 
 
+def test_a_measure_that_fails_one_after_another_reads_failed(capsys):
+    """A serial atlas stops at a measure that fails (here before any model loads); the measure reads
+    failed with its run's exit code, the line on stderr as before."""
+    from tui.cli import main
+
+    assert main(["atlas", "--models", "/no/such/model", "--name", "broken", "--measures", "map"]) == 2
+    assert "atlas broken: ablation of /no/such/model failed (exit 2)" in capsys.readouterr().err
+    assert atlas_tasks(SessionStore(), "broken") == [TaskRow("/no/such/model", "main", "ablation", "failed", "exit 2",
+                                                             "broken-model")]
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
@@ -173,6 +184,11 @@ async def test_the_compare_view_of_an_atlas_shows_its_measures_live_then_its_cur
         await pilot.press("k")  # open already: not a second one
         assert len([s for s in app.screen_stack if isinstance(s, CompareScreen)]) == 1
 
+        (atlas.path / "results").mkdir(exist_ok=True)
+        (atlas.path / "results" / "atlas.json").write_text("{")  # a table that does not read: said, the rows stay
+        note = screen.query_one("#compare-note")
+        await wait_for(pilot, lambda: "damaged" in str(note.render()), "why the table does not read")
+        assert table.row_count == 2 and not screen.query_one("#compare-plot").display
         done = atlas_session(store, "finished")  # an atlas's table, saved as the atlas saves it
         atlas.save_result("atlas", done.load_result("atlas"))
         await wait_for(pilot, lambda: screen.criteria == ["d_pct", "block_influence", "angular_distance",

@@ -112,7 +112,7 @@ class CompareScreen(ModalScreen[None]):
         assert self.watch is not None
         try:
             return TasksRead(self.watch.tasks(), self.watch.result() if self.doc is None else None)
-        except (SessionError, UserError, OSError) as exc:
+        except (SessionError, UserError, OSError) as exc:  # the atlas's session gone, its table damaged
             return TasksRead(self.rows, None, str(exc))
 
     @on(TasksRead)
