@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,7 @@ def reusable(store: SessionStore, model: str, result: str, wanted: Mapping[str, 
     return None
 
 
+JOB_CHECK_SECONDS = 5.0  # how often a watch reads the job files of the measures under way
 STATE_OF_STATUS = {"run": "done", "reused": "reused", "failed": "failed", "interrupted": "interrupted"}
 
 
@@ -163,6 +165,7 @@ class AtlasWatch:
         self.fold = AtlasTasks()
         self.offset = 0
         self.read_once = False
+        self.next_check = 0.0  # when the job files of the measures under way are read next (monotonic)
 
     def tasks(self) -> list[TaskRow]:
         atlas = self.store.open(self.name)
@@ -184,7 +187,21 @@ class AtlasWatch:
             for doc in docs:
                 self.fold.member(key, doc)
             self.fold.read_to(key, end)
+        if time.monotonic() >= self.next_check:
+            self.next_check = time.monotonic() + JOB_CHECK_SECONDS
+            self._check_jobs()
         return self.fold.rows()
+
+    def _check_jobs(self) -> None:
+        """A measure whose job's process is gone with no end in its log (the atlas killed -9) reads
+        interrupted: its job file says so (Session.jobs)."""
+        for key, member, job in self.fold.jobs_under_way():
+            try:
+                status = self.store.open(member).jobs().get(job, {}).get("status")
+            except (SessionError, UserError):
+                continue
+            if status == "interrupted":
+                self.fold.gone(key)
 
     def result(self) -> AtlasDocument | None:
         """The atlas's table once it is saved (results/atlas.json), None before; a damaged one is a

@@ -10,6 +10,9 @@ cluster's (queued, placed, running, retried, done) in tests/test_cluster.py."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -121,6 +124,23 @@ def test_nothing_in_the_folders_breaks_the_watch(tmp_path):
     (folder / "state.json").write_text(json.dumps({"steps": {A1: {"session": "old-m1", "status": "run"},
                                                              A2: {"session": "x", "status": "reused"}, "bad": 3}}))
     assert by_task(atlas_tasks(store, "old")) == {A1: ("done", ""), A2: ("reused", "")}
+
+
+def test_a_measure_whose_process_is_gone_reads_interrupted():
+    """An atlas killed -9 writes no end: its measure's job file still says running, with the pid of a
+    process that is gone (Session.jobs reads it interrupted), so the measure reads interrupted."""
+    store = SessionStore()
+    atlas, member = store.create("at", settings={"atlas": {}}), store.create("at-m1", model="m1")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    atlas.append_event(state(A1, "running", "at-m1", "starting"))
+    member.append_event(Started(experiment="ablation", spec={}, job="a"))
+    member.write_job("a", {"id": "a", "experiment": "ablation", "status": "running", "pid": os.getpid()})
+    watch = AtlasWatch(store, "at")
+    assert by_task(watch.tasks())[A1] == ("running", "started")  # its process (this one) is alive
+    member.write_job("a", {"id": "a", "experiment": "ablation", "status": "running", "pid": gone.pid})
+    watch.next_check = 0.0  # the next read checks the job files again (every JOB_CHECK_SECONDS)
+    assert by_task(watch.tasks())[A1] == ("interrupted", "its process is gone")
 
 
 def test_a_measure_that_fails_one_after_another_reads_failed(capsys):

@@ -109,6 +109,16 @@ class AtlasTasks:
         elif kind == Finished.kind and doc.get("status") in ENDS:
             task.state, task.detail = ENDS[doc["status"]], _text(doc.get("error"))
 
+    def jobs_under_way(self) -> list[tuple[str, str, str]]:
+        """(key, session, job) of each measure under way whose job has started and not ended."""
+        return [(key, task.session, task.job) for key, task in self.tasks.items()
+                if task.followed and task.job and task.state in UNDER_WAY]
+
+    def gone(self, key: str) -> None:
+        """The process of the measure's job is gone without a word of its end (a driver killed -9)."""
+        if key in self.tasks:
+            self.tasks[key].state, self.tasks[key].detail = "interrupted", "its process is gone"
+
     def rows(self) -> list[TaskRow]:
         return [TaskRow(t.model, t.variant, t.experiment, t.state,
                         f"{t.detail} (try {t.tries})".strip() if t.tries > 1 and t.state != "retried" else t.detail,
