@@ -166,9 +166,12 @@ class AtlasWatch:
         self.offset = 0
         self.read_once = False
         self.next_check = 0.0  # when the job files of the measures under way are read next (monotonic)
+        self.opened: dict[str, Session] = {}  # each session once: a read of a few lines opens no manifest
 
     def tasks(self) -> list[TaskRow]:
-        atlas = self.store.open(self.name)
+        if self.name not in self.opened:  # the atlas's own session: what stops it opening is the caller's to say
+            self.opened[self.name] = self.store.open(self.name)
+        atlas = self.opened[self.name]
         docs, self.offset = atlas.read_event_docs(self.offset)
         for doc in docs:
             self.fold.atlas(doc)
@@ -178,12 +181,10 @@ class AtlasWatch:
                                  "state": STATE_OF_STATUS.get(step["status"], "")})
         self.read_once = True
         for key, member, offset in self.fold.following():
-            try:
-                if not self.store.exists(member):
-                    continue
-                docs, end = self.store.open(member).read_event_docs(offset)
-            except (SessionError, UserError):  # not a session name, or a damaged session: its state as the atlas said
+            session = self._member(member)
+            if session is None:  # not made yet, not a session name, or damaged: its state as the atlas said
                 continue
+            docs, end = session.read_event_docs(offset)
             for doc in docs:
                 self.fold.member(key, doc)
             self.fold.read_to(key, end)
@@ -196,12 +197,21 @@ class AtlasWatch:
         """A measure whose job's process is gone with no end in its log (the atlas killed -9) reads
         interrupted: its job file says so (Session.jobs)."""
         for key, member, job in self.fold.jobs_under_way():
-            try:
-                status = self.store.open(member).jobs().get(job, {}).get("status")
-            except (SessionError, UserError):
-                continue
-            if status == "interrupted":
+            session = self._member(member)
+            if session is not None and session.jobs().get(job, {}).get("status") == "interrupted":
                 self.fold.gone(key)
+
+    def _member(self, name: str) -> Session | None:
+        """Session `name`, opened at its first read (None while it does not exist, or when it cannot
+        be opened)."""
+        if name not in self.opened:
+            try:
+                if not self.store.exists(name):
+                    return None
+                self.opened[name] = self.store.open(name)
+            except (SessionError, UserError):
+                return None
+        return self.opened[name]
 
     def result(self) -> AtlasDocument | None:
         """The atlas's table once it is saved (results/atlas.json), None before; a damaged one is a
