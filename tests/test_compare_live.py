@@ -154,6 +154,21 @@ def test_a_measure_that_fails_one_after_another_reads_failed(capsys):
                                                              "broken-model")]
 
 
+def test_an_atlas_session_in_the_console_loads_no_model_and_runs_nothing():
+    """The console's lab on an atlas's session: no model (its status says so), and a map, a job or a
+    generation is refused in one line instead of running a default model into the atlas."""
+    from engine.models.options import ModelOptions
+    from tui.lab import NO_MODEL_IN_AN_ATLAS, Lab
+
+    store, said = SessionStore(), []
+    store.create("at", settings={"atlas": {}})
+    lab = Lab(store, ModelOptions(), model_explicit=False, tell=lambda text, level: said.append(text))
+    lab.open("at")
+    assert lab.atlas and "atlas" in lab.model_status
+    assert lab.map_in_console() is None and lab.map_job() is None
+    assert said == [NO_MODEL_IN_AN_ATLAS] * 2 and not store.open("at").jobs()
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

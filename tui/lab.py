@@ -103,6 +103,10 @@ def _nothing(*args: Any) -> None:
     pass
 
 
+NO_MODEL_IN_AN_ATLAS = ("an atlas's session has no model of its own: open one of its models' sessions "
+                        "(ATLAS-MODEL) to run experiments; k shows the atlas")
+
+
 class Lab:
     """What the console knows and decides. `tell(text, level)` shows a line to the user (the lab
     also logs it), `status_changed()` redraws the status line, `start_load(options)` loads the
@@ -347,6 +351,9 @@ class Lab:
         self._status_changed()
 
     def need_model(self) -> bool:
+        if self.atlas:
+            self.say(NO_MODEL_IN_AN_ATLAS, "warning")
+            return False
         if self.loaded is None:
             self.say("the model is still loading (see the status line); try again in a moment", "warning")
             return False
@@ -429,6 +436,9 @@ class Lab:
         setting, a job (a resume too: the session's checkpoint goes with the task) is a Ray task there,
         with the model flags the console was given."""
         if self.session is None:
+            return None
+        if self.atlas:
+            self.say(NO_MODEL_IN_AN_ATLAS, "warning")
             return None
         entry = BY_NAME[experiment]
         options = None
