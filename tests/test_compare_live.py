@@ -232,3 +232,5 @@ async def test_the_compare_view_of_an_atlas_shows_its_measures_live_then_its_cur
         assert isinstance(screen.doc, A.AtlasDocument) and table.row_count == 2
         await pilot.press("n")
         assert screen.index == 1 and "block_influence (2/4)" in str(screen.query_one("#compare-title").render())
+        await pilot.press("right", "right", "left")  # the arrows turn the criteria, not the measures' table
+        assert screen.index == 2

@@ -45,14 +45,14 @@ class TasksRead(Message):
 class CompareScreen(ModalScreen[None]):
     BINDINGS = [
         Binding("escape,q", "dismiss", "Close"),
-        Binding("n,right", "turn(1)", "Next criterion"),
-        Binding("p,left", "turn(-1)", "Previous criterion"),
+        Binding("n,right", "turn(1)", "Next criterion", priority=True),  # before the measures' table's arrows
+        Binding("p,left", "turn(-1)", "Previous criterion", priority=True),
     ]
     DEFAULT_CSS = """
     CompareScreen { background: $background; }
     #compare-title { height: 1; padding: 0 1; background: $panel; }
     #compare-tasks { height: 1fr; display: none; }
-    CompareScreen.-curves #compare-tasks { height: auto; max-height: 6; }
+    CompareScreen.-curves #compare-tasks { height: auto; max-height: 25%; }
     #compare-note { height: 1; padding: 0 1; display: none; }
     #compare-plot { height: 2fr; min-height: 8; display: none; }
     #compare-text { height: 1fr; padding: 0 1; display: none; }
@@ -74,7 +74,7 @@ class CompareScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="compare-title")
-        yield DataTable(id="compare-tasks", cursor_type="row", zebra_stripes=True)
+        yield DataTable(id="compare-tasks", cursor_type="none", zebra_stripes=True)
         yield Static(id="compare-note", markup=False)
         yield DepthProfiles(id="compare-plot")
         with VerticalScroll(id="compare-text"):
