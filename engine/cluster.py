@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.events import Event, Message, event_from_json
+from engine.core.events import Event, Message, TaskState, event_from_json
 from engine.core.process import interruption, stop_signal
 
 INSTALL = "pip install 'anatomy-tui[cluster]' (Ray)"
@@ -204,8 +204,9 @@ class Cluster:
     def run(self, spec: TaskSpec, resources: TaskResources, say: Callable[[str], None],
             keep: Callable[[CheckpointChange], None] | None = None) -> Iterator[Event]:
         """The task's events as they arrive, in order, after one Message naming where it was placed;
-        `say` gets a line at each change of the task's state (queued, placed, running at each
-        quarter of its progress, done); `keep` each change of its checkpoint folder, before the
+        at each change of the task's state (queued, placed, running at each quarter of its progress,
+        done) `say` gets a line and a TaskState event comes in the stream (the session's record of
+        it); `keep` each change of its checkpoint folder, before the
         event that followed it (what `keep` raises cancels the task). A worker that dies raises
         TaskLost; an error of the experiment raises TaskFailed (a UserError of the worker: its own
         line); Ctrl-C (or `cancel_all`) cancels the task and raises as it was stopped."""
@@ -217,8 +218,8 @@ class Cluster:
         generator = task.remote(spec)
         with self._lock:
             self._live[id(generator)] = generator
-        say(f"queued ({resources.text()})")
         try:
+            yield _told(say, "queued", resources.text(), f"queued ({resources.text()})")
             yield from _events(generator, say, keep)
         except (KeyboardInterrupt, GeneratorExit):
             ray.cancel(generator)
@@ -282,8 +283,8 @@ def _events(generator: Any, say: Callable[[str], None],
         doc = ray.get(ref)
         if "placed" in doc:
             placement = Placement(**{**doc["placed"], "gpus": tuple(doc["placed"]["gpus"])})
-            say(f"placed on {placement.text()}")
             yield Message(f"running on the cluster: {placement.text()}")
+            yield _told(say, "placed", placement.text(), f"placed on {placement.text()}")
             continue
         if "error" in doc:  # a UserError of the worker: its one line
             raise UserError(doc["error"])
@@ -296,10 +297,17 @@ def _events(generator: Any, say: Callable[[str], None],
             step = PROGRESS_STEPS * event.done // event.total
             if step != shown:
                 shown = step
-                say(f"running: {event.label + ' ' if event.label else ''}{event.done}/{event.total}")
+                progress = f"{event.label + ' ' if event.label else ''}{event.done}/{event.total}"
+                yield _told(say, "running", progress, f"running: {progress}")
         if isinstance(event, Result):
-            say("done")
+            yield _told(say, "done", "", "done")
         yield event
+
+
+def _told(say: Callable[[str], None], state: str, detail: str, line: str) -> TaskState:
+    """A change of the task's state: its line said now, its event for the session."""
+    say(line)
+    return TaskState(state, detail)
 
 
 def _options(cluster: Cluster, spec: TaskSpec, resources: TaskResources) -> tuple[Any, Any]:

@@ -1,6 +1,7 @@
 """An atlas in the store: a session of its own (no model) that names the sessions of its models.
 
     <home>/<ATLAS>/manifest.json                 settings: the atlas's spec (models, measures, texts)
+                   events.jsonl                  each change of a measure's state (job.state), in order
                    checkpoints/atlas/state.json  each step (model, variant, experiment): the session
                                                  that holds it and whether it was run or reused
                    checkpoints/atlas/texts/      calibration texts the atlas made (--calib-seeds)
@@ -11,19 +12,25 @@
 A measure is reused from any session of the store whose model is the same and whose result of that
 experiment was made with the same settings (the run's own, less those a resume may change), so a
 killed atlas, run again, continues with the first measure that no session holds yet.
+
+`AtlasWatch` reads an atlas's measures' states back (engine/atlas/tasks.py folds them): the atlas's
+log, and the log of each session a measure under way runs into, each from where it was read last.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.atlas.table import DEFAULT_BINS, MAIN, AtlasDocument, AtlasRow, build, rows_of, with_depth
+from engine.atlas.tasks import AtlasTasks, TaskRow, task_key
 from engine.core.errors import UserError
+from engine.core.events import TaskState
 from engine.disk.atomic import atomic_write_json, read_text
 from sessions.store import Session, SessionError, SessionExists, SessionStore
 
@@ -76,21 +83,33 @@ def reusable(store: SessionStore, model: str, result: str, wanted: Mapping[str, 
     return None
 
 
+JOB_CHECK_SECONDS = 5.0  # how often a watch reads the job files of the measures under way
+STATE_OF_STATUS = {"run": "done", "reused": "reused", "failed": "failed", "interrupted": "interrupted"}
+
+
 @dataclass
 class AtlasState:
-    """What an atlas has done so far, step by step, saved after each (atomically)."""
+    """What an atlas has done so far, step by step, saved after each (atomically); each change of a
+    step's state, finished or not, is also an event of the atlas session's log (`log`)."""
 
     path: Path
     spec: dict[str, Any]
     steps: dict[str, dict[str, str]]  # "model|variant|experiment" -> {"session", "status": run or reused}
+    log: Session | None = None
 
-    @staticmethod
-    def key(model: str, variant: str, experiment: str) -> str:
-        return f"{model}|{variant}|{experiment}"
+    key = staticmethod(task_key)
 
     def done(self, model: str, variant: str, experiment: str, session: str, status: str) -> None:
         self.steps[self.key(model, variant, experiment)] = {"session": session, "status": status}
         self.save()
+        self.mark(model, variant, experiment, STATE_OF_STATUS[status], session,
+                  f"from session {session}" if status == "reused" else "")
+
+    def mark(self, model: str, variant: str, experiment: str, state: str, session: str = "", detail: str = "",
+             since: int = 0) -> None:
+        """A step's state now (engine/atlas/tasks.py STATES), into the atlas's log."""
+        if self.log is not None:
+            self.log.append_event(TaskState(state, detail, self.key(model, variant, experiment), session, since))
 
     def save(self) -> None:
         atomic_write_json(self.path, {"spec": self.spec, "steps": self.steps}, "atlas state")
@@ -117,16 +136,93 @@ def open_atlas(store: SessionStore, name: str, spec: dict[str, Any],
                             f"({json.dumps(session.manifest.get('settings', {}).get('atlas'))}); "
                             "run it with those, or choose another --name")
     path = session.checkpoint_dir(ATLAS_RESULT) / STATE
-    steps: dict[str, dict[str, str]] = {}
-    if path.is_file():
-        try:
-            doc = json.loads(read_text(path))  # never through a link (engine.disk.atomic.unlinked)
-            if isinstance(doc, dict) and isinstance(doc.get("steps"), dict):
-                steps = {str(k): {"session": str(v.get("session", "")), "status": str(v.get("status", ""))}
-                         for k, v in doc["steps"].items() if isinstance(v, dict)}
-        except (OSError, ValueError, UserError):
-            steps = {}  # a damaged state file: every step is found again in the sessions
-    return session, AtlasState(path, spec, steps)
+    return session, AtlasState(path, spec, saved_steps(path), session)
+
+
+def saved_steps(path: Path) -> dict[str, dict[str, str]]:
+    """The steps of an atlas's state file; none when it is missing or damaged (every step is then
+    found again in the sessions)."""
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(read_text(path))  # never through a link (engine.disk.atomic.unlinked)
+    except (OSError, ValueError, UserError):
+        return {}
+    if not isinstance(doc, dict) or not isinstance(doc.get("steps"), dict):
+        return {}
+    return {str(k): {"session": str(v.get("session", "")), "status": str(v.get("status", ""))}
+            for k, v in doc["steps"].items() if isinstance(v, dict)}
+
+
+class AtlasWatch:
+    """An atlas's measures and their states, read again by each `tasks()` from where the last read
+    stopped (the atlas's log, the logs of the sessions its measures under way run into), and its
+    table once it is saved (`result()`). An atlas made before its log held the states shows the
+    finished steps of its state file. Nothing read is trusted: what does not fit is skipped."""
+
+    def __init__(self, store: SessionStore, name: str) -> None:
+        self.store, self.name = store, name
+        self.fold = AtlasTasks()
+        self.offset = 0
+        self.read_once = False
+        self.next_check = 0.0  # when the job files of the measures under way are read next (monotonic)
+        self.opened: dict[str, Session] = {}  # each session once: a read of a few lines opens no manifest
+
+    def tasks(self) -> list[TaskRow]:
+        if self.name not in self.opened:  # the atlas's own session: what stops it opening is the caller's to say
+            self.opened[self.name] = self.store.open(self.name)
+        atlas = self.opened[self.name]
+        docs, self.offset = atlas.read_event_docs(self.offset)
+        for doc in docs:
+            self.fold.atlas(doc)
+        if not self.read_once and not self.fold.tasks:  # an older atlas: its state file's finished steps
+            for key, step in saved_steps(atlas.checkpoint_dir(ATLAS_RESULT) / STATE).items():
+                self.fold.atlas({"kind": TaskState.kind, "task": key, "session": step["session"],
+                                 "state": STATE_OF_STATUS.get(step["status"], "")})
+        self.read_once = True
+        for key, member, offset in self.fold.following():
+            session = self._member(member)
+            if session is None:  # not made yet, not a session name, or damaged: its state as the atlas said
+                continue
+            docs, end = session.read_event_docs(offset)
+            for doc in docs:
+                self.fold.member(key, doc)
+            self.fold.read_to(key, end)
+        if time.monotonic() >= self.next_check:
+            self.next_check = time.monotonic() + JOB_CHECK_SECONDS
+            self._check_jobs()
+        return self.fold.rows()
+
+    def _check_jobs(self) -> None:
+        """A measure whose job's process is gone with no end in its log (the atlas killed -9) reads
+        interrupted: its job file says so (Session.jobs)."""
+        for key, member, job in self.fold.jobs_under_way():
+            session = self._member(member)
+            if session is not None and session.jobs().get(job, {}).get("status") == "interrupted":
+                self.fold.gone(key)
+
+    def _member(self, name: str) -> Session | None:
+        """Session `name`, opened at its first read (None while it does not exist, or when it cannot
+        be opened)."""
+        if name not in self.opened:
+            try:
+                if not self.store.exists(name):
+                    return None
+                self.opened[name] = self.store.open(name)
+            except (SessionError, UserError):
+                return None
+        return self.opened[name]
+
+    def result(self) -> AtlasDocument | None:
+        """The atlas's table once it is saved (results/atlas.json), None before; a damaged one is a
+        one-line UserError or SessionError."""
+        doc = self.store.open(self.name).load_result(ATLAS_RESULT)
+        return None if doc is None else AtlasDocument.from_json(doc)
+
+
+def atlas_tasks(store: SessionStore, name: str) -> list[TaskRow]:
+    """Every measure of atlas `name` with its state now (one read from the start of the logs)."""
+    return AtlasWatch(store, name).tasks()
 
 
 PER_LAYER_RESULTS = ("ablation", "prune", "dynamics", "recovery")  # the results whose values are per layer
@@ -162,12 +258,13 @@ def compare_sessions(store: SessionStore, names: Sequence[str], n_bins: int = DE
     return build("compare", labels, [], sessions, {MAIN: {}}, rows, n_bins)
 
 
-def console_comparison(store: SessionStore, current: str, most: int = 6) -> AtlasDocument:
-    """What the console's Compare view shows for session `current`: its atlas, when it is an atlas
-    session; else it beside the newest other sessions with per-layer results (`most` in all)."""
+def console_comparison(store: SessionStore, current: str, most: int = 6) -> AtlasDocument | AtlasWatch:
+    """What the console's Compare view shows for session `current`: when it is an atlas session, its
+    watch (its measures' states as they change, its table once saved), even before its first result;
+    else it beside the newest other sessions with per-layer results (`most` in all)."""
     session = store.open(current)
-    if session.load_result(ATLAS_RESULT) is not None:
-        return saved_atlas(store, current)
+    if session.is_atlas:
+        return AtlasWatch(store, current)
     others = [info.name for info in store.list()
               if info.openable and info.name != current and set(info.results) & set(PER_LAYER_RESULTS)]
     if not set(session.result_names()) & set(PER_LAYER_RESULTS):

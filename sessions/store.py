@@ -207,6 +207,13 @@ class Session:
     def name(self) -> str:
         return self.path.name
 
+    @property
+    def is_atlas(self) -> bool:
+        """Whether `anatomy-tui atlas` made this session (sessions/atlas.py): its manifest's settings
+        hold the atlas's spec; it has no model of its own."""
+        settings = self.manifest.get("settings")
+        return isinstance(settings, dict) and "atlas" in settings
+
     def part(self, *names: str) -> Path:
         """`path/names...`, refusing any link on the way (the session folder itself included): reads
         and writes never leave the session folder."""

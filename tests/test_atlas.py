@@ -118,20 +118,30 @@ def test_atlas_killed_after_the_first_model_resumes_to_the_same_table(families, 
                                                                        monkeypatch, capsys, one_thread):
     evaluation = files[0]
     import tui.runner
+    from sessions.atlas import atlas_tasks
 
     real = tui.runner.run_command
-    calls = []
+    calls, seen = [], []
 
     def killed_on_the_second(*args, **kwargs):
         calls.append(args[0].name)
         if len(calls) == 2:
             raise KeyboardInterrupt  # Ctrl-C while the second model runs
-        return real(*args, **kwargs)
+        seen.append(states())  # the console's view as the measure starts, and once its job has ended
+        code = real(*args, **kwargs)
+        seen.append(states())
+        return code
+
+    def states() -> list[tuple[str, str]]:  # each measure's state as the Compare view reads it
+        return [(row.state, row.detail) for row in atlas_tasks(SessionStore(), "tiny")]
 
     monkeypatch.setattr(tui.runner, "run_command", killed_on_the_second)
     assert main(atlas_argv(families, evaluation)) == 130
     err = capsys.readouterr().err
     assert "atlas tiny interrupted at" in err and "qwen2" in err and "failed" not in err
+    assert seen == [[("running", "starting"), ("waiting", ""), ("waiting", "")],
+                    [("done", ""), ("waiting", ""), ("waiting", "")]]  # the job's end, read in its session
+    assert states() == [("done", ""), ("interrupted", ""), ("waiting", "")]
     store = SessionStore(isolated_home)
     state = json.loads((store.open("tiny").path / "checkpoints" / "atlas" / "state.json").read_text())
     assert state["steps"] == {f"{families['llama']}|main|ablation": {"session": "tiny-llama", "status": "run"},
@@ -143,6 +153,7 @@ def test_atlas_killed_after_the_first_model_resumes_to_the_same_table(families, 
     err = capsys.readouterr().err
     assert "llama · ablation (map, proxies) on main: reused from session tiny-llama" in err
     assert "qwen2 · ablation (map, proxies) on main: running into session tiny-qwen2" in err
+    assert states() == [("done", "")] * 3
     resumed = table(isolated_home)
 
     fresh_home = tmp_path / "fresh"  # the same atlas, never interrupted, in a store of its own
@@ -164,6 +175,8 @@ def test_atlas_killed_after_the_first_model_resumes_to_the_same_table(families, 
     # another atlas over a model already measured reuses that session's map
     assert main(atlas_argv({**families}, evaluation, "other")) == 0
     assert "reused from session tiny-llama" in capsys.readouterr().err
+    assert [(row.state, row.detail) for row in atlas_tasks(SessionStore(), "other")] == [
+        ("reused", f"from session tiny-{family}") for family in FAMILIES]
 
     # the dataset: parquet and CSV, read back by `datasets`
     from datasets import load_dataset

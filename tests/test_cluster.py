@@ -26,6 +26,7 @@ from tiny_models import EVAL, save_tiny
 from engine.cluster import NodeShape, TaskResources, task_resources
 from engine.core.errors import UserError
 from engine.models.options import ModelOptions
+from sessions.atlas import atlas_tasks
 from sessions.store import SessionStore
 from tui.cli import main
 
@@ -203,12 +204,18 @@ def placements(docs: list[dict]) -> list[str]:
             if doc["kind"] == "job.message" and doc["text"].startswith("running on the cluster")]
 
 
+def task_states(docs: list[dict]) -> list[tuple[str, str]]:
+    """The task's states a run on the cluster logged (job.state), with their details."""
+    return [(doc["state"], doc["detail"]) for doc in docs if doc["kind"] == "job.state"]
+
+
 def comparable(doc: object) -> object:
     """Events less what differs run to run: times, job ids, the job's spec (the device asked),
-    timings, and the line of where it ran."""
+    timings, and what only a run on the cluster says: the line of where it ran, its task's states."""
     if isinstance(doc, list):
         return [comparable(d) for d in doc
-                if not (isinstance(d, dict) and str(d.get("text", "")).startswith("running on the cluster"))]
+                if not (isinstance(d, dict) and (str(d.get("text", "")).startswith("running on the cluster")
+                                                 or d.get("kind") == "job.state"))]
     if isinstance(doc, dict):
         return {k: comparable(v) for k, v in doc.items() if k not in ("t", "job", "seconds", "spec", "rate")}
     return doc
@@ -231,6 +238,10 @@ def test_runs_on_the_cluster_get_their_gpus_and_stream_every_event_in_order(ray_
     assert comparable(events(isolated_home, "one")) == comparable(events(isolated_home, "serial"))
     one = placements(events(isolated_home, "one"))
     assert len(one) == 1 and re.search(r"GPU [01], pid \d+$", one[0])
+    # the states the lines said, in the session too (the console's Compare view of an atlas reads them)
+    states = task_states(events(isolated_home, "one"))
+    assert states[:2] == [("queued", "1 GPU"), ("placed", one[0].removeprefix("running on the cluster: "))]
+    assert states[-2:] == [("running", "ablation 4/4"), ("done", "")] and {s for s, _ in states[2:-1]} == {"running"}
 
     # a device-mapped model's task: both GPUs, of one node (a STRICT_PACK placement group)
     assert main([*common, "--session", "spread", "--device-map", "auto", "--cluster", "local"]) == 0
@@ -326,6 +337,8 @@ def test_atlas_on_the_cluster_gives_the_serial_table_and_resumes_without_recompu
     other = ({"ray-llama", "ray-qwen2"} - {first}).pop()
     before = jobs(isolated_home)
     assert before[first] == ["done"] and before.get(other, ["interrupted"]) in (["done"], ["interrupted"])
+    states = {row.session: row.state for row in atlas_tasks(SessionStore(isolated_home), "ray")}
+    assert states[first] == "done" and states[other] in ("done", "interrupted", "waiting")  # waiting: never started
 
     monkeypatch.setattr(atlas._Runs, "_ended", real)
     assert main(atlas_argv(families, files[0], "ray", "--cluster", "local")) == 0
@@ -334,6 +347,7 @@ def test_atlas_on_the_cluster_gives_the_serial_table_and_resumes_without_recompu
     after = jobs(isolated_home)
     assert after[first] == ["done"]  # not computed again
     assert all(after[name].count("done") == 1 for name in ("ray-llama", "ray-qwen2"))  # each computed once
+    assert [row.state for row in atlas_tasks(SessionStore(isolated_home), "ray")] == ["done", "done"]
     assert without_sessions(table(isolated_home, "ray")) == without_sessions(serial)
 
 
@@ -382,6 +396,13 @@ def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, fami
     err = capsys.readouterr().err
     assert "llama · ablation: retried (2 of 2): its worker died" in err
     assert jobs(isolated_home)["killed-llama"] == ["done", "failed"]  # the killed try, and the one that finished
+    states = task_states(events(isolated_home, "killed-llama"))
+    retried = states.index(next(state for state in states if state[0] == "retried"))
+    assert [s for s, _ in states[:retried]][:2] == ["queued", "placed"] and "done" not in dict(states[:retried])
+    assert states[retried][1].startswith("try 2 of 2: its worker died (")
+    assert [s for s, _ in states[retried + 1:retried + 3]] == ["queued", "placed"] and states[-1] == ("done", "")
+    store = SessionStore(isolated_home)
+    assert [(r.state, r.detail) for r in atlas_tasks(store, "killed")] == [("done", "")] * 2  # the retry's, atlas: done
     assert without_sessions(table(isolated_home, "killed")) == without_sessions(serial)
     results = SessionStore(isolated_home).open("killed-llama").path / "results"
     assert sorted(p.name for p in results.iterdir()) == ["ablation.json"]  # written once, whole (no temp left)
@@ -396,6 +417,7 @@ def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, fami
     assert f"atlas failing: 1 measure(s) failed ({families['llama']} · ablation on main)" in err
     assert jobs(isolated_home)["failing-qwen2"] == ["done"]
     assert {row["model"] for row in table(isolated_home, "failing")} == {str(families["qwen2"])}
+    assert [row.state for row in atlas_tasks(store, "failing")] == ["failed", "done"]
 
 
 def kill_once(log: Path, kind: str = "job.progress") -> threading.Thread:

@@ -186,3 +186,17 @@ def test_deep_map_scrolls(snap_compare, isolated_home, size: tuple[int, int]) ->
     deep_session(SessionStore())
     app = AnatomyApp(session="deep", load_model=False)
     assert snap_compare(app, press=["f2", "_"], run_before=_settled, terminal_size=size)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("finished", [False, True], ids=["running", "finished"])
+def test_compare_view_of_an_atlas_under_way(snap_compare, isolated_home, finished: bool,
+                                            size: tuple[int, int]) -> None:
+    """The console opened on an atlas's session: its Compare view at once, the measures in each state
+    (done, reused, running with its progress, placed after a retry, queued, waiting), and the line
+    saying the table comes when the atlas ends; once it is saved, the curves under the measures."""
+    from tui_fixtures import atlas_under_way
+
+    atlas_under_way(SessionStore(), finished=finished)
+    app = AnatomyApp(session="live", load_model=False)
+    assert snap_compare(app, press=["_"], run_before=_settled, terminal_size=size)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 from engine.core.codec import ABSENT, json_safe
 from engine.core.events import Event, Finished, Started
@@ -316,11 +317,21 @@ def evaluate_doc() -> dict:
 def atlas_session(store: SessionStore, name: str = "atlas") -> Session:
     """An atlas of three models of 4, 6 and 9 layers (D % with intervals, Block Influence, angular
     distance, removal perplexity; a calibration variant), saved as `anatomy-tui atlas` saves one."""
+    session = store.create(name, model="", settings={"atlas": {"models": list(ATLAS_SHAPES)}})
+    session.save_result("atlas", atlas_document(name).to_json())
+    return session
+
+
+ATLAS_SHAPES = {"tiny-llama": [300.0, 12.0, 5.0, 150.0], "tiny-qwen2": [250.0, 40.0, 8.0, 2.0, 3.0, 120.0],
+                "smol-gemma": [400.0, 90.0, 20.0, 6.0, 4.0, -1.5, 3.0, 35.0, 110.0]}  # each model's D % by layer
+
+
+def atlas_document(name: str) -> Any:
+    """atlas_session's table (an AtlasDocument)."""
     from engine.atlas import table as A
     from engine.evaluation.statistics import importance_class
 
-    shapes = {"tiny-llama": [300.0, 12.0, 5.0, 150.0], "tiny-qwen2": [250.0, 40.0, 8.0, 2.0, 3.0, 120.0],
-              "smol-gemma": [400.0, 90.0, 20.0, 6.0, 4.0, -1.5, 3.0, 35.0, 110.0]}
+    shapes = ATLAS_SHAPES
     rows = []
     for model, d in shapes.items():
         n = len(d)
@@ -338,8 +349,34 @@ def atlas_session(store: SessionStore, name: str = "atlas") -> Session:
                 rows.append(A.AtlasRow(measure="removal_ppl", value=30.0 + value / 5, lo=None, hi=None,
                                        layer_class=None, **common))
     sessions = {m: {v: {"ablation": f"{name}-{m}"} for v in (A.MAIN, "seed-1")} for m in shapes}
-    doc = A.build(name, list(shapes), ["map", "proxies", "prune-ppl"], sessions,
-                  {A.MAIN: {"eval_set": "paper"}, "seed-1": {"eval_file": "seed-1.txt"}}, rows)
-    session = store.create(name, model="", settings={"atlas": {"models": list(shapes)}})
-    session.save_result("atlas", doc.to_json())
-    return session
+    return A.build(name, list(shapes), ["map", "proxies", "prune-ppl"], sessions,
+                   {A.MAIN: {"eval_set": "paper"}, "seed-1": {"eval_file": "seed-1.txt"}}, rows)
+
+
+def atlas_under_way(store: SessionStore, name: str = "live", finished: bool = False) -> Session:
+    """atlas_session's atlas as it runs on a cluster, each state a measure can be in (its log, and its
+    members' as a run writes them): tiny-llama's done and reused, tiny-qwen2's running (3 of 6
+    layers) and placed after a retry, smol-gemma's queued and waiting; `finished`: its table saved
+    too (the measures as they were)."""
+    from engine.core.events import Progress, TaskState
+
+    atlas = store.create(name, model="", settings={"atlas": {"models": list(ATLAS_SHAPES)}})
+    states = {("tiny-llama", "main"): ("done", ""), ("tiny-llama", "seed-1"): ("reused", "from session lab"),
+              ("tiny-qwen2", "main"): ("running", ""), ("tiny-qwen2", "seed-1"): ("queued", ""),
+              ("smol-gemma", "main"): ("queued", "in the driver"), ("smol-gemma", "seed-1"): ("waiting", "")}
+    for (model, variant), (state, detail) in states.items():
+        member = f"{name}-{model}" + ("" if variant == "main" else f"-{variant}")
+        atlas.append_event(TaskState("waiting", "", f"{model}|{variant}|ablation", member))
+        if state != "waiting":
+            atlas.append_event(TaskState(state, detail, f"{model}|{variant}|ablation", member))
+    qwen = store.create(f"{name}-tiny-qwen2", model="tiny-qwen2")
+    qwen.append_event(Started(experiment="ablation", spec={}, job="q"))
+    qwen.append_event(TaskState("placed", "node 5f3a9c21 (10.0.0.2) GPU 1, pid 4242", job="q"))
+    qwen.append_event(Progress(3, 6, "ablation", phase="layers", unit="layers", job="q"))
+    seed = store.create(f"{name}-tiny-qwen2-seed-1", model="tiny-qwen2")
+    seed.append_event(Started(experiment="ablation", spec={}, job="s"))
+    seed.append_event(TaskState("retried", "try 2 of 3: its worker died (node lost)", job="s"))
+    seed.append_event(TaskState("placed", "node 0b77e410 (10.0.0.3) GPU 0, pid 977", job="s"))
+    if finished:
+        atlas.save_result("atlas", atlas_document(name).to_json())
+    return atlas

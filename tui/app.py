@@ -152,6 +152,9 @@ class AnatomyApp(App[None]):
         self.lab.state.dirty.update(Dirty.EVERY)
         self.poll()
         self.set_interval(POLL_SECONDS, self.poll)
+        if self.lab.atlas:  # no model of its own: its measures, live, and its table once it is saved
+            self.action_compare()
+            return
         if self.autoload:
             self.lab.load_model()
         self.action_resume_job(asked=False)
@@ -233,15 +236,17 @@ class AnatomyApp(App[None]):
         self.push_screen(help_screen())
 
     def action_compare(self) -> None:
+        from tui.screens.compare import CompareScreen  # here: its plots' modules are not needed to paint
+
+        if isinstance(self.screen, CompareScreen):  # open already (an atlas's session opens on it)
+            return
         try:
-            doc = self.lab.comparison()
+            shown = self.lab.comparison()
         except (UserError, SessionError) as exc:
             self.notify(str(exc), severity="warning", title="nothing to compare")
             return
-        if doc is not None:
-            from tui.screens.compare import CompareScreen  # here: its plots' modules are not needed to paint
-
-            self.push_screen(CompareScreen(doc))
+        if shown is not None:
+            self.push_screen(CompareScreen(shown))
 
     def action_map_job(self) -> None:
         self.lab.map_job()

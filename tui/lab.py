@@ -101,6 +101,10 @@ def _nothing(*args: Any) -> None:
     pass
 
 
+NO_MODEL_IN_AN_ATLAS = ("an atlas's session has no model of its own: open one of its models' sessions "
+                        "(ATLAS-MODEL) to run experiments; k shows the atlas")
+
+
 class Lab:
     """What the console knows and decides. `tell(text, level)` shows a line to the user (the lab
     also logs it), `status_changed()` redraws the status line, `start_load(options)` loads the
@@ -123,6 +127,7 @@ class Lab:
         self.settings = settings or ConsoleSettings()
         self._tell, self._status_changed, self._start_load = tell, status_changed, start_load
         self.session: Session | None = None
+        self.atlas = False  # the session is an atlas's: no model of its own, its Compare view is what it shows
         self.state = SessionState()
         self.keeper = LineKeeper(self.state)  # which lines of the log the state depends on: the index
         self.offset = 0
@@ -199,6 +204,9 @@ class Lab:
         a line each; SessionError when it cannot be opened at all. A session keeps its model unless
         --model was given."""
         self.session = self.store.open_or_create(name, model=self.options.model)
+        self.atlas = self.session.is_atlas
+        if self.atlas:
+            self.model_status = "model: none, an atlas's session (k: its measures, live, and its table)"
         saved_model = self.session.manifest.get("model")
         if saved_model and saved_model != self.options.model and not self.model_explicit:
             self.options = replace(self.options, model=saved_model)
@@ -248,7 +256,8 @@ class Lab:
 
     def comparison(self) -> Any:
         """What the Compare view shows for this session (sessions/atlas.py `console_comparison`, read
-        when asked); None without a session, UserError or SessionError when there is nothing to compare."""
+        when asked: an atlas session's AtlasWatch, else an AtlasDocument); None without a session,
+        UserError or SessionError when there is nothing to compare."""
         if self.session is None:
             return None
         from sessions.atlas import console_comparison
@@ -340,6 +349,9 @@ class Lab:
         self._status_changed()
 
     def need_model(self) -> bool:
+        if self.atlas:
+            self.say(NO_MODEL_IN_AN_ATLAS, "warning")
+            return False
         if self.loaded is None:
             self.say("the model is still loading (see the status line); try again in a moment", "warning")
             return False
@@ -422,6 +434,9 @@ class Lab:
         setting, a job (a resume too: the session's checkpoint goes with the task) is a Ray task there,
         with the model flags the console was given."""
         if self.session is None:
+            return None
+        if self.atlas:
+            self.say(NO_MODEL_IN_AN_ATLAS, "warning")
             return None
         entry = BY_NAME[experiment]
         options = None

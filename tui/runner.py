@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
-from engine.core.events import Cancelling, Event, Message, Progress, Result
+from engine.core.events import Cancelling, Event, Message, Progress, Result, TaskState
 from engine.core.process import Stopped, exit_code
 from engine.core.settings import Settings
 from engine.disk.atomic import atomic_write_json, check_free_space, check_writable_path
@@ -210,11 +210,12 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
         mirrored = True
 
     retries = DEFAULT_RETRIES if args.retries is None else args.retries
+    retried: list[TaskState] = []  # a try after one whose worker died: that state first in its job
     for attempt in range(1, retries + 2):
         try:
-            result = drive(session, experiment.name, settings, options, None,
-                           cluster.run(spec, resources, lambda line: _report(f"{label}: {line}"),
-                                       keep if folder is not None else None), args.json,
+            task = cluster.run(spec, resources, lambda line: _report(f"{label}: {line}"),
+                               keep if folder is not None else None)
+            result = drive(session, experiment.name, settings, options, None, _after(retried, task), args.json,
                            resume, memory=plan.to_dict() if plan is not None else None, progress_bar=False)
             break
         except TaskLost as lost:
@@ -223,8 +224,10 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
             if mirrored:  # resumes the job that died (it then reads resumed)
                 resume, mirrored = True, False
                 spec = dataclasses.replace(spec, resume=True, checkpoint=checkpoint_files(folder))
-            _report(f"{label}: retried ({attempt + 1} of {retries + 1}): its worker died ({lost})"
-                    + ("; from its checkpoint" if resume else ""))
+            tries, why = f"{attempt + 1} of {retries + 1}", f"its worker died ({lost})" + (
+                "; from its checkpoint" if resume else "")
+            _report(f"{label}: retried ({tries}): {why}")
+            retried = [TaskState("retried", f"try {tries}: {why}")]
         except TaskFailed as failed:
             raise UserError(f"{label} failed on the cluster: {failed}") from None
         except Stopped as stop:
@@ -236,6 +239,13 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
 
     print_result(experiment.name, result.data)
     return 0
+
+
+def _after(first: list[Event], events: Iterator[Event]) -> Iterator[Event]:
+    """`first`, then `events`: a generator still, so a stop between two events reaches the task's
+    own (run_job passes it in: the task is cancelled)."""
+    yield from first
+    yield from events
 
 
 _PLANNING = threading.Lock()

@@ -370,6 +370,23 @@ def kept_on_stop(work: Iterator[Event], partial: Callable[[], Result | None]) ->
 
 @event_type
 @dataclass(frozen=True)
+class TaskState(Event):
+    """A task's state changed (queued, placed, running, retried, done; an atlas's measures also
+    waiting, reused, failed, interrupted), `detail` saying more (where it was placed, its progress,
+    why it was retried). A run on a cluster logs its own task's (`task` empty); an atlas logs each of
+    its measures' into its own session, `task` naming it (model|variant|experiment), `session` the
+    session it runs into and `since` the byte of that session's log its job follows."""
+
+    kind: ClassVar[str] = "job.state"
+    state: str
+    detail: str = ""
+    task: str = ""
+    session: str = ""
+    since: int = 0
+
+
+@event_type
+@dataclass(frozen=True)
 class Cancelling(Event):
     """The job was asked to stop; it stops at its next forward (and keeps what it finished)."""
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
 import signal
+import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +166,8 @@ def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     model_flags = flags_of_model(ModelOptions().override(spec["model_flags"]))
     slugs: dict[str, str] = {}
     members = {(m, v): member_name(args.name, m, v, slugs) for m in spec["models"] for v in variants}
+    for model, variant, experiment, _ in planned(spec, variants):  # the console's Compare view lists them all
+        state.mark(model, variant, experiment, "waiting", members[model, variant])
     runs = _Runs(args.name, run, store, state, cluster)
     try:
         _measure(args, spec, variants, texts, model_flags, members, store, state, runs)
@@ -243,6 +247,8 @@ class _Runs:
 
     def start(self, step: Step) -> None:
         self.doing.append(step)
+        self.state.mark(step.model, step.variant, step.experiment, "queued" if self.pool else "running", step.member,
+                        "in the driver" if self.pool else "starting", _log_end(self.store, step.member))
         if self.pool is None:
             self._ended(step, self.run(step.argv))
         else:
@@ -272,6 +278,7 @@ class _Runs:
             if future.cancel() or _code(future) != 0:  # never started, or stopped: the latter stay in `doing`
                 if future.cancelled():
                     self.doing.remove(step)
+                    self.state.mark(step.model, step.variant, step.experiment, "waiting", step.member)
                 continue
             self.doing.remove(step)
             self.state.done(step.model, step.variant, step.experiment, step.member, "run")
@@ -288,6 +295,7 @@ class _Runs:
         if code in STOP_EXIT_CODES:  # Ctrl-C, SIGTERM, SIGHUP: the run said so, its job interrupted
             raise interruption(code - 128)
         if code != 0 and self.pool is None:
+            self.state.mark(step.model, step.variant, step.experiment, "failed", step.member, f"exit {code}")
             raise UserError(f"atlas {self.name}: {step.experiment} of {step.model} failed (exit {code}); "
                             "fix that, then run the same atlas command again to continue from here")
         self.doing.remove(step)
@@ -321,39 +329,58 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any], variants: dict[str,
     from sessions.atlas import reusable
     from sessions.job_runner import resumed_job
 
-    measures = spec["measures"]
-    for index, model in enumerate(spec["models"], 1):
-        for variant, evaluation in variants.items():
-            wanted = [m for m in measures if variant == A.MAIN or A.MEASURES[m].reads_eval_text]
-            for experiment in A.experiments_of(wanted):
-                flags = A.experiment_flags(experiment, wanted) + experiment_flags(experiment, evaluation, texts)
-                if experiment == "recovery":
-                    flags += ["--layers", ",".join(map(str, A.sample_layers(runs.depth(model))))]
-                settings = settings_from_flags(experiment_named(experiment), flags)
-                settings.check_inputs()
-                free = {s.name for s in settings.fields() if s.meta.get("resume_free")}
-                what = f"atlas {args.name} [model {index}/{len(spec['models'])}] {model} · {experiment} " \
-                       f"({', '.join(m for m in wanted if A.MEASURES[m].experiment == experiment)}) on {variant}"
-                member = members[model, variant]
-                writes = experiment_named(experiment).writes
-                found = reusable(store, model, writes, settings.to_dict(), free, member,
-                                 type(settings)().to_dict())
-                if found is not None:
-                    _say(f"{what}: reused from session {found.name}")
-                    previous = state.steps.get(state.key(model, variant, experiment), {})
-                    ran = previous.get("status") == "run" and previous.get("session") == found.name
-                    state.done(model, variant, experiment, found.name, "run" if ran else "reused")
-                    runs.reused(model, variant, experiment)
-                    continue
-                previous = state.steps.get(state.key(model, variant, experiment), {})
-                resume = (previous.get("status") == "interrupted" and experiment_named(experiment).resumable
-                          and store.exists(member)
-                          and resumed_job(store.open(member), experiment) is not None)
-                _say(f"{what}: {'resuming' if resume else 'running'} into session {member}")
-                runs.start(Step(model, variant, experiment, member,
-                                ["run", experiment, "--model", model, *model_flags, "--session", member, *flags,
-                                 *(["--resume"] if resume else [])]))
+    for model, variant, experiment, wanted in planned(spec, variants):
+        flags = A.experiment_flags(experiment, wanted) + experiment_flags(experiment, variants[variant], texts)
+        if experiment == "recovery":
+            flags += ["--layers", ",".join(map(str, A.sample_layers(runs.depth(model))))]
+        settings = settings_from_flags(experiment_named(experiment), flags)
+        settings.check_inputs()
+        free = {s.name for s in settings.fields() if s.meta.get("resume_free")}
+        what = f"atlas {args.name} [model {spec['models'].index(model) + 1}/{len(spec['models'])}] {model} · " \
+               f"{experiment} ({', '.join(m for m in wanted if A.MEASURES[m].experiment == experiment)}) on {variant}"
+        member = members[model, variant]
+        writes = experiment_named(experiment).writes
+        found = reusable(store, model, writes, settings.to_dict(), free, member, type(settings)().to_dict())
+        if found is not None:
+            _say(f"{what}: reused from session {found.name}")
+            previous = state.steps.get(state.key(model, variant, experiment), {})
+            ran = previous.get("status") == "run" and previous.get("session") == found.name
+            state.done(model, variant, experiment, found.name, "run" if ran else "reused")
+            runs.reused(model, variant, experiment)
+            continue
+        previous = state.steps.get(state.key(model, variant, experiment), {})
+        resume = (previous.get("status") == "interrupted" and experiment_named(experiment).resumable
+                  and store.exists(member)
+                  and resumed_job(store.open(member), experiment) is not None)
+        _say(f"{what}: {'resuming' if resume else 'running'} into session {member}")
+        runs.start(Step(model, variant, experiment, member,
+                        ["run", experiment, "--model", model, *model_flags, "--session", member, *flags,
+                         *(["--resume"] if resume else [])]))
     runs.join()
+
+
+def planned(spec: dict[str, Any], variants: dict[str, dict[str, Any]]) -> Iterator[tuple[str, str, str, list[str]]]:
+    """Each step of the atlas in its order: (model, variant, experiment, the measures wanted of that
+    variant: all on the main texts, those that read the evaluation text on a calibration variant)."""
+    for model in spec["models"]:
+        for variant in variants:
+            wanted = [m for m in spec["measures"] if variant == A.MAIN or A.MEASURES[m].reads_eval_text]
+            for experiment in A.experiments_of(wanted):
+                yield model, variant, experiment, wanted
+
+
+def _log_end(store: Any, name: str) -> int:
+    """The size of session `name`'s event log (0 when there is none yet): the job of a measure
+    started now follows it."""
+    from sessions.store import SessionError
+
+    try:
+        if not store.exists(name):
+            return 0
+        info = os.lstat(store.open(name).events_path)
+    except (OSError, SessionError, UserError):
+        return 0
+    return info.st_size if stat.S_ISREG(info.st_mode) else 0
 
 
 def _depth(store: Any, state: Any, model: str, variant: str, experiment: str) -> int:

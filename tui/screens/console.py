@@ -110,7 +110,7 @@ ACTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("f8", "save_figure", "Save figure", "the publication figure of the panel in view (PNG, SVG) in the session's "
      "figures/ folder"),
     ("k", "compare", "Compare view", "this session beside the others on relative depth (an atlas session: its "
-     "models), criteria agreement"),
+     "measures live, then its models), criteria agreement"),
     ("q,ctrl+q", "quit", "Quit", "quit (jobs in their own process keep running)"),
 )
 # the footer's keys, each with a word short enough that all of them fit in 80 columns (help lists the titles)
