@@ -187,12 +187,19 @@ def families(tmp_path_factory) -> dict[str, Path]:
     return {family: save_tiny(root / family, family) for family in FAMILIES}
 
 
-@pytest.fixture
-def long_eval(tmp_path) -> str:
+@pytest.fixture(scope="module")
+def long_eval(tmp_path_factory) -> str:
     """Enough texts that a tiny model's ablation runs for a few seconds (time to kill its worker)."""
-    path = tmp_path / "long.txt"
+    path = tmp_path_factory.mktemp("long") / "long.txt"
     path.write_text("\n".join(f"{text} ({i})" for i in range(60) for text in EVAL), encoding="utf-8")
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def serial_long(families, long_eval, tmp_path_factory, one_thread) -> list[dict]:
+    """The serial atlas's table of `long_eval` (made once: the tables of the atlases on the cluster
+    that are stopped, killed and resumed are each this one)."""
+    return serial_table(families, long_eval, tmp_path_factory.mktemp("serial"))
 
 
 def events(home: Path, session: str) -> list[dict]:
@@ -243,12 +250,7 @@ def test_runs_on_the_cluster_get_their_gpus_and_stream_every_event_in_order(ray_
     assert states[:2] == [("queued", "1 GPU"), ("placed", one[0].removeprefix("running on the cluster: "))]
     assert states[-2:] == [("running", "ablation 4/4"), ("done", "")] and {s for s, _ in states[2:-1]} == {"running"}
 
-    # a device-mapped model's task: both GPUs, of one node (a STRICT_PACK placement group)
-    assert main([*common, "--session", "spread", "--device-map", "auto", "--cluster", "local"]) == 0
-    assert "queued (2 GPUs of one node)" in capsys.readouterr().err
-    spread = placements(events(isolated_home, "spread"))
-    assert len(spread) == 1 and "GPU 0,1, pid" in spread[0]
-    assert store.open("spread").load_result("ablation")["layers"] == layers
+    # a device-mapped model's task (both GPUs of one node): the atlas stopped by SIGTERM below
 
     # a model no node can hold: one line, before any work
     assert main([*common, "--session", "big", "--device-map", "auto", "--max-memory", "0=1GiB,1=1GiB,2=1GiB",
@@ -291,9 +293,9 @@ def table(home: Path, name: str) -> list[dict]:
     return SessionStore(home).open(name).load_result("atlas")["rows"]
 
 
-def serial_table(families: dict[str, Path], evaluation: str, home: Path, monkeypatch) -> list[dict]:
+def serial_table(families: dict[str, Path], evaluation: str, home: Path) -> list[dict]:
     """The serial atlas's table, made in a store of its own (a store's sessions are reused)."""
-    with monkeypatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ANATOMY_TUI_HOME", str(home))
         assert main(atlas_argv(families, evaluation, "serial", "--device", "cpu")) == 0
     return table(home, "serial")
@@ -311,54 +313,14 @@ def jobs(home: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.slow
-def test_atlas_on_the_cluster_gives_the_serial_table_and_resumes_without_recomputing(
-        ray_cluster, families, files, isolated_home, tmp_path, monkeypatch, capsys, one_thread):
-    serial = serial_table(families, files[0], tmp_path / "serial", monkeypatch)
-
-    # SIGTERM (stop_on_signals raises Stopped, as Ctrl-C raises KeyboardInterrupt) as the first measure is
-    # recorded: the other is cancelled (or recorded as done, had it ended first)
-    import tui.commands.atlas as atlas
-    from engine.core.process import Stopped
-
-    real = atlas._Runs._ended
-    ended = []
-
-    def interrupted_after_the_first(self, step, code):
-        real(self, step, code)
-        ended.append(step)
-        if len(ended) == 1:
-            raise Stopped(signal.SIGTERM)
-
-    monkeypatch.setattr(atlas._Runs, "_ended", interrupted_after_the_first)
-    assert main(atlas_argv(families, files[0], "ray", "--cluster", "local")) == 143
-    err = capsys.readouterr().err
-    assert "atlas ray interrupted by SIGTERM" in err
-    first = ended[0].member
-    other = ({"ray-llama", "ray-qwen2"} - {first}).pop()
-    before = jobs(isolated_home)
-    assert before[first] == ["done"] and before.get(other, ["interrupted"]) in (["done"], ["interrupted"])
-    states = {row.session: row.state for row in atlas_tasks(SessionStore(isolated_home), "ray")}
-    assert states[first] == "done" and states[other] in ("done", "interrupted", "waiting")  # waiting: never started
-
-    monkeypatch.setattr(atlas._Runs, "_ended", real)
-    assert main(atlas_argv(families, files[0], "ray", "--cluster", "local")) == 0
-    err = capsys.readouterr().err
-    assert f"reused from session {first}" in err
-    after = jobs(isolated_home)
-    assert after[first] == ["done"]  # not computed again
-    assert all(after[name].count("done") == 1 for name in ("ray-llama", "ray-qwen2"))  # each computed once
-    assert [row.state for row in atlas_tasks(SessionStore(isolated_home), "ray")] == ["done", "done"]
-    assert without_sessions(table(isolated_home, "ray")) == without_sessions(serial)
-
-
-@pytest.mark.slow
-def test_an_atlas_driver_stopped_by_sigterm_continues_without_recomputing(ray_cluster, families, long_eval,
-                                                                         isolated_home, capsys, one_thread):
+def test_atlas_on_the_cluster_stopped_by_sigterm_continues_without_recomputing_to_the_serial_table(
+        ray_cluster, families, long_eval, serial_long, isolated_home, capsys, one_thread):
     """A real SIGTERM to an atlas's driver, a process of its own on this module's Ray (RAY_ADDRESS,
     --cluster auto), once one model's measure is done and kept: the other measure's task is
     cancelled and marked interrupted, exit 143; the same atlas again reuses the finished one and
-    computes the other once. Each task holds both GPUs (--device-map auto), so they run one after
-    the other and the second is under way (or queued) when the first is done."""
+    computes the other once, and its table is the serial atlas's. Each task holds both GPUs of one
+    node (--device-map auto: a device-mapped model's placement), so they run one after the other
+    and the second is under way (or queued) when the first is done."""
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
     argv = atlas_argv(families, long_eval, "sig", "--device-map", "auto")
     driver = subprocess.Popen([sys.executable, "-m", "tui.cli", *argv, "--cluster", "auto"], env=env, cwd=ROOT,
@@ -378,18 +340,25 @@ def test_an_atlas_driver_stopped_by_sigterm_continues_without_recomputing(ray_cl
     assert before.get(other, ["interrupted"]) == ["interrupted"]  # its task cancelled, nothing half written
     if other in before:
         assert SessionStore(isolated_home).open(other).load_result("ablation") is None
+    states = {row.session: row.state for row in atlas_tasks(SessionStore(isolated_home), "sig")}
+    assert states[first] == "done" and states[other] in ("interrupted", "waiting")  # waiting: never started
+    # the device-mapped task: both GPUs, of one node (a STRICT_PACK placement group)
+    assert "queued (2 GPUs of one node)" in err
+    spread = placements(events(isolated_home, first))
+    assert len(spread) == 1 and "GPU 0,1, pid" in spread[0]
+    assert task_states(events(isolated_home, first))[0] == ("queued", "2 GPUs of one node")
 
     assert main([*argv, "--cluster", "local"]) == 0
     assert f"reused from session {first}" in capsys.readouterr().err
     after = jobs(isolated_home)
     assert after[first] == ["done"] and after[other].count("done") == 1  # none computed twice
-    assert {row["model"] for row in table(isolated_home, "sig")} == {str(families[f]) for f in FAMILIES}
+    assert [row.state for row in atlas_tasks(SessionStore(isolated_home), "sig")] == ["done", "done"]
+    assert without_sessions(table(isolated_home, "sig")) == without_sessions(serial_long)
 
 
 @pytest.mark.slow
-def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, families, long_eval, isolated_home,
-                                                               tmp_path, monkeypatch, capsys, one_thread):
-    serial = serial_table(families, long_eval, tmp_path / "serial", monkeypatch)
+def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, families, long_eval, serial_long,
+                                                               isolated_home, capsys, one_thread):
     killed = kill_once(isolated_home / "killed-llama" / "events.jsonl")
     assert main(atlas_argv(families, long_eval, "killed", "--cluster", "local", "--retries", "1")) == 0
     killed.join()
@@ -403,7 +372,7 @@ def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, fami
     assert [s for s, _ in states[retried + 1:retried + 3]] == ["queued", "placed"] and states[-1] == ("done", "")
     store = SessionStore(isolated_home)
     assert [(r.state, r.detail) for r in atlas_tasks(store, "killed")] == [("done", "")] * 2  # the retry's, atlas: done
-    assert without_sessions(table(isolated_home, "killed")) == without_sessions(serial)
+    assert without_sessions(table(isolated_home, "killed")) == without_sessions(serial_long)
     results = SessionStore(isolated_home).open("killed-llama").path / "results"
     assert sorted(p.name for p in results.iterdir()) == ["ablation.json"]  # written once, whole (no temp left)
 
