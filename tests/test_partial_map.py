@@ -235,20 +235,20 @@ async def test_the_console_keeps_a_cancelled_map_as_partial_and_a_completes_it(i
         await pilot.press("a")
         await until(pilot, lambda: len(app.state.jobs) == 1 and not app.state.running_jobs()
                     and "ablation" not in app.lab.cancels)
-        await pilot.pause(0.3)
+        subtitle = lambda: app.screen.query_one("#layers").border_subtitle  # noqa: E731
+        await until(pilot, lambda: subtitle().startswith("partial"), 30, "the Layers panel drawn as partial")
         assert [job.status for job in app.state.jobs.values()] == ["cancelled"]
-        assert app.screen.query_one("#layers").border_subtitle == "partial: 2 of 4 layers · a completes it"
+        assert subtitle() == "partial: 2 of 4 layers · a completes it"
         kept = AblationMap.from_json(SessionStore().open("s").results()["ablation"])
         assert kept.partial is True and [row.layer for row in kept.layers] == [0, 1]
         await pilot.press("a")
         await until(pilot, lambda: len(app.state.jobs) == 2 and not app.state.running_jobs()
                     and "ablation" not in app.lab.cancels)
-        await pilot.pause(0.3)
+        await until(pilot, lambda: subtitle() == "", 30, "the Layers panel drawn whole (no subtitle)")
         assert runs[1] == [2, 3]  # only the layers left
         whole = AblationMap.from_json(SessionStore().open("s").results()["ablation"])
         assert whole.partial is ABSENT and [row.layer for row in whole.layers] == [0, 1, 2, 3]
         assert whole.layers[:2] == kept.layers
-        assert app.screen.query_one("#layers").border_subtitle == ""
         statuses = sorted(doc["status"] for doc in SessionStore().open("s").jobs().values())
         assert statuses == ["done", "resumed"]  # the cancelled map was continued
 

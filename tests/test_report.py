@@ -153,15 +153,18 @@ def test_f8_saves_the_figure_of_the_panel_in_view(isolated_home):
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_the_key_in_the_console(isolated_home, anyio_backend):
+    from test_tui import until
+
     from tui.app import AnatomyApp
 
     report_session()
     app = AnatomyApp(session="demo", load_model=False)
     async with app.run_test(size=(120, 36)) as pilot:
+        said = lambda words: any(words in str(n.message) for n in app._notifications)  # noqa: E731
         await pilot.press("f3", "f8")  # the Recovery tab
-        await pilot.pause(0.5)
+        await until(pilot, lambda: said("saved"), 60, "the recovery tab's F8 answered")
         await pilot.press("f5", "f8")  # the Prompt tab has no figure: said, nothing written
-        await pilot.pause(0.2)
+        await until(pilot, lambda: said("has no figure"), 30, "the Prompt tab's F8 answered")
     folder = SessionStore().open("demo").path / "figures"
     assert sorted(p.name for p in folder.iterdir()) == ["recovery.png", "recovery.svg"]
 

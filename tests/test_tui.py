@@ -49,13 +49,14 @@ def tiny_app(folder: Path, session: str = "s", load_model: bool = True, auto_map
     )
 
 
-async def until(pilot, predicate, limit: float = 120.0) -> None:
-    """Lets the app run until `predicate()` holds (a job in another process gives no worker to await)."""
+async def until(pilot, predicate, limit: float = 120.0, what: str = "") -> None:
+    """Lets the app run until `predicate()` holds (a job in another process gives no worker to await);
+    fails saying `what` was not reached within `limit` seconds."""
     deadline = time.monotonic() + limit
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError("condition not reached")
-        await pilot.pause(0.1)
+            raise AssertionError(f"not reached in {limit:g} s: {what or 'condition'}")
+        await pilot.pause(0.1)  # little CPU taken from a job in another process
 
 
 def plain(renderable) -> str:
@@ -442,8 +443,8 @@ async def test_cancel_says_cancelling_at_once(isolated_home, tiny_folder, monkey
         await loaded(pilot)
         await pilot.press("a")
         await until(pilot, lambda: app.state.running_jobs() and app.state.running_jobs()[0].experiment)
-        await pilot.pause(0.3)
-        assert "map in console" in app.screen.query_one("#layers").border_subtitle
+        await until(pilot, lambda: "map in console" in app.screen.query_one("#layers").border_subtitle, 30,
+                    "the layer map's subtitle says the map runs in the console")
         await pilot.press("f2", "c")
         await pilot.pause()
         assert "cancelling" in str(app.screen.query_one(StatusLine).render())
@@ -481,7 +482,8 @@ async def test_generation_streams_the_greedy_text(isolated_home, tiny_folder) ->
         app.screen.query_one("#prompt-input").focus()
         await pilot.press(*"The layer", "enter")
         await app.workers.wait_for_complete()
-        await pilot.pause(0.3)
+        await until(pilot, lambda: app.lab.generation is None, 30, "the generation's end handled")
+        await pilot.pause()  # its last text drawn
         left, right = app.screen.query(PromptColumn)
         assert left.text == expected
         assert right.text == expected  # nothing marked: the modified model is the original
@@ -527,7 +529,8 @@ async def test_marked_blocks_change_the_modified_column(isolated_home, tiny_fold
         app.screen.query_one("#prompt-input").focus()
         await pilot.press(*"The layer", "enter")
         await app.workers.wait_for_complete()
-        await pilot.pause(0.3)
+        await until(pilot, lambda: app.lab.generation is None, 30, "the generation's end handled")
+        await pilot.pause()  # its last text drawn
         left = app.screen.query(PromptColumn).first()
         assert (left.text, right.text) == (original, without)
         app.screen.query_one(LayerMap).focus()  # q in the prompt's field would be a letter of the prompt
@@ -596,7 +599,8 @@ async def test_stop_generation(isolated_home, tiny_folder, monkeypatch) -> None:
         await until(pilot, lambda: len(left.text) >= 3)
         await pilot.press("f9")
         await app.workers.wait_for_complete()
-        await pilot.pause(0.3)
+        await until(pilot, lambda: app.lab.generation is None, 30, "the generation's end handled")
+        await pilot.pause()  # its last text drawn
         assert "stopped" in str(left.query_one(".generated").render())
         assert right.text == ""  # the second model never started
 
@@ -726,7 +730,8 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
             app.screen.query_one("#prompt-input").focus()
             await pilot.press(*"The layer", "enter")
             await app.workers.wait_for_complete()
-            await pilot.pause(0.3)
+            await until(pilot, lambda: app.lab.generation is None, 30, "the generation's end handled")
+            await pilot.pause()  # its last text drawn
             texts[choice] = (left.text, right.text)
         for choice, (original, changed) in texts.items():
             assert original and changed and original != changed, choice

@@ -53,20 +53,47 @@ def test_session_picker(snap_compare, demo, monkeypatch) -> None:
     assert snap_compare(AnatomyApp(load_model=False), run_before=settle, terminal_size=(80, 24))
 
 
+def _ready(app) -> bool:
+    """The console built and its startup handled (its first poll drawn, its growth preview asked for
+    and planned when it wants one); an atlas's session, its Compare view shown instead."""
+    from tui.screens.compare import CompareScreen
+
+    if app.lab.atlas:
+        return isinstance(app.screen, CompareScreen)
+    screen = app._console()
+    return screen is not None and (not app.lab.growth_preview_wanted() or app.state.growth_preview is not None)
+
+
 async def _settled(pilot) -> None:
-    """Waits for the console's workers (the growth preview) so the picture does not race them."""
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause(0.5)
-    await pilot.app.workers.wait_for_complete()
+    """Waits for the console's startup and its workers (the growth preview) so the picture does not race them."""
+    from test_tui import until  # here: the snapshots' collection (see the last test) imports no torch
+
+    app = pilot.app
+    await until(pilot, lambda: _ready(app), 60, "the console ready, its growth preview planned")
+    await app.workers.wait_for_complete()
     await pilot.pause()
+
+
+def pressed(keys: list[str]):
+    """Once settled, the keys pressed and what they changed drawn: their workers done, and what the
+    next poll would draw (the selected layer's detail) drawn now."""
+
+    async def run(pilot) -> None:
+        await _settled(pilot)
+        await pilot.press(*keys)
+        await pilot.app.workers.wait_for_complete()
+        pilot.app.poll()
+        await pilot.pause()
+
+    return run
 
 
 @pytest.mark.parametrize("stage", ["empty", "map", "recovery", "growth"])
 def test_dashboard(snap_compare, isolated_home, stage: str) -> None:
     dashboard_session(SessionStore(), stage)
-    press = ["down", "wait:600", "_"] if stage == "recovery" else ["_"]  # the selection is drawn on the next poll
+    settle = pressed(["down"]) if stage == "recovery" else _settled  # the selection is drawn by the poll
     app = AnatomyApp(session=stage, load_model=False)
-    assert snap_compare(app, press=press, run_before=_settled, terminal_size=(200, 50))
+    assert snap_compare(app, press=["_"], run_before=settle, terminal_size=(200, 50))
 
 
 @pytest.mark.parametrize(
@@ -101,9 +128,7 @@ def pressed_quietly(keys: list[str]):
     from textual.widgets import Input
 
     async def run(pilot) -> None:
-        await _settled(pilot)
-        await pilot.press(*keys)
-        await pilot.pause(0.3)
+        await pressed(keys)(pilot)
         pilot.app.clear_notifications()
         for field in pilot.app.screen.query(Input):
             field.cursor_blink = False
@@ -155,7 +180,7 @@ def test_growth_finished(snap_compare, isolated_home, size: tuple[int, int]) -> 
     too), no sd for a single seed (n=1 said in its title), every curve in the loss plot's legend."""
     dashboard_session(SessionStore(), "grown")
     app = AnatomyApp(session="grown", load_model=False)
-    assert snap_compare(app, press=["f4", "wait:300", "_"], run_before=_settled, terminal_size=size)
+    assert snap_compare(app, press=["_"], run_before=pressed(["f4"]), terminal_size=size)
 
 
 @pytest.mark.parametrize("size", SMALL_AND_DASHBOARD, ids=lambda s: f"{s[0]}x{s[1]}")
