@@ -210,6 +210,32 @@ def test_cached_copy_equals_fresh_gguf_load(embedded, tmp_path):
     cached = embedded.model.state_dict()
     for name, tensor in fresh.state_dict().items():
         assert torch.equal(tensor, cached[name]), name
+    # the copy's config, which later loads read in place of the header, is the GGUF's
+    from transformers import AutoConfig
+
+    from engine.models.loading import gguf_config_source
+
+    copy = AutoConfig.from_pretrained(gguf_config_source(gguf)[0]).to_dict()
+    header = fresh.config.to_dict()
+    differs = {key for key in copy.keys() | header.keys() if copy.get(key) != header.get(key)}
+    assert differs <= {"_name_or_path", "architectures", "quantization_config", "transformers_version"}, differs
+
+
+@pytest.mark.embedded
+def test_a_cached_load_reads_no_gguf_header(embedded, monkeypatch):
+    """Once dequantized, the load and the memory plan's preview read the config and tokenizer the
+    copy saved: parsing the GGUF's header (its whole token list) cost every load 4.5 CPU-seconds."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from engine.models.memory import preview_model
+
+    def parse(*args, **kwargs):
+        raise AssertionError("the GGUF header was parsed")
+
+    monkeypatch.setattr(gguf_utils, "load_gguf_checkpoint", parse)
+    assert preview_model("smollm2-135m").shape.n_layers == 30
+    again = load_model("smollm2-135m", device="cpu", dtype="float32")
+    assert again.n_layers == 30 and again.tokenizer.vocab_size == embedded.tokenizer.vocab_size
 
 
 @pytest.mark.parametrize("name", ["cuda:x", "cuda:", "cuda:-1", "gpu", "cuda0", "cuda:1:2"])

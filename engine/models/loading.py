@@ -488,6 +488,24 @@ def gguf_cache_dir(gguf: Path, dtype: str = "float32") -> Path:
     return cache_home() / "dequantized" / name
 
 
+def dequantized_copy(gguf: Path) -> Path | None:
+    """A folder the dequantization of `gguf` saved, in any dtype, or None: its config.json and
+    tokenizer are the GGUF's, and read in milliseconds, where the GGUF's header, with its whole
+    token list, takes seconds to parse."""
+    for dtype in ("float32", "bfloat16", "float16"):
+        folder = gguf_cache_dir(gguf, dtype)
+        if (folder / "config.json").exists():
+            return folder
+    return None
+
+
+def gguf_config_source(gguf: Path) -> tuple[str, dict[str, Any]]:
+    """Where `from_pretrained` reads the config and tokenizer of a GGUF file: its dequantized copy
+    when there is one, else the file itself (`gguf_file=`)."""
+    copy = dequantized_copy(gguf)
+    return (str(copy), {}) if copy is not None else (str(gguf.parent), {"gguf_file": gguf.name})
+
+
 STAGING_OWNER = ".owner"  # the pid of the process writing a staging folder
 STAGING_GRACE_S = 60.0  # a staging folder with no owner file yet may be seconds old
 
@@ -625,9 +643,10 @@ def load_model(
     set_deterministic(device_name, deterministic)  # before the first cuBLAS call
     dtype_name = None
     try:
-        if source.kind == "gguf":  # the GGUF header has the config: the dtype is chosen before dequantizing
+        if source.kind == "gguf":  # the GGUF's config chooses the dtype before dequantizing
             gguf = Path(location)
-            config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            where, gguf_kwargs = gguf_config_source(gguf)
+            config = AutoConfig.from_pretrained(where, **gguf_kwargs)
             LayerStack.check_family(config.model_type)
             dtype_name = run_dtype(dtype, device_name, config)
             location = str(dequantized_folder(gguf, report, dtype_name))

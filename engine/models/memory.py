@@ -115,17 +115,13 @@ def preview_model(name: str, trust_remote_code: bool = False) -> ModelPreview:
     fails on every weight), is a one-line UserError, as the load would say it."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from engine.models.loading import friendly_load_error, gguf_cache_dir, meta_model, resolve
+    from engine.models.loading import friendly_load_error, gguf_config_source, meta_model, resolve
 
     source = resolve(name)
     where: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     location = source.location
     if source.kind == "gguf":
-        cached = gguf_cache_dir(Path(location))  # config and tokenizer as saved once (reading the GGUF takes 15 s)
-        if (cached / "config.json").exists():
-            location = str(cached)
-        else:
-            location, where = str(Path(location).parent), {"gguf_file": Path(location).name}
+        location, where = gguf_config_source(Path(location))
     try:
         config = AutoConfig.from_pretrained(location, **where)
     except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:  # struct: a damaged GGUF header

@@ -49,15 +49,15 @@ def config_shape(model: str) -> ModelShape | None:
     dequantized copy's config.json, else its header. Parameter counts are left at 0 (they need the
     model built on the meta device). None where no config is on disk or it cannot be read; a model
     that cannot be named at all is the one-line UserError of `resolve`."""
-    from engine.models.loading import gguf_cache_dir, resolve
+    from engine.models.loading import dequantized_copy, resolve
     from engine.models.memory import ModelShape
 
     source = resolve(model)
     location = Path(source.location)
     try:
         if source.kind == "gguf":
-            cached = gguf_cache_dir(location) / "config.json"
-            raw = _read_json(cached) if cached.exists() else gguf_config(location)
+            copy = dequantized_copy(location)
+            raw = _read_json(copy / "config.json") if copy is not None else gguf_config(location)
         elif source.kind == "folder":
             raw = _read_json(location / "config.json")
         else:
