@@ -253,9 +253,7 @@ def criteria_of(rows: Iterable[AtlasRow]) -> list[str]:
 
 def rank_agreement(a: Mapping[int, float], b: Mapping[int, float]) -> float | None:
     """Spearman between two per-layer profiles over the layers both have (None: fewer than 3)."""
-    from engine.evaluation.statistics import (
-        spearman,  # scipy: not at import, the command line's parser imports this module
-    )
+    from engine.evaluation.statistics import spearman  # numpy: not at import, the command line's parser imports this
 
     common = sorted(set(a) & set(b))
     return spearman([a[k] for k in common], [b[k] for k in common])

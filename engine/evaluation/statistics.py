@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.stats import spearmanr
 
 # Lower bounds of D% for each class, from the paper (A1): critical >= 100, important >= 30,
 # minor >= 10, redundant below.
@@ -46,6 +45,8 @@ def spearman(a, b) -> float | None:
     keep = np.isfinite(a) & np.isfinite(b)
     if keep.sum() < 3 or np.ptp(a[keep]) == 0 or np.ptp(b[keep]) == 0:
         return None
+    from scipy.stats import spearmanr  # here, not at import: scipy.stats costs every run 0.4 CPU-s
+
     value = float(spearmanr(a[keep], b[keep]).statistic)
     return value if math.isfinite(value) else None
 
