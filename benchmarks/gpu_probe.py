@@ -115,7 +115,7 @@ def main() -> int:
 
     code = 1
     try:
-        code = cli(sys.argv[1:])
+        code = cli()  # its command line, as `anatomy-tui` takes it (a process of one job)
     finally:
         report["exit"] = code
         if ON_CUDA and torch.cuda.is_initialized():

@@ -462,14 +462,17 @@ def run_task(spec: TaskSpec) -> Iterator[dict[str, Any]]:
     gpus = tuple(str(g) for g in context.get_accelerator_ids().get("GPU", []))
     yield {"placed": {"node_id": context.get_node_id(), "host": ray.util.get_node_ip_address(), "gpus": gpus,
                       "pid": os.getpid()}}
+    from engine.core.frozen_imports import one_job_process
     from engine.experiments.context import RunContext  # torch: after the word of where it runs
     from engine.models.options import ModelOptions
     from engine.registry import experiment
 
+    one_job_process()  # its worker runs this task only (max_calls=1)
     with tempfile.TemporaryDirectory(prefix="anatomy-tui-task-") as folder:
         moved = _materialize(spec.files, Path(folder))
         try:
             entry = experiment(spec.experiment)
+            entry.import_frozen(with_model=spec.options is not None)
             settings = entry.settings_class.from_dict(_swapped(spec.settings, moved))
             model = None
             if spec.options is not None:

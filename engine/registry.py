@@ -116,6 +116,13 @@ class Experiment:
             return len(self.shard_plan(settings, max(layers) + 1).items)
         return None if self.needs_model else len(self.shard_plan(settings, 0).items)
 
+    def import_frozen(self, with_model: bool) -> None:
+        """Imports its computation, and transformers' model code when a model loads, kept from the
+        garbage collector: only in a process that runs this one job (engine.core.frozen_imports)."""
+        from engine.core.frozen_imports import import_frozen
+
+        import_frozen(self.computation, *(("transformers.modeling_utils",) if with_model else ()))
+
     def run(self, settings: Settings, context: RunContext) -> Iterator[Event]:
         """The experiment's events. Out of memory anywhere in it is one line naming the experiment and
         the flags to change, raised after the memory is given back (every front end, every worker)."""

@@ -8,6 +8,7 @@ an equal share of the CPU threads."""
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -34,6 +35,7 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    gc.disable()  # collecting imports torch, transformers and textual: see pytest_collection_finish
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:  # two workers of two threads each on two cores would fight over them
         import torch
@@ -41,6 +43,14 @@ def pytest_configure(config: pytest.Config) -> None:
         from engine.models.distributed import cpu_threads
 
         torch.set_num_threads(cpu_threads(workers))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What importing and collecting made lives as long as this process: frozen out of every later
+    collection, as a run's own process does (engine/core/frozen_imports.py); what tests make is
+    collected as usual."""
+    gc.freeze()
+    gc.enable()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups

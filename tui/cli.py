@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from engine import registry
 from engine.core.errors import UserError
+from engine.core.frozen_imports import one_job_process
 from engine.core.process import Stopped, exit_code, hand_to_launcher, stop_on_signals
 from engine.models.options import ModelOptions
 from sessions.store import SessionError
@@ -110,9 +111,12 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    own_process = argv is None  # started for its command line, not `main([...])` called from Python
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser(chosen_experiment(argv)).parse_args(argv)
+        if own_process and args.command in ("run", "atlas"):  # one headless job: engine/core/frozen_imports.py
+            one_job_process()
         if args.command == "run":
             from tui.runner import run_command
 

@@ -98,6 +98,8 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
         _one_gpu_each(world.local_size, "torchrun's --nproc-per-node", device)
     source = settings.inputs_from()
     inputs = _inputs(store.open(source) if source else session, experiment) if main else {}
+    if cluster is None:  # this process computes: its heavy modules, kept from the collector
+        experiment.import_frozen(with_model=options is not None)
 
     with _workers(world, device) as workers, _claimed(store, session, args.session if main else None, main,
                                                       options, settings) as session:
