@@ -43,6 +43,8 @@ def pytest_configure(config: pytest.Config) -> None:
         from engine.models.distributed import cpu_threads
 
         torch.set_num_threads(cpu_threads(workers))
+        # and so would the processes the tests start (runs, jobs, kernels, Ray's workers): the same share
+        os.environ.setdefault("OMP_NUM_THREADS", str(cpu_threads(workers)))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
