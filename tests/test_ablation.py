@@ -164,16 +164,18 @@ def test_bad_settings_are_one_line_errors(tiny_llama, tmp_path):
 
 
 @pytest.mark.embedded
-def test_embedded_map_has_30_layers_and_restores_exactly(embedded):
+def test_embedded_map_has_30_layers_and_restores_exactly(embedded, tmp_path):
     model, tokenizer = embedded.model, embedded.tokenizer
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    _, doc = run(model, tokenizer, eval_set="paper", max_length=24)  # short texts: every layer, a third of the work
+    texts = eval_texts(subset="paper")[:2]  # two 16-token texts: every layer, a fifteenth of the paper set's work
+    (tmp_path / "texts.txt").write_text("\n".join(texts), encoding="utf-8")
+    _, doc = run(model, tokenizer, eval_file=str(tmp_path / "texts.txt"), max_length=16)
     assert [row["layer"] for row in doc["layers"]] == list(range(30))
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
     # the cached value of one middle layer equals a plain full forward with the same swap
     stack = LayerStack(model)
-    evaluator = Evaluator(model, tokenizer, eval_texts(subset="paper"), max_length=24)
+    evaluator = Evaluator(model, tokenizer, texts, max_length=16)
     with stack.preserved([11]):
         with torch.no_grad():
             for name, param in stack.matrices(11).items():
