@@ -415,7 +415,8 @@ def exists(self, name):  # the atlas's first look for its session: both look bef
 
 SessionStore.exists = exists
 from tui.cli import main
-sys.exit(main(sys.argv[2:]))
+sys.argv = ["anatomy-tui", *sys.argv[2:]]
+sys.exit(main())  # as the command line starts it (engine/core/frozen_imports.py)
 """
 
 

@@ -48,7 +48,9 @@ def test_cpu_dry_run_on_a_tiny_model(tmp_path):
             "prune float16 healing", "prune float32 healing", "run --help before torch",
             "--layers 99 refused before torch"} <= set(figures)
     skipped = {line.split(" ", 1)[1].split(":", 1)[0] for line in lines if line.startswith("SKIP")}
-    assert skipped == {"peak/plan map float32", "peak/plan map float16", "peak/plan map bfloat16",
+    assert skipped == {"map twice (float32)", "recovery twice (float16)", "map float32 baseline",
+                       "map float32 D% Spearman", "peak/plan map float32", "peak/plan map float16",
+                       "peak/plan map bfloat16",
                        "peak/plan recovery float16", "host syncs per ablated layer", "host syncs per recovery step",
                        "host syncs per growth step", "out of memory in ablation", "out of memory in recovery",
                        "out of memory in growth", "out of memory in prune"}
@@ -151,3 +153,18 @@ def test_inf_or_nan_saved_as_none_is_judged_not_a_check_error(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [line[:4] for line in lines] == ["FAIL", "PASS", "FAIL", "PASS", "FAIL"]
     assert not any("check error" in line for line in lines)
+
+
+def test_twice_runs_again_and_compares_bits_on_a_gpu_only(tmp_path, capsys):
+    gpu_check, check = _gpu(tmp_path)
+    doc = {"baseline_ppl": 10.0, "layers": [{"layer": 0, "ppl": 12.0}]}
+    first = _run(gpu_check, result=doc)
+    gpu_check.twice(check, "map twice (float32)", first, lambda: _run(gpu_check, result=doc))
+    changed = {**doc, "layers": [{"layer": 0, "ppl": 12.5}]}
+    gpu_check.twice(check, "recovery twice (float16)", first, lambda: _run(gpu_check, result=changed))
+    check.args.device = "cpu"  # the dry run: no second run at all
+    gpu_check.twice(check, "map twice (float32)", first, lambda: pytest.fail("the CPU ran it again"))
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["PASS map twice (float32)", "FAIL recovery twice (float16)",
+                                                      "SKIP map twice (float32)"]
+    assert "bitwise equal" in lines[0] and "at layers[0].ppl" in lines[1]
