@@ -364,7 +364,8 @@ def test_a_worker_killed_mid_task_is_retried_to_the_same_table(ray_cluster, fami
     killed.join()
     err = capsys.readouterr().err
     assert "llama · ablation: retried (2 of 2): its worker died" in err
-    assert jobs(isolated_home)["killed-llama"] == ["done", "failed"]  # the killed try, and the one that finished
+    # the killed try (resumed when a layer of it was kept before the kill), and the one that finished
+    assert jobs(isolated_home)["killed-llama"] in (["done", "failed"], ["done", "resumed"])
     states = task_states(events(isolated_home, "killed-llama"))
     retried = states.index(next(state for state in states if state[0] == "retried"))
     assert [s for s, _ in states[:retried]][:2] == ["queued", "placed"] and "done" not in dict(states[:retried])

@@ -619,7 +619,7 @@ async def test_jobs_run_live_cancel_and_survive_the_console(isolated_home, tiny_
         await pilot.press("g")
         assert app.screen.active_tab == "growth"
         await pilot.press("f2", "down")
-        app.screen.query_one("#steps").value = "5000"
+        app.screen.query_one("#steps").value = "50000"  # minutes: the cancel, not the end, must stop it
         await pilot.press("i")
         assert app.screen.active_tab == "recovery"
         await until(pilot, lambda: app.state.recovery and len(app.state.recovery[-1].points) >= 2, 180)
