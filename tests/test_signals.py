@@ -399,8 +399,10 @@ def test_a_job_the_console_started_stops_on_sigterm_is_offered_and_its_resume_ma
     again = lab.start_job("toy-depth", settings)
     assert again is not None and again.process is not None
     wait_for(again.process, "console", "toy-depth.student", count=seen + 1)
+    assert again.process.poll() is None, again.log_path.read_text()[-2000:]  # still running: the cancel stops it
     lab.cancel("toy-depth")
-    assert again.process.wait(timeout=600) == 130
+    said = [text for _, text in lab.state.log]
+    assert again.process.wait(timeout=600) == 130, (said[-3:], again.log_path.read_text()[-2000:])
     cancelled = [doc for doc in SessionStore().open("console").jobs().values() if doc.get("pid") == again.pid]
     assert [doc["status"] for doc in cancelled] == ["cancelled"]
 
