@@ -57,6 +57,23 @@ def test_sigterm_and_sighup_raise_stopped_once_and_the_old_handlers_come_back():
     assert interruption(signal.SIGTERM).name == "SIGTERM"
 
 
+def test_sigint_stops_a_run_even_where_the_process_was_started_with_it_ignored_and_blocked():
+    """A shell script's background job starts with SIGINT ignored, a child forked while its parent's
+    thread held SIGINT blocked starts with it blocked: a run still takes SIGINT (the console's
+    cancel) as Ctrl-C, and the process's own choice comes back after it."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with pytest.raises(KeyboardInterrupt), stop_on_signals():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, before)
+
+
 def test_a_run_stopped_before_its_job_starts_says_so_and_exits_with_the_signal(monkeypatch, capsys):
     """A signal during the model load (no job yet, nothing to resume): one line, 128 + the signal."""
     for stop, code, line in ((Stopped(signal.SIGTERM), 143, "anatomy-tui: interrupted by SIGTERM"),

@@ -138,7 +138,11 @@ def stop_on_signals() -> Iterator[None]:
     """SIGTERM and SIGHUP raise `Stopped` in the main thread for as long as this lasts. Only the
     first does: a second signal (a launcher passing on the one its group already got, `docker stop`
     repeating itself) is let go, so the checkpoint and the finish event it interrupts are written
-    whole (SIGKILL still ends a run that will not stop)."""
+    whole (SIGKILL still ends a run that will not stop).
+
+    SIGINT (Ctrl-C, and the console's cancel) raises KeyboardInterrupt meanwhile even in a process
+    started with it ignored or blocked, as a shell script's background job is, or a child forked
+    while its parent's thread held it blocked: such a run would otherwise go on to its end."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -151,9 +155,12 @@ def stop_on_signals() -> Iterator[None]:
             raise Stopped(signum)
 
     previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
