@@ -344,7 +344,7 @@ def test_soak_a_job_writing_as_fast_as_it_can_loses_and_reorders_nothing(isolate
 
     lab.keeper.fold = counting  # type: ignore[method-assign]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    writer = subprocess.Popen([sys.executable, "-c", SOAK_WRITER, str(store.home), "8"], env=env, cwd=ROOT,
+    writer = subprocess.Popen([sys.executable, "-c", SOAK_WRITER, str(store.home), "5"], env=env, cwd=ROOT,
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     while writer.poll() is None:
         lab.poll()

@@ -353,7 +353,7 @@ def test_sigterm_stops_a_recovery_sweep_that_resumes_to_the_uninterrupted_result
 
 
 TOY = ["run", "toy-depth", "--preset", "tiny", "--width", "8", "--outputs", "8", "--teacher-depth", "4",
-       "--student-depths", "1,2,4", "--steps", "1000", "--batch-size", "8", "--eval-size", "16",
+       "--student-depths", "1,2,4", "--steps", "300", "--batch-size", "8", "--eval-size", "16",
        "--regimes", "independent", "--bootstrap", "5", "--device", "cpu"]
 
 
