@@ -20,6 +20,7 @@ def freezes(monkeypatch) -> list[bool]:
     calls: list[bool] = []
     monkeypatch.setattr(gc, "freeze", lambda: calls.append(gc.isenabled()))
     monkeypatch.setattr(frozen_imports, "_one_job", False)
+    monkeypatch.setattr(frozen_imports, "_frozen", False)
     return calls
 
 
@@ -42,6 +43,15 @@ def test_in_a_one_job_process_they_import_with_the_collector_off_then_freeze(fre
     frozen_imports.import_frozen(probe_module)
     assert sys.modules[probe_module].ENABLED is False  # off while it imported
     assert freezes == [False] and gc.isenabled()  # frozen, then the collector back on
+
+
+def test_only_the_first_import_freezes(freezes, probe_module):
+    """An atlas runs its measures one after another in its process: what an earlier measure left
+    (a model in a garbage cycle) is never frozen by a later one's imports."""
+    frozen_imports.one_job_process()
+    frozen_imports.import_frozen("json")
+    frozen_imports.import_frozen(probe_module)
+    assert freezes == [False] and sys.modules[probe_module].ENABLED is True
 
 
 def test_a_collector_the_caller_turned_off_stays_off(freezes, probe_module):

@@ -354,3 +354,22 @@ def test_gguf_cache_is_keyed_by_dtype_and_stale_staging_is_cleaned(tmp_path, mon
     finished.mkdir()
     assert sorted(models.clean_stale_staging(parent)) == sorted([killed, orphan])
     assert running.exists() and fresh.exists() and finished.exists() and not killed.exists()
+
+
+def test_the_config_of_a_gguf_is_read_from_its_copy_in_any_dtype(tmp_path, monkeypatch):
+    """A T4 dequantizes to float16 only: that copy's config serves later loads too; with none, the
+    GGUF file itself (its header) is read."""
+    from engine.models.loading import gguf_cache_dir, gguf_config_source
+
+    monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert gguf_config_source(gguf) == (str(tmp_path), {"gguf_file": "model.gguf"})
+    half = gguf_cache_dir(gguf, "float16")
+    half.mkdir(parents=True)
+    (half / "config.json").write_text("{}")
+    assert gguf_config_source(gguf) == (str(half), {})
+    full = gguf_cache_dir(gguf, "float32")
+    full.mkdir(parents=True)
+    (full / "config.json").write_text("{}")
+    assert gguf_config_source(gguf) == (str(full), {})

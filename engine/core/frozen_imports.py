@@ -15,6 +15,8 @@ import gc
 import importlib
 
 _one_job = False
+_frozen = False  # once: an atlas runs many measures in its process, and a later freeze would keep
+# whatever an earlier measure left in garbage cycles (a model's weights) for the rest of it
 
 
 def one_job_process() -> None:
@@ -24,16 +26,19 @@ def one_job_process() -> None:
 
 
 def import_frozen(*modules: str) -> None:
-    """Imports `modules`; in a one-job process with the collector off, then freezes all the process
-    holds."""
-    paused = _one_job and gc.isenabled()
+    """Imports `modules`; in a one-job process, the first time, with the collector off, then freezes
+    all the process holds."""
+    global _frozen
+    freezing = _one_job and not _frozen
+    paused = freezing and gc.isenabled()
     if paused:
         gc.disable()
     try:
         for name in modules:
             importlib.import_module(name)
     finally:
-        if _one_job:
+        if freezing:
             gc.freeze()
+            _frozen = True
         if paused:
             gc.enable()
