@@ -294,7 +294,9 @@ def signal_after(process: subprocess.Popen, session: str, kind: str, sig: int) -
 
 def resume_line(err: str, experiment: str, sig: str) -> list[str]:
     """The printed command that resumes the run, as argv for `main`."""
-    (line,) = [line for line in err.splitlines() if line.startswith(f"{experiment} interrupted by {sig}")]
+    lines = [line for line in err.splitlines() if line.startswith(f"{experiment} interrupted by {sig}")]
+    assert len(lines) == 1, err[-3000:]  # the whole stderr when it is not said once
+    (line,) = lines
     command = shlex.split(line.split("; continue with: ", 1)[1])
     assert command[0] == "anatomy-tui" and command[-3:-1] == ["--session", command[-2]] and command[-1] == "--resume"
     return command[1:]
