@@ -557,9 +557,11 @@ async def test_a_prompt_is_answered_during_the_map(isolated_home, tiny_folder, m
     expected = generate_text(AutoModelForCausalLM.from_pretrained(tiny_folder),
                              AutoTokenizer.from_pretrained(tiny_folder), "The layer", app_module.GENERATE_TOKENS)
     forward = Evaluator._forward_nll
+    answered = threading.Event()
 
-    def slow_forward(self, batch):  # a map of many seconds on the tiny model
-        time.sleep(0.2)
+    def slow_forward(self, batch):  # a map of many seconds on the tiny model, until the prompt is answered
+        if not answered.is_set():
+            time.sleep(0.2)
         return forward(self, batch)
 
     monkeypatch.setattr(Evaluator, "_forward_nll", slow_forward)
@@ -578,6 +580,7 @@ async def test_a_prompt_is_answered_during_the_map(isolated_home, tiny_folder, m
         assert "ablation" in app.lab.cancels  # the map still runs
         await until(pilot, lambda: right.text == expected and app.lab.generation is None)
         assert left.text == expected
+        answered.set()
         await app.workers.wait_for_complete()
         await until(pilot, lambda: "ablation" in app.state.results)
 
