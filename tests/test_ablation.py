@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from tiny_models import tiny_model
 
 from engine.core.errors import UserError
@@ -182,3 +184,20 @@ def test_embedded_map_has_30_layers_and_restores_exactly(embedded, tmp_path):
                 param.copy_((stack.matrices(10)[name] + stack.matrices(12)[name]) / 2)
         full = evaluator.perplexity()
     assert math.isclose(doc["layers"][11]["ppl"], full, rel_tol=1e-5)
+
+
+@given(st.lists(st.tuples(st.integers(-3, 3), st.floats(-1e3, 1e3, allow_nan=False)), min_size=3, max_size=40))
+def test_spearman_is_scipys_with_ties_nan_and_constants(pairs):
+    """The rank correlation every map reports, against scipy.stats.spearmanr (ties from the small
+    integers; a NaN pair left out; constant input undefined for both)."""
+    from scipy.stats import spearmanr
+
+    from engine.evaluation.statistics import spearman
+
+    a = [float(x) for x, _ in pairs] + [math.nan]
+    b = [y for _, y in pairs] + [1.0]
+    found = spearman(a, b)
+    if len(set(a[:-1])) == 1 or len(set(b[:-1])) == 1:
+        assert found is None
+    else:
+        assert found == pytest.approx(float(spearmanr(a[:-1], b[:-1]).statistic), abs=1e-12)
