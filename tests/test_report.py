@@ -61,6 +61,18 @@ def test_report_writes_html_markdown_pdf_and_figures(isolated_home, tmp_path, ca
     assert pdf.startswith(b"%PDF") and len(re.findall(rb"/Type\s*/Page\b(?!s)", pdf)) == len(NAMES)
 
 
+def test_the_command_is_the_jobs_not_the_reporting_machines(isolated_home, tmp_path, monkeypatch):
+    """A report written on a machine of 4 GPUs gives the map's command as run anywhere: no --shards
+    from the GPUs the report happens to be written beside."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    report_session()
+    assert main(["report", "demo", "--out", str(tmp_path), "--format", "md"]) == 0
+    markdown = (tmp_path / "report.md").read_text()
+    assert "anatomy-tui run ablation --method=skip" in markdown and "--shards" not in markdown
+
+
 def test_one_format_only(isolated_home, tmp_path):
     report_session()
     assert main(["report", "demo", "--out", str(tmp_path), "--format", "md"]) == 0

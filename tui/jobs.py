@@ -54,11 +54,17 @@ def job_argv(
     experiment: str, settings: Settings, options: ModelOptions | None, session: str, resume: bool,
     cluster: str | None = None,
 ) -> list[str]:
-    """The exact `anatomy-tui run` command for these settings: `--preset` where the experiment has
-    presets, then one flag for every setting that differs from where it starts, and `--shards` for
-    a sweep that splits over the visible GPUs, or `--cluster` for a Ray task there (`cluster`).
-    `--trust-remote-code` appears only if `options` asks for it (options read from a file never
-    do: `untrusted()`)."""
+    """The exact `anatomy-tui run` command of a job on this machine (`run_argv`), with `--shards` for
+    a sweep that splits over the visible GPUs, or `--cluster` for a Ray task there (`cluster`)."""
+    where = ["--cluster", cluster] if cluster else shards_flag(experiment, settings, options)
+    return [*run_argv(experiment, settings, options), *where, "--session", session, *(["--resume"] if resume else [])]
+
+
+def run_argv(experiment: str, settings: Settings, options: ModelOptions | None) -> list[str]:
+    """`python -m tui.cli run` for these settings, wherever it runs: `--preset` where the experiment
+    has presets, then one flag for every setting that differs from where it starts, then the model
+    flags. `--trust-remote-code` appears only if `options` asks for it (options read from a file
+    never do: `untrusted()`)."""
     entry = find_experiment(experiment)
     argv = [sys.executable, "-m", "tui.cli", "run", experiment]
     base = entry.defaults()
@@ -76,8 +82,7 @@ def job_argv(
         argv.append(flag_text(spec, value))
     if options is not None:
         argv += model_flags(options)
-    where = ["--cluster", cluster] if cluster else shards_flag(experiment, settings, options)
-    return [*argv, *where, "--session", session, *(["--resume"] if resume else [])]
+    return argv
 
 
 def typed(argv: Sequence[str]) -> str:

@@ -32,7 +32,7 @@ from engine.core.events import ResultDocument, decode_or_none, result_class
 from engine.disk.atomic import atomic_write, atomic_write_bytes
 from engine.models.options import ModelOptions
 from sessions.store import Session
-from tui.jobs import job_argv, typed
+from tui.jobs import run_argv, typed
 
 FORMATS = ("html", "md", "pdf")
 ROW_LIMIT = 200  # rows of one table in the report (a 100-layer map stays readable)
@@ -110,7 +110,8 @@ def reproducing_command(name: str, result: Any, session: Session, jobs: Mapping[
         if entry.needs_model:
             recorded = (job or {}).get("model") or {"model": session.manifest.get("model") or ""}
             options = ModelOptions.from_dict(recorded).untrusted()
-        return typed(job_argv(entry.name, settings, options, session.name, resume=False))
+        # the command as run anywhere: no --shards from the GPUs of the machine that writes the report
+        return typed([*run_argv(entry.name, settings, options), "--session", session.name])
     except (UserError, TypeError, ValueError) as exc:
         return f"(cannot be rebuilt: {exc})"
 
