@@ -38,7 +38,6 @@ from typing import Any
 import torch
 from accelerate import dispatch_model
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 CPU = torch.device("cpu")
 _TAG = "_virtual_device"
@@ -158,7 +157,8 @@ class VirtualDevices(TorchFunctionMode):
             device = CPU  # made here from Python values or numpy: a host tensor
         if name in _CROSS_DEVICE and args:
             device = device_of(args[0])
-        tree_map(lambda t: tag(t, device) if isinstance(t, torch.Tensor) else t, out)
+        for tensor in tensors_in(out):
+            tag(tensor, device)
         return out
 
     def _property(self, name: str, func, args):
@@ -214,8 +214,8 @@ class VirtualDevices(TorchFunctionMode):
             name in _MOVES and ((_target(args[1:], kwargs) or CPU).type == "cuda" or name == "cuda"))
         if to_gpu:
             return
-        for value in tree_flatten((args, kwargs))[0]:
-            if isinstance(value, torch.Tensor) and getattr(value, _IN_FLIGHT, None) == self.synchronizations:
+        for value in tensors_in((args, kwargs)):
+            if getattr(value, _IN_FLIGHT, None) == self.synchronizations:
                 raise NotArrived(f"{name} of a host tensor copied from a GPU with non_blocking=True before "
                                  "torch.cuda.synchronize(): its values may not have arrived")
 
@@ -233,15 +233,14 @@ class VirtualDevices(TorchFunctionMode):
         """The one device every tagged tensor argument is on; two devices raise as CUDA does."""
         found: dict[torch.device, None] = {}
         operands = args[:1] if name in _INDEXING else args
-        tensors, _ = tree_flatten((operands, kwargs))
+        tensors = tensors_in((operands, kwargs))
         if name in _CROSS_DEVICE:
             tensors = tensors[:1]
         for value in tensors:
-            if isinstance(value, torch.Tensor):
-                device = device_of(value)
-                if device is None or (device.type == "cpu" and value.dim() == 0):
-                    continue  # untagged, or a CPU scalar (CUDA takes those)
-                found[device] = None
+            device = device_of(value)
+            if device is None or (device.type == "cpu" and value.dim() == 0):
+                continue  # untagged, or a CPU scalar (CUDA takes those)
+            found[device] = None
         if len(found) > 1:
             first, second = list(found)[:2]
             raise DeviceMismatch(
@@ -256,8 +255,8 @@ class VirtualDevices(TorchFunctionMode):
         indexed = device_of(args[0]) if args else None
         if indexed is None or len(args) < 2:
             return
-        for index in tree_flatten(args[1])[0]:
-            if not isinstance(index, torch.Tensor) or device_of(index) is None:
+        for index in tensors_in(args[1]):
+            if device_of(index) is None:
                 continue
             where = device_of(index)
             if where.type != "cpu" and where != indexed:
@@ -277,7 +276,23 @@ class VirtualDevices(TorchFunctionMode):
 
 
 def _has_tensor(tree: Any) -> bool:
-    return any(isinstance(v, torch.Tensor) for v in tree_flatten(tree)[0])
+    return bool(tensors_in(tree))
+
+
+def tensors_in(tree: Any, found: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or result (in tuples, lists and dicts, as ops take them), in
+    order: torch's general pytree walk took most of the harness's time (every op walks its
+    arguments twice)."""
+    found = [] if found is None else found
+    if isinstance(tree, torch.Tensor):
+        found.append(tree)
+    elif isinstance(tree, (list, tuple)):
+        for item in tree:
+            tensors_in(item, found)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            tensors_in(item, found)
+    return found
 
 
 def place(model: torch.nn.Module, devices: list[str], offload_dir: Any = None,
