@@ -37,7 +37,6 @@ import os
 import signal
 import socket
 import stat
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -47,7 +46,7 @@ from typing import Any
 
 from engine.core.errors import UserError
 from engine.core.events import Event, Message, TaskState, event_from_json
-from engine.core.process import interruption, stop_signal
+from engine.core.process import interruption, say, stop_signal
 
 INSTALL = "pip install 'anatomy-tui[cluster]' (Ray)"
 DEFAULT_RETRIES = 2  # tries after the first, for a task whose worker died
@@ -477,7 +476,7 @@ def run_task(spec: TaskSpec) -> Iterator[dict[str, Any]]:
             model = None
             if spec.options is not None:
                 options = ModelOptions.from_dict(spec.options)
-                model = options.load(lambda line: print(line, file=sys.stderr, flush=True))
+                model = options.load(say)
             back = {new: old for old, new in moved.items()}
             checkpoint = Path(folder) / "checkpoint" if entry.resumable else None
             if checkpoint is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -72,6 +73,23 @@ def test_sigint_stops_a_run_even_where_the_process_was_started_with_it_ignored_a
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, before)
+
+
+def test_lines_of_processes_sharing_an_unbuffered_stderr_never_cut_into_each_other():
+    """Workers of --shards and their launcher write to one stderr; under python -u (or
+    PYTHONUNBUFFERED=1) `print` writes a line's text and its newline apart, so another process's
+    line could land between them (the launcher's "interrupted by SIGTERM" glued to rank 0's resume
+    command). `say` writes each line whole: many lines from three processes at once stay whole."""
+    code = ("import sys\nfrom engine.core.process import say\n"
+            "for i in range(3000):\n    say(f'{sys.argv[1]} line {i} ' + 'x' * 60)\n")
+    reader, writer = os.pipe()
+    writers = [subprocess.Popen([sys.executable, "-u", "-c", code, name], stderr=writer, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)}) for name in ("a", "b", "c")]
+    os.close(writer)
+    with os.fdopen(reader) as stream:
+        lines = stream.read().splitlines()
+    assert all(process.wait(60) == 0 for process in writers)
+    assert len(lines) == 9000 and all(re.fullmatch(r"[abc] line \d+ x{60}", line) for line in lines)
 
 
 def test_a_run_stopped_before_its_job_starts_says_so_and_exits_with_the_signal(monkeypatch, capsys):

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from engine import registry
 from engine.core.errors import UserError
 from engine.core.frozen_imports import one_job_process
-from engine.core.process import Stopped, exit_code, hand_to_launcher, stop_on_signals
+from engine.core.process import Stopped, exit_code, hand_to_launcher, say, stop_on_signals
 from engine.models.options import ModelOptions
 from sessions.store import SessionError
 from tui.flags import add_settings_arguments, experiment_flags
@@ -136,18 +136,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return launch(args)
     except (UserError, SessionError) as exc:
         if not hand_to_launcher(one_line(str(exc))):  # a worker of --shards: said once, by rank 0 or the launcher
-            print(f"anatomy-tui: error: {one_line(str(exc))}", file=sys.stderr)
+            say(f"anatomy-tui: error: {one_line(str(exc))}")
         return 2
     except (MemoryError, RuntimeError) as exc:  # a huge count or size (--restarts 10**12) asks for terabytes
         if NOT_DETERMINISTIC in str(exc):
             operation = str(exc).split(NOT_DETERMINISTIC)[0].strip()
-            print(f"anatomy-tui: error: {one_line(operation)} has no deterministic GPU kernel; rerun with "
-                  "--no-deterministic (results then agree within floating-point noise)", file=sys.stderr)
+            say(f"anatomy-tui: error: {one_line(operation)} has no deterministic GPU kernel; rerun with "
+                "--no-deterministic (results then agree within floating-point noise)")
             return 2
         if not isinstance(exc, MemoryError) and not any(w in str(exc).lower() for w in TOO_LARGE):
             raise
-        print(f"anatomy-tui: error: out of memory ({one_line(str(exc)) or 'MemoryError'}); the settings ask "
-              "for more than this machine has: use smaller counts or sizes", file=sys.stderr)
+        say(f"anatomy-tui: error: out of memory ({one_line(str(exc)) or 'MemoryError'}); the settings ask "
+            "for more than this machine has: use smaller counts or sizes")
         return 2
     except OSError as exc:  # a path a user gave, wherever a check first touched it (engine.data.text.PATH_ERRNOS)
         from engine.core.files import PATH_ERRNOS, short_path
@@ -156,10 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
 
         where = f"{short_path(exc.filename)}: " if exc.filename else ""
-        print(f"anatomy-tui: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        say(f"anatomy-tui: error: {where}{exc.strerror or exc}")
         return 2
     except KeyboardInterrupt as exc:  # before the job started (the model loading) or after it ended
-        print(f"anatomy-tui: interrupted{f' by {exc.name}' if isinstance(exc, Stopped) else ''}", file=sys.stderr)
+        say(f"anatomy-tui: interrupted{f' by {exc.name}' if isinstance(exc, Stopped) else ''}")
         return exit_code(exc)
 
 

@@ -23,7 +23,6 @@ import errno
 import functools
 import os
 import struct
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
 from engine.core.events import Cancelling, Event, Message, Progress, Result, TaskState
-from engine.core.process import Stopped, exit_code
+from engine.core.process import Stopped, exit_code, say
 from engine.core.settings import Settings
 from engine.disk.atomic import atomic_write_json, check_free_space, check_writable_path
 from engine.experiments.context import RunContext
@@ -54,10 +53,6 @@ UNREADABLE_PATH = (errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM)  
 
 def _inputs(session: Session | None, experiment: Experiment) -> dict[str, dict[str, Any]]:
     return session.results_named(experiment.reads) if session is not None else {}
-
-
-def _report(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence[str] = ()) -> int:
@@ -116,9 +111,9 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
                 check_free_space(settings.export, plan.weights, "--export")
             if main and plan is not None and plan.checkpoints and session is not None and experiment.resumable:
                 check_free_space(session.path, plan.checkpoints, f"{experiment.name}'s checkpoints")
-            loaded = planned.load(_report)
+            loaded = planned.load(say)
             if main:
-                _report(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
+                say(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
         context = RunContext(
             model=loaded,
             checkpoint_dir=session.checkpoint_dir(experiment.name) if experiment.resumable and session else None,
@@ -197,7 +192,7 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
     resources = task_resources(label, plan.total if plan is not None else None, device,
                                options.device_map if options is not None else None,
                                options.max_memory if options is not None else None, nodes)
-    _report(f"{label}: on the Ray cluster ({cluster.address}, {len(nodes)} node(s))"
+    say(f"{label}: on the Ray cluster ({cluster.address}, {len(nodes)} node(s))"
             + (f"; memory plan {size_text(plan.total)} in {plan.dtype}" if plan is not None else ""))
     folder = session.checkpoint_dir(experiment.name) if experiment.resumable else None
     if folder is not None and plan is not None and plan.checkpoints:
@@ -215,7 +210,7 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
     retried: list[TaskState] = []  # a try after one whose worker died: that state first in its job
     for attempt in range(1, retries + 2):
         try:
-            task = cluster.run(spec, resources, lambda line: _report(f"{label}: {line}"),
+            task = cluster.run(spec, resources, lambda line: say(f"{label}: {line}"),
                                keep if folder is not None else None)
             result = drive(session, experiment.name, settings, options, None, _after(retried, task), args.json,
                            resume, memory=plan.to_dict() if plan is not None else None, progress_bar=False)
@@ -228,7 +223,7 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
                 spec = dataclasses.replace(spec, resume=True, checkpoint=checkpoint_files(folder))
             tries, why = f"{attempt + 1} of {retries + 1}", f"its worker died ({lost})" + (
                 "; from its checkpoint" if resume else "")
-            _report(f"{label}: retried ({tries}): {why}")
+            say(f"{label}: retried ({tries}): {why}")
             retried = [TaskState("retried", f"try {tries}: {why}")]
         except TaskFailed as failed:
             raise UserError(f"{label} failed on the cluster: {failed}") from None
@@ -271,7 +266,7 @@ def _stopped(experiment: Experiment, settings: Settings, options: ModelOptions |
     if experiment.resumable:
         argv = job_argv(experiment.name, settings, options, session.name, resume=True, cluster=cluster)
         line += f"; continue with: {typed(argv)}"
-    print(line, file=sys.stderr, flush=True)
+    say(line)
     return code
 
 
@@ -290,7 +285,7 @@ def _claimed(store: SessionStore, session: Session | None, name: str | None, mai
         if name is None or not store.exists(name):
             raise
         joined = store.open(name)
-        _report(f"session {name} was just made by another run; this run adds to it")
+        say(f"session {name} was just made by another run; this run adds to it")
         yield joined
         return
     try:
@@ -380,14 +375,14 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
         check_before_load(experiment.name, settings, preview, plan)
     if plan is None:
         if not quiet:
-            _report(f"memory plan skipped ({skipped}); loading the model")
+            say(f"memory plan skipped ({skipped}); loading the model")
         return None
     if options.device_map is not None:  # spread over several devices: no single device to check against
         if not quiet:
-            _report(f"{plan.line()} in all, spread by --device-map {options.device_map}")
+            say(f"{plan.line()} in all, spread by --device-map {options.device_map}")
         return plan
     if not quiet:
-        _report(plan.line())
+        say(plan.line())
     if fits:  # checked against this machine's device (a cluster's task: against its nodes, engine/cluster.py)
         check_fits(plan, free_memory(plan.device), experiment.name)
     return plan

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -179,3 +180,11 @@ def hand_to_launcher(line: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def say(line: str) -> None:
+    """One line on stderr in one write: the processes that share it (the workers of --shards and
+    their launcher) never cut into each other's lines, even unbuffered (python -u, PYTHONUNBUFFERED=1,
+    where print writes the text and its newline apart)."""
+    sys.stderr.write(f"{line}\n")
+    sys.stderr.flush()

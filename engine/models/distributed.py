@@ -17,7 +17,6 @@ import os
 import pickle
 import queue
 import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ import torch.distributed as dist
 
 from engine.core.errors import UserError
 from engine.core.events import Event, Progress, Result
-from engine.core.process import STOP_EXIT_CODES, STOP_SIGNALS, interruption, stop_signal
+from engine.core.process import STOP_EXIT_CODES, STOP_SIGNALS, interruption, say, stop_signal
 
 T = TypeVar("T")
 
@@ -283,10 +282,10 @@ def launch(argv: Sequence[str], nproc: int) -> int:
         if first is not None and first.exitcode == 2:  # rank 0 said why in one line (its own, or a worker's)
             return 2
         if failure.exitcode == 2 and isinstance(failure.message, str) and failure.message:  # hand_to_launcher
-            print(f"anatomy-tui: error: worker rank {rank}: {failure.message}", file=sys.stderr)
+            say(f"anatomy-tui: error: worker rank {rank}: {failure.message}")
             return 2
         why = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
-        print(f"error: worker rank {rank} failed ({why}); the sharded job stopped", file=sys.stderr)
+        say(f"error: worker rank {rank} failed ({why}); the sharded job stopped")
         return 2
     return 0
 

@@ -20,7 +20,6 @@ import os
 import random
 import signal
 import stat
-import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.atlas import table as A
 from engine.core.errors import UserError
-from engine.core.process import STOP_EXIT_CODES, exit_code, interruption
+from engine.core.process import STOP_EXIT_CODES, exit_code, interruption, say
 from engine.data.text_settings import EvalTextSettings
 from engine.models.options import ModelOptions
 from engine.registry import experiment as experiment_named
@@ -145,10 +144,6 @@ def _builtin_text(eval_set: str, texts: Path) -> Path:
     return path
 
 
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
 def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     """Runs or reuses every measure of every model, then merges, saves and exports the atlas.
     `run(argv)` is `anatomy-tui argv` (the exit code), handed in by tui/cli.py."""
@@ -160,7 +155,7 @@ def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     spec = spec_of(args)
     cluster = _cluster_flags(args)  # connected now: no Ray, no cluster there, one line before any work
     store = SessionStore()
-    atlas, state = open_atlas(store, args.name, spec, _say)
+    atlas, state = open_atlas(store, args.name, spec, say)
     texts = atlas.checkpoint_dir(ATLAS_RESULT) / TEXTS
     variants = variants_of(spec, texts)
     model_flags = flags_of_model(ModelOptions().override(spec["model_flags"]))
@@ -178,10 +173,10 @@ def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     atlas.save_result(ATLAS_RESULT, doc.to_json())
     folder = write_dataset(doc, atlas.path / "dataset")
     print_report(doc)
-    _say(f"atlas {args.name}: {len(doc.rows)} rows in session {atlas.name}; dataset in {folder}")
+    say(f"atlas {args.name}: {len(doc.rows)} rows in session {atlas.name}; dataset in {folder}")
     if runs.failed:
-        _say(f"atlas {args.name}: {len(runs.failed)} measure(s) failed ({'; '.join(runs.failed)}), the rest are in "
-             "the table; run the same atlas command again to retry them")
+        say(f"atlas {args.name}: {len(runs.failed)} measure(s) failed ({'; '.join(runs.failed)}), the rest are in "
+            "the table; run the same atlas command again to retry them")
         return 1
     return 0
 
@@ -205,14 +200,14 @@ def _interrupted(name: str, state: Any, doing: list[Step], code: int) -> int:
     by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
     again = "run the same atlas command again to continue from here"
     if not doing:
-        _say(f"atlas {name} interrupted{by} between two measures; {again}")
+        say(f"atlas {name} interrupted{by} between two measures; {again}")
         return code
     for step in doing:
         with contextlib.suppress(OSError, UserError):
             state.done(step.model, step.variant, step.experiment, step.member, "interrupted")
     at = "; ".join(f"{step.model} · {step.experiment} on {step.variant}" for step in doing)
     sessions = ("their sessions " if len(doing) > 1 else "its session ") + ", ".join(step.member for step in doing)
-    _say(f"atlas {name} interrupted{by} at {at} (marked interrupted; {sessions}); {again}")
+    say(f"atlas {name} interrupted{by} at {at} (marked interrupted; {sessions}); {again}")
     return code
 
 
@@ -342,7 +337,7 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any], variants: dict[str,
         writes = experiment_named(experiment).writes
         found = reusable(store, model, writes, settings.to_dict(), free, member, type(settings)().to_dict())
         if found is not None:
-            _say(f"{what}: reused from session {found.name}")
+            say(f"{what}: reused from session {found.name}")
             previous = state.steps.get(state.key(model, variant, experiment), {})
             ran = previous.get("status") == "run" and previous.get("session") == found.name
             state.done(model, variant, experiment, found.name, "run" if ran else "reused")
@@ -352,7 +347,7 @@ def _measure(args: argparse.Namespace, spec: dict[str, Any], variants: dict[str,
         resume = (previous.get("status") == "interrupted" and experiment_named(experiment).resumable
                   and store.exists(member)
                   and resumed_job(store.open(member), experiment) is not None)
-        _say(f"{what}: {'resuming' if resume else 'running'} into session {member}")
+        say(f"{what}: {'resuming' if resume else 'running'} into session {member}")
         runs.start(Step(model, variant, experiment, member,
                         ["run", experiment, "--model", model, *model_flags, "--session", member, *flags,
                          *(["--resume"] if resume else [])]))
