@@ -58,7 +58,6 @@ def average_ranks(values: np.ndarray) -> np.ndarray:
     return ((ends - counts + 1 + ends) / 2.0)[group]
 
 
-
 def bootstrap_perplexity(nll: np.ndarray, tokens: np.ndarray, n: int, seed: int = 0) -> tuple[float, float]:
     """95% percentile interval of the token-weighted perplexity when the texts are resampled."""
     rng = np.random.default_rng(seed)
