@@ -11,20 +11,34 @@ experiments as this user. So every request is checked for who is asking (`caller
 Others get 403 and no upgrade. With a token, every request must carry it as well, either in the URL
 (`?token=...`, the link printed at start) or in the cookie that first visit sets, which is how the
 page's own websocket and static files get through.
+
+The token is printed once, in the link at start, and nowhere else: the access log names the path
+without its query (`PathAccessLogger`), and every log record is masked on its way out
+(`TokenMask`), tracebacks included, with a bad request's bytes left out. A connection whose request
+has not fully arrived within `REQUEST_TIMEOUT_S` (a half-sent request, slowloris) is closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
+import logging
 import secrets
+import signal
+import traceback
 from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
 from textual_serve.server import Server
 
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+# aiohttp's keep-alive timer starts when a connection opens and closes it if no whole request has
+# arrived by then (web_protocol.py _process_keepalive); an upgraded websocket is never idle, so it stays.
+REQUEST_TIMEOUT_S = 5.0
 
 
 def _loopback(hostname: str | None) -> bool:
@@ -105,6 +119,37 @@ def token_middleware(token: str, cookie: str) -> Any:
     return require_token
 
 
+class PathAccessLogger(AbstractAccessLogger):
+    """The access log without query strings or headers: the URL's `?token=` and the Referer (the
+    page's URL, token included) never reach it."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info('%s "%s %s" %s %.3fs', request.remote, request.method, request.path, response.status, time)
+
+
+class TokenMask(logging.Filter):
+    """Masks the token in every record a handler writes: its message, and its traceback formatted
+    here without locals (rich would print the request's bytes and the server's attributes); a bad
+    request (HttpProcessingError: too long, malformed) is one line, without the bytes it quoted."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        self.token = token
+
+    def mask(self, text: str) -> str:
+        return text.replace(self.token, "***") if self.token else text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            message += f": {error.code} {type(error).__name__}"
+        elif error is not None:
+            message += "\n" + "".join(traceback.format_exception(error)).rstrip()
+        record.msg, record.args, record.exc_info, record.exc_text = self.mask(message), (), None, None
+        return True
+
+
 class TokenServer(Server):
     """textual-serve's server on localhost, answering only its own page on localhost (Host and
     Origin checked); with `token=True`, a random token guards every route as well."""
@@ -123,3 +168,19 @@ class TokenServer(Server):
         if self.token:
             app.middlewares.append(token_middleware(self.token, f"anatomy_tui_token_{self.port}"))
         return app
+
+    def initialize_logging(self) -> None:
+        super().initialize_logging()
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(TokenMask(self.token))
+
+    def serve(self, debug: bool = False) -> None:
+        """textual-serve's `serve`, with the access log and the request timeout of this module."""
+        self.debug = debug
+        self.initialize_logging()
+        loop = asyncio.new_event_loop()
+        loop.add_signal_handler(signal.SIGINT, self.request_exit)
+        loop.add_signal_handler(signal.SIGTERM, self.request_exit)
+        web.run_app(self._make_app(), host=self.host, port=self.port, handle_signals=False, loop=loop,
+                    print=lambda *args: None, access_log_class=PathAccessLogger,
+                    keepalive_timeout=REQUEST_TIMEOUT_S)  # fmt: skip
