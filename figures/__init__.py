@@ -2,6 +2,7 @@
 
     figure_for(result) -> Figure           any registered result document, or an atlas
     save_figure(result, stem, formats)     stem.png (300 dpi), stem.svg, stem.pdf
+    write_figure(fig, path, format)        one file, written in place (the report stages its files)
 
 One module per result kind, `figures/<name>.py` (the result class's `name` with `-` as `_`; an
 atlas: `figures/atlas.py`), each with `draw(result) -> Figure`; found by that name, never listed by
@@ -69,6 +70,12 @@ def check_formats(formats: Sequence[str]) -> tuple[str, ...]:
     return chosen
 
 
+def write_figure(fig: Figure, path: Path, fmt: str) -> None:
+    """The figure as the one file `path` in format `fmt` (PNG at 300 dpi), written in place."""
+    with matplotlib.rc_context(RC):
+        fig.savefig(path, format=fmt, dpi=DPI)
+
+
 def save_figure(result: ResultDocument | AtlasDocument, stem: Path,
                 formats: Sequence[str] = FORMATS) -> list[Path]:
     """Writes the result's figure as `stem.<format>` for each format (PNG at 300 dpi), each file
@@ -79,7 +86,6 @@ def save_figure(result: ResultDocument | AtlasDocument, stem: Path,
     paths = []
     for fmt in chosen:
         path = stem.parent / f"{stem.name}.{fmt}"
-        with matplotlib.rc_context(RC):
-            atomic_write(path, lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=DPI), "figure")
+        atomic_write(path, lambda tmp, fmt=fmt: write_figure(fig, tmp, fmt), "figure")
         paths.append(path)
     return paths

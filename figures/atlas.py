@@ -26,11 +26,14 @@ def draw(result: AtlasDocument) -> Figure:
     if not criteria:
         style.nothing(fig.subplots(), "the atlas has no rows")
         return fig
+    series: dict[tuple[str, str], list[tuple[float, float | None, float | None, float | None]]] = {}
+    for r in rows:  # one pass: time linear in the rows, however many models
+        if style.finite(r.value):
+            series.setdefault((r.model, r.measure), []).append((r.relative_depth, r.value, r.lo, r.hi))
     axes = fig.subplots(math.ceil(len(criteria) / columns), columns, squeeze=False).ravel()
     for ax, criterion in zip(axes, criteria, strict=False):
         for index, model in enumerate(models):
-            points = sorted((r.relative_depth, r.value, r.lo, r.hi) for r in rows
-                            if r.model == model and r.measure == criterion and style.finite(r.value))
+            points = sorted(series.get((model, criterion), ()))
             if not points:
                 continue
             x, y, lo, hi = zip(*points, strict=True)

@@ -48,6 +48,7 @@ RC: dict[str, Any] = {
     "savefig.pad_inches": 0.02,
     "svg.fonttype": "none",  # text stays text in the SVG
     "pdf.fonttype": 42,  # TrueType in the PDF (journals refuse Type 3)
+    "text.parse_math": False,  # a `$` in a model's name is a dollar sign, never mathtext to parse (or fail on)
 }
 
 # Okabe & Ito's colour-blind-safe palette

@@ -8,34 +8,57 @@ protocol, the model, the package versions and the exact command that reproduces 
     DIR/report.pdf    every figure, one a page (matplotlib PdfPages)
     DIR/<result>.png, DIR/<result>.svg
 
-Nothing read from the session is trusted: every text is escaped in the HTML, a result that does not
-fit this version's class is left out with a note, and files are written atomically.
+Nothing read from the session is trusted: every text is escaped in the HTML and in the Markdown
+(entities and backslashes, one line, code in a fence no text can close, links only to the files
+beside it); a result that does not fit this version's class, or holds more rows than the model it
+names has layers, is left out with a note, so the time and memory a report takes are bounded by
+what it draws. The report is written whole or not at all: every file into a staging folder inside
+DIR, moved over the old ones once all are written (engine/disk/staging.py), so a full disk or a kill
+leaves the previous report as it was.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import glob
 import html
 import json
 import os
+import re
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from engine import registry
 from engine.atlas.table import AtlasDocument
 from engine.core.errors import UserError
 from engine.core.events import ResultDocument, decode_or_none, result_class
-from engine.disk.atomic import atomic_write, atomic_write_bytes
+from engine.core.process import say
+from engine.disk.atomic import is_no_space, mount_point
+from engine.disk.staging import staged
 from engine.models.options import ModelOptions
 from sessions.store import Session
 from tui.jobs import run_argv, typed
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 FORMATS = ("html", "md", "pdf")
 ROW_LIMIT = 200  # rows of one table in the report (a 100-layer map stays readable)
+CELL_LIMIT = 200  # characters of one cell
+MAX_LAYERS = 1024  # no decoder this project loads is deeper (the deepest LMs published have a few hundred)
+RECORDS_PER_LAYER = 16  # records in any one list of a result, per layer (a part map: 2, prune's curve: 10 curves)
+MAX_POINTS = 1 << 20  # numbers in any one list (a curve of training steps)
+MAX_NAME = 4096  # characters of a model's name or path (PATH_MAX)
+ATLAS_SERIES = 64  # models of an atlas's figure, and series (model, variant, measure) of its rows per layer
+EXTRA = "pip install 'anatomy-tui[figures]'"
 Table = tuple[str, list[str], list[list[str]]]  # title, header, rows
 
 
@@ -69,18 +92,20 @@ def parse_formats(text: str) -> tuple[str, ...]:
     return chosen
 
 
-def output_folder(text: str | None, session: str) -> Path:
-    """The report's folder, made if needed, or a one-line UserError: a file, or not writable."""
+def output_folder(text: str | None, session: str) -> tuple[Path, bool]:
+    """The report's folder, made if needed (and whether it was made now), or a one-line UserError:
+    a file, or not writable."""
     folder = Path(text if text is not None else f"{session}-report").expanduser()
     if folder.exists() and not folder.is_dir():
         raise UserError(f"--out {folder} is a file, not a folder; give a folder for the report")
+    made = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out {folder} cannot be made ({exc.strerror}); choose another folder") from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UserError(f"--out {folder} is not writable; choose another folder")
-    return folder
+    return folder, made
 
 
 def experiment_of(name: str) -> registry.Experiment | None:
@@ -118,13 +143,17 @@ def reproducing_command(name: str, result: Any, session: Session, jobs: Mapping[
 
 def entries(session: Session) -> tuple[list[Entry], list[str]]:
     """The session's results that this version reads, in the registry's order, and a note for each
-    one it cannot read."""
+    one it cannot read or that is larger than its model allows (`size_problem`: "damaged")."""
     docs = session.results()
     notes = list(session.damage)
     jobs = session.jobs()
     order = {e.writes: i for i, e in enumerate(registry.EXPERIMENTS)}
     found = []
     for name in sorted(docs, key=lambda n: (order.get(n, len(order)), n)):
+        damage = size_problem(name, docs[name])
+        if damage:
+            notes.append(f"results/{name}.json left out, damaged: {damage}")
+            continue
         problems: list[Exception] = []
         if name == "atlas":
             result: Any = decode_or_none(AtlasDocument, docs[name], on_error=problems.append)  # type: ignore[type-var]
@@ -139,20 +168,109 @@ def entries(session: Session) -> tuple[list[Entry], list[str]]:
     return found, notes
 
 
+# sizes -------------------------------------------------------------------------------------------
+
+def stated_layers(doc: Mapping[str, Any]) -> int | None:
+    """The model's layer count as the result states it: its `n_layers`, else the length of its
+    one-layer blocks' angular distances (an ablation map); None when it says neither."""
+    stated = doc.get("n_layers")
+    if isinstance(stated, int) and not isinstance(stated, bool):
+        return stated
+    blocks = doc.get("angular_blocks")
+    one = blocks.get("1") if isinstance(blocks, dict) else None
+    return len(one) if isinstance(one, list) else None
+
+
+def layer_of(row: Any) -> int | None:
+    """The layer a row is of: a record's `layer`, or a layer number itself (manipulate's `layers`)."""
+    layer = row.get("layer") if isinstance(row, dict) else row
+    return layer if isinstance(layer, int) and not isinstance(layer, bool) else None
+
+
+def lists(doc: Any) -> Iterator[tuple[str, list[Any]]]:
+    """Every list in the document, with where it is (`curve`, `arms.growth.phases`), walked without
+    recursion."""
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{key}" if where else str(key), item) for key, item in value.items())
+        elif isinstance(value, list):
+            yield where, value
+            stack.extend((f"{where}[]", item) for item in value if isinstance(item, (dict, list)))
+
+
+def size_problem(name: str, doc: Any) -> str:
+    """Why a result holds more than the model it names can have ("" when it does not): more layers
+    than any model, more layer rows than its layers (a part map: two per layer), a row of a layer it
+    lacks, a list longer than RECORDS_PER_LAYER records per layer or MAX_POINTS numbers, a model
+    name longer than a path. What the report draws and prints is bounded by these."""
+    if not isinstance(doc, dict):
+        return ""  # the class's decoding says what is wrong with it
+    depth = stated_layers(doc)
+    if depth is not None and not 0 < depth <= MAX_LAYERS:
+        return f"it says the model has {depth} layers (a model here has 1 to {MAX_LAYERS})"
+    depth = depth or MAX_LAYERS
+    model = doc.get("model")
+    if isinstance(model, str) and len(model) > MAX_NAME:
+        return f"its model name is {len(model)} characters long (a name or path has at most {MAX_NAME})"
+    if name == "atlas":
+        return atlas_problem(doc)
+    for key, per_layer in (("layers", 1), ("parts", 2)):
+        rows = doc.get(key)
+        if not isinstance(rows, list):
+            continue
+        if len(rows) > per_layer * depth:
+            return f"{len(rows)} rows in '{key}', more than its model's {depth} layers have"
+        wrong = next((layer for row in rows if (layer := layer_of(row)) is not None and not 0 <= layer < depth), None)
+        if wrong is not None:
+            return f"a row of layer {wrong} in '{key}', which its model of {depth} layers lacks"
+    for where, items in lists(doc):
+        records = bool(items) and isinstance(items[0], dict)
+        limit = RECORDS_PER_LAYER * depth if records else MAX_POINTS
+        if len(items) > limit:
+            return (f"{len(items)} {'rows' if records else 'values'} in '{where}', more than a model of {depth} "
+                    f"layers gives (at most {limit})")
+    return ""
+
+
+def atlas_problem(doc: Mapping[str, Any]) -> str:
+    """An atlas's rows: each of a layer its model has (at most MAX_LAYERS), of at most ATLAS_SERIES
+    models, and at most ATLAS_SERIES series of MAX_LAYERS rows each."""
+    rows = doc.get("rows")
+    if not isinstance(rows, list):
+        return ""
+    if len(rows) > ATLAS_SERIES * MAX_LAYERS:
+        return f"{len(rows)} rows, more than {ATLAS_SERIES} series of {MAX_LAYERS} layers"
+    models = {row.get("model") for row in rows if isinstance(row, dict)}
+    if len(models) > ATLAS_SERIES:
+        return f"{len(models)} models in its rows (an atlas draws at most {ATLAS_SERIES})"
+    for row in rows:
+        layer, depth = layer_of(row), row.get("n_layers") if isinstance(row, dict) else None
+        if isinstance(depth, int) and not 0 < depth <= MAX_LAYERS:
+            return f"a row says its model has {depth} layers (a model here has 1 to {MAX_LAYERS})"
+        if isinstance(depth, int) and layer is not None and not 0 <= layer < depth:
+            return f"a row of layer {layer} of a model of {depth} layers"
+    return ""
+
+
 # tables ------------------------------------------------------------------------------------------
 
 def cell(value: Any) -> str:
+    """A value as one cell's text, at most CELL_LIMIT characters."""
     if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(cell(v) for v in value) if len(value) <= 12 else f"{len(value)} values"
-    if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)[:120]
-    return str(value)
+        text = "–"
+    elif isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, float):
+        text = f"{value:.4g}"
+    elif isinstance(value, (list, tuple)):
+        text = ", ".join(cell(v) for v in value) if len(value) <= 12 else f"{len(value)} values"
+    elif isinstance(value, dict):
+        text = json.dumps(value, sort_keys=True)
+    else:
+        text = str(value)
+    return text if len(text) <= CELL_LIMIT else text[:CELL_LIMIT - 1] + "…"
 
 
 def scalar(value: Any) -> bool:
@@ -220,29 +338,59 @@ def html_report(session: Session, found: Sequence[Entry], notes: Sequence[str], 
                   f"<p>Reproduce: <code>{esc(entry.command)}</code></p>"]
         if entry.name in pngs:
             data = base64.b64encode(pngs[entry.name]).decode("ascii")
+            file = esc(quote(entry.name, safe=""))  # a file beside the page, never a scheme or a folder
             parts.append(f"<figure><img alt='{esc(entry.name)} figure' src='data:image/png;base64,{data}'>"
-                         f"<figcaption>files: <a href='{esc(entry.name)}.png'>{esc(entry.name)}.png</a>, "
-                         f"<a href='{esc(entry.name)}.svg'>{esc(entry.name)}.svg</a></figcaption></figure>")
+                         f"<figcaption>files: <a href='{file}.png'>{esc(entry.name)}.png</a>, "
+                         f"<a href='{file}.svg'>{esc(entry.name)}.svg</a></figcaption></figure>")
         parts += [html_table(table) for table in tables(entry.doc)]
     return "\n".join(parts) + "\n</body></html>\n"
+
+
+MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# what Markdown reads as markup inline: emphasis, code, links and images, tables' bars, strikethrough,
+# math ($), headings' closing #, and the `:` and `@` of the URLs and addresses GFM makes links of
+MD_ACTIVE = re.compile(r"[\\`*_{}\[\]()#!|~$:@&<>]")
+
+
+def md_text(text: Any) -> str:
+    """Text from the session as Markdown that shows it and nothing else: on one line (every line
+    break and other space one space), `&`, `<`, `>` as entities, other markup characters escaped
+    by a backslash; so no HTML, link, emphasis or table cell is made of it, in any CommonMark or
+    GFM reader (GitHub, VS Code, Jupyter)."""
+    line = " ".join(str(text).split())
+    return MD_ACTIVE.sub(lambda m: MD_ENTITIES.get(m[0], "\\" + m[0]), line)
+
+
+def md_code(text: str) -> list[str]:
+    """A fenced code block of `text` whose fence (backticks, one more than the longest run in the
+    text) nothing in the text can close."""
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", text)), default=0))
+    return [fence, text, fence]
+
+
+def md_link(name: str, suffix: str, image: bool = False) -> str:
+    """A link to the report's own file `name + suffix` beside it: the name percent-encoded, so the
+    target is a file in the report's folder, never a scheme or another folder."""
+    return f"{'!' if image else ''}[{md_text(name + suffix)}]({quote(name, safe='')}{suffix})"
 
 
 def md_table(table: Table) -> str:
     title, header, rows = table
 
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+        return "| " + " | ".join(md_text(c) or " " for c in cells) + " |"
 
-    return "\n".join([f"#### {title}", "", line(header), line(["---"] * len(header)), *map(line, rows), ""])
+    return "\n".join([f"#### {md_text(title)}", "", line(header), "| " + " | ".join(["---"] * len(header)) + " |",
+                      *map(line, rows), ""])
 
 
 def markdown_report(session: Session, found: Sequence[Entry], notes: Sequence[str], drawn: Mapping[str, bytes]) -> str:
-    parts = [f"# Session {session.name}", "", md_table(("session", ["field", "value"], header_rows(session)))]
-    parts += [f"> {note}\n" for note in notes]
+    parts = [f"# Session {md_text(session.name)}", "", md_table(("session", ["field", "value"], header_rows(session)))]
+    parts += [f"> {md_text(note)}\n" for note in notes]
     for entry in found:
-        parts += [f"## {entry.name}", "", "Reproduce:", "", "```", entry.command, "```", ""]
+        parts += [f"## {md_text(entry.name)}", "", "Reproduce:", "", *md_code(entry.command), ""]
         if entry.name in drawn:
-            parts += [f"![{entry.name}]({entry.name}.png)", "", f"Vector: [{entry.name}.svg]({entry.name}.svg)", ""]
+            parts += [md_link(entry.name, ".png", image=True), "", f"Vector: {md_link(entry.name, '.svg')}", ""]
         parts += [md_table(table) for table in tables(entry.doc)]
     return "\n".join(parts)
 
@@ -256,16 +404,82 @@ def header_rows(session: Session) -> list[list[str]]:
     return rows + [[f"version of {name}", cell(version)] for name, version in versions.items()]
 
 
-def main(args: argparse.Namespace) -> int:
-    import matplotlib
+def import_figures() -> ModuleType:
+    """The figures package, or the one line naming the extra when matplotlib is not installed."""
+    try:
+        from matplotlib.backends import backend_pdf  # noqa: F401  report.pdf's, checked before any drawing
 
-    import figures
-    from figures.style import DPI, RC
+        import figures
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "matplotlib":
+            raise
+        raise UserError(f"the report draws its figures with matplotlib, which is not installed: {EXTRA}") from None
+    return figures
+
+
+def draw(found: Sequence[Entry], staging: Path, notes: list[str]) -> dict[str, Figure]:
+    """Each result's figure, written as PNG and SVG into the staging folder, one progress line on
+    stderr per figure; a kind without a figure module gets a note (its tables stay)."""
+    figures = import_figures()
+    drawn = {}
+    for number, entry in enumerate(found, 1):
+        say(f"anatomy-tui report: drawing {entry.name} ({number} of {len(found)})")
+        try:
+            fig = figures.figure_for(entry.result)
+        except UserError as exc:  # a result kind without a figure module (an experiment added since)
+            if "no figure is drawn" not in str(exc):
+                raise
+            notes.append(f"{entry.name}: {exc}; its tables are below")
+            continue
+        for fmt in ("png", "svg"):
+            figures.write_figure(fig, staging / f"{entry.name}.{fmt}", fmt)
+        drawn[entry.name] = fig
+    return drawn
+
+
+def write_report(staging: Path, formats: Sequence[str], session: Session, found: Sequence[Entry],
+                 notes: Sequence[str], drawn: Mapping[str, Figure]) -> list[str]:
+    """report.html, .md and .pdf as `formats` asks, into the staging folder; their names."""
+    written = []
+    if "html" in formats:
+        pngs = {name: (staging / f"{name}.png").read_bytes() for name in drawn}
+        (staging / "report.html").write_text(html_report(session, found, notes, pngs), encoding="utf-8")
+        written.append("report.html")
+    if "md" in formats:
+        (staging / "report.md").write_text(markdown_report(session, found, notes, drawn), encoding="utf-8")
+        written.append("report.md")
+    if "pdf" in formats:
+        import matplotlib
+        from matplotlib.backends.backend_pdf import PdfPages
+
+        from figures.style import DPI, RC
+
+        say(f"anatomy-tui report: writing report.pdf ({len(drawn)} figures)")
+        with matplotlib.rc_context(RC), PdfPages(staging / "report.pdf") as pages:
+            for fig in drawn.values():
+                pages.savefig(fig, dpi=DPI)
+        written.append("report.pdf")
+    return written
+
+
+def show(lines: Sequence[str]) -> None:
+    """The lines on stdout; a reader that has gone (`| head -1`) ends it quietly, nothing said at exit."""
+    try:
+        for line in lines:
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):  # stdout's later flush at exit goes nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def main(args: argparse.Namespace) -> int:
     from sessions.store import SessionStore
 
     if args.pdf and args.format is not None:
         raise UserError(f"--pdf is short for --format pdf; give one of them (--format {args.format},pdf for both)")
     formats = ("pdf",) if args.pdf else parse_formats(args.format or ",".join(FORMATS))
+    import_figures()
     store = SessionStore()
     store.check_home(writing=False)
     session = store.open(args.session)
@@ -274,36 +488,21 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"session {session.name!r} has no results to report"
                         f"{' (' + notes[0] + ')' if notes else ''}; run an experiment into it first "
                         f"(anatomy-tui run ablation --session {session.name})")
-    folder = output_folder(args.out, session.name)
-    pngs: dict[str, bytes] = {}
-    for entry in found:
-        try:
-            figures.save_figure(entry.result, folder / entry.name, ("png", "svg"))
-        except UserError as exc:  # a result kind without a figure module (an experiment added since)
-            if "no figure is drawn" not in str(exc):
-                raise
-            notes.append(f"{entry.name}: {exc}; its tables are below")
-            continue
-        pngs[entry.name] = (folder / f"{entry.name}.png").read_bytes()
-    written = []
-    if "html" in formats:
-        atomic_write_bytes(folder / "report.html", html_report(session, found, notes, pngs).encode(), "report")
-        written.append(folder / "report.html")
-    if "md" in formats:
-        atomic_write_bytes(folder / "report.md", markdown_report(session, found, notes, pngs).encode(), "report")
-        written.append(folder / "report.md")
-    if "pdf" in formats:
-        from matplotlib.backends.backend_pdf import PdfPages
-
-        def pdf(tmp: Path) -> None:
-            with matplotlib.rc_context(RC), PdfPages(tmp) as pages:
-                for entry in found:
-                    if entry.name in pngs:
-                        pages.savefig(figures.figure_for(entry.result), dpi=DPI)
-
-        atomic_write(folder / "report.pdf", pdf, "report")
-        written.append(folder / "report.pdf")
-    for path in written:
-        print(path)
-    print(f"{len(pngs)} figures (PNG, SVG) in {folder}")
+    for note in notes:  # each on one line: a control character from the session escaped as repr writes it
+        say(f"anatomy-tui report: {repr(note)[1:-1]}")
+    folder, made = output_folder(args.out, session.name)
+    leftovers = [f".{glob.escape(name)}.*.tmp" for name in ("report", *(entry.name for entry in found))]
+    try:
+        with staged(folder, "report", leftovers) as staging:
+            drawn = draw(found, staging, notes)
+            written = write_report(staging, formats, session, found, notes, drawn)
+    except BaseException as exc:
+        if made:  # a folder made for this report is not left behind empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if is_no_space(exc):
+            raise UserError(f"no space left on {mount_point(folder)} writing the report to {folder}; the report "
+                            "there is as it was: free some space and run again") from None
+        raise
+    show([*(str(folder / name) for name in written), f"{len(drawn)} figures (PNG, SVG) in {folder}"])
     return 0
