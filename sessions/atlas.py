@@ -31,7 +31,7 @@ from engine.atlas.table import DEFAULT_BINS, MAIN, AtlasDocument, AtlasRow, buil
 from engine.atlas.tasks import AtlasTasks, TaskRow, task_key
 from engine.core.errors import UserError
 from engine.core.events import TaskState
-from engine.disk.atomic import atomic_write_json, read_text
+from engine.disk.atomic import atomic_write_json, read_json
 from sessions.store import Session, SessionError, SessionExists, SessionStore
 
 STATE = "state.json"
@@ -145,7 +145,7 @@ def saved_steps(path: Path) -> dict[str, dict[str, str]]:
     if not path.is_file():
         return {}
     try:
-        doc = json.loads(read_text(path))  # never through a link (engine.disk.atomic.unlinked)
+        doc = read_json(path)  # never through a link, never too large or deep (engine.disk.atomic)
     except (OSError, ValueError, UserError):
         return {}
     if not isinstance(doc, dict) or not isinstance(doc.get("steps"), dict):

@@ -47,6 +47,7 @@ from typing import Any
 from engine.core.errors import UserError
 from engine.core.events import Event, event_from_json, upgrade_result
 from engine.core.process import identity_problem, pid_alive, valid_pid
+from engine.core.untrusted import MAX_SMALL_BYTES, DamagedJSON, has_control, loads, printable
 from engine.disk.atomic import (
     append_line,
     atomic_write_json,
@@ -55,7 +56,7 @@ from engine.disk.atomic import (
     locked,
     no_space,
     open_unlinked,
-    read_text,
+    read_json,
     unlinked,
 )
 from engine.disk.session_layout import CHECKPOINTS, EVENTS, FOLDERS, JOBS, LOGS, MANIFEST, PARTS, RESULTS
@@ -107,17 +108,19 @@ def _string_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
+# a name shown on a terminal: a newline, an escape sequence or a bidi override in a forged file is damage
+_PLAIN_TEXT = (lambda v: isinstance(v, str) and not has_control(v), "a string without control characters")
 _MANIFEST_FIELDS: dict[str, tuple[Any, str]] = {
-    "name": (lambda v: isinstance(v, str), "a string"),
-    "model": (lambda v: isinstance(v, str), "a string"),
+    "name": _PLAIN_TEXT,
+    "model": _PLAIN_TEXT,
     "created": (lambda v: _number(v) and v >= 0, "a time in seconds"),
     "updated": (lambda v: _number(v) and v >= 0, "a time in seconds"),
     "settings": (lambda v: isinstance(v, dict), "an object"),
     "versions": (lambda v: isinstance(v, dict), "an object"),
 }
 _JOB_FIELDS: dict[str, tuple[Any, str]] = {
-    "id": (lambda v: isinstance(v, str), "a string"),
-    "experiment": (lambda v: isinstance(v, str), "a string"),
+    "id": _PLAIN_TEXT,
+    "experiment": _PLAIN_TEXT,
     "status": (lambda v: v in JOB_STATUSES, f"one of {', '.join(sorted(JOB_STATUSES))}"),
     "pid": (valid_pid, "a process id"),
     "pgid": (valid_pid, "a process group id"),
@@ -274,7 +277,7 @@ class Session:
         self.path.mkdir(parents=True, exist_ok=True)  # a run that joined a session its maker discarded
         with locked(self.path):
             try:
-                current = json.loads(read_text(self.part(MANIFEST)))
+                current = read_json(self.part(MANIFEST), limit=MAX_SMALL_BYTES)
             except (OSError, ValueError, UserError):
                 current = None
             if not isinstance(current, dict) or _field_problem(current, _MANIFEST_FIELDS, ()):
@@ -320,15 +323,19 @@ class Session:
 
     def read_event_docs(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
         """Event JSON documents from byte `offset` on, and the offset to continue from
-        (`read_event_bytes`); a line that does not parse (a torn write after a crash) is skipped.
+        (`read_event_bytes`); a line that does not parse (a torn write after a crash, one too large
+        or too deeply nested: engine.core.untrusted) is logged and skipped, the other lines read.
         The documents are as written (any schema version); `read_events` decodes them."""
         data, end = self.read_event_bytes(offset)
         docs = []
-        for raw in data.splitlines():
+        start = offset
+        for raw in data.split(b"\n")[:-1]:
             try:
-                doc = json.loads(raw)
-            except ValueError:
-                continue
+                doc = loads(raw)
+            except DamagedJSON as exc:
+                log.info("skipped the line at byte %d of %s: %s", start, self.events_path, exc)
+                doc = None
+            start += len(raw) + 1
             if isinstance(doc, dict):
                 docs.append(doc)
         return docs, end
@@ -390,7 +397,7 @@ class Session:
             path = self.part(RESULTS, path.name)
             if not path.exists() and not path.is_symlink():
                 return None
-            doc = json.loads(read_text(path))  # never through a link, never a FIFO
+            doc = read_json(path)  # never through a link, never a FIFO, never too large or deep
         except (OSError, ValueError, SessionError, UserError) as exc:
             raise SessionError(f"result {path} is damaged ({_reason(exc)}); delete it and run again") from None
         problem = result_problem(doc)
@@ -452,13 +459,13 @@ class Session:
         found: dict[str, dict[str, Any]] = {}
         try:
             folder = self.part(JOBS)
-            paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+            paths = sorted(p for p in folder.glob("*.json") if _NAME.match(p.stem)) if folder.is_dir() else []
         except (OSError, SessionError) as exc:
             self._note(f"jobs cannot be listed ({_reason(exc)})")
             return found
         for path in paths:
             try:
-                doc = json.loads(read_text(path))  # never through a link, never a FIFO
+                doc = read_json(path, limit=MAX_SMALL_BYTES)  # never through a link, a FIFO, too large or deep
             except (OSError, ValueError, UserError) as exc:
                 self._note(f"job file jobs/{path.name} is damaged ({_reason(exc)}); it is ignored")
                 continue
@@ -540,7 +547,12 @@ class SessionStore:
     def create(self, name: str | None = None, model: str = "", settings: dict | None = None) -> Session:
         """A new session; the default name is a timestamp. It is made whole in a hidden folder and
         renamed into place, so it never shows half made, and of two runs creating the same name
-        the first wins: the other gets SessionExists (`open_or_create` then opens the winner's)."""
+        the first wins: the other gets SessionExists (`open_or_create` then opens the winner's).
+        A model name with a control character is refused: the manifest holds only names a terminal
+        can show as they are."""
+        if has_control(model):
+            raise SessionError(f"model name '{printable(model)}' holds a control character (a newline, an escape); "
+                               "give the model's plain name or path")
         self.check_home()
         stamp, suffix = time.strftime("%Y%m%d-%H%M%S"), 1
         chosen = name if name is not None else stamp
@@ -622,7 +634,7 @@ class SessionStore:
         if linked:
             raise SessionError(f"session {name!r} is refused: {linked}")
         try:
-            manifest = json.loads(read_text(manifest_path, path))  # a FIFO would block every reader: refused
+            manifest = read_json(manifest_path, path, MAX_SMALL_BYTES)  # a FIFO would block every reader: refused
         except (OSError, ValueError, UserError) as exc:
             raise SessionError(
                 f"session {name!r} is damaged: manifest.json does not parse ({_reason(exc)})"

@@ -23,6 +23,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from engine.core.errors import UserError
+from engine.core.untrusted import printable
 from engine.models.options import ModelOptions
 from sessions.store import Session, SessionError, SessionStore
 from tui.console_settings import ConsoleSettings
@@ -132,11 +133,13 @@ class AnatomyApp(App[None]):
         try:
             damaged = self.lab.open(name)
         except SessionError as exc:  # a damaged or refused session: say why and pick again
-            self.notify(str(exc), severity="error", title="cannot open the session", timeout=20)
+            self.notify(printable(str(exc)), severity="error", title="cannot open the session", timeout=20,
+                        markup=False)
             self.push_screen(SessionPicker(self.lab.store, self.lab.last_session()), callback=self.open_session)
             return
         for reason in damaged:  # the session opens with what is readable; say what is not
-            self.notify(reason, severity="warning", title="damaged part of the session", timeout=20)
+            self.notify(printable(reason), severity="warning", title="damaged part of the session", timeout=20,
+                        markup=False)
         self.push_screen(ConsoleScreen(self.console_settings, self.lab.state, self.lab.view))
 
     @on(ConsolePainted)
@@ -216,7 +219,8 @@ class AnatomyApp(App[None]):
 
     def tell(self, text: str, level: str) -> None:
         """A notification (the lab also logs the line and shows it in the log panel)."""
-        self.notify(text, severity={"info": "information"}.get(level, level))  # type: ignore[arg-type]
+        self.notify(printable(text), severity={"info": "information"}.get(level, level),  # type: ignore[arg-type]
+                    markup=False)  # the text may hold a session's (a job's error): never markup
 
     @on(LogPageRequested)
     def log_page(self, request: LogPageRequested) -> None:

@@ -9,6 +9,7 @@ flags (engine/models/options.py) and the session flags. Only the chosen experime
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import typing
 from collections.abc import Sequence
@@ -110,7 +111,25 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+SIGPIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command's exit status. Output into a pipe its reader closed (`sessions show S | head -1`)
+    ends the command quietly with SIGPIPE_EXIT, as the Python docs' recipe does: the rest of the
+    output goes to the null device, so nothing complains when the interpreter flushes at exit."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # what is still buffered: a closed pipe is found here, not at exit
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return SIGPIPE_EXIT
+    return status
+
+
+def _main(argv: Sequence[str] | None) -> int:
     own_process = argv is None  # started for its command line, not `main([...])` called from Python
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -7,14 +7,13 @@ checked, anything else left at its default (and logged)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.disk.atomic import atomic_write_json, open_unlinked
+from engine.disk.atomic import atomic_write_json, read_json
 from engine.disk.session_layout import CONSOLE_VIEW
 from sessions.store import Session, SessionError, SessionStore
 from tui.marks import NO_MARKS, Marks
@@ -47,11 +46,7 @@ def _read(path: Path) -> Any:
     it is not one this version could have written."""
     if not path.exists():
         return None
-    with open_unlinked(path) as handle:
-        data = handle.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise ValueError("not a regular file of a sensible size")
-    doc = json.loads(data)
+    doc = read_json(path, limit=MAX_BYTES)  # too large or deeply nested: a ValueError (engine.core.untrusted)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"not a {FORMAT!r} document")
     return doc
@@ -61,7 +56,7 @@ def load(session: Session) -> ConsoleView:
     """The session's saved view; the default view when there is none or it does not check."""
     try:
         doc = _read(session.part(CONSOLE_VIEW))
-    except (OSError, RecursionError, ValueError, SessionError, UserError) as exc:
+    except (OSError, ValueError, SessionError, UserError) as exc:
         log.info("console view of %s not used (%s)", session.name, exc)
         return ConsoleView()
     if doc is None:
@@ -102,7 +97,7 @@ def last_session(store: SessionStore) -> str | None:
         doc = _read(store.home / LAST_SESSION)
         name = doc.get("session") if doc is not None else None
         return name if isinstance(name, str) and store.exists(name) else None
-    except (OSError, RecursionError, ValueError, SessionError, UserError) as exc:
+    except (OSError, ValueError, SessionError, UserError) as exc:
         log.info("the console's last session not used (%s)", exc)
         return None
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from engine.core.errors import UserError
 from engine.core.events import Event, event_from_json
-from engine.disk.atomic import atomic_write_bytes, open_unlinked
+from engine.core.untrusted import loads
+from engine.disk.atomic import atomic_write_bytes, open_unlinked, read_json
 from engine.disk.session_layout import EVENT_INDEX
 from sessions.store import Session, SessionError
 from tui.state import Span
@@ -44,10 +45,10 @@ def parsed(data: bytes, offset: int) -> Iterator[tuple[Span, Event]]:
         span = (start, start + len(raw) + 1)
         start = span[1]
         try:
-            doc = json.loads(raw)
+            doc = loads(raw)  # too large or deeply nested: a ValueError too (engine.core.untrusted)
             if isinstance(doc, dict):
                 yield span, event_from_json(doc)
-        except (AttributeError, RecursionError, TypeError, ValueError) as exc:  # the log is untrusted
+        except (AttributeError, TypeError, ValueError) as exc:  # the log is untrusted
             log.debug("skipped line at byte %d of the event log: %s", span[0], exc)
 
 
@@ -58,14 +59,10 @@ def load(session: Session) -> tuple[list[tuple[Span, Event]], int] | None:
         path = session.part(EVENT_INDEX)
         if not path.exists():
             return None
-        with open_unlinked(path) as handle:  # never through a link, never a FIFO
-            data = handle.read(MAX_INDEX_BYTES + 1)
-        if len(data) > MAX_INDEX_BYTES:
-            raise ValueError("not a regular file of a sensible size")
-        doc = json.loads(data)
+        doc = read_json(path, limit=MAX_INDEX_BYTES)  # never through a link, a FIFO, too large or deep
         covers, spans, digest = _fields(doc)
         lines = _read(session, spans, covers, digest)
-    except (OSError, RecursionError, ValueError, SessionError, UserError) as exc:  # RecursionError: JSON too deep
+    except (OSError, ValueError, SessionError, UserError) as exc:
         log.info("event index of %s not used (%s): reading the whole log", session.name, exc)
         return None
     return [pair for span, raw in zip(spans, lines, strict=True) for pair in parsed(raw, span[0])], covers

@@ -1,13 +1,19 @@
 """Where the console's log records go: to app.log in the open session, never to the terminal the
 console draws on. Set up where the process starts (`setup_logging`, from tui/launch.py); the session
 file is known only once a session is opened (`log_to_file`), and transformers' own handler only once
-transformers is imported (`route_transformers_logs`, before the model loads)."""
+transformers is imported (`route_transformers_logs`, before the model loads). Each record is one line
+with its control characters escaped (`EscapedFormatter`): a session's text in a message (a job's
+error, a forged file's field) can neither forge a line of the log nor send a terminal escape to
+whoever reads it."""
 
 from __future__ import annotations
 
 import logging
 import os
 from pathlib import Path
+from typing import Any
+
+from engine.core.untrusted import printable
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _session_file: list[logging.FileHandler] = []  # the handler log_to_file installed, if any
@@ -21,6 +27,18 @@ def setup_logging() -> None:
             root.removeHandler(handler)
     root.setLevel(logging.INFO)
     logging.captureWarnings(True)
+
+
+class EscapedFormatter(logging.Formatter):
+    """FORMAT with the message's control characters escaped (engine.core.untrusted.printable), and
+    a traceback's within each of its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return "\n".join(printable(line) for line in super().formatException(ei).split("\n"))
 
 
 class _UnlinkedFileHandler(logging.FileHandler):
@@ -41,7 +59,7 @@ def log_to_file(path: Path) -> None:
         root.removeHandler(earlier)
         earlier.close()
     handler = _UnlinkedFileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setFormatter(EscapedFormatter(FORMAT))
     root.addHandler(handler)
     _session_file.append(handler)
 

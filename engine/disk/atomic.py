@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from engine.core.errors import UserError
+from engine.core.untrusted import MAX_DOCUMENT_BYTES, loads
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -141,6 +142,14 @@ def read_bytes(path: Path | str, root: Path | str | None = None) -> bytes:
 
 def read_text(path: Path | str, root: Path | str | None = None) -> str:
     return read_bytes(path, root).decode("utf-8")
+
+
+def read_json(path: Path | str, root: Path | str | None = None, limit: int = MAX_DOCUMENT_BYTES) -> Any:
+    """The JSON document in the regular file `path`, opened as `open_unlinked` opens it and read no
+    further than `limit` bytes: a larger, too deeply nested or broken one is DamagedJSON (a
+    ValueError, engine.core.untrusted), whatever is in it."""
+    with open_unlinked(path, root) as handle:
+        return loads(handle.read(limit + 1), limit)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -9,7 +9,6 @@ Written atomically after each unit; read back as untrusted JSON (never through a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from engine.core.codec import json_safe
 from engine.core.errors import UserError
 from engine.core.events import Event, Message
 from engine.core.settings import Settings
-from engine.disk.atomic import atomic_write_json, read_text
+from engine.disk.atomic import atomic_write_json, read_json
 
 CHECKPOINT_FILE = "layers.json"
 
@@ -36,7 +35,7 @@ def load_finished(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        state = json.loads(read_text(path))  # never through a link (engine.disk.atomic.unlinked)
+        state = read_json(path)  # never through a link, never too large or deep (engine.disk.atomic)
         saved, layers = state["key"], state["layers"]
         if not isinstance(saved, dict) or not isinstance(layers, dict):
             raise ValueError("not a sweep checkpoint")

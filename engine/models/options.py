@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.core.errors import UserError
 from engine.core.settings import Settings, setting
+from engine.core.untrusted import NO_CONTROL, has_control
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_MAPS = ("auto", "balanced", "sequential")  # engine.models.loading.DEVICE_MAPS, without importing it here
@@ -30,6 +31,18 @@ def device_setting(help: str = "auto, cpu, cuda or cuda:N") -> Any:
     name is refused with the settings, before anything is read (the GPU count: `check_device`).
     `help` says what the device is for."""
     return setting("auto", help, pattern=DEVICE_PATTERN, rule="auto, cpu, cuda or cuda:N (N = 0, 1, ...)")
+
+
+PLAIN_NAME = "a name or path without control characters (newlines, escapes, bidi marks)"
+
+
+def plain_name(text: str) -> str:
+    """A name as typed (`--model`, the API's `load_model`), refused with its flag's one line when it
+    holds a control character, before the spaces around it are cut: it goes into the session's
+    manifest and onto terminals."""
+    if has_control(text):
+        raise ValueError(PLAIN_NAME)
+    return text.strip()
 
 
 def check_device(device: str) -> None:
@@ -51,7 +64,8 @@ class ModelOptions(Settings):
     """The model of a run; `trust_remote_code` is never read back from a session's files."""
 
     model: str = setting("smollm2-135m",
-                         "smollm2-135m (embedded default), a local HF folder, a .gguf file, or a hub id")
+                         "smollm2-135m (embedded default), a local HF folder, a .gguf file, or a hub id",
+                         pattern=NO_CONTROL, rule=PLAIN_NAME, parse=plain_name)
     device: str = device_setting()
     dtype: str = dtype_setting("weights' precision")
     trust_remote_code: bool = setting(False, "allow a hub model's own code (off by default)")

@@ -1,4 +1,5 @@
-"""`anatomy-tui sessions list|show`."""
+"""`anatomy-tui sessions list|show`: every session, a damaged one (a file too large or too deeply
+nested, a forged field) listed as damaged with its reason, never stopping the others."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 import time
 
+from engine.core.untrusted import printable
 from sessions.store import SessionStore
 
 
@@ -20,9 +22,9 @@ def main(args: argparse.Namespace) -> int:
         infos = store.list()
         if not infos:
             print(f"no sessions yet in {store.home}")
-        for info in infos:
+        for info in infos:  # each line escaped: a folder's name or a forged file's text is never a terminal's command
             if not info.openable:
-                print(f"{info.name:28} DAMAGED: {info.damaged}")
+                print(printable(f"{info.name:28} DAMAGED: {info.damaged}"))
                 continue
             jobs = "".join(
                 [f"  running: {','.join(info.running)}" if info.running else "",
@@ -31,10 +33,11 @@ def main(args: argparse.Namespace) -> int:
             )
             results = ",".join(info.results) or "-"
             damage = f"  damaged: {info.damaged}" if info.damaged else ""
-            print(f"{info.name:28} {_when(info.updated):17} {info.model:20} results: {results}{jobs}{damage}")
+            line = f"{info.name:28} {_when(info.updated):17} {info.model:20} results: {results}{jobs}{damage}"
+            print(printable(line))
         return 0
     session = store.open(args.name)
-    print(json.dumps(
+    print(json.dumps(  # ASCII: every control character of a forged file escaped
         {
             "path": str(session.path),
             "manifest": session.manifest,

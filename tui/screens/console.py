@@ -24,6 +24,7 @@ from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Tab, Tabs
 
+from engine.core.untrusted import printable
 from engine.registry import BY_NAME
 from tui.console_settings import ConsoleSettings
 from tui.console_view import ConsoleView
@@ -339,12 +340,14 @@ class ConsoleScreen(Screen[None]):
 
     def write_log(self, lines: list[tuple[str, str]]) -> None:
         """New lines for the live view, while it is in view (the state keeps the newest for when it
-        comes into view: a hidden RichLog would keep every line written to it until shown)."""
+        comes into view: a hidden RichLog would keep every line written to it until shown). The view
+        reads no markup, and a session's text has its control characters escaped (a forged event's
+        escape sequence is shown, never sent to the terminal)."""
         if self.log_back or self.current != "log":
             return
         view = self.log_view()
         for level, text in lines:
-            view.write(f"[{level}] {text}")
+            view.write(f"[{level}] {printable(text)}")
 
     def show_log_page(self, back: int, lines: list[tuple[str, str]]) -> None:
         """Page `back` of the Log tab (0: the live lines) in place of what it shows; a page back with

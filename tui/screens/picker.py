@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
+from engine.core.untrusted import printable
 from sessions.store import SessionInfo, SessionStore
 
 
@@ -53,13 +55,14 @@ class SessionPicker(Screen[str]):
         table = self.query_one("#sessions", DataTable)
         table.add_columns("session", "model", "updated", "results", "jobs")
         self.infos = self.store.list()
-        for info in self.infos:
+        for info in self.infos:  # cells as Text: a forged file's text is never markup (nor a control character)
             if not info.openable:
-                table.add_row(info.name, "DAMAGED", "", info.damaged[:60], "", key=info.name)
+                table.add_row(Text(printable(info.name)), "DAMAGED", "", Text(printable(info.damaged)[:60]), "",
+                              key=info.name)
             else:
                 table.add_row(
-                    info.name,
-                    info.model[-28:],
+                    Text(info.name),
+                    Text(info.model[-28:]),
                     _when(info.updated),
                     ",".join(info.results) or "-",
                     f"{_jobs(info)} (damaged parts)" if info.damaged else _jobs(info),
@@ -85,7 +88,7 @@ class SessionPicker(Screen[str]):
     def _choose(self, name: str) -> None:
         info = next((i for i in self.infos if i.name == name), None)
         if info is not None and not info.openable:
-            self.notify(info.damaged, severity="error", title="damaged session")
+            self.notify(printable(info.damaged), severity="error", title="damaged session", markup=False)
             return
         self.dismiss(name)
 

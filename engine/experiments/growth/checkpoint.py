@@ -10,7 +10,6 @@ growth counter, a few numbers); the torch RNG state is the uint8 tensor `rng.tor
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import torch
 from safetensors.torch import load, save_file
 
 from engine.core.errors import UserError
-from engine.disk.atomic import atomic_write, atomic_write_json, read_bytes, read_text
+from engine.disk.atomic import atomic_write, atomic_write_json, read_bytes, read_json
 
 STATE_FILE = "state.json"
 FORMAT = 1
@@ -72,7 +71,7 @@ def load_checkpoint(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
     from safetensors import SafetensorError
 
     try:  # never through a link (engine.disk.atomic.unlinked), never a file outside the folder
-        state = json.loads(read_text(path))
+        state = read_json(path)
         name = state.get("tensors")
         if name is not None and not (isinstance(name, str) and name == Path(name).name
                                      and name.startswith("state-") and name.endswith(".safetensors")):

@@ -17,7 +17,6 @@ remainders; at least one step per phase): 656 steps give 191/127/127/77/38/96.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
+from engine.core.untrusted import loads
 from engine.experiments.growth.profile import CLASSES, kept_layers
 
 PAPER_WEIGHTS = (
@@ -214,7 +214,7 @@ def load_phases(path: Path) -> tuple[Phase, ...]:
 
             doc: Any = tomllib.loads(text)
         else:
-            doc = json.loads(text)
+            doc = loads(text)  # a ValueError when too deeply nested too (engine.core.untrusted)
     except ValueError as exc:
         raise UserError(f"phase table {path} does not parse: {str(exc).splitlines()[0]}") from exc
     rows = doc.get("phases") if isinstance(doc, dict) else doc

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import time
 from collections.abc import Callable, Collection, Generator, Iterator, Mapping
@@ -34,7 +33,7 @@ from engine.core.codec import from_doc, json_safe
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Progress, Result
 from engine.core.settings import from_preset
-from engine.disk.atomic import atomic_write_bytes, atomic_write_json, read_text
+from engine.disk.atomic import atomic_write_bytes, atomic_write_json, read_json
 from engine.evaluation import powerfit
 from engine.experiments.context import RunContext
 from engine.experiments.toy_depth.vocabulary import (
@@ -268,7 +267,7 @@ def prepare_checkpoints(folder: Path, settings: ToyDepthSettings, resume: bool) 
         if not run_file.is_file():
             raise UserError(f"nothing to resume: no toy-depth checkpoint in {folder}; run without --resume")
         try:
-            saved = json.loads(read_text(run_file))["settings"]
+            saved = read_json(run_file)["settings"]
             if not isinstance(saved, dict):
                 raise TypeError("settings is not an object")
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -306,7 +305,7 @@ def load_student(folder: Path, name: str, regime: str, temperature: float, depth
     if not (Path(folder) / f"{name}.safetensors").is_file():
         return None, "its weights are missing"
     try:
-        record = json.loads(read_text(path))
+        record = read_json(path)
     except (OSError, ValueError) as exc:
         return None, f"unreadable ({exc})"
     if not isinstance(record, dict):
