@@ -248,10 +248,12 @@ class Evaluator:
         model, and the change the caller makes to it for that turn)."""
         return drained(self.scoring(start_layer, around=around))
 
-    def scoring(self, start_layer: int = 0, phase: str = "evaluation", around: Around = _nothing_around) -> Scoring:
+    def scoring(self, start_layer: int = 0, phase: str = "evaluation", around: Around = _nothing_around,
+                states: Sequence[torch.Tensor] | None = None) -> Scoring:
         """`scores` as a pass that yields its Progress after each batch (`phase`, in texts) and
-        returns the scores: `scores = yield from evaluator.scoring(layer)`."""
-        if start_layer > 0 and self._layer_inputs is None:
+        returns the scores: `scores = yield from evaluator.scoring(layer)`. `states`: each batch's
+        input of `start_layer` given (a streamed map's branches), not the prefix cache's."""
+        if start_layer > 0 and self._layer_inputs is None and states is None:
             yield from self.building(phase=phase, around=around)
         pace = Pace(phase, self.n_texts, "texts")
         yield pace.at(0)
@@ -259,8 +261,11 @@ class Evaluator:
         with out_of_memory_guard("perplexity evaluation", OOM_ADVICE):
             for b, batch in enumerate(self.batches):
                 self._check()
-                hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None  # type: ignore[index]
-                if hidden is not None and self.cache_on_host:  # one batch's one layer back to its device
+                if states is not None:
+                    hidden = states[b]
+                else:
+                    hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None  # type: ignore[index]
+                if hidden is not None and self.cache_on_host and states is None:  # one batch's layer back to its device
                     hidden = hidden.to(self._layer_devices[start_layer], non_blocking=True)
                 with torch.no_grad(), around(), self.stack.starting_at(start_layer, hidden):
                     per_batch.append(self._forward_nll(batch))

@@ -35,10 +35,12 @@ from engine.experiments.ablation.vocabulary import (
     LayerAblated,
     ProxyRow,
 )
+from engine.experiments.ablation.wavefront import Wavefront, close_after, reach_of, streamed_evaluator
 from engine.experiments.context import RunContext
 from engine.experiments.sweep_checkpoint import CHECKPOINT_FILE, resumed, write_checkpoint
 from engine.models.anatomy import PARTS, LayerStack, check_parts
 from engine.models.distributed import ShardPlan
+from engine.models.streaming import LayerSource, StreamedModel
 
 
 def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:
@@ -202,7 +204,7 @@ Unit = tuple[int, str | None]  # (layer, None) for a whole layer, (layer, "atten
 def run_ablation(
     model, tokenizer, settings: AblationSettings, cancel: CancelToken | None = None, model_name: str = "",
     turns: ModelTurns | None = None, done: Mapping[Unit, AblationRow] | None = None,
-    keep: Callable[[AblationRow], None] | None = None,
+    keep: Callable[[AblationRow], None] | None = None, stream: LayerSource | None = None,
 ) -> Iterator[Event]:
     """The map. With `turns` (a model the console shares with its prompt pane) every forward is a
     turn of its own, and each layer is ablated inside the turn and put back before it ends, so
@@ -213,10 +215,14 @@ def run_ablation(
     `keep(row)` hears each row as soon as it is finished (the checkpoint). A run stopped before its
     last row (a cancel, Ctrl-C, SIGTERM) still hands over the rows it has: a Result marked `partial`,
     then the stop goes on. Every row depends on its own layer alone (its bootstrap's seed too), so
-    a row of a partial map equals the full map's, and a resumed map equals an uninterrupted one."""
+    a row of a partial map equals the full map's, and a resumed map equals an uninterrupted one.
+
+    With `stream` (a skeleton `model` and its layer source) the map is one streamed wavefront
+    (engine/experiments/ablation/wavefront.py): the same rows, each weight read once."""
     settings.validate()
     started = time.perf_counter()
-    evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel)
+    evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel) if stream is None else \
+        streamed_evaluator(stream, tokenizer, settings, cancel)
     stack = evaluator.stack
     n = len(stack)
     parts = settings.parts()
@@ -224,8 +230,28 @@ def run_ablation(
         check_parts(stack.model_type)
     meter = InfluenceMeter(n)
     part_meter = PartMeter(stack, parts) if parts else None
-    base = yield from first_pass(evaluator, meter, part_meter, turns,
-                                 keep=settings.prefix_cache and not settings.proxies_only)
+    todo = range(n) if settings.layers is None else sorted({stack.check_index(i) for i in settings.layers})
+    units: list[Unit] = [(index, part) for index in todo for part in (None, *parts)]  # a layer, then its blocks
+    rows = {unit: (done or {})[unit] for unit in units if unit in (done or {})}
+
+    def removal(index: int, part: str | None) -> contextlib.AbstractContextManager[None]:
+        return ablated(stack, index, settings.method) if part is None else \
+            ablated_part(stack, index, part, settings.method)
+
+    def in_memory(index: int, part: str | None) -> TextScores:
+        start = index if settings.prefix_cache else 0
+        return drained(per_turn(turns, functools.partial(removal, index, part),
+                                functools.partial(evaluator.scoring, start)))
+
+    if stream is None:
+        score = in_memory
+        base = yield from first_pass(evaluator, meter, part_meter, turns,
+                                     keep=settings.prefix_cache and not settings.proxies_only)
+    else:
+        front = Wavefront(evaluator, stream, [] if settings.proxies_only else [u for u in units if u not in rows],
+                          removal, reach_of(settings.method))
+        base = yield from front.run(meter, part_meter)
+        score = front.score
     baseline = base.perplexity
     influence, angular = meter.means()
     blocks = meter.last_token_blocks()
@@ -236,9 +262,6 @@ def run_ablation(
             model_name, evaluator, settings, time.perf_counter() - started, baseline, (influence, angular, blocks),
             block_proxies)))
         return
-    todo = range(n) if settings.layers is None else sorted({stack.check_index(i) for i in settings.layers})
-    units: list[Unit] = [(index, part) for index in todo for part in (None, *parts)]  # a layer, then its blocks
-    rows = {unit: (done or {})[unit] for unit in units if unit in (done or {})}
     if rows:
         yield Message(f"resuming: {len(rows)} of {len(units)} {'rows' if parts else 'layers'} already finished "
                       f"({', '.join(unit_name(unit) for unit in rows)}), skipped")
@@ -298,10 +321,7 @@ def run_ablation(
         for index, part in units:
             if (index, part) in rows:
                 continue
-            removal = functools.partial(ablated, stack, index, settings.method) if part is None else \
-                functools.partial(ablated_part, stack, index, part, settings.method)
-            start = index if settings.prefix_cache else 0
-            unit_scores = drained(per_turn(turns, removal, functools.partial(evaluator.scoring, start)))
+            unit_scores = score(index, part)
             finished = rows[(index, part)] = row(index, part, unit_scores)
             if keep is not None:
                 keep(finished)
@@ -431,8 +451,10 @@ def run(settings: AblationSettings, context: RunContext) -> Iterator[Event]:
             state["layers"][unit_name((row.layer, None if row.part is ABSENT else row.part))] = json_safe(row)
             write_checkpoint(path, state)
 
-    yield from run_ablation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name, context.turns,
-                            done=done, keep=keep)
+    stream = loaded.stream if isinstance(loaded, StreamedModel) else None
+    events = run_ablation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name, context.turns,
+                          done=done, keep=keep, stream=stream)
+    yield from (events if stream is None else close_after(events, stream))
 
 
 def finished_rows(state: dict[str, Any], path: Path | None) -> dict[Unit, AblationRow]:

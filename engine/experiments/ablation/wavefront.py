@@ -1,0 +1,197 @@
+"""The ablation map of a model streamed from its checkpoint (engine/models/streaming.py), each weight
+read once: the two loops of the in-memory map swapped. Every branch of the map (the clean pass, and
+one per ablated unit: a layer, or with --part a block) advances through the decoder layer that is on
+the device before the next layer is read. A unit's branch forks from the clean pass at its layer's
+input (the prefix cache's fork, generalized), so each branch runs the layer forwards the in-memory
+map runs, with the same arguments: those the model's own forward hands each layer (masks, rotary
+tables, a family's per-layer differences), recorded once per batch from that forward. The head and
+the loss run per branch at the end, through the model's own forward (`LayerStack.starting_at`).
+
+The neighbour mean holds three layers (the ablated one and its neighbours), skip and zero one; the
+reader thread reads the next layer meanwhile. All branch states stay where the layers compute.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from engine.core.events import CancelToken, Event, Message, Progress
+from engine.evaluation.perplexity import Batch, Evaluator, TextScores, drained
+from engine.models.anatomy import LayerStack
+from engine.models.memory import FIXED_EVAL_BATCH
+from engine.models.streaming import HEAD, INPUT, OUTER, LayerSource
+
+Unit = tuple[int, str | None]
+Call = tuple[tuple[Any, ...], dict[str, Any]]  # a decoder layer's arguments besides its input
+Removal = Callable[[int, str | None], Any]  # (layer, part) -> the context that removes that unit
+
+
+class _Recorded(Exception):
+    """Stops the recording forward at the last decoder layer: nothing after it is needed."""
+
+
+def streamed_evaluator(stream: LayerSource, tokenizer: Any, settings: Any, cancel: CancelToken | None) -> Evaluator:
+    """The map's evaluator over the skeleton, its batches on the compute device (the input group is
+    read first: the batches go where the embedding runs). The batch is the in-memory map's on the CPU
+    (`FIXED_EVAL_BATCH` unless given), so both maps pad alike."""
+    stream.load(OUTER)
+    stream.load(INPUT)
+    return Evaluator(stream.model, tokenizer, settings.eval_source(tokenizer),
+                     settings.eval_batch_size or FIXED_EVAL_BATCH, settings.max_length, cancel=cancel)
+
+
+def recorded_calls(evaluator: Evaluator) -> tuple[list[torch.Tensor], list[list[Call]]]:
+    """Per batch, the first layer's input (the embedding's output, as the model makes it) and the
+    arguments the model's own forward hands each decoder layer, from that forward run with every
+    layer passing its input through."""
+    stack = evaluator.stack
+    firsts: list[torch.Tensor] = []
+    calls: list[list[Call]] = []
+    for batch in evaluator.batches:
+        seen: list[Call] = []
+
+        def record(module: Any, args: tuple, kwargs: dict, seen: list[Call] = seen) -> None:
+            hidden = args[0] if args else kwargs.pop("hidden_states")
+            if not seen:
+                firsts.append(hidden)
+            seen.append((tuple(args[1:]), dict(kwargs)))
+            if len(seen) == len(stack):
+                raise _Recorded
+
+        hooks = [layer.register_forward_pre_hook(record, with_kwargs=True) for layer in stack.layers]
+        try:
+            with torch.no_grad(), stack.skipped(range(len(stack))):
+                evaluator.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        except _Recorded:
+            pass
+        finally:
+            for hook in hooks:
+                hook.remove()
+        calls.append(seen)
+    return firsts, calls
+
+
+class Wavefront:
+    """One streamed pass of the map: `run()` advances every branch layer by layer (yielding its
+    progress, returning the baseline's scores), then `score(unit)` gives a unit's scores."""
+
+    def __init__(self, evaluator: Evaluator, stream: LayerSource, units: Sequence[Unit], removal: Removal,
+                 reach: int) -> None:
+        self.evaluator, self.stream, self.removal, self.reach = evaluator, stream, removal, reach
+        self.stack: LayerStack = evaluator.stack
+        self.forks: dict[int, list[Unit]] = {}
+        for unit in units:
+            self.forks.setdefault(unit[0], []).append(unit)
+        self.branches: dict[Unit, list[torch.Tensor]] = {}
+        self.clean: list[torch.Tensor] = []
+
+    def plan(self, batches: Sequence[Batch]) -> Message:
+        """What the run will hold and read, said before any layer's weights are read."""
+        stream, n = self.stream, len(self.stack)
+        units = sum(len(found) for found in self.forks.values())
+        window = 2 * self.reach + 1
+        layer = max(stream.group_bytes(i) for i in range(n))
+        outer = stream.group_bytes(INPUT) + stream.group_bytes(HEAD) + stream.group_bytes(OUTER)
+        hidden = self.stack.model.config.get_text_config().hidden_size
+        size = torch.finfo(stream.dtype).bits // 8
+        states = (units + 1) * sum(batch.input_ids.numel() for batch in batches) * hidden * size
+        return Message(f"streamed map: {n} layers read once ({_size(stream.checkpoint_bytes())} from "
+                       f"{stream.folder}), a window of {window} layer{'s' if window > 1 else ''} and one read "
+                       f"ahead ({_size(layer)} each), {units + 1} branches ({_size(states)} of states); "
+                       f"peak about {_size((window + 1) * layer + outer + states)} on {stream.device}")
+
+    def run(self, meter: Callable[..., None], part_meter: Any) -> Generator[Event, None, TextScores]:
+        """Every branch through every layer; the baseline's scores (the clean branch's) at the end.
+        `meter` (and `part_meter`, with --part) see each layer's clean input and output as the
+        in-memory map's first pass shows them."""
+        stream, stack, evaluator = self.stream, self.stack, self.evaluator
+        n = len(stack)
+        yield self.plan(evaluator.batches)
+        firsts, calls = recorded_calls(evaluator)
+        if not stream.tied:
+            stream.free(INPUT)
+        self.clean = firsts
+        began = time.perf_counter()
+        yield Progress(0, n, "streaming", phase="streaming", unit="layers")
+        for j in range(n):
+            evaluator._check()
+            for index in range(max(0, j - self.reach), min(n, j + self.reach + 1)):
+                stream.load(index)
+            stream.prefetch(j + self.reach + 1 if j + self.reach + 1 < n else HEAD)
+            with torch.no_grad():
+                self._advance(j, calls, meter, part_meter)
+            stream.free(j - self.reach)
+            seconds = time.perf_counter() - began
+            if j == 0:
+                yield Message(f"layer 0 read and run in {seconds:.2f} s: about {seconds * n:.0f} s for the "
+                              f"{n} layers")
+            yield Progress(j + 1, n, f"streaming ({_size(stream.bytes_read)} read, "
+                           f"{stream.bytes_read / max(stream.read_seconds, 1e-9) / 1e9:.2f} GB/s)",
+                           phase="streaming", unit="layers", rate=(j + 1) / seconds if seconds > 0 else None)
+        for index in range(n):
+            stream.free(index)
+        stream.load(HEAD)
+        return self._scores(self.clean)
+
+    def _advance(self, j: int, calls: list[list[Call]], meter: Callable[..., None], part_meter: Any) -> None:
+        """Layer j, for the branches forked below it, then the units of layer j (forked from the
+        clean input), then the clean branch with its meters."""
+        layer = self.stack.layers[j]
+
+        def forward(hidden: torch.Tensor, b: int) -> torch.Tensor:
+            args, kwargs = calls[b][j]
+            output = layer(hidden, *args, **kwargs)
+            return output[0] if isinstance(output, tuple) else output
+
+        for states in self.branches.values():
+            states[:] = [forward(hidden, b) for b, hidden in enumerate(states)]
+        for index, part in self.forks.get(j, ()):
+            with self.removal(index, part):
+                self.branches[(index, part)] = [forward(hidden, b) for b, hidden in enumerate(self.clean)]
+        capture = self.stack.capture_parts(part_meter.term) if part_meter is not None else _nothing()
+        with capture:
+            outputs = []
+            for b, (batch, hidden) in enumerate(zip(self.evaluator.batches, self.clean, strict=True)):
+                output = forward(hidden, b)
+                meter(batch, j, hidden.to(output.device), output)
+                if part_meter is not None:
+                    part_meter(batch, j, hidden.to(output.device), output)
+                outputs.append(output)
+        self.clean = outputs
+
+    def score(self, index: int, part: str | None) -> TextScores:
+        """A unit's scores from its branch's last state (the branch freed)."""
+        return self._scores(self.branches.pop((index, part)))
+
+    def _scores(self, states: list[torch.Tensor]) -> TextScores:
+        with self.stream.without_input():
+            return drained(self.evaluator.scoring(len(self.stack), states=states))
+
+
+class _nothing:  # noqa: N801 - a context manager used as a value
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _size(size: float) -> str:
+    return f"{size / 1e9:.3f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+
+
+def reach_of(method: str) -> int:
+    """Layers on each side a unit's removal reads: the neighbour mean its neighbours."""
+    return 1 if method == "mean" else 0
+
+
+def close_after(events: Iterator[Event], stream: LayerSource) -> Iterator[Event]:
+    """The events of a streamed run, the source closed (its reader stopped, its layers freed) however it ends."""
+    try:
+        yield from events
+    finally:
+        stream.close()
