@@ -81,7 +81,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "sharded.json"
         started = time.perf_counter()
-        code = launch([__file__, "--worker", str(out), "--eval-set", args.eval_set], args.workers)
+        code = launch([sys.executable, __file__, "--worker", str(out), "--eval-set", args.eval_set], args.workers)
         launched_s = time.perf_counter() - started
         assert code == 0, "a worker failed"
         sharded = json.loads(out.read_text(encoding="utf-8"))

@@ -25,6 +25,13 @@ the session, so nothing is written twice or half. The code reaches the workers t
 runtime_env: on this machine the driver's own `engine` on PYTHONPATH; on a remote cluster as the
 job's py_modules (the embedded model's package with it).
 
+Ray puts the driver's current folder first on every worker's sys.path, so a `engine/` lying in the
+folder a run starts in would be imported by the workers in place of this project's: Ray starts
+and joins from the project's root instead (`_starting`), and a task on this machine then works
+in the driver's folder, for its relative paths. `local` starts Ray as it does on a laptop
+(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0): every one of its services, the GCS, the raylet and its
+object manager, the dashboard agent and its metrics, the runtime env agent, on 127.0.0.1 only.
+
 Torch-free at import, and Ray-free too: `ray` is imported inside `connect` and the task.
 """
 
@@ -40,13 +47,14 @@ import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from engine.core.errors import UserError
 from engine.core.events import Event, Message, TaskState, event_from_json
-from engine.core.process import interruption, say, stop_signal
+from engine.core.process import PROJECT_ROOT, interruption, say, stop_signal
 
 INSTALL = "pip install 'anatomy-tui[cluster]' (Ray)"
 DEFAULT_RETRIES = 2  # tries after the first, for a task whose worker died
@@ -143,6 +151,7 @@ class TaskSpec:
     files: dict[str, str] = field(default_factory=dict)
     resume: bool = False  # --resume: continue from `checkpoint`
     checkpoint: dict[str, bytes] = field(default_factory=dict)  # a resume's checkpoint folder: path in it -> bytes
+    cwd: str = ""  # the driver's folder, where a task on its machine works (set by Cluster.run)
 
 
 @dataclass(frozen=True)
@@ -213,6 +222,8 @@ class Cluster:
 
         if self.stopping is not None:  # cancelled before it was sent
             raise self._stop()
+        if not self.remote:
+            spec = replace(spec, cwd=os.getcwd())
         task, placement_group = _options(self, spec, resources)
         generator = task.remote(spec)
         with self._lock:
@@ -333,14 +344,12 @@ def runtime_env(remote: bool) -> dict[str, Any]:
     (its GGUF file: a worker finds it as this machine does, never importing the package)."""
     import importlib.util
 
-    import engine
     from engine.models.loading import EMBEDDED_PACKAGE
 
-    root = Path(engine.__file__).resolve().parent
     if not remote:
-        path = os.pathsep.join(p for p in (str(root.parent), os.environ.get("PYTHONPATH", "")) if p)
+        path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
         return {"env_vars": {"PYTHONPATH": path}}
-    modules = [str(root)]
+    modules = [str(PROJECT_ROOT / "engine")]
     found = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if found is not None and found.submodule_search_locations:
         modules.append(str(next(iter(found.submodule_search_locations))))
@@ -374,26 +383,27 @@ def connect(address: str) -> Cluster:
     Cluster; Ray started by this process's caller, a test's, is used as it is). No Ray installed,
     or an address where no cluster answers: one line."""
     check_address(address)
-    try:
-        import ray
-    except ImportError:
-        raise UserError(f"--cluster needs Ray: {INSTALL}") from None
-    if address in _CONNECTED and ray.is_initialized():
-        return _CONNECTED[address]
-    _check_reachable(address)
-    if ray.is_initialized() and (address != "local" or _CONNECTED):
-        raise UserError(f"--cluster {address}: this process is connected to another Ray cluster already; "
-                        "use that one, or run this command on its own")
-    if not ray.is_initialized():
+    with _starting(address):
         try:
-            with _own_sigterm():
-                ray.init(address=address, logging_level="ERROR", log_to_driver=False,
-                         **({"include_dashboard": False} if address == "local" else
-                            {"runtime_env": runtime_env(remote=True)}))
-        except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
-            where = f" ({os.environ['RAY_ADDRESS']})" if address == "auto" and os.environ.get("RAY_ADDRESS") else ""
-            raise UserError(f"--cluster {address}{where}: no Ray cluster answers ({_first_line(str(exc))}); start "
-                            "one with `ray start --head`, or check the address") from None
+            import ray
+        except ImportError:
+            raise UserError(f"--cluster needs Ray: {INSTALL}") from None
+        if address in _CONNECTED and ray.is_initialized():
+            return _CONNECTED[address]
+        _check_reachable(address)
+        if ray.is_initialized() and (address != "local" or _CONNECTED):
+            raise UserError(f"--cluster {address}: this process is connected to another Ray cluster already; "
+                            "use that one, or run this command on its own")
+        if not ray.is_initialized():
+            try:
+                with _own_sigterm():
+                    ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+                             **({"include_dashboard": False} if address == "local" else
+                                {"runtime_env": runtime_env(remote=True)}))
+            except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
+                where = f" ({os.environ['RAY_ADDRESS']})" if address == "auto" and os.environ.get("RAY_ADDRESS") else ""
+                raise UserError(f"--cluster {address}{where}: no Ray cluster answers ({_first_line(str(exc))}); "
+                                "start one with `ray start --head`, or check the address") from None
     _CONNECTED[address] = Cluster(address, remote=address != "local")
     return _CONNECTED[address]
 
@@ -415,6 +425,25 @@ def _check_reachable(address: str) -> None:
 
 
 CONNECT_TIMEOUT = 5.0
+
+
+LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray as on a laptop, every service on 127.0.0.1
+
+
+@contextlib.contextmanager
+def _starting(address: str) -> Iterator[None]:
+    """While Ray is imported and started or joined: for `local`, LOCAL_ONLY=0 (unless the user set
+    it), read by Ray at its import and by each process it starts, so the node's address is
+    127.0.0.1 and every service listens there alone; and the project's root as the current folder,
+    the folder Ray puts first on every worker's sys.path (its processes here start in it too)."""
+    here = os.getcwd()
+    local = {LOCAL_ONLY: "0"} if address == "local" and LOCAL_ONLY not in os.environ else {}
+    with mock.patch.dict(os.environ, local):
+        os.chdir(PROJECT_ROOT)
+        try:
+            yield
+        finally:
+            os.chdir(here)
 
 
 @contextlib.contextmanager
@@ -467,6 +496,9 @@ def run_task(spec: TaskSpec) -> Iterator[dict[str, Any]]:
     from engine.registry import experiment
 
     one_job_process()  # its worker runs this task only (max_calls=1)
+    if spec.cwd:  # on the driver's machine: its relative paths (a --model folder) mean what they meant there
+        with contextlib.suppress(OSError):
+            os.chdir(spec.cwd)
     with tempfile.TemporaryDirectory(prefix="anatomy-tui-task-") as folder:
         moved = _materialize(spec.files, Path(folder))
         try:

@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -124,7 +125,7 @@ def test_a_stop_signal_waits_until_a_message_is_wholly_sent():
 
 def test_a_dead_worker_fails_the_job_in_one_line(worker_env, tmp_path, capsys):
     out = tmp_path / "sharded.json"
-    assert launch([str(WORKER), str(out), "die"], 2) == 2
+    assert launch([sys.executable, str(WORKER), str(out), "die"], 2) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert lines == ["error: worker rank 1 failed (killed by SIGKILL); the sharded job stopped"]
     assert not out.exists()
@@ -154,7 +155,7 @@ def test_a_split_manipulation_logs_why_its_layers_as_a_serial_run_does():
 
 def test_launch_needs_two_workers():
     with pytest.raises(UserError, match="at least 2"):
-        launch([str(WORKER)], 1)
+        launch([sys.executable, str(WORKER)], 1)
 
 
 def result_of(events) -> dict:

@@ -138,7 +138,7 @@ def test_two_gpu_figures_run_what_the_issue_lists(tmp_path, capsys, monkeypatch)
     assert "--shards" in commands["shards-ablation"]
     for experiment in ("ablation", "recovery"):
         job = commands[f"console-{experiment}"]
-        assert job[1:5] == ["-m", "tui.cli", "run", experiment] and "--shards=2" in job
+        assert job[1] == "-c" and job[3:5] == ["run", experiment] and "--shards=2" in job
 
 
 def test_inf_or_nan_saved_as_none_is_judged_not_a_check_error(tmp_path, capsys):

@@ -77,7 +77,7 @@ def test_the_served_console_gets_the_model_options() -> None:
     options = all_changed()
     args = build_parser().parse_args([*model_flags(options), "--session", "s"])
     parts = shlex.split(serve_command(args))
-    assert parts[1:3] == ["-m", "tui.cli"] and parts[-2:] == ["--session", "s"]
+    assert parts[1] == "-c" and parts[-2:] == ["--session", "s"]  # python -c PROGRAM (engine.core.process)
     assert model_options_from_args(build_parser().parse_args(parts[3:])) == options
 
 

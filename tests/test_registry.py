@@ -53,7 +53,7 @@ def test_job_command_rebuilds_the_settings(name):
     entry = experiment(name)
     options = ModelOptions(model="some/model", dtype="float16") if entry.needs_model else None
     argv = job_argv(name, entry.defaults(), options, "s1", resume=entry.resumable)
-    assert argv[1:5] == ["-m", "tui.cli", "run", name]
+    assert argv[:2] == [sys.executable, "-c"] and argv[3:5] == ["run", name]  # tests/test_planted_folder.py runs it
     assert argv[-2:] == ["s1", "--resume"] if entry.resumable else argv[-2:] == ["--session", "s1"]
     settings, parsed_options = parse([a for a in argv[3:] if a != "--resume"])
     assert settings == entry.defaults()

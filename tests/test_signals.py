@@ -280,7 +280,7 @@ def test_an_error_every_worker_of_a_split_run_finds_is_said_once(monkeypatch, tm
         (((0, 143), (1, 143)), 143, []),  # stopped: rank 0 said how to resume
     ):
         monkeypatch.setattr(torch.distributed.run, "run", failing(*exits))
-        assert launch(["-m", "tui.cli"], 2) == code
+        assert launch([sys.executable, "-c", "pass"], 2) == code
         assert capsys.readouterr().err.splitlines() == lines
 
 

@@ -702,8 +702,8 @@ def test_serve_command_runs_the_same_console() -> None:
     args = argparse.Namespace(model="m", device="cpu", dtype="auto", trust_remote_code=False, session="s",
                               resume=False, deterministic=False, cluster=None)  # fmt: skip
     parts = shlex.split(serve_command(args))
-    assert parts[1:] == ["-m", "tui.cli", "--model=m", "--device=cpu", "--no-deterministic",
-                         "--session", "s"]  # fmt: skip
+    assert parts[1] == "-c" and parts[3:] == ["--model=m", "--device=cpu", "--no-deterministic",
+                                              "--session", "s"]  # fmt: skip
 
 
 async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tiny_folder) -> None:

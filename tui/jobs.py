@@ -12,7 +12,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
-from engine.core.process import job_identity_matches, pid_alive
+from engine.core.process import job_identity_matches, pid_alive, python_argv
 from engine.core.settings import Settings
 from engine.disk.atomic import unlinked
 from engine.models.options import ModelOptions
@@ -61,12 +60,13 @@ def job_argv(
 
 
 def run_argv(experiment: str, settings: Settings, options: ModelOptions | None) -> list[str]:
-    """`python -m tui.cli run` for these settings, wherever it runs: `--preset` where the experiment
+    """`python -m tui.cli run` for these settings (as engine.core.process `python_argv` runs it: this
+    project's code, never a `tui/` in the folder the job starts in), wherever it runs: `--preset` where the experiment
     has presets, then one flag for every setting that differs from where it starts, then the model
     flags. `--trust-remote-code` appears only if `options` asks for it (options read from a file
     never do: `untrusted()`)."""
     entry = find_experiment(experiment)
-    argv = [sys.executable, "-m", "tui.cli", "run", experiment]
+    argv = [*python_argv("tui.cli"), "run", experiment]
     base = entry.defaults()
     presets = entry.presets
     preset = getattr(settings, "preset", None)
@@ -86,7 +86,7 @@ def run_argv(experiment: str, settings: Settings, options: ModelOptions | None) 
 
 
 def typed(argv: Sequence[str]) -> str:
-    """A `job_argv` command as a user types it (`anatomy-tui` for `python -m tui.cli`)."""
+    """A `job_argv` command as a user types it (`anatomy-tui` for its `python_argv("tui.cli")`)."""
     return shlex.join(["anatomy-tui", *argv[3:]])
 
 
@@ -191,8 +191,6 @@ def launch_job(session: Session, experiment: str, argv: Sequence[str]) -> Backgr
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     env = {**os.environ, "ANATOMY_TUI_HOME": str(session.path.parent)}
-    root = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
     unlinked(log_path)  # the logs folder was checked (part); the file is opened without following a link
     with open(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab") as log:
         process = subprocess.Popen(

@@ -12,10 +12,12 @@ from engine.core.errors import UserError
 
 
 def serve_command(args: argparse.Namespace) -> str:
-    """The command textual-serve runs for each browser connection: this console, same flags."""
+    """The command textual-serve runs (through a shell) for each browser connection: this console,
+    same flags, this project's code wherever the server was started (engine.core.process python_argv)."""
+    from engine.core.process import python_argv
     from tui.flags import model_flags, model_options_from_args
 
-    parts = [sys.executable, "-m", "tui.cli", *model_flags(model_options_from_args(args))]
+    parts = [*python_argv("tui.cli"), *model_flags(model_options_from_args(args))]
     if args.cluster:
         parts += ["--cluster", args.cluster]
     if args.session:

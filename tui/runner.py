@@ -9,9 +9,11 @@ anything, so a failed start leaves nothing behind. A cancelled run exits 130 (Ct
 (SIGTERM) or 129 (SIGHUP) and prints the command that resumes it; a user error 2.
 
 Before the model loads, its memory plan (engine/models/memory.py) is printed and checked against the free
-memory of the device. `--shards N` relaunches the command as N workers through torch's launcher;
+memory of the device. `--shards N` relaunches the command as N workers through torch's launcher
+(this project's code, engine.core.process python_argv, never a `tui/` of the current folder);
 under torchrun (or that launcher) every worker loads the model on its own device and computes its
 share of the sweep, and rank 0 alone opens the session and writes events, checkpoints and results.
+Workers that all exit 0 without rank 0 having written a result are a failure, not a success.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
 from engine.core.events import Cancelling, Event, Message, Progress, Result, TaskState
-from engine.core.process import Stopped, exit_code, say
+from engine.core.process import Stopped, exit_code, python_argv, say
 from engine.core.settings import Settings
 from engine.disk.atomic import atomic_write_json, check_free_space, check_writable_path
 from engine.experiments.context import RunContext
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from engine.models.memory import MemoryPlan
 
 CANCELLED = 130
+SHARDS_DONE = "ANATOMY_TUI_SHARDS_DONE"  # the file where rank 0 of --shards writes its session name, the result written
 UNREADABLE_PATH = (errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM)  # no load would read it either
 
 
@@ -85,10 +88,8 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     shards = getattr(args, "shards", None) or 1
     device = _asked_device(options, settings)
     if world is None and shards > 1:
-        from engine.models.distributed import launch
-
         _one_gpu_each(shards, "--shards", device)
-        return launch(["-m", "tui.cli", *argv], shards)
+        return _launch_shards(argv, shards)
     if world is not None:
         _one_gpu_each(world.local_size, "torchrun's --nproc-per-node", device)
     source = settings.inputs_from()
@@ -137,7 +138,25 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     from tui.printers import print_result
 
     print_result(experiment.name, result.data)
+    if world is not None and os.environ.get(SHARDS_DONE):
+        Path(os.environ[SHARDS_DONE]).write_text(session.name, encoding="utf-8")
     return 0
+
+
+def _launch_shards(argv: Sequence[str], shards: int) -> int:
+    """This command again as `shards` workers (unbuffered, as torch's launcher starts Python). Exit 0
+    from every worker counts only with rank 0's word that its result was written."""
+    import tempfile
+
+    from engine.models.distributed import launch
+
+    with tempfile.TemporaryDirectory(prefix="anatomy-tui-shards-") as folder:
+        done = Path(folder) / "done"
+        code = launch([*python_argv("tui.cli", "-u"), *argv], shards, {SHARDS_DONE: str(done)})
+        if code == 0 and not done.exists():
+            raise UserError("the --shards workers exited without a result (rank 0 wrote none, and said nothing); "
+                            "run the command without --shards to see why")
+    return code
 
 
 def _cluster(args: argparse.Namespace, world: World | None) -> Cluster | None:

@@ -10,6 +10,10 @@ SIGTERM (`kill`, a scheduler, `docker stop`, the end of a Kaggle session) and SI
 terminal) stop a run the way Ctrl-C does: `stop_on_signals` turns them into `Stopped`, a
 KeyboardInterrupt, so every path that checkpoints and records a cancelled job on Ctrl-C does so
 on them too; the run then exits 128 + the signal's number (143, 129), as a shell expects.
+
+Every process this project starts to run its own code (a console job, the served console's
+console, the workers of --shards) runs it through `python_argv`: never `python -m` in the user's
+folder, where a `tui/` or `engine/` lying there would be imported in place of this project's.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding engine/, tui/, sessions/
 PID_LIMIT = 2**31 - 1  # the largest value a pid_t holds; os.kill overflows beyond it
 
 
@@ -188,3 +194,15 @@ def say(line: str) -> None:
     where print writes the text and its newline apart)."""
     sys.stderr.write(f"{line}\n")
     sys.stderr.flush()
+
+
+def python_argv(module: str, *options: str) -> list[str]:
+    """The argv that runs this project's `module` as `python [OPTIONS] -m MODULE` would, its
+    arguments to follow, but with the project's root first on sys.path and the current folder
+    nowhere on it: Python's own `-P` (3.11+) only drops the folder, and `-I` would also drop
+    PYTHONPATH and the user's site-packages, so the first statement of a `-c` program does both
+    (sys.path[0] is the folder there, written ''). The module runs as `__main__`, sys.argv[0] its
+    file, as under -m; the argv is 3 + len(options) items before the module's own arguments."""
+    program = (f"import runpy, sys; sys.path[:] = [{str(PROJECT_ROOT)!r}, *(p for p in sys.path if p)]; "
+               f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return [sys.executable, *options, "-c", program]

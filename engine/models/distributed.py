@@ -8,6 +8,11 @@ appends the session's log and saves checkpoints, and at the end rank 0 merges th
 into the result a serial run gives. The world comes from the environment torchrun sets (RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), and `launch` starts the same command
 through torch's own launcher.
+
+Nothing `launch` starts listens beyond loopback: a TCPStore listens on every interface whatever
+host it is given (and the stores carry no authentication), so the launcher's rendezvous store and
+rank 0's store are handed a socket already bound to 127.0.0.1 (`loopback_store`), and gloo's and
+NCCL's sockets are put on the loopback interface. Spanning machines is torchrun's, run by the user.
 """
 
 from __future__ import annotations
@@ -17,10 +22,13 @@ import os
 import pickle
 import queue
 import signal
+import socket
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -30,6 +38,7 @@ from engine.core.events import Event, Progress, Result
 from engine.core.process import STOP_EXIT_CODES, STOP_SIGNALS, interruption, say, stop_signal
 
 T = TypeVar("T")
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,7 @@ class Workers:
             torch.set_num_threads(cpu_threads(world.local_size))
             self.device, backend = "cpu", "gloo"
         if not dist.is_initialized():
-            dist.init_process_group(backend, rank=world.rank, world_size=world.size)
+            dist.init_process_group(backend, store=_world_store(world), rank=world.rank, world_size=world.size)
         # Events travel as pickled bytes over gloo even when the GPUs talk nccl: gloo can receive
         # from whichever worker sends next, and the objects never touch the GPUs.
         self.group = dist.new_group(backend="gloo") if backend != "gloo" else None
@@ -255,23 +264,28 @@ class _Merger:
 # --- starting the workers --------------------------------------------------------------------------
 
 
-def launch(argv: Sequence[str], nproc: int) -> int:
-    """Starts `python ARGV...` as `nproc` workers on this machine through torch.distributed.run
-    (--standalone); ARGV is a script path or `-m module` with its arguments. Returns 0 when every
-    worker finished; a worker that died is named in one line. A stop signal (Ctrl-C, SIGTERM,
-    SIGHUP) to this launcher goes on to every worker (torch's launcher does that, and waits for
-    them), which checkpoint and say how to resume; it returns 128 + the signal's number, as it
-    does when a worker stopped by one is the first to end."""
+def launch(argv: Sequence[str], nproc: int, env: Mapping[str, str] | None = None) -> int:
+    """Starts the command `argv` (a program and its arguments: engine.core.process `python_argv`, or
+    the interpreter and a script) as `nproc` workers on this machine through torch.distributed.run,
+    `env` added to their environment. Returns 0 when every worker finished; a worker that died is
+    named in one line. A stop signal (Ctrl-C, SIGTERM, SIGHUP) to this launcher goes on to every
+    worker (torch's launcher does that, and waits for them), which checkpoint and say how to
+    resume; it returns 128 + the signal's number, as it does when a worker stopped by one is the
+    first to end. Its rendezvous and the workers' links listen on 127.0.0.1 only (`_loopback_env`)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
     from torch.distributed.run import get_args_parser, run
 
     if nproc < 2:
         raise UserError("--shards must be at least 2 to split a sweep (1 runs it in this process)")
-    args = ["--standalone", "--nproc-per-node", str(nproc)]
-    args += ["--module", *argv[1:]] if argv and argv[0] == "-m" else list(argv)
+    rendezvous_handler_registry.register(LOOPBACK_RENDEZVOUS, _loopback_rendezvous)
+    args = ["--nnodes", "1", "--nproc-per-node", str(nproc), "--rdzv-backend", LOOPBACK_RENDEZVOUS,
+            "--rdzv-endpoint", f"{LOOPBACK}:0", "--rdzv-id", uuid.uuid4().hex, "--local-addr", LOOPBACK,
+            "--no-python", *argv]
     try:
-        run(get_args_parser().parse_args(args))
+        with mock.patch.dict(os.environ, {**_loopback_env(), **(env or {})}):
+            run(get_args_parser().parse_args(args))
     except SignalException as exc:
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
@@ -288,6 +302,60 @@ def launch(argv: Sequence[str], nproc: int) -> int:
         say(f"error: worker rank {rank} failed ({why}); the sharded job stopped")
         return 2
     return 0
+
+
+LOOPBACK_RENDEZVOUS = "anatomy-tui-loopback"  # torch's c10d rendezvous, its store on 127.0.0.1 only
+
+
+def loopback_store(port: int = 0, world_size: int | None = None) -> dist.TCPStore:
+    """A TCPStore server listening on 127.0.0.1:`port` only (0: a free port). Given a host,
+    TCPStore still listens on every interface; given a socket already listening, it serves there."""
+    from torch.distributed.constants import default_pg_timeout
+
+    listener = socket.create_server((LOOPBACK, port))
+    return dist.TCPStore(LOOPBACK, listener.getsockname()[1], world_size, is_master=True, multi_tenant=True,
+                         timeout=default_pg_timeout, wait_for_workers=False, master_listen_fd=listener.detach())
+
+
+def _loopback_rendezvous(params: Any) -> Any:
+    """torch's c10d rendezvous handler (what --standalone makes) over a `loopback_store`."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    class Backend(C10dRendezvousBackend):
+        name = LOOPBACK_RENDEZVOUS  # the backend a handler is made by must be the one named on the command line
+
+    store = loopback_store()
+    return create_handler(store, Backend(store, params.run_id), params)
+
+
+def _loopback_env() -> dict[str, str]:
+    """What keeps the workers' sockets on loopback: no store shared from the launcher (torch would
+    open a second one on every interface); rank 0 opens the workers' store (`_world_store`) at the
+    MASTER_ADDR `--local-addr` made 127.0.0.1; gloo and NCCL on the loopback interface, unless the
+    user named one."""
+    import psutil  # accelerate's dependency, so installed with this project
+
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    names = [name for name, addresses in psutil.net_if_addrs().items()
+             if any(address.address == LOOPBACK for address in addresses)]
+    if names:
+        env.update({key: names[0] for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if key not in os.environ})
+    return env
+
+
+def _world_store(world: World) -> dist.TCPStore | None:
+    """The store the workers meet at, when it is on this machine's loopback (MASTER_ADDR 127.0.0.1,
+    as `launch` sets it, and not the launcher's own store): rank 0 serves it on loopback only. None
+    otherwise (a torchrun of the user's, over machines): init_process_group's own env:// store."""
+    from torch.distributed.constants import default_pg_timeout
+
+    if os.environ.get("MASTER_ADDR") != LOOPBACK or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return None
+    port = int(os.environ["MASTER_PORT"])
+    if world.is_main:
+        return loopback_store(port, world.size)
+    return dist.TCPStore(LOOPBACK, port, world.size, is_master=False, timeout=default_pg_timeout)
 
 
 # --- which sweeps split, and how -------------------------------------------------------------------
