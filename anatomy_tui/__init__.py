@@ -474,7 +474,9 @@ class Session:
 
     def events(self, kind: str | None = None, job: str | None = None) -> list[Event]:
         """The event log, typed: all of it, or the events of one `kind` (`ablation.layer`) or of one
-        experiment or family (`ablation`, `job`: every `ablation.*`), of one `job`."""
+        experiment or family (`ablation`, `job`: every `ablation.*`), of one `job`. A line of the log
+        that cannot be read (torn by a crash, too large or too deeply nested: engine/core/untrusted.py)
+        is skipped and logged; the lines around it are read."""
         return [event for event in self.stored.events()
                 if (kind is None or event.kind == kind or event.kind.startswith(kind + "."))
                 and (job is None or event.job == job)]
