@@ -485,8 +485,8 @@ def main(args: argparse.Namespace) -> int:
     session = store.open(args.session)
     found, notes = entries(session)
     if not found:
-        raise UserError(f"session {session.name!r} has no results to report"
-                        f"{' (' + notes[0] + ')' if notes else ''}; run an experiment into it first "
+        why = f" ({notes[0]}{f'; and {len(notes) - 1} more' if notes[1:] else ''})" if notes else ""
+        raise UserError(f"session {session.name!r} has no results to report{why}; run an experiment into it first "
                         f"(anatomy-tui run ablation --session {session.name})")
     for note in notes:  # each on one line: a control character from the session escaped as repr writes it
         say(f"anatomy-tui report: {repr(note)[1:-1]}")
