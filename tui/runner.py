@@ -86,6 +86,9 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
         if session is not None:
             session.check_writable(experiment.writes)  # the event log and the result file: one line now
     shards = getattr(args, "shards", None) or 1
+    if getattr(settings, "stream", False) and (shards > 1 or world is not None):
+        raise UserError("--stream reads each weight once in one process; it does not split over workers: "
+                        "drop --shards")
     device = _asked_device(options, settings)
     if world is None and shards > 1:
         _one_gpu_each(shards, "--shards", device)
@@ -105,14 +108,22 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
         if options is not None:
             if workers is not None:  # one worker per GPU (LOCAL_RANK), or the CPU
                 options = dataclasses.replace(options, device=workers.device)
-            plan = memory_plan(experiment, settings, options, quiet=not main)
+            streamed = bool(getattr(settings, "stream", False))  # read layer by layer: the run says its own plan
+            if streamed and options.device_map is not None:
+                raise UserError("--stream reads each layer onto one device; drop --device-map")
+            plan = None if streamed else memory_plan(experiment, settings, options, quiet=not main)
             # the dtype the plan names and was checked in is the one that loads (the job file keeps `auto`)
             planned = dataclasses.replace(options, dtype=plan.dtype) if plan is not None else options
             if main and plan is not None and getattr(settings, "export", None):  # the whole model, written
                 check_free_space(settings.export, plan.weights, "--export")
             if main and plan is not None and plan.checkpoints and session is not None and experiment.resumable:
                 check_free_space(session.path, plan.checkpoints, f"{experiment.name}'s checkpoints")
-            loaded = planned.load(say)
+            if streamed:
+                from engine.models.streaming import open_streamed
+
+                loaded = open_streamed(planned.model, planned.device, planned.dtype, say, planned.trust_remote_code)
+            else:
+                loaded = planned.load(say)
             if main:
                 say(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
         context = RunContext(

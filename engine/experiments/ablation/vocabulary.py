@@ -36,6 +36,9 @@ class AblationSettings(EvalTextSettings):
                         "its matrices the neighbours' mean)", choices=PART_CHOICES)
     proxies_only: bool = setting(False, "only Block Influence and the angular distances (of every layer, and with "
                                  "--part every block) from one pass, no ablation: results/ablation-proxies.json")
+    stream: bool = setting(False, "read the model from its safetensors layer by layer, each weight once, every "
+                           "branch of the map advancing through the layer in memory (a model larger than memory; "
+                           "the same map)", resume_free=True)
 
     def parts(self) -> tuple[str, ...]:
         """The blocks mapped below the whole layer, in the order a layer runs them."""

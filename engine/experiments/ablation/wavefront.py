@@ -13,6 +13,7 @@ reader thread reads the next layer meanwhile. All branch states stay where the l
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
@@ -118,7 +119,8 @@ class Wavefront:
         began = time.perf_counter()
         yield Progress(0, n, "streaming", phase="streaming", unit="layers")
         for j in range(n):
-            evaluator._check()
+            if evaluator.cancel is not None:
+                evaluator.cancel.check()
             for index in range(max(0, j - self.reach), min(n, j + self.reach + 1)):
                 stream.load(index)
             stream.prefetch(j + self.reach + 1 if j + self.reach + 1 < n else HEAD)
@@ -152,7 +154,7 @@ class Wavefront:
         for index, part in self.forks.get(j, ()):
             with self.removal(index, part):
                 self.branches[(index, part)] = [forward(hidden, b) for b, hidden in enumerate(self.clean)]
-        capture = self.stack.capture_parts(part_meter.term) if part_meter is not None else _nothing()
+        capture = self.stack.capture_parts(part_meter.term) if part_meter is not None else contextlib.nullcontext()
         with capture:
             outputs = []
             for b, (batch, hidden) in enumerate(zip(self.evaluator.batches, self.clean, strict=True)):
@@ -170,14 +172,6 @@ class Wavefront:
     def _scores(self, states: list[torch.Tensor]) -> TextScores:
         with self.stream.without_input():
             return drained(self.evaluator.scoring(len(self.stack), states=states))
-
-
-class _nothing:  # noqa: N801 - a context manager used as a value
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _size(size: float) -> str:
