@@ -4,6 +4,7 @@ file a setting names (`setting(..., file=...)`), so each is checked the same way
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 from engine.core.errors import UserError
@@ -60,6 +61,27 @@ def path_kind(path: Path, what: str) -> str:
                 else "missing")
     except OSError as exc:
         raise UserError(f"{what} {short_path(path)}: {exc.strerror or str(exc)}") from None
+
+
+def check_folder_target(path: Path, what: str) -> None:
+    """A folder a run creates or writes into, after its work: checked before it, since the save
+    would fail only then. One line for a symbolic link that leads nowhere, a folder that exists but
+    cannot be written, and a path whose nearest existing ancestor (where the save stages its files
+    and makes the folder) is a link to nothing, a file, or a folder that cannot be written."""
+    if path.is_symlink() and not path.exists():
+        raise UserError(f"{what} {short_path(path)} is a symbolic link to {os.readlink(path)}, which does not "
+                        "exist; give a folder path, or remove the link")
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {short_path(path)} cannot be written (no permission); choose another folder")
+    ancestor = path.parent
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        kind = "a symbolic link to nothing" if ancestor.is_symlink() else "not a folder"
+        raise UserError(f"{what} {short_path(path)}: {short_path(ancestor)} is {kind}; give a path in a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {short_path(path)}: {short_path(ancestor)} cannot be written (no permission); "
+                        "choose another place")
 
 
 def short_path(path: Path | str) -> str:

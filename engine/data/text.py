@@ -27,6 +27,14 @@ HELDOUT_EVERY = 5  # every fifth pydoc topic (in sorted order) is held out
 # bound, reading stops where the bound is met (engine/data/eval_data.py).
 TOKENIZE_CHUNK = 2**20  # characters tokenized at a time
 SLACK = 64  # tokens read past what a bound needs: the last tokens of a text cut short may change with what follows
+CHARS_PER_TOKEN = 16  # characters a token covers at most, generously (English averages 4): `text_bound`
+
+
+def text_bound(tokens: int) -> int:
+    """The characters a text is cut to before it is tokenized when only `tokens` of its tokens are
+    kept: a 1 MB prompt for a context of 8,192 tokens is tokenized as its last 132 K characters. A
+    text whose tokens cover more than CHARS_PER_TOKEN characters each keeps fewer tokens than asked."""
+    return CHARS_PER_TOKEN * tokens + 1024
 
 
 def builtin_eval_sentences() -> list[str]:
@@ -76,12 +84,13 @@ def token_ids(tokenizer: Any, text: str, wanted: int | None = None, add_special_
 
 def stable_prefix(tokenizer: Any, text: str, wanted: int, add_special_tokens: bool = True) -> tuple[int, list[int]]:
     """(n, ids of text[:n]): the shortest beginning tried (4 x wanted + 1024 characters, then
-    doubled) whose first `wanted` ids a beginning twice as long agrees with, so they are the whole
-    text's (n is the text's length when it is short)."""
-    size = min(len(text), 4 * wanted + 1024)
+    doubled, up to `text_bound(wanted)`) whose first `wanted` ids a beginning twice as long agrees
+    with, so they are the whole text's (n is the text's length when it is short)."""
+    bound = min(len(text), text_bound(wanted))
+    size = min(bound, 4 * wanted + 1024)
     ids = tokenizer(text[:size], add_special_tokens=add_special_tokens)["input_ids"]
-    while size < len(text):
-        longer = min(len(text), 2 * size)
+    while size < bound:
+        longer = min(bound, 2 * size)
         more = tokenizer(text[:longer], add_special_tokens=add_special_tokens)["input_ids"]
         if len(ids) > wanted + 8 and more[:wanted] == ids[:wanted]:
             break

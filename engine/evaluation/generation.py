@@ -14,6 +14,8 @@ from typing import Any
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
+from engine.data.text import text_bound
+
 
 def _never() -> bool:
     return False
@@ -110,7 +112,8 @@ def _generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, stop
     if max_new_tokens <= 0 or stop():
         return streamer
     limit = context or getattr(model.config, "max_position_embeddings", None) or 1 << 30
-    ids = (list(tokenizer.encode(prompt)) or [0])[-max(1, limit - 1) :]
+    kept = max(1, limit - 1)  # the prompt's last tokens; its last characters only are tokenized
+    ids = (list(tokenizer.encode(prompt[-text_bound(kept) :])) or [0])[-kept:]
     new_tokens = max(1, min(max_new_tokens, limit - len(ids)))
 
     pad = getattr(tokenizer, "pad_token_id", None)

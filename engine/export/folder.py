@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
+from engine.core.files import check_folder_target
 from engine.export.model_card import CARD, CardFacts, model_card
 
 if TYPE_CHECKING:
@@ -29,12 +30,14 @@ EXPORT_STAGING = ".anatomy-export-"  # a folder being written; one a killed expo
 
 
 def check_export_folder(folder: str | Path, force: bool = False) -> Path:
-    """The folder to export into: new or empty, or any with --force (its model files replaced)."""
+    """The folder to export into: new or empty, or any with --force (its model files replaced), and
+    writable there (`check_folder_target`: a dangling link, a read-only folder)."""
     path = Path(folder).expanduser()
     if path.exists() and not path.is_dir():
         raise UserError(f"export folder {path} is a file; give a folder path")
     if path.is_dir() and any(path.iterdir()) and not force:
         raise UserError(f"export folder {path} exists and is not empty; choose another or add --force")
+    check_folder_target(path, "export folder")
     return path
 
 

@@ -587,8 +587,13 @@ def _save_float_copy(model: Any, folder: Path) -> None:
 
 
 def friendly_load_error(exc: Exception, source: ModelSource) -> UserError:
+    from huggingface_hub.errors import StrictDataclassError
+
     text = str(exc)
     lowered = text.lower()
+    if isinstance(exc, StrictDataclassError):  # transformers' checks of a config's fields (a head count, a type)
+        return UserError(f"{source.display}: its config is not valid ({' '.join(text.split())[:300]}); "
+                         "fix config.json")
     if damaged_safetensors(exc):
         return UserError(f"could not load {source.display}: its safetensors weights are damaged or truncated "
                          f"({' '.join(text.split())[:120]}); copy or download them again")
@@ -630,10 +635,12 @@ def load_model(
     CPU and the disk, through accelerate; `max_memory` ('0=14GiB,1=14GiB,cpu=30GiB') caps each.
     `deterministic` and `tf32` set up torch for the run on a GPU (`set_deterministic`, `enable_tf32`)."""
     import torch
+    from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from engine.models.anatomy import LayerStack
+    from engine.models.bounds import check_sizes, check_tokenizer_files, hub_folder
     from engine.models.oom import is_out_of_memory, release_memory
 
     source = resolve(name, report)
@@ -647,10 +654,15 @@ def load_model(
             gguf = Path(location)
             where, gguf_kwargs = gguf_config_source(gguf)
             config = AutoConfig.from_pretrained(where, **gguf_kwargs)
+            check_sizes(config.to_dict(), source.display)  # before the dequantization builds the model
             LayerStack.check_family(config.model_type)
             dtype_name = run_dtype(dtype, device_name, config)
             location = str(dequantized_folder(gguf, report, dtype_name))
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
+        check_sizes(config.to_dict(), source.display)  # before the model is built from it
+        folder = hub_folder(location) if source.kind == "hub" else Path(location)
+        if folder is not None:  # a hub id's tokenizer not yet downloaded: unchecked
+            check_tokenizer_files(folder)
         named = getattr(config, "transformers_weights", None)  # a hub config can name a pickle too
         if named is not None and not str(named).endswith(MODEL_WEIGHTS):
             raise UserError(f"{source.display}: its config names {named!r} as its weights (transformers_weights), "
@@ -667,7 +679,8 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
     except UserError:
         raise
-    except (OSError, ValueError, RuntimeError, KeyError, struct.error, SafetensorError) as exc:  # struct: bad GGUF
+    except (OSError, ValueError, RuntimeError, KeyError, struct.error, SafetensorError,
+            StrictDataclassError) as exc:  # struct: bad GGUF
         if is_out_of_memory(exc):
             traceback.clear_frames(exc.__traceback__)
             release_memory()

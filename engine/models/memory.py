@@ -113,6 +113,7 @@ def preview_model(name: str, trust_remote_code: bool = False) -> ModelPreview:
     its dequantization saved). A config that cannot be read, or a folder's config.json that lacks
     the layer count or hidden size (transformers would fill in its own defaults and the load then
     fails on every weight), is a one-line UserError, as the load would say it."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoTokenizer
 
     from engine.models.loading import friendly_load_error, gguf_config_source, meta_model, resolve
@@ -124,7 +125,7 @@ def preview_model(name: str, trust_remote_code: bool = False) -> ModelPreview:
         location, where = gguf_config_source(Path(location))
     try:
         config = AutoConfig.from_pretrained(location, **where)
-    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:  # struct: a damaged GGUF header
+    except (OSError, ValueError, KeyError, TypeError, struct.error, StrictDataclassError) as exc:  # struct: bad GGUF
         raise friendly_load_error(exc, source) from None
     if source.kind == "folder":
         _check_config_keys(Path(location) / "config.json")

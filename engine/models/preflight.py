@@ -10,6 +10,9 @@ leaves layers offloaded. Each failure is one UserError line, as the run itself w
 Before even that, `check_config` reads the model's numbers from its config.json (or the embedded
 model's GGUF header) with neither torch nor transformers imported, so a layer out of range is
 refused in about a second rather than after the imports and the preview (`--layers 99`: 4.5 s).
+It bounds the config's sizes and the tokenizer's files first (`check_sizes`, `check_tokenizer_files`,
+`load_model` too): a config of 10^7 layers otherwise builds its meta model for minutes, and a 225 MB
+tokenizer.json takes 2.4 GB to read.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 from engine.core.errors import UserError
 from engine.core.settings import Settings
 from engine.data.text_settings import EvalTextSettings
+from engine.models.bounds import check_sizes, check_tokenizer_files, hub_folder
 
 if TYPE_CHECKING:
     from engine.models.memory import MemoryPlan, ModelPreview, ModelShape
@@ -49,27 +53,39 @@ def config_shape(model: str) -> ModelShape | None:
     dequantized copy's config.json, else its header. Parameter counts are left at 0 (they need the
     model built on the meta device). None where no config is on disk or it cannot be read; a model
     that cannot be named at all is the one-line UserError of `resolve`."""
-    from engine.models.loading import dequantized_copy, resolve
+    from engine.models.loading import resolve
     from engine.models.memory import ModelShape
 
     source = resolve(model)
     location = Path(source.location)
     try:
-        if source.kind == "gguf":
-            copy = dequantized_copy(location)
-            raw = _read_json(copy / "config.json") if copy is not None else gguf_config(location)
-        elif source.kind == "folder":
-            raw = _read_json(location / "config.json")
+        folder = model_folder(source.kind, source.location)
+        if source.kind == "gguf" and folder is None:
+            where, raw = str(location), gguf_config(location)
+        elif folder is not None:
+            where, raw = str(folder / "config.json"), _read_json(folder / "config.json")
         else:
-            from huggingface_hub import try_to_load_from_cache
-
-            found = try_to_load_from_cache(source.location, "config.json")
-            raw = _read_json(Path(found)) if isinstance(found, str) else None
+            return None
     except (OSError, ValueError, UnicodeDecodeError, struct.error):  # the load says what is wrong, in its words
         return None
     if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
         return None
+    check_sizes(raw, where)
+    if folder is not None:
+        check_tokenizer_files(folder)
     return ModelShape.from_numbers(SimpleNamespace(**raw))
+
+
+def model_folder(kind: str, location: str) -> Path | None:
+    """The folder on disk that holds a model's config.json and tokenizer: a folder model itself, a
+    GGUF file's dequantized copy, a hub id's snapshot in the hub cache; None where there is none yet."""
+    if kind == "folder":
+        return Path(location)
+    if kind == "gguf":
+        from engine.models.loading import dequantized_copy
+
+        return dequantized_copy(Path(location))
+    return hub_folder(location)
 
 
 def _read_json(path: Path) -> Any:
