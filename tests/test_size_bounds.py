@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -87,6 +88,26 @@ def test_a_config_of_ten_million_layers_is_refused_in_seconds_by_a_fresh_process
         f"anatomy-tui: error: {folder / 'config.json'}: num_hidden_layers is 10000000; the layer count must be a whole "
         "number from 1 to 1,000 (larger than any released model); fix the config"]
     assert time.monotonic() - start < 60  # before the bound: no answer in 300 s, memory growing 16 MB/s
+
+
+def gguf_header(path: Path, numbers: dict[str, int]) -> Path:
+    """A GGUF file of a header alone: the llama architecture and `numbers` (uint32 values)."""
+
+    def string(text: str) -> bytes:
+        return struct.pack("<Q", len(text)) + text.encode()
+
+    entries = [string("general.architecture") + struct.pack("<I", 8) + string("llama")]
+    entries += [string(f"llama.{key}") + struct.pack("<II", 4, value) for key, value in numbers.items()]
+    path.write_bytes(struct.pack("<4sIQQ", b"GGUF", 3, 0, len(entries)) + b"".join(entries))
+    return path
+
+
+def test_a_gguf_header_of_ten_million_blocks_is_refused_before_any_model_is_built(tmp_path, nothing_built, capsys):
+    gguf = gguf_header(tmp_path / "huge.gguf", {"block_count": 10**7, "embedding_length": 32,
+                                                "feed_forward_length": 64, "attention.head_count": 4})
+    line = refused(["run", "ablation", "--layers", "1", "--model", str(gguf), *PAPER], capsys)
+    assert line.endswith(f"{gguf}: num_hidden_layers is 10000000; the layer count must be a whole number from 1 to "
+                         "1,000 (larger than any released model); fix the config")
 
 
 def test_transformers_own_config_validation_is_one_line(tiny_folder, tmp_path, nothing_built, capsys):
