@@ -5,6 +5,7 @@ request, which it must close within a bounded time rather than wait for forever.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -91,3 +92,21 @@ def test_a_half_sent_request_is_closed_within_the_timeout(served):
         conn.settimeout(15)
         assert conn.recv(4096) == b""  # closed (a timeout here raises), not waiting for the rest
         assert time.monotonic() - start < 15
+
+
+def test_a_traceback_through_the_log_has_the_token_masked_and_no_locals():
+    """A handler's error (aiohttp logs it with its traceback): the record that reaches the handler
+    carries the traceback as text, the token in its message and in the exception's masked."""
+    from tui.serve import TokenMask  # here: after the importorskip of textual-serve
+
+    token = "s3cret-TOKEN_value"
+    try:
+        raise RuntimeError(f"GET /?token={token} failed")
+    except RuntimeError:
+        record = logging.LogRecord("aiohttp.server", logging.ERROR, __file__, 1, "Error handling %s",
+                                   (f"/?token={token}",), sys.exc_info())  # fmt: skip
+    assert TokenMask(token).filter(record)
+    text = logging.Formatter().format(record)
+    assert token not in text and "/?token=***" in text
+    assert "Traceback (most recent call last)" in text and "RuntimeError: GET /?token=*** failed" in text
+    assert record.exc_info is None  # nothing left for rich to print with its locals
