@@ -22,6 +22,7 @@ from engine.core.errors import UserError
 from engine.data.text import clip_text
 from engine.evaluation.generation import generate_text
 from engine.models.loading import load_model
+from engine.models.memory import preview_model
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = ["--eval-set", "paper"]
@@ -88,6 +89,13 @@ def test_a_config_of_ten_million_layers_is_refused_in_seconds_by_a_fresh_process
         f"anatomy-tui: error: {folder / 'config.json'}: num_hidden_layers is 10000000; the layer count must be a whole "
         "number from 1 to 1,000 (larger than any released model); fix the config"]
     assert time.monotonic() - start < 60  # before the bound: no answer in 300 s, memory growing 16 MB/s
+
+
+def test_the_memory_preview_bounds_the_config_before_its_meta_model(tiny_folder, tmp_path, nothing_built):
+    """The preview reads configs `check_config` had no copy of (a hub id not yet cached) itself."""
+    folder = edited(tiny_folder, tmp_path / "model", num_hidden_layers=10**7)
+    with pytest.raises(UserError, match="num_hidden_layers is 10000000; the layer count must be a whole number"):
+        preview_model(str(folder))
 
 
 def gguf_header(path: Path, numbers: dict[str, int]) -> Path:

@@ -116,6 +116,7 @@ def preview_model(name: str, trust_remote_code: bool = False) -> ModelPreview:
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoTokenizer
 
+    from engine.models.bounds import check_sizes
     from engine.models.loading import friendly_load_error, gguf_config_source, meta_model, resolve
 
     source = resolve(name)
@@ -129,6 +130,7 @@ def preview_model(name: str, trust_remote_code: bool = False) -> ModelPreview:
         raise friendly_load_error(exc, source) from None
     if source.kind == "folder":
         _check_config_keys(Path(location) / "config.json")
+    check_sizes(config.to_dict(), source.display)  # a hub config check_config had no copy of: before the meta model
     meta = meta_model(config, trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(location, **where)
     return ModelPreview(config, tokenizer, meta, ModelShape.from_meta(config, meta))
