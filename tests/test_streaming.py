@@ -127,3 +127,37 @@ def test_streamed_states_stay_float32_on_the_cpu(tmp_path):
     assert all(p.device.type == "meta" for p in streamed.model.model.layers[0].parameters())
     assert streamed.model.model.rotary_emb.inv_freq.device.type == "cpu"
     source.close()
+
+
+def test_a_killed_streamed_map_resumes_from_its_last_checkpoint(tmp_path):
+    """Stopped at layer 3 of 4 (its state kept after layers 1 and 3), the resumed run reads layer 0
+    no more, starts at layer 2, and its map equals the in-memory one."""
+    from engine.core.events import Cancelled, CancelToken
+    from engine.experiments.ablation.wavefront import StreamCheckpoint
+
+    folder = save_tiny(tmp_path / "llama", "llama")
+    chosen = AblationSettings(eval_set="paper", method="mean", part="attention")
+    key = {"model": "tiny", "settings": chosen.resume_key()}
+    state = tmp_path / "stream.safetensors"
+    streamed = open_streamed(str(folder), device="cpu", dtype="float32")
+    token = CancelToken()
+    events = run_ablation(streamed.model, streamed.tokenizer, chosen, token, stream=streamed.stream,
+                          stream_state=StreamCheckpoint(state, key, resume=False, every=2))
+    with pytest.raises(Cancelled):
+        for event in events:
+            if isinstance(event, Progress) and event.phase == "streaming" and event.done == 3:
+                token.cancel()
+    streamed.stream.close()
+    assert state.is_file()
+    again = open_streamed(str(folder), device="cpu", dtype="float32")
+    events = list(run_ablation(again.model, again.tokenizer, chosen, stream=again.stream,
+                               stream_state=StreamCheckpoint(state, key, resume=True, every=2)))
+    again.stream.close()
+    assert any(isinstance(e, Message) and e.text.startswith("resuming the streamed map after layer 1") for e in events)
+    assert [e.done for e in events if isinstance(e, Progress) and e.phase == "streaming"] == [2, 3, 4]
+    read = set(again.stream.reads)
+    assert not any(key.startswith("model.layers.0.") for key in read)
+    assert {key for key in read if key.startswith("model.layers.2.")} and max(again.stream.reads.values()) == 1
+    loaded = load_model(str(folder), device="cpu", dtype="float32")
+    memory = [e for e in run_ablation(loaded.model, loaded.tokenizer, chosen) if isinstance(e, Result)][-1].data
+    assert_same_map(memory, [e for e in events if isinstance(e, Result)][-1].data)

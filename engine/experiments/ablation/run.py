@@ -35,12 +35,21 @@ from engine.experiments.ablation.vocabulary import (
     LayerAblated,
     ProxyRow,
 )
-from engine.experiments.ablation.wavefront import Wavefront, close_after, reach_of, streamed_evaluator
+from engine.experiments.ablation.wavefront import (
+    StreamCheckpoint,
+    Wavefront,
+    close_after,
+    reach_of,
+    streamed_evaluator,
+    unit_name,
+)
 from engine.experiments.context import RunContext
 from engine.experiments.sweep_checkpoint import CHECKPOINT_FILE, resumed, write_checkpoint
 from engine.models.anatomy import PARTS, LayerStack, check_parts
 from engine.models.distributed import ShardPlan
 from engine.models.streaming import LayerSource, StreamedModel
+
+STREAM_FILE = "stream.safetensors"  # a streamed map's wavefront, beside the finished rows (layers.json)
 
 
 def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:
@@ -205,6 +214,7 @@ def run_ablation(
     model, tokenizer, settings: AblationSettings, cancel: CancelToken | None = None, model_name: str = "",
     turns: ModelTurns | None = None, done: Mapping[Unit, AblationRow] | None = None,
     keep: Callable[[AblationRow], None] | None = None, stream: LayerSource | None = None,
+    stream_state: StreamCheckpoint | None = None,
 ) -> Iterator[Event]:
     """The map. With `turns` (a model the console shares with its prompt pane) every forward is a
     turn of its own, and each layer is ablated inside the turn and put back before it ends, so
@@ -218,7 +228,8 @@ def run_ablation(
     a row of a partial map equals the full map's, and a resumed map equals an uninterrupted one.
 
     With `stream` (a skeleton `model` and its layer source) the map is one streamed wavefront
-    (engine/experiments/ablation/wavefront.py): the same rows, each weight read once."""
+    (engine/experiments/ablation/wavefront.py): the same rows, each weight read once; its state
+    kept in `stream_state` every few layers, from which a killed run resumes."""
     settings.validate()
     started = time.perf_counter()
     evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel) if stream is None else \
@@ -249,7 +260,7 @@ def run_ablation(
                                      keep=settings.prefix_cache and not settings.proxies_only)
     else:
         front = Wavefront(evaluator, stream, [] if settings.proxies_only else [u for u in units if u not in rows],
-                          removal, reach_of(settings.method))
+                          removal, reach_of(settings.method), stream_state)
         base = yield from front.run(meter, part_meter)
         score = front.score
     baseline = base.perplexity
@@ -331,12 +342,6 @@ def run_ablation(
 
     yield from kept_on_stop(measured(), lambda: Result("ablation", json_safe(document(partial=True))) if rows else None)
     yield Result("ablation", json_safe(document(partial=False)))
-
-
-def unit_name(unit: Unit) -> str:
-    """A unit as the checkpoint keys it and the log names it: `12`, or `12:attention` for a block."""
-    index, part = unit
-    return str(index) if part is None else f"{index}:{part}"
 
 
 def per_turn(turns: ModelTurns | None, change: Change | None, measure: Callable[..., Scoring]) -> Scoring:
@@ -452,8 +457,10 @@ def run(settings: AblationSettings, context: RunContext) -> Iterator[Event]:
             write_checkpoint(path, state)
 
     stream = loaded.stream if isinstance(loaded, StreamedModel) else None
+    stream_state = None if stream is None or folder is None else \
+        StreamCheckpoint(Path(folder) / STREAM_FILE, state["key"], context.resume)
     events = run_ablation(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name, context.turns,
-                          done=done, keep=keep, stream=stream)
+                          done=done, keep=keep, stream=stream, stream_state=stream_state)
     yield from (events if stream is None else close_after(events, stream))
 
 

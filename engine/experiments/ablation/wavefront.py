@@ -14,12 +14,16 @@ reader thread reads the next layer meanwhile. All branch states stay where the l
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Progress
 from engine.evaluation.perplexity import Batch, Evaluator, TextScores, drained
 from engine.models.anatomy import LayerStack
@@ -29,6 +33,12 @@ from engine.models.streaming import HEAD, INPUT, OUTER, LayerSource
 Unit = tuple[int, str | None]
 Call = tuple[tuple[Any, ...], dict[str, Any]]  # a decoder layer's arguments besides its input
 Removal = Callable[[int, str | None], Any]  # (layer, part) -> the context that removes that unit
+
+
+def unit_name(unit: Unit) -> str:
+    """A unit as the checkpoint keys it and the log names it: `12`, or `12:attention` for a block."""
+    index, part = unit
+    return str(index) if part is None else f"{index}:{part}"
 
 
 class _Recorded(Exception):
@@ -81,8 +91,10 @@ class Wavefront:
     progress, returning the baseline's scores), then `score(unit)` gives a unit's scores."""
 
     def __init__(self, evaluator: Evaluator, stream: LayerSource, units: Sequence[Unit], removal: Removal,
-                 reach: int) -> None:
+                 reach: int, checkpoint: StreamCheckpoint | None = None) -> None:
         self.evaluator, self.stream, self.removal, self.reach = evaluator, stream, removal, reach
+        self.checkpoint = checkpoint
+        self.units = list(units)
         self.stack: LayerStack = evaluator.stack
         self.forks: dict[int, list[Unit]] = {}
         for unit in units:
@@ -116,9 +128,16 @@ class Wavefront:
         if not stream.tied:
             stream.free(INPUT)
         self.clean = firsts
+        start = 0
+        restored = None if self.checkpoint is None else \
+            self.checkpoint.restore(self.units, meter, part_meter, evaluator.batches[0].input_ids.device)
+        if restored is not None:
+            start, self.clean, self.branches = restored
+            yield Message(f"resuming the streamed map after layer {start - 1} (its checkpoint): layers {start} "
+                          f"to {n - 1} to read")
         began = time.perf_counter()
-        yield Progress(0, n, "streaming", phase="streaming", unit="layers")
-        for j in range(n):
+        yield Progress(start, n, "streaming", phase="streaming", unit="layers")
+        for j in range(start, n):
             if evaluator.cancel is not None:
                 evaluator.cancel.check()
             for index in range(max(0, j - self.reach), min(n, j + self.reach + 1)):
@@ -127,13 +146,15 @@ class Wavefront:
             with torch.no_grad():
                 self._advance(j, calls, meter, part_meter)
             stream.free(j - self.reach)
+            if self.checkpoint is not None and ((j + 1) % self.checkpoint.every == 0 or j + 1 == n):
+                self.checkpoint.save(j + 1, self.clean, self.branches, meter, part_meter)
             seconds = time.perf_counter() - began
-            if j == 0:
-                yield Message(f"layer 0 read and run in {seconds:.2f} s: about {seconds * n:.0f} s for the "
-                              f"{n} layers")
+            if j == start:
+                yield Message(f"layer {j} read and run in {seconds:.2f} s: about {seconds * (n - j):.0f} s for "
+                              f"the {n - j} layers")
             yield Progress(j + 1, n, f"streaming ({_size(stream.bytes_read)} read, "
                            f"{stream.bytes_read / max(stream.read_seconds, 1e-9) / 1e9:.2f} GB/s)",
-                           phase="streaming", unit="layers", rate=(j + 1) / seconds if seconds > 0 else None)
+                           phase="streaming", unit="layers", rate=(j + 1 - start) / seconds if seconds > 0 else None)
         for index in range(n):
             stream.free(index)
         stream.load(HEAD)
@@ -172,6 +193,72 @@ class Wavefront:
     def _scores(self, states: list[torch.Tensor]) -> TextScores:
         with self.stream.without_input():
             return drained(self.evaluator.scoring(len(self.stack), states=states))
+
+
+class StreamCheckpoint:
+    """The wavefront's state every `every` layers (and after the last): each branch's state, the
+    clean one's, the meters' sums, and the next layer, in one safetensors file written atomically
+    (a killed run resumes from the last one it finished), keyed by the sweep's key (model, dtype,
+    device, settings) so it never continues another map."""
+
+    def __init__(self, path: Path, key: dict[str, Any], resume: bool, every: int = 4) -> None:
+        self.path, self.key, self.resume, self.every = path, json.dumps(key, sort_keys=True), resume, every
+        if not resume:
+            self.path.unlink(missing_ok=True)  # a fresh run forgets an older run's state
+
+    def save(self, next_layer: int, clean: list[torch.Tensor], branches: dict[Unit, list[torch.Tensor]],
+             meter: Any, part_meter: Any) -> None:
+        from safetensors.torch import save_file
+
+        tensors = {f"clean.{b}": state for b, state in enumerate(clean)}
+        for unit, states in branches.items():
+            tensors.update({f"branch.{unit_name(unit)}.{b}": state for b, state in enumerate(states)})
+        tensors.update({f"sums.{i}": value for i, value in meter.sums.items()})
+        for i, rows in meter.last.items():
+            tensors.update({f"last.{i}.{k}": value for k, value in enumerate(rows)})
+        if part_meter is not None:
+            tensors.update({f"parts.{unit_name(key)}": value for key, value in part_meter.sums.items()})
+        staging = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        save_file({name: t.detach().to("cpu").contiguous().clone() for name, t in tensors.items()}, staging,
+                  metadata={"key": self.key, "next": str(next_layer)})
+        os.replace(staging, self.path)
+
+    def restore(self, units: Sequence[Unit], meter: Any, part_meter: Any,
+                device: torch.device) -> tuple[int, list[torch.Tensor], dict[Unit, list[torch.Tensor]]] | None:
+        """(next layer, clean states, branch states) of the last checkpoint on `device`, the meters
+        refilled; None without one (or one of another map, or one lacking a branch this run needs:
+        the units forked below its layer)."""
+        if not self.resume or not self.path.is_file() or self.path.is_symlink():
+            return None
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(self.path), framework="pt") as handle:
+                metadata = handle.metadata() or {}
+                if metadata.get("key") != self.key:
+                    return None
+                saved = {name: handle.get_tensor(name) for name in handle.keys()}
+            next_layer = int(metadata["next"])
+        except (OSError, SafetensorError, KeyError, ValueError) as exc:
+            raise UserError(f"{self.path} is damaged ({exc}); run without --resume to start over") from exc
+
+        def series(prefix: str) -> list[torch.Tensor]:
+            count = sum(name.startswith(prefix) and name[len(prefix):].isdigit() for name in saved)
+            return [saved[f"{prefix}{b}"].to(device) for b in range(count)]
+
+        clean = series("clean.")
+        branches = {unit: series(f"branch.{unit_name(unit)}.") for unit in units if unit[0] < next_layer}
+        if any(len(states) != len(clean) for states in branches.values()):
+            return None
+        meter.sums = {int(name[5:]): value.to(device) for name, value in saved.items() if name.startswith("sums.")}
+        meter.last = {}
+        last = sorted((tuple(map(int, name.split(".")[1:])), name) for name in saved if name.startswith("last."))
+        for (layer, _), name in last:
+            meter.last.setdefault(layer, []).append(saved[name].to(device))
+        if part_meter is not None:
+            part_meter.sums = {(int(name[6:].split(":")[0]), name.split(":")[1]): value.to(device)
+                               for name, value in saved.items() if name.startswith("parts.")}
+        return next_layer, clean, branches
 
 
 def _size(size: float) -> str:
