@@ -1,13 +1,14 @@
 """The streamed ablation map against the in-memory one (issue 42), on the CPU in float32.
 
-    python3 benchmarks/streamed_map.py [--quick] [--depth 60]
+    python3 benchmarks/streamed_map.py [--quick] [--depth 60] [--threads 1] [--rounds 2]
 
 The embedded model is saved as bfloat16 safetensors, and a deeper one made of its layers repeated
 (`--depth`); `--quick` uses a tiny Llama instead. Each map runs in a fresh process (load or open,
 then the map, neighbour mean, the paper's 10 texts): wall time, peak resident anonymous memory
 (RssAnon sampled every 5 ms, less what the process held before the model), bytes read from the
 checkpoint against its file size, and whether the two maps agree (largest relative difference of a
-row's perplexity, classes equal).
+row's perplexity, classes equal). `--rounds` pairs alternate their order (in memory first, then
+streamed first) on a shared machine; `--threads` torch threads in each map.
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ class PeakAnon:
         return max(self.peak, rss_anon())
 
 
-def child(mode: str, folder: str) -> None:
+def child(mode: str, folder: str, threads: int) -> None:
     """One map in this process; its figures as one JSON line."""
-    import torch  # noqa: F401  (imports are not the map's memory or time)
+    import torch  # (imports are not the map's memory or time)
     import transformers  # noqa: F401
 
+    torch.set_num_threads(threads)
     from engine.core.events import Result
     from engine.experiments.ablation.run import run_ablation
     from engine.experiments.ablation.vocabulary import AblationSettings
@@ -125,38 +127,46 @@ def deeper(source: Path, folder: Path, depth: int) -> Path:
     return folder
 
 
-def measure(folder: Path) -> None:
-    runs = {}
-    for mode in ("memory", "stream"):
-        done = subprocess.run([sys.executable, __file__, "--child", mode, str(folder)], check=True,
-                              capture_output=True, text=True)
-        runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-    memory, stream = runs["memory"], runs["stream"]
+def measure(folder: Path, threads: int, rounds: int) -> None:
     size = (folder / "model.safetensors").stat().st_size
-    worst = max(abs(a[0] - b[0]) / a[0] for a, b in zip(memory["rows"], stream["rows"], strict=True))
-    same = all(a[1] == b[1] for a, b in zip(memory["rows"], stream["rows"], strict=True))
-    print(f"{folder.name}: {len(memory['rows'])} layers, file {size / 1e6:.1f} MB")
-    print(f"  in memory: {memory['seconds']:.1f} s, peak anonymous {memory['peak_anon'] / 2**20:.0f} MiB")
-    print(f"  streamed:  {stream['seconds']:.1f} s, peak anonymous {stream['peak_anon'] / 2**20:.0f} MiB, "
-          f"read {stream['bytes_read']:,} bytes of {size:,} ({stream['bytes_read'] / size:.4f} of the file)")
-    print(f"  ratio wall streamed/in-memory: {stream['seconds'] / memory['seconds']:.2f}x; "
-          f"largest relative perplexity difference {worst:.1e}; classes identical: {same}")
+    print(f"{folder.name}: file {size / 1e6:.1f} MB")
+    ratios = []
+    for round_ in range(rounds):
+        runs = {}
+        for mode in ("memory", "stream") if round_ % 2 == 0 else ("stream", "memory"):
+            done = subprocess.run([sys.executable, __file__, "--child", mode, str(folder), "--threads", str(threads)],
+                                  check=True, capture_output=True, text=True)
+            runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        memory, stream = runs["memory"], runs["stream"]
+        worst = max(abs(a[0] - b[0]) / a[0] for a, b in zip(memory["rows"], stream["rows"], strict=True))
+        same = all(a[1] == b[1] for a, b in zip(memory["rows"], stream["rows"], strict=True))
+        ratios.append(stream["seconds"] / memory["seconds"])
+        print(f"  round {round_ + 1} ({'in memory first' if round_ % 2 == 0 else 'streamed first'}), "
+              f"{len(memory['rows'])} layers")
+        print(f"    in memory: {memory['seconds']:.1f} s, peak anonymous {memory['peak_anon'] / 2**20:.0f} MiB")
+        print(f"    streamed:  {stream['seconds']:.1f} s, peak anonymous {stream['peak_anon'] / 2**20:.0f} MiB, "
+              f"read {stream['bytes_read']:,} bytes of {size:,} ({stream['bytes_read'] / size:.4f} of the file)")
+        print(f"    wall streamed/in-memory {ratios[-1]:.2f}x; largest relative perplexity difference {worst:.1e}; "
+              f"classes identical: {same}")
+    print(f"  ratio streamed_map: {sorted(ratios)[len(ratios) // 2]:.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="a tiny Llama instead of the embedded model")
     parser.add_argument("--depth", type=int, default=60, help="layers of the deeper model (0: none)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in each map")
+    parser.add_argument("--rounds", type=int, default=2, help="pairs of maps, their order alternating")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(*args.child)
+        child(*args.child, args.threads)
         return
     with tempfile.TemporaryDirectory() as tmp:
         base = bfloat16_copy(Path(tmp) / ("tiny-bf16" if args.quick else "smollm2-135m-bf16"), args.quick)
-        measure(base)
+        measure(base, args.threads, args.rounds)
         if args.depth:
-            measure(deeper(base, Path(tmp) / f"{base.name}-x{args.depth}", args.depth))
+            measure(deeper(base, Path(tmp) / f"{base.name}-x{args.depth}", args.depth), args.threads, args.rounds)
 
 
 if __name__ == "__main__":
