@@ -42,8 +42,8 @@ def all_changed() -> ModelOptions:
 
 
 def run_options(argv: list[str]) -> ModelOptions:
-    """The options `anatomy-tui run ...` reads from a job's argv (after `python -m tui.cli`)."""
-    assert argv[1:3] == ["-m", "tui.cli"]
+    """The options `anatomy-tui run ...` reads from a job's argv (after `python -c PROGRAM`)."""
+    assert argv[1] == "-c"
     return model_options_from_args(build_parser(argv[4]).parse_args(argv[3:]))
 
 
