@@ -23,7 +23,7 @@ from engine.core.codec import json_safe
 from engine.core.errors import UserError
 from engine.evaluation.perplexity import Evaluator
 from engine.experiments.ablation.vocabulary import AblationRow
-from engine.experiments.prune.run import layers_worth
+from engine.experiments.prune.criteria import layers_worth
 from engine.experiments.prune.vocabulary import PruneSettings
 from engine.models import families
 from engine.models.anatomy import PARTS, LayerStack

@@ -406,7 +406,7 @@ def every_cut(n_layers: int, count: int):
 def test_prune_healing_is_planned_for_every_layer_it_trains(remove):
     """Adjacent healing trains every kept layer next to a cut: up to two per removed layer when the
     cuts are scattered. The plan holds the most any cut of these counts trains, no more."""
-    from engine.experiments.prune.run import neighbours_of_cuts
+    from engine.experiments.prune.healing import neighbours_of_cuts
     from engine.experiments.prune.vocabulary import PruneSettings
 
     model = tiny_model("llama")

@@ -70,7 +70,7 @@ def test_a_non_finite_value_at_a_pad_position_does_not_spoil_the_sums():
     product gave inf * 0 = NaN, and that text's perplexity inf. Every masked sum must ignore them."""
     from engine.evaluation.perplexity import Batch, token_nll
     from engine.experiments.ablation.run import InfluenceMeter
-    from engine.experiments.prune.run import AngularMeter
+    from engine.experiments.prune.criteria import AngularMeter
 
     ids = torch.tensor([[1, 2, 3, 0], [4, 5, 6, 7]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])

@@ -15,7 +15,7 @@ from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Batch
 from engine.experiments.ablation.run import InfluenceMeter, block_search, run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings
-from engine.experiments.prune.run import criterion_layers
+from engine.experiments.prune.criteria import criterion_layers
 from engine.experiments.prune.vocabulary import PruneSettings
 
 

@@ -19,7 +19,8 @@ from engine.core.events import Result
 from engine.evaluation.perplexity import Evaluator
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
 from engine.experiments.context import RunContext
-from engine.experiments.prune.run import map_degradation, neighbours_of_cuts
+from engine.experiments.prune.criteria import map_degradation
+from engine.experiments.prune.healing import neighbours_of_cuts
 from engine.experiments.prune.vocabulary import PrunePoint, PruneScores, PruneSettings
 from engine.models.anatomy import LayerStack
 from engine.models.loading import LoadedModel
@@ -244,7 +245,7 @@ def test_half_precision_healing_trains_float32_masters_and_restores(tokenizer, f
 
 def test_depth_fit_recovers_a_known_law():
     from engine.evaluation.perplexity import TextScores
-    from engine.experiments.prune.run import depth_law, fit_depth
+    from engine.experiments.prune.depth_law import depth_law, fit_depth
 
     depths = np.array([30.0, 29, 28, 26, 22, 18])
     fit = fit_depth(depths, 2.0 + 30.0 / depths**1.2)

@@ -24,8 +24,8 @@ from engine.evaluation.accuracy import (
     disagreement,
     exact_match_of,
 )
+from engine.experiments.prune.healing import CutWeights, Healer, holding
 from engine.experiments.prune.replace import estimate, folded, least_squares, output_projection
-from engine.experiments.prune.run import CutWeights, Healer, holding
 from engine.experiments.prune.vocabulary import PruneSettings
 from engine.models.anatomy import LayerStack
 from engine.models.memory import ModelShape

@@ -1,0 +1,64 @@
+"""prune's depth law (exploratory): the `ppl` curve's loss against remaining depth l fitted to
+c / l^a + L0, with a bootstrap interval on the exponent."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.evaluation.perplexity import TextScores
+from engine.experiments.prune.vocabulary import CHINCHILLA_A_L, DepthLaw
+
+A_GRID = np.linspace(0.01, 10.0, 1999)  # exponents tried; powerfit's bound, 0.005 apart
+
+
+def fit_depth(depths: np.ndarray, losses: np.ndarray) -> dict[str, np.ndarray]:
+    """Least-squares fits of L = c / l^a + L0 (c, L0 >= 0), one per row of `losses` (R, N).
+
+    For a fixed a the model is linear in (c, L0), so each a on a fine grid is solved in closed
+    form and the best a kept: exact up to the grid, and a thousand bootstrap refits cost one
+    array operation (powerfit's iterative fit is built for many more parameters)."""
+    y = np.atleast_2d(losses)
+    x = depths[None, :] ** -A_GRID[:, None]  # (G, N)
+    xm, ym = x.mean(axis=1), y.mean(axis=1)
+    centred = x - xm[:, None]
+    c = np.einsum("gn,rn->rg", centred, y) / (centred**2).sum(axis=1)
+    floor = ym[:, None] - c * xm[None, :]
+    through_zero = floor < 0  # L0 would be negative: fit with L0 = 0
+    c = np.where(through_zero, np.einsum("gn,rn->rg", x, y) / (x**2).sum(axis=1), c)
+    floor = np.where(through_zero, 0.0, floor)
+    flat = c < 0  # loss falls with depth removed: no depth term
+    c, floor = np.where(flat, 0.0, c), np.where(flat, ym[:, None], floor)
+    sse = ((c[:, :, None] * x[None] + floor[:, :, None] - y[:, None, :]) ** 2).sum(axis=2)
+    best = sse.argmin(axis=1)
+    rows = np.arange(y.shape[0])
+    return {"a": A_GRID[best], "c": c[rows, best], "L0": floor[rows, best]}
+
+
+def depth_law(n_layers: int, points: Sequence[tuple[int, TextScores]], resamples: int,
+              seed: int) -> DepthLaw | None:
+    """The `ppl` curve's loss (ln PPL) against remaining depth, fitted; ci95 from refits on
+    bootstrap resamples of the evaluation texts. Exploratory: a pruned trained model is not a model
+    trained at that depth."""
+    depths = np.array([n_layers - removed_ for removed_, _ in points], dtype=float)
+    nll = np.stack([scores.nll for _, scores in points])
+    tokens = points[0][1].tokens
+    losses = nll.sum(axis=1) / tokens.sum()
+    if len(points) < 4 or not np.all(np.isfinite(losses)):
+        return None
+    fit = fit_depth(depths, losses)
+    best = {key: float(value[0]) for key, value in fit.items()}
+    ci = None
+    if resamples:
+        draws = np.random.default_rng(seed).integers(0, len(tokens), size=(resamples, len(tokens)))
+        values = np.concatenate([  # in chunks: the grid search holds resamples x grid x points
+            fit_depth(depths, nll[:, chunk].sum(axis=2).T / tokens[chunk].sum(axis=1)[:, None])["a"]
+            for chunk in np.array_split(draws, max(1, resamples // 100))])
+        ci = [float(v) for v in np.percentile(values, [2.5, 97.5])]
+    return DepthLaw(
+        **best, ci95=ci, points=len(depths), depths=depths.tolist(),
+        label="exploratory: loss (ln PPL) of the ppl criterion's cuts against remaining depth l, "
+              "fitted to c / l^a + L0; a pruned trained model is not a model trained at depth l",
+        chinchilla=CHINCHILLA_A_L,
+    )
