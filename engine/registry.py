@@ -3,30 +3,42 @@ printers, snapshots, the documentation's event table (docs/events.md) and the te
 
 An experiment is a folder, `engine/experiments/<name>/`: its `vocabulary` module (settings, events,
 result document, its upgrade of older documents, a sample result and its presets; torch-free) and
-its computation (`run(settings, context)`, and `shard_plan` where its sweep splits). A row names
-both modules and imports neither: the vocabulary when the row's settings, result or sample are
-first asked for, or one of its event kinds is read (engine/core/events.py `declare_vocabulary`),
-the computation when a run wants it; so the console paints and `anatomy-tui --help` answers before
-the experiments' hundred and more dataclasses are built, and before torch loads. Adding one is its
-folder, its view (`tui/views/<name>.py`) and a row here; `register` adds a row at run time (a
-test's throwaway experiment).
+its computation (`run(settings, context)`, and `shard_plan` where its sweep splits). A row holds
+its package, whose `contract()` and `computation()` import them (engine/experiments/contract.py):
+the vocabulary when the row's settings, result or sample are first asked for, or one of its event
+kinds is read (engine/core/events.py `declare_vocabulary`), the computation when a run wants it; so
+the console paints and `anatomy-tui --help` answers before the experiments' hundred and more
+dataclasses are built, and before torch loads. Adding one is its folder, its view
+(`tui/views/<name>.py`) and a row here; `register` adds a row at run time (a test's throwaway
+experiment).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
 from engine.core.events import Event, Progress, ResultDocument, declare_vocabulary, event_types, forget_types
 from engine.core.settings import Settings
 from engine.disk.atomic import atomic_write_bytes
+from engine.experiments import (
+    ablation,
+    dynamics,
+    evaluate,
+    growth,
+    manipulate,
+    prune,
+    recovery,
+    scaling_fit,
+    toy_depth,
+    weights,
+)
 from engine.experiments.context import RunContext
+from engine.experiments.contract import Contract, ExperimentFolder
 
 if TYPE_CHECKING:
     from engine.models.distributed import ShardPlan
@@ -34,48 +46,49 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Experiment:
-    """One command: `anatomy-tui run NAME`. Its vocabulary module holds its Settings class and its
-    result document class (named here), `sample()` (a result built from the class: the tests' and
-    snapshots' example) and, where it has presets (`--preset NAME`), `PRESETS`. Its computation
-    module defines `run(settings, context) -> Iterator[Event]` and, when the row is `shardable`,
+    """One command: `anatomy-tui run NAME`. Its folder (engine/experiments/<name>/, see
+    engine/experiments/contract.py) declares its vocabulary, `contract()`: the Settings class, the
+    result document class, `sample()` (the tests' and snapshots' example), presets (`--preset NAME`)
+    and its sample's frame and figure; and its computation, `computation()`: a module with
+    `run(settings, context) -> Iterator[Event]` and, when the row is `shardable`,
     `shard_plan(settings, n_layers, inputs, model_name) -> ShardPlan` (how its sweep splits over
-    workers)."""
+    workers). `reads` and `reads_folders` are the edges to other experiments: the results handed
+    over in RunContext.inputs, and the experiments whose checkpoint folders it reads
+    (RunContext.folder_of)."""
 
     name: str
     help: str
-    vocabulary: str  # the module of its words, imported when first needed
-    settings_name: str  # its Settings class there
-    result_name: str  # its result document class there: results/<that class's name>.json
-    computation: str  # the module with `run` (and `shard_plan`)
+    folder: ExperimentFolder  # its package; each part imported when first asked for
     needs_model: bool = True
     resumable: bool = False
     reads: tuple[str, ...] = ()  # session results handed over in RunContext.inputs
+    reads_folders: tuple[str, ...] = ()  # experiments whose checkpoint folders it reads (evaluate: recovery's layers)
     long: bool = False  # the console runs it as its own process rather than in a thread
     preset: str = ""  # the preset `--preset` starts from when not given
     shardable: bool = False  # its sweep splits over worker processes (`--shards N`, torchrun)
     oom_advice: str = "a smaller --eval-batch-size or --max-length, or --dtype float16"  # flags that need less memory
     console_flags: tuple[str, ...] = ()  # the flags the console's form for it starts with (growth: its tiny preset)
 
-    def words(self) -> ModuleType:
-        """Its vocabulary module (imported now if it was not yet)."""
-        return importlib.import_module(self.vocabulary)
+    def contract(self) -> Contract:
+        """Its vocabulary's declaration (the vocabulary imported now if it was not yet)."""
+        return self.folder.contract()
 
     @property
     def settings_class(self) -> type[Settings]:
-        return getattr(self.words(), self.settings_name)
+        return self.contract().settings
 
     @property
     def result_class(self) -> type[ResultDocument]:
-        return getattr(self.words(), self.result_name)
+        return self.contract().result
 
     @property
     def presets(self) -> Mapping[str, Settings]:
         """Its named settings, `--preset NAME` (none: an empty mapping)."""
-        return getattr(self.words(), "PRESETS", {})
+        return self.contract().presets
 
     def sample(self) -> ResultDocument:
         """A result built from the class: the tests' and snapshots' example."""
-        return self.words().sample()
+        return self.contract().sample()
 
     @property
     def writes(self) -> str:
@@ -106,7 +119,7 @@ class Experiment:
         if not self.shardable:
             names = ", ".join(entry.name for entry in EXPERIMENTS if entry.shardable)
             raise UserError(f"{self.name} does not split over workers; --shards applies to {names}")
-        return importlib.import_module(self.computation).shard_plan(settings, n_layers, inputs or {}, model_name)
+        return self.folder.computation().shard_plan(settings, n_layers, inputs or {}, model_name)
 
     def known_units(self, settings: Settings) -> int | None:
         """How many units its sweep has when the settings alone fix it (layers given, or no model
@@ -121,60 +134,52 @@ class Experiment:
         garbage collector: only in a process that runs this one job (engine.core.frozen_imports)."""
         from engine.core.frozen_imports import import_frozen
 
-        import_frozen(self.computation, *(("transformers.modeling_utils",) if with_model else ()))
+        import_frozen(self.folder.computation, *(("transformers.modeling_utils",) if with_model else ()))
 
     def run(self, settings: Settings, context: RunContext) -> Iterator[Event]:
-        """The experiment's events. Out of memory anywhere in it is one line naming the experiment and
-        the flags to change, raised after the memory is given back (every front end, every worker)."""
+        """The experiment's events, its context told which other experiments' folders it may read
+        (`reads_folders`). Out of memory anywhere in it is one line naming the experiment and the
+        flags to change, raised after the memory is given back (every front end, every worker)."""
         from engine.models.oom import out_of_memory_guard
 
         yield Progress(0, 0, f"{self.name}: starting", phase="starting")  # said before any forward
-        runner: Callable[[Any, RunContext], Iterator[Event]] = importlib.import_module(self.computation).run
+        runner: Callable[[Any, RunContext], Iterator[Event]] = self.folder.computation().run
         with out_of_memory_guard(self.name, self.oom_advice):
-            yield from runner(settings, context)
-
-
-def _row(name: str, help: str, settings: str, result: str, **options: Any) -> Experiment:
-    """A row whose folder is `engine/experiments/<name with _ for ->/`: its `vocabulary` module and
-    its computation, the `run` module (growth's is `experiment`)."""
-    folder = f"engine.experiments.{name.replace('-', '_')}"
-    computation = f"{folder}.{options.pop('computation', 'run')}"
-    return Experiment(name, help, f"{folder}.vocabulary", settings, result, computation, **options)
+            yield from runner(settings, dataclasses.replace(context, folders_read=self.reads_folders))
 
 
 EXPERIMENTS: list[Experiment] = [
-    _row("ablation", "layer-importance map: ablate each layer, measure perplexity",
-         "AblationSettings", "AblationMap", resumable=True, shardable=True),
-    _row("recovery", "recovery speed: noise one layer, fine-tune it alone, follow its PPL",
-         "RecoverySettings", "RecoveryResult", resumable=True, reads=("ablation",), long=True, shardable=True,
-         oom_advice="a smaller --batch-size, --block-size or --eval-batch-size, or --dtype float16"),
-    _row("growth", "grow a transformer phase by phase from an importance profile vs a uniform one",
-         "GrowthSettings", "GrowthResult", computation="experiment", needs_model=False, resumable=True,
-         reads=("ablation",), long=True, preset="paper",
-         oom_advice="a smaller --batch-size or --hidden-size, or --preset tiny", console_flags=("--preset", "tiny")),
-    _row("dynamics", "hidden-state angles per layer, PCA and clusters of token profiles",
-         "DynamicsSettings", "DynamicsResult", oom_advice="a smaller --eval-batch-size, --max-length or --max-tokens"),
-    _row("scaling-fit", "fit L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 to training runs (CSV)",
-         "ScalingFitSettings", "ScalingFitResult", needs_model=False),
-    _row("toy-depth", "teacher-student toy models: student loss against depth, fitted a_l",
-         "ToyDepthSettings", "ToyDepthResult", needs_model=False, resumable=True, long=True, preset="tiny",
-         shardable=True, oom_advice="a smaller --batch-size or --width, or --device cpu"),
-    _row("weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox",
-         "WeightsSettings", "WeightsResult",
-         oom_advice="--no-paradox, fewer --components, or a smaller --eval-batch-size"),
-    _row("manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples",
-         "ManipulationSettings", "ManipulateResult", reads=("ablation",), shardable=True),
-    _row("prune", "remove layers by four criteria, heal the cut, export the pruned model",
-         "PruneSettings", "PruneResult", reads=("ablation",), long=True,
-         oom_advice="a smaller --eval-batch-size or --batch-size, or --heal-steps 0"),
-    _row("evaluate", "zero-shot accuracy through lm-eval of the model and its variants, with a generation check",
-         "EvaluateSettings", "EvaluateResult", reads=("prune", "growth", "evaluate"), long=True,
-         oom_advice="a smaller --batch-size, or --dtype float16"),
+    Experiment("ablation", "layer-importance map: ablate each layer, measure perplexity", ablation,
+               resumable=True, shardable=True),
+    Experiment("recovery", "recovery speed: noise one layer, fine-tune it alone, follow its PPL", recovery,
+               resumable=True, reads=("ablation",), long=True, shardable=True,
+               oom_advice="a smaller --batch-size, --block-size or --eval-batch-size, or --dtype float16"),
+    Experiment("growth", "grow a transformer phase by phase from an importance profile vs a uniform one", growth,
+               needs_model=False, resumable=True, reads=("ablation",), long=True, preset="paper",
+               oom_advice="a smaller --batch-size or --hidden-size, or --preset tiny",
+               console_flags=("--preset", "tiny")),
+    Experiment("dynamics", "hidden-state angles per layer, PCA and clusters of token profiles", dynamics,
+               oom_advice="a smaller --eval-batch-size, --max-length or --max-tokens"),
+    Experiment("scaling-fit", "fit L = c_m/m^a_m + c_l/l^a_l + c_D/D^a_D + L0 to training runs (CSV)", scaling_fit,
+               needs_model=False),
+    Experiment("toy-depth", "teacher-student toy models: student loss against depth, fitted a_l", toy_depth,
+               needs_model=False, resumable=True, long=True, preset="tiny", shardable=True,
+               oom_advice="a smaller --batch-size or --width, or --device cpu"),
+    Experiment("weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox",
+               weights, oom_advice="--no-paradox, fewer --components, or a smaller --eval-batch-size"),
+    Experiment("manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples", manipulate,
+               reads=("ablation",), shardable=True),
+    Experiment("prune", "remove layers by four criteria, heal the cut, export the pruned model", prune,
+               reads=("ablation",), long=True,
+               oom_advice="a smaller --eval-batch-size or --batch-size, or --heal-steps 0"),
+    Experiment("evaluate", "zero-shot accuracy through lm-eval of the model and its variants, with a generation check",
+               evaluate, reads=("prune", "growth", "evaluate"), reads_folders=("recovery",), long=True,
+               oom_advice="a smaller --batch-size, or --dtype float16"),
 ]
 
 BY_NAME: dict[str, Experiment] = {experiment.name: experiment for experiment in EXPERIMENTS}
 for _entry in EXPERIMENTS:
-    declare_vocabulary(_entry.name, _entry.vocabulary)
+    declare_vocabulary(_entry.name, _entry.folder.contract)
 
 
 def register(entry: Experiment) -> None:
@@ -184,7 +189,7 @@ def register(entry: Experiment) -> None:
         raise ValueError(f"experiment {entry.name!r} registered twice")
     EXPERIMENTS.append(entry)
     BY_NAME[entry.name] = entry
-    declare_vocabulary(entry.name, entry.vocabulary)
+    declare_vocabulary(entry.name, entry.folder.contract)
 
 
 def unregister(name: str) -> None:

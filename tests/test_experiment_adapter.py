@@ -67,7 +67,7 @@ def test_settings_of_no_experiment_train_nothing_and_keep_no_checkpoints() -> No
 
 def test_every_shardable_row_has_a_shard_plan_and_only_those() -> None:
     for entry in registry.EXPERIMENTS:
-        computation = importlib.import_module(entry.computation)
+        computation = entry.folder.computation()
         assert (getattr(computation, "shard_plan", None) is not None) == entry.shardable, entry.name
 
 

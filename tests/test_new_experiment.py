@@ -4,7 +4,9 @@ The experiment here (tests/throwaway.py) is written as files into a temporary pa
 contributor would write `engine/experiments/letter_count/` and `tui/views/letter_count.py`, and
 registered with one row. It then shows in `anatomy-tui run --help` with its flags, runs into a
 session and its --json file, prints through its view, reads back through its class, stands in
-the console's Analyses pane, and splits over workers; without a view it prints as JSON.
+the console's Analyses pane, and splits over workers; without a view it prints as JSON. It keeps
+the contract every experiment keeps (tests/experiment_contract.py), and one written without its
+figure, its frame or its view is told so by name.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from experiment_contract import contract_problems, figure_problems
 from in_process_workers import InProcessWorkers
 from throwaway import installed
 
@@ -37,7 +40,7 @@ def experiment(tmp_path):
 
 @pytest.fixture
 def viewless(tmp_path):
-    yield from installed(tmp_path / "package", with_view=False)
+    yield from installed(tmp_path / "package", without=("view",))
 
 
 def test_nothing_else_in_the_project_changes() -> None:
@@ -63,7 +66,8 @@ def test_it_runs_into_a_session_and_the_json_and_prints_through_its_view(experim
     out = tmp_path / "letters.json"
     assert main(["run", "letter-count", "--words", "ab,cde", "--repeat", "2", "--session", "s",
                  "--json", str(out)]) == 0  # fmt: skip
-    expected = {"counts": {"ab": 4, "cde": 6}, "total": 10}
+    settings = {"words": ["ab", "cde"], "repeat": 2, "block_size": 8}
+    expected = {"counts": {"ab": 4, "cde": 6}, "total": 10, "settings": settings}
     assert json.loads(out.read_text()) == expected
     session = SessionStore().open("s")
     assert session.load_result("letter-count") == expected
@@ -105,8 +109,25 @@ def test_its_settings_tell_the_memory_plan_what_it_trains(experiment) -> None:
 
 def test_without_a_view_it_prints_its_json_and_is_no_analysis(viewless, capsys) -> None:
     assert main(["run", "letter-count", "--words", "xyz"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"counts": {"xyz": 3}, "total": 3}
+    assert json.loads(capsys.readouterr().out) == {"counts": {"xyz": 3}, "total": 3,
+                                                   "settings": {"words": ["xyz"], "repeat": 1, "block_size": 8}}
     assert "letter-count" not in [name for name, _ in analyses()]
+
+
+def test_it_keeps_the_contract_every_experiment_keeps(experiment) -> None:
+    pytest.importorskip("matplotlib")
+    assert contract_problems(experiment) == [] and figure_problems(experiment) == []
+
+
+@pytest.mark.parametrize(("part", "said"), [
+    ("figure", "letter-count: no figure (figures/letter_count.py with draw(result))"),
+    ("frame", "letter-count: no frame declared (Contract.frame: its sample's tidy table, first columns and rows)"),
+    ("view", "letter-count: no view (tui/views/letter_count.py)"),
+])  # fmt: skip
+def test_a_part_left_out_is_named_by_the_contract_check(tmp_path, part, said) -> None:
+    pytest.importorskip("matplotlib")
+    for entry in installed(tmp_path / "package", without=(part,)):
+        assert [*contract_problems(entry), *figure_problems(entry)] == [said]
 
 
 def test_unregistered_it_is_gone(tmp_path) -> None:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
@@ -26,6 +27,7 @@ from engine.core.events import Event, Message, Progress, Result, ResultDocument
 from engine.core.process import STOP_EXIT_CODES, Stopped, exit_code, interruption, stop_on_signals, stop_signal
 from engine.core.settings import Settings
 from engine.experiments.context import RunContext
+from engine.experiments.contract import Contract
 from engine.models.options import ModelOptions
 from engine.registry import Experiment
 from sessions.job_runner import run_job
@@ -236,8 +238,10 @@ def run(settings: LateSettings, context: RunContext) -> Iterator[Event]:
 
 
 def test_an_error_after_the_load_is_one_line_with_no_empty_bar(monkeypatch, capsys):
-    row = Experiment("late-error", "fails once it runs", __name__, "LateSettings", "LateResult", __name__,
-                     needs_model=False)  # fmt: skip
+    here = sys.modules[__name__]  # its vocabulary and its computation
+    folder = SimpleNamespace(__name__=__name__, contract=lambda: Contract(LateSettings, LateResult, LateResult),
+                             computation=lambda: here)
+    row = Experiment("late-error", "fails once it runs", folder, needs_model=False)
     registry.register(row)
     try:
         assert main(["run", "late-error", "--session", "late"]) == 2

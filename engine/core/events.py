@@ -5,9 +5,10 @@ An experiment is a generator of `Event`s that ends by yielding a `Result`. Event
 with a schema version, and each one carries enough to redraw the UI from it alone, so a console
 that reopens a session replays the log instead of recomputing. This module names no experiment:
 each experiment's events and result document live in its own torch-free vocabulary module
-(`engine/experiments/<name>/vocabulary.py`), registered here by the `event_type` and
-`result_type` decorators when it is imported. The registry names each one here
-(`declare_vocabulary`) without importing it: the tables below import a vocabulary when one of its
+(`engine/experiments/<name>/vocabulary.py`), each class declared once by the `event(kind)` or
+`result(name)` decorator (a frozen dataclass of its fields, its kind or file name, its version 1
+spellings, registered) when it is imported. The registry hands each one's loader here
+(`declare_vocabulary`) without calling it: the tables below import a vocabulary when one of its
 kinds or its result is first looked up, so a front end that reads no event pays for none of the
 experiments' dataclasses (the console's first paint, `anatomy-tui --help`).
 
@@ -29,12 +30,17 @@ and `class`; `upgrade_event` rewrites such documents on reading through each cla
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
+
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:  # Python 3.10
+    from typing_extensions import dataclass_transform
 
 from engine.core.codec import ABSENT, from_doc, json_safe
 
@@ -43,8 +49,9 @@ EVENT_SCHEMA_VERSION = 2
 _EVENT_TYPES: dict[str, type[Event]] = {}
 _V1_KINDS: dict[str, type[Event]] = {}  # a version 1 kind spelled otherwise -> its class
 _RESULT_TYPES: dict[str, type[ResultDocument]] = {}
-_VOCABULARIES: dict[str, str] = {}  # a command -> its vocabulary module, not imported yet
+_VOCABULARIES: dict[str, Callable[[], object]] = {}  # a command -> what imports its vocabulary, not called yet
 T = TypeVar("T")
+E = TypeVar("E", bound="Event")
 R = TypeVar("R", bound="ResultDocument")
 
 
@@ -96,14 +103,29 @@ class CancelToken:
             raise Cancelled()
 
 
-def event_type(cls: type[Event]) -> type[Event]:
-    """Class decorator: registers an event class under its `kind` for `event_from_json`."""
+def _register_event(cls: type[E]) -> type[E]:
+    """Registers an event class under its `kind` (and its version 1 kind) for `event_from_json`."""
     if cls.kind in _EVENT_TYPES and _EVENT_TYPES[cls.kind] is not cls:
         raise ValueError(f"event kind {cls.kind!r} registered twice")
     _EVENT_TYPES[cls.kind] = cls
     if cls.v1_kind:
         _V1_KINDS[cls.v1_kind] = cls
     return cls
+
+
+@dataclass_transform(frozen_default=True)
+def event(kind: str, v1_kind: str = "", v1_fields: Mapping[str, str] | None = None) -> Callable[[type[E]], type[E]]:
+    """Class decorator, the one declaration of an event: the class made a frozen dataclass of the
+    fields it declares, under `kind` (`<command>.<what>`), with version 1's kind and field names where
+    they were spelled otherwise; registered for `event_from_json` and the event table."""
+
+    def declare(cls: type[E]) -> type[E]:
+        cls.kind, cls.v1_kind = kind, v1_kind
+        if v1_fields is not None:
+            cls.v1_fields = v1_fields
+        return _register_event(dataclass(frozen=True)(cls))
+
+    return declare
 
 
 def event_types() -> dict[str, type[Event]]:
@@ -113,10 +135,11 @@ def event_types() -> dict[str, type[Event]]:
     return dict(_EVENT_TYPES)
 
 
-def declare_vocabulary(command: str, module: str) -> None:
-    """Names the module that declares `command`'s event kinds (`<command>.*`) and its result
-    document, imported when one of them is first looked up (or every kind is asked for)."""
-    _VOCABULARIES[command] = module
+def declare_vocabulary(command: str, load: Callable[[], object]) -> None:
+    """Gives the function that imports the module declaring `command`'s event kinds (`<command>.*`)
+    and its result document (its package's `contract`), called when one of them is first looked up
+    (or every kind is asked for)."""
+    _VOCABULARIES[command] = load
 
 
 def _import_vocabularies(command: str | None = None) -> None:
@@ -124,9 +147,9 @@ def _import_vocabularies(command: str | None = None) -> None:
     module counts as imported once its import returns: a thread that asks meanwhile waits on
     Python's import lock for the same module, never finds its kinds missing."""
     for name in [command] if command is not None else list(_VOCABULARIES):
-        module = _VOCABULARIES.get(name)  # type: ignore[arg-type]
-        if module is not None:
-            importlib.import_module(module)
+        load = _VOCABULARIES.get(name)
+        if load is not None:
+            load()
             _VOCABULARIES.pop(name, None)
 
 
@@ -200,13 +223,20 @@ def decode_or_none(cls: type[R], doc: Any, on_error: Callable[[Exception], objec
         return None
 
 
-def result_type(cls: type[R]) -> type[R]:
-    """Class decorator: registers a result document class under its `name`, so an event log's
-    version 1 results are upgraded by their own class."""
-    if cls.name in _RESULT_TYPES and _RESULT_TYPES[cls.name] is not cls:
-        raise ValueError(f"result {cls.name!r} registered twice")
-    _RESULT_TYPES[cls.name] = cls
-    return cls
+@dataclass_transform(frozen_default=True)
+def result(name: str) -> Callable[[type[R]], type[R]]:
+    """Class decorator, the one declaration of a result document: the class made a frozen dataclass
+    of its fields, written as results/<name>.json, and registered so an event log's version 1
+    results are upgraded by their own class."""
+
+    def declare(cls: type[R]) -> type[R]:
+        if name in _RESULT_TYPES and _RESULT_TYPES[name] is not cls:
+            raise ValueError(f"result {name!r} registered twice")
+        cls.name = name
+        _RESULT_TYPES[name] = cls
+        return dataclass(frozen=True)(cls)  # the class itself, made a dataclass
+
+    return declare
 
 
 def result_class(name: str) -> type[ResultDocument] | None:
@@ -275,27 +305,21 @@ def event_from_json(doc: dict[str, Any]) -> Event:
     return from_doc(cls, doc)
 
 
-@event_type
-@dataclass(frozen=True)
+@event("job.started", v1_kind="started")
 class Started(Event):
     """A job began; `spec` is its full settings, so it can be resumed from the log alone."""
 
-    kind: ClassVar[str] = "job.started"
-    v1_kind: ClassVar[str] = "started"
     experiment: str
     spec: dict[str, Any]
 
 
-@event_type
-@dataclass(frozen=True)
+@event("job.progress", v1_kind="progress")
 class Progress(Event):
     """Progress of a job: `done` of `total` `unit`s (texts, batches, steps, layers; total 0 while
     not known) in its `phase` (starting, baseline, training, evaluation, ...), with a short label and
     the `rate` measured in this phase (units a second; null before one unit is done), from which a
     front end draws a bar and the time left (`seconds_left`)."""
 
-    kind: ClassVar[str] = "job.progress"
-    v1_kind: ClassVar[str] = "progress"
     done: int
     total: int
     label: str = ""
@@ -327,24 +351,18 @@ class Pace:
         return Progress(done, self.total, self.label, phase=self.phase, unit=self.unit, rate=rate)
 
 
-@event_type
-@dataclass(frozen=True)
+@event("job.message", v1_kind="message")
 class Message(Event):
     """A line for the log panel (level: info, warning, error)."""
 
-    kind: ClassVar[str] = "job.message"
-    v1_kind: ClassVar[str] = "message"
     text: str
     level: str = "info"
 
 
-@event_type
-@dataclass(frozen=True)
+@event("job.result", v1_kind="result")
 class Result(Event):
     """The last event of an experiment: `name` is the result file, `data` its JSON document."""
 
-    kind: ClassVar[str] = "job.result"
-    v1_kind: ClassVar[str] = "result"
     name: str
     data: dict[str, Any]
 
@@ -368,8 +386,7 @@ def kept_on_stop(work: Iterator[Event], partial: Callable[[], Result | None]) ->
         raise
 
 
-@event_type
-@dataclass(frozen=True)
+@event("job.state")
 class TaskState(Event):
     """A task's state changed (queued, placed, running, retried, done; an atlas's measures also
     waiting, reused, failed, interrupted), `detail` saying more (where it was placed, its progress,
@@ -377,7 +394,6 @@ class TaskState(Event):
     its measures' into its own session, `task` naming it (model|variant|experiment), `session` the
     session it runs into and `since` the byte of that session's log its job follows."""
 
-    kind: ClassVar[str] = "job.state"
     state: str
     detail: str = ""
     task: str = ""
@@ -385,21 +401,15 @@ class TaskState(Event):
     since: int = 0
 
 
-@event_type
-@dataclass(frozen=True)
+@event("job.cancelling")
 class Cancelling(Event):
     """The job was asked to stop; it stops at its next forward (and keeps what it finished)."""
 
-    kind: ClassVar[str] = "job.cancelling"
 
-
-@event_type
-@dataclass(frozen=True)
+@event("job.finished", v1_kind="finished")
 class Finished(Event):
     """Written by the job runner when a job ends: status is done, cancelled or failed."""
 
-    kind: ClassVar[str] = "job.finished"
-    v1_kind: ClassVar[str] = "finished"
     status: str
     error: str = ""
 

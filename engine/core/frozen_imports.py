@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+from collections.abc import Callable
 
 _one_job = False
 _frozen = False  # once: an atlas runs many measures in its process, and a later freeze would keep
@@ -25,17 +26,20 @@ def one_job_process() -> None:
     _one_job = True
 
 
-def import_frozen(*modules: str) -> None:
-    """Imports `modules`; in a one-job process, the first time, with the collector off, then freezes
-    all the process holds."""
+def import_frozen(*modules: str | Callable[[], object]) -> None:
+    """Imports `modules` (a name, or a function that imports: an experiment's `computation`); in a
+    one-job process, the first time, with the collector off, then freezes all the process holds."""
     global _frozen
     freezing = _one_job and not _frozen
     paused = freezing and gc.isenabled()
     if paused:
         gc.disable()
     try:
-        for name in modules:
-            importlib.import_module(name)
+        for module in modules:
+            if callable(module):
+                module()
+            else:
+                importlib.import_module(module)
     finally:
         if freezing:
             gc.freeze()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.core.events import CancelToken, ResultDocument, decode_or_none
 from engine.core.turns import ModelTurns
+from engine.disk.session_layout import CHECKPOINTS
 
 if TYPE_CHECKING:
     from engine.models.loading import LoadedModel
@@ -26,7 +27,9 @@ class RunContext:
     sweep (engine/models/distributed.py), where the experiment reads them from the context rather
     than its settings (manipulate's trials, toy-depth's students); None: all of them. `turns`: the
     model's turns where the console shares it with its prompt pane (engine/core/turns.py): an
-    experiment run in the console changes the model only inside a turn; None: not shared."""
+    experiment run in the console changes the model only inside a turn; None: not shared.
+    `folders_read`: the experiments whose checkpoint folders it may read (its registry row's
+    `reads_folders`, set as the row runs it), through `folder_of`."""
 
     model: LoadedModel | None = None
     cancel: CancelToken = field(default_factory=CancelToken)
@@ -36,6 +39,22 @@ class RunContext:
     inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     share: list[Any] | None = None
     turns: ModelTurns | None = None
+    folders_read: tuple[str, ...] = ()
+
+    def folder_of(self, experiment: str, *parts: str) -> Path | None:
+        """`experiment`'s checkpoint folder in the session (and `parts` below it); None where there is
+        no session or a part of the way is a symbolic link (a session folder is untrusted: nothing is
+        read from outside it). An experiment its row does not say it reads is a programming error."""
+        if experiment not in self.folders_read:
+            raise ValueError(f"reads {experiment}'s folder, which its registry row's reads_folders does not name")
+        if self.output_dir is None:
+            return None
+        path = Path(self.output_dir)
+        for part in (CHECKPOINTS, experiment, *parts):
+            path = path / part
+            if path.is_symlink():
+                return None
+        return path
 
     def input(self, cls: type[R]) -> R | None:
         """The session's result of this class (results/<cls.name>.json); None when the session has

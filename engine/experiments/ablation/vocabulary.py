@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from engine.core.codec import ABSENT
-from engine.core.events import Event, ResultDocument, event_type, renamed_v1, result_type, table_row
+from engine.core.events import Event, ResultDocument, event, renamed_v1, result, table_row
 from engine.core.settings import MAX_SEED, check_layers, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings
+from engine.experiments.contract import Contract, FigureShape, Frame
 from engine.models.families import check_parts
 from engine.models.memory import ModelShape
 
@@ -53,14 +53,11 @@ class AblationSettings(EvalTextSettings):
         return self.method != "skip"  # mean and zero put other weights in the ablated layer
 
 
-@event_type
-@dataclass(frozen=True)
+@event("ablation.layer", v1_fields={"index": "layer"})
 class LayerAblated(Event):
     """One row of the map, as soon as it is known (before any bootstrap); with `part` (--part), a
     block's row: "attention" or "mlp" of that layer (absent: the whole layer)."""
 
-    kind: ClassVar[str] = "ablation.layer"
-    v1_fields: ClassVar[Mapping[str, str]] = {"index": "layer"}
     layer: int
     n_layers: int
     ppl: float
@@ -75,13 +72,11 @@ class LayerAblated(Event):
                            layer_class=self.layer_class)
 
 
-@event_type
-@dataclass(frozen=True)
+@event("ablation.proxies")
 class AblationProxies(Event):
     """Block Influence and angular distance of every layer (lists indexed by layer) and the baseline
     perplexity, known after the first pass, long before the last ablation."""
 
-    kind: ClassVar[str] = "ablation.proxies"
     block_influence: list[float]
     angular_distance: list[float]
     baseline_ppl: float
@@ -109,8 +104,7 @@ class AblationRow:
     part: str = field(default=ABSENT, kw_only=True)  # "attention" or "mlp": a block's row (--part)
 
 
-@result_type
-@dataclass(frozen=True)
+@result("ablation")
 class AblationMap(ResultDocument):
     """results/ablation.json: `layers`, one row per whole layer, always (every reader of the map
     reads these), and with `--part` also `parts`, one row per (layer, block) in layer order,
@@ -119,8 +113,6 @@ class AblationMap(ResultDocument):
     `<part>:<measure>` keys for each block's ranking. `partial` (true) marks the map of a run stopped
     before its last layer (cancelled, Ctrl-C, SIGTERM): `layers` holds the rows it finished, each
     equal to a full run's, and `--resume` completes it (absent from a finished map)."""
-
-    name: ClassVar[str] = "ablation"  # results/ablation.json
 
     model: str
     method: str
@@ -175,16 +167,13 @@ class ProxyRow:
     part: str = field(default=ABSENT, kw_only=True)
 
 
-@result_type
-@dataclass(frozen=True)
+@result("ablation-proxies")
 class AblationProxyMap(ResultDocument):
     """results/ablation-proxies.json (`run ablation --proxies-only`): Block Influence and the
     angular distances of every layer, and with --part of every block, from one forward with
     hidden states over the evaluation texts; equal to the full map's proxies at one pass's price.
     A file of its own, so the session's map (results/ablation.json, read by recovery, prune and
     the console) is left as it is."""
-
-    name: ClassVar[str] = "ablation-proxies"
 
     model: str
     baseline_ppl: float
@@ -245,3 +234,11 @@ def sample_parts() -> AblationMap:
                                      block_influence=0.005 * (layer + 1), angular_distance=0.01 * (layer + 1),
                                      angular_last_token=0.012 * (layer + 1), part=part))
     return dataclasses.replace(whole, parts=parts)
+
+
+CONTRACT = Contract(
+    AblationSettings, AblationMap, sample,
+    frame=Frame(columns=("layer", "part", "ppl", "degradation_pct", "layer_class", "anti", "anti_within_noise",
+                         "ci_low", "ci_high", "block_influence", "angular_distance", "angular_last_token"), rows=6),
+    figure=FigureShape(panels=(("layer", "D (%)"), ("Block Influence", "D (%)"), ("angular distance", ""))),
+)

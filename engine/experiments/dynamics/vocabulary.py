@@ -4,18 +4,18 @@ event, and results/dynamics.json (angles by layer, PCA, clusters, logit lens). T
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from engine.core.events import (
     Event,
     ResultDocument,
-    event_type,
+    event,
     renamed_v1,
-    result_type,
+    result,
 )
 from engine.core.settings import MAX_SEED, MAX_WINDOW, WINDOW_WHY, Settings, setting
+from engine.experiments.contract import Contract, FigureShape, Frame
 
 PROFILES = ("both", "state", "update")
 
@@ -52,13 +52,10 @@ class DynamicsSettings(Settings):
         return self.logit_lens or self.lens != "plain"
 
 
-@event_type
-@dataclass(frozen=True)
+@event("dynamics.layer", v1_fields={"index": "layer"})
 class DynamicsLayer(Event):
     """Per-layer medians over the tokens seen so far, sent once all batches are in."""
 
-    kind: ClassVar[str] = "dynamics.layer"
-    v1_fields: ClassVar[Mapping[str, str]] = {"index": "layer"}
     layer: int
     n_layers: int
     angle_state: float | None
@@ -152,12 +149,9 @@ class LensLosses:
     predicted_tokens: int
 
 
-@result_type
-@dataclass(frozen=True)
+@result("dynamics")
 class DynamicsResult(ResultDocument):
     """results/dynamics.json."""
-
-    name: ClassVar[str] = "dynamics"  # results/dynamics.json
 
     model: str
     tokens: int
@@ -223,3 +217,10 @@ def sample() -> DynamicsResult:
         model="tiny", tokens=1000, texts=4, text_source="built-in", first_token="excluded", n_layers=6, seconds=1.0,
         settings=DynamicsSettings(), embedding_norm=q(8.0), core=core, layers=layers, pca=pca, logit_lens=None,
     )  # fmt: skip
+
+
+CONTRACT = Contract(
+    DynamicsSettings, DynamicsResult, sample,
+    frame=Frame(columns=("layer", "angle_state", "angle_state_q1", "angle_state_q3", "angle_update"), rows=6),
+    figure=FigureShape(panels=(("layer", "angle (degrees)"), ("PC1 (60%)", "PC2 (20%)"))),
+)

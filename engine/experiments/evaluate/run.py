@@ -27,7 +27,7 @@ from typing import Any
 from engine.core.codec import json_safe
 from engine.core.errors import UserError
 from engine.core.events import Event, Message, Progress, Result
-from engine.disk.session_layout import CHECKPOINTS, LAYER_WEIGHTS
+from engine.disk.session_layout import LAYER_WEIGHTS
 from engine.evaluation.accuracy import PROMPTS, Harness, continuations, generation_check
 from engine.experiments.context import RunContext
 from engine.experiments.evaluate.vocabulary import (
@@ -52,19 +52,6 @@ class Subject:
     model: Any
     tokenizer: Any
     own_tokenizer: bool = False
-
-
-def _session_folder(output_dir: Path | None, *parts: str) -> Path | None:
-    """A folder inside the session, None where there is no session or a part of the way is a
-    symbolic link (a session folder is untrusted: nothing is read from outside it)."""
-    if output_dir is None:
-        return None
-    path = Path(output_dir)
-    for part in parts:
-        path = path / part
-        if path.is_symlink():
-            return None
-    return path
 
 
 def _layers(layers: Any) -> str:
@@ -97,7 +84,7 @@ def subject(name: str, settings: EvaluateSettings, context: RunContext) -> Itera
             yield Subject(name, name, f"the healed cut the session's prune run exported to {folder}",
                           other.model, other.tokenizer)
     elif name == "recovered":
-        folder = _session_folder(context.output_dir, CHECKPOINTS, "recovery", LAYER_WEIGHTS)
+        folder = context.folder_of("recovery", LAYER_WEIGHTS)  # its row's reads_folders
         weights = layer_weights(folder, loaded.name) if folder is not None else {}
         if not weights:
             raise UserError("variant recovered: no recovered layer of this model in the session "

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from engine.core.errors import UserError
 from engine.core.events import (
     Event,
     ResultDocument,
-    event_type,
-    result_type,
+    event,
+    result,
     table_row,
 )
 from engine.core.settings import setting
 from engine.evaluation.accuracy import GenerationCheck, LmEvalProtocol, LmEvalSettings, TaskScore
+from engine.experiments.contract import Contract, FigureShape, Frame
 
 SESSION_VARIANTS = ("original", "pruned", "healed", "recovered", "growth", "uniform")
 
@@ -61,13 +62,11 @@ class EvaluateSettings(LmEvalSettings):
             check_removal(shape.n_layers, self.remove)
 
 
-@event_type
-@dataclass(frozen=True)
+@event("evaluate.model")
 class ModelEvaluated(Event):
     """One model of an evaluation is scored: lm-eval's numbers per task (`scores`) and its greedy
     continuations of the fixed prompts against the original's (`generation`, None with --gen-tokens 0)."""
 
-    kind: ClassVar[str] = "evaluate.model"
     variant: str
     label: str
     scores: list[TaskScore]
@@ -88,13 +87,10 @@ class EvaluatedModel:
     seconds: float
 
 
-@result_type
-@dataclass(frozen=True)
+@result("evaluate")
 class EvaluateResult(ResultDocument):
     """results/evaluate.json: the loaded model and its variants side by side, original first. A run
     keeps the earlier run's rows for the variants it did not evaluate when model and protocol match."""
-
-    name: ClassVar[str] = "evaluate"  # results/evaluate.json
 
     model: str
     protocol: LmEvalProtocol
@@ -146,3 +142,11 @@ def sample() -> EvaluateResult:
                   (0.55, 0.5), None)]
     return EvaluateResult(model="tiny", protocol=protocol, prompts=["The capital of France is"],
                           gen_tokens=32, models=models, settings=EvaluateSettings(), seconds=40.0)
+
+
+CONTRACT = Contract(
+    EvaluateSettings, EvaluateResult, sample,
+    frame=Frame(columns=("variant", "label", "n_layers", "task", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr",
+                        "samples"), rows=3 * 2),
+    figure=FigureShape(panels=(("task", "accuracy"), ("", "token agreement with original"))),
+)

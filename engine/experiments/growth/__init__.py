@@ -11,3 +11,23 @@ trainer.py       one arm: grow, train, evaluate, checkpoint, yield events
 experiment.py    `run_growth`: every arm and seed, generations, the result; `run(settings, context)`
 export.py        a saved growth or uniform model exported with its card
 """
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from engine.experiments.contract import Contract
+
+
+def contract() -> Contract:
+    """Its vocabulary's declaration, imported now (torch-free)."""
+    from engine.experiments.growth.vocabulary import CONTRACT
+
+    return CONTRACT
+
+
+def computation() -> ModuleType:
+    """Its computation, imported now (torch)."""
+    from engine.experiments.growth import experiment
+
+    return experiment

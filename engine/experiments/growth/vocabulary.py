@@ -7,18 +7,19 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from engine.core.codec import ABSENT
 from engine.core.errors import UserError
 from engine.core.events import (
     Event,
     ResultDocument,
-    event_type,
+    event,
     renamed_v1,
-    result_type,
+    result,
 )
 from engine.core.settings import MAX_SEED, MAX_WINDOW, WINDOW_WHY, Settings, setting
+from engine.experiments.contract import Contract, FigureShape, Frame
 from engine.experiments.growth.profile import (
     ANTI,
     CLASSES,
@@ -153,13 +154,11 @@ PRESETS: dict[str, GrowthSettings] = {
 }  # fmt: skip
 
 
-@event_type
-@dataclass(frozen=True)
+@event("growth.plan")
 class GrowthPlan(Event):
     """Sent first: every arm's phases (name, start step, steps, layers, clones) and the model sizes,
     so the whole timeline can be drawn before training starts."""
 
-    kind: ClassVar[str] = "growth.plan"
     arms: dict[str, Any]
     seeds: list[int]
     params: dict[str, int]
@@ -167,13 +166,10 @@ class GrowthPlan(Event):
     batch_tokens: int
 
 
-@event_type
-@dataclass(frozen=True)
+@event("growth.phase", v1_fields={"index": "phase_index"})
 class GrowthPhase(Event):
     """A phase begins: `added` lists the layers that joined, each with its clone source and FFN scale."""
 
-    kind: ClassVar[str] = "growth.phase"
-    v1_fields: ClassVar[Mapping[str, str]] = {"index": "phase_index"}
     arm: str
     seed: int
     phase: str
@@ -184,13 +180,11 @@ class GrowthPhase(Event):
     added: list[dict[str, Any]]
 
 
-@event_type
-@dataclass(frozen=True)
+@event("growth.step")
 class GrowthStep(Event):
     """One optimizer step: training loss on its batch, learning rate, and the throughput of the steps
     reported with it (timed together, sent together at an evaluation, a checkpoint or a phase end)."""
 
-    kind: ClassVar[str] = "growth.step"
     arm: str
     seed: int
     phase: str
@@ -202,12 +196,10 @@ class GrowthStep(Event):
     n_layers: int
 
 
-@event_type
-@dataclass(frozen=True)
+@event("growth.eval")
 class GrowthEval(Event):
     """Validation loss (mean cross-entropy per token, nats) after `step`."""
 
-    kind: ClassVar[str] = "growth.eval"
     arm: str
     seed: int
     phase: str
@@ -215,13 +207,10 @@ class GrowthEval(Event):
     val_loss: float
 
 
-@event_type
-@dataclass(frozen=True)
+@event("growth.phase_end", v1_fields={"index": "phase_index"})
 class GrowthPhaseEnd(Event):
     """A phase finished: its training seconds and tokens per second (evaluation excluded)."""
 
-    kind: ClassVar[str] = "growth.phase_end"
-    v1_fields: ClassVar[Mapping[str, str]] = {"index": "phase_index"}
     arm: str
     seed: int
     phase: str
@@ -231,12 +220,10 @@ class GrowthPhaseEnd(Event):
     tokens_per_s: float
 
 
-@event_type
-@dataclass(frozen=True)
+@event("growth.arm_done")
 class GrowthArmDone(Event):
     """An arm finished for one seed: final validation loss, training seconds, tokens per second."""
 
-    kind: ClassVar[str] = "growth.arm_done"
     arm: str
     seed: int
     val_loss: float
@@ -294,12 +281,9 @@ class GrowthData:
     batch_tokens: int
 
 
-@result_type
-@dataclass(frozen=True)
+@result("growth")
 class GrowthResult(ResultDocument):
     """results/growth.json."""
-
-    name: ClassVar[str] = "growth"  # results/growth.json
 
     preset: str
     params: dict[str, int]  # growth and uniform: parameters of each arm's full model
@@ -372,3 +356,10 @@ def sample() -> GrowthResult:
                         batch_tokens=64),
         settings=PRESETS["tiny"], paper={"growth_val_loss": 0.127},
     )  # fmt: skip
+
+
+CONTRACT = Contract(
+    GrowthSettings, GrowthResult, sample, presets=PRESETS,
+    frame=Frame(columns=("arm", "seed", "val_loss", "steps", "tokens", "seconds", "tokens_per_s"), rows=2),
+    figure=FigureShape(panels=(("", "layer"), ("optimizer step", "layer"), ("optimizer step", "validation loss"))),
+)

@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, event_type, result_type, table_row
+from engine.core.events import Event, ResultDocument, event, result, table_row
 from engine.core.settings import check_layers, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings
+from engine.experiments.contract import Contract, FigureShape, Frame
 from engine.models.memory import ModelShape
 
 
@@ -57,12 +58,10 @@ class ManipulationSettings(EvalTextSettings):
         return True  # every strategy replaces the layer's weights
 
 
-@event_type
-@dataclass(frozen=True)
+@event("manipulate.trial")
 class TrialDone(Event):
     """One manipulation trial: a strategy (with its parameter) on some layers, and what it gave."""
 
-    kind: ClassVar[str] = "manipulate.trial"
     layers: tuple[int, ...]
     strategy: str
     param: float | None
@@ -85,12 +84,9 @@ class ManipulateRow:
     together: bool
 
 
-@result_type
-@dataclass(frozen=True)
+@result("manipulate")
 class ManipulateResult(ResultDocument):
     """results/manipulate.json: every trial, one layer at a time (then together with --together)."""
-
-    name: ClassVar[str] = "manipulate"  # results/manipulate.json
 
     model: str
     baseline_ppl: float
@@ -124,3 +120,10 @@ def sample() -> ManipulateResult:
         prompt="The capital of France is", layers=[3], eval_tokens=100, seconds=1.0,
         settings=ManipulationSettings(), results=rows,
     )  # fmt: skip
+
+
+CONTRACT = Contract(
+    ManipulationSettings, ManipulateResult, sample,
+    frame=Frame(columns=("layers", "strategy", "param", "ppl", "degradation_pct", "sample", "together"), rows=4),
+    figure=FigureShape(panels=(("D (%)", ""),)),
+)

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, event_type, result_type, table_row
+from engine.core.events import Event, ResultDocument, event, result, table_row
 from engine.core.settings import MAX_SEED, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings, TrainTextSettings
 from engine.evaluation.accuracy import GenerationCheck, LmEvalProtocol, LmEvalSettings, TaskScore
+from engine.experiments.contract import Contract, FigureShape, Frame
 from engine.export.folder import check_export_folder
 from engine.models.memory import ModelShape, Training
 
@@ -159,23 +160,19 @@ class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
         return Training(params, self.batch_size, self.block_size, kept)
 
 
-@event_type
-@dataclass(frozen=True)
+@event("prune.scores")
 class PruneScores(Event):
     """One criterion's per-layer score (low = cheapest to remove), once it is known."""
 
-    kind: ClassVar[str] = "prune.scores"
     method: str
     scores: list[float | None]
 
 
-@event_type
-@dataclass(frozen=True)
+@event("prune.point")
 class PrunePoint(Event):
     """One point of a criterion's curve: `removed` layers (`layers`, original indices from 0) cut;
     `healed_ppl` is None without --heal-steps."""
 
-    kind: ClassVar[str] = "prune.point"
     method: str
     removed: int
     layers: list[int]
@@ -186,12 +183,10 @@ class PrunePoint(Event):
     healed_ppl: float | None = None
 
 
-@event_type
-@dataclass(frozen=True)
+@event("prune.exported")
 class PruneExported(Event):
     """The pruned (and healed) model was saved as a Hugging Face folder."""
 
-    kind: ClassVar[str] = "prune.exported"
     folder: str
     method: str
     layers: list[int]
@@ -269,12 +264,9 @@ class PruneHeal:
     train_blocks: int
 
 
-@result_type
-@dataclass(frozen=True)
+@result("prune")
 class PruneResult(ResultDocument):
     """results/prune.json."""
-
-    name: ClassVar[str] = "prune"  # results/prune.json
 
     model: str
     baseline_ppl: float
@@ -317,3 +309,10 @@ def sample() -> PruneResult:
         methods=list(growth), curve=curve, agreement={"angular": 0.6, "bi": 0.8}, agreement_note="", scores={},
         depth_fit=fit, heal=None, exported=None, exported_point=None, seconds=1.0,
     )  # fmt: skip
+
+
+CONTRACT = Contract(
+    PruneSettings, PruneResult, sample,
+    frame=Frame(columns=("method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl"), rows=3 * 4),
+    figure=FigureShape(panels=(("layers removed", "perplexity"),)),
+)

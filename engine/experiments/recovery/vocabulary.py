@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from engine.core.codec import ABSENT, from_doc
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, event_type, renamed_v1, result_type
+from engine.core.events import Event, ResultDocument, event, renamed_v1, result
 from engine.core.settings import MAX_SEED, check_layers, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings, TrainTextSettings
+from engine.experiments.contract import Contract, FigureShape, Frame
 from engine.models.memory import ModelShape, Training
 
 PAPER_LAYERS = (11, 14, 17)
@@ -74,26 +75,22 @@ class RecoverySettings(TrainTextSettings, EvalTextSettings):
         return layers * shape.layer_matrices  # a layer out of range is refused by the checks before the load
 
 
-@event_type
-@dataclass(frozen=True)
+@event("recovery.baseline")
 class RecoveryBaseline(Event):
     """The model's perplexity before any noise, on every evaluation text: the curves' reference,
     sent as soon as it is measured; and the schedule of the evaluations between (`eval_texts` of
     the texts at intermediate steps; `eval_every` 0 while it is still to be measured)."""
 
-    kind: ClassVar[str] = "recovery.baseline"
     baseline_ppl: float
     texts: int
     eval_texts: int
     eval_every: int
 
 
-@event_type
-@dataclass(frozen=True)
+@event("recovery.start")
 class RecoveryStart(Event):
     """Noise is in: the perplexity the layer starts recovering from."""
 
-    kind: ClassVar[str] = "recovery.start"
     layer: int
     repeat: int
     ppl_after_noise: float
@@ -101,15 +98,13 @@ class RecoveryStart(Event):
     steps: int
 
 
-@event_type
-@dataclass(frozen=True)
+@event("recovery.point")
 class RecoveryPoint(Event):
     """One evaluated step of one layer's curve (step 0 is right after the noise, no training), on
     `texts` evaluation texts: all of them at step 0 and the last step; between, --eval-texts of
     them, whose ratio is to their own baseline and `eval_ppl` that ratio times the full baseline
     (0: a log from before the subset)."""
 
-    kind: ClassVar[str] = "recovery.point"
     layer: int
     repeat: int
     step: int
@@ -119,13 +114,10 @@ class RecoveryPoint(Event):
     texts: int = 0
 
 
-@event_type
-@dataclass(frozen=True)
+@event("recovery.layer", v1_fields={"index": "layer"})
 class RecoveryLayer(Event):
     """A layer is finished (every repeat): its row of the result, ready to save for --resume."""
 
-    kind: ClassVar[str] = "recovery.layer"
-    v1_fields: ClassVar[Mapping[str, str]] = {"index": "layer"}
     layer: int
     result: RecoveryRow
 
@@ -230,14 +222,11 @@ class RecoveryVsAblation:
     ratio_after_noise: float | None
 
 
-@result_type
-@dataclass(frozen=True)
+@result("recovery")
 class RecoveryResult(ResultDocument):
     """results/recovery.json. `partial` (true) marks the result of a sweep stopped before its last
     layer: `layers` holds the layers it finished, each as a full sweep has it, and `--resume` goes on
     from them (absent from a finished sweep's)."""
-
-    name: ClassVar[str] = "recovery"  # results/recovery.json
 
     model: str
     baseline_ppl: float
@@ -318,3 +307,10 @@ def sample() -> RecoveryResult:
         settings=RecoverySettings(steps=40), layers=rows, ranking=[1, 3], spearman_vs_ablation=1.0,
         versus_ablation=versus, budget=budget, seconds_per_step=0.05, resumed_layers=[], seconds=4.0,
     )  # fmt: skip
+
+
+CONTRACT = Contract(
+    RecoverySettings, RecoveryResult, sample,
+    frame=Frame(columns=("layer", "repeat", "step", "ppl", "ratio_to_baseline", "train_loss"), rows=2 * 5),
+    figure=FigureShape(panels=(("fine-tuning step", "PPL / baseline"), ("layer", "steps to 1.1×"))),
+)

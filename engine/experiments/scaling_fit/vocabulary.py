@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, event_type, result_type
+from engine.core.events import Event, ResultDocument, event, result
 from engine.core.settings import MAX_SEED, Settings, setting
+from engine.experiments.contract import Contract, FigureShape, Frame
 
 CHINCHILLA_RELATIVE = Path("chinchilla") / "chinchilla_reconstructed.csv"
 
@@ -79,14 +80,11 @@ class ScalingFitSettings(Settings):
         load_runs(self.csv_path(), self)
 
 
-@event_type
-@dataclass(frozen=True)
+@event("scaling-fit.stage", v1_kind="scaling-fit-stage")
 class FitStage(Event):
     """A stage of the fit finished. stage "fit": `values` are the best parameters; stage "bootstrap":
     their bootstrap standard errors."""
 
-    kind: ClassVar[str] = "scaling-fit.stage"
-    v1_kind: ClassVar[str] = "scaling-fit-stage"
     stage: str
     values: dict[str, float]
     seconds: float
@@ -153,14 +151,11 @@ class PaperFit:
     trajectory: list[dict[str, float | None]]  # step, alpha_m, alpha_l, alpha_D, L0, objective
 
 
-@result_type
-@dataclass(frozen=True)
+@result("scaling-fit")
 class ScalingFitResult(ResultDocument):
     """results/scaling-fit.json. The two optimizers write different parts: `lm` the profile,
     bootstrap intervals, restarts and held-out error, `paper` its procedure (`paper`); what a fit
     does not write is ABSENT, and so is what a result of an older version lacks."""
-
-    name: ClassVar[str] = "scaling-fit"  # results/scaling-fit.json
 
     source: str
     columns: dict[str, str]  # the CSV's column of loss, width, depth and tokens
@@ -226,3 +221,10 @@ def sample() -> ScalingFitResult:
         settings=ScalingFitSettings(),
         seconds=1.0,
     )  # fmt: skip
+
+
+CONTRACT = Contract(
+    ScalingFitSettings, ScalingFitResult, sample,
+    frame=Frame(columns=("param", "value", "ci_low", "ci_high", "se"), rows=7),
+    figure=FigureShape(panels=(("depth l (layers)", "loss − other terms"), ("a_l (held)", "objective"))),
+)

@@ -4,12 +4,13 @@ and `toy-depth.student` events, and results/toy-depth.json (loss against depth).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, event_type, result_type
+from engine.core.events import Event, ResultDocument, event, result
 from engine.core.settings import MAX_SEED, Settings, setting
+from engine.experiments.contract import Contract, FigureShape, Frame
 from engine.models.options import TRAIN_DEVICE_HELP, device_setting, dtype_setting
 
 REGIMES = ("tied", "independent")
@@ -65,13 +66,10 @@ PRESETS: dict[str, ToyDepthSettings] = {
 }
 
 
-@event_type
-@dataclass(frozen=True)
+@event("toy-depth.step", v1_kind="toy-depth-step")
 class StudentStep(Event):
     """Training loss (KL, mean over the seeds) of the students of one depth at one step."""
 
-    kind: ClassVar[str] = "toy-depth.step"
-    v1_kind: ClassVar[str] = "toy-depth-step"
     regime: str
     temperature: float
     depth: int
@@ -80,13 +78,10 @@ class StudentStep(Event):
     loss: float
 
 
-@event_type
-@dataclass(frozen=True)
+@event("toy-depth.student", v1_kind="toy-depth-student")
 class StudentDone(Event):
     """Held-out KL of each seed's student of one depth after training."""
 
-    kind: ClassVar[str] = "toy-depth.student"
-    v1_kind: ClassVar[str] = "toy-depth-student"
     regime: str
     temperature: float
     depth: int
@@ -123,12 +118,9 @@ class ToyDepthShare:
     seconds: float
 
 
-@result_type
-@dataclass(frozen=True)
+@result("toy-depth")
 class ToyDepthResult(ResultDocument):
     """results/toy-depth.json."""
-
-    name: ClassVar[str] = "toy-depth"  # results/toy-depth.json
 
     preset: str
     regimes: dict[str, ToyDepthCurve]  # at the first temperature
@@ -159,3 +151,10 @@ def sample() -> ToyDepthResult:
     regimes = {"compositional": regime(2.0, 0.9), "ensemble": regime(1.5, 0.4)}
     return ToyDepthResult(preset="tiny", regimes=regimes, temperature=1.0, by_temperature={"1": regimes},
                           fit="L = c / l^alpha_l", settings=PRESETS["tiny"], seconds=1.0)  # fmt: skip
+
+
+CONTRACT = Contract(
+    ToyDepthSettings, ToyDepthResult, sample, presets=PRESETS,
+    frame=Frame(columns=("temperature", "regime", "depth", "seed", "loss", "alpha_l"), rows=2 * 5),
+    figure=FigureShape(panels=(("student depth l", "held-out loss"),)),
+)

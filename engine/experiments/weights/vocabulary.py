@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from engine.core.codec import ABSENT
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, event_type, renamed_v1, result_type, table_row
+from engine.core.events import Event, ResultDocument, event, renamed_v1, result, table_row
 from engine.core.settings import MAX_SEED, check_layers, setting
 from engine.data.eval_data import EvalProtocol
 from engine.data.text_settings import EvalTextSettings
+from engine.experiments.contract import Contract, FigureShape, Frame
 from engine.models.families import check_matrix_names
 from engine.models.memory import ModelShape
 
@@ -64,12 +65,10 @@ class WeightsSettings(EvalTextSettings):
         return self.paradox  # the paradox runs put predicted weights in
 
 
-@event_type
-@dataclass(frozen=True)
+@event("weights.component")
 class ComponentAnalysed(Event):
     """One component's headline numbers, real beside the independent null."""
 
-    kind: ClassVar[str] = "weights.component"
     component: str
     r2_in_sample: float
     r2_loo: float
@@ -77,12 +76,10 @@ class ComponentAnalysed(Event):
     null_delta_corr_mean: float
 
 
-@event_type
-@dataclass(frozen=True)
+@event("weights.paradox")
 class ParadoxTrial(Event):
     """Predicted weights put into `layers_replaced`: the perplexity they give."""
 
-    kind: ClassVar[str] = "weights.paradox"
     layers_replaced: tuple[int, ...]
     ppl: float
     baseline_ppl: float
@@ -170,12 +167,9 @@ class WeightsComponent(WeightStats):
     per_layer: list[WeightsLayer]
 
 
-@result_type
-@dataclass(frozen=True)
+@result("weights")
 class WeightsResult(ResultDocument):
     """results/weights.json."""
-
-    name: ClassVar[str] = "weights"  # results/weights.json
 
     model: str
     family: str
@@ -228,3 +222,12 @@ def sample() -> WeightsResult:
                for layers in ([3], [2, 3, 4])]  # fmt: skip
     return WeightsResult(model="tiny", family="llama", n_layers=6, predicted_layers=[1, 5], settings=WeightsSettings(),
                          components=components, paradox=paradox, baseline_ppl=baseline, seconds=1.0)
+
+
+CONTRACT = Contract(
+    WeightsSettings, WeightsResult, sample,
+    frame=Frame(columns=("component", "weights", "r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean",
+                        "delta_corr_sd"), rows=2 * 3),
+    figure=FigureShape(panels=(("matrix", "R² (leave one layer out)"), ("matrix", "corr(ΔW_l, ΔW_l+1)"),
+                               ("layers replaced by their prediction", "D (%)"))),
+)
