@@ -7,9 +7,9 @@ import itertools
 import json
 import os
 import signal
+import socket
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -101,26 +101,38 @@ def test_merger_sums_progress_and_names_a_failed_worker():
         list(merger.take(1, _Failed("CUDA out of memory")))
 
 
-@pytest.mark.slow
 def test_a_stop_signal_waits_until_a_message_is_wholly_sent():
-    """A SIGTERM between a message's size and its bytes once garbled rank 0's next read."""
+    """A SIGTERM between a message's size and its bytes once garbled rank 0's next read. No sleep
+    decides the order: Python's own signal handler, in whichever thread takes the signal, marks it
+    due and then writes its number to the wakeup socket; once that byte is read, the main thread runs
+    the due handlers at its next call, so `handler` would have run before "inside", were it not held."""
     delivered: list[str] = []
+    release = threading.Event()
+
     def handler(*_: object) -> None:
         delivered.append("after")
 
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    reader.settimeout(30)
     previous = signal.signal(signal.SIGTERM, handler)
-    other = threading.Thread(target=time.sleep, args=(0.5,))  # a thread that could take the signal
+    wakeup = signal.set_wakeup_fd(writer.fileno())
+    other = threading.Thread(target=release.wait)  # a thread that could take the signal
     other.start()
     try:
         with _signals_held():
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.05)  # time for the handler to run, were it not held
+            assert reader.recv(1) == bytes([signal.SIGTERM])  # taken, and due
             delivered.append("inside")
         assert delivered == ["inside", "after"]
         assert signal.getsignal(signal.SIGTERM) is handler  # the handler it was meant for, back in place
     finally:
+        signal.set_wakeup_fd(wakeup)
         signal.signal(signal.SIGTERM, previous)
+        release.set()
         other.join()
+        reader.close()
+        writer.close()
 
 
 def test_a_dead_worker_fails_the_job_in_one_line(worker_env, tmp_path, capsys):
@@ -187,7 +199,8 @@ def untimed(doc):
 
 
 def test_recovery_shards_of_layer_repeat_runs_merge_to_the_serial_result(tokenizer, tmp_path):
-    from engine.experiments.recovery.run import run_recovery, whole_layers
+    from engine.experiments.recovery.run import run_recovery
+    from engine.experiments.recovery.shards import whole_layers
     from engine.experiments.recovery.vocabulary import RecoveryLayer, RecoverySettings
 
     (tmp_path / "train.txt").write_text("\n".join(f"The cat {i} sat on the mat." for i in range(40)), encoding="utf-8")
