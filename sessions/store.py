@@ -42,12 +42,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from engine.core.errors import UserError
 from engine.core.events import Event, event_from_json, upgrade_result
 from engine.core.process import identity_problem, pid_alive, valid_pid
-from engine.core.untrusted import MAX_SMALL_BYTES, DamagedJSON, has_control, loads, printable
+from engine.core.untrusted import MAX_DOCUMENT_BYTES, MAX_SMALL_BYTES, DamagedJSON, has_control, loads, printable
 from engine.disk.atomic import (
     append_line,
     atomic_write_json,
@@ -303,8 +303,9 @@ class Session:
         """The whole lines of the event log from byte `offset` on (about `limit` bytes of them at
         most, but always a whole line when there is one), and the offset to continue from.
 
-        A last line still being written (no newline yet) is left for the next call. A log that
-        cannot be read (a directory, a link) reads as empty and is noted in `damage`.
+        A last line still being written (no newline yet) is left for the next call; a line longer
+        than any event may be (MAX_DOCUMENT_BYTES) is skipped unread, logged. A log that cannot be
+        read (a directory, a link) reads as empty and is noted in `damage`.
         """
         try:
             path = self.events_path
@@ -314,12 +315,30 @@ class Session:
                 handle.seek(offset)
                 data = handle.read(-1 if limit is None else limit)
                 while limit is not None and b"\n" not in data and (more := handle.read(limit)):
+                    cut = more.find(b"\n")
+                    if len(data) + (cut if cut >= 0 else len(more)) > MAX_DOCUMENT_BYTES:
+                        return b"", self._past_line(handle, offset, more)
                     data += more  # a line longer than the limit: read on to its end
         except (OSError, SessionError, UserError) as exc:
             self._note(f"events.jsonl cannot be read ({_reason(exc)}); move it away to log new events")
             return b"", offset
         end = data.rfind(b"\n") + 1
         return data[:end], offset + end
+
+    def _past_line(self, handle: BinaryIO, offset: int, chunk: bytes) -> int:
+        """The offset after the line that starts at `offset`, its newline looked for from `chunk` (the
+        bytes just read) on, nothing kept (logged as skipped); `offset` itself when the log ends
+        first: a line still being written."""
+        start = handle.tell() - len(chunk)
+        while chunk:
+            cut = chunk.find(b"\n")
+            if cut >= 0:
+                log.info("skipped the line at byte %d of %s: %d bytes, longer than an event may be",
+                         offset, self.events_path, start + cut - offset)
+                return start + cut + 1
+            start += len(chunk)
+            chunk = handle.read(1 << 20)
+        return offset
 
     def read_event_docs(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
         """Event JSON documents from byte `offset` on, and the offset to continue from

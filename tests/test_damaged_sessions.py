@@ -90,6 +90,21 @@ def test_the_notebook_api_reads_the_events_around_a_deep_line():
     assert [event.text for event in events] == ["before", "after"]
 
 
+def test_the_console_reads_past_an_event_line_larger_than_any_event_without_keeping_it():
+    session = SessionStore().create("long")
+    write_events(session, [Message("before")])
+    with open(session.events_path, "ab") as handle:
+        handle.write(b'{"text": "' + b"x" * (65 << 20) + b'"}\n')
+    write_events(session, [Message("after")])
+    offset, reads = 0, []
+    for _ in range(3):  # as the console polls: 4 MiB a read
+        data, offset = session.read_event_bytes(offset, 4 << 20)
+        reads.append(len(data))
+    assert offset == session.events_path.stat().st_size  # the line before, the long one, the line after
+    assert reads[1] == 0 and max(reads) < 1 << 10  # the 65 MiB line was never returned
+    assert [event.text for event in session.events()] == ["before", "after"]
+
+
 def test_the_event_index_skips_a_deep_line_and_refuses_a_deep_index():
     from tui import event_index
 
