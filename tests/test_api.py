@@ -101,33 +101,15 @@ def test_a_run_without_a_session_writes_nothing(experiment):
 
 # tidy frames --------------------------------------------------------------------------------------
 
-ABLATION = ["layer", "part", "ppl", "degradation_pct", "layer_class", "anti", "anti_within_noise", "ci_low",
-            "ci_high", "block_influence", "angular_distance", "angular_last_token"]
-FRAMES = {  # each registry row's sample: its frame's first columns and its row count
-    "ablation": (ABLATION, 6),
-    "recovery": (["layer", "repeat", "step", "ppl", "ratio_to_baseline", "train_loss"], 2 * 5),
-    "growth": (["arm", "seed", "val_loss", "steps", "tokens", "seconds", "tokens_per_s"], 2),
-    "dynamics": (["layer", "angle_state", "angle_state_q1", "angle_state_q3", "angle_update"], 6),
-    "scaling-fit": (["param", "value", "ci_low", "ci_high", "se"], 7),
-    "toy-depth": (["temperature", "regime", "depth", "seed", "loss", "alpha_l"], 2 * 5),
-    "weights": (["component", "weights", "r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean",
-                 "delta_corr_sd"], 2 * 3),
-    "manipulate": (["layers", "strategy", "param", "ppl", "degradation_pct", "sample", "together"], 4),
-    "prune": (["method", "removed", "layers", "ppl", "ci_low", "ci_high", "healed_ppl"], 3 * 4),
-    "evaluate": (["variant", "label", "n_layers", "task", "acc", "acc_stderr", "acc_norm", "acc_norm_stderr",
-                  "samples"], 3 * 2),
-}
-
-
-def test_every_registry_row_has_its_frame():
-    assert set(FRAMES) == {entry.name for entry in registry.EXPERIMENTS}
-
-
-@pytest.mark.parametrize("name", sorted(FRAMES))
-def test_each_sample_reads_as_a_tidy_frame(name):
-    columns, rows = FRAMES[name]
-    frame = to_pandas(registry.BY_NAME[name].sample())
-    assert list(frame.columns[: len(columns)]) == columns and len(frame) == rows
+@pytest.mark.parametrize("name", [entry.name for entry in registry.EXPERIMENTS])
+def test_each_sample_reads_as_the_tidy_frame_its_contract_declares(name):
+    """The first columns and the rows its vocabulary's CONTRACT declares, written by hand from its
+    sample (tests/test_contract.py checks the same against `tidy_rows()` without pandas)."""
+    entry = registry.experiment(name)
+    declared = entry.contract().frame
+    assert declared is not None, f"{name}: no frame declared (Contract.frame)"
+    frame = to_pandas(entry.sample())
+    assert list(frame.columns[: len(declared.columns)]) == list(declared.columns) and len(frame) == declared.rows
     assert frame.columns.is_unique and not frame.isin(["ABSENT"]).any().any()
 
 

@@ -10,16 +10,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-import matplotlib
 import numpy as np
 import pytest
-from matplotlib.collections import PathCollection
-from matplotlib.container import BarContainer
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 
-import figures
 from engine import registry
 from engine.atlas import table as A
 from engine.core.codec import ABSENT, json_safe
@@ -28,9 +24,24 @@ from engine.data.eval_data import EvalProtocol
 from engine.evaluation.accuracy import TaskScore
 from engine.experiments.ablation import vocabulary as ablation
 from engine.experiments.prune import vocabulary as prune
-from figures import style
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def figures() -> ModuleType:
+    """figures/ (matplotlib), imported by the test that needs it: the module collects without it."""
+    pytest.importorskip("matplotlib")
+    import figures
+
+    return figures
+
+
+@pytest.fixture
+def style(figures: ModuleType) -> ModuleType:
+    from figures import style
+
+    return style
 
 
 def labels(ax) -> list[str]:
@@ -38,12 +49,21 @@ def labels(ax) -> list[str]:
     return [t.get_text() for t in legend.get_texts()] if legend else []
 
 
-def bars(ax) -> list[Rectangle]:
+def bars(ax) -> list[Any]:
     """The bars drawn (by bar or barh; not the shaded spans)."""
+    from matplotlib.container import BarContainer
+
     return [p for c in ax.containers if isinstance(c, BarContainer) for p in c]
 
 
-def drawn(fig: Figure) -> np.ndarray:
+def points(ax) -> list[Any]:
+    """The scatter series drawn."""
+    from matplotlib.collections import PathCollection
+
+    return [c for c in ax.collections if isinstance(c, PathCollection)]
+
+
+def drawn(fig: Any) -> np.ndarray:
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3]
 
@@ -80,20 +100,22 @@ def with_accuracy() -> prune.PruneResult:
     return dataclasses.replace(sample, curve=curve, baseline_accuracy=scores(0.6))
 
 
-SAMPLES = {entry.name: entry.sample for entry in registry.EXPERIMENTS}
+def sample_of(name: str) -> Any:
+    """The experiment's own sample (its vocabulary's `sample()`, through its registry row)."""
+    return registry.experiment(name).sample()
 
 
-def test_every_registry_row_has_a_figure():
-    """A row added without a figure module fails here, not in a user's report."""
+def test_every_registry_row_draws_in_the_papers_widths(figures, style):
+    """Its figure module and its panels are the contract's (tests/test_contract.py); here, that it
+    draws something, a column or a page wide."""
     for entry in registry.EXPERIMENTS:
         fig = figures.figure_for(entry.sample())
-        assert isinstance(fig, Figure) and fig.axes
         pixels = drawn(fig)
         assert (pixels < 200).any(axis=-1).mean() > 0.01, f"{entry.name}: nothing drawn"
         assert fig.get_figwidth() in (style.COLUMN, style.PAGE)
 
 
-def test_ablation_map():
+def test_ablation_map(figures, style):
     fig = figures.figure_for(ablation.sample())
     top, bi, angular = fig.axes
     assert (top.get_xlabel(), top.get_ylabel()) == ("layer", "D (%)")
@@ -105,11 +127,11 @@ def test_ablation_map():
     assert len(top.containers) == 7  # six bars and the interval's error bars
     assert bi.get_xlabel() == "Block Influence" and angular.get_xlabel() == "angular distance"
     assert bi.get_title() == "Spearman ρ = 0.50"
-    scatters = [c for c in bi.collections if isinstance(c, PathCollection)]
+    scatters = points(bi)
     assert sum(len(c.get_offsets()) for c in scatters) == 6 and len(scatters) == 4  # a series per class
 
 
-def test_ablation_parts_side_by_side():
+def test_ablation_parts_side_by_side(figures):
     fig = figures.figure_for(ablation.sample_parts())
     titles = [ax.get_title() for ax in fig.axes]
     assert "attention blocks" in titles and "MLP blocks" in titles
@@ -118,7 +140,7 @@ def test_ablation_parts_side_by_side():
     assert attention.get_position().y0 == pytest.approx(mlp.get_position().y0)  # side by side
 
 
-def test_classes_read_in_greyscale():
+def test_classes_read_in_greyscale(figures, style):
     """Each class (and the anti-layer) differs in hatch and marker, not only in colour; the bars drawn
     carry their class's hatch, and the proxies' points their class's marker."""
     looks = [*style.CLASS_LOOK.values(), style.ANTI_LOOK]
@@ -130,14 +152,14 @@ def test_classes_read_in_greyscale():
     expected = [style.ANTI_LOOK.hatch if r.anti else style.class_look(r.layer_class).hatch
                 for r in ablation.sample().layers]
     assert hatches == expected
-    markers = {c.get_label(): c.get_paths()[0] for c in bi.collections if isinstance(c, PathCollection)}
+    markers = {c.get_label(): c.get_paths()[0] for c in points(bi)}
     assert len({tuple(map(tuple, p.vertices.round(3))) for p in markers.values()}) == len(markers)
     lines = [style.series(i) for i in range(8)]
     assert len({s["marker"] for s in lines}) == 8 and len({str(s["linestyle"]) for s in lines}) == 8
 
 
-def test_recovery_curves_and_thresholds():
-    fig = figures.figure_for(SAMPLES["recovery"]())
+def test_recovery_curves_and_thresholds(figures):
+    fig = figures.figure_for(sample_of("recovery"))
     curves, difficulty = fig.axes
     assert labels(curves) == ["layer 1", "layer 3"]
     assert curves.get_ylabel() == "PPL / baseline" and curves.get_yscale() == "log"
@@ -147,12 +169,12 @@ def test_recovery_curves_and_thresholds():
     assert [b.get_height() for b in bars(difficulty)] == [40.0, 10.0]
     # a layer that never got below 1.1x has the budget as its bar: a lower bound, and said so
     notes = [t.get_text() for t in difficulty.texts]
-    reached = [row.steps_to.get("1.1") is not None for row in SAMPLES["recovery"]().layers]
+    reached = [row.steps_to.get("1.1") is not None for row in sample_of("recovery").layers]
     assert len(notes) == reached.count(False) and all("not reached" in note for note in notes)
 
 
-def test_growth_phases_and_widths():
-    sample = SAMPLES["growth"]()
+def test_growth_phases_and_widths(figures):
+    sample = sample_of("growth")
     fig = figures.figure_for(sample)
     grown, flat, losses = fig.axes
     shaded = [p for p in grown.patches if p not in bars(grown)]
@@ -171,16 +193,16 @@ def test_growth_phases_and_widths():
     assert losses.get_shared_x_axes().joined(losses, grown)  # the loss under the phase that made it
 
 
-def test_growth_of_an_older_result_shows_the_final_losses():
-    sample = SAMPLES["growth"]()
+def test_growth_of_an_older_result_shows_the_final_losses(figures):
+    sample = sample_of("growth")
     old = dataclasses.replace(sample, arms={name: dataclasses.replace(arm, curve=ABSENT)
                                             for name, arm in sample.arms.items()})
     losses = figures.figure_for(old).axes[2]
     assert [b.get_height() for b in bars(losses)] == [1.2, 1.5]
 
 
-def test_dynamics_angles_and_pca():
-    fig = figures.figure_for(SAMPLES["dynamics"]())
+def test_dynamics_angles_and_pca(figures):
+    fig = figures.figure_for(sample_of("dynamics"))
     angles, pca = fig.axes
     assert len(labels(angles)) == 4 and labels(angles)[-1] == "core layers"  # three angles, the core shaded
     assert angles.get_ylabel() == "angle (degrees)"
@@ -189,8 +211,8 @@ def test_dynamics_angles_and_pca():
     assert [len(c.get_offsets()) for c in pca.collections] == [30, 10]
 
 
-def test_scaling_fit_with_interval_and_data():
-    fig = figures.figure_for(SAMPLES["scaling-fit"]())
+def test_scaling_fit_with_interval_and_data(figures):
+    fig = figures.figure_for(sample_of("scaling-fit"))
     depth, profile = fig.axes
     assert depth.get_xlabel() == "depth l (layers)" and depth.get_xscale() == "log"
     assert len(depth.collections[0].get_offsets()) == 8
@@ -198,15 +220,15 @@ def test_scaling_fit_with_interval_and_data():
     assert profile.get_xlabel() == "a_l (held)" and len(profile.get_lines()[0].get_xdata()) == 21
 
 
-def test_toy_depth_regimes():
-    fig = figures.figure_for(SAMPLES["toy-depth"]())
+def test_toy_depth_regimes(figures):
+    fig = figures.figure_for(sample_of("toy-depth"))
     (ax,) = fig.axes
     assert labels(ax) == ["compositional: a_l = 0.90 [0.80, 1.00]", "ensemble: a_l = 0.40 [0.30, 0.50]"]
     assert ax.get_xlabel() == "student depth l" and ax.get_xscale() == ax.get_yscale() == "log"
 
 
-def test_prune_curves_one_line_per_criterion():
-    fig = figures.figure_for(SAMPLES["prune"]())
+def test_prune_curves_one_line_per_criterion(figures):
+    fig = figures.figure_for(sample_of("prune"))
     assert len(fig.axes) == 1
     (ax,) = fig.axes
     assert labels(ax) == ["angular", "bi", "ppl"] and ax.get_ylabel() == "perplexity"
@@ -214,7 +236,7 @@ def test_prune_curves_one_line_per_criterion():
     assert [list(line.get_xdata()) for line in ax.get_lines()[:3]] == [[0, 1, 2, 3, 4]] * 3  # the full model at 0
 
 
-def test_prune_accuracy_panel():
+def test_prune_accuracy_panel(figures):
     fig = figures.figure_for(with_accuracy())
     ppl, accuracy = (ax for ax in fig.axes if ax.get_ylabel())
     assert accuracy.get_ylabel() == "mean accuracy" and labels(ppl) == ["angular", "bi", "ppl"]
@@ -222,8 +244,8 @@ def test_prune_accuracy_panel():
     assert list(line.get_ydata()) == pytest.approx([0.6, 0.55, 0.5, 0.45, 0.4])
 
 
-def test_weights_and_the_nulls():
-    fig = figures.figure_for(SAMPLES["weights"]())
+def test_weights_and_the_nulls(figures):
+    fig = figures.figure_for(sample_of("weights"))
     r2, delta, paradox = fig.axes
     assert labels(r2) == ["model", "shuffled null", "independent null"]
     assert len(bars(r2)) == 6  # two matrices x three
@@ -231,8 +253,8 @@ def test_weights_and_the_nulls():
     assert list(paradox.get_lines()[0].get_xdata()) == [1, 3]
 
 
-def test_evaluate_bars():
-    sample = SAMPLES["evaluate"]()
+def test_evaluate_bars(figures):
+    sample = sample_of("evaluate")
     fig = figures.figure_for(sample)
     scores, generation = fig.axes
     assert labels(scores) == [m.label for m in sample.models]
@@ -241,8 +263,8 @@ def test_evaluate_bars():
     assert len(bars(generation)) == len([m for m in sample.models if m.generation is not None]) == 2
 
 
-def test_manipulate_strategies():
-    fig = figures.figure_for(SAMPLES["manipulate"]())
+def test_manipulate_strategies(figures):
+    fig = figures.figure_for(sample_of("manipulate"))
     (ax,) = fig.axes
     assert labels(ax) == ["scale", "svd", "zero", "mean"]
     assert [b.get_width() for b in bars(ax)] == [2.5, 11.0, 40.0, -1.5]
@@ -250,13 +272,13 @@ def test_manipulate_strategies():
     assert [t.get_text() for t in ax.get_yticklabels()][0] == "scale α=0.5 · L3"
 
 
-def test_proxies_only_map():
+def test_proxies_only_map(figures):
     fig = figures.figure_for(proxy_sample())
     (ax,) = fig.axes
     assert labels(ax) == ["Block Influence", "angular distance", "angular distance\n(last token)"]
 
 
-def test_atlas_profiles_on_relative_depth():
+def test_atlas_profiles_on_relative_depth(figures):
     fig = figures.figure_for(atlas_sample())
     criteria = ["d_pct", "block_influence", "angular_distance"]
     assert [ax.get_ylabel() for ax in fig.axes] == ["D (%)", "Block Influence", "angular distance"][: len(criteria)]
@@ -265,7 +287,7 @@ def test_atlas_profiles_on_relative_depth():
         assert max(ax.get_lines()[0].get_xdata()) == pytest.approx(1.0)
 
 
-def test_save_figure_writes_each_format(tmp_path):
+def test_save_figure_writes_each_format(tmp_path, figures):
     from PIL import Image
 
     paths = figures.save_figure(ablation.sample(), tmp_path / "map.v1")
@@ -276,14 +298,14 @@ def test_save_figure_writes_each_format(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_bad_input_is_one_line(tmp_path):
+def test_bad_input_is_one_line(tmp_path, figures):
     with pytest.raises(UserError, match="unknown figure format gif"):
         figures.save_figure(ablation.sample(), tmp_path / "x", ("png", "gif"))
     with pytest.raises(UserError, match="no figure for a dict"):
         figures.figure_for({"name": "ablation"})  # type: ignore[arg-type]
 
 
-def test_a_figure_draws_without_a_display_and_the_engine_imports_no_matplotlib():
+def test_a_figure_draws_without_a_display_and_the_engine_imports_no_matplotlib(figures):
     code = ("import sys, engine.registry, engine.atlas.table; assert 'matplotlib' not in sys.modules; "
             "import figures; from matplotlib.backends.backend_agg import FigureCanvasAgg; "
             "fig = figures.figure_for(engine.registry.BY_NAME['prune'].sample()); "
@@ -293,12 +315,12 @@ def test_a_figure_draws_without_a_display_and_the_engine_imports_no_matplotlib()
     assert done.returncode == 0, done.stderr
 
 
-def test_a_notebook_shows_the_figure_as_png():
-    assert figures.figure_for(SAMPLES["toy-depth"]())._repr_png_().startswith(b"\x89PNG")
+def test_a_notebook_shows_the_figure_as_png(figures):
+    assert figures.figure_for(sample_of("toy-depth"))._repr_png_().startswith(b"\x89PNG")
 
 
-def test_svg_keeps_text_as_text(tmp_path):
-    (svg,) = figures.save_figure(SAMPLES["recovery"](), tmp_path / "recovery", ("svg",))
+def test_svg_keeps_text_as_text(tmp_path, figures):
+    (svg,) = figures.save_figure(sample_of("recovery"), tmp_path / "recovery", ("svg",))
     assert "fine-tuning step" in svg.read_text()
 
 
@@ -307,15 +329,16 @@ STABLE = ("ablation", "recovery", "growth", "prune")  # drawn from fixed samples
 
 
 @pytest.mark.parametrize("name", STABLE)
-def test_a_figure_looks_as_its_baseline_image(name, tmp_path):
+def test_a_figure_looks_as_its_baseline_image(name, tmp_path, figures, style):
     """The pixels, not only the artists: a change of style, layout or colour shows here. After an
     intended change, `ANATOMY_TUI_NEW_BASELINES=1 pytest tests/test_figures.py -k baseline` rewrites
     them (look at the new images before committing)."""
+    import matplotlib
     from matplotlib.testing.compare import compare_images
 
     drawn_now = tmp_path / f"{name}.png"
     with matplotlib.rc_context(style.RC):
-        figures.figure_for(SAMPLES[name]()).savefig(drawn_now, dpi=100)
+        figures.figure_for(sample_of(name)).savefig(drawn_now, dpi=100)
     baseline = BASELINES / f"{name}.png"
     if os.environ.get("ANATOMY_TUI_NEW_BASELINES"):
         BASELINES.mkdir(exist_ok=True)
