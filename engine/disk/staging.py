@@ -40,7 +40,7 @@ def staged(folder: Path, prefix: str, stale: Sequence[str] = ()) -> Iterator[Pat
     stale staging folders of `prefix` and the leftovers matching the `stale` glob patterns go."""
     folder = Path(os.path.realpath(folder))
     with locked(folder):
-        for pattern in (f".{prefix}-*", *stale):
+        for pattern in (f".{prefix}-{'?' * 8}", *stale):  # mkdtemp's names: 8 random characters
             for leftover in folder.glob(pattern):
                 remove(leftover)
         staging = Path(tempfile.mkdtemp(prefix=f".{prefix}-", dir=folder))

@@ -29,7 +29,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -384,7 +384,7 @@ def md_table(table: Table) -> str:
                       *map(line, rows), ""])
 
 
-def markdown_report(session: Session, found: Sequence[Entry], notes: Sequence[str], drawn: Mapping[str, bytes]) -> str:
+def markdown_report(session: Session, found: Sequence[Entry], notes: Sequence[str], drawn: Collection[str]) -> str:
     parts = [f"# Session {md_text(session.name)}", "", md_table(("session", ["field", "value"], header_rows(session)))]
     parts += [f"> {md_text(note)}\n" for note in notes]
     for entry in found:
@@ -491,7 +491,8 @@ def main(args: argparse.Namespace) -> int:
     for note in notes:  # each on one line: a control character from the session escaped as repr writes it
         say(f"anatomy-tui report: {repr(note)[1:-1]}")
     folder, made = output_folder(args.out, session.name)
-    leftovers = [f".{glob.escape(name)}.*.tmp" for name in ("report", *(entry.name for entry in found))]
+    files = [*(f"report.{f}" for f in FORMATS), *(f"{entry.name}.{f}" for entry in found for f in ("png", "svg"))]
+    leftovers = [f".{glob.escape(file)}.{'?' * 8}.tmp" for file in files]  # an older version's killed atomic writes
     try:
         with staged(folder, "report", leftovers) as staging:
             drawn = draw(found, staging, notes)
@@ -501,8 +502,9 @@ def main(args: argparse.Namespace) -> int:
             with contextlib.suppress(OSError):
                 folder.rmdir()
         if is_no_space(exc):
-            raise UserError(f"no space left on {mount_point(folder)} writing the report to {folder}; the report "
-                            "there is as it was: free some space and run again") from None
+            kept = "nothing was written" if made else "the report there is as it was"
+            raise UserError(f"no space left on {mount_point(folder)} writing the report to {folder}; {kept}: free "
+                            "some space and run again") from None
         raise
     show([*(str(folder / name) for name in written), f"{len(drawn)} figures (PNG, SVG) in {folder}"])
     return 0
