@@ -17,7 +17,6 @@ it would have seen without the interruption.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,9 +72,9 @@ class CharTokenizer:
         path = Path(folder) / TOKENIZER_FILE
         if not path.exists():
             raise UserError(f"{folder} has no {TOKENIZER_FILE}; it is not a growth model folder")
-        from engine.disk.atomic import read_text
+        from engine.disk.atomic import read_json
 
-        return cls(json.loads(read_text(path))["chars"])
+        return cls(read_json(path)["chars"])
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from engine.core.events import (
     result,
 )
 from engine.core.settings import MAX_SEED, MAX_WINDOW, WINDOW_WHY, Settings, setting
+from engine.core.untrusted import loads
 from engine.experiments.contract import Contract, FigureShape, Frame
 from engine.experiments.growth.profile import (
     ANTI,
@@ -63,7 +64,7 @@ def _seeds_show(seeds: tuple[int, ...]) -> str:
 def _phases_text(text: str) -> tuple[Phase, ...]:
     """A phase table file (TOML or JSON), or the table itself as JSON (how a job's command says it)."""
     if text.lstrip().startswith(("[", "{")):
-        return _phases_decode(json.loads(text))
+        return _phases_decode(loads(text))  # too deep or not JSON: a ValueError, the flag's one line
     return load_phases(Path(text))
 
 
