@@ -114,8 +114,9 @@ class Wavefront:
         states = (units + 1) * sum(batch.input_ids.numel() for batch in batches) * hidden * size
         return Message(f"streamed map: {n} layers read once ({_size(stream.checkpoint_bytes())} from "
                        f"{stream.folder}), a window of {window} layer{'s' if window > 1 else ''} and one read "
-                       f"ahead ({_size(layer)} each), {units + 1} branches ({_size(states)} of states); "
-                       f"peak about {_size((window + 1) * layer + outer + states)} on {stream.device}")
+                       f"ahead ({_size(layer)} each), {units + 1} branch{'es' if units else ''} "
+                       f"({_size(states)} of states); peak about {_size((window + 1) * layer + outer + states)} "
+                       f"on {stream.device}")
 
     def run(self, meter: Callable[..., None], part_meter: Any) -> Generator[Event, None, TextScores]:
         """Every branch through every layer; the baseline's scores (the clean branch's) at the end.
@@ -133,8 +134,8 @@ class Wavefront:
             self.checkpoint.restore(self.units, meter, part_meter, evaluator.batches[0].input_ids.device)
         if restored is not None:
             start, self.clean, self.branches = restored
-            yield Message(f"resuming the streamed map after layer {start - 1} (its checkpoint): layers {start} "
-                          f"to {n - 1} to read")
+            left = f"layers {start} to {n - 1} to read" if start < n else "no layer left to read"
+            yield Message(f"resuming the streamed map after layer {start - 1} (its checkpoint): {left}")
         began = time.perf_counter()
         yield Progress(start, n, "streaming", phase="streaming", unit="layers")
         for j in range(start, n):
