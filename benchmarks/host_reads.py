@@ -25,7 +25,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 def straightforward(patch) -> None:
     """The reads as they were: mask-less forwards, a blocking copy per parameter and per adapter tensor."""
     import engine.experiments.prune.healing as prune
-    import engine.experiments.recovery.run as recovery
+    import engine.experiments.recovery.sweep as recovery
     from engine.models.anatomy import LayerStack
 
     for module in (prune, recovery):

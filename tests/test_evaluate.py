@@ -238,7 +238,7 @@ def test_an_unknown_task_is_one_line(tokenizer, tasks):
 def test_recovered_variant_reads_the_sessions_layers(tokenizer, tasks, tmp_path):
     """The recovered layers saved for this model are put in for the run (and only for it); layers
     saved for another model are not."""
-    from engine.experiments.recovery.run import save_layer_weights
+    from engine.experiments.recovery.checkpoints import save_layer_weights
 
     model = tiny_model("llama")
     stack = LayerStack(model)

@@ -204,7 +204,7 @@ def test_recovered_export_card(tokenizer, tmp_path):
 def test_push_to_hub_uploads_the_folder_to_a_stand_in(tmp_path, monkeypatch, capsys):
     """`anatomy-tui export ... --push-to-hub REPO` through huggingface_hub against a local stand-in
     of the Hub's API: the repository is made and every file of the export arrives intact."""
-    from engine.experiments.recovery.run import save_layer_weights
+    from engine.experiments.recovery.checkpoints import save_layer_weights
     from engine.models.loading import load_model
     from sessions.store import SessionStore
     from tui import cli

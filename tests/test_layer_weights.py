@@ -6,7 +6,8 @@ import torch
 from test_recovery import settings_for, texts  # noqa: F401  (texts is a fixture)
 from tiny_models import tiny_model
 
-from engine.experiments.recovery.run import run_recovery, save_layer_weights
+from engine.experiments.recovery.checkpoints import save_layer_weights
+from engine.experiments.recovery.run import run_recovery
 from engine.models.anatomy import LayerStack
 from sessions.layer_weights import load_layers, saved_layers
 from sessions.store import SessionStore

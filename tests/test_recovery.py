@@ -14,11 +14,10 @@ from tui_fixtures import ablation_map, round_trips
 from engine.core.errors import UserError
 from engine.core.events import Cancelled, CancelToken, Result
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
-from engine.experiments.recovery.run import (
+from engine.experiments.recovery.run import run, run_recovery
+from engine.experiments.recovery.summary import (
     difficulty,
     layer_row,
-    run,
-    run_recovery,
     steps_to_thresholds,
     summarise_run,
     training_budget,

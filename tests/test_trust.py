@@ -232,7 +232,7 @@ def test_a_linked_part_of_a_session_is_refused(tmp_path, part, capsys):
 def test_a_linked_weights_folder_is_neither_read_nor_written(tmp_path):
     import torch
 
-    from engine.experiments.recovery.run import save_layer_weights
+    from engine.experiments.recovery.checkpoints import save_layer_weights
     from sessions.layer_weights import load_layers, saved_layers
 
     session = SessionStore().create("w")

@@ -712,7 +712,7 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
     import torch
     from textual.widgets import Select
 
-    from engine.experiments.recovery.run import save_layer_weights
+    from engine.experiments.recovery.checkpoints import save_layer_weights
     from engine.models.anatomy import LayerStack
 
     app = tiny_app(tiny_folder)

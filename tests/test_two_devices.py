@@ -494,30 +494,32 @@ def test_prompt_variants_and_generation(monkeypatch, tokenizer, tmp_path, embedd
 
 def test_a_float_of_each_matrix_std_mutation_is_caught(monkeypatch, tokenizer, files):
     """Recovery with a `float(w.std())` per matrix in its noise loop: within budget no more."""
-    import engine.experiments.recovery.run as recovery
+    import engine.experiments.recovery.sweep as sweep
+    from engine.experiments.recovery.run import run_recovery
 
     settings = recovery_settings(files)
-    noise = recovery.add_noise
+    noise = sweep.add_noise
 
     def reading(stack, index, *args, **kwargs):
         for weight in stack.matrices(index).values():
             float(weight.std())
         return noise(stack, index, *args, **kwargs)
 
-    monkeypatch.setattr(recovery, "add_noise", reading)
-    _, mode = on_gpus(monkeypatch, lambda model: result(recovery.run_recovery(model, tokenizer, settings)))
+    monkeypatch.setattr(sweep, "add_noise", reading)
+    _, mode = on_gpus(monkeypatch, lambda model: result(run_recovery(model, tokenizer, settings)))
     with pytest.raises(AssertionError, match="host reads"):
         within(mode, **recovery_budget(settings, torch.float32))
-    assert sum(n for site, n in mode.sites.items() if "recovery/run.py" in site) >= MATRICES * len(settings.layers)
+    assert sum(n for site, n in mode.sites.items() if "recovery/sweep.py" in site) >= MATRICES * len(settings.layers)
 
 
 def test_a_training_forward_without_its_mask_mutation_is_caught(monkeypatch, tokenizer, files):
     """Recovery's prefix and training forwards given no attention mask: transformers' read per forward."""
-    import engine.experiments.recovery.run as recovery
+    import engine.experiments.recovery.sweep as sweep
+    from engine.experiments.recovery.run import run_recovery
 
-    monkeypatch.setattr(recovery, "blocks_forward", lambda model, ids: model(input_ids=ids, use_cache=False))
+    monkeypatch.setattr(sweep, "blocks_forward", lambda model, ids: model(input_ids=ids, use_cache=False))
     settings = recovery_settings(files)
-    _, mode = on_gpus(monkeypatch, lambda model: result(recovery.run_recovery(model, tokenizer, settings)))
+    _, mode = on_gpus(monkeypatch, lambda model: result(run_recovery(model, tokenizer, settings)))
     with pytest.raises(AssertionError, match="host reads"):
         within(mode, **recovery_budget(settings, torch.float32))
 
@@ -660,7 +662,7 @@ def test_toy_depth_on_a_gpu(monkeypatch):
 def test_noise_is_drawn_on_the_layers_gpu(monkeypatch):
     """No noise matrix is drawn on the host and copied up; the prompt pane's noised variant is a
     recovery run's first noise."""
-    from engine.experiments.recovery.run import add_noise, noise_seed
+    from engine.experiments.recovery.sweep import add_noise, noise_seed
     from engine.experiments.variants import noised
 
     with two_gpus(monkeypatch) as mode:

@@ -88,7 +88,7 @@ def modified(model: Any, layers: Sequence[int], blocks: Sequence[Block] = ()) ->
 def noised(model: Any, layers: Sequence[int], sigma: float, seed: int = NOISE_SEED) -> Iterator[Any]:
     """W += N(0, (sigma * std(W))^2) on every matrix of `layers`, as the recovery experiment
     noises a layer: each layer gets the noise of a recovery run with this seed (its first repeat)."""
-    from engine.experiments.recovery.run import add_noise, noise_seed
+    from engine.experiments.recovery.sweep import add_noise, noise_seed
     from engine.models.anatomy import LayerStack
 
     stack = LayerStack(model)
