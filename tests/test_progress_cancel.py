@@ -15,13 +15,9 @@ from engine.core.events import Cancelled, Cancelling, CancelToken, Finished, Mes
 from engine.evaluation.perplexity import Evaluator, spread
 from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings
-from engine.experiments.recovery.run import (
-    auto_eval_every,
-    auto_eval_texts,
-    evaluated,
-    run_recovery,
-    steps_to_thresholds,
-)
+from engine.experiments.recovery.run import run_recovery
+from engine.experiments.recovery.summary import steps_to_thresholds
+from engine.experiments.recovery.sweep import auto_eval_every, auto_eval_texts, evaluated
 from engine.experiments.recovery.vocabulary import RecoveryBaseline, RecoveryLayer, RecoveryPoint, RecoverySettings
 from engine.models.loading import LoadedModel
 from engine.registry import EXPERIMENTS, RunContext
