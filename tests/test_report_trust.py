@@ -256,16 +256,23 @@ def test_without_matplotlib_it_is_one_line_naming_the_extra(isolated_home, tmp_p
     assert not (tmp_path / "out").exists()
 
 
-def test_a_closed_pipe_ends_it_quietly(isolated_home, tmp_path):
-    """`anatomy-tui report demo | head -1`: the reader gone before the report prints its paths."""
+@pytest.mark.parametrize("both", [False, True], ids=["stdout", "stdout and stderr"])
+def test_a_closed_pipe_ends_it_quietly_with_the_report_written(both, isolated_home, tmp_path):
+    """`anatomy-tui report demo | head -1` (and `2>&1 | head -1`): the reader gone before the report
+    prints anything; the report is still written whole and the command ends as a shell's SIGPIPE
+    does (141), with nothing said."""
     small_session()
-    process = cli(["from tui.cli import main; import sys; sys.exit(main(sys.argv[1:]))", "report", "demo",
-                   "--out", str(tmp_path / "out"), "--format", "md"], stdout=subprocess.PIPE)
-    process.stdout.close()  # nothing will read what it prints
-    err = process.communicate(timeout=120)[1]
-    assert process.returncode == 0, err
-    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
-    assert (tmp_path / "out" / "report.md").exists()
+    read, write = os.pipe()
+    os.close(read)  # nothing will read what it prints
+    process = subprocess.Popen([sys.executable, "-m", "tui.cli", "report", "demo", "--out", str(tmp_path / "out")],
+                               cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=write,
+                               stderr=write if both else subprocess.PIPE, text=True)
+    os.close(write)
+    err = process.communicate(timeout=120)[1] or ""
+    assert process.returncode == 141, err
+    assert "Traceback" not in err and "Error" not in err and "Exception" not in err, err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "ablation.png", "ablation.svg", "recovery.png", "recovery.svg", "report.html", "report.md", "report.pdf"]
 
 
 def test_a_dollar_in_a_name_is_a_dollar_in_the_figure(isolated_home, tmp_path):

@@ -423,7 +423,7 @@ def draw(found: Sequence[Entry], staging: Path, notes: list[str]) -> dict[str, F
     figures = import_figures()
     drawn = {}
     for number, entry in enumerate(found, 1):
-        say(f"anatomy-tui report: drawing {entry.name} ({number} of {len(found)})")
+        progress(f"anatomy-tui report: drawing {entry.name} ({number} of {len(found)})")
         try:
             fig = figures.figure_for(entry.result)
         except UserError as exc:  # a result kind without a figure module (an experiment added since)
@@ -454,7 +454,7 @@ def write_report(staging: Path, formats: Sequence[str], session: Session, found:
 
         from figures.style import DPI, RC
 
-        say(f"anatomy-tui report: writing report.pdf ({len(drawn)} figures)")
+        progress(f"anatomy-tui report: writing report.pdf ({len(drawn)} figures)")
         with matplotlib.rc_context(RC), PdfPages(staging / "report.pdf") as pages:
             for fig in drawn.values():
                 pages.savefig(fig, dpi=DPI)
@@ -462,15 +462,16 @@ def write_report(staging: Path, formats: Sequence[str], session: Session, found:
     return written
 
 
-def show(lines: Sequence[str]) -> None:
-    """The lines on stdout; a reader that has gone (`| head -1`) ends it quietly, nothing said at exit."""
+def progress(line: str) -> None:
+    """A line on stderr; a reader gone (`2>&1 | head -1`) stops the lines, never the report: the rest
+    go to the null device (the paths then printed on stdout end the command as tui/cli.py does)."""
     try:
-        for line in lines:
-            print(line)
-        sys.stdout.flush()
+        say(line)
     except BrokenPipeError:
-        with contextlib.suppress(OSError, ValueError):  # stdout's later flush at exit goes nowhere
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -489,7 +490,7 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"session {session.name!r} has no results to report{why}; run an experiment into it first "
                         f"(anatomy-tui run ablation --session {session.name})")
     for note in notes:  # each on one line: a control character from the session escaped as repr writes it
-        say(f"anatomy-tui report: {repr(note)[1:-1]}")
+        progress(f"anatomy-tui report: {repr(note)[1:-1]}")
     folder, made = output_folder(args.out, session.name)
     files = [*(f"report.{f}" for f in FORMATS), *(f"{entry.name}.{f}" for entry in found for f in ("png", "svg"))]
     leftovers = [f".{glob.escape(file)}.{'?' * 8}.tmp" for file in files]  # an older version's killed atomic writes
@@ -506,5 +507,7 @@ def main(args: argparse.Namespace) -> int:
             raise UserError(f"no space left on {mount_point(folder)} writing the report to {folder}; {kept}: free "
                             "some space and run again") from None
         raise
-    show([*(str(folder / name) for name in written), f"{len(drawn)} figures (PNG, SVG) in {folder}"])
+    for name in written:
+        print(folder / name)
+    print(f"{len(drawn)} figures (PNG, SVG) in {folder}")
     return 0
