@@ -159,6 +159,29 @@ def test_the_picker_shows_a_forged_model_name_as_text_not_markup(isolated_home):
     assert model == "[/][link=https://x]m" and running  # "[/]" as markup would be a MarkupError
 
 
+def test_a_new_session_name_with_control_characters_is_refused_in_the_picker(isolated_home):
+    from textual.widgets import Input
+
+    from tui.app import AnatomyApp
+    from tui.screens.picker import SessionPicker
+
+    demo_session(SessionStore())
+
+    async def scenario() -> tuple[bool, str, list[str]]:
+        app = AnatomyApp(load_model=False)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause()
+            await pilot.press("n")
+            app.screen.query_one("#new-name", Input).value = "new\x1b[2J"  # pasted
+            await pilot.press("enter")
+            await pilot.pause()
+            return isinstance(app.screen, SessionPicker), app.session_name, [str(n.message) for n in app._notifications]
+
+    still_picking, opened, messages = asyncio.run(scenario())
+    assert still_picking and not opened and [info.name for info in SessionStore().list()] == ["demo"]
+    assert len(messages) == 1 and "bad name" in messages[0] and "\x1b" not in messages[0]
+
+
 def test_a_closed_pipe_ends_sessions_show_quietly():
     store = SessionStore()
     session = store.create("big")

@@ -12,7 +12,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from engine.core.untrusted import printable
-from sessions.store import SessionInfo, SessionStore
+from sessions.store import SessionError, SessionInfo, SessionStore
 
 
 def _when(stamp: float) -> str:
@@ -99,6 +99,11 @@ class SessionPicker(Screen[str]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         name = event.value.strip() or time.strftime("%Y%m%d-%H%M%S")
-        if self.store.exists(name):
+        try:
+            exists = self.store.exists(name)
+        except SessionError as exc:  # a bad name (a space, a slash, a control character pasted): say so, stay
+            self.notify(printable(str(exc)), severity="error", title="bad session name", markup=False)
+            return
+        if exists:
             self.notify(f"session {name!r} exists: opening it")
         self.dismiss(name)
