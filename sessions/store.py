@@ -10,11 +10,14 @@
                             growth_models/   the growth run's final models
     (each part's name: engine/disk/session_layout.py)
 
-Nothing in a session folder is trusted: every field read is checked (a bad one is reported as
-the session's damage, one line each, and the rest stays usable), nothing in it is read or written
-through a symbolic link (the session folder itself included: engine.disk.atomic.unlinked, the one check,
-made by every read and write of the store and of engine.disk.atomic below a session it opened), and a pid
-is signalled only with proof that it still is the job that wrote it (engine.core.process).
+Nothing in a session folder is trusted: every JSON document is read with bounds on its size and
+nesting (engine.core.untrusted: a manifest or job file of at most 1 MiB, a result or an event line
+of at most 64 MiB, 100 levels), every field read is checked (a bad one, or a name holding a control
+character, is reported as the session's damage, one line each, and the rest stays usable),
+nothing in it is read or written through a symbolic link (the session folder itself included:
+engine.disk.atomic.unlinked, the one check, made by every read and write of the store and of
+engine.disk.atomic below a session it opened), and a pid is signalled only with proof that it still
+is the job that wrote it (engine.core.process).
 
 The machine's faults: a sessions folder that is a file or cannot be written is one line
 (`SessionStore.check_home`) before anything runs. A session appears whole or not at all (made in a
@@ -59,14 +62,13 @@ from engine.disk.atomic import (
     read_json,
     unlinked,
 )
-from engine.disk.session_layout import CHECKPOINTS, EVENTS, FOLDERS, JOBS, LOGS, MANIFEST, PARTS, RESULTS
+from engine.disk.session_layout import CHECKPOINTS, EVENTS, FOLDERS, JOBS, LOGS, MANIFEST, RESULTS
 
 MANIFEST_SCHEMA_VERSION = 1
 log = logging.getLogger(__name__)
 NAME_LIMIT = 100  # characters in a session's (or a result's, a job's) name
 _NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_LIMIT - 1}}}$")
 _VERSIONED_PACKAGES = ("anatomy-tui", "torch", "transformers", "textual", "numpy", "scikit-learn")
-SESSION_PARTS = PARTS  # every part of a session folder the app reads or writes; none may be a symbolic link
 # interrupted: stopped by SIGTERM/SIGHUP (or its process died); resumed: a later --resume run finished it
 JOB_STATUSES = frozenset({"running", "done", "failed", "cancelled", "interrupted", "resumed"})
 
@@ -171,10 +173,12 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), "a number")
 
 
-def _link_problem(path: Path, parts: tuple[str, ...] = SESSION_PARTS) -> str:
-    for part in parts:
-        if (path / part).is_symlink():
-            return f"{part} is a symbolic link (sessions never follow links; replace it with a real one)"
+def _link_problem(path: Path) -> str:
+    """Why the session folder is refused: an entry of it (any part, the console's too: tui/session_files.py)
+    is a symbolic link; empty when none is."""
+    for entry in sorted(path.iterdir()) if path.is_dir() else ():
+        if entry.is_symlink():
+            return f"{entry.name} is a symbolic link (sessions never follow links; replace it with a real one)"
     return ""
 
 
