@@ -4,14 +4,21 @@ subset with the first and last step exact, and a run stopped before its first ch
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from lm_eval_tasks import write_task
 from test_signals import check_interrupted, check_resumed, resume_line, signal_after, start
+from tiny_models import tiny_model
 
 from engine.core.events import Cancelled, Cancelling, CancelToken, Finished, Message, Pace, Progress, Result
+from engine.core.settings import Settings
 from engine.evaluation.perplexity import Evaluator, spread
 from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings
@@ -20,7 +27,7 @@ from engine.experiments.recovery.summary import steps_to_thresholds
 from engine.experiments.recovery.sweep import auto_eval_every, auto_eval_texts, evaluated
 from engine.experiments.recovery.vocabulary import RecoveryBaseline, RecoveryLayer, RecoveryPoint, RecoverySettings
 from engine.models.loading import LoadedModel
-from engine.registry import EXPERIMENTS, RunContext
+from engine.registry import EXPERIMENTS, Experiment, RunContext
 from sessions.job_runner import run_job
 from sessions.store import SessionStore
 from tui.cli import main
@@ -61,15 +68,81 @@ class Forwards:
             self.then(self.count)
 
 
-# every job speaks first ---------------------------------------------------------------------------
-@pytest.mark.parametrize("entry", EXPERIMENTS, ids=lambda entry: entry.name)
-def test_every_experiment_says_it_is_starting_before_anything_runs(entry, tiny_llama):
-    model, tokenizer = tiny_llama
-    forwards = Forwards(model)
+# every experiment speaks first, reports its units as they end, and stops when cancelled -------------
+def small_settings(entry: Experiment, folder: Path) -> Settings:
+    """The experiment's defaults, made small for a tiny model by field name (any experiment with
+    these fields gets them), and what a few experiments need besides (their layers, methods, tasks;
+    evaluate two models, as lm-eval's run of one model is a unit no cancel enters)."""
+    train, evaluation = folder / "train.txt", folder / "eval.txt"
+    train.write_text(TRAIN, encoding="utf-8")
+    evaluation.write_text("\n".join(EVAL), encoding="utf-8")
+    small = dict(eval_file=str(evaluation), train_file=str(train), text_file=str(evaluation), eval_batch_size=1,
+                 bootstrap=0, max_length=32, max_tokens=200, steps=2, batch_size=2, block_size=16, train_blocks=4,
+                 eval_every=1, null_draws=1, gen_tokens=2, limit=4.0, include_path=str(write_task(folder / "tasks")))
+    besides: dict[str, dict[str, Any]] = {
+        "recovery": dict(layers=(1,)), "prune": dict(remove=(1, 2), method="bi", gen_task=False),
+        "evaluate": dict(tasks=("everyday_sense",), gen_task=False, variants=("original", "pruned"), remove=(1,)),
+        "weights": dict(first_layer=0, paradox_counts=(1, 0)),
+        "manipulate": dict(strategies=("zero", "scale"), alphas=(0.5,), sample_tokens=2),
+    }
+    fields = {field.name for field in dataclasses.fields(entry.settings_class)}
+    return entry.settings_class(**{k: v for k, v in small.items() if k in fields}, **besides.get(entry.name, {}))
+
+
+class EveryForward:
+    """Counts the forwards of every model of `model`'s class (a copy an experiment makes too), and
+    cancels `token` at forward number `cancel_at`: a hook on torch's modules, none of the
+    experiment's own code."""
+
+    def __init__(self, model: torch.nn.Module, token: CancelToken, cancel_at: int | None = None) -> None:
+        self.count, self.kind, self.token, self.cancel_at = 0, type(model), token, cancel_at
+        self.handle = torch.nn.modules.module.register_module_forward_hook(self._hook)
+
+    def _hook(self, module: torch.nn.Module, *_: object) -> None:
+        if type(module) is self.kind:
+            self.count += 1
+            if self.count == self.cancel_at:
+                self.token.cancel()
+
+
+def run_counted(entry: Experiment, settings: Settings, tokenizer, cancel_at: int | None = None):
+    """A fresh tiny model's run: its events, each with the forwards done before it, and the forwards
+    done in all (up to the Cancelled, where it raised one: then `cancelled` is True)."""
+    model, token = tiny_model("llama"), CancelToken()
+    forwards = EveryForward(model, token, cancel_at)
     loaded = LoadedModel(model, tokenizer, "tiny", "test", "cpu", "float32", "llama", 4)
-    first = next(iter(entry.run(entry.defaults(), RunContext(model=loaded))))
-    assert isinstance(first, Progress) and first.phase == "starting" and entry.name in first.label
-    assert forwards.count == 0
+    seen, cancelled = [], False
+    try:
+        for event in entry.run(settings, RunContext(model=loaded, cancel=token)):
+            seen.append((event, forwards.count))
+    except Cancelled:
+        cancelled = True
+    finally:
+        forwards.handle.remove()
+    return seen, forwards.count, cancelled
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", [entry for entry in EXPERIMENTS if entry.needs_model], ids=lambda entry: entry.name)
+def test_every_experiment_reports_its_units_as_they_end_and_a_cancel_stops_it_within_one(entry, tokenizer, tmp_path):
+    """Measured from outside (forwards counted by a hook on torch's modules): the first event comes
+    before any forward; the experiment's own progress counts its units up to their total; a cancel
+    at the middle forward ends the run in Cancelled within one unit's forwards."""
+    settings = small_settings(entry, tmp_path)
+    seen, total, cancelled = run_counted(entry, settings, tokenizer)
+    assert not cancelled and seen[0][1] == 0 and isinstance(seen[0][0], Progress)  # said before any forward
+    own = [(event, at) for event, at in seen[1:] if isinstance(event, Progress) and event.total > 0]
+    assert own, f"{entry.name}: no progress of its own, only the registry's `starting`"
+    assert any(event.done > 0 for event, _ in own), f"{entry.name}: its progress never counts a unit done"
+    assert own[-1][0].done == own[-1][0].total, f"{entry.name}: its last progress is not all of its units"
+    assert total >= 2, f"{entry.name}: {total} forwards, too few to cancel in the middle"
+    marks = [0, *(at for _, at in own), total]
+    unit = max(later - earlier for earlier, later in itertools.pairwise(marks))  # a unit's forwards, at most
+    middle = total // 2
+    _, done, cancelled = run_counted(entry, settings, tokenizer, cancel_at=middle)
+    assert cancelled, f"{entry.name}: ran to its end after a cancel at forward {middle} of {total}"
+    after = done - middle
+    assert after <= unit, f"{entry.name}: {after} forwards after the cancel, more than a unit's {unit}"
 
 
 def test_recovery_says_its_baseline_batch_by_batch_and_sends_it_before_training(tiny_llama, texts):
