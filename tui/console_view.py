@@ -1,7 +1,7 @@
 """Where the console was, so it comes back there: the session it had open (in the sessions folder,
 `.console.json`: the console's own, which a headless `anatomy-tui run --session S` never writes) and,
 in each session, its selected layer, tab, forms and the layers and blocks marked for the prompt pane's
-modified model (tui/marks.py) (`<session>/console.json`, engine/disk/session_layout.py CONSOLE_VIEW).
+modified model (tui/marks.py) (`<session>/console.json`, tui/session_files.py CONSOLE_VIEW).
 Both are written atomically and, like every file there, read as untrusted: JSON only, each field
 checked, anything else left at its default (and logged)."""
 
@@ -14,9 +14,9 @@ from typing import Any
 
 from engine.core.errors import UserError
 from engine.disk.atomic import atomic_write_json, read_json
-from engine.disk.session_layout import CONSOLE_VIEW
 from sessions.store import Session, SessionError, SessionStore
 from tui.marks import NO_MARKS, Marks
+from tui.session_files import CONSOLE_VIEW
 
 log = logging.getLogger("anatomy_tui.console")
 

@@ -1,7 +1,7 @@
 """The event log's index: which lines of `events.jsonl` the console's panels still depend on, so a
 session whose log is large opens by folding those lines and the log's tail, not every line.
 
-`<session>/events.index.json` (engine/disk/session_layout.py EVENT_INDEX), written by the console as it
+`<session>/events.index.json` (tui/session_files.py EVENT_INDEX), written by the console as it
 follows the log (tui/lab.py), atomically:
 
     {"format": FORMAT, "covers": C, "lines": [[start, end], ...], "sha256": H}
@@ -26,8 +26,8 @@ from engine.core.errors import UserError
 from engine.core.events import Event, event_from_json
 from engine.core.untrusted import loads
 from engine.disk.atomic import atomic_write_bytes, open_unlinked, read_json
-from engine.disk.session_layout import EVENT_INDEX
 from sessions.store import Session, SessionError
+from tui.session_files import EVENT_INDEX
 from tui.state import Span
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,6 @@ from engine.core.errors import UserError
 from engine.core.events import CancelToken, decode_or_none, result_class
 from engine.core.settings import Settings
 from engine.core.turns import ModelTurns
-from engine.disk.session_layout import APP_LOG, FIGURES
 from engine.experiments.variants import SavedModels, Variant, pruned_layers, saved_model_path
 from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
@@ -46,6 +45,7 @@ from tui.jobs import (
 from tui.log_pager import LogPager
 from tui.logging_setup import log_to_file
 from tui.marks import Marks
+from tui.session_files import APP_LOG, FIGURES
 from tui.state import Dirty, JobView, LineKeeper, SessionState
 
 log = logging.getLogger("anatomy_tui.console")
