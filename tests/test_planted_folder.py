@@ -91,6 +91,7 @@ def run_listening(argv: list[str], cwd: Path, log: Path) -> tuple[int, int, set[
         return process.wait(), process.pid, seen
 
 
+@pytest.mark.slow
 def test_a_console_job_started_in_a_planted_folder_runs_this_project(planted):
     entry = experiment("toy-depth")
     settings = settings_from_args(entry, build_parser("toy-depth").parse_args(TINY))
