@@ -25,7 +25,7 @@ the session, so nothing is written twice or half. The code reaches the workers t
 runtime_env: on this machine the driver's own `engine` on PYTHONPATH; on a remote cluster as the
 job's py_modules (the embedded model's package with it).
 
-Ray puts the driver's current folder first on every worker's sys.path, so a `engine/` lying in the
+Ray puts the driver's current folder first on every worker's sys.path, so an `engine/` lying in the
 folder a run starts in would be imported by the workers in place of this project's: Ray starts
 and joins from the project's root instead (`_starting`), and a task on this machine then works
 in the driver's folder, for its relative paths. `local` starts Ray as it does on a laptop
