@@ -222,13 +222,14 @@ class FieldSpec:
 
     def show_text(self, value: Any) -> str:
         """The flag text that parses back to `value` (how a job's command is rebuilt from data)."""
-        show = self.meta.get("show")
+        show: Callable[[Any], str] | None = self.meta.get("show")
         if show is not None:
             return show(value)
         if value is None:
-            if not self.meta.get("none_word"):
+            none_word: str | None = self.meta.get("none_word")
+            if not none_word:
                 raise ValueError(f"{self.flag} has no text for 'none'")
-            return self.meta["none_word"]
+            return none_word
         names = {v: k for k, v in self.meta.get("words", {}).items()}
         items = value if self.is_tuple else (value,)
         text = ",".join(names.get(item, repr(item) if isinstance(item, float) else str(item)) for item in items)
@@ -282,7 +283,7 @@ def _fields_of(cls: type) -> tuple[FieldSpec, ...]:
     return tuple(_spec_of(f.name, hints[f.name], f) for f in dataclasses.fields(cls))
 
 
-def _spec_of(name: str, hint: Any, f: dataclasses.Field) -> FieldSpec:
+def _spec_of(name: str, hint: Any, f: dataclasses.Field[Any]) -> FieldSpec:
     optional = False
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -302,9 +303,12 @@ def _spec_of(name: str, hint: Any, f: dataclasses.Field) -> FieldSpec:
 class Settings:
     """Base of every experiment's frozen settings dataclass."""
 
+    __dataclass_fields__: typing.ClassVar[dict[str, dataclasses.Field[Any]]]  # each subclass is a dataclass
+
     @classmethod
     def fields(cls) -> tuple[FieldSpec, ...]:
-        return _fields_of(cls)
+        settings_class: type = cls  # as `type`: mypy takes a type[Settings] for unhashable
+        return _fields_of(settings_class)
 
     def __post_init__(self) -> None:
         """A whole number given for a float field in code (`limit=3`) is the float a flag or a job
@@ -365,7 +369,7 @@ class Settings:
 
     def override(self: S, changes: Mapping[str, Any]) -> S:
         """These settings with `changes` (explicit flags over a preset) applied, then validated."""
-        made = dataclasses.replace(self, **changes)  # type: ignore[type-var]
+        made = dataclasses.replace(self, **changes)
         made.validate()
         return made
 
@@ -382,7 +386,7 @@ class Settings:
         if unknown:
             raise UserError(f"unknown setting {unknown[0]!r}; known: {', '.join(specs)}")
         values = {name: specs[name].from_json(value) for name, value in doc.items()}
-        made = dataclasses.replace(base, **values) if base is not None else cls(**values)  # type: ignore[type-var]
+        made = dataclasses.replace(base, **values) if base is not None else cls(**values)
         made.validate()
         return made
 
