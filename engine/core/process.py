@@ -28,13 +28,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeGuard
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding engine/, tui/, sessions/
 PID_LIMIT = 2**31 - 1  # the largest value a pid_t holds; os.kill overflows beyond it
 
 
-def valid_pid(pid: Any) -> bool:
+def valid_pid(pid: Any) -> TypeGuard[int]:
     """A real int in the range a pid_t holds (bool is not a pid)."""
     return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= PID_LIMIT
 
