@@ -230,7 +230,8 @@ def from_doc(cls: type[T], doc: Mapping[str, Any]) -> T:
     writer may add some); a missing field raises TypeError, so a rename cannot pass unnoticed, and so
     does a value of the wrong type (a list for a string, a string for a step): the log is untrusted,
     and its reader skips such a line as damaged."""
-    decoders = _field_decoders(cls)
+    dataclass_type: type = cls  # as `type`: mypy takes a type[T] for unhashable
+    decoders = _field_decoders(dataclass_type)
     values = {}
     for k, v in doc.items():
         found = decoders.get(k)
