@@ -199,7 +199,7 @@ def check_writable_path(path: Path | str, what: str = "output") -> Path:
     return target
 
 
-def atomic_write(path: Path, write: Callable[[Path], None], what: str = "output") -> None:
+def atomic_write(path: Path, write: Callable[[Path], object], what: str = "output") -> None:
     """Calls `write(tmp_path)` and moves the finished file to `path` (a regular file or new path)."""
     path = check_writable_path(path, what)
     path.parent.mkdir(parents=True, exist_ok=True)
