@@ -46,7 +46,8 @@ def straightforward(model, batches, settings) -> int:
     import numpy as np
     import torch
 
-    from engine.experiments.dynamics.run import Profiles, cluster_profiles, keep_mask, profiles_from_states
+    from engine.experiments.dynamics.clusters import cluster_profiles
+    from engine.experiments.dynamics.profiles import Profiles, keep_mask, profiles_from_states
     from engine.models.anatomy import LayerStack
 
     stack = LayerStack(model)

@@ -16,19 +16,17 @@ from engine.core.codec import from_doc
 from engine.core.errors import UserError
 from engine.core.events import Result
 from engine.evaluation.perplexity import Evaluator, tokenize_batches
-from engine.experiments.dynamics.run import (
-    LastBlockLens,
-    LogitLens,
+from engine.experiments.dynamics.clusters import cluster_profiles, scatter_sample
+from engine.experiments.dynamics.lens import LastBlockLens, LogitLens
+from engine.experiments.dynamics.profiles import (
     Profiles,
     angle_degrees,
-    cluster_profiles,
     keep_mask,
     profiles_from_states,
-    run_dynamics,
-    scatter_sample,
     stream_profiles,
     trajectory,
 )
+from engine.experiments.dynamics.run import run_dynamics
 from engine.experiments.dynamics.vocabulary import DynamicsSettings, PcaSample
 from engine.models.anatomy import LayerStack
 

@@ -596,7 +596,7 @@ def test_an_index_on_the_wrong_gpu_mutation_is_caught(monkeypatch, tokenizer):
 
 
 @pytest.mark.parametrize(("name", "target", "flag"), [
-    ("dynamics", "engine.experiments.dynamics.run.trajectory", "--max-tokens"),
+    ("dynamics", "engine.experiments.dynamics.profiles.trajectory", "--max-tokens"),
     ("weights", "engine.experiments.weights.run.gram_of", "--no-paradox"),
 ])
 def test_out_of_memory_is_one_line_naming_the_experiment_and_flag(monkeypatch, tokenizer, files, name, target, flag):
