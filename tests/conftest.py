@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
+from required_skips import register_required_skips
 from tiny_models import byte_tokenizer, save_tiny, tiny_model
 
 TESTS = Path(__file__).resolve().parent
@@ -35,6 +36,7 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    register_required_skips(config)  # CI's ANATOMY_TUI_REQUIRE: tests/required_skips.py
     gc.disable()  # collecting imports torch, transformers and textual: see pytest_collection_finish
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:  # two workers of two threads each on two cores would fight over them

@@ -30,7 +30,7 @@ from sessions.atlas import atlas_tasks
 from sessions.store import SessionStore
 from tui.cli import main
 
-pytestmark = pytest.mark.xdist_group("ray")  # one worker of ./test runs them all: one Ray start
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("ray")]  # one worker of ./test runs them all: one Ray start
 
 FAMILIES = ("llama", "qwen2")
 GB = 10**9

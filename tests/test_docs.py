@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.docs
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 

@@ -27,7 +27,7 @@ from engine.models.loading import LoadedModel
 from engine.models.pruning import removed
 from engine.registry import experiment
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.hub, pytest.mark.usefixtures("one_thread")]
 IDS = torch.tensor([[5, 17, 99, 3, 42, 8, 61, 7]])
 
 

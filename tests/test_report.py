@@ -19,6 +19,8 @@ from engine.experiments.ablation.vocabulary import AblationSettings
 from sessions.store import SessionStore
 from tui.cli import main
 
+pytestmark = pytest.mark.report
+
 NAMES = ("ablation", "recovery", "prune", "weights", "scaling-fit")
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -90,6 +92,7 @@ def test_pdf_alone_is_one_pdf_of_every_figure(isolated_home, tmp_path, capsys):
     assert "--pdf is short for --format pdf" in capsys.readouterr().err
 
 
+@pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists() and shutil.which("chromium") is None, reason="chromium is not installed")
 def test_the_page_opens_in_chromium_with_every_image(isolated_home, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")

@@ -26,6 +26,8 @@ from engine.experiments.ablation.vocabulary import AblationSettings
 from sessions.store import SessionStore
 from tui.cli import main
 
+pytestmark = pytest.mark.report
+
 ROOT = Path(__file__).resolve().parents[1]
 # one line of forged text: live HTML, a fence, a link out, bare URLs and an address GFM links, mathtext
 FORGED = ("a````b <script>alert(1)</script> <img src=x onerror=alert(2)> [click](javascript:alert(3)) "

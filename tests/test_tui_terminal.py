@@ -130,6 +130,7 @@ def console_in_tmux(home: Path, flags: str, size: tuple[int, int]) -> Iterator[s
 
 
 @pytest.mark.slow
+@pytest.mark.terminal
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
 def test_console_in_a_real_terminal(isolated_home, tmp_path) -> None:
     demo_session(SessionStore())
@@ -151,6 +152,7 @@ def test_console_in_a_real_terminal(isolated_home, tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.terminal
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
 def test_first_run_draws_the_map_unasked(isolated_home, tmp_path) -> None:
     """An empty store and no key pressed: the console opens a new session and maps its layers."""
