@@ -8,10 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
 from engine.core.files import read_lines
+
+if TYPE_CHECKING:
+    import torch
 
 NO_TOKENS = ("the evaluation texts leave no token to predict (a text needs at least two tokens); "
              "use longer texts or a larger --max-length")
@@ -66,7 +69,8 @@ def token_ids(tokenizer: Any, text: str, wanted: int | None = None, add_special_
     from array import array
 
     def encode(part: str, special: bool) -> list[int]:
-        return tokenizer(part, add_special_tokens=special)["input_ids"]
+        ids: list[int] = tokenizer(part, add_special_tokens=special)["input_ids"]
+        return ids
 
     if wanted is not None:
         return array("q", stable_prefix(tokenizer, text, wanted, add_special_tokens)[1][:wanted])
@@ -147,7 +151,8 @@ def _paragraphs(text: str) -> list[str]:
 def builtin_corpus() -> Corpus:
     from pydoc_data.topics import topics
 
-    train, heldout = [], []
+    train: list[str] = []
+    heldout: list[str] = []
     for i, key in enumerate(sorted(topics)):
         (heldout if i % HELDOUT_EVERY == 0 else train).extend(_paragraphs(topics[key]))
     return Corpus("\n\n".join(train), "\n\n".join(heldout), "pydoc_data.topics (CPython documentation)")
@@ -170,7 +175,7 @@ def heldout_texts(corpus_: Corpus, n: int | None = None) -> list[str]:
     return texts[:n] if n is not None else texts
 
 
-def token_blocks(tokenizer, text: str, block_size: int, max_blocks: int | None = None):
+def token_blocks(tokenizer: Any, text: str, block_size: int, max_blocks: int | None = None) -> torch.Tensor:
     """The text tokenised once and cut into equal blocks: a LongTensor [n_blocks, block_size]."""
     import torch
 
