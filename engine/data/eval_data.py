@@ -30,11 +30,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.core.errors import UserError
 from engine.core.files import BUDGET_TEXT, TEXT_BUDGET, path_kind
 from engine.data.text import SLACK, clip_texts, token_ids
+
+if TYPE_CHECKING:
+    import torch
 
 INSTALL = "pip install 'anatomy-tui[eval]'"
 LOCAL_SUFFIXES = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -72,7 +75,8 @@ class DatasetSpec:
         if len(parts) > 3 or not all(parts) or text.startswith((".", "/", "~")):
             raise UserError(f"dataset {spec!r}: no such file or folder, and not a Hugging Face dataset "
                             "NAME[:CONFIG][:SPLIT] (e.g. wikitext:wikitext-2-raw-v1:test)")
-        name, config, split = (parts + [None, None])[:3]
+        name, *rest = parts
+        config, split = (rest + [None, None])[:2]
         return cls(name, config, split, False)
 
     def label(self) -> str:
@@ -90,7 +94,7 @@ class LoadedTexts:
     complete: bool = True  # the whole source was read (False: reading stopped at `stream_chars`)
 
 
-def _datasets():
+def _datasets() -> Any:
     try:
         import datasets
     except ImportError:
@@ -106,7 +110,8 @@ def _column(rows: Sequence[Mapping[str, Any]] | Any, column: str, where: str, ch
     names = getattr(rows, "column_names", None)
     if names is not None and column not in names:
         raise UserError(f"{where} has no column {column!r} (it has {', '.join(names)}); use --text-column")
-    texts, size = [], 0
+    texts: list[str] = []
+    size = 0
     for row in rows:
         if chars is not None and size >= chars:
             return texts, False
@@ -159,7 +164,8 @@ def _text_lines(path: Path, chars: int | None) -> tuple[list[str], bool]:
 def _json_lines(path: Path, column: str, chars: int | None) -> tuple[list[str], bool]:
     """(texts of a JSON-lines file's `column`, read to its end?), a line at a time (none longer than
     TEXT_BUDGET), until `chars` characters of text."""
-    texts, size = [], 0
+    texts: list[str] = []
+    size = 0
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(iter(lambda: handle.readline(TEXT_BUDGET + 1), ""), 1):
             if len(line) > TEXT_BUDGET:
@@ -241,9 +247,10 @@ def _local(spec: DatasetSpec, split: str, column: str, chars: int | None
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - `datasets` and pyarrow raise many kinds (DatasetGenerationError, ArrowInvalid)
-        while exc.__cause__ is not None:  # DatasetGenerationError: the reason is its cause's
-            exc = exc.__cause__
-        raise UserError(f"dataset {path} could not be read ({_first_line(exc)}); give a .txt, .jsonl, .json or "
+        reason: BaseException = exc
+        while reason.__cause__ is not None:  # DatasetGenerationError: the reason is its cause's
+            reason = reason.__cause__
+        raise UserError(f"dataset {path} could not be read ({_first_line(reason)}); give a .txt, .jsonl, .json or "
                         ".parquet file of text rows") from None
     finally:
         datasets.logging.set_verbosity(verbosity)
@@ -378,7 +385,7 @@ def stream_chars(settings: Any) -> int | None:
     return None if wanted is None else min(16 * wanted + 4096, TEXT_BUDGET)
 
 
-def eval_source(tokenizer, settings: Any) -> EvalSource:
+def eval_source(tokenizer: Any, settings: Any) -> EvalSource:
     """An evaluation-text group's source: --eval-dataset's windows, --eval-file's lines, or a
     built-in set."""
     if settings.eval_dataset is not None:
@@ -390,7 +397,7 @@ def eval_source(tokenizer, settings: Any) -> EvalSource:
                       str(path) if path else f"builtin:{settings.eval_set}")
 
 
-def dataset_windows(tokenizer, settings: Any) -> EvalSource:
+def dataset_windows(tokenizer: Any, settings: Any) -> EvalSource:
     """--eval-dataset read, joined with blank lines, tokenized as one stream (the tokenizer's
     defaults) and cut by the settings' protocol. With --max-tokens or --max-windows only the
     beginning of the source is read and tokenized, more of it while it holds too few tokens."""
@@ -403,6 +410,7 @@ def dataset_windows(tokenizer, settings: Any) -> EvalSource:
         if wanted is None or len(ids) >= wanted + SLACK or loaded.complete:
             ids = ids if wanted is None else ids[:wanted]
             break
+        assert chars is not None  # None only when nothing is wanted, and then the loop has ended
         if chars >= TEXT_BUDGET:
             raise UserError(f"dataset {loaded.spec.label()}: its first {BUDGET_TEXT} of text hold {len(ids)} "
                             f"tokens, fewer than the {wanted} --max-tokens/--max-windows ask for (a run reads at "
@@ -420,7 +428,8 @@ def dataset_windows(tokenizer, settings: Any) -> EvalSource:
     return EvalSource(None, windows, loaded.spec.label(), protocol)
 
 
-def calibration_blocks(tokenizer, spec: str, column: str, block_size: int, n_blocks: int, seed: int):
+def calibration_blocks(tokenizer: Any, spec: str, column: str, block_size: int, n_blocks: int, seed: int
+                       ) -> tuple[torch.Tensor, str]:
     """`n_blocks` random windows of `block_size` tokens from the split's token stream (the texts
     joined with blank lines, tokenized once), their starts drawn by a seeded generator: a LongTensor
     [n_blocks, block_size], and a description of the source."""
