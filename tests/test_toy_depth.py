@@ -15,15 +15,9 @@ from tui_fixtures import round_trips
 
 from engine.core.errors import UserError
 from engine.core.events import Cancelled, CancelToken, Result
-from engine.experiments.toy_depth.run import (
-    Students,
-    Teacher,
-    fit_depth_law,
-    kl,
-    preset_settings,
-    run_toy_depth,
-    torch_threads,
-)
+from engine.experiments.toy_depth.fit import fit_depth_law
+from engine.experiments.toy_depth.networks import Students, Teacher, kl
+from engine.experiments.toy_depth.run import preset_settings, run_toy_depth, torch_threads
 from engine.experiments.toy_depth.vocabulary import StudentDone, StudentStep, ToyDepthSettings
 
 MICRO = ToyDepthSettings(width=8, outputs=8, teacher_depth=6, student_depths=(1, 2, 4), temperatures=(1.0,),
