@@ -15,14 +15,8 @@ import torch
 from tiny_models import byte_tokenizer, tiny_model
 
 from engine.core.errors import UserError
-from engine.data.eval_data import (
-    DatasetSpec,
-    calibration_blocks,
-    comparable,
-    cut_windows,
-    eval_source,
-    load_texts,
-)
+from engine.data.dataset_texts import DatasetSpec, load_texts
+from engine.data.eval_data import calibration_blocks, comparable, cut_windows, eval_source
 from engine.evaluation.perplexity import Evaluator
 from engine.experiments.ablation.vocabulary import AblationMap, AblationSettings
 from tui.cli import main

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from tiny_models import byte_tokenizer
 
+import engine.data.dataset_texts
 import engine.data.eval_data
 import engine.data.text
 import engine.models.loading
@@ -31,7 +32,8 @@ import engine.models.memory
 from engine.core.errors import UserError
 from engine.core.files import TEXT_BUDGET, read_lines, short_path
 from engine.core.settings import MAX_INT, MAX_WINDOW
-from engine.data.eval_data import describe, eval_source, load_texts
+from engine.data.dataset_texts import load_texts
+from engine.data.eval_data import describe, eval_source
 from engine.data.text import token_ids
 from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.registry import EXPERIMENTS
@@ -294,7 +296,7 @@ def test_a_source_over_the_budget_is_refused_before_it_is_read(tmp_path, monkeyp
     def no_reading(*args, **kwargs):
         raise AssertionError("the file was read")
 
-    monkeypatch.setattr(engine.data.eval_data, "_text_lines", no_reading)
+    monkeypatch.setattr(engine.data.dataset_texts, "_text_lines", no_reading)
     monkeypatch.setattr(Path, "read_text", no_reading)
     line = refused(["run", "ablation", "--eval-dataset", str(big)], capsys)
     assert line.endswith(f"dataset {big} is 65 MB of text, over the 64 MB a run reads without a bound: give a "
@@ -315,7 +317,7 @@ def test_a_source_over_the_budget_is_refused_before_it_is_read(tmp_path, monkeyp
 def test_a_dataset_read_through_datasets_stops_at_the_budget(monkeypatch):
     import datasets
 
-    monkeypatch.setattr(engine.data.eval_data, "TEXT_BUDGET", 1000)
+    monkeypatch.setattr(engine.data.dataset_texts, "TEXT_BUDGET", 1000)
     monkeypatch.setattr(datasets, "load_dataset",
                         lambda *args, **kwargs: datasets.Dataset.from_dict({"text": ["a row of text"] * 200}))
     with pytest.raises(UserError, match=r"holds more than 64 MB of text, over the 64 MB a run reads without"):

@@ -27,7 +27,7 @@ HELDOUT_EVERY = 5  # every fifth pydoc topic (in sorted order) is held out
 # The most text a run reads from an evaluation or calibration source without a bound (--max-tokens,
 # --max-windows of --eval-dataset): 64 MiB of characters, a few times WikiText-103's test split. A file
 # over it is refused before it is read, a dataset read through `datasets` once it holds more; with a
-# bound, reading stops where the bound is met (engine/data/eval_data.py).
+# bound, reading stops where the bound is met (engine/data/dataset_texts.py).
 TOKENIZE_CHUNK = 2**20  # characters tokenized at a time
 SLACK = 64  # tokens read past what a bound needs: the last tokens of a text cut short may change with what follows
 CHARS_PER_TOKEN = 16  # characters a token covers at most, generously (English averages 4): `text_bound`

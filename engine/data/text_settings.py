@@ -68,7 +68,8 @@ class EvalTextSettings(DatasetTextSettings):
         if self.stride is not None and self.stride >= self.context:
             raise UserError(f"--stride {self.stride} must be below --context {self.context} "
                             "(leave it off for non-overlapping windows)")
-        from engine.data.eval_data import load_texts, stream_chars
+        from engine.data.dataset_texts import load_texts
+        from engine.data.eval_data import stream_chars
 
         load_texts(self.eval_dataset, "test", self.text_column, stream_chars(self))
 
@@ -101,7 +102,7 @@ class TrainTextSettings(DatasetTextSettings):
             return
         if self.train_file is not None:
             raise UserError("give --calib-dataset or --train-file, not both")
-        from engine.data.eval_data import load_texts
+        from engine.data.dataset_texts import load_texts
 
         load_texts(self.calib_dataset, "train", self.text_column)
 
