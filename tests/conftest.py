@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from required_skips import register_required_skips
-from tiny_models import byte_tokenizer, save_tiny, tiny_model
 
 TESTS = Path(__file__).resolve().parent
 
@@ -86,11 +85,15 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def tokenizer():
+    from tiny_models import byte_tokenizer  # here, not above: ./test's controller never imports transformers
+
     return byte_tokenizer()
 
 
 @pytest.fixture
 def tiny_llama(tokenizer):
+    from tiny_models import tiny_model
+
     return tiny_model("llama"), tokenizer
 
 
@@ -98,6 +101,8 @@ def tiny_llama(tokenizer):
 def tiny_folder(tmp_path_factory) -> Path:
     """The tiny llama saved as a Hugging Face folder (`--model FOLDER`), once a session: read, never
     written (a test that changes a model folder saves its own)."""
+    from tiny_models import save_tiny
+
     return save_tiny(tmp_path_factory.mktemp("model") / "tiny")
 
 
