@@ -29,7 +29,9 @@ def cpu_seconds(work) -> float:
 def main() -> None:
     from transformers import AutoConfig
 
-    from engine.models.loading import dequantized_copy, embedded_gguf, gguf_config_source, load_model
+    from engine.models.gguf_cache import dequantized_copy, gguf_config_source
+    from engine.models.loading import load_model
+    from engine.models.sources import embedded_gguf
 
     gguf = embedded_gguf()
     if dequantized_copy(gguf) is None:

@@ -228,7 +228,8 @@ def layer_count(model: str) -> int:
     """Layers of the model, from its config (the embedded GGUF's dequantized folder, made once)."""
     from transformers import AutoConfig
 
-    from engine.models.loading import dequantized_folder, resolve
+    from engine.models.gguf_cache import dequantized_folder
+    from engine.models.sources import resolve
 
     source = resolve(model)
     location = dequantized_folder(Path(source.location)) if source.kind == "gguf" else source.location

@@ -55,6 +55,7 @@ from unittest import mock
 from engine.core.errors import UserError
 from engine.core.events import Event, Message, TaskState, event_from_json
 from engine.core.process import PROJECT_ROOT, interruption, say, stop_signal
+from engine.models.placement import Hardware
 
 INSTALL = "pip install 'anatomy-tui[cluster]' (Ray)"
 DEFAULT_RETRIES = 2  # tries after the first, for a task whose worker died
@@ -64,8 +65,8 @@ PROGRESS_STEPS = 4  # a running task's progress line at each quarter
 
 @dataclass(frozen=True)
 class NodeShape:
-    """One alive node of the cluster, as Ray reports it (`gpu_memory`: each GPU's bytes, read
-    through NVML on the node; empty where NVML cannot say)."""
+    """One alive node of the cluster, as Ray reports it (`gpu_memory` and `gpu_capability`: each
+    GPU's bytes and compute capability, read through NVML on the node; empty where NVML cannot say)."""
 
     node_id: str
     host: str
@@ -73,6 +74,19 @@ class NodeShape:
     gpus: int
     memory: int
     gpu_memory: tuple[int, ...] = ()
+    gpu_capability: tuple[tuple[int, int], ...] = ()
+
+
+def cluster_hardware(nodes: Sequence[NodeShape]) -> Hardware:
+    """The GPU a task may land on, as engine.models.placement's rules read it (a worker sees its GPU
+    as `cuda`, index 0): the lowest compute capability and the smallest GPU of the GPU nodes, so a
+    plan in the dtype it gives holds wherever Ray places the task; no GPU node: the CPU."""
+    gpu_nodes = [node for node in nodes if node.gpus]
+    capabilities = [capability for node in gpu_nodes for capability in node.gpu_capability]
+    sizes = [size for node in gpu_nodes for size in node.gpu_memory]
+    return Hardware(bool(gpu_nodes), max((node.gpus for node in gpu_nodes), default=0),
+                    (min(capabilities),) if capabilities else (), (min(sizes),) if sizes else (),
+                    max((node.memory for node in nodes), default=0), local=False)
 
 
 @dataclass(frozen=True)
@@ -103,7 +117,7 @@ def task_resources(what: str, plan_bytes: int | None, device: str, device_map: s
     needs of the node GPUs' memory, else every GPU of the largest node (accelerate spreads the
     layers over what the task is given); without, one whole GPU. Else a CPU run: `cpus` and the
     plan's bytes of a node's memory."""
-    from engine.models.loading import parse_max_memory
+    from engine.models.placement import parse_max_memory
 
     gpu_nodes = [node for node in nodes if node.gpus]
     if device != "cpu" and gpu_nodes:
@@ -204,10 +218,11 @@ class Cluster:
         probes = {node["NodeID"]: _gpu_memory().options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote()
             for node in alive if node["Resources"].get("GPU", 0) >= 1}
-        sizes = dict(zip(probes, ray.get(list(probes.values())), strict=True)) if probes else {}
+        gpus = dict(zip(probes, ray.get(list(probes.values())), strict=True)) if probes else {}
         return [NodeShape(node["NodeID"], str(node.get("NodeManagerAddress", "")), float(node["Resources"].get(
             "CPU", 0)), int(node["Resources"].get("GPU", 0)), int(node["Resources"].get("memory", 0)),
-            tuple(sizes.get(node["NodeID"], ()))) for node in alive]
+            tuple(total for total, _, _ in gpus.get(node["NodeID"], ())),
+            tuple((major, minor) for _, major, minor in gpus.get(node["NodeID"], ()))) for node in alive]
 
     def run(self, spec: TaskSpec, resources: TaskResources, say: Callable[[str], None],
             keep: Callable[[CheckpointChange], None] | None = None) -> Iterator[Event]:
@@ -344,7 +359,7 @@ def runtime_env(remote: bool) -> dict[str, Any]:
     (its GGUF file: a worker finds it as this machine does, never importing the package)."""
     import importlib.util
 
-    from engine.models.loading import EMBEDDED_PACKAGE
+    from engine.models.sources import EMBEDDED_PACKAGE
 
     if not remote:
         path = os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -462,8 +477,9 @@ def _own_sigterm() -> Iterator[None]:
 _CONNECTED: dict[str, Cluster] = {}  # one Cluster an address: an atlas's measures, each run in a thread, share it
 
 
-def _gpu_memory_probe() -> list[int]:
-    """Each GPU's total bytes on this node, through NVML (no CUDA context); [] without it."""
+def _gpu_memory_probe() -> list[tuple[int, int, int]]:
+    """Each GPU's total bytes and compute capability (major, minor) on this node, through NVML (no
+    CUDA context); [] without it."""
     try:
         import pynvml
     except ImportError:
@@ -473,8 +489,12 @@ def _gpu_memory_probe() -> list[int]:
     except pynvml.NVMLError:
         return []
     try:
-        return [int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
-                for i in range(pynvml.nvmlDeviceGetCount())]
+        found = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            found.append((int(pynvml.nvmlDeviceGetMemoryInfo(handle).total), int(major), int(minor)))
+        return found
     except pynvml.NVMLError:
         return []
     finally:

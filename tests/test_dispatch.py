@@ -26,7 +26,7 @@ from engine.experiments.dynamics.vocabulary import DynamicsSettings
 from engine.experiments.recovery.run import run_recovery
 from engine.experiments.recovery.vocabulary import RecoverySettings
 from engine.models.anatomy import LayerStack
-from engine.models.loading import parse_max_memory, placement, placement_text
+from engine.models.placement import layer_runs, parse_max_memory, placement_text
 
 TRAIN = "\n".join(f"The cat number {i} sat on the mat and looked at the dog for a while." for i in range(40))
 EVAL = ["The dog sat on the mat.", "A cat looked at the dog.", "Number seven sat for a while."]
@@ -164,7 +164,7 @@ def test_max_memory_parsing():
 
 def test_placement_runs():
     devices = ["cuda:0"] * 3 + ["cuda:1"] * 2 + ["disk"]
-    assert placement(devices) == [{"device": "cuda:0", "layers": [0, 2]}, {"device": "cuda:1", "layers": [3, 4]},
+    assert layer_runs(devices) == [{"device": "cuda:0", "layers": [0, 2]}, {"device": "cuda:1", "layers": [3, 4]},
                                   {"device": "disk", "layers": [5, 5]}]
     assert placement_text(devices) == "layers 0-2 cuda:0, 3-4 cuda:1, 5 disk"
 

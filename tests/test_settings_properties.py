@@ -296,7 +296,7 @@ def test_issue_14_bad_input_files_are_one_line(name, flag, file_name, content, w
 def _gguf_probe(kind: str) -> bytes:
     import os
 
-    from engine.models.loading import embedded_gguf
+    from engine.models.sources import embedded_gguf
 
     if kind == "empty":
         return b""

@@ -363,7 +363,7 @@ def test_an_export_removes_the_staging_folders_a_killed_export_left(tokenizer, t
 
     from engine.export.folder import EXPORT_STAGING, export_recovered
     from engine.models.anatomy import LayerStack
-    from engine.models.loading import STAGING_OWNER
+    from engine.models.gguf_cache import STAGING_OWNER
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     killed = tmp_path / f"{EXPORT_STAGING}old.abc"  # an export killed (kill -9) while writing its weights

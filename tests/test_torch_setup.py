@@ -9,8 +9,9 @@ import pytest
 import torch
 from test_memory import fake_gpu_run, loaded_on_the_cpu
 
-from engine.models.loading import CUBLAS_WORKSPACE, load_model
+from engine.models.loading import load_model
 from engine.models.options import ModelOptions
+from engine.models.precision import CUBLAS_WORKSPACE
 from sessions.store import SessionStore
 from tui.cli import build_parser, main
 from tui.flags import model_options_from_args
@@ -107,7 +108,7 @@ def test_a_kernel_without_a_deterministic_version_is_one_line(tiny_folder, monke
 @pytest.mark.parametrize("name", ["growth", "toy-depth"])
 def test_growth_and_toy_depth_warn_of_emulated_bfloat16_like_run(name, monkeypatch):
     from engine.core.events import Message, Progress
-    from engine.models.loading import dtype_warnings
+    from engine.models.placement import Hardware, dtype_warnings
     from engine.registry import RunContext, experiment
 
     fake_gpu_run(monkeypatch, (7, 5), 10**12)  # a T4: no native bfloat16
@@ -115,7 +116,7 @@ def test_growth_and_toy_depth_warn_of_emulated_bfloat16_like_run(name, monkeypat
     settings = entry.presets["tiny"].override({"device": "cuda:0", "dtype": "bfloat16"})
     first = next(e for e in entry.run(settings, RunContext(model=None)) if not isinstance(e, Progress))
     assert isinstance(first, Message) and first.level == "warning"
-    assert first.text == dtype_warnings("bfloat16", "cuda:0")[0] and "emulated" in first.text
+    assert first.text == dtype_warnings("bfloat16", "cuda:0", Hardware.read())[0] and "emulated" in first.text
 
 
 @pytest.mark.anyio

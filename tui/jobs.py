@@ -30,7 +30,7 @@ from sessions.store import Session
 from tui.flags import flag_text, model_flags
 
 if TYPE_CHECKING:
-    from engine.models.memory import Placement
+    from engine.models.memory import Beside
 
 
 @dataclass
@@ -101,10 +101,9 @@ def shards_flag(experiment: str, settings: Settings, options: ModelOptions | Non
     device = options.device if options is not None else getattr(settings, "device", "auto")
     if device == "cpu" or device.startswith("cuda:"):
         return []
-    import torch
+    from engine.models.placement import Hardware
 
-
-    gpus = torch.cuda.device_count()
+    gpus = Hardware.read().gpus
     shards = gpus if gpus < 2 else min(gpus, find_experiment(experiment).known_units(settings) or gpus)
     return [f"--shards={shards}"] if shards >= 2 else []
 
@@ -121,7 +120,7 @@ def job_options(options: ModelOptions, loaded: Any | None) -> ModelOptions:
 
 
 def job_placement(experiment: str, settings: Settings, options: ModelOptions, loaded: Any | None,
-                  free_bytes: int | None = None) -> Placement | str:
+                  free_bytes: int | None = None) -> Beside | str:
     """Whether a model job can run beside the console's loaded model: 'beside' (on the CPU, or the
     GPU holds both), another GPU with room for it ('cuda:1', when the console's cannot hold both,
     the job is not split over every GPU and the console was not pinned to its GPU with
@@ -143,9 +142,9 @@ def job_placement(experiment: str, settings: Settings, options: ModelOptions, lo
     held = model_bytes(loaded.model)
     placement = fits_beside(plan, held, free)
     if placement != "beside" and options.device == "cuda" and not shards_flag(experiment, settings, options):
-        import torch
+        from engine.models.placement import Hardware
 
-        elsewhere = other_gpu(plan, loaded.device, torch.cuda.device_count(), free_memory)
+        elsewhere = other_gpu(plan, loaded.device, Hardware.read().gpus, free_memory)
         if elsewhere is not None:
             return elsewhere
     if placement == "never":

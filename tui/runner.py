@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from engine.cluster import Cluster
     from engine.models.distributed import ShardPlan, Workers, World
     from engine.models.memory import MemoryPlan
+    from engine.models.placement import Hardware
 
 CANCELLED = 130
 SHARDS_DONE = "ANATOMY_TUI_SHARDS_DONE"  # the file where rank 0 of --shards writes its session name, the result written
@@ -202,6 +203,7 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
         TaskSpec,
         apply_checkpoint,
         checkpoint_files,
+        cluster_hardware,
         size_text,
         task_resources,
     )
@@ -212,13 +214,13 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
     nodes = cluster.nodes()
     on_gpu = device != "cpu" and any(node.gpus for node in nodes)
     plan = None
-    if options is not None:  # planned as the worker will run it: the CPU's float32, or a GPU's half precision
-        dtype = options.dtype if options.dtype != "auto" else "bfloat16" if on_gpu else "float32"
-        with _PLANNING:  # an atlas plans its measures in threads; the meta-device model patches torch.nn
-            plan = memory_plan(experiment, settings, dataclasses.replace(options, device="cpu", dtype=dtype,
-                                                                         device_map=None, max_memory=None),
-                               quiet=True, fits=False)
+    if options is not None:  # planned as the worker will run it: its GPU (as `cuda`) by the cluster's hardware
         options = dataclasses.replace(options, device="cuda" if device.startswith("cuda") else device)
+        planned = dataclasses.replace(options, device=options.device if on_gpu else "cpu", device_map=None,
+                                      max_memory=None)
+        with _PLANNING:  # an atlas plans its measures in threads; the meta-device model patches torch.nn
+            plan = memory_plan(experiment, settings, planned, quiet=True, fits=False,
+                               hardware=cluster_hardware(nodes))
     resources = task_resources(label, plan.total if plan is not None else None, device,
                                options.device_map if options is not None else None,
                                options.max_memory if options is not None else None, nodes)
@@ -360,9 +362,9 @@ def _one_gpu_each(workers: int, what: str, device: str) -> None:
     (workers on the CPU, --device cpu, share its threads instead)."""
     if device == "cpu":
         return
-    import torch
+    from engine.models.placement import Hardware
 
-    gpus = torch.cuda.device_count()
+    gpus = Hardware.read().gpus
     if 0 < gpus < workers:
         raise UserError(f"{what} {workers} but {gpus} GPU(s) are visible here: one worker per GPU, "
                         f"so at most {gpus} on this machine")
@@ -377,12 +379,13 @@ def _workers(world: World | None, device: str) -> contextlib.AbstractContextMana
 
 
 def memory_plan(experiment: Experiment, settings: Settings, options: ModelOptions, quiet: bool = False,
-                fits: bool = True) -> MemoryPlan | None:
+                fits: bool = True, hardware: Hardware | None = None) -> MemoryPlan | None:
     """The run's memory plan, printed and checked against the device's free memory before the
     model loads (one line and exit 2 when it cannot fit), after what the model's config and
     tokenizer can tell is checked (engine/models/preflight.py: layers, components, texts, export folder,
     weight edits on offloaded layers); a config that cannot be read is one line too. A model that
-    cannot be planned without loading it (an unusual config) gets a one-line note and no plan."""
+    cannot be planned without loading it (an unusual config) gets a one-line note and no plan.
+    `hardware`: where it will run when not this machine (a cluster's GPU: engine/cluster.py)."""
     from engine.models.memory import check_fits, free_memory, plan_run, preview_model
     from engine.models.preflight import check_before_load
 
@@ -390,7 +393,7 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
     try:
         preview = preview_model(options.model, options.trust_remote_code)
         plan = plan_run(options.model, settings, options.device, options.dtype, options.trust_remote_code,
-                        options.device_map, options.max_memory, preview)
+                        options.device_map, options.max_memory, preview, hardware)
     except UserError:
         raise
     except OSError as exc:

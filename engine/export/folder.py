@@ -48,7 +48,7 @@ def save_model_folder(model: Any, tokenizer: Any, folder: str | Path, card: Mode
     and a PEFT adapter folder (`adapter`: into `adapter/`, or, without `weights`, the adapter alone
     in place of the model's weights and config), written atomically."""
     from engine.disk.atomic import check_free_space, no_space_is_one_line
-    from engine.models.loading import STAGING_OWNER, clean_stale_staging
+    from engine.models.gguf_cache import STAGING_OWNER, clean_stale_staging
 
     path = check_export_folder(folder, force)
     path.parent.mkdir(parents=True, exist_ok=True)

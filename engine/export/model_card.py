@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.disk.atomic import atomic_write_bytes
-from engine.models.loading import DEFAULT_MODEL
+from engine.models.sources import DEFAULT_MODEL
 
 if TYPE_CHECKING:  # huggingface_hub's Hub client takes 0.8 s to import: not on the console's way to its first paint
     from huggingface_hub import EvalResult, ModelCard

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from engine.core.errors import UserError
 from engine.core.events import Event, Progress, Result
 from engine.core.process import STOP_EXIT_CODES, STOP_SIGNALS, interruption, say, stop_signal
+from engine.models.placement import Hardware, device_rule
 
 T = TypeVar("T")
 LOOPBACK = "127.0.0.1"
@@ -96,8 +97,9 @@ class Workers:
 
     def __init__(self, world: World, device: str = "auto") -> None:
         self.world = world
-        if device != "cpu" and torch.cuda.is_available():
-            index = world.local_rank % torch.cuda.device_count()
+        hardware = Hardware.read()
+        if device != "cpu" and device_rule("auto", hardware) == "cuda":
+            index = world.local_rank % hardware.gpus
             torch.cuda.set_device(index)
             self.device, backend = f"cuda:{index}", "nccl"
         else:

@@ -12,14 +12,24 @@ before any time is spent loading.
 
 from __future__ import annotations
 
-import os
-import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from engine.core.errors import UserError
+
+# the shape and the free memory the plan reads, importable from here as before the split (and patched
+# here by tests: the plan calls them through this module)
+from engine.models.device_memory import cuda_devices as cuda_devices
+from engine.models.device_memory import free_memory as free_memory
+from engine.models.device_memory import model_bytes as model_bytes
+from engine.models.shape import ModelPreview as ModelPreview
+from engine.models.shape import ModelShape as ModelShape
+from engine.models.shape import preview_model as preview_model
+
+if TYPE_CHECKING:
+    from engine.models.placement import Hardware
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 MARGIN = 0.9  # plan at most 90 % of free memory: the allocator and CUDA context need the rest
@@ -29,121 +39,6 @@ SOFTMAX_CHUNK_BYTES = 64 * 2**20  # float32 logits handled at once by perplexity
 # tokens), and for a model placed by --device-map (no one device's free memory says what fits).
 FIXED_EVAL_BATCH = 8
 GB = 1e9
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The numbers of a model the plan needs, read from its config."""
-
-    params: int
-    n_layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    vocab: int
-    layer_matrices: int = 0  # parameters in one layer's weight matrices (what recovery trains)
-    layer_params: int = 0  # every parameter of one layer, norms too (what prune's adjacent healing trains)
-    layer_matrix_sides: int = 0  # rows + columns of one layer's matrices (a rank-1 LoRA on each has this many)
-    family: str = ""  # the config's model_type (engine.models.families FAMILIES: its layers and matrix names)
-
-    @classmethod
-    def from_config(cls, config: Any, trust_remote_code: bool = False) -> ModelShape:
-        """Counts parameters on the meta model (no memory is allocated), as `run_dtype` counts them."""
-        from engine.models.loading import meta_model
-
-        return cls.from_meta(config, meta_model(config, trust_remote_code))
-
-    @classmethod
-    def from_meta(cls, config: Any, model: Any) -> ModelShape:
-        """The shape of `model`, the config's model built on the meta device."""
-        from engine.models.anatomy import LayerStack
-        from engine.models.loading import parameter_count
-
-        stack = LayerStack(model)
-        matrices = stack.matrices(0).values()
-        return replace(
-            cls.from_numbers(config),
-            params=parameter_count(model),
-            layer_matrices=sum(p.numel() for p in matrices),
-            layer_params=sum(p.numel() for p in stack.layers[0].parameters()),
-            layer_matrix_sides=sum(sum(p.shape) for p in matrices),
-        )
-
-    @classmethod
-    def from_numbers(cls, config: Any) -> ModelShape:
-        """What the config's numbers say alone (no model built, parameter counts 0): the checks of
-        the settings against the model's depth and family, before torch (engine/models/preflight.py)."""
-        hidden = _first(config, *HIDDEN_KEYS)
-        return cls(
-            params=0,
-            n_layers=_first(config, *LAYER_KEYS),
-            hidden=hidden,
-            intermediate=_first(config, "intermediate_size", "ffn_dim", "n_inner") or 4 * hidden,
-            heads=_first(config, "num_attention_heads", "n_head"),
-            vocab=int(getattr(config, "vocab_size", 0) or 0),
-            family=str(config.model_type),
-        )
-
-
-LAYER_KEYS = ("num_hidden_layers", "n_layer")  # a config's layer count, by the names the families use
-HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")  # and its hidden size
-
-
-def _first(config: Any, *names: str) -> int:
-    for name in names:
-        value = getattr(config, name, None)
-        if value:
-            return int(value)
-    return 0
-
-
-@dataclass(frozen=True)
-class ModelPreview:
-    """A model as its config and tokenizer describe it, read before its weights load (a second or
-    two, even for a 7B model): what the memory plan and the checks before the load need."""
-
-    config: Any
-    tokenizer: Any
-    meta: Any  # the model built on the meta device: every parameter's shape, no memory
-    shape: ModelShape
-
-
-def preview_model(name: str, trust_remote_code: bool = False) -> ModelPreview:
-    """The config and tokenizer of `name` (the embedded model's from its GGUF header, or the folder
-    its dequantization saved). A config that cannot be read, or a folder's config.json that lacks
-    the layer count or hidden size (transformers would fill in its own defaults and the load then
-    fails on every weight), is a one-line UserError, as the load would say it."""
-    from huggingface_hub.errors import StrictDataclassError
-    from transformers import AutoConfig, AutoTokenizer
-
-    from engine.models.bounds import check_sizes
-    from engine.models.loading import friendly_load_error, gguf_config_source, meta_model, resolve
-
-    source = resolve(name)
-    where: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-    location = source.location
-    if source.kind == "gguf":
-        location, where = gguf_config_source(Path(location))
-    try:
-        config = AutoConfig.from_pretrained(location, **where)
-    except (OSError, ValueError, KeyError, TypeError, struct.error, StrictDataclassError) as exc:  # struct: bad GGUF
-        raise friendly_load_error(exc, source) from None
-    if source.kind == "folder":
-        _check_config_keys(Path(location) / "config.json")
-    check_sizes(config.to_dict(), source.display)  # a hub config check_config had no copy of: before the meta model
-    meta = meta_model(config, trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(location, **where)
-    return ModelPreview(config, tokenizer, meta, ModelShape.from_meta(config, meta))
-
-
-def _check_config_keys(path: Path) -> None:
-    import json
-
-    raw = json.loads(path.read_text(encoding="utf-8"))  # AutoConfig has read it: valid JSON
-    for keys, what in ((LAYER_KEYS, "layer count"), (HIDDEN_KEYS, "hidden size")):
-        if not isinstance(raw, dict) or not any(key in raw for key in keys):
-            raise UserError(f"{path} has no {keys[0]} (the model's {what}); it is not a complete "
-                            "Hugging Face config: save the model again")
 
 
 @dataclass(frozen=True)
@@ -168,7 +63,7 @@ class MemoryPlan:
     logits: int
     training: int = 0
     eval_batch_size: int = 0  # evaluation texts per forward the plan assumes
-    dtype_reason: str = ""  # why this dtype (`engine.models.loading.dtype_choice`), when the run chose it
+    dtype_reason: str = ""  # why this dtype (engine.models.placement `Placement.why`)
     layer_devices: tuple[str, ...] = ()  # with --device-map: where each layer will live ('disk': offloaded)
     checkpoints: int = 0  # bytes the run's checkpoints hold at most, on the session's disk (checked before the load)
     host_cache: int = 0  # the prefix cache's bytes when it is kept in host memory (`place_prefix_cache`)
@@ -188,7 +83,7 @@ class MemoryPlan:
         why = f"; dtype {self.dtype} ({self.dtype_reason})" if self.dtype_reason else ""
         where = f"on {self.device}"
         if self.layer_devices:  # placed by --device-map: where the layers go, disk named as disk
-            from engine.models.loading import placement_text
+            from engine.models.placement import placement_text
 
             where = f"over {placement_text(list(self.layer_devices))}"
         host = f"; prefix cache {_gb(self.host_cache)} in host memory" if self.host_cache else ""
@@ -351,19 +246,23 @@ def text_lengths(tokenizer: Any, texts: Any, max_length: int) -> list[int]:
 
 def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto",
              trust_remote_code: bool = False, device_map: str | None = None, max_memory: str | None = None,
-             preview: ModelPreview | None = None) -> MemoryPlan:
+             preview: ModelPreview | None = None, hardware: Hardware | None = None) -> MemoryPlan:
     """The plan of an experiment on a model, made before its weights load: the config and the
     tokenizer are read (cheap; `preview` when they were already), the evaluation texts the settings
     name are tokenized. Settings that train add their training state (`training_of`). An auto
     evaluation batch is chosen here as the evaluator will choose it (`auto_eval_batch`). With
-    `device_map`, where each layer will go under `max_memory`, as the load will place it."""
+    `device_map`, where each layer will go under `max_memory`, as the load will place it. The
+    device and dtype are `resolve_placement`'s on `hardware` (this machine's when None); on a
+    cluster's (not local) the plan is sized on the CPU of this machine, in the dtype its GPU gets."""
     from engine.data.text import eval_texts
-    from engine.models.loading import choose_device, dtype_choice, planned_layer_devices
+    from engine.models.placement import Flags, planned_layer_devices, resolve_placement
 
     preview = preview or preview_model(name, trust_remote_code)
     config, tokenizer, shape = preview.config, preview.tokenizer, preview.shape
-    chosen_device = choose_device(device)
-    chosen_dtype, dtype_reason = dtype_choice(dtype, chosen_device, shape.params, config.model_type)
+    placement = resolve_placement(Flags(device, dtype, device_map, max_memory), hardware, shape.params,
+                                  config.model_type)
+    local = hardware is None or hardware.local
+    chosen_device, chosen_dtype = placement.device if local else "cpu", placement.dtype
     max_length = getattr(settings, "max_length", 256)
     if hasattr(settings, "eval_source"):  # the evaluation-text group: its texts or dataset windows
         texts = settings.eval_source(tokenizer)
@@ -382,8 +281,8 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
     plan = plan_memory(shape, chosen_dtype, chosen_device, lengths, batch_size, prefix_cache, training)
     if device_map is None and chosen_device.startswith("cuda"):
         plan = place_prefix_cache(plan, free_memory(chosen_device))
-    placed = planned_layer_devices(preview.meta, chosen_dtype, device_map, max_memory) if device_map else ()
-    return replace(plan, dtype_reason=dtype_reason, layer_devices=tuple(placed),
+    placed = planned_layer_devices(preview.meta, placement) if device_map else ()
+    return replace(plan, device=placement.device, dtype_reason=placement.why, layer_devices=tuple(placed),
                    checkpoints=settings.checkpoint_params(shape) * BYTES[chosen_dtype])
 
 
@@ -408,10 +307,10 @@ def check_fits(plan: MemoryPlan, free_bytes: int, experiment: str = "this run") 
     )
 
 
-Placement = Literal["beside", "release", "never"]
+Beside = Literal["beside", "release", "never"]
 
 
-def fits_beside(plan: MemoryPlan, loaded_bytes: int, free_bytes: int) -> Placement:
+def fits_beside(plan: MemoryPlan, loaded_bytes: int, free_bytes: int) -> Beside:
     """Where a job goes on a device that already holds the console's model (`loaded_bytes`):
     'beside' it, only if the console 'release's its model first, or 'never'."""
     if plan.total <= MARGIN * free_bytes:
@@ -429,67 +328,3 @@ def other_gpu(plan: MemoryPlan, busy: str, gpus: int, free_of: Callable[[str], i
         if index != taken and plan.total <= MARGIN * free_of(f"cuda:{index}"):
             return f"cuda:{index}"
     return None
-
-
-def free_memory(device: str) -> int:
-    """Bytes free on this device now: the driver's figure (`gpu_free`) plus what torch's allocator
-    holds unused (its cache, ours to reuse), or the host's available RAM."""
-    if device.startswith("cuda"):
-        import torch
-
-        index = torch.device(device).index or 0
-        cached = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
-        return int(gpu_free(index) + cached)
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-
-
-def gpu_free(index: int) -> int:
-    """Free bytes on CUDA device `index` as the driver counts them: through NVML (`nvml_free`),
-    else `torch.cuda.mem_get_info`, which makes a CUDA context on the GPU it asks about."""
-    found = nvml_free(index)
-    if found is None:
-        import torch
-
-        return int(torch.cuda.mem_get_info(index)[0])
-    return found
-
-
-def nvml_free(index: int) -> int | None:
-    """Free bytes on CUDA device `index` read through NVML (the nvidia-ml-py package), which opens
-    no CUDA context (mem_get_info makes one, 300-500 MB, on every GPU it asks about, other users'
-    too). NVML numbers GPUs in PCI order, CUDA by CUDA_VISIBLE_DEVICES and speed, so the GPU is
-    found by the UUID torch reports for the CUDA index (a device query). None without NVML (no
-    package, no driver library) or when NVML lists no GPU of that UUID (a MIG slice)."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
-        import torch
-
-        handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(index).uuid}")
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
-    except pynvml.NVMLError:
-        return None
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def cuda_devices(model: Any) -> list[str]:
-    """The GPUs a loaded model's parameters are on (none on the CPU)."""
-    return sorted({str(p.device) for p in model.parameters() if p.device.type == "cuda"})
-
-
-def model_bytes(model: Any) -> int:
-    """Bytes held by a loaded model's parameters and buffers."""
-    tensors = list(model.parameters()) + list(model.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors)

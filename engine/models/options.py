@@ -49,7 +49,7 @@ def check_device(device: str) -> None:
     """A CUDA device that this machine has: one line for `cuda` without a GPU or `cuda:N` past the
     last one, before any model file is read (imports torch only for a CUDA name)."""
     if device.startswith("cuda"):
-        from engine.models.loading import choose_device
+        from engine.models.placement import choose_device
 
         choose_device(device)
 
@@ -80,7 +80,7 @@ class ModelOptions(Settings):
                          "mantissa inputs)")
 
     def check(self) -> None:
-        from engine.models.loading import parse_max_memory  # torch-free at import; the text is checked now
+        from engine.models.placement import parse_max_memory
 
         parse_max_memory(self.max_memory)
         if self.max_memory is not None and self.device_map is None:

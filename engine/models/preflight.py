@@ -53,8 +53,8 @@ def config_shape(model: str) -> ModelShape | None:
     dequantized copy's config.json, else its header. Parameter counts are left at 0 (they need the
     model built on the meta device). None where no config is on disk or it cannot be read; a model
     that cannot be named at all is the one-line UserError of `resolve`."""
-    from engine.models.loading import resolve
     from engine.models.memory import ModelShape
+    from engine.models.sources import resolve
 
     source = resolve(model)
     location = Path(source.location)
@@ -82,7 +82,7 @@ def model_folder(kind: str, location: str) -> Path | None:
     if kind == "folder":
         return Path(location)
     if kind == "gguf":
-        from engine.models.loading import dequantized_copy
+        from engine.models.gguf_cache import dequantized_copy
 
         return dequantized_copy(Path(location))
     return hub_folder(location)
@@ -171,7 +171,7 @@ def check_offload(experiment: str, settings: Settings, plan: MemoryPlan) -> None
     offloaded = plan.offloaded_layers()
     if not offloaded or not settings.edits_weights():
         return
-    from engine.models.loading import placement_text
+    from engine.models.placement import placement_text
 
     raise UserError(f"{experiment} edits weights, but the --device-map placement offloads {len(offloaded)} of "
                     f"{len(plan.layer_devices)} layers ({placement_text(list(plan.layer_devices))}), where an edit "

@@ -30,7 +30,8 @@ from torch import nn
 
 from engine.core.errors import UserError
 from engine.models.anatomy import LayerStack
-from engine.models.loading import MODEL_WEIGHTS, LoadedModel
+from engine.models.loading import LoadedModel
+from engine.models.sources import MODEL_WEIGHTS
 
 # the groups besides the layers: the input embedding, the output head, and every other weight outside
 # the layers (final norm, position embeddings: small, held the whole run)
@@ -292,29 +293,27 @@ def open_streamed(name: str, device: str = "auto", dtype: str = "auto", report: 
     downloaded files) as a skeleton and its layer source; no weight is read yet."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from engine.models.loading import (
-        choose_device,
-        dequantized_folder,
-        gguf_config_source,
-        resolve,
-        run_dtype,
-    )
+    from engine.models.gguf_cache import dequantized_folder, gguf_config_source
+    from engine.models.loading import model_placement
+    from engine.models.placement import Flags, resolve_placement
+    from engine.models.sources import resolve
 
     source = resolve(name, report)
-    device_name = choose_device(device)
+    flags = Flags(device, dtype)
+    device_name = resolve_placement(flags).device
     location = source.location
     if source.kind == "gguf":
         where, gguf_kwargs = gguf_config_source(Path(location))
         config = AutoConfig.from_pretrained(where, **gguf_kwargs)
         LayerStack.check_family(config.model_type)
-        location = str(dequantized_folder(Path(location), report, run_dtype(dtype, device_name, config)))
+        location = str(dequantized_folder(Path(location), report, model_placement(flags, config).dtype))
     elif source.kind == "hub":
         from huggingface_hub import snapshot_download
 
         location = snapshot_download(location, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
     config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
     LayerStack.check_family(config.model_type)
-    dtype_name = run_dtype(dtype, device_name, config, trust_remote_code)
+    dtype_name = model_placement(flags, config, trust_remote_code).dtype
     torch_dtype = getattr(torch, dtype_name)
     model = skeleton_model(config, torch_dtype)
     tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)

@@ -130,8 +130,8 @@ def _adapted(settings: EvaluateSettings, context: RunContext) -> Iterator[Subjec
     from peft import PeftModel
     from safetensors import SafetensorError
 
-    from engine.models.loading import safetensors_only
     from engine.models.pruning import removed
+    from engine.models.sources import safetensors_only
 
     loaded = context.model
     # peft has no use_safetensors: it reads adapter_model.safetensors when the folder has one, and

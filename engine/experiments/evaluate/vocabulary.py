@@ -38,7 +38,7 @@ class EvaluateSettings(LmEvalSettings):
     def check(self) -> None:
         if len(set(self.variants)) != len(self.variants):
             raise UserError("--variants: each variant once")
-        from engine.models.loading import safetensors_only  # only once a folder is named
+        from engine.models.sources import safetensors_only
 
         for flag, value in (("--folder", self.folder), ("--adapter", self.adapter)):
             if value is not None and not Path(value).is_dir():

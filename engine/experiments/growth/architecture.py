@@ -207,7 +207,7 @@ def load_growth_model(path: str | Path):
     from safetensors import SafetensorError
 
     from engine.experiments.growth.data import CharTokenizer
-    from engine.models.loading import safetensors_only
+    from engine.models.sources import safetensors_only
 
     folder = Path(path)
     safetensors_only(folder)  # a session's folder is untrusted: its weights never come from a pickle

@@ -64,7 +64,7 @@ from engine.experiments.growth.vocabulary import (
     GrowthStep,
     GrowthWidths,
 )
-from engine.models.loading import precision_messages, training_precision
+from engine.models.precision import precision_messages, training_precision
 
 PROMPTS = (
     "The for statement is used to",
