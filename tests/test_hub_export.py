@@ -330,7 +330,7 @@ def test_dequantized_copy_names_its_architecture_for_mergekit(tmp_path):
     the architecture from the copy's config.json `architectures`, which the copy must carry."""
     from tiny_models import tiny_model
 
-    from engine.models.loading import _save_float_copy
+    from engine.models.gguf_cache import _save_float_copy
 
     _save_float_copy(tiny_model("qwen2"), tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["Qwen2ForCausalLM"]
