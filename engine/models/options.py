@@ -15,19 +15,19 @@ from typing import Any
 from engine.core.errors import UserError
 from engine.core.settings import Settings, setting
 from engine.core.untrusted import NO_CONTROL, has_control
+from engine.models.placement import DEVICE_MAPS, DTYPE_NAMES
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEVICE_MAPS = ("auto", "balanced", "sequential")  # engine.models.loading.DEVICE_MAPS, without importing it here
+DTYPES = ("auto", *DTYPE_NAMES)
 
 TRAIN_DEVICE_HELP = "where to train: auto (the GPU when there is one), cpu, cuda or cuda:N"  # growth, toy-depth
 
 
-DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"  # engine.models.loading.choose_device's names (cuda:N: N a GPU's index)
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"  # engine.models.placement.device_rule's names (cuda:N: N a GPU's index)
 
 
 def device_setting(help: str = "auto, cpu, cuda or cuda:N") -> Any:
     """The one declaration of `--device` (a model's, and growth's and toy-depth's, which train models
-    of their own): auto, cpu, cuda or cuda:N, resolved by engine.models.loading.choose_device; any other
+    of their own): auto, cpu, cuda or cuda:N, resolved by engine.models.placement.device_rule; any other
     name is refused with the settings, before anything is read (the GPU count: `check_device`).
     `help` says what the device is for."""
     return setting("auto", help, pattern=DEVICE_PATTERN, rule="auto, cpu, cuda or cuda:N (N = 0, 1, ...)")

@@ -30,7 +30,7 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, config: Any, trust_remote_code: bool = False) -> ModelShape:
-        """Counts parameters on the meta model (no memory is allocated), as `run_dtype` counts them."""
+        """Counts parameters on the meta model (no memory is allocated), as `loading.model_placement` counts them."""
         from engine.models.loading import meta_model
 
         return cls.from_meta(config, meta_model(config, trust_remote_code))
