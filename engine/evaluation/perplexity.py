@@ -11,6 +11,7 @@ import contextlib
 import copy
 import math
 from collections.abc import Callable, Generator, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,7 +72,8 @@ class Batch:
         return self.attention_mask[:, 1:] if self.scored is None else self.scored
 
 
-def tokenize_batches(tokenizer, texts: Sequence[str], batch_size: int, max_length: int, device) -> list[Batch]:
+def tokenize_batches(tokenizer: Any, texts: Sequence[str], batch_size: int, max_length: int, device: torch.device
+                     ) -> list[Batch]:
     """Right-padded batches of similar-length texts (sorted by length to waste little padding)."""
     encoded = [tokenizer(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
     order = np.argsort([len(e) for e in encoded], kind="stable")
@@ -89,7 +91,7 @@ def tokenize_batches(tokenizer, texts: Sequence[str], batch_size: int, max_lengt
     return batches
 
 
-def window_batches(windows: Windows, batch_size: int, pad: int, device) -> list[Batch]:
+def window_batches(windows: Windows, batch_size: int, pad: int, device: torch.device) -> list[Batch]:
     """Right-padded batches of token windows in their order; each row scores only its last
     `windows.scored[i]` targets (all but the first token of a papers' window, the new tokens of a
     sliding one)."""
@@ -146,7 +148,8 @@ def drained(scoring: Scoring) -> TextScores:
         try:
             next(scoring)
         except StopIteration as done:
-            return done.value
+            scores: TextScores = done.value
+            return scores
 
 
 def spread(count: int, n: int) -> list[int]:
@@ -165,8 +168,8 @@ class Evaluator:
     bootstrap resamples). With a `cancel` token, every pass checks it before each forward, so a
     cancel waits for one batch at most."""
 
-    def __init__(self, model, tokenizer, texts: Sequence[str] | EvalSource, batch_size: int = 8,
-                 max_length: int = 256, cache_on_host: bool = False, cancel: CancelToken | None = None):
+    def __init__(self, model: Any, tokenizer: Any, texts: Sequence[str] | EvalSource, batch_size: int = 8,
+                 max_length: int = 256, cache_on_host: bool = False, cancel: CancelToken | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.cancel = cancel
@@ -181,6 +184,7 @@ class Evaluator:
             self.batches = window_batches(self.source.windows, batch_size, pad, device)
             self.n_texts = len(self.source.windows.rows)
         else:
+            assert self.source.texts is not None  # an EvalSource holds windows or texts
             self.batches = tokenize_batches(tokenizer, self.source.texts, batch_size, max_length, device)
             self.n_texts = len(self.source.texts)
         self.tokens = np.zeros(self.n_texts)
@@ -193,7 +197,7 @@ class Evaluator:
         self._layer_devices: list[torch.device] = []  # where each layer's input is computed
 
     @classmethod
-    def for_settings(cls, model, tokenizer, settings, source: EvalSource | None = None,
+    def for_settings(cls, model: Any, tokenizer: Any, settings: Any, source: EvalSource | None = None,
                      cancel: CancelToken | None = None) -> Evaluator:
         """The evaluator an experiment's settings ask for (its evaluation-text group, unless a
         `source` is given), its batch sized by the free memory when the settings leave it auto."""
@@ -261,10 +265,12 @@ class Evaluator:
         with out_of_memory_guard("perplexity evaluation", OOM_ADVICE):
             for b, batch in enumerate(self.batches):
                 self._check()
+                hidden: torch.Tensor | None = None
                 if states is not None:
                     hidden = states[b]
-                else:
-                    hidden = self._layer_inputs[b][start_layer] if start_layer > 0 else None  # type: ignore[index]
+                elif start_layer > 0:
+                    assert self._layer_inputs is not None  # built above when it was not
+                    hidden = self._layer_inputs[b][start_layer]
                 if hidden is not None and self.cache_on_host and states is None:  # one batch's layer back to its device
                     hidden = hidden.to(self._layer_devices[start_layer], non_blocking=True)
                 with torch.no_grad(), around(), self.stack.starting_at(start_layer, hidden):
@@ -313,7 +319,8 @@ class Evaluator:
             self._check()
             per_layer: list[torch.Tensor] = []
 
-            def hold(batch, index, layer_input, layer_output, per_layer=per_layer):
+            def hold(batch: Any, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor,
+                     per_layer: list[torch.Tensor] = per_layer) -> None:
                 if len(self._layer_devices) == index:
                     self._layer_devices.append(layer_input.device)
                 if keep:
