@@ -332,7 +332,7 @@ class CutJudge:
         self._cuts: dict[tuple[int, ...], tuple[list[TaskScore], GenerationCheck | None]] = {}
         self._healed: dict[tuple[int, ...], list[TaskScore]] = {}
 
-    def cut(self, model: Any, layers: tuple) -> tuple[list[TaskScore], GenerationCheck | None]:
+    def cut(self, model: Any, layers: tuple[int, ...]) -> tuple[list[TaskScore], GenerationCheck | None]:
         """Scores and generation check of `model` as it is now, the cut `layers` (call inside
         `removed(model, layers)`)."""
         if layers not in self._cuts:
@@ -349,7 +349,7 @@ class CutJudge:
             self._healed[layers] = self.harness.scores(model, self.tokenizer)
         return self._healed[layers]
 
-    def row(self, layers: tuple, ppl: float | None, baseline_ppl: float) -> dict[str, Any]:
+    def row(self, layers: tuple[int, ...], ppl: float | None, baseline_ppl: float) -> dict[str, Any]:
         """The row's fields (PruneCut's accuracy, healed_accuracy, generation, disagreement)."""
         scores, check = self._cuts[layers]
         return {"accuracy": scores, "healed_accuracy": self._healed.get(layers), "generation": check,
