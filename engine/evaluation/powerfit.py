@@ -48,22 +48,26 @@ def log_predict(theta: np.ndarray, u: np.ndarray) -> np.ndarray:
     """log L_pred for every problem and point: theta (R, 2K+1), u (N, K) -> (R, N)."""
     z = _logits(theta, u)
     top = z.max(axis=2, keepdims=True)
-    return (top + np.log(np.exp(z - top).sum(axis=2, keepdims=True)))[..., 0]
+    predicted: np.ndarray = (top + np.log(np.exp(z - top).sum(axis=2, keepdims=True)))[..., 0]
+    return predicted
 
 
 def rho(r: np.ndarray, delta: float | None) -> np.ndarray:
     """Per-point loss: r^2/2, or Huber with threshold delta."""
+    squares: np.ndarray = 0.5 * r * r
     if delta is None:
-        return 0.5 * r * r
+        return squares
     a = np.abs(r)
-    return np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
+    huber: np.ndarray = np.where(a <= delta, squares, delta * (a - 0.5 * delta))
+    return huber
 
 
 def objective(
     theta: np.ndarray, u: np.ndarray, y: np.ndarray, w: np.ndarray, delta: float | None
 ) -> np.ndarray:
     """sum_i w_i rho(r_i) for every problem: (R,)."""
-    return (w * rho(log_predict(theta, u) - y, delta)).sum(axis=1)
+    total: np.ndarray = (w * rho(log_predict(theta, u) - y, delta)).sum(axis=1)
+    return total
 
 
 def _jacobian(theta: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -206,7 +210,7 @@ def fit_adam(
     x: (N, K) logs of the features; y: (N,) log losses; start and lr: (2K+1,)."""
     k = x.shape[1]
     x, y = np.asarray(x, dtype=dtype), np.asarray(y, dtype=dtype)
-    p = np.asarray(start, dtype=dtype).copy()
+    p: np.ndarray = np.asarray(start, dtype=dtype).copy()
     lr = np.asarray(lr, dtype=dtype)
     m1, m2 = np.zeros_like(p), np.zeros_like(p)
     b1, b2, eps = dtype(0.9), dtype(0.999), dtype(1e-8)
