@@ -65,7 +65,7 @@ class Trainer:
             param.requires_grad_(flag)
             param.grad = None
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
         """The forward's precision: autocast to a half dtype; float32 runs as it is."""
         if self.dtype not in HALF:
             return contextlib.nullcontext()
@@ -149,6 +149,6 @@ class Stopwatch:
     def stop(self) -> float:
         end = self._mark()
         if self.device.type != "cuda":
-            return end - self._began
+            return float(end - self._began)
         end.synchronize()
-        return self._began.elapsed_time(end) / 1000
+        return float(self._began.elapsed_time(end)) / 1000
