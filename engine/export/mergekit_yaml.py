@@ -45,7 +45,8 @@ def passthrough_config(model: str, n_layers: int, removed: Sequence[int], dtype:
 def passthrough_yaml(model: str, n_layers: int, removed: Sequence[int], dtype: str) -> str:
     """The configuration as the YAML file `mergekit-yaml CONFIG OUT` reads."""
     removed_text = ", ".join(map(str, sorted(set(removed))))
+    recipe: str = yaml.safe_dump(passthrough_config(model, n_layers, removed, dtype), sort_keys=False,
+                                 default_flow_style=None)
     return (f"# The same cut with mergekit: mergekit-yaml {MERGEKIT_CONFIG} OUTPUT_FOLDER\n"
             f"# {model} without layers {removed_text} (0-based); layer_range is [start, end), end excluded.\n"
-            + yaml.safe_dump(passthrough_config(model, n_layers, removed, dtype), sort_keys=False,
-                             default_flow_style=None))
+            + recipe)
