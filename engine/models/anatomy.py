@@ -290,14 +290,16 @@ class LayerStack:
                     self.layers[index].forward = forward
 
     @contextlib.contextmanager
-    def starting_at(self, start: int, hidden: torch.Tensor) -> Iterator[None]:
+    def starting_at(self, start: int, hidden: torch.Tensor | None) -> Iterator[None]:
         """The next forward skips layers below `start`: layer start-1 returns `hidden` (the
         cached input of layer `start`) and the others return at once. Embedding, masks, rotary
         tables, final norm and head still run through the model's own code, so the result equals
-        a full forward for every family (Gemma's embedding scaling and logit softcap included)."""
+        a full forward for every family (Gemma's embedding scaling and logit softcap included).
+        At start 0 nothing is skipped and `hidden` may be None."""
         if start == 0:
             yield
             return
+        assert hidden is not None, "starting past layer 0 needs that layer's input"
 
         def passthrough(*args: Any, **kwargs: Any) -> torch.Tensor:
             return _hidden_of(args, kwargs)
