@@ -11,8 +11,8 @@ import contextlib
 import copy
 import math
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
