@@ -158,7 +158,8 @@ def test_an_atlas_session_in_the_console_loads_no_model_and_runs_nothing():
     """The console's lab on an atlas's session: no model (its status says so), and a map, a job or a
     generation is refused in one line instead of running a default model into the atlas."""
     from engine.models.options import ModelOptions
-    from tui.lab import NO_MODEL_IN_AN_ATLAS, Lab
+    from tui.lab import Lab
+    from tui.lab_base import NO_MODEL_IN_AN_ATLAS
 
     store, said = SessionStore(), []
     store.create("at", settings={"atlas": {}})

@@ -76,8 +76,8 @@ async def test_the_console_releases_its_model_for_a_job_and_reloads_it(isolated_
         return BackgroundJob(experiment, process.pid, Path("fake.log"), argv, process)
 
     monkeypatch.setattr("engine.models.loading.load_model", fake_load)
-    monkeypatch.setattr("tui.lab.launch_job", launch)
-    monkeypatch.setattr("tui.lab.job_placement", lambda *args, **kwargs: "release")
+    monkeypatch.setattr("tui.lab_jobs.launch_job", launch)
+    monkeypatch.setattr("tui.lab_jobs.job_placement", lambda *args, **kwargs: "release")
     app = AnatomyApp(session="demo", options=ModelOptions(str(tiny_folder)), console=ConsoleSettings(auto_map=False))
     async with app.run_test(size=(120, 36)) as pilot:
         for _ in range(100):

@@ -69,9 +69,9 @@ def make_lab(
         started.append(argv)
         return BackgroundJob(experiment, 4242, Path(f"{experiment}.log"), argv, FakeProcess())  # type: ignore[arg-type]
 
-    monkeypatch.setattr("tui.lab.launch_job", launch)
+    monkeypatch.setattr("tui.lab_jobs.launch_job", launch)
     if placement is not None:
-        monkeypatch.setattr("tui.lab.job_placement", lambda *args, **kwargs: placement)
+        monkeypatch.setattr("tui.lab_jobs.job_placement", lambda *args, **kwargs: placement)
     lab = Lab(SessionStore(), ModelOptions("tiny", device=device), settings=ConsoleSettings(auto_map=auto_map),
               tell=console.tell, status_changed=console.status_changed, start_load=console.start_load)
     if session is not None:
@@ -93,7 +93,7 @@ def test_a_job_the_gpu_cannot_hold_beside_the_console_gets_it_and_the_model_come
     assert console.said("the console's model is released while the job runs")
     [argv] = started
     assert "--device=cuda:0" in argv and "--dtype=float16" in argv  # what the console had resolved `auto` to
-    monkeypatch.setattr("tui.lab.job_placement", lambda *args, **kwargs: "beside")  # no model on the GPU now
+    monkeypatch.setattr("tui.lab_jobs.job_placement", lambda *args, **kwargs: "beside")  # no model on the GPU now
     lab.inject(1, 0.5, 10, 1e-4)  # a later job keeps the released model's device and dtype
     assert "--device=cuda:0" in started[1] and "--dtype=float16" in started[1]
     lab.reconcile()
@@ -130,7 +130,7 @@ def test_a_job_that_cannot_fit_is_said_not_started(monkeypatch):
     def never(*args, **kwargs):
         raise UserError("the ablation job needs about 9 GiB on cuda:0 but 1 GiB is free")
 
-    monkeypatch.setattr("tui.lab.job_placement", never)
+    monkeypatch.setattr("tui.lab_jobs.job_placement", never)
     lab.model_loaded(stub_model())
     assert lab.map_job() is None and started == []
     assert console.said("needs about 9 GiB", "error") and lab.loaded is not None
@@ -218,7 +218,7 @@ def test_a_cancelled_job_reads_cancelling_until_it_stops(monkeypatch):
     """A job in its own process asked to stop (SIGINT) is `cancelling` in the status line and its
     panel at once, and only its own word ends it."""
     lab, console, _ = make_lab(monkeypatch)
-    monkeypatch.setattr("tui.lab.stop_job", lambda doc: True)
+    monkeypatch.setattr("tui.lab_jobs.stop_job", lambda doc: True)
     write_events(lab.session, [Started("recovery", {}, job="recovery-9", t=1.0)])
     doc = {"id": "recovery-9", "experiment": "recovery", "pid": 2**22 + 7, "status": "running", "started": 1.0}
     monkeypatch.setattr(lab.session, "jobs", lambda: {"recovery-9": doc})  # its process alive, as far as it says

@@ -24,7 +24,8 @@ from tui.app import AnatomyApp, ModelOptions
 from tui.console_settings import ConsoleSettings
 from tui.jobs import BackgroundJob
 from tui.screens.confirm import ConfirmScreen
-from tui.screens.console import ACTIONS, ConsoleScreen
+from tui.screens.console import ConsoleScreen
+from tui.screens.console_keys import ACTIONS
 from tui.screens.help import HelpScreen
 from tui.screens.layer_detail import LayerDetailScreen
 from tui.state import GrowthView, SessionState, thin
@@ -377,7 +378,7 @@ def waiting_map(monkeypatch) -> threading.Event:
     """The map replaced by one that runs (checking its cancel) until the event returned is set."""
     release = threading.Event()
 
-    def slow(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None):
+    def slow(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None, stream=None):
         while not release.wait(0.02):
             cancel.check()
         yield from ()
@@ -432,7 +433,7 @@ async def test_cancel_says_cancelling_at_once(isolated_home, tiny_folder, monkey
 
     release = threading.Event()
 
-    def deaf(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None):
+    def deaf(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None, stream=None):
         release.wait(60)
         cancel.check()
         yield from ()
@@ -669,7 +670,7 @@ async def test_an_interrupted_job_offers_to_resume(isolated_home, monkeypatch) -
         started.append((experiment, argv))
         return BackgroundJob(experiment, 1, Path("fake.log"), argv)
 
-    monkeypatch.setattr("tui.lab.launch_job", fake_launch)
+    monkeypatch.setattr("tui.lab_jobs.launch_job", fake_launch)
     app = AnatomyApp(session="demo", load_model=False)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10)

@@ -42,7 +42,8 @@ from tui.messages import (
     ModelLoaded,
 )
 from tui.screens.confirm import ConfirmScreen
-from tui.screens.console import ACTIONS, APP_ACTIONS, ConsoleScreen, PanelData, help_screen, palette
+from tui.screens.console import ConsoleScreen, PanelData
+from tui.screens.console_keys import ACTIONS, APP_ACTIONS, help_screen, palette
 from tui.screens.picker import SessionPicker
 from tui.state import Dirty, SessionState
 

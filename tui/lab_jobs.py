@@ -1,0 +1,218 @@
+"""Experiments the console starts, for its policy (tui/lab.py): in a thread worker of the console
+(ConsoleRun) or as their own process, placed beside the console's model, on another GPU, or after the
+console releases its model; cancelling them, and the command that resumes an interrupted one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from engine.core.errors import UserError
+from engine.core.events import CancelToken
+from engine.core.settings import Settings
+from engine.models.options import ModelOptions
+from engine.registry import BY_NAME
+from tui.flags import settings_from_flags
+from tui.jobs import (
+    BackgroundJob,
+    job_argv,
+    job_options,
+    job_placement,
+    launch_job,
+    resumable_job,
+    resume_argv,
+    stop_job,
+    typed,
+)
+from tui.lab_base import NO_MODEL_IN_AN_ATLAS, LabBase
+
+
+@dataclass(frozen=True)
+class ConsoleRun:
+    """An experiment to run in a thread worker of the console, its cancel flag already held;
+    `resume`: it continues from the session's checkpoint (a partial layer map's finished layers)."""
+
+    name: str
+    settings: Settings
+    token: CancelToken
+    description: str
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class ResumeOffer:
+    """An interrupted job and the exact command that resumes it."""
+
+    job: str
+    experiment: str
+    argv: list[str]
+
+    @property
+    def question(self) -> str:
+        return f"Job {self.job} was interrupted. Resume it from its checkpoint?\n{typed(self.argv)}"
+
+
+class LabJobs(LabBase):
+    """The console's experiments: in a thread worker, or as their own process."""
+
+    # experiments in the console --------------------------------------------------------------------
+    def map_in_console(self) -> ConsoleRun | None:
+        """The layer map for a thread worker of the console; None, said why, without a model, or while
+        one runs in the console."""
+        if self.session is None or not self.need_model():
+            return None
+        settings = self.settings_for("ablation")
+        if settings is None:
+            return None
+        partial = self.state.ablation_map
+        resume = (partial is not None and partial.partial is True and partial.settings == settings
+                  and partial.model == self.loaded.name)  # fmt: skip
+        if resume and partial is not None:
+            self.say(f"the layer map is {partial.partial_text()}: the map goes on from its checkpoint")
+        return self._console_run("ablation", settings, "layer map (ablation)", resume)
+
+    def _console_run(self, name: str, settings: Settings, description: str, resume: bool = False
+                     ) -> ConsoleRun | None:
+        if name in self.cancels:
+            self.say(f"{name} is already running in the console", "warning")
+            return None
+        token = self.cancels[name] = CancelToken()
+        return ConsoleRun(name, settings, token, description, resume)
+
+    def console_run_ended(self, name: str) -> None:
+        self.cancels.pop(name, None)
+
+    def running_in_console(self) -> list[str]:
+        return list(self.cancels)
+
+    def stop_console_runs(self) -> None:
+        for token in self.cancels.values():
+            token.cancel()
+
+    # jobs as their own process ---------------------------------------------------------------------
+    def settings_for(self, experiment: str, **changes: Any) -> Settings | None:
+        """The experiment's default settings with `changes`, validated; a bad value is said, not raised."""
+        try:
+            return BY_NAME[experiment].defaults().override(changes)
+        except UserError as exc:
+            self.say(str(exc), "error")
+            return None
+
+    def map_job(self) -> BackgroundJob | None:
+        settings = self.settings_for("ablation")
+        return self.start_job("ablation", settings) if settings is not None else None
+
+    def inject(self, layer: int, sigma: float, steps: int, lr: float) -> BackgroundJob | None:
+        """Noise `layer` and let it recover, as its own process."""
+        settings = self.settings_for("recovery", layers=(layer,), sigma=sigma, steps=steps, lr=lr)
+        return self.start_job("recovery", settings) if settings is not None else None
+
+    def growth(self, flags: tuple[str, ...]) -> BackgroundJob | None:
+        """A growth run with the growth form's flags, as its own process."""
+        try:
+            settings = settings_from_flags(BY_NAME["growth"], flags)
+        except UserError as exc:
+            self.say(f"growth flags: {exc}", "error")
+            return None
+        return self.start_job("growth", settings)
+
+    def start_job(self, experiment: str, settings: Settings, resume: bool = False) -> BackgroundJob | None:
+        """`anatomy-tui run EXPERIMENT ... --session S` as its own process, built from the settings
+        (the same command a user would type; it outlives the console). A model job goes beside the
+        console's model, to another GPU with room, or (`release`) where the console frees its model
+        first; one that cannot fit even then is said, not started. With the console's `cluster`
+        setting, a job (a resume too: the session's checkpoint goes with the task) is a Ray task there,
+        with the model flags the console was given."""
+        if self.session is None:
+            return None
+        if self.atlas:
+            self.say(NO_MODEL_IN_AN_ATLAS, "warning")
+            return None
+        entry = BY_NAME[experiment]
+        options = None
+        cluster = self.settings.cluster
+        if entry.needs_model:  # the device and dtype the console's model resolved to, not `auto` again
+            options = self.options if cluster else self.released_options or job_options(self.options, self.loaded)
+        try:
+            placement = job_placement(experiment, settings, options, self.loaded) if options and not cluster \
+                else "beside"  # on a cluster: its own GPU or CPU, found by Ray
+            if placement.startswith("cuda") and options is not None:  # another GPU has room: the console keeps its
+                options = replace(options, device=placement)
+            argv = job_argv(experiment, settings, options, self.session.name, resume, cluster)
+        except UserError as exc:
+            self.say(str(exc), "error")
+            return None
+        if placement == "release" and not self.release_model(experiment, options):
+            return None
+        if placement.startswith("cuda"):
+            self.say(f"the {experiment} job runs on {placement}: {self.loaded.device} holds the console's model")
+        job = self.launch(experiment, argv)
+        if placement == "release":
+            self.released_for = job
+        return job
+
+    def release_model(self, experiment: str, options: ModelOptions | None) -> bool:
+        """Frees the console's model so a job can have its GPU (reloaded when the job ends); not
+        while work in the console is using it."""
+        busy = [*self.cancels, *(["generation"] if self.generation is not None else [])]
+        if busy:
+            self.say(f"the {experiment} job needs the GPU the console's model is on; wait for "
+                     f"{', '.join(busy)} to finish", "warning")
+            return False
+        device = self.loaded.device
+        self.loaded, self.released_options = None, options
+        from engine.models.oom import release_memory
+
+        release_memory()
+        self.model_status = f"model: released from {device} for the {experiment} job, reloaded when it ends"
+        self.say(f"{device} cannot hold the console's model and the {experiment} job: the console's model is "
+                 "released while the job runs")
+        self._status_changed()
+        return True
+
+    def launch(self, experiment: str, argv: list[str]) -> BackgroundJob | None:
+        if self.session is None:
+            return None
+        job = launch_job(self.session, experiment, argv)
+        self.background.append(job)
+        self.say(f"started {experiment} as its own process (pid {job.pid}); log: {job.log_path.name}")
+        return job
+
+    def cancel(self, experiment: str) -> None:
+        """Cancels the running jobs of `experiment`: in the console through the cancel flag, in their
+        own process with SIGINT to the group."""
+        if self.session is None:
+            return
+        cancelled = []
+        me = os.getpid()
+        if experiment in self.cancels:
+            self.cancels[experiment].cancel()
+            cancelled += [job.id for job in self.state.running_jobs() if job.experiment == experiment
+                          and job.pid in (None, me)] or [experiment]
+        for job_id, doc in self.session.jobs().items():
+            mine = doc.get("experiment") == experiment and doc.get("status") == "running"
+            if mine and doc.get("pid") != me and stop_job(doc):
+                cancelled.append(job_id)
+        self.state.cancelling(cancelled)
+        self.say(f"cancelling {', '.join(cancelled)}" if cancelled else f"no {experiment} job is running")
+
+    def resume_offer(self, asked: bool = True) -> ResumeOffer | None:
+        """The newest interrupted job and the command that resumes it, rebuilt from the job's recorded
+        experiment and settings, never from an argv in the file; None, said why, when there is none
+        (said only when `asked`) or it cannot be resumed."""
+        if self.session is None:
+            return None
+        interrupted = resumable_job(self.session.jobs())
+        if interrupted is None:
+            if asked:
+                self.say("no interrupted job to resume in this session")
+            return None
+        job_id, doc = interrupted
+        try:
+            argv = resume_argv(doc, self.session)
+        except UserError as exc:
+            self.say(f"job {job_id} cannot be resumed: {exc}", "error")
+            return None
+        return ResumeOffer(job_id, str(doc["experiment"]), argv)
