@@ -119,7 +119,8 @@ class Experiment:
         if not self.shardable:
             names = ", ".join(entry.name for entry in EXPERIMENTS if entry.shardable)
             raise UserError(f"{self.name} does not split over workers; --shards applies to {names}")
-        return self.folder.computation().shard_plan(settings, n_layers, inputs or {}, model_name)
+        plan: ShardPlan = self.folder.computation().shard_plan(settings, n_layers, inputs or {}, model_name)
+        return plan
 
     def known_units(self, settings: Settings) -> int | None:
         """How many units its sweep has when the settings alone fix it (layers given, or no model

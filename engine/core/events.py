@@ -113,7 +113,7 @@ def _register_event(cls: type[E]) -> type[E]:
     return cls
 
 
-@dataclass_transform(frozen_default=True)
+@dataclass_transform(frozen_default=True, field_specifiers=(field, dataclasses.Field))
 def event(kind: str, v1_kind: str = "", v1_fields: Mapping[str, str] | None = None) -> Callable[[type[E]], type[E]]:
     """Class decorator, the one declaration of an event: the class made a frozen dataclass of the
     fields it declares, under `kind` (`<command>.<what>`), with version 1's kind and field names where
@@ -223,7 +223,7 @@ def decode_or_none(cls: type[R], doc: Any, on_error: Callable[[Exception], objec
         return None
 
 
-@dataclass_transform(frozen_default=True)
+@dataclass_transform(frozen_default=True, field_specifiers=(field, dataclasses.Field))
 def result(name: str) -> Callable[[type[R]], type[R]]:
     """Class decorator, the one declaration of a result document: the class made a frozen dataclass
     of its fields, written as results/<name>.json, and registered so an event log's version 1
@@ -286,12 +286,13 @@ class Event:
     t: float = field(default_factory=time.time, kw_only=True)
 
     def to_json(self) -> dict[str, Any]:
-        body = json_safe(self)  # its fields less those that are ABSENT (an ablation row's `part`)
+        body: dict[str, Any] = json_safe(self)  # its fields less those that are ABSENT (an ablation row's `part`)
         return {"v": EVENT_SCHEMA_VERSION, "kind": self.kind, **body}
 
     @classmethod
     def upgrade_v1(cls, doc: dict[str, Any]) -> dict[str, Any]:
-        return renamed_v1(doc, cls.v1_fields)
+        upgraded: dict[str, Any] = renamed_v1(doc, cls.v1_fields)
+        return upgraded
 
 
 def event_from_json(doc: dict[str, Any]) -> Event:
