@@ -225,13 +225,22 @@ def _settings_from_doc(cls: type[Settings], doc: Any) -> Settings:
         raise ValueError(str(exc)) from None
 
 
+class FieldError(TypeError, ValueError):
+    """A document's field that does not fit its class: `field` the path to it from the document's
+    top (`layers.ppl`: a row's field), `why` in a phrase; a TypeError (and a ValueError, as a
+    setting's refusal was) so that every reader that skips a damaged line skips it."""
+
+    def __init__(self, cls: type, field: str, why: str) -> None:
+        super().__init__(f"{cls.__name__}.{field}: {why}")
+        self.field, self.why = field, why
+
+
 def from_doc(cls: type[T], doc: Mapping[str, Any]) -> T:
     """Rebuilds dataclass `cls` from its JSON document. Keys it does not declare are ignored (a newer
     writer may add some); a missing field raises TypeError, so a rename cannot pass unnoticed, and so
-    does a value of the wrong type (a list for a string, a string for a step): the log is untrusted,
-    and its reader skips such a line as damaged."""
-    dataclass_type: type = cls  # as `type`: mypy takes a type[T] for unhashable
-    decoders = _field_decoders(dataclass_type)
+    does a value of the wrong type (a list for a string, a string for a step): `FieldError`, naming
+    the field (nested: its path). The log is untrusted, and its reader skips such a line as damaged."""
+    decoders = _field_decoders(cls)
     values = {}
     for k, v in doc.items():
         found = decoders.get(k)
@@ -240,8 +249,23 @@ def from_doc(cls: type[T], doc: Mapping[str, Any]) -> T:
         if v is not None:
             allowed, decode = found
             if allowed is not None and not _fits(v, allowed):
-                raise TypeError(f"{cls.__name__}.{k}: " + str(_wrong(v, allowed)))
+                raise FieldError(cls, k, str(_wrong(v, allowed)))
             if decode is not None:
-                v = decode(v)
+                try:
+                    v = decode(v)
+                except FieldError as inner:
+                    raise FieldError(cls, f"{k}.{inner.field}", inner.why) from None
+                except (TypeError, ValueError) as exc:
+                    raise FieldError(cls, k, str(exc)) from None
         values[k] = v
+    for name in _required(cls):
+        if name not in values:
+            raise FieldError(cls, name, "missing")
     return cls(**values)
+
+
+@functools.cache
+def _required(cls: type) -> tuple[str, ...]:
+    """The fields a document of `cls` must have: those without a default."""
+    return tuple(f.name for f in dataclasses.fields(cls)
+                 if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
