@@ -16,6 +16,7 @@ it is (a notebook shows the returned figure as its PNG: `style.PaperFigure`). Th
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -86,6 +87,6 @@ def save_figure(result: ResultDocument | AtlasDocument, stem: Path,
     paths = []
     for fmt in chosen:
         path = stem.parent / f"{stem.name}.{fmt}"
-        atomic_write(path, lambda tmp, fmt=fmt: write_figure(fig, tmp, fmt), "figure")
+        atomic_write(path, functools.partial(write_figure, fig, fmt=fmt), "figure")
         paths.append(path)
     return paths
