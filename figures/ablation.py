@@ -21,18 +21,17 @@ D_LABEL = "D (%)"
 
 def map_panel(ax: Axes, rows: Sequence[AblationRow], title: str) -> None:
     """One bar per row (layer or block) at its layer: D %, interval, class look; anti-layers starred."""
-    drawn = [row for row in rows if style.finite(row.degradation_pct)]
-    for row in drawn:
+    drawn = [(row, d) for row in rows if style.finite(d := row.degradation_pct)]
+    for row, d in drawn:
         look = style.ANTI_LOOK if row.anti else style.class_look(row.layer_class)
-        ax.bar(row.layer, row.degradation_pct, width=0.8, color=look.color, hatch=look.hatch, edgecolor="black",
-               linewidth=0.4)
-    values = [row.degradation_pct for row in drawn]
-    errors = style.interval_errors(values, [r.ci_low for r in drawn], [r.ci_high for r in drawn])
+        ax.bar(row.layer, d, width=0.8, color=look.color, hatch=look.hatch, edgecolor="black", linewidth=0.4)
+    values = [d for _, d in drawn]
+    errors = style.interval_errors(values, [r.ci_low for r, _ in drawn], [r.ci_high for r, _ in drawn])
     if errors is not None:
-        ax.errorbar([r.layer for r in drawn], values, yerr=errors, fmt="none", ecolor="black", elinewidth=0.6)
-    anti = [row for row in drawn if row.anti]
+        ax.errorbar([r.layer for r, _ in drawn], values, yerr=errors, fmt="none", ecolor="black", elinewidth=0.6)
+    anti = [(row, d) for row, d in drawn if row.anti]
     if anti:
-        ax.plot([r.layer for r in anti], [r.degradation_pct for r in anti], linestyle="none",
+        ax.plot([r.layer for r, _ in anti], [d for _, d in anti], linestyle="none",
                 marker=style.ANTI_LOOK.marker, color="black", markersize=5, label="anti-layer")
     style.d_axis(ax, values)
     ax.set_xlabel("layer")
@@ -49,7 +48,8 @@ def proxy_panel(ax: Axes, rows: Sequence[AblationRow], proxy: str, rho: float | 
                   if r.layer_class == name and style.finite(r.degradation_pct) and style.finite(getattr(r, proxy))]
         if points:
             look = style.class_look(name)
-            ax.scatter(*zip(*points, strict=True), color=look.color, marker=look.marker, edgecolor="black",
+            xs, ys = zip(*points, strict=True)
+            ax.scatter(xs, ys, color=look.color, marker=look.marker, edgecolor="black",
                        linewidth=0.3, s=14, label=name, zorder=3)
     style.d_axis(ax, [r.degradation_pct for r in rows])
     ax.set_xlabel(PROXIES[proxy])
@@ -67,7 +67,7 @@ def draw(result: AblationMap) -> Figure:
     proxies = proxies_of(result.layers)
     rows = 1 + bool(parts) + bool(proxies)
     fig = style.figure(height=1.55 * rows + 0.2)
-    panels = fig.subfigures(rows, 1) if rows > 1 else [fig]
+    panels = fig.subfigures(rows, 1, squeeze=False)[:, 0] if rows > 1 else [fig]
     top = panels[0].subplots()
     map_panel(top, result.layers, f"{result.model}: layer map ({result.method} ablation)")
     present = [name for name in CLASSES if any(r.layer_class == name and not r.anti for r in result.layers)]
