@@ -39,10 +39,10 @@ def draw(result: DynamicsResult) -> Figure:
         style.nothing(pca, "no token sample in this result (before anatomy-tui 0.3)")
     else:
         by_label = {c.label: c for c in result.pca.clusters}
-        for index, label in enumerate(sorted(set(sample.label))):
-            points = [(x, y) for x, y, lab in zip(sample.pc1, sample.pc2, sample.label, strict=True) if lab == label]
-            cluster = by_label.get(label)
-            name = f"cluster {label}" + (" (bulk)" if cluster and cluster.bulk else "")
+        for index, number in enumerate(sorted(set(sample.label))):
+            points = [(x, y) for x, y, lab in zip(sample.pc1, sample.pc2, sample.label, strict=True) if lab == number]
+            cluster = by_label.get(number)
+            name = f"cluster {number}" + (" (bulk)" if cluster and cluster.bulk else "")
             look = style.series(index)
             pca.scatter(*zip(*points, strict=True), color=look["color"], marker=look["marker"], s=8,
                         edgecolor="black", linewidth=0.2, label=name)
