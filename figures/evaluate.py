@@ -25,7 +25,7 @@ def score(task: TaskScore | None) -> tuple[float | None, float | None]:
 def draw(result: EvaluateResult) -> Figure:
     tasks = list(dict.fromkeys(s.task for m in result.models for s in m.scores))
     by_model = {m.label: {s.task: s for s in m.scores} for m in result.models}
-    generation = [m for m in result.models if m.generation is not None]
+    generation = [(m, check) for m in result.models if (check := m.generation) is not None]
     fig = style.figure(height=2.1)
     axes = fig.subplots(1, 2, width_ratios=(max(len(tasks), 1) + 1, 1.6)) if generation else [fig.subplots()]
     values = {label: [score(scores.get(t))[0] for t in tasks] for label, scores in by_model.items()}
@@ -38,9 +38,9 @@ def draw(result: EvaluateResult) -> Figure:
     axes[0].legend(loc="upper right", fontsize=5)
     if generation:
         gen = axes[1]
-        for index, model in enumerate(generation):
-            gen.bar(index, model.generation.token_agreement, **style.bar_look(result.models.index(model)))
-        gen.set_xticks(range(len(generation)), [m.variant for m in generation], rotation=30, ha="right")
+        for index, (model, check) in enumerate(generation):
+            gen.bar(index, check.token_agreement, **style.bar_look(result.models.index(model)))
+        gen.set_xticks(range(len(generation)), [m.variant for m, _ in generation], rotation=30, ha="right")
         gen.set_ylim(0, 1)
         gen.set_ylabel("token agreement with original")
         gen.set_title("greedy text")
