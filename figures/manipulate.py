@@ -17,14 +17,15 @@ def trial_label(row: ManipulateRow) -> str:
 
 
 def draw(result: ManipulateResult) -> Figure:
-    rows = [row for row in result.results if style.finite(row.degradation_pct)]
+    drawn = [(row, pct) for row in result.results if style.finite(pct := row.degradation_pct)]
+    rows = [row for row, _ in drawn]
     strategies = list(dict.fromkeys(row.strategy for row in rows))
     fig = style.figure(height=0.6 + 0.16 * max(len(rows), 3))
     ax = fig.subplots()
-    for index, row in enumerate(rows):
+    for index, (row, pct) in enumerate(drawn):
         look = style.bar_look(strategies.index(row.strategy))
         first = next(r for r in rows if r.strategy == row.strategy) is row
-        ax.barh(index, row.degradation_pct, height=0.7, label=row.strategy if first else None, **look)
+        ax.barh(index, pct, height=0.7, label=row.strategy if first else None, **look)
     ax.set_yticks(range(len(rows)), [trial_label(row) for row in rows])
     ax.invert_yaxis()
     style.d_axis(ax, [row.degradation_pct for row in rows], axis="x")
