@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
@@ -35,7 +36,8 @@ def curve_panel(ax: Axes, result: PruneResult, value: str, full: float | None) -
     if full is not None:
         ax.axhline(full, color="0.4", linewidth=0.5, linestyle=":")
     ax.set_xlabel("layers removed")
-    top = ax.secondary_xaxis("top", functions=(lambda k: k / result.n_layers, lambda s: s * result.n_layers))
+    top = ax.secondary_xaxis("top", functions=(lambda k: np.asarray(k) / result.n_layers,
+                                                      lambda s: np.asarray(s) * result.n_layers))
     top.set_xlabel("share of decoder-layer parameters removed")
     top.xaxis.set_major_formatter(lambda s, _: f"{s:.0%}")
 
