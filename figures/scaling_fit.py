@@ -16,8 +16,9 @@ def interval(result: ScalingFitResult) -> list[float] | None:
     """a_l's 95 % interval: the bootstrap's, else the profile's; None when neither was computed."""
     for found in ((result.ci95 or {}).get("alpha_l") if result.ci95 is not ABSENT else None,
                   result.alpha_l_profile_ci95 if result.alpha_l_profile_ci95 is not ABSENT else None):
-        if found and all(style.finite(v) for v in found):
-            return [float(v) for v in found]
+        kept = [float(v) for v in found or () if style.finite(v)]
+        if found and len(kept) == len(found):
+            return kept
     return None
 
 
