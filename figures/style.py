@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import matplotlib
 import numpy as np
@@ -22,11 +22,14 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
 COLUMN = 3.4  # inches: one column of a two-column paper
 PAGE = 7.0  # inches: both columns
 DPI = 300  # PNG resolution (the report's and save_figure's)
 
-RC: dict[str, Any] = {
+RC: dict[RcKeyType, Any] = {
     "font.size": 7,
     "axes.titlesize": 7,
     "axes.labelsize": 7,
@@ -147,12 +150,12 @@ def nothing(ax: Axes, what: str) -> None:
     ax.set_yticks([])
 
 
-def finite(value: float | None) -> bool:
+def finite(value: float | None) -> TypeGuard[float]:
     return value is not None and math.isfinite(value)
 
 
-def grouped_bars(ax: Axes, groups: Sequence[str], values: dict[str, Sequence[float | None]],
-                 errors: dict[str, Sequence[float | None]] | None = None) -> None:
+def grouped_bars(ax: Axes, groups: Sequence[str], values: Mapping[str, Sequence[float | None]],
+                 errors: Mapping[str, Sequence[float | None]] | None = None) -> None:
     """Bars of each series (colour and hatch its own) side by side within each group, with
     symmetric error bars where `errors` has them; a missing value leaves its slot empty."""
     width = 0.8 / max(len(values), 1)
