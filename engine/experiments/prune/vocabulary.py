@@ -126,7 +126,7 @@ class PruneSettings(TrainTextSettings, EvalTextSettings, LmEvalSettings):
         """The counts against the model's depth, and the export folder: new or empty (or --force)."""
         counts = self.counts(shape.n_layers)
         if self.unit == "block" and shape.family:
-            from engine.models.anatomy import check_parts  # torch-free callers never get here with blocks
+            from engine.models.families import check_parts
 
             check_parts(shape.family, "--unit")
             if shape.family == "opt" and self.heal == "lora" and self.heal_steps:

@@ -259,12 +259,13 @@ class RecoveryResult(ResultDocument):
         its one curve, repeat 0), with the training loss of that step where one was logged."""
         rows = []
         for row in self.layers:
-            for run in row.repeats or [row]:
+            runs: list[RecoveryRepeat] | list[RecoveryRow] = row.repeats or [row]
+            for run in runs:
                 losses = {int(step): loss for step, loss in run.train_loss}
-                rows += [{"layer": row.layer, "repeat": getattr(run, "repeat", 0), "step": int(step), "ppl": ppl,
-                          "ratio_to_baseline": None if ppl is None else ppl / self.baseline_ppl,
-                          "train_loss": losses.get(int(step))}
-                         for step, ppl in run.curve]
+                rows += [{"layer": row.layer, "repeat": getattr(run, "repeat", 0), "step": int(step or 0),
+                          "ppl": ppl, "ratio_to_baseline": None if ppl is None else ppl / self.baseline_ppl,
+                          "train_loss": losses.get(int(step or 0))}
+                         for step, ppl in run.curve]  # a curve's step is never null, its ppl may be
         return rows
 
     @classmethod

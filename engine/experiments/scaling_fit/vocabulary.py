@@ -211,7 +211,7 @@ def sample() -> ScalingFitResult:
     return ScalingFitResult(
         source="runs.csv", columns={"loss": "loss", "width": "width", "depth": "depth", "tokens": "tokens"},
         n_rows=8, n_excluded=0, n_points=8, optimizer="lm", loss_function="least_squares", huber_delta=None,
-        params=params, objective=1.25e-4, depth_points=DepthPoints(depth=depths, loss=loss, rest=rest),
+        params={**params}, objective=1.25e-4, depth_points=DepthPoints(depth=depths, loss=loss, rest=rest),
         profile=ScalingProfile(alpha_l=profile), alpha_l_profile_ci95=[0.24, 0.37],
         ci95={"alpha_l": [0.22, 0.41], "alpha_m": [0.45, 0.55], "L0": [1.4, 1.6]}, se={}, train_rmse=0.011,
         train_rmse_log=0.01, restarts=FitRestarts(n=64, reaching_best=10, best_objective=1.25e-4),

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.core.codec import ABSENT
 from engine.core.errors import UserError
@@ -16,6 +17,8 @@ from engine.data.text_settings import EvalTextSettings
 from engine.experiments.contract import Contract, FigureShape, Frame
 from engine.models.families import check_matrix_names
 from engine.models.memory import ModelShape
+
+S = TypeVar("S")
 
 PREDICTIONS = ("in_sample", "loo")
 
@@ -203,7 +206,7 @@ class WeightsResult(ResultDocument):
 
 def sample() -> WeightsResult:
     """Two components, the real fit beside both nulls, and the paradox: the tests' and snapshots' example."""
-    def stats(cls: type, r2_in: float, r2_loo: float, **more: Any) -> Any:
+    def stats(cls: Callable[..., S], r2_in: float, r2_loo: float, **more: Any) -> S:
         return cls(r2_in_sample=r2_in, r2_loo=r2_loo, cosine_loo=r2_loo / 2, delta_corr_mean=-0.2, delta_corr_sd=0.05,
                    **more)
 
