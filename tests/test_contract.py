@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from types import SimpleNamespace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from experiment_contract import contract_problems, figure_problems
@@ -31,7 +31,7 @@ def test_every_experiment_draws_the_figure_it_declares(name):
     assert not problems, "\n".join(problems)
 
 
-def _with_contract(entry: registry.Experiment, **changes: object) -> registry.Experiment:
+def _with_contract(entry: registry.Experiment, **changes: Any) -> registry.Experiment:
     """The row with its contract changed (its package stood in by one that answers the new one)."""
     changed = dataclasses.replace(entry.contract(), **changes)
 

@@ -32,6 +32,7 @@ from engine.core.events import (
 )
 from engine.core.settings import Settings
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow, AblationSettings, LayerAblated
+from engine.experiments.ablation.vocabulary import sample as ablation_sample
 from engine.experiments.dynamics.vocabulary import (
     DynamicsCore,
     DynamicsPca,
@@ -402,7 +403,7 @@ def test_a_results_settings_are_its_settings_class_written_as_to_dict_writes_the
     """The `settings` a run records is the experiment's Settings, written as the job file's form
     (`to_dict()`, as the dict the result held before), and read back through `from_dict`."""
     settings = AblationSettings(method="skip", layers=(1, 2), eval_batch_size=4)
-    result = dataclasses.replace(experiment("ablation").sample(), settings=settings)
+    result = dataclasses.replace(ablation_sample(), settings=settings)
     doc = json.loads(json.dumps(json_safe(result)))
     assert json.dumps(doc["settings"]) == json.dumps(settings.to_dict())
     assert AblationMap.from_json(doc).settings == settings and AblationMap.from_json(doc) == result
@@ -414,12 +415,13 @@ def test_each_result_keeps_its_experiments_settings_through_json(name):
     with exactly those: a `settings` field of another class, or none, could not (the contract test,
     tests/test_contract.py, names a result without one)."""
     entry = experiment(name)
-    sample = entry.sample()
+    own: Any = entry.sample()
     number = next(spec.name for spec in entry.settings_class.fields()
-                  if type(getattr(sample.settings, spec.name)) is int and spec.name != "seed")
-    changed = dataclasses.replace(sample.settings, **{number: getattr(sample.settings, number) + 1})
-    doc = json.loads(json.dumps(json_safe(dataclasses.replace(sample, settings=changed))))
-    assert entry.result_class.from_json(doc).settings == changed != sample.settings
+                  if type(getattr(own.settings, spec.name)) is int and spec.name != "seed")
+    changed = dataclasses.replace(own.settings, **{number: getattr(own.settings, number) + 1})
+    doc = json.loads(json.dumps(json_safe(dataclasses.replace(own, settings=changed))))
+    decoded: Any = entry.result_class.from_json(doc)
+    assert decoded.settings == changed != own.settings
 
 
 def test_settings_of_older_and_newer_writers_decode():
@@ -427,7 +429,7 @@ def test_settings_of_older_and_newer_writers_decode():
     reads as the defaults, a setting this version does not know (a newer writer's) is left out, and a
     value the settings refuse makes the whole result unreadable, as any field that does not fit."""
     doc = json.loads(json.dumps(json_safe(dataclasses.replace(
-        experiment("ablation").sample(), settings=AblationSettings(method="zero")))))
+        ablation_sample(), settings=AblationSettings(method="zero")))))
     del doc["settings"]["prefix_cache"]
     doc["settings"]["retired"] = 3
     assert AblationMap.from_json(doc).settings == AblationSettings(method="zero")

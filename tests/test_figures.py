@@ -302,7 +302,7 @@ def test_bad_input_is_one_line(tmp_path, figures):
     with pytest.raises(UserError, match="unknown figure format gif"):
         figures.save_figure(ablation.sample(), tmp_path / "x", ("png", "gif"))
     with pytest.raises(UserError, match="no figure for a dict"):
-        figures.figure_for({"name": "ablation"})  # type: ignore[arg-type]
+        figures.figure_for({"name": "ablation"})
 
 
 def test_a_figure_draws_without_a_display_and_the_engine_imports_no_matplotlib(figures):
