@@ -3,7 +3,9 @@ and a byte-level tokenizer to go with them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -25,11 +27,11 @@ from transformers import (
 )
 
 VOCAB = 260  # 256 bytes + pad, bos, eos, unk
-_COMMON = dict(vocab_size=VOCAB, pad_token_id=256, bos_token_id=257, eos_token_id=258)
-_DECODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+_COMMON: dict[str, Any] = dict(vocab_size=VOCAB, pad_token_id=256, bos_token_id=257, eos_token_id=258)
+_DECODER: dict[str, Any] = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
                 max_position_embeddings=128, **_COMMON)
 
-TINY_CONFIGS: dict[str, callable] = {
+TINY_CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
     "llama": lambda: LlamaConfig(num_key_value_heads=2, **_DECODER),
     "mistral": lambda: MistralConfig(num_key_value_heads=2, sliding_window=None, **_DECODER),
     "qwen2": lambda: Qwen2Config(num_key_value_heads=2, **_DECODER),
@@ -38,7 +40,8 @@ TINY_CONFIGS: dict[str, callable] = {
                                    final_logit_softcapping=30.0, attn_logit_softcapping=50.0, **_DECODER),
     "gemma3_text": lambda: Gemma3TextConfig(num_key_value_heads=2, head_dim=8, sliding_window=16, **_DECODER),
     "phi3": lambda: Phi3Config(num_key_value_heads=4, **_DECODER),
-    "phi": lambda: PhiConfig(partial_rotary_factor=0.5, resid_pdrop=0.0, **_DECODER),
+    "phi": lambda: PhiConfig(resid_pdrop=0.0, **_DECODER, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),  # half the head rotated
     "gpt2": lambda: GPT2Config(n_embd=32, n_layer=4, n_head=4, n_positions=128, **_COMMON),
     "gpt_neox": lambda: GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                                       num_attention_heads=4, max_position_embeddings=128, **_COMMON),
