@@ -240,7 +240,8 @@ def from_doc(cls: type[T], doc: Mapping[str, Any]) -> T:
     writer may add some); a missing field raises TypeError, so a rename cannot pass unnoticed, and so
     does a value of the wrong type (a list for a string, a string for a step): `FieldError`, naming
     the field (nested: its path). The log is untrusted, and its reader skips such a line as damaged."""
-    decoders = _field_decoders(cls)
+    dataclass_type: type = cls  # as `type`: mypy takes a type[T] for unhashable (the caches below)
+    decoders = _field_decoders(dataclass_type)
     values = {}
     for k, v in doc.items():
         found = decoders.get(k)
@@ -258,7 +259,7 @@ def from_doc(cls: type[T], doc: Mapping[str, Any]) -> T:
                 except (TypeError, ValueError) as exc:
                     raise FieldError(cls, k, str(exc)) from None
         values[k] = v
-    for name in _required(cls):
+    for name in _required(dataclass_type):
         if name not in values:
             raise FieldError(cls, name, "missing")
     return cls(**values)
