@@ -206,8 +206,8 @@ def _signals_held() -> Iterator[None]:
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
-        for sig in dict.fromkeys(noted):
-            signal.raise_signal(sig)
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)
 
 
 @dataclass(frozen=True)
@@ -251,8 +251,8 @@ class _Merger:
         elif isinstance(item, Progress):
             self.progress[rank] = item  # summed over the workers in the same phase as this one
             same = [p for p in self.progress.values() if (p.phase, p.unit) == (item.phase, item.unit)]
-            rates = [p.rate for p in same]
-            rate = sum(rates) if all(r is not None for r in rates) else None  # type: ignore[misc]
+            rates = [p.rate for p in same if p.rate is not None]
+            rate = sum(rates) if len(rates) == len(same) else None
             yield Progress(sum(p.done for p in same), sum(p.total for p in same), item.label, phase=item.phase,
                            unit=item.unit, rate=rate)
         else:
