@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from tiny_models import EVAL, save_tiny
 
-from engine.cluster import NodeShape, TaskResources, task_resources
+from engine.cluster.resources import NodeShape, TaskResources, task_resources
 from engine.core.errors import UserError
 from engine.models.options import ModelOptions
 from sessions.atlas import atlas_tasks
@@ -74,7 +74,7 @@ def test_a_checkpoint_folder_travels_as_its_changes(tmp_path):
     """The worker's side sends what changed in its checkpoint folder (in the order written, hidden
     temporary files left out, what it started with not sent back); the driver's side writes it and
     refuses a path that leaves the folder; a resume reads the folder back whole."""
-    from engine.cluster import CheckpointChange, _Mirror, apply_checkpoint, checkpoint_files
+    from engine.cluster.worker import CheckpointChange, _Mirror, apply_checkpoint, checkpoint_files
 
     worker, driver = tmp_path / "worker", tmp_path / "driver"
     apply_checkpoint(worker, CheckpointChange({"old.json": b"old"}))  # a resume's checkpoint, restored
@@ -264,7 +264,9 @@ def test_runs_on_the_cluster_get_their_gpus_and_stream_every_event_in_order(ray_
 def test_a_checkpoint_the_driver_cannot_keep_stops_its_task(ray_cluster, families, files, monkeypatch):
     """What `keep` raises (the session's disk full, a link in its checkpoint folder) reaches the
     caller, and the task is cancelled, not left running on the cluster."""
-    from engine.cluster import TaskResources, TaskSpec, connect
+    from engine.cluster import connect
+    from engine.cluster.resources import TaskResources
+    from engine.cluster.worker import TaskSpec
     from engine.registry import BY_NAME
     from tui.runner import settings_files
 

@@ -9,7 +9,7 @@ import torch
 from tiny_models import save_tiny
 
 import engine.models.placement as placement_module
-from engine.cluster import NodeShape, TaskResources, cluster_hardware, task_resources
+from engine.cluster.resources import NodeShape, TaskResources, cluster_hardware, task_resources
 from engine.core.errors import UserError
 from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.models.loading import load_model

@@ -84,7 +84,7 @@ def experiment_flags(parser: argparse.ArgumentParser, experiment: Experiment) ->
 
 
 def cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--cluster` and `--retries`: the run (or each measure of an atlas) as a Ray task (engine/cluster.py)."""
+    """`--cluster` and `--retries`: the run (or each measure of an atlas) as a Ray task (engine/cluster/)."""
     parser.add_argument("--cluster", default=None, metavar="ADDRESS",
                         help="run as a Ray task: local (Ray started on this machine) or auto (RAY_ADDRESS=HEAD:6379, "
                         "or the cluster `ray start` runs here); needs the cluster extra (pip install "

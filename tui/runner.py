@@ -195,18 +195,9 @@ def _on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, op
     worker died retried as a job of its own (`--retries`), the failure after the last one line
     naming the experiment and the model; a resumable run's retry continues from the checkpoint the
     try that died sent back."""
-    from engine.cluster import (
-        DEFAULT_RETRIES,
-        CheckpointChange,
-        TaskFailed,
-        TaskLost,
-        TaskSpec,
-        apply_checkpoint,
-        checkpoint_files,
-        cluster_hardware,
-        size_text,
-        task_resources,
-    )
+    from engine.cluster import DEFAULT_RETRIES, TaskFailed, TaskLost
+    from engine.cluster.resources import cluster_hardware, size_text, task_resources
+    from engine.cluster.worker import CheckpointChange, TaskSpec, apply_checkpoint, checkpoint_files
 
     model = options.model if options is not None else ""
     label = f"{Path(model.rstrip('/')).name or model} · {experiment.name}" if model else experiment.name
@@ -385,7 +376,7 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
     tokenizer can tell is checked (engine/models/preflight.py: layers, components, texts, export folder,
     weight edits on offloaded layers); a config that cannot be read is one line too. A model that
     cannot be planned without loading it (an unusual config) gets a one-line note and no plan.
-    `hardware`: where it will run when not this machine (a cluster's GPU: engine/cluster.py)."""
+    `hardware`: where it will run when not this machine (a cluster's GPU: engine/cluster/resources.py)."""
     from engine.models.memory import check_fits, free_memory, plan_run, preview_model
     from engine.models.preflight import check_before_load
 
@@ -416,7 +407,7 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
         return plan
     if not quiet:
         say(plan.line())
-    if fits:  # checked against this machine's device (a cluster's task: against its nodes, engine/cluster.py)
+    if fits:  # against this machine's device (a cluster's task: against its nodes, engine/cluster/resources.py)
         check_fits(plan, free_memory(plan.device), experiment.name)
     return plan
 

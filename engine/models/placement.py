@@ -3,7 +3,7 @@ hardware)` gives one frozen `Placement` (device, dtype and why, device map, memo
 the memory plan, the loader, the console's jobs, the cluster and the report all read.
 
 The hardware is read in one place too (`Hardware.read`), so a test, or the cluster's nodes
-(engine/cluster.py `cluster_hardware`), can stand in a `Hardware` of their own. The two rules,
+(engine/cluster/resources.py `cluster_hardware`), can stand in a `Hardware` of their own. The two rules,
 `device_rule` and `dtype_rule`, are the only copies of what `--device auto` and `--dtype auto`
 mean (docs/gpus.md). Torch-free at import: torch is read only by `Hardware.read`.
 """
