@@ -78,6 +78,7 @@ def test_workers_use_the_device_the_run_asked_for(device, taken, backend, monkey
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))  # Hardware.read asks too
     gpus, threads, backends = [], [], []
     monkeypatch.setattr(torch.cuda, "set_device", gpus.append)
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
