@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 from engine.core.codec import ABSENT, FieldError, from_doc
 from engine.core.errors import UserError
@@ -20,6 +20,10 @@ from engine.core.untrusted import MAX_DOCUMENT_BYTES, MAX_SMALL_BYTES, has_contr
 from engine.disk.atomic import read_json
 
 T = TypeVar("T")
+if TYPE_CHECKING:
+    from engine.atlas.table import AtlasDocument
+Typed = Union[ResultDocument, "AtlasDocument"]  # what a results/<name>.json reads back as
+ATLAS_RESULT = "atlas"  # results/atlas.json: an atlas session's table (sessions/atlas.py)
 MANIFEST_SCHEMA_VERSION = 1
 # interrupted: stopped by SIGTERM/SIGHUP (or its process died); resumed: a later --resume run finished it
 JOB_STATUSES = frozenset({"running", "done", "failed", "cancelled", "interrupted", "resumed"})
@@ -157,22 +161,34 @@ def read(cls: type[T], path: Path, where: str, root: Path | None = None, limit: 
     return decode(cls, doc, where)
 
 
-def read_result(name: str, path: Path, where: str) -> ResultDocument:
-    """results/<name>.json as its registered class (a 0.1 session's fields renamed first), or
+def read_result(name: str, path: Path, where: str) -> Typed:
+    """results/<name>.json as its class (`result_type`; a 0.1 session's fields renamed first), or
     `Damaged` naming the file and the field; a result no registered experiment writes is damage too."""
     try:
         doc = read_json(path, limit=MAX_DOCUMENT_BYTES)
     except (OSError, ValueError, UserError) as exc:
         raise Damaged(where, f"does not parse ({reason(exc)})") from None
-    return result_of(name, doc, where)
+    return typed_result(name, doc, where)
 
 
-def result_of(name: str, doc: Any, where: str) -> ResultDocument:
-    """A result document (a file's, or a `job.result` event's data) as result `name`'s class."""
-    cls = result_class(name)
+def typed_result(name: str, doc: Any, where: str) -> Typed:
+    """Result document `doc` (as read from `where`: a file, a `job.result` event) as result `name`'s
+    class (a 0.1 session's fields renamed first), or `Damaged` naming `where` and the field."""
+    cls = result_type(name)
     if cls is None:
         raise Damaged(where, f"no experiment of this version writes a result named {name!r}")
     return decode(cls, upgrade_result(name, dict(doc)) if isinstance(doc, Mapping) else doc, where)
+
+
+def result_type(name: str) -> type[Typed] | None:
+    """The class of results/<name>.json: an experiment's result document (engine.core.events
+    `result_class`), or an atlas session's table (engine.atlas.table, read only here and in the
+    atlas's own code)."""
+    if name == ATLAS_RESULT:
+        from engine.atlas.table import AtlasDocument  # an atlas session's only: its vocabularies stay unimported
+
+        return AtlasDocument
+    return result_class(name)
 
 
 def read_event(line: bytes | str, where: str) -> Event:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
 from engine.core.errors import UserError
-from engine.core.events import Event, ResultDocument, upgrade_result
+from engine.core.events import Event, upgrade_result
 from engine.core.process import identity_problem, pid_alive
 from engine.core.untrusted import MAX_DOCUMENT_BYTES, MAX_SMALL_BYTES, DamagedJSON, loads
 from engine.disk.atomic import (
@@ -37,6 +37,7 @@ from sessions.documents import (
     JobRecord,
     Manifest,
     SessionError,
+    Typed,
     decode,
     read_event,
     read_result,
@@ -283,7 +284,7 @@ class Session:
             raise SessionError(f"result {path} is damaged: {problem}; delete it and run again")
         return upgrade_result(name, doc)
 
-    def result(self, name: str) -> ResultDocument | None:
+    def result(self, name: str) -> Typed | None:
         """results/<name>.json as its class (sessions/documents.py `read_result`), None when there
         is none; a one-line `Damaged` naming the file and the field when it cannot be read as one."""
         path = self.path / RESULTS / f"{_checked_name(name)}.json"
@@ -295,7 +296,7 @@ class Session:
             return None
         return read_result(name, path, str(path))
 
-    def typed_results(self) -> dict[str, ResultDocument]:
+    def typed_results(self) -> dict[str, Typed]:
         """Every result this version reads, as its class, by name; each one it cannot read (damaged,
         of another version, or written by no registered experiment) is a line in `damage`."""
         return self._each_result(self.result)

@@ -112,3 +112,15 @@ def test_a_result_missing_a_field_or_of_the_wrong_type_is_one_line_naming_file_a
         session.result(entry.writes)
     _one_line(str(info.value), f"{entry.writes}.json", repr(first))
     assert session.typed_results() == {} and len(session.damage) == 1
+
+
+@pytest.mark.parametrize("entry", SAMPLES)
+def test_the_report_receives_each_result_as_its_dataclass(entry):
+    from tui.commands.report import entries
+
+    sample = entry.sample()
+    session = SessionStore().create("s", model="tiny")
+    session.save_result(entry.writes, json_safe(sample))
+    found, notes = entries(SessionStore().open("s"))
+    assert notes == [] and [e.name for e in found] == [entry.writes]
+    assert type(found[0].result) is entry.result_class and found[0].result == sample

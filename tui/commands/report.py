@@ -39,11 +39,12 @@ from urllib.parse import quote
 from engine import registry
 from engine.atlas.table import AtlasDocument
 from engine.core.errors import UserError
-from engine.core.events import ResultDocument, decode_or_none, result_class
+from engine.core.events import ResultDocument, result_class
 from engine.core.process import say
 from engine.disk.atomic import is_no_space, mount_point
 from engine.disk.staging import staged
 from engine.models.options import ModelOptions
+from sessions.documents import Damaged, JobRecord, typed_result
 from sessions.store import Session
 from tui.jobs import run_argv, typed
 
@@ -79,7 +80,7 @@ class Entry:
 
     name: str  # results/<name>.json
     result: ResultDocument | AtlasDocument
-    doc: dict[str, Any]  # as stored
+    doc: dict[str, Any]  # as stored: the tables walk it
     command: str  # the command line that reproduces it, or why there is none
 
 
@@ -115,7 +116,7 @@ def experiment_of(name: str) -> registry.Experiment | None:
                 None)
 
 
-def reproducing_command(name: str, result: Any, session: Session, jobs: Mapping[str, Mapping[str, Any]]) -> str:
+def reproducing_command(name: str, result: Any, session: Session, jobs: Mapping[str, JobRecord]) -> str:
     """`anatomy-tui run ...` with the settings of the newest finished job of the result's experiment
     (else the result's own settings) and its model flags; an atlas: the compare that redraws it."""
     if isinstance(result, AtlasDocument):
@@ -123,17 +124,16 @@ def reproducing_command(name: str, result: Any, session: Session, jobs: Mapping[
     entry = experiment_of(name)
     if entry is None:
         return "(no registered experiment writes this result)"
-    done = [doc for doc in jobs.values() if doc.get("experiment") == entry.name and doc.get("status") in ("done",
-                                                                                                       "resumed")]
-    job = max(done, key=lambda doc: float(doc.get("started") or 0.0), default=None)
+    done = [job for job in jobs.values() if job.experiment == entry.name and job.status in ("done", "resumed")]
+    job = max(done, key=lambda job: job.started, default=None)
     try:
-        settings = (entry.settings_class.from_dict(job.get("settings") or {}, base=entry.defaults())
+        settings = (entry.settings_class.from_dict(job.settings or {}, base=entry.defaults())
                     if job is not None else getattr(result, "settings", None))
         if not isinstance(settings, entry.settings_class):
             return "(cannot be rebuilt: no job file of it and no settings in the result)"
         options = None
         if entry.needs_model:
-            recorded = (job or {}).get("model") or {"model": session.manifest.get("model") or ""}
+            recorded = (job.model if job is not None else None) or {"model": session.header.model}
             options = ModelOptions.from_dict(recorded).untrusted()
         # the command as run anywhere: no --shards from the GPUs of the machine that writes the report
         return typed([*run_argv(entry.name, settings, options), "--session", session.name])
@@ -142,11 +142,12 @@ def reproducing_command(name: str, result: Any, session: Session, jobs: Mapping[
 
 
 def entries(session: Session) -> tuple[list[Entry], list[str]]:
-    """The session's results that this version reads, in the registry's order, and a note for each
-    one it cannot read or that is larger than its model allows (`size_problem`: "damaged")."""
-    docs = session.results()
+    """The session's results that this version reads (sessions/documents.py: each as its class), in
+    the registry's order, and a note for each one it cannot read or that is larger than its model
+    allows (`size_problem`: "damaged")."""
+    docs = session.results()  # as written: their sizes are checked before anything reads their rows
     notes = list(session.damage)
-    jobs = session.jobs()
+    jobs = session.job_records()
     order = {e.writes: i for i, e in enumerate(registry.EXPERIMENTS)}
     found = []
     for name in sorted(docs, key=lambda n: (order.get(n, len(order)), n)):
@@ -154,15 +155,10 @@ def entries(session: Session) -> tuple[list[Entry], list[str]]:
         if damage:
             notes.append(f"results/{name}.json left out, damaged: {damage}")
             continue
-        problems: list[Exception] = []
-        if name == "atlas":
-            result: Any = decode_or_none(AtlasDocument, docs[name], on_error=problems.append)  # type: ignore[type-var]
-        else:
-            cls = result_class(name)
-            result = decode_or_none(cls, docs[name], on_error=problems.append) if cls is not None else None
-        if result is None:
-            why = problems[0] if problems else "no figure or class of this version reads it"
-            notes.append(f"results/{name}.json left out: {why}")
+        try:
+            result = typed_result(name, docs[name], f"results/{name}.json")
+        except Damaged as exc:
+            notes.append(f"results/{name}.json left out: {exc.why}")
             continue
         found.append(Entry(name, result, docs[name], reproducing_command(name, result, session, jobs)))
     return found, notes
@@ -396,12 +392,11 @@ def markdown_report(session: Session, found: Sequence[Entry], notes: Sequence[st
 
 
 def header_rows(session: Session) -> list[list[str]]:
-    manifest = session.manifest
-    versions = manifest.get("versions") if isinstance(manifest.get("versions"), dict) else {}
-    rows = [["model", cell(manifest.get("model") or "–")],
-            ["created", time.strftime("%Y-%m-%d %H:%M", time.localtime(float(manifest.get("created") or 0)))],
+    header = session.header
+    rows = [["model", cell(header.model or "–")],
+            ["created", time.strftime("%Y-%m-%d %H:%M", time.localtime(header.created))],
             ["reported", time.strftime("%Y-%m-%d %H:%M")]]
-    return rows + [[f"version of {name}", cell(version)] for name, version in versions.items()]
+    return rows + [[f"version of {name}", cell(version)] for name, version in header.versions.items()]
 
 
 def import_figures() -> ModuleType:
