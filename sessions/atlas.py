@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ STATE = "state.json"
 ATLAS_RESULT = "atlas"
 
 
-def member_name(atlas: str, model: str, variant: str, taken: Mapping[str, str]) -> str:
+def member_name(atlas: str, model: str, variant: str, taken: MutableMapping[str, str]) -> str:
     """The session name of one model (and calibration variant) of an atlas: the atlas's name and the
     model's last path part, made a valid session name; `taken` (slug -> model) keeps two models
     apart that end alike."""
@@ -47,7 +47,7 @@ def member_name(atlas: str, model: str, variant: str, taken: Mapping[str, str]) 
     base, n = slug, 2
     while taken.get(slug, model) != model:
         slug, n = f"{base}-{n}", n + 1
-    taken[slug] = model  # type: ignore[index]
+    taken[slug] = model
     name = f"{atlas}-{slug}" + ("" if variant == "main" else f"-{variant}")
     return name[:100]
 
