@@ -36,14 +36,15 @@ def merge_shards(docs: list[dict[str, Any]], settings: RecoverySettings, ablatio
     `ablation` is the session's ablation map as JSON (as the plan hands it over), read here."""
     shares = [RecoveryResult.from_json(doc) for doc in docs]
     parts = (RecoveryLayer(row.layer, row) for share in shares for row in share.layers)
-    rows = {event.layer: event.result for event in whole_layers(parts, settings)}  # type: ignore[attr-defined]
+    rows = {event.layer: event.result for event in whole_layers(parts, settings) if isinstance(event, RecoveryLayer)}
     order = sorted(rows) if settings.layers is None else list(dict.fromkeys(settings.layers))
     resumed = {index for share in shares for index in share.resumed_layers}
     ablation_map = decode_or_none(AblationMap, ablation)
-    return json_safe(replace(
+    merged: dict[str, Any] = json_safe(replace(
         shares[0],
         settings=settings,
         **over_layers([rows[index] for index in order], settings, ablation_map),
         resumed_layers=[index for index in order if index in resumed],
         seconds=max(share.seconds for share in shares),
     ))
+    return merged
