@@ -39,6 +39,7 @@ Torch-free at import, and Ray-free too: `ray` is imported inside `connect` and t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -96,7 +97,7 @@ class Cluster:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        alive = [node for node in ray.nodes() if node.get("Alive")]
+        alive = [node for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]  # unannotated in Ray
         probes = {node["NodeID"]: gpu_probe().options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote()
             for node in alive if node["Resources"].get("GPU", 0) >= 1}
@@ -289,7 +290,7 @@ def connect(address: str) -> Cluster:
         if not ray.is_initialized():
             try:
                 with _own_sigterm():
-                    ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+                    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False,
                              **({"include_dashboard": False} if address == "local" else
                                 {"runtime_env": runtime_env(remote=True)}))
             except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:

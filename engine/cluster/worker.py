@@ -75,10 +75,10 @@ def run_task(spec: TaskSpec) -> Iterator[dict[str, Any]]:
     document; a UserError as its one line. The model loads on this node (the hub or a path)."""
     import ray
 
-    context = ray.get_runtime_context()
-    gpus = tuple(str(g) for g in context.get_accelerator_ids().get("GPU", []))
-    yield {"placed": {"node_id": context.get_node_id(), "host": ray.util.get_node_ip_address(), "gpus": gpus,
-                      "pid": os.getpid()}}
+    runtime = ray.get_runtime_context()
+    gpus = tuple(str(g) for g in runtime.get_accelerator_ids().get("GPU", []))
+    host = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]  # Ray leaves it unannotated
+    yield {"placed": {"node_id": runtime.get_node_id(), "host": host, "gpus": gpus, "pid": os.getpid()}}
     from engine.core.frozen_imports import one_job_process
     from engine.experiments.context import RunContext  # torch: after the word of where it runs
     from engine.models.options import ModelOptions

@@ -58,7 +58,7 @@ def clean_stale_staging(parent: Path, prefix: str = ".") -> list[Path]:
     Returns what it removed."""
     import time
 
-    removed = []
+    removed: list[Path] = []
     if not parent.is_dir():
         return removed
     for entry in parent.iterdir():
