@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -21,9 +21,11 @@ def summary(result: ManipulateResult, command: str = "") -> Table:
     """results/manipulate.json as rows: layers, strategy, its parameter, ppl, D %, the sample."""
     table = Table(title=f"baseline ppl {result.baseline_ppl:,.2f} · sample: {result.baseline_sample[:60]!r}",
                   expand=False)  # fmt: skip
-    for column, justify in (("layers", "left"), ("strategy", "left"), ("param", "right"), ("ppl", "right"),
-                            ("D %", "right"), ("greedy sample", "left")):  # fmt: skip
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("layers", "left"), ("strategy", "left"), ("param", "right"), ("ppl", "right"), ("D %", "right"),
+        ("greedy sample", "left"))
+    for column, justify in columns:
+        table.add_column(column, justify=justify)
     for row in result.results:
         d = row.degradation_pct
         style = class_style("anti") if d is not None and d < 0 else ""  # the edit helps: as on the map
