@@ -44,7 +44,7 @@ class EscapedFormatter(logging.Formatter):
 class _UnlinkedFileHandler(logging.FileHandler):
     """A log file opened without following a symbolic link (a session's app.log)."""
 
-    def _open(self):  # type: ignore[no-untyped-def]
+    def _open(self):
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         return open(fd, self.mode, encoding=self.encoding, errors=self.errors)
 
