@@ -67,7 +67,8 @@ def experiment_work(
     job of its own, with its settings and model recorded as data. It takes the model a forward at a
     time (`turns`), so the prompt pane's generations go on while it runs. A resumable one keeps its
     checkpoint in the session as a job in its own process does, and with `resume` goes on from it."""
-    from engine.registry import RunContext, experiment
+    from engine.experiments.context import RunContext
+    from engine.registry import experiment
     from sessions.job_runner import run_job
 
     try:
@@ -88,7 +89,7 @@ def growth_preview_work(post: Post, flags: tuple[str, ...]) -> None:
     from tui.flags import settings_from_flags
 
     try:
-        arms = planned_arms(settings_from_flags(BY_NAME["growth"], flags))  # type: ignore[arg-type]
+        arms = planned_arms(settings_from_flags(BY_NAME["growth"], flags))  # type: ignore[arg-type]  # growth's row makes GrowthSettings
     except UserError as exc:
         log.info("no growth preview for %s: %s", flags, exc)
         return
