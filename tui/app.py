@@ -220,7 +220,7 @@ class AnatomyApp(App[None]):
 
     def tell(self, text: str, level: str) -> None:
         """A notification (the lab also logs the line and shows it in the log panel)."""
-        self.notify(printable(text), severity={"info": "information"}.get(level, level),  # type: ignore[arg-type]
+        self.notify(printable(text), severity={"info": "information"}.get(level, level),  # type: ignore[arg-type]  # the lab's levels are Textual's but info
                     markup=False)  # the text may hold a session's (a job's error): never markup
 
     @on(LogPageRequested)
