@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from engine.core.events import Progress
 from engine.experiments.recovery.run import run_recovery
@@ -32,7 +33,7 @@ def load(name: str):
     return loaded.model, loaded.tokenizer, loaded.name
 
 
-def timed(model, tokenizer, settings: RecoverySettings) -> dict[str, object]:
+def timed(model, tokenizer, settings: RecoverySettings) -> dict[str, Any]:
     """Seconds to the first event, to step 0's point, to the first trained point, and in all; the points."""
     began = time.perf_counter()
     marks: dict[str, float] = {}
@@ -67,10 +68,10 @@ def main() -> None:
           f"against {[p.step for p in old_points]} on all; step 0 and the last step the same: "
           f"{'yes' if same_ends else 'NO'}")
     for mark in ("first event", "baseline progress", "step 0 point", "first trained point", "whole run"):
-        a, b = old["marks"][mark], new["marks"][mark]  # type: ignore[index]
+        a, b = old["marks"][mark], new["marks"][mark]
         print(f"{mark:>20}: every text every step {a:8.2f} s, default {b:8.2f} s")
-    first = old["marks"]["first trained point"] / new["marks"]["first trained point"]  # type: ignore[index]
-    whole = old["marks"]["whole run"] / new["marks"]["whole run"]  # type: ignore[index]
+    first = old["marks"]["first trained point"] / new["marks"]["first trained point"]
+    whole = old["marks"]["whole run"] / new["marks"]["whole run"]
     print(f"ratio recovery_first_trained_point: {first:.2f}")
     print(f"ratio recovery_whole_run: {whole:.2f}")
 
