@@ -89,7 +89,7 @@ def console(mode: str, trace: bool = False) -> None:
     fold = app.lab.keeper.fold  # counted from the first line on
     if mode == "full":  # the straightforward console: every new line in one poll, no index
         tui.lab.READ_LIMIT, tui.lab.FOLD_SECONDS = None, float("inf")
-        event_index.write = lambda *args: False  # type: ignore[assignment]
+        event_index.write = lambda *args: False  # the console without its index, on purpose
         fold = lambda span, event: app.lab.state.apply(event)  # noqa: E731
 
     def counting(span, event) -> None:
@@ -99,7 +99,7 @@ def console(mode: str, trace: bool = False) -> None:
             app.call_later(app.exit)
         fold(span, event)
 
-    app.lab.keeper.fold = counting  # type: ignore[method-assign]
+    app.lab.keeper.fold = counting  # type: ignore[method-assign]  # counts each event, then folds it as the lab does
     app.run(headless=True, size=(120, 40))
     if trace and baseline:
         for stat in tracemalloc.take_snapshot().compare_to(baseline[0], "traceback")[:12]:
