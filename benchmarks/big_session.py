@@ -148,8 +148,8 @@ def probe(mode: str, session: str, started: float) -> None:
     app = Probe(session=session, load_model=False)
     if mode == "full":  # the straightforward way: every line of the log folded in the first poll, no index
         tui.lab.READ_LIMIT, tui.lab.FOLD_SECONDS = None, float("inf")
-        event_index.load = event_index.write = lambda *args: None  # type: ignore[assignment]
-        app.lab.keeper.fold = lambda span, event: app.lab.state.apply(event)  # type: ignore[method-assign]
+        event_index.load = event_index.write = lambda *args: None  # type: ignore[assignment]  # no index, on purpose
+        app.lab.keeper.fold = lambda span, event: app.lab.state.apply(event)  # type: ignore[method-assign]  # fold all
     app.run(headless=True, size=(120, 40))
     print(json.dumps(times))
 
