@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from engine.core.errors import UserError
 from engine.models.families import (
@@ -40,11 +43,18 @@ PartObserver = Callable[[Any, int, str, torch.Tensor], None]
 
 
 def _first(output: Any) -> torch.Tensor:
-    return output[0] if isinstance(output, tuple) else output
+    first: torch.Tensor = output[0] if isinstance(output, tuple) else output
+    return first
 
 
-def _hidden_of(args: tuple, kwargs: dict) -> torch.Tensor:
-    return args[0] if args else kwargs["hidden_states"]
+def _hidden_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    hidden: torch.Tensor = args[0] if args else kwargs["hidden_states"]
+    return hidden
+
+
+def _weight(module: nn.Module) -> nn.Parameter:
+    """A linear module's weight (nn.Module's attribute lookup types it as a tensor or a module)."""
+    return cast(nn.Parameter, module.weight)
 
 
 def _hooks(module: nn.Module) -> list[Any]:
@@ -56,7 +66,8 @@ def _offloaded(module: nn.Module) -> torch.Tensor:
     """The weight accelerate keeps for an offloaded module (its hook refills it on each forward)."""
     for hook in _hooks(module):
         if getattr(hook, "weights_map", None) is not None:
-            return hook.weights_map["weight"]
+            weight: torch.Tensor = hook.weights_map["weight"]
+            return weight
     raise UserError("a layer's weights are neither loaded nor offloaded by accelerate; reload the model")
 
 
@@ -88,10 +99,10 @@ class LayerStack:
     def __init__(self, model: nn.Module) -> None:
         model_type = getattr(model.config, "model_type", "?")
         self.check_family(model_type)
-        self.model = model
+        self.model = cast("PreTrainedModel", model)  # a Hugging Face model: its config and embeddings
         self.model_type = model_type
         self.spec = FAMILIES[model_type]
-        self.layers: nn.ModuleList = model.get_submodule(self.spec.layers)
+        self.layers = cast(nn.ModuleList, model.get_submodule(self.spec.layers))
         self.matrix_names: tuple[str, ...] = tuple(name for name, _ in self.spec.matrices)
 
     @staticmethod
@@ -116,7 +127,7 @@ class LayerStack:
     def matrices(self, index: int) -> dict[str, nn.Parameter]:
         """Canonical name -> the weight Parameter of that matrix in layer `index`."""
         layer = self.layers[self.check_index(index)]
-        return {name: layer.get_submodule(path).weight for name, path in self.spec.matrices}
+        return {name: _weight(layer.get_submodule(path)) for name, path in self.spec.matrices}
 
     def readable_matrices(self, index: int) -> dict[str, torch.Tensor]:
         """The layer's matrices as values to read: an offloaded layer's parameters are `meta`
@@ -125,7 +136,8 @@ class LayerStack:
         found = {}
         for name, path in self.spec.matrices:
             module = layer.get_submodule(path)
-            found[name] = (module.weight if module.weight.device.type != "meta" else _offloaded(module)).detach()
+            weight = _weight(module)
+            found[name] = (weight if weight.device.type != "meta" else _offloaded(module)).detach()
         return found
 
     def check_matrix_names(self, names: Sequence[str]) -> tuple[str, ...]:
@@ -142,6 +154,7 @@ class LayerStack:
     def part_module(self, index: int, part: str) -> nn.Module:
         """The module whose output is the block's term in layer `index`'s residual sum."""
         check_parts(self.model_type)
+        assert self.spec.parts is not None  # check_parts refuses a family without them
         path = self.spec.parts[PARTS.index(part)]
         return self.layers[self.check_index(index)].get_submodule(path)
 
@@ -166,20 +179,21 @@ class LayerStack:
         """The block adds nothing to the residual (its term is zero, so the stream passes by): the
         field's removal of an attention or MLP block. A parallel layer keeps the other term."""
 
-        def zero(module, args, output):
+        def zero(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
             return (torch.zeros_like(output[0]), *output[1:]) if isinstance(output, tuple) else torch.zeros_like(output)
 
         with self.part_module(index, part).register_forward_hook(zero):
             yield
 
-    def capture_parts(self, observe: PartObserver, batch: Any = None) -> contextlib.AbstractContextManager:
+    def capture_parts(self, observe: PartObserver, batch: Any = None) -> contextlib.ExitStack[bool | None]:
         """Calls observe(batch, index, part, term) with every block's term in the next forwards (before
         the layer's own observer sees the layer: `capture` hooks fire after)."""
         stack = contextlib.ExitStack()
         for index in range(len(self)):
             for part in PARTS:
 
-                def hook(module, args, output, index=index, part=part):
+                def hook(module: nn.Module, args: tuple[Any, ...], output: Any, index: int = index,
+                         part: str = part) -> None:
                     observe(batch, index, part, _first(output))
 
                 stack.enter_context(self.part_module(index, part).register_forward_hook(hook))
@@ -312,7 +326,7 @@ class LayerStack:
         with self._forwards_replaced(replacements):
             yield
 
-    def capture(self, observe: LayerObserver, batch: Any = None) -> contextlib.AbstractContextManager:
+    def capture(self, observe: LayerObserver, batch: Any = None) -> contextlib.ExitStack[bool | None]:
         """Calls observe(batch, index, layer_input, layer_output) for every layer in the next
         forwards, `batch` being what the caller says they are of (None: it says nothing). The input
         is handed over on the output's device (they differ where a dispatched model crosses from
@@ -320,7 +334,8 @@ class LayerStack:
         stack = contextlib.ExitStack()
         for index, layer in enumerate(self.layers):
 
-            def hook(module, args, kwargs, output, index=index):
+            def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor,
+                     index: int = index) -> None:
                 observe(batch, index, _hidden_of(args, kwargs).to(output.device), output)
 
             stack.enter_context(layer.register_forward_hook(hook, with_kwargs=True))
