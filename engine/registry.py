@@ -37,7 +37,7 @@ from engine.experiments import (
     toy_depth,
     weights,
 )
-from engine.experiments.context import RunContext
+from engine.experiments.context import RunContext as RunContext  # re-exported: a run is started from here
 from engine.experiments.contract import Contract, ExperimentFolder
 
 if TYPE_CHECKING:
