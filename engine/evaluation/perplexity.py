@@ -72,7 +72,7 @@ class Batch:
         return self.attention_mask[:, 1:] if self.scored is None else self.scored
 
 
-def tokenize_batches(tokenizer: Any, texts: Sequence[str], batch_size: int, max_length: int, device: torch.device
+def tokenize_batches(tokenizer: Any, texts: Sequence[str], batch_size: int, max_length: int, device: torch.device | str
                      ) -> list[Batch]:
     """Right-padded batches of similar-length texts (sorted by length to waste little padding)."""
     encoded = [tokenizer(t, truncation=True, max_length=max_length)["input_ids"] for t in texts]
@@ -91,7 +91,7 @@ def tokenize_batches(tokenizer: Any, texts: Sequence[str], batch_size: int, max_
     return batches
 
 
-def window_batches(windows: Windows, batch_size: int, pad: int, device: torch.device) -> list[Batch]:
+def window_batches(windows: Windows, batch_size: int, pad: int, device: torch.device | str) -> list[Batch]:
     """Right-padded batches of token windows in their order; each row scores only its last
     `windows.scored[i]` targets (all but the first token of a papers' window, the new tokens of a
     sliding one)."""
