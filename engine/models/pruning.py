@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from engine.core.errors import UserError
-from engine.models.anatomy import PARTS, LayerStack
-from engine.models.families import Block
+from engine.models.anatomy import LayerStack
+from engine.models.families import PARTS, Block
 
 # Config attributes holding one entry per layer (transformers 5): sliced with the layers.
 PER_LAYER_LISTS = ("layer_types", "intermediate_sizes", "no_rope_layers", "kv_sharing_modes")
