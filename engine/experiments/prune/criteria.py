@@ -17,8 +17,9 @@ from engine.evaluation.perplexity import Batch, Evaluator, masked
 from engine.experiments.ablation.vocabulary import AblationMap
 from engine.experiments.prune.replace import admissible
 from engine.experiments.prune.vocabulary import BLOCK_METHODS, PruneCut, PruneSettings
-from engine.models.anatomy import PARTS, LayerStack
-from engine.models.pruning import Block, Cut, cut_removed, layer_params, removed_params
+from engine.models.anatomy import LayerStack
+from engine.models.families import PARTS, Block
+from engine.models.pruning import Cut, cut_removed, layer_params, removed_params
 
 # --- reading the ablation map ---------------------------------------------------------------------
 
