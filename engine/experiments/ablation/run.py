@@ -45,8 +45,9 @@ from engine.experiments.ablation.wavefront import (
 )
 from engine.experiments.context import RunContext
 from engine.experiments.sweep_checkpoint import CHECKPOINT_FILE, resumed, write_checkpoint
-from engine.models.anatomy import PARTS, LayerStack, check_parts
+from engine.models.anatomy import LayerStack
 from engine.models.distributed import ShardPlan
+from engine.models.families import PARTS, check_parts
 from engine.models.streaming import LayerSource, StreamedModel
 
 STREAM_FILE = "stream.safetensors"  # a streamed map's wavefront, beside the finished rows (layers.json)
