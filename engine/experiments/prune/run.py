@@ -77,7 +77,8 @@ from engine.experiments.prune.vocabulary import (
     replaced_label,
 )
 from engine.export.folder import check_export_folder
-from engine.models.anatomy import PARTS, LayerStack
+from engine.models.anatomy import LayerStack
+from engine.models.families import PARTS
 from engine.models.pruning import Cut, cut_layers, cut_removed, layer_params, removed, removed_params, split_cut
 
 
