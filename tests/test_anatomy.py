@@ -9,7 +9,8 @@ from tiny_models import TINY_CONFIGS, tiny_model
 
 from engine.core.errors import UserError
 from engine.experiments.ablation.run import ablated
-from engine.models.anatomy import FAMILIES, LayerStack
+from engine.models.anatomy import LayerStack
+from engine.models.families import FAMILIES
 
 EXPECTED_MATRICES = {
     "llama": ("q", "k", "v", "o", "gate", "up", "down"),
