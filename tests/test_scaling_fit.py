@@ -24,13 +24,12 @@ from engine.core.errors import UserError
 from engine.core.events import Result
 from engine.evaluation import powerfit
 from engine.experiments.scaling_fit.run import (
-    Runs,
     exclude_highest,
-    load_runs,
     optimal_shape,
     profile_interval,
     run_scaling_fit,
 )
+from engine.experiments.scaling_fit.runs import Runs, load_runs
 from engine.experiments.scaling_fit.vocabulary import DepthPoints, ScalingFitSettings, default_csv
 
 TRUE = {"alpha_m": 0.9, "alpha_l": 1.3, "alpha_D": 0.3, "c_m": 300.0, "c_l": 6.0, "c_D": 700.0, "L0": 1.7}
