@@ -340,7 +340,8 @@ BAD_ROWS = ["64,2,abc,3.0", "64,2,1e8,nan", "0,2,1e8,3.0", "64,-2,1e8,3.0", "64,
 
 def test_scaling_fit_says_which_rows_it_drops_and_strict_refuses_them(tmp_path, monkeypatch, capsys):
     from engine.experiments.context import RunContext
-    from engine.experiments.scaling_fit.run import load_runs, run
+    from engine.experiments.scaling_fit.run import run
+    from engine.experiments.scaling_fit.runs import load_runs
     from engine.experiments.scaling_fit.vocabulary import ScalingFitSettings
 
     path = _csv(tmp_path, GOOD_ROWS + BAD_ROWS)
