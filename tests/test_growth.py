@@ -25,7 +25,6 @@ from engine.experiments.growth.architecture import (
 )
 from engine.experiments.growth.data import CharTokenizer, load_corpus, train_batch
 from engine.experiments.growth.experiment import (
-    GrowthSettings,
     design,
     preset_settings,
     run_growth,
@@ -39,7 +38,7 @@ from engine.experiments.growth.protocol import (
     scale_phases,
     validate_phases,
 )
-from engine.experiments.growth.vocabulary import GrowthPhase, GrowthStep
+from engine.experiments.growth.vocabulary import GrowthPhase, GrowthSettings, GrowthStep
 
 # six layers: one anti (omitted), a critical core wider than its clones, a redundant layer cloned x0.5
 SMALL_PROFILE = ("redundant", "important", "critical", "minor", "anti", "redundant")
