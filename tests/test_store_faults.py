@@ -241,7 +241,7 @@ def test_a_full_disk_at_the_end_of_a_run_is_one_line(full_disk, tiny_folder, cap
 
 def test_an_export_without_room_is_refused_before_the_model_loads(tiny_folder, files, tmp_path, monkeypatch,
                                                                    capsys, no_load, isolated_home):
-    monkeypatch.setattr(engine.disk.atomic.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1000})())
+    monkeypatch.setattr("engine.disk.atomic.shutil.disk_usage", lambda path: type("Usage", (), {"free": 1000})())
     assert main(["run", "prune", "--model", str(tiny_folder), "--eval-file", files[0],
                  "--remove", "1", "--export", str(tmp_path / "pruned"), "--session", "p"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
@@ -260,7 +260,7 @@ def test_checkpoints_that_will_not_fit_are_refused_before_the_model_loads(tiny_f
     layer = sum(w.numel() for w in LayerStack(tiny_model("llama")).matrices(1).values())
     plan = plan_run(str(tiny_folder), RecoverySettings(layers=(1, 2)), "cpu", "float32")
     assert plan.checkpoints == 2 * layer * 4  # two layers' matrices kept, float32
-    monkeypatch.setattr(engine.disk.atomic.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 1000})())
+    monkeypatch.setattr("engine.disk.atomic.shutil.disk_usage", lambda path: type("Usage", (), {"free": 1000})())
     assert main(["run", "recovery", "--model", str(tiny_folder), "--layers", "1,2", "--session", "r",
                  "--device", "cpu", "--dtype", "float32"]) == 2  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
@@ -431,7 +431,7 @@ def test_an_export_without_room_is_one_line_and_leaves_nothing(tokenizer, tmp_pa
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     usage = type("Usage", (), {"free": size - 1})()
     with monkeypatch.context() as patch:
-        patch.setattr(engine.disk.atomic.shutil, "disk_usage", lambda path: usage)
+        patch.setattr("engine.disk.atomic.shutil.disk_usage", lambda path: usage)
         with pytest.raises(UserError, match=f"^the export needs about {size / 1e6:.2f} MB in {tmp_path} but "):
             export_recovered(model, tokenizer, layers, tmp_path / "a", model_name="tiny")
 
