@@ -314,7 +314,7 @@ def test_an_interrupt_raised_in_a_callback_cancels_too(experiment):
 def test_jobs_of_one_process_in_one_second_have_their_own_ids(monkeypatch):
     from sessions import job_runner
 
-    monkeypatch.setattr(job_runner.time, "strftime", lambda _: "20260101-000000")
+    monkeypatch.setattr("sessions.job_runner.time.strftime", lambda _: "20260101-000000")
     ids = {job_runner.new_job_id("ablation") for _ in range(3)}
     assert len(ids) == 3
 
