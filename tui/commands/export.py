@@ -11,7 +11,7 @@ from pathlib import Path
 
 from engine.core.errors import UserError
 from engine.disk.session_layout import GROWTH_MODELS
-from engine.experiments.variants import (
+from engine.experiments.session_models import (
     SAVED_ARMS,  # growth and uniform: their arm's folder under <session>/GROWTH_MODELS
 )
 from engine.models.options import ModelOptions
