@@ -157,6 +157,7 @@ def test_a_gpu_the_machine_lacks_is_refused_before_any_model_file(monkeypatch, n
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (8, 0))  # read with the count
     line = refused(["run", "ablation", "--device", "cuda:2", *PAPER], capsys)
     assert line.endswith("--device cuda:2: only 2 GPU(s); pick another index")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

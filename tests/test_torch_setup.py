@@ -4,6 +4,8 @@ options, recorded, passed to jobs and shard workers; precision warnings for ever
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from engine.models.precision import CUBLAS_WORKSPACE
 from sessions.store import SessionStore
 from tui.cli import build_parser, main
 from tui.flags import model_options_from_args
+from tui.runner import SHARDS_DONE
 
 
 def test_the_flags_parse_on_run_and_the_console_and_default_on():
@@ -73,10 +76,21 @@ def test_jobs_and_shard_workers_get_the_flags(tiny_folder, monkeypatch, capsys):
     doc = {"experiment": "recovery", "settings": {}, "model": options.to_dict()}
     assert "--no-deterministic" in resume_argv(doc, session)
     launched = []
-    monkeypatch.setattr(engine.models.distributed, "launch", lambda argv, shards: launched.append(argv) or 0)
+    monkeypatch.setattr(engine.models.distributed, "launch", workers_that_finish(launched, lambda argv, shards: argv))
     assert main(["run", "ablation", "--model", str(tiny_folder), "--shards", "2", "--no-deterministic"]) == 0
     [workers] = launched
     assert "--no-deterministic" in workers  # every worker parses the command it was started with
+
+
+def workers_that_finish(launched: list, seen: Callable[[list[str], int], object]) -> Callable[..., int]:
+    """torch's launcher faked: records `seen(argv, shards)`, and rank 0 says its result was written
+    (the file tui/runner.py names in SHARDS_DONE), as workers that finished do."""
+    def launch(argv: list[str], shards: int, env: dict[str, str]) -> int:
+        launched.append(seen(argv, shards))
+        Path(env[SHARDS_DONE]).write_text("s", encoding="utf-8")
+        return 0
+
+    return launch
 
 
 def test_shards_on_the_cpu_of_a_gpu_machine_are_not_counted_against_its_gpus(tiny_folder, monkeypatch):
@@ -84,7 +98,7 @@ def test_shards_on_the_cpu_of_a_gpu_machine_are_not_counted_against_its_gpus(tin
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     launched = []
-    monkeypatch.setattr(engine.models.distributed, "launch", lambda argv, shards: launched.append(shards) or 0)
+    monkeypatch.setattr(engine.models.distributed, "launch", workers_that_finish(launched, lambda argv, shards: shards))
     assert main(["run", "ablation", "--model", str(tiny_folder), "--shards", "2", "--device", "cpu"]) == 0
     assert launched == [2]
 
