@@ -14,6 +14,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from engine.core.errors import UserError
@@ -72,7 +73,7 @@ class Hardware:
         return gpu_free(index)
 
 
-CPU_ONLY = Hardware(cuda=False)
+CPU_ONLY = Hardware(cuda=False)  # a machine without a GPU (tests, and what a CUDA-less torch reads)
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ class Placement:
         """The budgets as accelerate's `max_memory` takes them, None when none were given."""
         return dict(self.budgets) or None
 
-    def load_kwargs(self, location: str, offload_root: Any) -> dict[str, Any]:
+    def load_kwargs(self, location: str, offload_root: Path) -> dict[str, Any]:
         """`from_pretrained`'s placement arguments: accelerate's map (offloaded weights under
         `offload_root`, a folder per model), else the one device."""
         if self.device_map is None:
@@ -219,11 +220,6 @@ class Placement:
         if self.budgets:
             kwargs["max_memory"] = self.max_memory()
         return kwargs
-
-    def record(self) -> dict[str, Any]:
-        """What a session records of it (the manifest's model, a job's plan)."""
-        return {"device": self.device, "dtype": self.dtype, "dtype_reason": self.why, "device_map": self.device_map,
-                "max_memory": {str(key): size for key, size in self.budgets} or None}
 
 
 def resolve_placement(options: PlacementOptions, hardware: Hardware | None = None, n_params: int | None = None,
