@@ -16,18 +16,22 @@ gradient) leaves them and their state untouched until they are cloned and join.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import LlamaMLP
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaMLP
 
 from engine.core.errors import UserError
+
+if TYPE_CHECKING:
+    from engine.experiments.growth.data import CharTokenizer
 
 
 @strict
@@ -64,7 +68,7 @@ AutoConfig.register("growth_llama", GrowthLlamaConfig, exist_ok=True)
 AutoModelForCausalLM.register(GrowthLlamaConfig, GrowthLlamaForCausalLM, exist_ok=True)
 
 
-def _config_kwargs(vocab_size: int, hidden_size: int, heads: int, n_layers: int, max_len: int) -> dict:
+def _config_kwargs(vocab_size: int, hidden_size: int, heads: int, n_layers: int, max_len: int) -> dict[str, Any]:
     return {
         "vocab_size": vocab_size,
         "hidden_size": hidden_size,
@@ -122,11 +126,11 @@ def build_model(
         config = GrowthLlamaConfig(intermediate_size=max(widths), intermediate_sizes=list(widths), **kwargs)
         model = GrowthLlamaForCausalLM(config)
     model.config.use_cache = False
-    return model.float()
+    return cast(LlamaForCausalLM, model.float())
 
 
 @torch.no_grad()
-def clone_layer(source: nn.Module, target: nn.Module, ffn_scale: float = 1.0) -> None:
+def clone_layer(source: LlamaDecoderLayer, target: LlamaDecoderLayer, ffn_scale: float = 1.0) -> None:
     """Makes `target` a copy of `source`, its FFN output scaled by `ffn_scale`.
 
     Attention and norms are copied exactly. FFN neurons: when the target is narrower, it keeps the
@@ -162,12 +166,12 @@ class GrowingModel:
 
     def __init__(self, model: LlamaForCausalLM, profile_layers: Sequence[int]) -> None:
         self.model = model
-        self.layers = list(model.model.layers)
+        self.layers = cast(list[LlamaDecoderLayer], list(model.model.layers))
         self.positions = {layer: n for n, layer in enumerate(profile_layers)}
         self.named = dict(model.named_parameters())
         self.active: tuple[int, ...] = tuple(profile_layers)
 
-    def set_active(self, profile_layers: Sequence[int]) -> None:
+    def set_active(self, profile_layers: Iterable[int]) -> None:
         self.active = tuple(sorted(profile_layers))
         self.model.model.layers = nn.ModuleList([self.layers[self.positions[i]] for i in self.active])
 
@@ -202,7 +206,7 @@ def no_progress_bars() -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-def load_growth_model(path: str | Path):
+def load_growth_model(path: str | Path) -> tuple[Any, CharTokenizer]:
     """(model, tokenizer) for a saved growth or uniform model folder; the tokenizer has encode/decode."""
     from safetensors import SafetensorError
 
