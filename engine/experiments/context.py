@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from engine.core.errors import UserError
 from engine.core.events import CancelToken, ResultDocument, decode_or_none
 from engine.core.turns import ModelTurns
 from engine.disk.session_layout import CHECKPOINTS
@@ -40,6 +41,12 @@ class RunContext:
     share: list[Any] | None = None
     turns: ModelTurns | None = None
     folders_read: tuple[str, ...] = ()
+
+    def needed_model(self, experiment: str) -> LoadedModel:
+        """The model of an experiment whose registry row needs one; one line where none was loaded."""
+        if self.model is None:
+            raise UserError(f"{experiment} needs a model")
+        return self.model
 
     def folder_of(self, experiment: str, *parts: str) -> Path | None:
         """`experiment`'s checkpoint folder in the session (and `parts` below it); None where there is
