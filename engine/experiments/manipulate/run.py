@@ -227,7 +227,7 @@ def run_manipulation(
 def run(settings: ManipulationSettings, context: RunContext) -> Iterator[Event]:
     """The registry's entry: without --layers, the layers the session's ablation map calls
     redundant or anti."""
-    loaded = context.model
+    loaded = context.needed_model("manipulate")
     if settings.layers is None:
         chosen, why = default_layers(context.input(AblationMap), loaded.name)
         yield Message(f"layers: {why}")
