@@ -374,5 +374,5 @@ def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
 
 def run(settings: WeightsSettings, context: RunContext) -> Iterator[Event]:
     """The registry's entry: the context's model."""
-    loaded = context.model
+    loaded = context.needed_model("weights")
     yield from run_weights(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name)
