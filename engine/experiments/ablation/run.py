@@ -443,7 +443,7 @@ def run(settings: AblationSettings, context: RunContext) -> Iterator[Event]:
     """The registry's entry: the map of the context's model. With a checkpoint folder (a session's)
     each finished row is kept there at once, and `context.resume` skips the rows an earlier run with
     the same key finished (a share of a split sweep keeps none: rank 0 merges the shares)."""
-    loaded = context.model
+    loaded = context.needed_model("ablation")
     folder = context.checkpoint_dir if context.share is None else None
     state, note = resumed(settings, loaded, folder, context.resume)
     yield from note
