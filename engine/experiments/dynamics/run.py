@@ -133,5 +133,5 @@ def run_dynamics(
 
 def run(settings: DynamicsSettings, context: RunContext) -> Iterator[Event]:
     """The registry's entry: the context's model."""
-    loaded = context.model
+    loaded = context.needed_model("dynamics")
     yield from run_dynamics(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name)
