@@ -111,7 +111,7 @@ def run_recovery(
 def run(settings: RecoverySettings, context: RunContext) -> Iterator[Event]:
     """The sweep on the context's model; with a checkpoint folder every finished layer is kept
     there, and `context.resume` skips the layers an earlier sweep with the same key finished."""
-    loaded = context.model
+    loaded = context.needed_model("recovery")
     settings.resolve_layers(loaded.n_layers)  # layer range errors before anything runs
     folder = context.checkpoint_dir
     state, note = resumed(settings, loaded, folder, context.resume)
@@ -147,7 +147,7 @@ def sharded_sweep(settings: RecoverySettings, split: ShardPlan, context: RunCont
     runs are dealt last so the work left is shared evenly; only the missing layers are trained
     again. Each share is some (layer, repeat) runs; rank 0 checkpoints a layer once all of its
     runs are in. A worker that sees the session folder saves the layers it recovered there."""
-    loaded = context.model
+    loaded = context.needed_model("recovery")
     folder = Path(context.checkpoint_dir) if context.checkpoint_dir is not None else None
     state, note = resumed(settings, loaded, folder if workers.world.is_main else None, context.resume)
     shared = workers.broadcast([state["layers"], str(folder) if folder is not None else None])
