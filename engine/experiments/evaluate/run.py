@@ -65,7 +65,7 @@ def subject(name: str, settings: EvaluateSettings, context: RunContext) -> Itera
     from engine.models.anatomy import LayerStack
     from engine.models.pruning import removed
 
-    loaded = context.model
+    loaded = context.needed_model("evaluate")
     model, tokenizer = loaded.model, loaded.tokenizer
     if name == "original":
         yield Subject(name, name, f"{loaded.name}, {loaded.n_layers} layers", model, tokenizer)
@@ -133,7 +133,7 @@ def _adapted(settings: EvaluateSettings, context: RunContext) -> Iterator[Subjec
     from engine.models.pruning import removed
     from engine.models.sources import safetensors_only
 
-    loaded = context.model
+    loaded = context.needed_model("evaluate")
     # peft has no use_safetensors: it reads adapter_model.safetensors when the folder has one, and
     # safetensors_only refuses a folder without it before peft could fall back to torch.load
     safetensors_only(Path(settings.adapter), adapter=True, what=f"--adapter {settings.adapter}")
@@ -192,10 +192,8 @@ def _comparable(protocol: Any) -> tuple[Any, ...]:
 
 def run(settings: EvaluateSettings, context: RunContext) -> Iterator[Event]:
     settings.validate()
-    if context.model is None:
-        raise UserError("evaluate needs a model")
     started = time.perf_counter()
-    loaded = context.model
+    loaded = context.needed_model("evaluate")
     harness = Harness(settings.tasks, settings.batch_size, settings)
     names = _subjects(settings)
     reference = (continuations(loaded.model, loaded.tokenizer, settings.gen_tokens)
