@@ -378,7 +378,8 @@ def waiting_map(monkeypatch) -> threading.Event:
     """The map replaced by one that runs (checking its cancel) until the event returned is set."""
     release = threading.Event()
 
-    def slow(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None, stream=None):
+    def slow(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None, stream=None,
+             stream_state=None):
         while not release.wait(0.02):
             cancel.check()
         yield from ()
@@ -433,7 +434,8 @@ async def test_cancel_says_cancelling_at_once(isolated_home, tiny_folder, monkey
 
     release = threading.Event()
 
-    def deaf(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None, stream=None):
+    def deaf(model, tokenizer, settings, cancel=None, model_name="", turns=None, done=None, keep=None, stream=None,
+             stream_state=None):
         release.wait(60)
         cancel.check()
         yield from ()
