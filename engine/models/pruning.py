@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -27,6 +28,9 @@ from torch import nn
 from engine.core.errors import UserError
 from engine.models.anatomy import LayerStack
 from engine.models.families import PARTS, Block
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
 
 # Config attributes holding one entry per layer (transformers 5): sliced with the layers.
 PER_LAYER_LISTS = ("layer_types", "intermediate_sizes", "no_rope_layers", "kv_sharing_modes")
@@ -163,10 +167,10 @@ def removed_params(model: nn.Module, blocks: Sequence[Block]) -> int:
     return sum(sizes[layer] for layer in whole) + sum(stack.part_params(layer, part) for layer, part in alone)
 
 
-Cut = tuple  # a prune cut: layers (ints), or with --unit block attention and MLP blocks (Block pairs)
+Cut = tuple[int, ...] | tuple[Block, ...]  # a prune cut: layers, or with --unit block attention and MLP blocks
 
 
-def is_block_cut(cut: Cut) -> bool:
+def is_block_cut(cut: Cut) -> TypeIs[tuple[Block, ...]]:
     return bool(cut) and isinstance(cut[0], tuple)
 
 
