@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -55,8 +55,9 @@ def _parent_and_name(model: nn.Module, path: str) -> tuple[nn.Module, str]:
     return (model.get_submodule(parent) if parent else model), name
 
 
-def _indexed_modules(layer: nn.Module) -> list[nn.Module]:
-    """The modules of one layer that know their position (`layer_idx`: the cache slot)."""
+def _indexed_modules(layer: nn.Module) -> list[Any]:
+    """The modules of one layer that know their position (`layer_idx`, an int: the cache slot; Any,
+    as nn.Module types an attribute set on it as a tensor or a module)."""
     return [m for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)]
 
 
@@ -75,7 +76,7 @@ def _apply(model: nn.Module, indices: Sequence[int]) -> tuple[tuple[int, ...], C
     n = len(stack)
     drop = check_removal(n, indices)
     _check_supported(model)
-    config = model.config
+    config: Any = model.config  # the model's PretrainedConfig: its per-family fields are read by name
     kept = tuple(i for i in range(n) if i not in drop)
     parent, name = _parent_and_name(model, stack.spec.layers)
     original = stack.layers
