@@ -118,7 +118,8 @@ def protocol_of(doc: Mapping[str, Any]) -> dict[str, Any]:
     recorded = doc.get("protocol")
     if isinstance(recorded, dict):
         return dict(recorded)
-    settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    named = doc.get("settings")
+    settings: dict[str, Any] = named if isinstance(named, dict) else {}
     found = {key: settings[key] for key in PROTOCOL_SETTINGS if settings.get(key) is not None}
     if "eval_file" in found or "eval_dataset" in found or "text_file" in found:
         found.pop("eval_set", None)
@@ -197,7 +198,7 @@ def rows_of(model: str, variant: str, session: str, results: Mapping[str, Mappin
             continue
         n_layers = max(n for n, *_ in found)
         protocol = protocol_of(doc)
-        common = dict(eval_text=eval_text_of(protocol), context=_int(protocol.get("context")),
+        common: dict[str, Any] = dict(eval_text=eval_text_of(protocol), context=_int(protocol.get("context")),
                       stride=_int(protocol.get("stride")), eval_tokens=_int(doc.get("eval_tokens", doc.get("tokens"))),
                       protocol=json.dumps(protocol, sort_keys=True))
         for _, layer, measure, value, lo, hi, layer_class in found:
@@ -206,7 +207,8 @@ def rows_of(model: str, variant: str, session: str, results: Mapping[str, Mappin
     return rows
 
 
-def _per_layer(result: ResultDocument) -> Iterable[tuple]:
+def _per_layer(result: ResultDocument) -> Iterable[tuple[int, int, str, float | None, float | None, float | None,
+                                                        str | None]]:
     """(n_layers, layer, criterion, value, lo, hi, class) of every per-layer value of a result."""
     if isinstance(result, AblationMap):
         n = len(result.layers)
@@ -221,13 +223,13 @@ def _per_layer(result: ResultDocument) -> Iterable[tuple]:
         for layer, value in enumerate(result.scores.get("ppl") or []):
             yield result.n_layers, layer, "removal_ppl", value, None, None, None
     elif isinstance(result, DynamicsResult):
-        for row in result.layers:
-            yield result.n_layers, row.layer, "angle_state", row.angle_state.median, None, None, None
-            if row.angle_update is not None and row.angle_update.median is not None:
-                yield result.n_layers, row.layer, "angle_update", row.angle_update.median, None, None, None
+        for angles in result.layers:
+            yield result.n_layers, angles.layer, "angle_state", angles.angle_state.median, None, None, None
+            if angles.angle_update is not None and angles.angle_update.median is not None:
+                yield result.n_layers, angles.layer, "angle_update", angles.angle_update.median, None, None, None
     elif isinstance(result, RecoveryResult):
-        for row in result.layers:  # its model's depth is not in it: `with_depth` gives it
-            yield 0, row.layer, "recovery_difficulty", row.difficulty, None, None, None
+        for recovered in result.layers:  # its model's depth is not in it: `with_depth` gives it
+            yield 0, recovered.layer, "recovery_difficulty", recovered.difficulty, None, None, None
 
 
 def with_depth(rows: list[AtlasRow], n_layers: int) -> list[AtlasRow]:
@@ -298,8 +300,8 @@ def agreement(rows: Sequence[AtlasRow], n_bins: int = DEFAULT_BINS) -> Agreement
         rhos = [rank_agreement(binned[i], binned[j]) for i in range(len(binned)) for j in range(i + 1, len(binned))]
         known = [r for r in rhos if r is not None]
         across[criterion] = sum(known) / len(known) if known else None
-    ranked = [c for c in criteria if across[c] is not None]
-    best = max(ranked, key=lambda c: across[c]) if ranked else None
+    ranked = {c: rho for c in criteria if (rho := across[c]) is not None}
+    best = max(ranked, key=ranked.__getitem__) if ranked else None
     return Agreement(pairs, with_d, across, best)
 
 
@@ -410,7 +412,8 @@ class AtlasDocument:
     criteria: dict[str, str] = field(default_factory=lambda: dict(CRITERIA))
 
     def to_json(self) -> dict[str, Any]:
-        return json_safe(self)
+        doc: dict[str, Any] = json_safe(self)
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> AtlasDocument:
