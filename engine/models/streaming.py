@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from engine.core.errors import UserError
 from engine.models.anatomy import LayerStack
 from engine.models.loading import LoadedModel
 from engine.models.sources import MODEL_WEIGHTS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # the groups besides the layers: the input embedding, the output head, and every other weight outside
 # the layers (final norm, position embeddings: small, held the whole run)
@@ -62,7 +65,7 @@ def checkpoint_files(folder: Path) -> dict[str, Path]:
         return dict.fromkeys(handle.keys(), single)
 
 
-def skeleton_model(config: Any, dtype: torch.dtype) -> nn.Module:
+def skeleton_model(config: Any, dtype: torch.dtype) -> PreTrainedModel:
     """The model of this config without weights: parameters on `meta`, buffers (rotary tables, Gemma's
     embedding scale) computed as a real load computes them, in eval mode."""
     from accelerate import init_empty_weights
@@ -73,7 +76,7 @@ def skeleton_model(config: Any, dtype: torch.dtype) -> nn.Module:
     model.tie_weights()  # as from_pretrained ties them: the head is the embedding's parameter
     model.eval()
     model.requires_grad_(False)
-    return model
+    return cast("PreTrainedModel", model)
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class LayerSource:
     in a thread (`prefetch`). `bytes_read`, `reads` (per checkpoint key) and `peak_layers` (decoder
     layers held at once) say what it did."""
 
-    def __init__(self, model: nn.Module, folder: Path, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, model: PreTrainedModel, folder: Path, dtype: torch.dtype, device: torch.device) -> None:
         self.model, self.folder, self.dtype, self.device = model, folder, dtype, torch.device(device)
         self.stack = LayerStack(model)
         self.slots: dict[Group, list[Slot]] = {}
@@ -102,7 +105,7 @@ class LayerSource:
         self.held: set[Group] = set()
         self.peak_layers = 0
         self.read_seconds = 0.0
-        self._pending: dict[Group, Future] = {}
+        self._pending: dict[Group, Future[Any]] = {}
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layer-reader")
         self._lock = threading.Lock()
         for buffer_owner in model.modules():  # buffers (rotary tables) go where the layers compute
