@@ -24,13 +24,15 @@ nothing follows it to fold into). Families whose MLP output is normed before the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from engine.core.errors import UserError
+from engine.core.events import CancelToken
 from engine.experiments.prune.vocabulary import REPLACEMENTS, check_run  # noqa: F401  (re-exported)
 from engine.models.anatomy import LayerStack, execution_device
 from engine.training.trainer import blocks_forward
@@ -50,9 +52,10 @@ def output_projection(stack: LayerStack, index: int) -> nn.Module:
 
 
 def check_foldable(model: nn.Module) -> None:
-    layer = LayerStack(model).layers[0]
+    stack = LayerStack(model)
+    layer = stack.layers[0]
     if any(hasattr(layer, name) for name in ("post_feedforward_layernorm", "post_mlp_layernorm")):
-        raise UserError(f"--replace linear: {model.config.model_type} norms each MLP's output before the residual "
+        raise UserError(f"--replace linear: {stack.model_type} norms each MLP's output before the residual "
                         "add, so a linear map cannot be folded into its output projection; use a plain cut")
 
 
@@ -60,8 +63,9 @@ class _Enough(Exception):
     """Raised at the input of layer start+count: the forward has given all it needs."""
 
 
-def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
-    return args[0] if args else kwargs["hidden_states"]
+def _hidden(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    hidden: torch.Tensor = args[0] if args else kwargs["hidden_states"]
+    return hidden
 
 
 @dataclass
@@ -77,15 +81,15 @@ class Activations:
 
 
 def gather(model: nn.Module, blocks: torch.Tensor, start: int, count: int, batch_size: int,
-           keep_rows: bool = False, cancel=None) -> Activations:
+           keep_rows: bool = False, cancel: CancelToken | None = None) -> Activations:
     """One pass over the calibration `blocks` (token ids [B, T]) with hooks on the projection of
     layer start-1 and the inputs of layers start and start+count; each forward stops there."""
     stack = LayerStack(model)
     found: dict[str, torch.Tensor] = {}
-    d = model.config.hidden_size
+    d: int = stack.model.config.hidden_size
 
-    def keep(name):
-        def hook(module, args, kwargs, output=None):
+    def keep(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None) -> None:
             value = output if name == "m" else _hidden(args, kwargs)
             found[name] = (value[0] if isinstance(value, tuple) else value).detach()
             if name == "e":
@@ -128,7 +132,8 @@ def gather(model: nn.Module, blocks: torch.Tensor, start: int, count: int, batch
 
 def least_squares(xtx: torch.Tensor, xty: torch.Tensor) -> torch.Tensor:
     """T minimising ||X T - Y||: the normal equations (X^T X) T = X^T Y, in float64."""
-    return torch.linalg.lstsq(xtx, xty, driver="gelsd").solution
+    solution: torch.Tensor = torch.linalg.lstsq(xtx, xty, driver="gelsd").solution
+    return solution
 
 
 def cosine_fit(x: torch.Tensor, y: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -148,7 +153,7 @@ def cosine_fit(x: torch.Tensor, y: torch.Tensor, seed: int = 0) -> torch.Tensor:
 
 
 def estimate(model: nn.Module, blocks: torch.Tensor, start: int, count: int, how: str, batch_size: int,
-             seed: int = 0, cancel=None) -> torch.Tensor:
+             seed: int = 0, cancel: CancelToken | None = None) -> torch.Tensor:
     """The map T (float64, hidden x hidden) replacing layers start .. start+count-1."""
     n = len(LayerStack(model))
     if not admissible(n, start, count):
@@ -167,13 +172,15 @@ def folded(model: nn.Module, before: int, transform: torch.Tensor) -> dict[int, 
     path = dict(stack.spec.matrices)["down"]
     module = output_projection(stack, before)
     t = transform.to(torch.float64)
-    weight = module.weight.detach().to("cpu", torch.float64)
+    held = cast(torch.Tensor, module.weight)
+    weight = held.detach().to("cpu", torch.float64)
     conv1d = type(module).__name__ == "Conv1D"  # GPT-2 stores (in, out)
     new = {f"{path}.weight": (weight @ t if conv1d else t.T @ weight)}
-    if getattr(module, "bias", None) is not None:
-        new[f"{path}.bias"] = module.bias.detach().to("cpu", torch.float64) @ t
+    bias: torch.Tensor | None = getattr(module, "bias", None)
+    if bias is not None:
+        new[f"{path}.bias"] = bias.detach().to("cpu", torch.float64) @ t
     device = execution_device(module)
-    return {before: {name: tensor.to(device, module.weight.dtype) for name, tensor in new.items()}}
+    return {before: {name: tensor.to(device, held.dtype) for name, tensor in new.items()}}
 
 
 def block_start(layers: Sequence[int]) -> int:
