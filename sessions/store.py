@@ -150,7 +150,7 @@ class SessionStore:
         if writing and not os.access(where, os.W_OK | os.X_OK):
             raise SessionError(_unwritable(home, where))
 
-    def create(self, name: str | None = None, model: str = "", settings: dict | None = None) -> Session:
+    def create(self, name: str | None = None, model: str = "", settings: dict[str, Any] | None = None) -> Session:
         """A new session; the default name is a timestamp. It is made whole in a hidden folder and
         renamed into place, so it never shows half made, and of two runs creating the same name
         the first wins: the other gets SessionExists (`open_or_create` then opens the winner's).
@@ -251,7 +251,8 @@ class SessionStore:
             raise SessionError(f"{exc}; fix or delete it") from None
         return Session(path, manifest)
 
-    def open_or_create(self, name: str | None, model: str = "", settings: dict | None = None) -> Session:
+    def open_or_create(self, name: str | None, model: str = "", settings: dict[str, Any] | None = None
+                       ) -> Session:
         """The session `name`, made if there is none; when another run makes it at the same time,
         the one it made (both runs then write into it)."""
         if name is not None and self.exists(name):
@@ -265,7 +266,7 @@ class SessionStore:
 
     def list(self) -> list[SessionInfo]:
         """Every session, newest first; unreadable ones are listed as damaged with the reason."""
-        infos = []
+        infos: list[SessionInfo] = []
         if not self.home.exists():
             return infos
         self.check_home(writing=False)  # a file: one line (a read-only folder lists)
