@@ -72,7 +72,8 @@ class AtlasTasks:
         parts = key.rsplit("|", 2)
         if len(parts) != 3 or not all(parts):
             return
-        task = self.tasks.setdefault(key, _Task(*parts))
+        model, variant, experiment = parts
+        task = self.tasks.setdefault(key, _Task(model, variant, experiment))
         task.state, task.detail, task.session = str(state), _text(doc.get("detail")), _text(doc.get("session"))
         task.followed = state in UNDER_WAY and bool(task.session)
         since = doc.get("since")
