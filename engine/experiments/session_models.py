@@ -40,8 +40,8 @@ def saved_model_path(result: GrowthResult | None, name: str, session: Path | str
     path = arm.model if arm is not None else None
     if not path:
         return None
-    path = inside(path, session, f"the growth result's {wanted} arm")
-    return path if path.exists() else None
+    folder = inside(path, session, f"the growth result's {wanted} arm")
+    return folder if folder.exists() else None
 
 
 LAYER_FILE = re.compile(r"^layer-(\d+)\.safetensors$")  # recovery.save_layer_weights writes layer-<index>
