@@ -75,7 +75,7 @@ def layer_row(index: int, runs: list[RecoveryRepeat], budget: int) -> RecoveryRo
     mean, sd, reached = {}, {}, {}
     for threshold in THRESHOLDS:
         key = threshold_key(threshold)
-        hits = [run.steps_to[key] for run in runs if run.steps_to[key] is not None]
+        hits = [steps for run in runs if (steps := run.steps_to[key]) is not None]
         reached[key] = len(hits)
         mean[key] = float(np.mean(hits)) if hits else None
         sd[key] = float(np.std(hits, ddof=1)) if len(hits) > 1 else None
