@@ -35,7 +35,7 @@ def load_finished(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        state = read_json(path)  # never through a link, never too large or deep (engine.disk.atomic)
+        state: dict[str, Any] = read_json(path)  # never through a link, never too large or deep (engine.disk.atomic)
         saved, layers = state["key"], state["layers"]
         if not isinstance(saved, dict) or not isinstance(layers, dict):
             raise ValueError("not a sweep checkpoint")
