@@ -14,6 +14,7 @@ import functools
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -62,7 +63,9 @@ def blend_weights(stack: LayerStack, index: int, changed: set[int]) -> dict[str,
     stack.check_editable([i for i in (below, above) if i is not None])
     own = stack.matrices(index)  # sources may sit on another GPU: the blend is made where it goes
     if below is None or above is None:
-        source = stack.matrices(below if above is None else above)
+        nearest = below if above is None else above
+        assert nearest is not None, "every layer is changed"  # planned() refuses that
+        source = stack.matrices(nearest)
         return {name: p.detach().to(own[name].device, copy=True) for name, p in source.items()}
     w_below = (above - index) / (above - below)
     low, high = stack.matrices(below), stack.matrices(above)
@@ -76,9 +79,9 @@ def blend_weights(stack: LayerStack, index: int, changed: set[int]) -> dict[str,
 def clone_source(n_layers: int, index: int, changed: set[int]) -> int:
     """The nearest unchanged layer; on a tie, the one below (it feeds this layer's position)."""
     below, above = nearest_kept(n_layers, index, changed)
-    if below is None or (above is not None and above - index < index - below):
-        return above
-    return below
+    nearest = above if below is None or (above is not None and above - index < index - below) else below
+    assert nearest is not None, "every layer is changed"  # planned() refuses that
+    return nearest
 
 
 def low_rank(matrix: torch.Tensor, rank: int, tol: float = 1e-4, max_iter: int = 60) -> torch.Tensor:
@@ -97,10 +100,12 @@ def low_rank(matrix: torch.Tensor, rank: int, tol: float = 1e-4, max_iter: int =
     side = m if tall else m.T
     n = side.shape[1]
     if rank >= n:
-        return matrix.detach().clone()
+        whole: torch.Tensor = matrix.detach().clone()
+        return whole
     top = _top_right_vectors(side, rank, tol, max_iter)
     approx = (side @ top) @ top.T
-    return (approx if tall else approx.T).to(matrix.dtype)
+    best: torch.Tensor = (approx if tall else approx.T).to(matrix.dtype)
+    return best
 
 
 def _top_right_vectors(side: torch.Tensor, rank: int, tol: float, max_iter: int) -> torch.Tensor:
@@ -112,7 +117,7 @@ def _top_right_vectors(side: torch.Tensor, rank: int, tol: float, max_iter: int)
     for _ in range(max_iter):
         block = side @ basis
         _, _, vh = torch.linalg.svd(block, full_matrices=False)
-        top = basis @ vh[:rank].T  # Ritz vectors: the best top-r estimate in this subspace
+        top: torch.Tensor = basis @ vh[:rank].T  # Ritz vectors: the best top-r estimate in this subspace
         if previous is not None:
             moved = torch.linalg.matrix_norm(top - previous @ (previous.T @ top), ord=2)
             if float(moved) < tol:
@@ -120,7 +125,8 @@ def _top_right_vectors(side: torch.Tensor, rank: int, tol: float, max_iter: int)
         previous = top
         basis = torch.linalg.qr(side.T @ block)[0]
     _, vectors = torch.linalg.eigh((side.T @ side).double())  # exact fallback, ascending eigenvalues
-    return vectors[:, -rank:].to(side.dtype)
+    exact: torch.Tensor = vectors[:, -rank:].to(side.dtype)
+    return exact
 
 
 def target_weights(
@@ -137,6 +143,7 @@ def target_weights(
     if strategy == "svd":  # the blend, plus the top-r singular directions of the layer's own difference
         blend = blend_weights(stack, index, changed)
         own = stack.matrices(index)
+        assert param is not None  # svd's rank (trials() gives it)
         return {name: blend[name] + low_rank(own[name].detach() - blend[name], int(param)) for name in own}
     return None
 
@@ -154,8 +161,10 @@ def manipulated(
                 if strategy == "zero":
                     weight.zero_()
                 elif strategy == "scale":
+                    assert param is not None  # scale's alpha (trials() gives it)
                     weight.mul_(param)
                 else:
+                    assert target is not None  # clone, blend and svd give their weights
                     weight.copy_(target[name])
         yield
 
@@ -178,7 +187,7 @@ def trials(settings: ManipulationSettings, layers: Sequence[int]) -> list[Trial]
 
 
 def run_manipulation(
-    model, tokenizer, settings: ManipulationSettings, cancel: CancelToken | None = None, model_name: str = "",
+    model: Any, tokenizer: Any, settings: ManipulationSettings, cancel: CancelToken | None = None, model_name: str = "",
     only: Collection[int] | None = None,
 ) -> Iterator[Event]:
     """Every trial of `trials`, or those at the positions in `only` (a worker's share of a split
@@ -250,7 +259,7 @@ def planned(settings: ManipulationSettings, n_layers: int, ablation: AblationMap
     return settings, trials(settings, layers), why
 
 
-def shard_plan(settings: ManipulationSettings, n_layers: int, inputs: Mapping[str, dict], model_name: str
+def shard_plan(settings: ManipulationSettings, n_layers: int, inputs: Mapping[str, dict[str, Any]], model_name: str
                ) -> ShardPlan:
     """The registry's split (`--shards`): by trial, each share's trial positions in RunContext.share;
     the layers are chosen once (`planned`) and logged as a serial run logs them."""
@@ -261,7 +270,7 @@ def shard_plan(settings: ManipulationSettings, n_layers: int, inputs: Mapping[st
     return ShardPlan(list(range(len(planned_trials))), lambda share: chosen, merge, notes=notes)
 
 
-def merge_shards(docs: list[dict], settings: ManipulationSettings) -> dict:
+def merge_shards(docs: list[dict[str, Any]], settings: ManipulationSettings) -> dict[str, Any]:
     """One result from the results of a split run (each over some trials): the rows in the order
     of the trials, as a serial run lists them."""
     shares = [ManipulateResult.from_json(doc) for doc in docs]
@@ -271,4 +280,6 @@ def merge_shards(docs: list[dict], settings: ManipulationSettings) -> dict:
         return position[(tuple(row.layers), row.strategy, row.param)]
 
     rows = sorted((row for share in shares for row in share.results), key=place)
-    return json_safe(replace(shares[0], results=rows, seconds=max(share.seconds for share in shares)))
+    merged: dict[str, Any] = json_safe(replace(shares[0], results=rows,
+                                               seconds=max(share.seconds for share in shares)))
+    return merged
