@@ -10,10 +10,12 @@ import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from engine.core.errors import UserError
+from engine.core.events import CancelToken
 from engine.experiments.prune.vocabulary import HEAD_AND_LAST, PruneSettings
 from engine.models.anatomy import LayerStack, execution_device, host_copies
 from engine.models.pruning import Cut, cut_layers, is_block_cut, split_cut
@@ -50,7 +52,7 @@ class CutWeights:
 
 
 @contextlib.contextmanager
-def holding(model, weights: CutWeights | None) -> Iterator[None]:
+def holding(model: Any, weights: CutWeights | None) -> Iterator[None]:
     """The model with these weights for the block, its own put back bit for bit afterwards."""
     if weights is None:
         yield
@@ -63,7 +65,7 @@ def holding(model, weights: CutWeights | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def head_preserved(model, active: bool = True) -> Iterator[None]:
+def head_preserved(model: Any, active: bool = True) -> Iterator[None]:
     """The LM head's weight restored exactly on exit (tied to the input embedding: that too, the same tensor)."""
     if not active:
         yield
@@ -80,7 +82,7 @@ def head_preserved(model, active: bool = True) -> Iterator[None]:
 class Healer:
     """Fine-tunes a cut model on the training half of the corpus (the split recovery uses)."""
 
-    def __init__(self, model, tokenizer, settings: PruneSettings) -> None:
+    def __init__(self, model: Any, tokenizer: Any, settings: PruneSettings) -> None:
         self.model = model
         self.settings = settings
         self.stack = LayerStack(model)  # every layer, numbered as in the uncut model (a cut keeps the modules)
@@ -89,7 +91,7 @@ class Healer:
         self.blocks = blocks.to(self.stack.input_device())
 
     @contextlib.contextmanager
-    def healed(self, cut: Cut, cancel, keep: bool = False,
+    def healed(self, cut: Cut, cancel: CancelToken | None, keep: bool = False,
                adapter: Path | None = None) -> Iterator[CutWeights | None]:
         """Inside `cut_removed(model, cut)`: the cut model fine-tuned for the block, then restored
         exactly (an offloaded layer it would train is refused first). With `keep`, yields the
@@ -121,7 +123,7 @@ class Healer:
                                  None if head is None else head.detach().to("cpu", copy=True,
                                                                             non_blocking=head.is_cuda))
 
-    def _train(self, params: list[torch.nn.Parameter], layer: int, cancel) -> None:
+    def _train(self, params: list[torch.nn.Parameter], layer: int, cancel: CancelToken | None) -> None:
         """`heal_steps` steps on the seeded batches; a non-finite loss ends the healing there."""
         settings = self.settings
         batches = seeded_batches(len(self.blocks), settings.batch_size, torch.Generator().manual_seed(settings.seed))
@@ -137,7 +139,7 @@ class Healer:
                     break
                 trainer.step(loss)
 
-    def _lora(self, layer: int, cancel, adapter: Path | None = None) -> None:
+    def _lora(self, layer: int, cancel: CancelToken | None, adapter: Path | None = None) -> None:
         """LoRA on every matrix of every kept layer, trained, saved to `adapter` (when given), then
         merged into the weights. The adapter's module names are the cut model's (layers renumbered
         from 0), so it loads onto the pruned base: it names no base model (the original is not it, and
@@ -158,6 +160,6 @@ class Healer:
             if adapter is not None:
                 peft_model.peft_config["default"].base_model_name_or_path = ""  # not None: peft fills that in
                 lora = {name: p for name, p in peft_model.state_dict().items() if "lora_" in name}
-                peft_model.save_pretrained(adapter, state_dict=host_copies(lora))
+                peft_model.save_pretrained(str(adapter), state_dict=host_copies(lora))
         finally:
             peft_model.merge_and_unload()
