@@ -79,10 +79,11 @@ def test_the_command_line_marks_its_process_and_main_called_from_python_does_not
 
 
 def test_a_run_imports_its_computation_and_transformers_model_code_frozen(tiny_folder, files, monkeypatch):
-    calls: list[tuple[str, ...]] = []
+    calls: list[tuple[object, ...]] = []
     monkeypatch.setattr(frozen_imports, "import_frozen", lambda *modules: calls.append(modules))
     assert main(["run", "ablation", "--model", str(tiny_folder), "--eval-file", files[0], "--layers", "1"]) == 0
     assert main(["run", "toy-depth", "--preset", "tiny", "--steps", "2", "--student-depths", "2", "--seeds", "1",
                  "--bootstrap", "0"]) == 0
-    assert calls == [("engine.experiments.ablation.run", "transformers.modeling_utils"),
+    named = [tuple(module if isinstance(module, str) else module().__name__ for module in call) for call in calls]
+    assert named == [("engine.experiments.ablation.run", "transformers.modeling_utils"),
                      ("engine.experiments.toy_depth.run",)]  # a run without a model needs no transformers
