@@ -4,6 +4,7 @@ head (`--lens plain`), or through the last decoder block first (`--lens last-blo
 from __future__ import annotations
 
 import contextlib
+from typing import Any, cast
 
 import torch
 
@@ -25,7 +26,7 @@ class LogitLens:
     Supported where the path from the last layer to the logits is only norm -> head (plus Gemma's
     logit softcap); the last layer's loss then equals the model's own loss, which the tests check."""
 
-    def __init__(self, model, n_layers: int) -> None:
+    def __init__(self, model: Any, n_layers: int) -> None:
         model_type = model.config.model_type
         if model_type not in FINAL_NORMS:
             raise UserError(f"the logit lens is not supported for {model_type!r} (its final norm and head "
@@ -39,12 +40,12 @@ class LogitLens:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Each part runs where it lives (the head is often on the last GPU of a dispatched model)."""
         normed = self.norm(hidden.to(execution_device(self.norm)))
-        logits = self.head(normed.to(execution_device(self.head)))
+        logits: torch.Tensor = self.head(normed.to(execution_device(self.head)))
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def attached(self) -> contextlib.AbstractContextManager:
+    def attached(self) -> contextlib.AbstractContextManager[object]:
         """Hooks this lens needs during a forward (none for the plain lens)."""
         return contextlib.nullcontext()
 
@@ -59,15 +60,18 @@ class LogitLens:
             logits = self.logits(hidden[row : row + 1])
             ids, mask = batch.input_ids[row : row + 1], batch.attention_mask[row : row + 1]
             value = token_nll(logits, ids, mask).sum().double()
-            self.nll[index] = value if self.nll[index] is None else self.nll[index] + value
+            held = self.nll[index]
+            self.nll[index] = value if held is None else held + value
         if index == 0:
             self.count += float(batch.attention_mask[:, 1:].sum())
 
     def losses(self) -> list[float]:
         """One host copy of every layer's sum."""
-        if self.nll[0] is None:
+        first = self.nll[0]
+        if first is None:
             return [0.0] * len(self.nll)
-        sums = torch.stack([value.to(self.nll[0].device) for value in self.nll]).cpu().numpy()
+        every = cast(list[torch.Tensor], self.nll)  # every layer is scored in the batch the first is
+        sums = torch.stack([value.to(first.device) for value in every]).cpu().numpy()
         return [float(x) for x in sums / max(self.count, 1.0)]
 
 
@@ -79,15 +83,15 @@ class LastBlockLens(LogitLens):
     The last block is re-run with the exact arguments the model gave it in this forward (masks,
     rotary tables), recorded by a pre-hook, so every family's attention set-up is reproduced."""
 
-    def __init__(self, model, n_layers: int) -> None:
+    def __init__(self, model: Any, n_layers: int) -> None:
         super().__init__(model, n_layers)
         self.block = LayerStack(model).layers[-1]
         self.n_layers = n_layers
         self.inputs: list[torch.Tensor] = []
-        self.call: tuple[tuple, dict] | None = None
+        self.call: tuple[tuple[Any, ...], dict[str, Any]] | None = None
 
-    def attached(self) -> contextlib.AbstractContextManager:
-        def record(module, args, kwargs):
+    def attached(self) -> contextlib.AbstractContextManager[object]:
+        def record(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self.call = (args, kwargs)
 
         return self.block.register_forward_pre_hook(record, with_kwargs=True)
@@ -109,5 +113,5 @@ class LastBlockLens(LogitLens):
         self.inputs, self.call = [], None
 
 
-def make_lens(model, n_layers: int, kind: str) -> LogitLens:
+def make_lens(model: Any, n_layers: int, kind: str) -> LogitLens:
     return LastBlockLens(model, n_layers) if kind == "last-block" else LogitLens(model, n_layers)
