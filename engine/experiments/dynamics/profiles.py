@@ -8,6 +8,7 @@ import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -142,7 +143,7 @@ def keep_mask(attention_mask: torch.Tensor, include_first: bool) -> torch.Tensor
 
 
 def stream_profiles(
-    model, batches: Sequence[Batch], include_first: bool, lens: LogitLens | None = None,
+    model: Any, batches: Sequence[Batch], include_first: bool, lens: LogitLens | None = None,
     cancel: CancelToken | None = None,
 ) -> Iterator[Progress | Profiles]:
     """Runs the batches one at a time through the model with hooks; yields Progress, then Profiles."""
@@ -155,7 +156,8 @@ def stream_profiles(
         keep = keep_mask(batch.attention_mask, include_first)
         meter = BatchMeter(keep)
 
-        def observe(batch, index, layer_input, layer_output, meter=meter):
+        def observe(batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor,
+                    meter: BatchMeter = meter) -> None:
             meter(index, layer_input, layer_output)
             if lens is not None:
                 lens.observe(batch, index, layer_input, layer_output)
