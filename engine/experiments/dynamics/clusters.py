@@ -7,6 +7,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -129,7 +130,7 @@ def scatter_sample(c: Clustering, seed: int, size: int = SCATTER_POINTS) -> PcaS
                      label=c.labels[picked].tolist())
 
 
-def token_in_context(tokenizer, ids: Sequence[int], position: int, before: int = 8, after: int = 3) -> str:
+def token_in_context(tokenizer: Any, ids: Sequence[int], position: int, before: int = 8, after: int = 3) -> str:
     """'...context [[token]] context...' with the token at `position` marked."""
     left = tokenizer.decode(ids[max(0, position - before) : position])
     token = tokenizer.decode(ids[position : position + 1])
@@ -138,7 +139,7 @@ def token_in_context(tokenizer, ids: Sequence[int], position: int, before: int =
 
 
 def cluster_rows(
-    p: Profiles, c: Clustering, tokenizer, text_ids: dict[int, list[int]], examples: int
+    p: Profiles, c: Clustering, tokenizer: Any, text_ids: dict[int, list[int]], examples: int
 ) -> list[TokenCluster]:
     """One row per cluster, largest first: size, fraction, median profile, most typical tokens."""
     rows = []
