@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 from engine.core.codec import json_safe
 from engine.core.errors import UserError
@@ -42,14 +44,15 @@ from engine.models.anatomy import LayerStack
 
 def dynamics_texts(settings: DynamicsSettings) -> tuple[list[str], str]:
     if settings.text_file:
-        return read_lines(settings.text_file, "text file"), str(settings.text_file)
+        return read_lines(Path(settings.text_file), "text file"), str(settings.text_file)
     held = corpus()
     return heldout_texts(held), f"held-out part of {held.source}"
 
 
-def select_texts(tokenizer, texts: Sequence[str], max_tokens: int, max_length: int) -> list[str]:
+def select_texts(tokenizer: Any, texts: Sequence[str], max_tokens: int, max_length: int) -> list[str]:
     """Texts in order until their tokens (each cut at max_length) reach max_tokens; at least one."""
-    chosen, total = [], 0
+    chosen: list[str] = []
+    total = 0
     for text in texts:
         text = clip_text(tokenizer, text, max_length)  # a line of 60 MB: never tokenized whole to be truncated
         n = len(tokenizer(text, truncation=True, max_length=max_length)["input_ids"])
@@ -61,7 +64,7 @@ def select_texts(tokenizer, texts: Sequence[str], max_tokens: int, max_length: i
 
 
 def run_dynamics(
-    model, tokenizer, settings: DynamicsSettings, cancel: CancelToken | None = None, model_name: str = ""
+    model: Any, tokenizer: Any, settings: DynamicsSettings, cancel: CancelToken | None = None, model_name: str = ""
 ) -> Iterator[Event]:
     settings.validate()
     started = time.perf_counter()
@@ -95,8 +98,8 @@ def run_dynamics(
     text_ids = {}
     for batch in batches:  # one host copy of a batch's ids and mask, not one per text
         ids, mask = batch.input_ids.cpu().numpy(), batch.attention_mask.cpu().numpy().astype(bool)
-        for row, t in enumerate(batch.text_index):
-            text_ids[int(t)] = ids[row][mask[row]].tolist()
+        for position, t in enumerate(batch.text_index):
+            text_ids[int(t)] = ids[position][mask[position]].tolist()
     clusters = cluster_rows(profiles, clustering, tokenizer, text_ids, settings.examples)
     doc = DynamicsResult(
         model=model_name,
