@@ -12,7 +12,6 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
@@ -351,21 +350,16 @@ class Session:
         atomic_write_json(self.part(JOBS, f"{_checked_name(job_id)}.json"), doc, "job file")
 
     def job_records(self) -> dict[str, JobRecord]:
-        """Every valid job as its record (`jobs`, read typed)."""
-        return {job_id: record for job_id, (_, record) in self._read_jobs().items()}
+        """Every valid job as its record (sessions/documents.py), its status as `jobs` finds it."""
+        return {job_id: decode(JobRecord, doc, f"job file {JOBS}/{job_id}.json") for job_id, doc in self.jobs().items()}
 
     def jobs(self) -> dict[str, dict[str, Any]]:
-        """Every valid job as its file has it (`sessions show --json` prints it), with its status as
-        `job_records` finds it."""
-        return {job_id: doc for job_id, (doc, _) in self._read_jobs().items()}
-
-    def _read_jobs(self) -> dict[str, tuple[dict[str, Any], JobRecord]]:
-        """Every valid job, as written and as its record. A 'running' job whose process is gone reads
-        'interrupted'; one whose pid is alive but cannot be proven to be that job (pid reused, or
-        the file does not record its identity) reads 'stale' and is never signalled. A job file that
-        does not parse or does not fit `JobRecord` (sessions/documents.py) is left out and noted in
-        `damage`, naming the file and the field."""
-        found: dict[str, tuple[dict[str, Any], JobRecord]] = {}
+        """Every valid job as its file has it (`sessions show --json` prints it), with its status. A
+        'running' job whose process is gone reads 'interrupted'; one whose pid is alive but cannot
+        be proven to be that job (pid reused, or the file does not record its identity) reads
+        'stale' and is never signalled. A job file that does not parse or does not fit `JobRecord`
+        (sessions/documents.py) is left out and noted in `damage`, naming the file and the field."""
+        found: dict[str, dict[str, Any]] = {}
         try:
             folder = self.part(JOBS)
             paths = sorted(p for p in folder.glob("*.json") if NAME.match(p.stem)) if folder.is_dir() else []
@@ -388,8 +382,7 @@ class Session:
                     doc["status"] = "interrupted"
                 elif stale := identity_problem(doc):
                     doc["status"], doc["stale"] = "stale", stale
-                record = replace(record, status=doc["status"], stale=doc.get("stale", ""))
-            found[path.stem] = doc, record
+            found[path.stem] = doc
         return found
 
 

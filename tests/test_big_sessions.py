@@ -66,7 +66,7 @@ def full_fold(session: Session) -> SessionState:
         state.set_result(name, doc)
     for event in session.read_events(0)[0]:
         state.apply(event)
-    state.follow_job_files(session.jobs())  # as the console does once it has read the log
+    state.follow_job_files(session.job_records())  # as the console does once it has read the log
     return state
 
 

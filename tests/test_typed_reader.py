@@ -124,3 +124,25 @@ def test_the_report_receives_each_result_as_its_dataclass(entry):
     found, notes = entries(SessionStore().open("s"))
     assert notes == [] and [e.name for e in found] == [entry.writes]
     assert type(found[0].result) is entry.result_class and found[0].result == sample
+
+
+@pytest.mark.parametrize("entry", SAMPLES)
+def test_the_console_state_receives_each_result_as_its_dataclass(entry):
+    from tui.state import SessionState
+
+    sample = entry.sample()
+    state = SessionState()
+    assert state.set_result(entry.writes, json_safe(sample)) == ""
+    assert type(state.typed[entry.writes]) is entry.result_class and state.typed[entry.writes] == sample
+    assert state.result(entry.result_class) == sample
+
+
+def test_the_console_state_follows_job_records():
+    from tui.state import SessionState
+
+    state = SessionState()
+    state.apply(Message(text="x", job="ablation-1"))
+    state.mark_job("ablation-1", "running")
+    state.follow_job_files({"ablation-1": JobRecord(status="done", experiment="ablation", pid=4242)})
+    assert state.jobs["ablation-1"].status == "done" and state.jobs["ablation-1"].pid == 4242
+    assert state.jobs["ablation-1"].experiment == "ablation"

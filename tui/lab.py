@@ -180,7 +180,7 @@ class Lab(LabJobs, LabModel):
             self.say("the job that needed the GPU finished: reloading the console's model")
             self.load_model()
         if self.session is not None:
-            self.state.follow_job_files(self.session.jobs())
+            self.state.follow_job_files(self.session.job_records())
 
     def running_jobs(self) -> list[tuple[JobView, str]]:
         """The running jobs, each with where it runs, for the status line."""

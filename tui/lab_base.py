@@ -20,8 +20,9 @@ from sessions.store import Session, SessionStore
 from tui import console_view
 from tui.console_settings import ConsoleSettings
 from tui.jobs import BackgroundJob
+from tui.line_keeper import LineKeeper
 from tui.log_pager import LogPager
-from tui.state import LineKeeper, SessionState
+from tui.state import SessionState
 
 log = logging.getLogger("anatomy_tui.console")
 

@@ -13,7 +13,6 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from engine.core.events import (
@@ -25,11 +24,17 @@ from engine.core.events import (
     Result,
     ResultDocument,
     Started,
-    decode_or_none,
 )
-from engine.registry import BY_NAME
+from sessions.documents import Damaged, JobRecord, typed_result
+from tui.panel_records import MAX_POINTS, GrowthView, JobView, RecoveryRun, layer_class, thin
 
-if TYPE_CHECKING:  # an experiment's vocabulary is imported with its first event or result, never to paint
+__all__ = ["MAX_POINTS", "Dirty", "GrowthView", "JobView", "RecoveryRun", "SessionState", "Span", "layer_class",
+           "log_line", "thin"]  # the panels' records (tui/panel_records.py) are imported from here too
+
+if TYPE_CHECKING:
+    from engine.atlas.table import (
+        AtlasDocument,  # an experiment's vocabulary is imported with its first event or result, never to paint
+    )
     from engine.experiments.ablation.vocabulary import AblationMap, AblationProxies, AblationRow, LayerAblated
     from engine.experiments.dynamics.vocabulary import DynamicsResult, DynamicsRow
     from engine.experiments.growth.vocabulary import (
@@ -53,6 +58,7 @@ if TYPE_CHECKING:  # an experiment's vocabulary is imported with its first event
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R", bound=ResultDocument)
+_NO_FILE = JobRecord(status="interrupted")  # a job that left no job file: its process is gone
 
 
 class Dirty:
@@ -68,76 +74,6 @@ class Dirty:
     LOG = "log"
     MARKS = "marks"  # the layers marked for the prompt pane's modified and noised models
     EVERY = frozenset({LAYERS, RECOVERY, GROWTH, RESULTS, JOBS, SELECTION, LOG, MARKS})
-
-
-CLASSES = ("critical", "important", "minor", "redundant", "anti")
-MAX_POINTS = 400  # per curve: about twice the widest plot, older points are thinned
-
-
-def thin(points: list[T], limit: int = MAX_POINTS) -> list[T]:
-    """Every other point of the older half once a curve outgrows `limit`, keeping the newest exact."""
-    if len(points) <= limit:
-        return points
-    half = len(points) // 2
-    return points[:half:2] + points[half:]
-
-
-def layer_class(row: AblationRow) -> str:
-    """'anti' when ablating the layer measurably helps; otherwise the engine's class."""
-    return "anti" if row.anti else row.layer_class
-
-
-@dataclass
-class JobView:
-    """One job as the status line and the picker show it."""
-
-    id: str
-    experiment: str  # as its Started event or its job file records it; "" until one is read
-    status: str = "running"
-    done: int = 0
-    total: int = 0
-    label: str = ""
-    error: str = ""
-    pid: int | None = None
-    cancelling: bool = False  # asked to stop (key c), still running until its own word or its process ends
-
-
-@dataclass
-class RecoveryRun:
-    """One noise-injection run on one layer: its curve of eval perplexity against steps."""
-
-    job: str
-    layer: int
-    repeat: int = 0
-    sigma: float | None = None
-    steps: int | None = None
-    lr: float | None = None
-    baseline_ppl: float | None = None
-    noised_ppl: float | None = None
-    points: list[tuple[float, float]] = field(default_factory=list)
-    status: str = "running"
-    summary: RecoveryRow | None = None
-
-    @property
-    def label(self) -> str:
-        sigma = "" if self.sigma is None else f" σ={self.sigma:g}"
-        repeat = f" #{self.repeat}" if self.repeat else ""
-        return f"L{self.layer}{sigma}{repeat}"
-
-
-@dataclass
-class GrowthView:
-    """A growth run: the plan, where each arm is, and its loss curves."""
-
-    job: str = ""
-    plan: GrowthPlan | None = None
-    current: dict[str, GrowthPhase] = field(default_factory=dict)  # arm -> the phase it is in
-    step: dict[str, int] = field(default_factory=dict)
-    train: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    val: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    phase_done: dict[str, list[GrowthPhaseEnd]] = field(default_factory=dict)
-    arm_done: dict[str, GrowthArmDone] = field(default_factory=dict)
-    status: str = ""
 
 
 class SessionState:
@@ -156,7 +92,8 @@ class SessionState:
         self.growth_arms: dict[str, GrowthArm] = {}
         self.growth_preview: tuple[str, dict[str, Any]] | None = None  # (flags, planned arms) before a run
         self.dynamics: list[DynamicsRow] = []
-        self.results: dict[str, dict[str, Any]] = {}
+        self.results: dict[str, dict[str, Any]] = {}  # as written (the Analyses pane's trees show them)
+        self.typed: dict[str, ResultDocument | AtlasDocument] = {}  # the same, read as their classes
         self.jobs: dict[str, JobView] = {}
         self.specs: dict[str, dict[str, Any]] = {}
         self.log: deque[tuple[str, str]] = deque(maxlen=500)
@@ -165,26 +102,30 @@ class SessionState:
 
     # results --------------------------------------------------------------------------------
     def set_result(self, name: str, doc: dict[str, Any]) -> str:
-        """Keeps the result and decodes what the panels draw from it. Returns why it cannot be drawn
-        ("" when it can): written by another version or damaged, it is kept raw and its panels stay empty."""
+        """Keeps the result, read as its class by the one reader (sessions/documents.py), and what
+        the panels draw from it. Returns why a result the panels draw cannot be drawn ("" when it
+        can): written by another version or damaged, it is kept as written and its panels stay empty."""
         self.results[name] = doc
         self.dirty.add(Dirty.RESULTS)
+        try:
+            result = typed_result(name, doc, f"results/{name}.json")
+        except Damaged as exc:
+            self.typed.pop(name, None)
+            if name not in _RESULT_HANDLERS:
+                return ""  # the Analyses pane shows it as written
+            log.warning("result %s does not fit this version (%s); its panels stay empty", name, exc.why)
+            return exc.why
+        self.typed[name] = result
         take = _RESULT_HANDLERS.get(name)
-        if take is None:
-            return ""
-        unfit: list[Exception] = []
-        result = decode_or_none(BY_NAME[name].result_class, doc, on_error=unfit.append)
-        if result is None:
-            why = f"{type(unfit[0]).__name__}: {unfit[0]}" if unfit else "no document"
-            log.warning("result %s does not fit this version (%s); its panels stay empty", name, why)
-            return why
-        take(self, result)
+        if take is not None:
+            take(self, result)
         return ""
 
     def result(self, cls: type[R]) -> R | None:
-        """The session's result of this class (results/<cls.name>.json) decoded; None when there is
-        none, or one that does not fit this version."""
-        return decode_or_none(cls, self.results.get(cls.name))
+        """The session's result of this class (results/<cls.name>.json) as its class; None when
+        there is none, or one that does not fit this version."""
+        found = self.typed.get(cls.name)
+        return found if isinstance(found, cls) else None
 
     def _ablation_map(self, result: AblationMap) -> None:
         self.ablation_map = result
@@ -283,18 +224,18 @@ class SessionState:
         view = self.jobs.get(job)
         return "cancelling" if status == "running" and view is not None and view.cancelling else status
 
-    def follow_job_files(self, docs: Mapping[str, Mapping[str, Any]]) -> None:
-        """Reads the job files (`Session.jobs()`) into the jobs: where each runs (its pid), the
+    def follow_job_files(self, records: Mapping[str, JobRecord]) -> None:
+        """Reads the job files (`Session.job_records()`) into the jobs: where each runs (its pid), the
         experiment its file records, and a job whose process is gone without a 'finished' event (or
         that left no job file) reads as its file says: interrupted; one a --resume finished since
         reads resumed."""
         for job_id, view in self.jobs.items():
-            doc = docs.get(job_id, {"status": "interrupted"})
-            view.pid = doc.get("pid")
-            view.experiment = view.experiment or str(doc.get("experiment") or "")
-            ended = view.status == "running" and doc.get("status") != "running"
-            if ended or (doc.get("status") == "resumed" != view.status):
-                self.mark_job(job_id, str(doc.get("status")))
+            record = records.get(job_id, _NO_FILE)
+            view.pid = record.pid or None
+            view.experiment = view.experiment or record.experiment
+            ended = view.status == "running" and record.status != "running"
+            if ended or (record.status == "resumed" != view.status):
+                self.mark_job(job_id, record.status)
 
     def _ablation_layer(self, event: LayerAblated) -> None:
         row = event.row()
@@ -420,83 +361,6 @@ class SessionState:
 
 
 Span = tuple[int, int]  # one line of the event log: [start, end) in bytes, its newline included
-
-
-class LineKeeper:
-    """Folds events into `state` and remembers which lines of the log the state still depends on
-    (`spans`): every line that changes it for good, each job's last progress line, the newest
-    messages the log panel keeps, each curve's points' lines (thinned with the points, `thin`) and
-    each growth arm's last step. Folding just those lines, in order, gives the same state as folding
-    them all: what tui/event_index.py writes down so a large log opens fast."""
-
-    def __init__(self, state: SessionState) -> None:
-        self.state = state
-        self._kept: list[Span] = []
-        self._progress: dict[str, Span] = {}
-        self._messages: deque[Span] = deque(maxlen=state.log.maxlen)
-        self._recovery: dict[tuple[str, int, int], list[Span]] = {}
-        self._runs: dict[tuple[str, int, int], RecoveryRun] = {}
-        self._growth = state.growth  # the growth view the lines below belong to
-        self._train: dict[str, list[Span]] = {}
-        self._val: dict[str, list[Span]] = {}
-        self._step: dict[str, Span] = {}
-
-    def fold(self, span: Span, event: Event) -> None:
-        try:
-            self._fold(span, event)
-        except TypeError:  # a forged line whose values cannot be keys (a list for a layer): kept whole
-            self._kept.append(span)
-
-    def _fold(self, span: Span, event: Event) -> None:
-        kind, state = event.kind, self.state
-        if kind == RECOVERY_POINT:
-            key = (event.job, event.layer, event.repeat)
-            before = self._points(key)
-            state.apply(event)
-            if self._points(key) is not before:  # a point was added (and the curve maybe thinned)
-                self._recovery[key] = thin([*self._recovery.get(key, []), span])
-            return
-        if kind in (GROWTH_STEP, GROWTH_EVAL):
-            if state.growth is not self._growth:
-                self._growth, self._train, self._val, self._step = state.growth, {}, {}, {}
-            arm = _arm_key(event.arm, event.seed)
-            series, lines = (state.growth.train, self._train) if kind == GROWTH_STEP else (state.growth.val, self._val)
-            before = series.get(arm)
-            state.apply(event)
-            if series.get(arm) is not before:
-                lines[arm] = thin([*lines.get(arm, []), span])
-            if kind == GROWTH_STEP:
-                self._step[arm] = span
-            return
-        state.apply(event)
-        if kind == Progress.kind:
-            self._progress[event.job] = span
-        elif kind == Message.kind:
-            self._messages.append(span)
-        elif kind in _HANDLERS:
-            self._kept.append(span)
-
-    def _points(self, key: tuple[str, int, int]) -> list[tuple[float, float]] | None:
-        """The points of the recovery run `key` (job, layer, repeat), as `SessionState._run_for` finds it
-        (a run, once made, stays the one for its key)."""
-        run = self._runs.get(key)
-        if run is None:
-            run = next((run for run in reversed(self.state.recovery) if (run.job, run.layer, run.repeat) == key), None)
-            if run is None:
-                return None
-            self._runs[key] = run
-        return run.points
-
-    def spans(self) -> list[Span]:
-        """The lines the state depends on, in the log's order."""
-        spans = {*self._kept, *self._progress.values(), *self._messages}
-        for lines in self._recovery.values():
-            spans.update(lines)
-        if self._growth is self.state.growth:
-            for series in (*self._train.values(), *self._val.values()):
-                spans.update(series)
-            spans.update(self._step.values())
-        return sorted(spans)
 
 
 def log_line(event: Message | Finished) -> tuple[str, str]:
