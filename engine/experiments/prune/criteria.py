@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from engine.core.events import Event, Message, Progress
+from engine.core.events import CancelToken, Event, Message, Progress
 from engine.data.eval_data import EvalSource
 from engine.evaluation.perplexity import Batch, Evaluator, masked
 from engine.experiments.ablation.vocabulary import AblationMap
@@ -24,7 +25,7 @@ from engine.models.pruning import Cut, cut_removed, layer_params, removed_params
 # --- reading the ablation map ---------------------------------------------------------------------
 
 
-def map_degradation(ablation: AblationMap | None, blocks: bool = False) -> dict:
+def map_degradation(ablation: AblationMap | None, blocks: bool = False) -> dict[Any, float]:
     """Layer -> D% from the session's ablation map (rows without a D% left out); with `blocks`,
     (layer, part) -> D% from its sublayer rows (`ablation --part`)."""
     if ablation is None:
@@ -76,13 +77,13 @@ def cut_name(cut: Cut) -> str:
     return "-".join(f"{b[0]}{b[1][0]}" if isinstance(b, tuple) else str(b) for b in cut)
 
 
-def units_of(n_layers: int, blocks: bool) -> list:
+def units_of(n_layers: int, blocks: bool) -> list[Any]:
     """What a criterion ranks: the layers, or with `blocks` every (layer, part) in the order they run."""
     return [(i, part) for i in range(n_layers) for part in PARTS] if blocks else list(range(n_layers))
 
 
-def greedy_ppl(model, tokenizer, texts: EvalSource, settings: PruneSettings, target: int,
-               cancel, batch_size: int) -> Iterator[Event]:
+def greedy_ppl(model: Any, tokenizer: Any, texts: EvalSource, settings: PruneSettings, target: int,
+               cancel: CancelToken | None, batch_size: int) -> Iterator[Event]:
     """SLEB: greedy removals, `target` layers (with --unit block: blocks until their parameters
     reach `target`). Returns (the order of removal, the first round's perplexity of each single
     removal, in `units_of` order). Each round builds the prefix cache of the model cut so far and
@@ -90,7 +91,7 @@ def greedy_ppl(model, tokenizer, texts: EvalSource, settings: PruneSettings, tar
     tested)."""
     blocks = settings.unit == "block"
     candidates = units_of(len(LayerStack(model)), blocks)
-    order: list = []
+    order: list[Any] = []  # layers, or (layer, part) blocks
     first: list[float] = []
 
     def reached() -> int:  # how far towards the target the order goes
@@ -166,17 +167,18 @@ def block_order(method: str, n_layers: int, *, proxies: dict[Block, tuple[float,
     return sorted(units, key=lambda b: score[b])  # stable: ties in running order
 
 
-def layers_worth(model, n: int) -> float:
+def layers_worth(model: Any, n: int) -> float:
     """The parameters of n layers (n times the mean decoder layer's)."""
     sizes = layer_params(model)
     return n * sum(sizes) / len(sizes)
 
 
-def block_cuts(model, order: Sequence[Block], counts: Sequence[int]) -> dict[int, tuple[Block, ...]]:
+def block_cuts(model: Any, order: Sequence[Block], counts: Sequence[int]) -> dict[int, tuple[Block, ...]]:
     """Each count n: the first blocks of `order` whose removed parameters reach n layers' worth."""
     chosen = {}
     for n in counts:
-        target, taken = layers_worth(model, n), []
+        target = layers_worth(model, n)
+        taken: list[Block] = []
         for block in order:
             if removed_params(model, taken) >= target:
                 break
