@@ -111,7 +111,7 @@ def evaluate(model: torch.nn.Module, batches: Sequence[torch.Tensor], trainer: T
     return float(total) / len(batches)
 
 
-def _tensors(grow: GrowingModel, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
+def _tensors(grow: GrowingModel, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[Any]]:
     tensors = {f"model.{name}": p.detach().clone() for name, p in grow.named.items()}
     opt_tensors, groups = optimizer_tensors(optimizer)
     tensors.update(opt_tensors)
