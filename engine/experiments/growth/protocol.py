@@ -65,7 +65,8 @@ def derive_phases(profile: Sequence[str]) -> tuple[Phase, ...]:
         "connective": [i for i in by_class["redundant"] if i not in core],
         "maturation": [],
     }
-    phases, existing = [], []
+    phases: list[Phase] = []
+    existing: list[int] = []
     for name, weight in PAPER_WEIGHTS:
         if not groups[name] and name != "maturation":
             continue
