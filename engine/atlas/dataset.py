@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from engine.atlas.table import CRITERIA, AtlasDocument, AtlasRow
 from engine.disk.atomic import atomic_write, atomic_write_bytes
@@ -94,5 +95,5 @@ def write_dataset(doc: AtlasDocument, folder: Path) -> Path:
     return folder
 
 
-def _empty() -> dict:
+def _empty() -> dict[str, Any]:
     return dataclasses.asdict(AtlasRow("", "", "", 0, 0, 0.0, "", 0.0, 0.0, 0.0, "", "", 0, 0, 0, ""))
