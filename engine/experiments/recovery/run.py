@@ -36,8 +36,8 @@ from engine.models.distributed import ShardPlan, Workers
 
 
 def run_recovery(
-    model,
-    tokenizer,
+    model: Any,
+    tokenizer: Any,
     settings: RecoverySettings,
     cancel: CancelToken | None = None,
     model_name: str = "",
