@@ -95,7 +95,8 @@ class Sweep:
     between the first and the last step), training pool, baselines, progress."""
 
     def __init__(
-        self, model, tokenizer, settings: RecoverySettings, cancel: CancelToken | None, keep_weights: KeepWeights
+        self, model: Any, tokenizer: Any, settings: RecoverySettings, cancel: CancelToken | None,
+        keep_weights: KeepWeights,
     ) -> None:
         self.model = model
         self.settings = settings
