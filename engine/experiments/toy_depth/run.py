@@ -156,7 +156,8 @@ def _student(teacher: Teacher, temperature: float, depth: int, settings: ToyDept
     return losses
 
 
-def shard_plan(settings: ToyDepthSettings, n_layers: int, inputs: Mapping[str, dict], model_name: str) -> ShardPlan:
+def shard_plan(settings: ToyDepthSettings, n_layers: int, inputs: Mapping[str, dict[str, Any]], model_name: str
+               ) -> ShardPlan:
     """The registry's split (`--shards`): by group of students, each share's in RunContext.share;
     rank 0 prepares the checkpoint folder first (cleared, or checked for --resume) and logs the
     fits once the merge has made them."""
