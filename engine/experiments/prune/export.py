@@ -157,14 +157,14 @@ def _card(result: PruneResult, point: PruneCut, loaded: LoadedModel, settings: P
     ))
 
 
-def adapter_folder(adapters: tempfile.TemporaryDirectory | None, layers: Sequence[int]) -> Path | None:
+def adapter_folder(adapters: tempfile.TemporaryDirectory[str] | None, layers: Sequence[int]) -> Path | None:
     """Where LoRA healing saves the adapter of this cut, when the run exports adapters."""
     return None if adapters is None else Path(adapters.name) / cut_name(layers)
 
 
 def export_cut(doc: PruneResult, best: tuple[float, PruneCut, CutWeights | None],
                loaded: LoadedModel, settings: PruneSettings,
-               adapters: tempfile.TemporaryDirectory | None) -> Iterator[Event]:
+               adapters: tempfile.TemporaryDirectory[str] | None) -> Iterator[Event]:
     """The chosen cut (healed: its trained layers' weights) saved with its card, the mergekit
     configuration of the cut and, after LoRA healing, the adapter (or only the adapter)."""
     final, point, weights = best
