@@ -226,7 +226,7 @@ def _run(
     spec = settings.to_dict()
     val_set = val_batches(corpus.val, settings.eval_batches, settings.batch_size, settings.seq_len)
     completed: dict[str, dict[str, Any]] = {}
-    in_progress: tuple[dict[str, Any], dict] | None = None
+    in_progress: tuple[dict[str, Any], dict[str, Any]] | None = None
     if resume:
         found = load_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
         if found is None:
@@ -255,7 +255,7 @@ def _run(
     if in_progress is not None:
         done_steps += in_progress[0].get("step", 0)
 
-    def save(key: str | None, arm_state: dict[str, Any] | None, tensors: dict) -> None:
+    def save(key: str | None, arm_state: dict[str, Any] | None, tensors: dict[str, Any]) -> None:
         if checkpoint_dir is not None:
             doc = {"settings": spec, "completed": completed, "arm": None}
             if key is not None:
