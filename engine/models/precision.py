@@ -6,12 +6,20 @@ there. The placement itself (device, dtype, why) is decided in engine/models/pla
 from __future__ import annotations
 
 import os
+from typing import TypedDict
 
 from engine.core.events import Message
 from engine.models.placement import Flags, Hardware, Placement, dtype_warnings, resolve_placement
 
 
-def training_precision(device: str, dtype: str) -> dict[str, str]:
+class TrainingPrecision(TypedDict):
+    """The settings fields a from-scratch training run replaces: `replace(settings, **precision)`."""
+
+    device: str
+    dtype: str
+
+
+def training_precision(device: str, dtype: str) -> TrainingPrecision:
     """The device and forward dtype of a from-scratch training run (growth, toy-depth), 'auto'
     resolved as for a model load (`resolve_placement`); the run keeps float32 weights and
     autocasts to the dtype."""
