@@ -23,9 +23,10 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from anatomy_tui.results import InputError, RunResult, one_line, plot, to_pandas, typed
+from anatomy_tui.stored import Session, open_session
 from engine import registry
 from engine.core.errors import UserError
 from engine.core.events import (
@@ -35,40 +36,18 @@ from engine.core.events import (
     Message,
     Progress,
     Result,
-    ResultDocument,
-    result_class,
-    table_row,
 )
 from engine.core.settings import FieldSpec, Settings, from_preset
 from engine.experiments.context import RunContext
 from engine.models.options import ModelOptions, check_device
 from sessions.job_runner import run_job
 from sessions.store import Session as StoredSession
-from sessions.store import SessionError, SessionStore
+from sessions.store import SessionStore
 
 if TYPE_CHECKING:
-    import pandas
-    from matplotlib.figure import Figure
-
     from engine.models.loading import LoadedModel
 
 __all__ = ["InputError", "Model", "RunResult", "Session", "load_model", "open_session", "plot", "run", "to_pandas"]
-
-
-class InputError(UserError, ValueError):
-    """What was given cannot be used (an unknown experiment or setting, a value out of range, a
-    session that does not open); the message is one line that says what to do."""
-
-
-@contextlib.contextmanager
-def _one_line() -> Iterator[None]:
-    """The engine's and the store's one-line errors as an InputError, without their chain."""
-    try:
-        yield
-    except (UserError, SessionError) as exc:
-        if isinstance(exc, InputError):
-            raise
-        raise InputError(str(exc)) from None
 
 
 def _say(text: str) -> None:
@@ -124,7 +103,7 @@ def load_model(name_or_path: str | None = None, *, device: str | None = None, dt
     runs on a GPU. `progress=False` says nothing while loading. A bad option raises InputError."""
     given = {"model": name_or_path, "device": device, "dtype": dtype, "trust_remote_code": trust_remote_code,
              "device_map": device_map, "max_memory": max_memory, "deterministic": deterministic, "tf32": tf32}
-    with _one_line():
+    with one_line():
         options = _checked(ModelOptions(), {name: value for name, value in given.items() if value is not None})
         check_device(options.device)
         if not fresh and options in _LOADED:
@@ -177,86 +156,6 @@ def _settings(entry: registry.Experiment, preset: str | None, given: Mapping[str
 
 
 # results -----------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class RunResult:
-    """An experiment's result, typed (`result`, the class the console and the CLI read it with) and
-    as saved (`data`, results/<name>.json), with the events the run sent (`events`, none for a
-    result read from a session). The result's own fields read through it: `run(...).layers`.
-
-    `partial` is True when the run was cancelled (a kernel interrupt) before its result: `result` and
-    `data` are then None and `to_pandas()` gives the experiment's events it sent (an ablation's
-    rows so far, a recovery's curve points). A resumable experiment run with `session=` continues
-    from its checkpoint with `run(..., session=..., resume=True)`."""
-
-    experiment: str
-    name: str  # the result file's name: the experiment's, or ablation-proxies
-    result: ResultDocument | None
-    data: dict[str, Any] | None
-    events: tuple[Event, ...] = ()
-    session: str | None = None
-    partial: bool = False
-
-    def to_pandas(self) -> pandas.DataFrame:
-        """`to_pandas(self)`."""
-        return to_pandas(self)
-
-    def plot(self) -> Figure:
-        """`plot(self)`."""
-        return plot(self)
-
-    def __getattr__(self, name: str) -> Any:
-        document = self.__dict__.get("result")
-        if name.startswith("_") or document is None:
-            raise AttributeError(name)
-        return getattr(document, name)
-
-    def __repr__(self) -> str:
-        where = f" in session {self.session!r}" if self.session else ""
-        if self.partial:
-            return f"RunResult({self.experiment}: partial, cancelled after {len(self.events)} events{where})"
-        return f"RunResult({self.name}{where}: {type(self.result).__name__})"
-
-
-def _typed(experiment: str, name: str, data: dict[str, Any], **more: Any) -> RunResult:
-    cls = result_class(name)
-    if cls is None:
-        raise InputError(f"no result class reads {name!r}; is its experiment registered?")
-    with _one_line():
-        try:
-            document = cls.from_json(data)
-        except (TypeError, ValueError, KeyError) as exc:
-            raise InputError(f"result {name!r} does not read as {cls.__name__} ({exc})") from None
-    return RunResult(experiment, name, document, data, **more)
-
-
-def to_pandas(what: RunResult | ResultDocument | Iterable[Event]) -> pandas.DataFrame:
-    """A tidy DataFrame: of a result, its rows (each experiment's own: a row per layer for an
-    ablation map and, with `part`, per block; per curve point for recovery; per criterion point for
-    prune; per model and task for evaluate; ...); of a cancelled run (`partial`), of the events it
-    sent; of events (`Session.events()`), a row per event with its `kind`, `job`, `t` and fields."""
-    import pandas
-
-    if isinstance(what, RunResult):
-        if what.partial:
-            return to_pandas(event for event in what.events if event.kind.startswith(what.experiment + "."))
-        what = what.result  # type: ignore[assignment]
-    if isinstance(what, ResultDocument):
-        return pandas.DataFrame(what.tidy_rows())
-    return pandas.DataFrame([{"kind": event.kind, **table_row(event)} for event in what])
-
-
-def plot(what: RunResult | ResultDocument) -> Figure:
-    """The result's figure (a matplotlib Figure) from the `figures` package: `figures.figure_for`."""
-    if isinstance(what, RunResult):
-        if what.result is None:
-            raise InputError(f"{what.experiment} was cancelled before its result: nothing to plot "
-                             "(to_pandas() gives the events it sent)")
-        what = what.result
-    import figures
-
-    return figures.figure_for(what)
 
 
 # running -----------------------------------------------------------------------------------------
@@ -385,7 +284,7 @@ def run(experiment: str, model: Model | None = None, session: str | Session | No
     were: the run returns a `partial` RunResult holding the events sent so far (and the session
     records the job cancelled). A second interrupt stops it at once, mid-step, with the same end; a
     KeyboardInterrupt raised in `on_event` cancels it too."""
-    with _one_line():
+    with one_line():
         entry = registry.experiment(experiment)
         chosen = _settings(entry, preset, settings)
         chosen.check_inputs()
@@ -432,71 +331,4 @@ def run(experiment: str, model: Model | None = None, session: str | Session | No
             line += f"; continue it with run({entry.name!r}, session={where!r}, resume=True, ...)"
         show.write(line)
         return RunResult(entry.name, entry.writes, None, None, kept, where, partial=True)
-    return _typed(entry.name, result.name, result.data, events=kept, session=where)
-
-
-# sessions ----------------------------------------------------------------------------------------
-
-
-class Session:
-    """A session of the store (`$ANATOMY_TUI_HOME`, the console's and the CLI's): its results,
-    events and jobs, read afresh at each access, so a run still going in the console shows as it
-    goes."""
-
-    def __init__(self, stored: StoredSession) -> None:
-        self.stored = stored
-
-    @property
-    def name(self) -> str:
-        return self.stored.name
-
-    @property
-    def path(self) -> Path:
-        return self.stored.path
-
-    @property
-    def model(self) -> str:
-        """The model the session was made with (its manifest's)."""
-        return str(self.stored.manifest.get("model", ""))
-
-    @property
-    def results(self) -> dict[str, RunResult]:
-        """Every readable result by name (results/<name>.json: the experiment's name, or
-        ablation-proxies), typed; one that cannot be read is left out and said in `damage`."""
-        writers = {row.writes: row.name for row in registry.EXPERIMENTS}
-        found = {}
-        for name, data in self.stored.results().items():
-            try:
-                found[name] = _typed(writers.get(name, name), name, data, session=self.name)
-            except InputError as exc:
-                self.stored.damage.append(str(exc))
-        return found
-
-    def events(self, kind: str | None = None, job: str | None = None) -> list[Event]:
-        """The event log, typed: all of it, or the events of one `kind` (`ablation.layer`) or of one
-        experiment or family (`ablation`, `job`: every `ablation.*`), of one `job`. A line of the log
-        that cannot be read (torn by a crash, too large or too deeply nested: engine/core/untrusted.py)
-        is skipped and logged; the lines around it are read."""
-        return [event for event in self.stored.events()
-                if (kind is None or event.kind == kind or event.kind.startswith(kind + "."))
-                and (job is None or event.job == job)]
-
-    @property
-    def jobs(self) -> dict[str, dict[str, Any]]:
-        """Each job's file by id: its experiment, settings, model and status (done, cancelled, ...)."""
-        return self.stored.jobs()
-
-    @property
-    def damage(self) -> list[str]:
-        """A line for each part of the session that could not be read."""
-        return self.stored.damage
-
-    def __repr__(self) -> str:
-        return f"Session({self.name!r}: {', '.join(self.stored.result_names()) or 'no results'})"
-
-
-def open_session(name: str) -> Session:
-    """The session `name` of the store the console and `anatomy-tui sessions list` use
-    (`$ANATOMY_TUI_HOME`); InputError when there is none or it cannot be opened."""
-    with _one_line():
-        return Session(SessionStore().open(name))
+    return typed(entry.name, result.name, result.data, events=kept, session=where)

@@ -146,3 +146,29 @@ def test_the_console_state_follows_job_records():
     state.follow_job_files({"ablation-1": JobRecord(status="done", experiment="ablation", pid=4242)})
     assert state.jobs["ablation-1"].status == "done" and state.jobs["ablation-1"].pid == 4242
     assert state.jobs["ablation-1"].experiment == "ablation"
+
+
+@pytest.mark.parametrize("entry", SAMPLES)
+def test_the_api_receives_each_result_as_its_dataclass(entry):
+    from anatomy_tui import open_session
+
+    sample = entry.sample()
+    stored = SessionStore().create("s", model="tiny")
+    stored.save_result(entry.writes, json_safe(sample))
+    stored.write_job("j", {"status": "done", "experiment": entry.name, "started": 1.0})
+    session = open_session("s")
+    read = session.results[entry.writes]
+    assert type(read.result) is entry.result_class and read.result == sample and read.experiment == entry.name
+    assert session.jobs == {"j": JobRecord(status="done", experiment=entry.name, started=1.0)}
+    assert session.model == "tiny" and session.damage == []
+
+
+def test_the_api_leaves_out_a_result_that_does_not_fit_naming_file_and_field():
+    from anatomy_tui import open_session
+
+    doc = json_safe(registry.BY_NAME["ablation"].sample())
+    doc["layers"][0]["ppl"] = "high"
+    SessionStore().create("s").save_result("ablation", doc)
+    session = open_session("s")
+    assert session.results == {} and len(session.damage) == 1
+    _one_line(session.damage[0], "results/ablation.json", "'layers.ppl'")
