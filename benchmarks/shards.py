@@ -32,7 +32,8 @@ def worker(out: str, eval_set: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from engine.experiments.ablation.run import merge_shards, run_ablation
+    from engine.experiments.ablation.rankings import merge_shards
+    from engine.experiments.ablation.run import run_ablation
     from engine.models.distributed import Workers, world_from_env
     from engine.models.loading import load_model
 

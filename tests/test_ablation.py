@@ -16,7 +16,8 @@ from engine.core.events import Cancelled, CancelToken, Result
 from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Evaluator
 from engine.evaluation.statistics import bootstrap_degradation, importance_class
-from engine.experiments.ablation.run import neighbour_mean, run_ablation
+from engine.experiments.ablation.removal import neighbour_mean
+from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings, LayerAblated
 from engine.models.anatomy import LayerStack
 

@@ -8,7 +8,7 @@ import torch
 from tiny_models import TINY_CONFIGS, tiny_model
 
 from engine.core.errors import UserError
-from engine.experiments.ablation.run import ablated
+from engine.experiments.ablation.removal import ablated
 from engine.models.anatomy import LayerStack
 from engine.models.families import FAMILIES
 

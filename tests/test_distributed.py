@@ -20,7 +20,8 @@ from tiny_models import tiny_model
 
 from engine.core.errors import UserError
 from engine.core.events import Progress, Result
-from engine.experiments.ablation.run import merge_shards, run_ablation
+from engine.experiments.ablation.rankings import merge_shards
+from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationMap, AblationSettings
 from engine.models.distributed import (
     World,

@@ -14,7 +14,7 @@ from engine.core.errors import UserError
 from engine.core.events import Result
 from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Evaluator
-from engine.experiments.ablation.run import neighbour_mean
+from engine.experiments.ablation.removal import neighbour_mean
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
 from engine.experiments.manipulate.run import blend_weights, clone_source, manipulated, run_manipulation, trials
 from engine.experiments.manipulate.vocabulary import ManipulationSettings

@@ -69,7 +69,7 @@ def test_a_non_finite_value_at_a_pad_position_does_not_spoil_the_sums():
     """float16 logits and states can overflow at pad positions (large auto batches): masking by a
     product gave inf * 0 = NaN, and that text's perplexity inf. Every masked sum must ignore them."""
     from engine.evaluation.perplexity import Batch, token_nll
-    from engine.experiments.ablation.run import InfluenceMeter
+    from engine.experiments.ablation.meters import InfluenceMeter
     from engine.experiments.prune.criteria import AngularMeter
 
     ids = torch.tensor([[1, 2, 3, 0], [4, 5, 6, 7]])

@@ -13,7 +13,9 @@ from tiny_models import byte_tokenizer, tiny_model
 
 from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Batch
-from engine.experiments.ablation.run import InfluenceMeter, block_search, run_ablation
+from engine.experiments.ablation.meters import InfluenceMeter
+from engine.experiments.ablation.rankings import block_search
+from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.experiments.prune.criteria import criterion_layers
 from engine.experiments.prune.vocabulary import PruneSettings

@@ -20,7 +20,8 @@ from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Evaluator
 from engine.evaluation.statistics import importance_class
 from engine.experiments.ablation import vocabulary
-from engine.experiments.ablation.run import merge_shards, run_ablation
+from engine.experiments.ablation.rankings import merge_shards
+from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationMap, AblationProxyMap, AblationSettings, LayerAblated
 from engine.models import families
 from engine.models.anatomy import LayerStack

@@ -13,7 +13,7 @@ from tui_fixtures import cut, growth_doc, prune_result
 
 from engine.core.errors import UserError
 from engine.core.events import decode_or_none
-from engine.experiments.ablation.run import ablated_part, neighbour_mean
+from engine.experiments.ablation.removal import ablated_part, neighbour_mean
 from engine.experiments.growth.vocabulary import GrowthResult
 from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.variants import Variant, applied, modified, noised, recovered, saved_model_path

@@ -71,7 +71,7 @@ def modified(model: Any, layers: Sequence[int], blocks: Sequence[Block] = ()) ->
     ablation experiment's `mean` method layer by layer), and each of `blocks` removed: its output
     replaced by zero, so the residual passes by (the sublayer map's `skip`, a block cut's removal;
     in a parallel layer the other block's term stays). Weights and hooks are put back on exit."""
-    from engine.experiments.ablation.run import neighbour_mean
+    from engine.experiments.ablation.removal import neighbour_mean
     from engine.models.anatomy import LayerStack
 
     check_blocks(layers, blocks)

@@ -11,29 +11,28 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from engine.core.codec import ABSENT, from_doc, json_safe
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Pace, Result, kept_on_stop
 from engine.core.turns import Change, ModelTurns
-from engine.evaluation.perplexity import Batch, Evaluator, Scoring, TextScores, drained, masked
-from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class, spearman
+from engine.evaluation.perplexity import Batch, Evaluator, Scoring, TextScores, drained
+from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class
+from engine.experiments.ablation.meters import InfluenceMeter, PartMeter
+from engine.experiments.ablation.rankings import all_spearmans, block_search, merge_shards, proxy_map
+from engine.experiments.ablation.removal import ablated, ablated_part
 from engine.experiments.ablation.vocabulary import (
     AblationMap,
     AblationProxies,
-    AblationProxyMap,
     AblationRow,
     AblationSettings,
     LayerAblated,
-    ProxyRow,
 )
 from engine.experiments.ablation.wavefront import (
     StreamCheckpoint,
@@ -45,169 +44,11 @@ from engine.experiments.ablation.wavefront import (
 )
 from engine.experiments.context import RunContext
 from engine.experiments.sweep_checkpoint import CHECKPOINT_FILE, resumed, write_checkpoint
-from engine.models.anatomy import LayerStack
 from engine.models.distributed import ShardPlan
 from engine.models.families import PARTS, check_parts
 from engine.models.streaming import LayerSource, StreamedModel
 
 STREAM_FILE = "stream.safetensors"  # a streamed map's wavefront, beside the finished rows (layers.json)
-
-
-def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:
-    """(W[l-1] + W[l+1]) / 2 per matrix; an edge layer takes its single neighbour."""
-    neighbours = [i for i in (index - 1, index + 1) if 0 <= i < len(stack)]
-    if not neighbours:
-        raise UserError("a one-layer model has no neighbours to ablate with; use --method skip or zero")
-    stack.check_editable(neighbours)
-    mats = [stack.matrices(i) for i in neighbours]
-    own = stack.matrices(index)  # neighbours may sit on another GPU: the mean is made where it goes
-    means = {}
-    for name in stack.matrix_names:  # summed in float32, cast once: half precision would round twice
-        total = sum(m[name].detach().to(own[name].device).float() for m in mats) / len(mats)
-        means[name] = total.to(own[name].dtype)
-    return means
-
-
-@contextlib.contextmanager
-def ablated(stack: LayerStack, index: int, method: str) -> Iterator[None]:
-    """Layer `index` ablated in place for the duration of the block, then restored exactly."""
-    if method == "skip":
-        with stack.skipped([index]):
-            yield
-        return
-    with stack.preserved([index]):
-        targets = neighbour_mean(stack, index) if method == "mean" else None
-        with torch.no_grad():
-            for name, param in stack.matrices(index).items():
-                if targets is None:
-                    param.zero_()
-                else:
-                    param.copy_(targets[name])
-        yield
-
-
-@contextlib.contextmanager
-def ablated_part(stack: LayerStack, index: int, part: str, method: str) -> Iterator[None]:
-    """Block `part` ("attention" or "mlp") of layer `index` removed for the duration of the block:
-    skip zeroes its term in the residual sum, zero its matrices, mean puts the neighbours' mean of
-    its matrices in; the weights come back exactly."""
-    if method == "skip":
-        with stack.part_skipped(index, part):
-            yield
-        return
-    with stack.preserved([index]):
-        targets = neighbour_mean(stack, index) if method == "mean" else None
-        with torch.no_grad():
-            for name, param in stack.part_matrices(index, part).items():
-                if targets is None:
-                    param.zero_()
-                else:
-                    param.copy_(targets[name])
-        yield
-
-
-class PartMeter:
-    """Block Influence and the angular distances (all tokens, and each text's last token) of every
-    attention and MLP block: between the residual stream before the block's addition and after it.
-    Sequential layers: attention from the layer's input h to h + a, the MLP from h + a to the
-    layer's output; parallel ones (GPT-NeoX): each block from h to h plus its own term. The blocks'
-    terms come from `LayerStack.capture_parts` (`term`), the layer's input and output from the
-    layer observer (the call), in the same forward."""
-
-    def __init__(self, stack: LayerStack, parts: tuple[str, ...]) -> None:
-        self.parts = parts
-        self.parallel = stack.parallel_residual
-        self.terms: dict[tuple[int, str], torch.Tensor] = {}
-        self.sums: dict[tuple[int, str], torch.Tensor] = {}  # (influence, angular, tokens, last angular, rows)
-
-    def term(self, batch: Batch | None, index: int, part: str, term: torch.Tensor) -> None:
-        self.terms[(index, part)] = term
-
-    def __call__(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
-        attention = self.terms.pop((index, "attention")).reshape(layer_input.shape).to(layer_input.device)
-        mlp = self.terms.pop((index, "mlp")).reshape(layer_input.shape).to(layer_input.device)
-        middle = layer_input + attention  # as the layer adds it (OPT's fc2 term comes flat: reshaped)
-        pairs = {"attention": (layer_input, middle),
-                 "mlp": (layer_input, layer_input + mlp) if self.parallel else (middle, layer_output)}
-        for part in self.parts:
-            self._add(batch, (index, part), *pairs[part])
-
-    def _add(self, batch: Batch, key: tuple[int, str], before: torch.Tensor, after: torch.Tensor) -> None:
-        after = after.to(before.device)
-        cos = torch.nn.functional.cosine_similarity(before.float(), after.float(), dim=-1).clamp(-1.0, 1.0)
-        mask = batch.attention_mask.to(cos.device)
-        last = mask.sum(dim=1) - 1
-        rows = torch.arange(len(last), device=cos.device)
-        unit = [torch.nn.functional.normalize(x[rows, last].double(), dim=-1) for x in (before, after)]
-        last_cos = (unit[0] * unit[1]).sum(dim=-1).clamp(-1.0, 1.0)
-        values = torch.stack([
-            masked(1 - cos, mask).sum().double(), masked(torch.arccos(cos) / math.pi, mask).sum().double(),
-            mask.sum().double(), (torch.arccos(last_cos) / math.pi).sum(), last_cos.new_tensor(len(last)),
-        ])  # fmt: skip
-        self.sums[key] = self.sums[key] + values if key in self.sums else values
-
-    def means(self) -> dict[tuple[int, str], tuple[float, float, float]]:
-        """(layer, part) -> (Block Influence, angular all tokens, angular last token)."""
-        found = {}
-        for key, sums in self.sums.items():
-            influence, angular, tokens, last, rows = sums.cpu().tolist()
-            found[key] = (influence / tokens, angular / tokens, last / rows)
-        return found
-
-
-class InfluenceMeter:
-    """Block Influence (1 - cos(h_in, h_out)) and angular distance (arccos(cos) / pi) per layer,
-    averaged over real tokens (`angular_all_tokens`), accumulated while the prefix cache is built;
-    and each text's (window's) last-token hidden state at every layer's input, for the field's
-    last-token definitions (`last_token_blocks`: Gromov et al., PruneMe, short-transformers)."""
-
-    def __init__(self, n_layers: int) -> None:
-        self.n_layers = n_layers
-        self.sums: dict[int, torch.Tensor] = {}  # layer -> (influence, angular, count), on that layer's device
-        self.last: dict[int, list[torch.Tensor]] = {}  # layer (n_layers: the last one's output) -> [rows, hidden]
-
-    def __call__(self, batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
-        """Accumulates on the layer's own device (the layers of a split model sit on several GPUs):
-        no host sync inside the forward's per-layer hooks."""
-        cos = torch.nn.functional.cosine_similarity(layer_input.float(), layer_output.float(), dim=-1)
-        cos = cos.clamp(-1.0, 1.0)
-        mask = batch.attention_mask
-        values = torch.stack([masked(1 - cos, mask).sum(), masked(torch.arccos(cos) / math.pi, mask).sum(),
-                              mask.to(cos.device).sum()]).double()
-        self.sums[index] = self.sums[index] + values if index in self.sums else values
-        last = mask.to(layer_input.device).sum(dim=1) - 1  # right padding: each row's last real token
-        rows = torch.arange(len(last), device=layer_input.device)
-        self.last.setdefault(index, []).append(layer_input[rows, last].detach().float())
-        if index == self.n_layers - 1:
-            output = layer_output[rows, last.to(layer_output.device)]
-            self.last.setdefault(index + 1, []).append(output.detach().float())
-
-    def last_token_blocks(self) -> dict[int, np.ndarray]:
-        """n -> the angular distance arccos(cos(h_l, h_{l+n})) / pi between the last token's input
-        of layer l and of layer l + n (the last layer's output for l + n = depth), averaged over
-        texts (windows), for l = 0 .. depth - n: Gromov et al.'s block measure; n = 1 is each
-        layer's own last-token angular distance."""
-        if not self.last:
-            return {}
-        home = self.last[0][0].device
-        states = torch.stack([torch.cat([t.to(home) for t in self.last[i]]) for i in range(self.n_layers + 1)])
-        unit = torch.nn.functional.normalize(states.double(), dim=-1)  # [depth + 1, rows, hidden]; float64: arccos
-        # near cos = 1 turns float32's rounding into angles of 1e-4
-        blocks = {}
-        for n in range(1, self.n_layers + 1):
-            cos = (unit[:-n] * unit[n:]).sum(dim=-1).clamp(-1.0, 1.0)
-            blocks[n] = (torch.arccos(cos) / math.pi).mean(dim=1).cpu().numpy()
-        return blocks
-
-    def means(self) -> tuple[np.ndarray, np.ndarray]:
-        """One host copy at the end, after gathering the sums on one device."""
-        if not self.sums:
-            return np.full(self.n_layers, np.nan), np.full(self.n_layers, np.nan)
-        home = self.sums[min(self.sums)].device
-        sums = torch.stack([self.sums[i].to(home) for i in range(self.n_layers)], dim=1).cpu().numpy()
-        return sums[0] / sums[2], sums[1] / sums[2]
-
-
 Unit = tuple[int, str | None]  # (layer, None) for a whole layer, (layer, "attention" or "mlp") for a block
 
 
@@ -367,66 +208,6 @@ def first_pass(evaluator: Evaluator, meter: InfluenceMeter, part_meter: PartMete
 
     capture = functools.partial(evaluator.stack.capture_parts, part_meter.term)
     return (yield from per_turn(turns, capture, functools.partial(evaluator.building, both, keep)))
-
-
-def proxy_map(model_name: str, evaluator: Evaluator, settings: AblationSettings, seconds: float, baseline: float,
-              layer_proxies: tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]],
-              block_proxies: dict[tuple[int, str], tuple[float, float, float]]) -> AblationProxyMap:
-    """`--proxies-only`: the measures of the one pass, as the full map would record them."""
-    influence, angular, blocks = layer_proxies
-    layers = [ProxyRow(index, float(influence[index]), float(angular[index]), float(blocks[1][index]))
-              for index in range(len(influence))]
-    ordered = sorted(block_proxies, key=lambda key: (key[0], PARTS.index(key[1])))
-    parts = [ProxyRow(index, *block_proxies[(index, part)], part=part) for index, part in ordered]
-    return AblationProxyMap(
-        model=model_name, baseline_ppl=baseline, eval_tokens=evaluator.n_tokens, eval_texts=evaluator.n_texts,
-        seconds=seconds, settings=settings, layers=layers, protocol=evaluator.protocol,
-        angular_blocks={str(k): [float(v) for v in values] for k, values in blocks.items()},
-        angular_block_best=block_search(blocks), **({"parts": parts} if settings.parts() else {}),
-    )
-
-
-def spearmans(layers: list[AblationRow]) -> dict[str, float]:
-    """How well the cheap per-layer measures rank the layers like the ablation does (the angular
-    distance over all tokens, `angular_distance`, and of the last token, the field's)."""
-    degradations = [row.degradation_pct for row in layers]
-    found = {
-        "block_influence": spearman([row.block_influence for row in layers], degradations),
-        "angular_distance": spearman([row.angular_distance for row in layers], degradations),
-    }
-    if all(isinstance(row.angular_last_token, float) for row in layers):
-        found["angular_last_token"] = spearman([row.angular_last_token for row in layers], degradations)
-    return found
-
-
-def all_spearmans(layers: list[AblationRow], parts: list[AblationRow]) -> dict[str, float]:
-    """The whole layers' rankings, and with blocks each block kind's, keyed `<part>:<measure>`."""
-    found = spearmans(layers)
-    for part in PARTS:
-        rows = [row for row in parts if row.part == part]
-        if rows:
-            found.update({f"{part}:{key}": value for key, value in spearmans(rows).items()})
-    return found
-
-
-def block_search(blocks: dict[int, np.ndarray]) -> dict[str, int]:
-    """short-transformers' block search: for each block length n, the first layer l of the block
-    whose last-token angular distance from layer l's input to layer l+n's is smallest."""
-    return {str(n): int(np.argmin(values)) for n, values in blocks.items()}
-
-
-def merge_shards(docs: list[dict], settings: AblationSettings) -> dict:
-    """One map from the maps of a split sweep (each over some layers): rows in layer order and the
-    Spearman over all of them, so the numbers equal a serial run's."""
-    maps = [AblationMap.from_json(doc) for doc in docs]
-    layers = sorted((row for part in maps for row in part.layers), key=lambda row: row.layer)
-    blocks = sorted((row for part in maps for row in part.parts or ()),
-                    key=lambda row: (row.layer, PARTS.index(row.part)))
-    merged = dataclasses.replace(
-        maps[0], seconds=max(part.seconds for part in maps), settings=settings, layers=layers,
-        spearman=all_spearmans(layers, blocks), **({"parts": blocks} if settings.parts() else {}),
-    )
-    return json_safe(merged)
 
 
 def shard_plan(settings: AblationSettings, n_layers: int, inputs: Mapping[str, dict], model_name: str) -> ShardPlan:

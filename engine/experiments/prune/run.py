@@ -44,7 +44,7 @@ from engine.data.eval_data import comparable
 from engine.evaluation.accuracy import CutJudge, Harness, accuracy_line
 from engine.evaluation.perplexity import Evaluator, TextScores
 from engine.evaluation.statistics import bootstrap_perplexity, spearman
-from engine.experiments.ablation.run import InfluenceMeter, PartMeter
+from engine.experiments.ablation.meters import InfluenceMeter, PartMeter
 from engine.experiments.ablation.vocabulary import AblationMap
 from engine.experiments.context import RunContext
 from engine.experiments.prune.criteria import (
