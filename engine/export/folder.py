@@ -152,7 +152,7 @@ def push_to_hub(folder: str | Path, repo: str, private: bool = False) -> str:
     from huggingface_hub.errors import HfHubHTTPError
 
     # a bad repo id or card metadata (ValueError), the Hub's answers and the HTTP library's own errors
-    failures = (OSError, ValueError, *HfHubHTTPError.__bases__)
+    failures: tuple[type[BaseException], ...] = (OSError, ValueError, *HfHubHTTPError.__bases__)
     path = Path(folder)
     if not (path / CARD).is_file():
         raise UserError(f"{path} is not an exported folder (no {CARD}); export it first")
