@@ -121,6 +121,7 @@ def add_accuracy(folder: Path, scores: Sequence[Mapping[str, Any]], protocol: Ma
 def model_card(facts: CardFacts) -> ModelCard:
     from huggingface_hub import ModelCard, ModelCardData
 
+    metadata: dict[str, Any] = {METADATA_KEY: dict(facts.details)}  # ours, beside the card's own keys
     data = ModelCardData(
         base_model=facts.base_model,
         library_name=facts.library,
@@ -128,6 +129,6 @@ def model_card(facts: CardFacts) -> ModelCard:
         tags=["anatomy-tui", *facts.tags],
         model_name=facts.title,
         eval_results=facts.eval_results(),
-        **{METADATA_KEY: dict(facts.details)},
+        **metadata,
     )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n# {facts.title}\n\n{facts.body.strip()}\n")
