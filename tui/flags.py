@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from engine.core.errors import UserError
 from engine.core.settings import FieldSpec, Settings
@@ -26,11 +26,12 @@ def _default_text(spec: FieldSpec, value: Any) -> str:
         return str(value)
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser, defaults: Settings, taken: set[str],
+def add_settings_arguments(parser: argparse._ActionsContainer, defaults: Settings, taken: set[str],
                            only: Collection[str] | None = None) -> None:
     """One flag per settings field (its aliases too, where no other flag has the name); `only`: the
     flags of these fields alone. Flags default to SUPPRESS, so the namespace holds exactly the
-    values given on the command line."""
+    values given on the command line. `parser`: a parser or one of its argument groups (argparse's
+    common base of both)."""
     primary = {spec.flag for spec in defaults.fields()}
     for spec in defaults.fields():
         if not spec.meta.get("cli", True) or (only is not None and spec.name not in only):
@@ -64,7 +65,7 @@ def experiment_flags(parser: argparse.ArgumentParser, experiment: Experiment) ->
     taken = {"--session", "--json", "--resume", "--preset", "--cluster", "--retries", "-h", "--help"}
     if experiment.needs_model:
         group = parser.add_argument_group("model")
-        add_settings_arguments(group, ModelOptions(), taken)  # type: ignore[arg-type]
+        add_settings_arguments(group, ModelOptions(), taken)
     parser.add_argument("--session", default=None, help="session name (default: a new timestamped one)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the result here")
     if experiment.resumable:
@@ -80,7 +81,7 @@ def experiment_flags(parser: argparse.ArgumentParser, experiment: Experiment) ->
     if presets:
         parser.add_argument("--preset", default=experiment.preset, choices=sorted(presets),
                             help=f"the settings to start from; flags given override it (default {experiment.preset})")
-    add_settings_arguments(parser.add_argument_group("settings"), experiment.defaults(), taken)  # type: ignore[arg-type]
+    add_settings_arguments(parser.add_argument_group("settings"), experiment.defaults(), taken)
 
 
 def cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +113,7 @@ def _shards(text: str) -> int:
 class _Parser(argparse.ArgumentParser):
     """Reports a bad flag as a UserError instead of printing usage and exiting (a console form)."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UserError(message)
 
 
