@@ -148,7 +148,8 @@ def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     """Runs or reuses every measure of every model, then merges, saves and exports the atlas.
     `run(argv)` is `anatomy-tui argv` (the exit code), handed in by tui/cli.py."""
     from engine.atlas.dataset import write_dataset
-    from sessions.atlas import ATLAS_RESULT, member_name, open_atlas
+    from sessions.atlas import member_name, open_atlas
+    from sessions.documents import ATLAS_RESULT
     from sessions.store import SessionStore
     from tui.views.atlas import print_report
 
@@ -233,6 +234,8 @@ class _Runs:
     def __init__(self, name: str, run: Callable[[list[str]], int], store: Any, state: Any,
                  cluster: tuple[Cluster, list[str]] | None) -> None:
         self.name, self.run, self.store, self.state = name, run, store, state
+        self.cluster: Cluster | None
+        self.flags: list[str]
         self.cluster, self.flags = cluster if cluster is not None else (None, [])
         self.doing: list[Step] = []  # the measures under way
         self.failed: list[str] = []
