@@ -24,11 +24,8 @@ from engine.experiments.growth.architecture import (
     param_count,
 )
 from engine.experiments.growth.data import CharTokenizer, load_corpus, train_batch
-from engine.experiments.growth.experiment import (
-    design,
-    preset_settings,
-    run_growth,
-)
+from engine.experiments.growth.design import design
+from engine.experiments.growth.experiment import preset_settings, run_growth
 from engine.experiments.growth.profile import PAPER_PROFILE, multipliers_dict, parse_profile, profile_from_ablation
 from engine.experiments.growth.protocol import (
     Phase,

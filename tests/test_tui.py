@@ -862,7 +862,8 @@ def test_proxies_fill_the_map_before_any_ablation() -> None:
 
 
 def test_growth_panel_plans_the_tiny_preset_before_any_run() -> None:
-    from engine.experiments.growth.experiment import PRESETS, planned_arms
+    from engine.experiments.growth.design import planned_arms
+    from engine.experiments.growth.vocabulary import PRESETS
 
     arms = planned_arms(PRESETS["tiny"])
     assert arms is not None and arms["growth_100"]["phases"][0]["name"] == "gastrulation"

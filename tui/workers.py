@@ -84,7 +84,7 @@ def experiment_work(
 
 def growth_preview_work(post: Post, flags: tuple[str, ...]) -> None:
     """The growth form's planned phases (torch is imported here, off the UI thread)."""
-    from engine.experiments.growth.experiment import planned_arms
+    from engine.experiments.growth.design import planned_arms
     from engine.registry import BY_NAME
     from tui.flags import settings_from_flags
 

@@ -17,13 +17,10 @@ gradient clip 1.0: 9.56 M parameters; the uniform baseline solves to FFN width 6
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.core.codec import json_safe
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Progress, Result
 from engine.core.settings import from_preset
@@ -32,71 +29,22 @@ from engine.disk.session_layout import GROWTH_MODELS
 from engine.evaluation.generation import generate_text
 from engine.experiments.ablation.vocabulary import AblationMap
 from engine.experiments.context import RunContext
-from engine.experiments.growth.architecture import growth_widths, param_count, solve_uniform_width
 from engine.experiments.growth.checkpoint import load_checkpoint, save_checkpoint
 from engine.experiments.growth.data import load_corpus, val_batches
+from engine.experiments.growth.design import design, plan_doc
 from engine.experiments.growth.profile import (
-    check_profile,
-    kept_layers,
-    multipliers_dict,
     profile_from_ablation,
 )
-from engine.experiments.growth.protocol import (
-    Phase,
-    derive_phases,
-    layer_steps,
-    phase_to_dict,
-    resolve_steps,
-    scale_phases,
-    validate_phases,
-)
-from engine.experiments.growth.trainer import ArmOutcome, ArmPlan, TrainConfig, train_arm
+from engine.experiments.growth.results import PROMPTS, result_doc
+from engine.experiments.growth.trainer import ArmOutcome, train_arm
 from engine.experiments.growth.vocabulary import (
-    ARMS,
     PRESETS,
-    GrowthArm,
     GrowthArmDone,
-    GrowthBudgetRow,
-    GrowthData,
     GrowthPlan,
-    GrowthResult,
     GrowthSettings,
     GrowthStep,
-    GrowthWidths,
 )
 from engine.models.precision import precision_messages, training_precision
-
-PROMPTS = (
-    "The for statement is used to",
-    "A class definition is",
-    "The return statement",
-    "Exceptions are raised by",
-    "The value of a list",
-    "If the condition is true,",
-    "A function call",
-    "The import statement",
-    "Strings are immutable",
-    "The while loop",
-    "A dictionary maps",
-    "When an object is deleted,",
-)
-PAPER_RESULTS = {
-    "growth_val_loss": 0.127, "uniform_val_loss": 0.599, "growth_seconds": 52.0, "uniform_seconds": 59.6,
-}  # fmt: skip
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def preset_settings(name: str, **changes: Any) -> GrowthSettings:
@@ -107,88 +55,6 @@ def saved_settings(checkpoint_dir: Path) -> GrowthSettings | None:
     """The settings of the run checkpointed in `checkpoint_dir`, for --resume."""
     found = load_checkpoint(checkpoint_dir)
     return None if found is None else GrowthSettings.from_dict(found[0]["settings"])
-
-
-@dataclass(frozen=True)
-class Design:
-    """What the settings resolve to: the arms, sizes and data."""
-
-    arms: dict[str, ArmPlan]
-    kept: list[int]
-    params: dict[str, int]
-    train_config: TrainConfig
-    steps_per_epoch: float
-
-
-def design(settings: GrowthSettings, vocab_size: int, train_tokens: int) -> Design:
-    """Resolves profile, phases and widths into the three arms; checks everything first."""
-    profile = check_profile(settings.profile)
-    multipliers = multipliers_dict(settings.multipliers)
-    unknown = [a for a in settings.arms if a not in ARMS]
-    if unknown or not settings.arms:
-        raise UserError(f"unknown arm {unknown[0] if unknown else '(none)'}; use {', '.join(ARMS)}")
-    if not 0 < settings.half_fraction <= 1:
-        raise UserError(f"half fraction must be in (0, 1], not {settings.half_fraction}")
-    kept = kept_layers(profile)
-    table = derive_phases(profile) if settings.phases is None else validate_phases(settings.phases, profile)
-    batch_tokens = settings.batch_size * settings.seq_len
-    per_epoch = train_tokens / batch_tokens
-    if settings.steps:
-        full = scale_phases(table, settings.steps, per_epoch)
-    else:
-        full = resolve_steps(table, per_epoch)
-    total = sum(p.steps for p in full)
-    half = scale_phases(full, max(len(full), round(total * settings.half_fraction)))
-    widths = tuple(growth_widths(profile, settings.base_ffn, multipliers))
-    growth_params = param_count(vocab_size, settings.hidden_size, widths)
-    uniform_width = solve_uniform_width(vocab_size, settings.hidden_size, len(kept), growth_params)
-    uniform_params = param_count(vocab_size, settings.hidden_size, [uniform_width] * len(kept))
-    uniform = (Phase("uniform", tuple(kept), steps=total),)
-    arms = {
-        "growth_100": ArmPlan("growth_100", full, widths, False),
-        "growth_50": ArmPlan("growth_50", half, widths, False),
-        "uniform_100": ArmPlan("uniform_100", uniform, (uniform_width,) * len(kept), True),
-    }
-    config = TrainConfig(
-        vocab_size=vocab_size, hidden_size=settings.hidden_size, heads=settings.heads,
-        seq_len=settings.seq_len, batch_size=settings.batch_size, lr=settings.lr,
-        warmup_frac=settings.warmup_frac, weight_decay=settings.weight_decay, grad_clip=settings.grad_clip,
-        eval_every=max(1, settings.eval_every), checkpoint_every=max(0, settings.checkpoint_every),
-        device="cpu" if settings.device == "auto" else settings.device,
-        dtype="float32" if settings.dtype == "auto" else settings.dtype,
-    )  # fmt: skip
-    return Design(
-        arms={a: arms[a] for a in ARMS if a in settings.arms},
-        kept=kept,
-        params={"growth": growth_params, "uniform": uniform_params},
-        train_config=config,
-        steps_per_epoch=per_epoch,
-    )
-
-
-def _plan_doc(plan: ArmPlan) -> dict[str, Any]:
-    return {
-        "steps": plan.total_steps,
-        "phases": [
-            {"name": p.name, "start": s, "steps": p.steps, "layers": list(p.layers),
-             "clone_from": {str(k): v for k, v in p.clone_from}, "ffn_scale": p.ffn_scale}
-            for p, s in zip(plan.phases, plan.starts(), strict=True)
-        ],
-    }  # fmt: skip
-
-
-def planned_arms(settings: GrowthSettings) -> dict[str, dict[str, Any]] | None:
-    """The arms' phases as `growth.plan` will carry them, before any data is read (the console shows
-    them before the first run); None when the table is in epochs, whose steps need the corpus."""
-    if not settings.steps:
-        return None
-    tokens = settings.batch_size * settings.seq_len
-    plan = design(settings, vocab_size=256, train_tokens=tokens * settings.steps)  # steps fix the phases
-    return {name: _plan_doc(arm) for name, arm in plan.arms.items()}
-
-
-def _sd(values: list[float]) -> float:
-    return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def run_growth(
@@ -244,7 +110,7 @@ def _run(
         f"vocabulary {corpus.tokenizer.vocab_size}"
     )
     yield GrowthPlan(
-        arms={name: _plan_doc(arm) for name, arm in plan.arms.items()},
+        arms={name: plan_doc(arm) for name, arm in plan.arms.items()},
         seeds=list(settings.seeds),
         params=plan.params,
         profile=list(settings.profile),
@@ -311,84 +177,6 @@ def _run(
                 tokens_per_s=outcome.tokens_per_s, steps=outcome.steps,
             )  # fmt: skip
     yield Result(name="growth", data=result_doc(settings, plan, completed, corpus, model_dir))
-
-
-def budget_table(settings: GrowthSettings, plan: Design) -> list[GrowthBudgetRow]:
-    """Effective steps and epochs each layer receives in each arm."""
-    counts = {name: layer_steps(arm.phases) for name, arm in plan.arms.items()}
-    rows = []
-    for layer in plan.kept:
-        steps = {name: counts[name].get(layer, 0) for name in plan.arms}
-        epochs = {name: round(n / plan.steps_per_epoch, 3) for name, n in steps.items()}
-        rows.append(GrowthBudgetRow(layer=layer, layer_class=settings.profile[layer], steps=steps, epochs=epochs))
-    return rows
-
-
-def mean_curve(curves: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
-    """The validation loss at each step every seed evaluated, averaged over the seeds."""
-    by_step = [dict(curve) for curve in curves]
-    shared = set.intersection(*(set(losses) for losses in by_step)) if by_step else set()
-    return [(step, statistics.fmean(losses[step] for losses in by_step)) for step in sorted(shared)]
-
-
-def result_doc(
-    settings: GrowthSettings,
-    plan: Design,
-    completed: dict[str, dict[str, Any]],
-    corpus: Any,
-    model_dir: Path | None,
-) -> dict[str, Any]:
-    arms: dict[str, GrowthArm] = {}
-    for name, arm in plan.arms.items():
-        records = [completed[f"{name}/{seed}"] for seed in settings.seeds]
-        losses = [r["val_loss"] for r in records]
-        arms[name] = GrowthArm(
-            val_loss=losses,
-            mean=statistics.fmean(losses),
-            sd=_sd(losses),
-            seconds=statistics.fmean(r["seconds"] for r in records),
-            seconds_sd=_sd([r["seconds"] for r in records]),
-            tokens_per_s=statistics.fmean(r["tokens_per_s"] for r in records),
-            tokens_per_s_sd=_sd([r["tokens_per_s"] for r in records]),
-            steps=arm.total_steps,
-            tokens=arm.total_steps * settings.batch_size * settings.seq_len,
-            phases=records[0]["phases"],
-            model=str(Path(model_dir) / name) if model_dir is not None else None,
-            curve=mean_curve([r.get("curve", []) for r in records]),
-        )
-    first = settings.seeds[0]
-    generations = [
-        {"prompt": prompt, **{name: completed[f"{name}/{first}"]["generations"][i] for name in plan.arms}}
-        for i, prompt in enumerate(PROMPTS)
-    ]
-    growth = plan.arms.get("growth_100")
-    phases = []
-    if growth is not None:
-        for phase, start, stats in zip(
-            growth.phases, growth.starts(), arms["growth_100"].phases, strict=True
-        ):
-            phases.append({**phase_to_dict(phase), "start": start, "seconds": stats["seconds"],
-                           "tokens_per_s": stats["tokens_per_s"]})  # fmt: skip
-    ratio = None
-    if "growth_100" in arms and "uniform_100" in arms and arms["growth_100"].seconds > 0:
-        ratio = arms["uniform_100"].seconds / arms["growth_100"].seconds
-    return json_safe(GrowthResult(
-        preset=settings.preset,
-        params=plan.params,
-        arms=arms,
-        phases=phases,
-        generations=generations,
-        budget_table=budget_table(settings, plan),
-        ratio_uniform_over_growth_seconds=ratio,
-        profile=list(settings.profile),
-        widths=GrowthWidths(growth=list(plan.arms[next(iter(plan.arms))].widths) if growth else None,
-                            uniform=plan.arms["uniform_100"].widths[0] if "uniform_100" in plan.arms else None),
-        data=GrowthData(source=corpus.source, tokenizer="character", vocab_size=corpus.tokenizer.vocab_size,
-                        train_tokens=len(corpus.train), val_tokens=len(corpus.val),
-                        batch_tokens=settings.batch_size * settings.seq_len),
-        settings=settings,
-        paper=PAPER_RESULTS,
-    ))  # fmt: skip
 
 
 def run(settings: GrowthSettings, context: RunContext) -> Iterator[Event]:
