@@ -21,6 +21,7 @@ from engine.experiments.growth.vocabulary import (
     GrowthEval,
     GrowthPhase,
     GrowthPlan,
+    GrowthResult,
     GrowthStep,
 )
 from engine.experiments.prune.vocabulary import DepthLaw, PruneCut, PruneResult, PruneSettings
@@ -29,6 +30,7 @@ from engine.experiments.recovery.vocabulary import (
     RecoveryRow,
     RecoveryStart,
 )
+from engine.experiments.scaling_fit.vocabulary import ScalingFitResult
 from engine.registry import BY_NAME, experiment
 from sessions.store import Session, SessionStore
 
@@ -68,7 +70,7 @@ def ablation_doc() -> dict:
 
 def recovery_row(layer: int = 1, difficulty: float = 40.0) -> RecoveryRow:
     """A finished layer's row of the recovery result, as `recovery.layer` carries it."""
-    curve = [[float(step), ppl] for step, ppl in CURVE]
+    curve: list[list[float | None]] = [[float(step), ppl] for step, ppl in CURVE]
     return RecoveryRow(
         layer=layer, status="done", ppl_after_noise=CURVE[0][1], ratio_after_noise=CURVE[0][1] / BASELINE,
         steps_to={"2.0": 10, "1.5": 20, "1.1": None}, best_ppl=CURVE[-1][1], best_step=CURVE[-1][0],
@@ -101,7 +103,7 @@ def _phase(name: str, start: int, steps: int, layers: list[int]) -> dict:
             "ffn_scale": 1.0}
 
 
-GROWTH_PLAN = {
+GROWTH_PLAN: dict[str, dict[str, Any]] = {
     "growth_100": {
         "steps": 30,
         "phases": [_phase("core", 0, 10, [0, 5]), _phase("minor", 10, 10, [0, 1, 2, 5]),
@@ -163,6 +165,7 @@ def growth_doc(models: dict[str, str | None] | None = None) -> dict:
     """results/growth.json of the plan above, one seed (the growth vocabulary's sample); `models`
     gives an arm's saved model folder (none saved by default)."""
     result = BY_NAME["growth"].sample()
+    assert isinstance(result, GrowthResult)
     arms = {name: dataclasses.replace(arm, model=(models or {}).get(name)) for name, arm in result.arms.items()}
     return json_safe(dataclasses.replace(result, arms=arms))
 
@@ -231,6 +234,7 @@ def scaling_fit_doc(with_points: bool = True) -> dict:
     """The scaling-fit vocabulary's sample: the estimate, its intervals, the profile and (unless
     `with_points` is off, as in a result of anatomy-tui 0.2) the runs against depth."""
     result = BY_NAME["scaling-fit"].sample()
+    assert isinstance(result, ScalingFitResult)
     return json_safe(result if with_points else dataclasses.replace(result, depth_points=ABSENT))
 
 
@@ -337,9 +341,10 @@ def atlas_document(name: str) -> Any:
         n = len(d)
         for variant, bend in ((A.MAIN, 1.0), ("seed-1", 1.1)):
             for layer, value in enumerate(d):
-                common = dict(model=model, variant=variant, session=f"{name}-{model}", n_layers=n, layer=layer,
-                              relative_depth=A.relative_depth(layer, n), eval_text="builtin:paper", context=None,
-                              stride=None, eval_tokens=194, protocol='{"eval_set": "paper"}')
+                common: dict[str, Any] = dict(
+                    model=model, variant=variant, session=f"{name}-{model}", n_layers=n, layer=layer,
+                    relative_depth=A.relative_depth(layer, n), eval_text="builtin:paper", context=None, stride=None,
+                    eval_tokens=194, protocol='{"eval_set": "paper"}')
                 rows.append(A.AtlasRow(measure="d_pct", value=value * bend, lo=value * 0.8, hi=value * 1.2,
                                        layer_class=importance_class(value), **common))
                 rows.append(A.AtlasRow(measure="block_influence", value=0.01 * (value + 10) ** 0.5 + 0.001 * layer,
