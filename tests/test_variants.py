@@ -17,7 +17,8 @@ from engine.experiments.ablation.removal import ablated_part, neighbour_mean
 from engine.experiments.growth.vocabulary import GrowthResult
 from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.variants import Variant, applied, modified, noised, recovered, saved_model_path
-from engine.models.anatomy import PARTS, LayerStack
+from engine.models.anatomy import LayerStack
+from engine.models.families import PARTS
 from engine.models.pruning import cut_removed
 
 
