@@ -93,10 +93,12 @@ def test_a_map_of_two_layers_names_only_them_and_says_why_spearman_is_undefined(
 
 
 def test_a_whole_map_says_which_measure_is_undefined_and_why():
+    from engine.experiments.ablation.vocabulary import AblationMap
     from engine.registry import BY_NAME
     from tui.views.ablation import _blocks_line, _spearman_line
 
     sample = BY_NAME["ablation"].sample()
+    assert isinstance(sample, AblationMap)
     depth = len(sample.layers)
     rows = [dataclasses.replace(row, degradation_pct=5.0) for row in sample.layers]
     flat = dataclasses.replace(sample, layers=rows, spearman={"block_influence": None})
