@@ -16,7 +16,8 @@ from tui_fixtures import round_trips, task_score
 
 from engine.core.errors import UserError
 from engine.core.events import Result
-from engine.evaluation.accuracy import agreement, disagreement, without_machine_report
+from engine.evaluation.accuracy import without_machine_report
+from engine.evaluation.judging import agreement, disagreement
 from engine.experiments.context import RunContext
 from engine.experiments.evaluate.vocabulary import EvaluateResult, EvaluateSettings, ModelEvaluated
 from engine.experiments.prune.vocabulary import PruneResult, PruneSettings

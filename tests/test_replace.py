@@ -21,9 +21,9 @@ from engine.evaluation.accuracy import (
     LmEvalSettings,
     TaskScore,
     builtin_task_folder,
-    disagreement,
     exact_match_of,
 )
+from engine.evaluation.judging import disagreement
 from engine.experiments.prune.healing import CutWeights, Healer, holding
 from engine.experiments.prune.replace import estimate, folded, least_squares, output_projection
 from engine.experiments.prune.vocabulary import PruneSettings

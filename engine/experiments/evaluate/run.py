@@ -28,7 +28,8 @@ from engine.core.codec import json_safe
 from engine.core.errors import UserError
 from engine.core.events import Event, Message, Progress, Result
 from engine.disk.session_layout import LAYER_WEIGHTS
-from engine.evaluation.accuracy import PROMPTS, Harness, continuations, generation_check
+from engine.evaluation.accuracy import PROMPTS, Harness
+from engine.evaluation.judging import continuations, generation_check
 from engine.experiments.context import RunContext
 from engine.experiments.evaluate.vocabulary import (
     EvaluatedModel,

@@ -41,7 +41,8 @@ from engine.core.codec import json_safe
 from engine.core.errors import UserError
 from engine.core.events import Event, Message, Progress, Result
 from engine.data.eval_data import comparable
-from engine.evaluation.accuracy import CutJudge, Harness, accuracy_line
+from engine.evaluation.accuracy import Harness
+from engine.evaluation.judging import CutJudge, accuracy_line
 from engine.evaluation.perplexity import Evaluator, TextScores
 from engine.evaluation.statistics import bootstrap_perplexity, spearman
 from engine.experiments.ablation.meters import InfluenceMeter, PartMeter
