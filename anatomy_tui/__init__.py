@@ -124,7 +124,7 @@ def _default_model(progress: bool) -> Model:
 # settings ----------------------------------------------------------------------------------------
 
 
-def _checked(base: Settings, given: Mapping[str, Any]) -> Any:
+def _checked(base: Settings, given: Mapping[str, Any]) -> Settings:
     """`base` with the values `given` (Python values, or text read as the flag reads it), checked
     as the command line checks its flags; an unknown name or a bad value raises InputError."""
     specs = {spec.name: spec for spec in base.fields()}
@@ -152,7 +152,7 @@ def _settings(entry: registry.Experiment, preset: str | None, given: Mapping[str
     if preset is not None and not entry.presets:
         raise InputError(f"{entry.name} has no presets; give its settings alone")
     base = from_preset(entry.presets, preset) if preset is not None else entry.defaults()
-    return _checked(base, given)  # type: ignore[no-any-return]
+    return _checked(base, given)
 
 
 # results -----------------------------------------------------------------------------------------
