@@ -98,7 +98,7 @@ def to_pandas(what: RunResult | ResultDocument | Iterable[Event]) -> pandas.Data
     if isinstance(what, RunResult):
         if what.partial:
             return to_pandas(event for event in what.events if event.kind.startswith(what.experiment + "."))
-        what = what.result  # type: ignore[assignment]
+        what = what.result  # type: ignore[assignment]  # the run's result document, read as one below
     if isinstance(what, ResultDocument):
         return pandas.DataFrame(what.tidy_rows())
     return pandas.DataFrame([{"kind": event.kind, **table_row(event)} for event in what])
