@@ -78,8 +78,10 @@ class Lab(LabJobs, LabModel):
         if resume:
             last = self.last_session()
             recent = self.store.most_recent() if last is None else None
-            if last or recent:
-                return last or recent.name  # type: ignore[union-attr]
+            if last:
+                return last
+            if recent is not None:
+                return recent.name
         home = self.store.home
         self.store.check_home(writing=False)  # a file, or not readable: its one line
         if not home.is_dir() or not any(path.is_dir() and not path.name.startswith(".") for path in home.iterdir()):
