@@ -67,7 +67,7 @@ def make_lab(
 
     def launch(session, experiment, argv):
         started.append(argv)
-        return BackgroundJob(experiment, 4242, Path(f"{experiment}.log"), argv, FakeProcess())  # type: ignore[arg-type]
+        return BackgroundJob(experiment, 4242, Path(f"{experiment}.log"), argv, FakeProcess())  # type: ignore[arg-type]  # a stand-in Popen
 
     monkeypatch.setattr("tui.lab_jobs.launch_job", launch)
     if placement is not None:
@@ -98,7 +98,7 @@ def test_a_job_the_gpu_cannot_hold_beside_the_console_gets_it_and_the_model_come
     assert "--device=cuda:0" in started[1] and "--dtype=float16" in started[1]
     lab.reconcile()
     assert console.loads == []  # the job still runs
-    job.process.ended = True  # type: ignore[union-attr]
+    job.process.ended = True  # type: ignore[union-attr]  # the FakeProcess launch() gave it
     lab.reconcile()
     assert [options.model for options in console.loads] == ["tiny"] and lab.released_for is None
     assert lab.model_status == "model: loading tiny…" and console.said("reloading the console's model")
