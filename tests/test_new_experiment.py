@@ -92,7 +92,7 @@ def test_its_sweep_splits_over_workers_as_the_others_do(experiment) -> None:
     assert split.items == list(settings.words) and experiment.known_units(settings) == 5
     shares = [shard(split.items, rank, 2) for rank in range(2)]
     assert shares == [["alpha", "delta", "epsilon"], ["beta", "gamma"]]  # snake order
-    events = list(sharded_events("letter-count", settings, RunContext(), InProcessWorkers(2)))  # type: ignore[arg-type]
+    events = list(sharded_events("letter-count", settings, RunContext(), InProcessWorkers(2)))  # type: ignore[arg-type]  # Workers, in-process
     assert events[0].text == "5 words"  # the plan's notes, logged first
     progress = [event for event in events if isinstance(event, Progress)]
     assert (progress[-1].done, progress[-1].total) == (5, 5)  # summed over the workers
