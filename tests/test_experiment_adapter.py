@@ -45,7 +45,7 @@ def test_a_plan_with_its_own_sweep_runs_it(experiment, monkeypatch) -> None:
     monkeypatch.setattr(importlib.import_module("letter_count.run"), "shard_plan", lambda *args: own_plan)
     context = RunContext(inputs={"other": {"x": 1}})
     settings = experiment.settings_class()
-    events = list(sharded_events("letter-count", settings, context, InProcessWorkers(2)))  # type: ignore[arg-type]
+    events = list(sharded_events("letter-count", settings, context, InProcessWorkers(2)))  # type: ignore[arg-type]  # Workers, in-process
     assert ran == [(["a"], {"other": {"x": 1}})] and events[-1].data["total"] == 0
 
 
