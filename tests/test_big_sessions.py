@@ -342,7 +342,7 @@ def test_soak_a_job_writing_as_fast_as_it_can_loses_and_reorders_nothing(isolate
             seen.append(int(event.text.split()[1]) if isinstance(event, Message) else event.done)
         fold(span, event)
 
-    lab.keeper.fold = counting  # type: ignore[method-assign]
+    lab.keeper.fold = counting  # type: ignore[method-assign]  # counts each event, then folds it
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     writer = subprocess.Popen([sys.executable, "-c", SOAK_WRITER, str(store.home), "5"], env=env, cwd=ROOT,
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
