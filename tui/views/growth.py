@@ -42,8 +42,8 @@ def print_result(doc: dict[str, Any]) -> None:
     gens.add_column("prompt")
     for name in result.arms:
         gens.add_column(name)
-    for row in result.generations:
-        gens.add_row(row["prompt"], *(repr(row[a])[1:-1] for a in result.arms))
+    for generated in result.generations:
+        gens.add_row(generated["prompt"], *(repr(generated[a])[1:-1] for a in result.arms))
     console.print(gens)
     ratio = result.ratio_uniform_over_growth_seconds
     if ratio is not None:
