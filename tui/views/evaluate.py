@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -83,7 +83,7 @@ def print_result(doc: dict[str, Any]) -> None:
 
 def summary(result: EvaluateResult, command: str = "") -> Group:
     """The console's side-by-side table, the protocol, and each variant's first continuation."""
-    lines = [table(result), protocol_line(result.protocol, result.gen_tokens)]
+    lines: list[RenderableType] = [table(result), protocol_line(result.protocol, result.gen_tokens)]
     if result.prompts:
         lines.append(Text(f"first prompt: {result.prompts[0]!r}", style="italic"))
         for row in result.models:
