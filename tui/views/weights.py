@@ -19,7 +19,8 @@ ANALYSIS = Analysis("Weight statistics and their null models", place=1)
 
 def summary(result: WeightsResult, command: str = "") -> Group:
     """Predictability against the two nulls, then the R²-perplexity paradox."""
-    first, last = (result.predicted_layers or ["?", "?"])[:2]
+    shown: list[int | str] = [*result.predicted_layers] or ["?", "?"]
+    first, last = shown[:2]
     table = Table(title=f"{result.model}: predictability of layers {first}-{last} "
                         "(real / shuffled order / independent layers)")
     for column in ("component", "R² in-sample", "R² leave-one-out", "cos LOO", "delta corr mean", "delta sd",
