@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ import torch
 from engine.core.codec import ABSENT, json_safe
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Progress, Result
+from engine.data.eval_data import EvalProtocol
 from engine.evaluation.perplexity import Evaluator
 from engine.evaluation.statistics import degradation_pct
 from engine.experiments.context import RunContext
@@ -63,7 +65,8 @@ def hat_matrix(features: np.ndarray, alpha: float) -> np.ndarray:
     from sklearn.linear_model import Ridge
 
     n = len(features)
-    return Ridge(alpha=alpha, fit_intercept=True).fit(features, np.eye(n)).predict(features)
+    hat: np.ndarray = Ridge(alpha=alpha, fit_intercept=True).fit(features, np.eye(n)).predict(features)
+    return hat
 
 
 # --- Gram matrices ------------------------------------------------------------------------------
@@ -79,7 +82,8 @@ class Gram:
         return Gram(self.gram[np.ix_(order, order)], self.means[order], self.size)
 
     def stds(self) -> np.ndarray:
-        return np.sqrt(np.maximum(np.diag(self.gram) / self.size - self.means**2, 0.0))
+        spread: np.ndarray = np.sqrt(np.maximum(np.diag(self.gram) / self.size - self.means**2, 0.0))
+        return spread
 
 
 def gram_of(tensors: Sequence[torch.Tensor], chunk: int = 1 << 14) -> Gram:
@@ -229,7 +233,8 @@ def predicted_weights(
     out = {}
     for layer in targets:
         i, home = position[layer], tensors[layer].device
-        pred = sum(float(hat[i, j]) * tensors[int(r)].detach().to(home).float() for j, r in enumerate(rows))
+        pred = cast(torch.Tensor, sum(float(hat[i, j]) * tensors[int(r)].detach().to(home).float()
+                                      for j, r in enumerate(rows)))  # rows: never empty
         if loo:
             own = tensors[layer].detach().float()
             pred = own - (own - pred) / (1.0 - float(hat[i, i]))
@@ -248,7 +253,7 @@ def _fit_doc(fit: Fit, position: int) -> LayerFit:
 
 
 def run_weights(
-    model, tokenizer, settings: WeightsSettings, cancel: CancelToken | None = None, model_name: str = ""
+    model: Any, tokenizer: Any, settings: WeightsSettings, cancel: CancelToken | None = None, model_name: str = ""
 ) -> Iterator[Event]:
     settings.validate()
     started = time.perf_counter()
@@ -334,7 +339,9 @@ def paradox_order(fits: dict[str, Fit], settings: WeightsSettings) -> list[int]:
     return [int(fit.rows[i]) for i in np.argsort(-score, kind="stable")]
 
 
-def _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel):
+def _paradox(model: Any, tokenizer: Any, stack: LayerStack, names: tuple[str, ...], fits: dict[str, Fit],
+             analysis: Analysis, settings: WeightsSettings, cancel: CancelToken | None
+             ) -> Generator[Event, None, tuple[list[ParadoxRow], float, EvalProtocol]]:
     evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel)
     baseline = evaluator.build_cache().perplexity
     order = paradox_order(fits, settings)
