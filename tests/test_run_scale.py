@@ -13,8 +13,8 @@ import pytest
 import torch
 from in_process_workers import rank_zero_here
 
+from cli.main import build_parser, main
 from sessions.store import SessionStore
-from tui.cli import build_parser, main
 
 
 def only_job(session: str) -> dict:
@@ -65,7 +65,7 @@ def test_a_model_that_cannot_be_planned_is_loaded_with_a_note(tiny_folder, monke
 
 
 def test_device_map_and_max_memory_flags(tiny_folder, capsys):
-    from tui.flags import model_options_from_args
+    from cli.flags import model_options_from_args
 
     console = build_parser().parse_args(["--device-map", "auto", "--max-memory", "0=14GiB,cpu=30GiB"])
     options = model_options_from_args(console)
@@ -77,7 +77,7 @@ def test_device_map_and_max_memory_flags(tiny_folder, capsys):
         (["--shards", "2", "--device-map", "auto"], "use one of them"),
         (["--shards", "2", "--device", "cuda:1"], "every worker on that one GPU"),
         (["--max-memory", "0=14"], "--max-memory size '14' not understood"),
-        (["--max-memory", "0=14GiB"], "--max-memory only applies with --device-map"),
+        (["--max-memory", "0=14GiB"], "--max-memory names device 0, but this streamed map runs on cpu"),
     ]
     for flags, fragment in cases:
         assert main(["run", "ablation", "--model", str(tiny_folder), *flags]) == 2

@@ -12,13 +12,13 @@ import torch
 from safetensors import safe_open
 from tiny_models import save_tiny
 
+from cli.main import main
 from engine.core.errors import UserError
 from engine.core.events import Message, Progress, Result
 from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.models.loading import load_model
 from engine.models.streaming import open_streamed
-from tui.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -83,7 +83,7 @@ def test_skip_holds_one_layer_and_says_its_plan_before_reading(tmp_path):
     memory, streamed, source, events = maps(folder, method="skip", layers=(1, 2))
     assert_same_map(memory, streamed)
     assert source.peak_layers == 1
-    plan = next(i for i, e in enumerate(events) if isinstance(e, Message) and e.text.startswith("streamed map"))
+    plan = next(i for i, e in enumerate(events) if isinstance(e, Message) and e.text.startswith("streamed plan"))
     first = next(i for i, e in enumerate(events) if isinstance(e, Progress) and e.phase == "streaming")
     assert plan < first
     assert "a window of 1 layer" in events[plan].text and "3 branches" in events[plan].text
@@ -110,7 +110,7 @@ def test_run_ablation_stream_from_the_command_line(tmp_path, capsys):
     assert main([*common, "--stream", "--json", str(tmp_path / "s.json")]) == 0
     assert main([*common, "--json", str(tmp_path / "m.json")]) == 0
     assert_same_map(json.loads((tmp_path / "m.json").read_text()), json.loads((tmp_path / "s.json").read_text()))
-    assert "streamed map: 4 layers read once" in capsys.readouterr().err
+    assert "streamed plan on cpu: 4 layers read once" in capsys.readouterr().err
     assert main([*common, "--stream", "--shards", "2"]) == 2
     assert "--stream reads each weight once in one process" in capsys.readouterr().err
 

@@ -13,7 +13,7 @@ before any time is spent loading.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -67,9 +67,13 @@ class MemoryPlan:
     layer_devices: tuple[str, ...] = ()  # with --device-map: where each layer will live ('disk': offloaded)
     checkpoints: int = 0  # bytes the run's checkpoints hold at most, on the session's disk (checked before the load)
     host_cache: int = 0  # the prefix cache's bytes when it is kept in host memory (`place_prefix_cache`)
+    stream: StreamPlan | None = None  # the run streams its layers (`--stream`, or a model over its budget)
 
     @property
     def total(self) -> int:
+        """Bytes at the peak on the device: a streamed run's window, states and forward, else the whole model's."""
+        if self.stream is not None:
+            return self.stream.device_peak
         return self.weights + self.prefix_cache + self.activations + self.logits + self.training
 
     def parts(self) -> dict[str, int]:
@@ -78,6 +82,8 @@ class MemoryPlan:
 
     def line(self) -> str:
         """The plan in one printable line."""
+        if self.stream is not None:
+            return self.stream.line()
         shown = " + ".join(f"{name} {_gb(size)}" for name, size in self.parts().items() if size)
         batches = f"; evaluation batches of {self.eval_batch_size} texts" if self.eval_batch_size else ""
         why = f"; dtype {self.dtype} ({self.dtype_reason})" if self.dtype_reason else ""
@@ -100,7 +106,134 @@ class MemoryPlan:
         placed = {"layer_devices": list(self.layer_devices)} if self.layer_devices else {}
         return {"device": self.device, "dtype": self.dtype, **{k.replace(" ", "_"): v for k, v in self.parts().items()},
                 "total": self.total, "eval_batch_size": self.eval_batch_size, "dtype_reason": self.dtype_reason,
-                **placed, **({"host_cache": self.host_cache} if self.host_cache else {})}
+                **placed, **({"host_cache": self.host_cache} if self.host_cache else {}),
+                **({"stream": asdict(self.stream)} if self.stream is not None else {})}
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """What a streamed map (engine/experiments/ablation/wavefront.py) holds, known before any weight is
+    read: a window of decoder layers and one read ahead, the weights outside the layers, every
+    branch's hidden states (where the layers compute), one batch's forward; and what it reads."""
+
+    device: str
+    layers: int
+    window: int  # decoder layers held while one computes (the neighbour mean: 3)
+    layer_bytes: int  # the largest decoder layer in the run's dtype
+    outer_bytes: int  # embedding, head, final norm: held the whole run
+    branches: int  # the clean pass and one per ablated unit
+    texts: int
+    state_bytes: tuple[int, ...]  # every branch's states of each evaluation batch
+    batch_texts: int  # texts in the largest batch
+    forward_peak: int  # one batch's layer forward, or its head and loss
+    read_bytes: int  # the checkpoint's bytes: each weight read once
+    device_budget: int  # --max-memory's (or MARGIN of the free memory)
+    host_budget: int
+    budget_source: str = "--max-memory"
+
+    @property
+    def held(self) -> int:
+        """The layers at once: the window and the one read ahead."""
+        return self.window + 1
+
+    @property
+    def states(self) -> int:
+        return sum(self.state_bytes)
+
+    def _peak(self, states: int) -> int:
+        return self.held * self.layer_bytes + self.outer_bytes + states + self.forward_peak
+
+    @property
+    def device_peak(self) -> int:
+        return self._peak(self.states)
+
+    @property
+    def minimum(self) -> int:
+        """The window and the branch states of one batch of texts: less than this maps nothing."""
+        return self._peak(max(self.state_bytes, default=0))
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def host_peak(self) -> int:
+        """On a GPU the read-ahead layer as read and as its pinned copy; on the CPU the device's peak."""
+        return 2 * self.layer_bytes if self.on_gpu else self.device_peak
+
+    def line(self) -> str:
+        host = f", {_gib(self.host_peak)} in host memory" if self.on_gpu else ""
+        window = f"a window of {self.window} layer{'s' if self.window > 1 else ''} and one read ahead"
+        return (f"streamed plan on {self.device}: {self.layers} layers read once ({_gib(self.read_bytes)}), "
+                f"{window} ({_gib(self.layer_bytes)} each), {self.branches} branches of "
+                f"{self.texts} texts ({_gib(self.states)} of states); peak {_gib(self.device_peak)} on "
+                f"{self.device}{host}; {self.budget_source} allows {_gib(self.device_budget)}")
+
+    def check(self) -> None:
+        """One line when the budget cannot hold the plan: what would fit (fewer texts, a larger budget)."""
+        if self.on_gpu and self.host_peak > self.host_budget:
+            raise UserError(f"the streamed map reads each layer through {_gib(self.host_peak)} of host memory "
+                            f"({_gib(self.layer_bytes)} a layer) but {self.budget_source} allows "
+                            f"{_gib(self.host_budget)} on cpu: raise it")
+        if self.device_peak <= self.device_budget:
+            return
+        allows = f"{self.budget_source} allows {_gib(self.device_budget)}"
+        if self.minimum > self.device_budget:
+            raise UserError(f"the streamed map needs at least {_gib(self.minimum)} on {self.device} for {self.held} "
+                            f"layers and the branch states of {self.batch_texts} texts; {allows}: raise it or map "
+                            "fewer texts")
+        fit, room = 0, self.device_budget - self._peak(0)
+        for states in self.state_bytes:
+            if states > room:
+                break
+            fit, room = fit + 1, room - states
+        raise UserError(f"the streamed map needs {_gib(self.device_peak)} on {self.device} for {self.held} layers "
+                        f"and the branch states of {self.texts} texts ({self.branches} branches); {allows}: raise "
+                        f"it, map fewer texts (about {fit * self.texts // len(self.state_bytes)} fit) or ablate "
+                        "fewer --layers")
+
+
+def _gib(size: float) -> str:
+    """Binary units, as --max-memory is mostly written."""
+    return f"{size / 2**30:.2f} GiB" if size >= 2**27 else f"{size / 2**20:.1f} MiB"
+
+
+def budget_bytes(size: str) -> int:
+    """A --max-memory size ('2GiB', '500MB') in bytes, as accelerate reads it."""
+    from accelerate.utils import convert_file_size_to_int
+
+    return int(convert_file_size_to_int(size))
+
+
+def stream_budgets(device: str, max_memory: str | None) -> tuple[int, int, str]:
+    """(device budget, host budget, what set them): --max-memory's entries for the device (its GPU
+    index, or cpu) and for cpu; an entry not given is MARGIN of that memory free now."""
+    from engine.models.placement import device_index, parse_max_memory
+
+    limits = parse_max_memory(max_memory) or {}
+    key: int | str = device_index(device) if device.startswith("cuda") else "cpu"
+    other = next((name for name in limits if name not in (key, "cpu")), None)
+    if other is not None:
+        raise UserError(f"--max-memory names device {other}, but this streamed map runs on {device}: give "
+                        f"{key}=SIZE" + ("" if key == "cpu" else " and cpu=SIZE"))
+    host = budget_bytes(limits["cpu"]) if "cpu" in limits else int(MARGIN * free_memory("cpu"))
+    on_device = budget_bytes(limits[key]) if key in limits else int(MARGIN * free_memory(device))
+    return on_device, host, "--max-memory" if key in limits else "the free memory"
+
+
+def plan_stream(shape: ModelShape, dtype: str, device: str, widths: Sequence[tuple[int, int]], branches: int,
+                window: int, layer_bytes: int, outer_bytes: int, read_bytes: int,
+                max_memory: str | None) -> StreamPlan:
+    """The streamed map's plan: `widths` the (texts, padded width) of each evaluation batch, `branches`
+    the clean pass and the units, `window` the layers a unit's removal reads."""
+    size = BYTES[dtype]
+    activations, logits = forward_bytes(shape, size, widths)
+    device_budget, host_budget, source = stream_budgets(device, max_memory)
+    return StreamPlan(device, shape.n_layers, window, layer_bytes, outer_bytes, branches,
+                      sum(rows for rows, _ in widths), tuple(branches * rows * width * shape.hidden * size
+                                                             for rows, width in widths),
+                      max((rows for rows, _ in widths), default=0), max(activations, logits), read_bytes,
+                      device_budget, host_budget, source)
 
 
 def _gb(size: float) -> str:
@@ -133,15 +266,20 @@ def plan_memory(
     size = BYTES[dtype]
     widths = batch_widths(lengths, batch_size) or [(0, 0)]
     cache = shape.n_layers * shape.hidden * size * sum(rows * width for rows, width in widths) if prefix_cache else 0
-    rows, width = max(widths, key=lambda w: w[0] * w[1])
-    tokens = rows * max(width for _, width in widths)
+    activations, logits = forward_bytes(shape, size, widths)
+    train = training_bytes(shape, dtype, training) if training is not None else 0
+    return MemoryPlan(device, dtype, shape.params * size, cache, activations, logits, train, batch_size)
+
+
+def forward_bytes(shape: ModelShape, size: int, widths: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """(activations, logits) of the largest batch's forward: one layer's live tensors and the head's."""
+    rows, width = max(widths or [(0, 0)], key=lambda w: w[0] * w[1])
+    tokens = rows * max((width for _, width in widths), default=0)
     # one layer's live tensors (residual, norm, q/k/v/o, the FFN's gate/up/act) plus eager attention scores
     activations = tokens * (6 * shape.hidden + 3 * shape.intermediate) * size
     activations += rows * shape.heads * width * width * (size + 4)
     chunk = min(tokens, softmax_chunk_tokens(shape.vocab))
-    logits = tokens * shape.vocab * size + 2 * chunk * shape.vocab * 4
-    train = training_bytes(shape, dtype, training) if training is not None else 0
-    return MemoryPlan(device, dtype, shape.params * size, cache, activations, logits, train, batch_size)
+    return activations, tokens * shape.vocab * size + 2 * chunk * shape.vocab * 4
 
 
 def training_bytes(shape: ModelShape, dtype: str, training: Training) -> int:
@@ -259,8 +397,9 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
 
     preview = preview or preview_model(name, trust_remote_code)
     config, tokenizer, shape = preview.config, preview.tokenizer, preview.shape
-    placement = resolve_placement(Flags(device, dtype, device_map, max_memory), hardware, shape.params,
-                                  config.model_type)
+    streamable = hasattr(settings, "stream") and device_map is None  # --max-memory is then the streamed budget
+    placement = resolve_placement(Flags(device, dtype, device_map, None if streamable else max_memory), hardware,
+                                  shape.params, config.model_type)
     local = hardware is None or hardware.local
     chosen_device, chosen_dtype = placement.device if local else "cpu", placement.dtype
     max_length = getattr(settings, "max_length", 256)
@@ -282,8 +421,28 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
     if device_map is None and chosen_device.startswith("cuda"):
         plan = place_prefix_cache(plan, free_memory(chosen_device))
     placed = planned_layer_devices(preview.meta, placement) if device_map else ()
-    return replace(plan, device=placement.device, dtype_reason=placement.why, layer_devices=tuple(placed),
+    plan = replace(plan, device=placement.device, dtype_reason=placement.why, layer_devices=tuple(placed),
                    checkpoints=settings.checkpoint_params(shape) * BYTES[chosen_dtype])
+    if streamable and local:
+        streamed = streamed_plan(shape, chosen_dtype, chosen_device, batch_widths(lengths, batch_size), settings,
+                                 max_memory, config)
+        if settings.stream:  # asked for: its budget must hold it
+            streamed.check()
+        if settings.stream or plan.total > streamed.device_budget >= streamed.device_peak:  # or only it fits
+            plan = replace(plan, stream=streamed)
+    return plan
+
+
+def streamed_plan(shape: ModelShape, dtype: str, device: str, widths: Sequence[tuple[int, int]], settings: Any,
+                  max_memory: str | None, config: Any = None) -> StreamPlan:
+    """The streamed map's plan from the model's shape (layer 0's size for every layer), before any
+    read; the bytes read are the checkpoint's in its stored dtype (the config's, else the run's)."""
+    size = BYTES[dtype]
+    stored = str(getattr(config, "dtype", None) or dtype)
+    outer = shape.params - shape.n_layers * shape.layer_params
+    return plan_stream(shape, dtype, device, widths, settings.branches(shape.n_layers), settings.window(),
+                       shape.layer_params * size, outer * size,
+                       shape.params * BYTES.get(stored.removeprefix("torch."), size), max_memory)
 
 
 _ADVICE = {

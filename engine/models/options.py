@@ -2,7 +2,8 @@
 
 Torch-free, so the CLI derives `--model`, `--device`, `--dtype` and `--trust-remote-code` from
 these fields before anything heavy is imported, and a job file can record them as data.
-`--device-map` and `--max-memory` spread a model that does not fit one GPU over several (accelerate).
+`--device-map` and `--max-memory` spread a model that does not fit one GPU over several (accelerate);
+`--max-memory` is a streamed map's budget too (engine/models/memory.py `StreamPlan`).
 `--deterministic` and `--tf32` say how torch runs on a GPU; jobs and shard workers get them as flags.
 """
 
@@ -12,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.core.errors import UserError
 from engine.core.settings import Settings, setting
 from engine.core.untrusted import NO_CONTROL, has_control
 from engine.models.placement import DEVICE_MAPS, DTYPE_NAMES
@@ -71,8 +71,8 @@ class ModelOptions(Settings):
     trust_remote_code: bool = setting(False, "allow a hub model's own code (off by default)")
     device_map: str | None = setting(None, "spread the layers over every visible GPU, then CPU and disk "
                                      "(accelerate)", choices=DEVICE_MAPS, none_word="none")
-    max_memory: str | None = setting(None, "with --device-map: memory each device may take, "
-                                     "e.g. 0=14GiB,1=14GiB,cpu=30GiB", none_word="none")
+    max_memory: str | None = setting(None, "with --device-map, or a streamed map (run ablation): memory each "
+                                     "device may take, e.g. 0=14GiB,1=14GiB,cpu=30GiB", none_word="none")
     deterministic: bool = setting(True, "on a GPU, deterministic kernels (torch.use_deterministic_algorithms), so "
                                   "resumes and shards give the serial run's bits; off: faster, equal within "
                                   "floating-point noise")
@@ -80,11 +80,11 @@ class ModelOptions(Settings):
                          "mantissa inputs)")
 
     def check(self) -> None:
+        """The budgets' syntax; whether they apply (a device map, or a run that streams) is the plan's
+        word (engine/models/memory.py plan_run, engine/models/placement.py resolve_placement)."""
         from engine.models.placement import parse_max_memory
 
         parse_max_memory(self.max_memory)
-        if self.max_memory is not None and self.device_map is None:
-            raise UserError("--max-memory only applies with --device-map auto, balanced or sequential")
 
     def load(self, report: Callable[[str], None] = lambda _: None) -> Any:
         """The loaded model (engine.models.loading.LoadedModel); imports torch."""

@@ -6,8 +6,9 @@ Every tensor is read with safetensors' `safe_open` (memory-mapped, one tensor at
 whole file), renamed as `from_pretrained` renames it (transformers' own conversion table for the
 model class: `rename_source_key`), cast to the run's dtype and moved to the compute device. A reader
 thread reads the next group while the current one computes (into pinned memory on CUDA). The source
-counts the bytes it reads and the decoder layers it holds, so a streamed run can show it read each
-weight once and held a bounded window.
+counts the bytes it reads, the decoder layers and the bytes it holds (read ahead too), and the branch
+states its run reports, so a streamed run can show it read each weight once and kept to its plan
+(engine/models/memory.py `StreamPlan`).
 """
 
 from __future__ import annotations
@@ -92,11 +93,15 @@ class Slot:
 
 class LayerSource:
     """A checkpoint read into a skeleton group by group (`load`, `free`), the next group read ahead
-    in a thread (`prefetch`). `bytes_read`, `reads` (per checkpoint key) and `peak_layers` (decoder
-    layers held at once) say what it did."""
+    in a thread (`prefetch`). `bytes_read`, `reads` (per checkpoint key), `peak_layers` (decoder
+    layers held at once), `peak_bytes` (weights held or read ahead at once) and `peak_states` (the
+    largest branch states its run held, `note_states`) say what it did; `max_memory` is the budget
+    its plan keeps to (--max-memory's text)."""
 
-    def __init__(self, model: PreTrainedModel, folder: Path, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, model: PreTrainedModel, folder: Path, dtype: torch.dtype, device: torch.device,
+                 max_memory: str | None = None) -> None:
         self.model, self.folder, self.dtype, self.device = model, folder, dtype, torch.device(device)
+        self.max_memory = max_memory
         self.stack = LayerStack(model)
         self.slots: dict[Group, list[Slot]] = {}
         self._map_checkpoint(checkpoint_files(folder))
@@ -104,6 +109,7 @@ class LayerSource:
         self.reads: Counter[str] = Counter()
         self.held: set[Group] = set()
         self.peak_layers = 0
+        self.held_bytes = self.peak_bytes = self.peak_states = 0
         self.read_seconds = 0.0
         self._pending: dict[Group, Future[Any]] = {}
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="layer-reader")
@@ -189,7 +195,25 @@ class LayerSource:
     def prefetch(self, group: Group) -> None:
         """Starts reading `group` in the reader thread (no-op if it is read, held or absent)."""
         if group in self.slots and group not in self.held and group not in self._pending:
+            self._hold(self.group_bytes(group))
             self._pending[group] = self._reader.submit(self._read, group)
+
+    def ready(self, group: Group, timeout: float) -> bool:
+        """Whether `group` is held or read, after waiting at most `timeout` seconds for its read."""
+        pending = self._pending.get(group)
+        if pending is None:
+            return True
+        with contextlib.suppress(TimeoutError):
+            pending.exception(timeout)
+        return pending.done()
+
+    def _hold(self, size: int) -> None:
+        self.held_bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+
+    def note_states(self, size: int) -> None:
+        """The bytes of branch states the run holds now (the peak is kept)."""
+        self.peak_states = max(self.peak_states, size)
 
     def _read(self, group: Group) -> list[tuple[Slot, torch.Tensor]]:
         from safetensors import safe_open
@@ -238,6 +262,7 @@ class LayerSource:
             for name in slot.names:
                 self._set(name, empty)
         self.held.discard(group)
+        self.held_bytes -= self.group_bytes(group)
         release_host_memory()
 
     def _set(self, name: str, value: nn.Parameter) -> None:
@@ -291,9 +316,10 @@ class StreamedModel(LoadedModel):
 
 
 def open_streamed(name: str, device: str = "auto", dtype: str = "auto", report: Any = lambda _: None,
-                  trust_remote_code: bool = False) -> StreamedModel:
+                  trust_remote_code: bool = False, max_memory: str | None = None) -> StreamedModel:
     """The model `name` (a folder, a GGUF file through its dequantized cache, a hub id through its
-    downloaded files) as a skeleton and its layer source; no weight is read yet."""
+    downloaded files) as a skeleton and its layer source, kept to the budget `max_memory` (--max-memory's
+    text; None: the memory free); no weight is read yet."""
     from transformers import AutoConfig, AutoTokenizer
 
     from engine.models.gguf_cache import dequantized_folder, gguf_config_source
@@ -322,7 +348,7 @@ def open_streamed(name: str, device: str = "auto", dtype: str = "auto", report: 
     tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    stream = LayerSource(model, Path(location), torch_dtype, torch.device(device_name))
+    stream = LayerSource(model, Path(location), torch_dtype, torch.device(device_name), max_memory)
     stack = stream.stack
     return StreamedModel(model, tokenizer, source.display, location, device_name, dtype_name, stack.family,
                          len(stack), ["stream"] * len(stack), stream=stream)

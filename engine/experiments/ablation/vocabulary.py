@@ -19,6 +19,11 @@ METHODS = ("mean", "skip", "zero")
 PART_CHOICES = ("layer", "attention", "mlp", "both")  # what --part maps below the whole layer
 
 
+def reach_of(method: str) -> int:
+    """Layers on each side a unit's removal reads: the neighbour mean its neighbours."""
+    return 1 if method == "mean" else 0
+
+
 @dataclass(frozen=True)
 class AblationSettings(EvalTextSettings):
     """Defaults follow the paper: neighbour mean, norms untouched."""
@@ -43,6 +48,15 @@ class AblationSettings(EvalTextSettings):
     def parts(self) -> tuple[str, ...]:
         """The blocks mapped below the whole layer, in the order a layer runs them."""
         return {"layer": (), "attention": ("attention",), "mlp": ("mlp",), "both": ("attention", "mlp")}[self.part]
+
+    def branches(self, n_layers: int) -> int:
+        """A streamed map's branches: the clean pass and one per ablated unit (a layer, then its blocks)."""
+        units = 0 if self.proxies_only else len(set(self.layers or range(n_layers))) * (1 + len(self.parts()))
+        return 1 + units
+
+    def window(self) -> int:
+        """Layers a streamed map holds while one computes: the ablated one and those its removal reads."""
+        return 2 * reach_of(self.method) + 1
 
     def check_against(self, shape: ModelShape) -> None:
         check_layers(self.layers or (), shape.n_layers, "--layers")

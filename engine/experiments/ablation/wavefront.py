@@ -8,7 +8,8 @@ tables, a family's per-layer differences), recorded once per batch from that for
 the loss run per branch at the end, through the model's own forward (`LayerStack.starting_at`).
 
 The neighbour mean holds three layers (the ablated one and its neighbours), skip and zero one; the
-reader thread reads the next layer meanwhile. All branch states stay where the layers compute.
+reader thread reads the next layer meanwhile. All branch states stay where the layers compute. The
+plan (engine/models/memory.py `StreamPlan`) is checked against the budget before any weight is read.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import torch
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Progress
 from engine.evaluation.perplexity import Batch, Evaluator, TextScores, drained
+from engine.experiments.ablation.vocabulary import reach_of as reach_of
 from engine.models.anatomy import LayerStack
-from engine.models.memory import FIXED_EVAL_BATCH
+from engine.models.memory import FIXED_EVAL_BATCH, ModelShape, StreamPlan, batch_widths, plan_stream, text_lengths
 from engine.models.streaming import HEAD, INPUT, OUTER, LayerSource
 
 Unit = tuple[int, str | None]
@@ -45,14 +47,27 @@ class _Recorded(Exception):
     """Stops the recording forward at the last decoder layer: nothing after it is needed."""
 
 
+def source_plan(stream: LayerSource, widths: Sequence[tuple[int, int]], branches: int, window: int) -> StreamPlan:
+    """The streamed map's plan from its source: the skeleton's layer sizes, the checkpoint's bytes."""
+    return plan_stream(ModelShape.from_numbers(stream.model.config), str(stream.dtype).removeprefix("torch."),
+                       str(stream.device), widths, branches, window,
+                       max(stream.group_bytes(i) for i in range(len(stream.stack))),
+                       sum(stream.group_bytes(group) for group in (INPUT, HEAD, OUTER)), stream.checkpoint_bytes(),
+                       stream.max_memory)
+
+
 def streamed_evaluator(stream: LayerSource, tokenizer: Any, settings: Any, cancel: CancelToken | None) -> Evaluator:
     """The map's evaluator over the skeleton, its batches on the compute device (the input group is
-    read first: the batches go where the embedding runs). The batch is the in-memory map's on the CPU
+    read first: the batches go where the embedding runs), once the plan is known to fit its budget
+    (one line if not, before any weight is read). The batch is the in-memory map's on the CPU
     (`FIXED_EVAL_BATCH` unless given), so both maps pad alike."""
+    batch = settings.eval_batch_size or FIXED_EVAL_BATCH
+    texts = settings.eval_source(tokenizer)
+    widths = batch_widths(text_lengths(tokenizer, texts, settings.max_length), batch)
+    source_plan(stream, widths, settings.branches(len(stream.stack)), settings.window()).check()
     stream.load(OUTER)
     stream.load(INPUT)
-    return Evaluator(stream.model, tokenizer, settings.eval_source(tokenizer),
-                     settings.eval_batch_size or FIXED_EVAL_BATCH, settings.max_length, cancel=cancel)
+    return Evaluator(stream.model, tokenizer, texts, batch, settings.max_length, cancel=cancel)
 
 
 def recorded_calls(evaluator: Evaluator) -> tuple[list[torch.Tensor], list[list[Call]]]:
@@ -101,22 +116,20 @@ class Wavefront:
             self.forks.setdefault(unit[0], []).append(unit)
         self.branches: dict[Unit, list[torch.Tensor]] = {}
         self.clean: list[torch.Tensor] = []
+        self._start = 0  # the first layer this run reads (a resumed run's is past 0)
 
-    def plan(self, batches: Sequence[Batch]) -> Message:
-        """What the run will hold and read, said before any layer's weights are read."""
-        stream, n = self.stream, len(self.stack)
-        units = sum(len(found) for found in self.forks.values())
-        window = 2 * self.reach + 1
-        layer = max(stream.group_bytes(i) for i in range(n))
-        outer = stream.group_bytes(INPUT) + stream.group_bytes(HEAD) + stream.group_bytes(OUTER)
-        hidden = self.stack.model.config.get_text_config().hidden_size
-        size = torch.finfo(stream.dtype).bits // 8
-        states = (units + 1) * sum(batch.input_ids.numel() for batch in batches) * hidden * size
-        return Message(f"streamed map: {n} layers read once ({_size(stream.checkpoint_bytes())} from "
-                       f"{stream.folder}), a window of {window} layer{'s' if window > 1 else ''} and one read "
-                       f"ahead ({_size(layer)} each), {units + 1} branch{'es' if units else ''} "
-                       f"({_size(states)} of states); peak about {_size((window + 1) * layer + outer + states)} "
-                       f"on {stream.device}")
+    def plan(self, batches: Sequence[Batch]) -> StreamPlan:
+        """What the run will hold and read, from its batches as tokenized."""
+        return source_plan(self.stream, [(int(b.input_ids.shape[0]), int(b.input_ids.shape[1])) for b in batches],
+                           1 + len(self.units), 2 * self.reach + 1)
+
+    def _progress(self, layer: int, done: int, began: float, read_before: int) -> Progress:
+        """`streaming layer j of L (bytes read, GB/s)`: the rate is the bytes read since `began`."""
+        n, seconds = len(self.stack), time.perf_counter() - began
+        rate = (self.stream.bytes_read - read_before) / max(seconds, 1e-9) / 1e9
+        return Progress(done, n, f"streaming layer {min(layer + 1, n)} of {n} ({_size(self.stream.bytes_read)} "
+                        f"read, {rate:.3g} GB/s)", phase="streaming", unit="layers",
+                        rate=(done - self._start) / seconds if seconds > 0 and done > self._start else None)
 
     def run(self, meter: Callable[..., None], part_meter: Any) -> Generator[Event, None, TextScores]:
         """Every branch through every layer; the baseline's scores (the clean branch's) at the end.
@@ -124,7 +137,7 @@ class Wavefront:
         in-memory map's first pass shows them."""
         stream, stack, evaluator = self.stream, self.stack, self.evaluator
         n = len(stack)
-        yield self.plan(evaluator.batches)
+        yield Message(self.plan(evaluator.batches).line())
         firsts, calls = recorded_calls(evaluator)
         if not stream.tied:
             stream.free(INPUT)
@@ -136,16 +149,22 @@ class Wavefront:
             start, self.clean, self.branches = restored
             left = f"layers {start} to {n - 1} to read" if start < n else "no layer left to read"
             yield Message(f"resuming the streamed map after layer {start - 1} (its checkpoint): {left}")
-        began = time.perf_counter()
-        yield Progress(start, n, "streaming", phase="streaming", unit="layers")
+        began, read_before, self._start = time.perf_counter(), stream.bytes_read, start
+        yield self._progress(start, start, began, read_before)
         for j in range(start, n):
             if evaluator.cancel is not None:
                 evaluator.cancel.check()
-            for index in range(max(0, j - self.reach), min(n, j + self.reach + 1)):
+            window = range(max(0, j - self.reach), min(n, j + self.reach + 1))
+            for index in window:
+                stream.prefetch(index)
+                while not stream.ready(index, 1.0):  # a slow read says its bytes every second
+                    yield self._progress(j, j, began, read_before)
                 stream.load(index)
             stream.prefetch(j + self.reach + 1 if j + self.reach + 1 < n else HEAD)
             with torch.no_grad():
                 self._advance(j, calls, meter, part_meter)
+            stream.note_states(sum(state.numel() * state.element_size()
+                                   for states in (self.clean, *self.branches.values()) for state in states))
             stream.free(j - self.reach)
             if self.checkpoint is not None and ((j + 1) % self.checkpoint.every == 0 or j + 1 == n):
                 self.checkpoint.save(j + 1, self.clean, self.branches, meter, part_meter)
@@ -153,9 +172,7 @@ class Wavefront:
             if j == start:
                 yield Message(f"layer {j} read and run in {seconds:.2f} s: about {seconds * (n - j):.0f} s for "
                               f"the {n - j} layers")
-            yield Progress(j + 1, n, f"streaming ({_size(stream.bytes_read)} read, "
-                           f"{stream.bytes_read / max(stream.read_seconds, 1e-9) / 1e9:.2f} GB/s)",
-                           phase="streaming", unit="layers", rate=(j + 1 - start) / seconds if seconds > 0 else None)
+            yield self._progress(j, j + 1, began, read_before)
         for index in range(n):
             stream.free(index)
         stream.load(HEAD)
@@ -171,21 +188,20 @@ class Wavefront:
             output = layer(hidden, *args, **kwargs)
             return output[0] if isinstance(output, tuple) else output
 
-        for states in self.branches.values():
-            states[:] = [forward(hidden, b) for b, hidden in enumerate(states)]
+        for states in self.branches.values():  # in place: one batch's old state freed as its new one is made
+            for b, hidden in enumerate(states):
+                states[b] = forward(hidden, b)
         for index, part in self.forks.get(j, ()):
             with self.removal(index, part):
                 self.branches[(index, part)] = [forward(hidden, b) for b, hidden in enumerate(self.clean)]
         capture = self.stack.capture_parts(part_meter.term) if part_meter is not None else contextlib.nullcontext()
         with capture:
-            outputs = []
-            for b, (batch, hidden) in enumerate(zip(self.evaluator.batches, self.clean, strict=True)):
+            for b, (batch, hidden) in enumerate(zip(self.evaluator.batches, list(self.clean), strict=True)):
                 output = forward(hidden, b)
                 meter(batch, j, hidden.to(output.device), output)
                 if part_meter is not None:
                     part_meter(batch, j, hidden.to(output.device), output)
-                outputs.append(output)
-        self.clean = outputs
+                self.clean[b] = output
 
     def score(self, index: int, part: str | None) -> TextScores:
         """A unit's scores from its branch's last state (the branch freed)."""
@@ -264,11 +280,6 @@ class StreamCheckpoint:
 
 def _size(size: float) -> str:
     return f"{size / 1e9:.3f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
-
-
-def reach_of(method: str) -> int:
-    """Layers on each side a unit's removal reads: the neighbour mean its neighbours."""
-    return 1 if method == "mean" else 0
 
 
 def close_after(events: Iterator[Event], stream: LayerSource) -> Iterator[Event]:
