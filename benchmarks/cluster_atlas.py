@@ -48,7 +48,7 @@ def make_models(folder: Path, count: int) -> list[str]:
 
 def timed_atlas(models: list[str], evaluation: Path, home: Path, extra: list[str]) -> tuple[float, list[dict]]:
     env = {**os.environ, "ANATOMY_TUI_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "tui.cli", "atlas", "--models", ",".join(models), "--name", "bench",
+    argv = [sys.executable, "-m", "cli.main", "atlas", "--models", ",".join(models), "--name", "bench",
             "--eval-file", str(evaluation), "--measures", "map,proxies", "--bins", "4", *extra]
     start = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)

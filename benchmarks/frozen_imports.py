@@ -5,7 +5,7 @@ as every `anatomy-tui run`, shard worker and cluster task now does (issue 31).
     python3 benchmarks/frozen_imports.py [--repeats 3]
 
 Both ways run the same command, a map of the tiny llama (tests/tiny_models.py) on four texts, each
-its own process: `python -m tui.cli run ...` (frozen), and `main([...])` called from Python, which
+its own process: `python -m cli.main run ...` (frozen), and `main([...])` called from Python, which
 imports as usual. They alternate; the median CPU (user + system, the process and its children) of
 each and their ratio are printed. On the embedded model the same seconds are saved, on a longer run.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-AS_USUAL = "import sys; from tui.cli import main; sys.exit(main(sys.argv[1:]))"
+AS_USUAL = "import sys; from cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def children_cpu() -> float:
@@ -52,7 +52,7 @@ def main() -> None:
         usual, frozen = [], []
         for _ in range(repeats):
             usual.append(process_cpu([sys.executable, "-c", AS_USUAL, *flags], env))
-            frozen.append(process_cpu([sys.executable, "-m", "tui.cli", *flags], env))
+            frozen.append(process_cpu([sys.executable, "-m", "cli.main", *flags], env))
     before, after = statistics.median(usual), statistics.median(frozen)
     print(f"a tiny map's process: {before:.2f} CPU-s with the collector as usual, {after:.2f} with the imports "
           f"frozen ({before / after:.2f}x; {before - after:.2f} CPU-s saved a process)")

@@ -474,12 +474,12 @@ def two_gpus(check: Check, settings: Settings, serial_map: Run) -> None:
 
 def console_job(check: Check, experiment: str, flags: list[str], dtype: str, serial: Run) -> None:
     """The command the console starts for this experiment on a machine with several GPUs
-    (tui.jobs.job_argv, from the settings and model options the flags give: `--shards` over the
+    (cli.argv.job_argv, from the settings and model options the flags give: `--shards` over the
     visible GPUs), run as the console runs it, against the serial run on one GPU."""
+    from cli.argv import job_argv
+    from cli.flags import model_options_from_args, settings_from_args
+    from cli.main import build_parser
     from engine.registry import BY_NAME
-    from tui.cli import build_parser
-    from tui.flags import model_options_from_args, settings_from_args
-    from tui.jobs import job_argv
 
     figure, bound = f"console {experiment} job vs serial", f"--shards in its command, <= {SPREAD_BOUND:g} relative"
 
@@ -506,7 +506,7 @@ def before_torch_figures(check: Check) -> None:
                                ("--layers 99 refused before torch",
                                 ["run", "recovery", "--model", check.args.model, "--layers", "99"], 2)):
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "tui.cli", *argv], cwd=ROOT,
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "cli.main", *argv], cwd=ROOT,
                               capture_output=True, text=True, timeout=check.args.timeout,
                               env={**os.environ, "ANATOMY_TUI_HOME": str(check.work / "sessions")})
         seconds = time.perf_counter() - started  # -X importtime adds a little

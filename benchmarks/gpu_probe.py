@@ -1,8 +1,8 @@
-"""`python3 -m tui.cli run ...` with the GPU check's measurements: what `benchmarks/gpu_check.py` runs.
+"""`python3 -m cli.main run ...` with the GPU check's measurements: what `benchmarks/gpu_check.py` runs.
 
     GPU_CHECK_REPORT=FILE [GPU_CHECK_DEVICE=cuda:0] [GPU_CHECK_OOM=1] python3 benchmarks/gpu_probe.py run EXPERIMENT ...
 
-The command is the user's (`tui.cli.main`: flags, memory plan, model load, session, result); this
+The command is the user's (`cli.main.main`: flags, memory plan, model load, session, result); this
 wrapper only watches it and writes FILE (JSON) when it ends:
 - `peak`: torch.cuda.max_memory_allocated() of GPU_CHECK_DEVICE over the whole process (the load
   included), when that is a CUDA device.
@@ -111,7 +111,7 @@ def main() -> int:
     _count_syncs()
     _watch_experiments()
     _watch_scalers()
-    from tui.cli import main as cli
+    from cli.main import main as cli
 
     code = 1
     try:

@@ -65,7 +65,7 @@ def probe(what: str, started: float) -> None:
     """Runs inside the measured process; prints the seconds from `started` (the parent's clock just
     before it started this process) to the moment measured, and ends the process there."""
     if what == "list":
-        from tui.commands.sessions import main as sessions_main
+        from cli.commands.sessions import main as sessions_main
 
         sessions_main(argparse.Namespace(sessions_command="list"))
     elif what == "list-straightforward":  # every session's log folded too

@@ -23,10 +23,10 @@ common=(--eval-set paper --remove 2,4,6 --evaluate-tasks everyday_sense --includ
         --gen-tokens 0 --device cpu --dtype float32)
 for part in $parts; do
   case $part in
-    layers) python3 -m tui.cli run prune "${common[@]}" --method angular --replace linear --train-blocks 64 \
+    layers) python3 -m cli.main run prune "${common[@]}" --method angular --replace linear --train-blocks 64 \
               --json "$out/layers.json" ;;
-    blocks) python3 -m tui.cli run prune "${common[@]}" --method angular --unit block --json "$out/blocks.json" ;;
-    last)   python3 -m tui.cli run prune "${common[@]}" --method last --heal last --heal-steps 40 \
+    blocks) python3 -m cli.main run prune "${common[@]}" --method angular --unit block --json "$out/blocks.json" ;;
+    last)   python3 -m cli.main run prune "${common[@]}" --method last --heal last --heal-steps 40 \
               --json "$out/last.json" ;;
   esac
 done

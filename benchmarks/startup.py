@@ -174,7 +174,7 @@ def main() -> None:
     if args.probe:
         probe(args.probe, args.session, args.model, args.started)
         return
-    cli = [sys.executable, "-m", "tui.cli"]
+    cli = [sys.executable, "-m", "cli.main"]
     with tempfile.TemporaryDirectory() as home:
         bytecode = str(Path(home) / "pycache")
         paints = first_paints(args.model, home, bytecode, args.repeats)

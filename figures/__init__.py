@@ -11,7 +11,7 @@ paper, the classes' colour, hatch and marker, one look per series. Every figure 
 Agg canvas, never through pyplot: no window, no global state, and a notebook's backend is left as
 it is (a notebook shows the returned figure as its PNG: `style.PaperFigure`). The engine imports none of this
 (a `lint-imports` contract): figures sit beside the store, above the engine; `anatomy-tui report`
-(tui/commands/report.py) and the notebook API call them.
+(cli/commands/report.py) and the notebook API call them.
 """
 
 from __future__ import annotations

@@ -42,10 +42,10 @@ class InProcessWorkers:
 def rank_zero_here(monkeypatch: pytest.MonkeyPatch, size: int = 2) -> Iterator[None]:
     """Inside: `anatomy-tui run` sees torchrun's environment for rank 0 of `size` workers (so its
     checks of what splits run as under torchrun) and gets InProcessWorkers for the sweep."""
-    import tui.runner
+    import cli.runner
 
     with monkeypatch.context() as patch:
         for name, value in (("RANK", 0), ("WORLD_SIZE", size), ("LOCAL_RANK", 0), ("LOCAL_WORLD_SIZE", size)):
             patch.setenv(name, str(value))
-        patch.setattr(tui.runner, "_workers", lambda world, device: contextlib.nullcontext(InProcessWorkers(size)))
+        patch.setattr(cli.runner, "_workers", lambda world, device: contextlib.nullcontext(InProcessWorkers(size)))
         yield

@@ -16,11 +16,11 @@ from throwaway import installed
 
 import anatomy_tui
 from anatomy_tui import InputError, RunResult, load_model, open_session, run, to_pandas
+from cli.main import main
 from engine import registry
 from engine.core.events import Event, Progress, ResultDocument
 from engine.experiments.ablation.vocabulary import AblationMap, sample_parts
 from sessions.store import SessionStore
-from tui.cli import main
 
 
 @pytest.fixture

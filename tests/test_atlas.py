@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from tiny_models import save_tiny
 
+from cli.main import main
 from engine.atlas import table as A
 from sessions.store import SessionStore
-from tui.cli import main
 
 FAMILIES = ("llama", "qwen2", "gemma2")
 
@@ -117,10 +117,10 @@ def table(home: Path, name: str = "tiny") -> list[dict]:
 def test_atlas_killed_after_the_first_model_resumes_to_the_same_table(families, files, isolated_home, tmp_path,
                                                                        monkeypatch, capsys, one_thread):
     evaluation = files[0]
-    import tui.runner
+    import cli.runner
     from sessions.atlas import atlas_tasks
 
-    real = tui.runner.run_command
+    real = cli.runner.run_command
     calls, seen = [], []
 
     def killed_on_the_second(*args, **kwargs):
@@ -135,7 +135,7 @@ def test_atlas_killed_after_the_first_model_resumes_to_the_same_table(families, 
     def states() -> list[tuple[str, str]]:  # each measure's state as the Compare view reads it
         return [(row.state, row.detail) for row in atlas_tasks(SessionStore(), "tiny")]
 
-    monkeypatch.setattr(tui.runner, "run_command", killed_on_the_second)
+    monkeypatch.setattr(cli.runner, "run_command", killed_on_the_second)
     assert main(atlas_argv(families, evaluation)) == 130
     err = capsys.readouterr().err
     assert "atlas tiny interrupted at" in err and "qwen2" in err and "failed" not in err
@@ -148,7 +148,7 @@ def test_atlas_killed_after_the_first_model_resumes_to_the_same_table(families, 
                               f"{families['qwen2']}|main|ablation": {"session": "tiny-qwen2", "status": "interrupted"}}
     assert store.open("tiny").load_result("atlas") is None
 
-    monkeypatch.setattr(tui.runner, "run_command", real)
+    monkeypatch.setattr(cli.runner, "run_command", real)
     assert main(atlas_argv(families, evaluation)) == 0
     err = capsys.readouterr().err
     assert "llama · ablation (map, proxies) on main: reused from session tiny-llama" in err
@@ -170,7 +170,7 @@ def test_atlas_killed_after_the_first_model_resumes_to_the_same_table(families, 
     assert all(r["eval_text"] == evaluation for r in resumed)
 
     # run once more: everything reused, nothing loads
-    monkeypatch.setattr(tui.runner, "run_command", lambda *a, **k: pytest.fail("nothing should run"))
+    monkeypatch.setattr(cli.runner, "run_command", lambda *a, **k: pytest.fail("nothing should run"))
     assert main(atlas_argv(families, evaluation)) == 0
     # another atlas over a model already measured reuses that session's map
     assert main(atlas_argv({**families}, evaluation, "other")) == 0
@@ -212,9 +212,9 @@ def test_atlas_refuses_bad_input_in_one_line(families, files, capsys):
 
 
 def test_an_atlas_started_with_other_settings_is_refused(families, files, capsys, monkeypatch):
-    import tui.runner
+    import cli.runner
 
-    monkeypatch.setattr(tui.runner, "run_command", lambda *a, **k: 130)
+    monkeypatch.setattr(cli.runner, "run_command", lambda *a, **k: 130)
     assert main(atlas_argv(families, files[0], "same")) == 130
     assert main(atlas_argv(families, files[0], "same", "--calib-seeds", "1")) == 2
     assert "atlas same was started with other models, measures or texts" in capsys.readouterr().err
@@ -375,9 +375,9 @@ def test_two_atlas_folders_load_as_their_own_tables(tmp_path):
 def test_two_atlases_creating_one_session_at_once_the_second_joins(families, files):
     """The race, made certain: both found no atlas session, the other made it first; this one joins
     (says so) instead of failing with 'already exists'."""
+    from cli.commands.atlas import spec_of
+    from cli.main import build_parser
     from sessions.atlas import open_atlas
-    from tui.cli import build_parser
-    from tui.commands.atlas import spec_of
 
     spec = spec_of(build_parser().parse_args(atlas_argv(families, files[0], "race")))
     first, _ = open_atlas(SessionStore(), "race", spec)
@@ -414,7 +414,7 @@ def exists(self, name):  # the atlas's first look for its session: both look bef
     return found
 
 SessionStore.exists = exists
-from tui.cli import main
+from cli.main import main
 sys.argv = ["anatomy-tui", *sys.argv[2:]]
 sys.exit(main())  # as the command line starts it (engine/core/frozen_imports.py)
 """

@@ -53,7 +53,7 @@ def test_console_in_chromium(isolated_home, tmp_path) -> None:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ANATOMY_TUI_HOME": str(isolated_home)}
     server = subprocess.Popen(
-        [sys.executable, "-m", "tui.cli", "--serve", "--port", str(port), "--session", "demo"],
+        [sys.executable, "-m", "cli.main", "--serve", "--port", str(port), "--session", "demo"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     app_log = session.path / "app.log"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tui.cli import main
+from cli.main import main
 
 
 def test_run_ablation_writes_json_and_session(tiny_folder, tmp_path, capsys):
@@ -56,7 +56,7 @@ def test_errors_are_one_line(argv, fragment, tiny_folder, capsys):
 
 
 def test_error_from_the_real_command_has_no_traceback():
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "run", "ablation", "--model", "nope/x/y"],
+    done = subprocess.run([sys.executable, "-m", "cli.main", "run", "ablation", "--model", "nope/x/y"],
                           capture_output=True, text=True)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1

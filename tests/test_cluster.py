@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 from tiny_models import EVAL, save_tiny
 
+from cli.main import main
 from engine.cluster.resources import NodeShape, TaskResources, task_resources
 from engine.core.errors import UserError
 from engine.models.options import ModelOptions
 from sessions.atlas import atlas_tasks
 from sessions.store import SessionStore
-from tui.cli import main
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("ray")]  # one worker of ./test runs them all: one Ray start
 
@@ -264,11 +264,11 @@ def test_runs_on_the_cluster_get_their_gpus_and_stream_every_event_in_order(ray_
 def test_a_checkpoint_the_driver_cannot_keep_stops_its_task(ray_cluster, families, files, monkeypatch):
     """What `keep` raises (the session's disk full, a link in its checkpoint folder) reaches the
     caller, and the task is cancelled, not left running on the cluster."""
+    from cli.cluster_run import settings_files
     from engine.cluster import connect
     from engine.cluster.resources import TaskResources
     from engine.cluster.worker import TaskSpec
     from engine.registry import BY_NAME
-    from tui.runner import settings_files
 
     cancelled: list[object] = []
     real = ray_cluster.cancel
@@ -325,7 +325,7 @@ def test_atlas_on_the_cluster_stopped_by_sigterm_continues_without_recomputing_t
     and the second is under way (or queued) when the first is done."""
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
     argv = atlas_argv(families, long_eval, "sig", "--device-map", "auto")
-    driver = subprocess.Popen([sys.executable, "-m", "tui.cli", *argv, "--cluster", "auto"], env=env, cwd=ROOT,
+    driver = subprocess.Popen([sys.executable, "-m", "cli.main", *argv, "--cluster", "auto"], env=env, cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     members = ("sig-llama", "sig-qwen2")
     deadline = time.monotonic() + 300
@@ -500,7 +500,7 @@ def test_a_run_stopped_by_sigterm_or_whose_worker_died_continues_from_its_checkp
     serial = store.open("serial").load_result("recovery")
 
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
-    driver = subprocess.Popen([sys.executable, "-m", "tui.cli", *common, "--session", "rs", "--cluster", "auto"],
+    driver = subprocess.Popen([sys.executable, "-m", "cli.main", *common, "--session", "rs", "--cluster", "auto"],
                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     checkpoint = isolated_home / "rs" / "checkpoints" / "recovery"
     kept = checkpoint / "layers.json"

@@ -146,7 +146,7 @@ def test_a_measure_whose_process_is_gone_reads_interrupted():
 def test_a_measure_that_fails_one_after_another_reads_failed(capsys):
     """A serial atlas stops at a measure that fails (here before any model loads); the measure reads
     failed with its run's exit code, the line on stderr as before."""
-    from tui.cli import main
+    from cli.main import main
 
     assert main(["atlas", "--models", "/no/such/model", "--name", "broken", "--measures", "map"]) == 2
     assert "atlas broken: ablation of /no/such/model failed (exit 2)" in capsys.readouterr().err

@@ -10,10 +10,10 @@ import pytest
 from textual.widgets import Input
 from tui_fixtures import demo_session
 
+from cli.flags import settings_from_flags
 from engine.registry import BY_NAME, EXPERIMENTS
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
-from tui.flags import settings_from_flags
 
 pytestmark = pytest.mark.anyio
 

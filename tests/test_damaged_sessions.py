@@ -15,10 +15,10 @@ import sys
 import pytest
 from tui_fixtures import demo_session, write_events
 
+from cli.main import main
 from engine.core.events import Message
 from engine.core.untrusted import DamagedJSON, loads
 from sessions.store import SessionError, SessionStore
-from tui.cli import main
 
 DEEP = "[" * 2000 + "]" * 2000  # 4 KB: json's decoder recurses, and 2,000 levels is a RecursionError
 DEEP_REASON = "nested deeper than 100 levels"
@@ -186,7 +186,7 @@ def test_a_closed_pipe_ends_sessions_show_quietly():
     store = SessionStore()
     session = store.create("big")
     session.update_manifest(settings={f"k{n}": "v" * 40 for n in range(10_000)})  # 600 KB: more than a pipe holds
-    done = subprocess.run(["bash", "-c", f"{sys.executable} -m tui.cli sessions show big | head -1; "
+    done = subprocess.run(["bash", "-c", f"{sys.executable} -m cli.main sessions show big | head -1; "
                            "echo ${PIPESTATUS[0]} >&2"], capture_output=True, text=True, env=os.environ)
     assert done.stdout == "{\n"
     assert done.stderr == "141\n"  # no traceback, no "Exception ignored": the exit status alone
@@ -194,7 +194,7 @@ def test_a_closed_pipe_ends_sessions_show_quietly():
 
 def test_output_into_a_pipe_with_no_reader_exits_141_saying_nothing():
     demo_session(SessionStore(), "s")
-    child = subprocess.Popen([sys.executable, "-m", "tui.cli", "sessions", "list"],
+    child = subprocess.Popen([sys.executable, "-m", "cli.main", "sessions", "list"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     child.stdout.close()  # the reader is gone before the command writes a byte
     assert child.wait(timeout=60) == 141

@@ -299,7 +299,7 @@ def test_bad_settings_are_user_errors():
 
 
 def test_command_writes_json(tmp_path, capsys):
-    from tui.cli import main
+    from cli.main import main
 
     folder = save_tiny(tmp_path / "tiny")
     text_file = tmp_path / "texts.txt"

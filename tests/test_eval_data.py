@@ -14,12 +14,12 @@ import pytest
 import torch
 from tiny_models import byte_tokenizer, tiny_model
 
+from cli.main import main
 from engine.core.errors import UserError
 from engine.data.dataset_texts import DatasetSpec, load_texts
 from engine.data.eval_data import calibration_blocks, comparable, cut_windows, eval_source
 from engine.evaluation.perplexity import Evaluator
 from engine.experiments.ablation.vocabulary import AblationMap, AblationSettings
-from tui.cli import main
 
 # wikitext-like rows: headings, paragraphs, empty rows (as the hub's wikitext has them)
 ROWS = [

@@ -33,7 +33,7 @@ def experiment(tmp_path):
 
 
 def test_a_plan_with_its_own_sweep_runs_it(experiment, monkeypatch) -> None:
-    from tui.runner import sharded_events
+    from cli.shards import sharded_events
 
     ran = []
 
@@ -88,8 +88,9 @@ def _compared_names(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
     return found
 
 
-SHARED = ["engine/models/distributed.py", "engine/models/memory.py", "tui/runner.py", "engine/core/events.py",
-          "engine/core/settings.py", "engine/experiments/context.py"]
+SHARED = ["engine/models/distributed.py", "engine/models/memory.py", "engine/core/events.py",
+          "engine/core/settings.py", "engine/experiments/context.py", "cli/runner.py", "cli/shards.py", "cli/plan.py",
+          "cli/drive.py", "cli/cluster_run.py"]
 
 
 @pytest.mark.parametrize("source", SHARED)

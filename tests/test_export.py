@@ -65,10 +65,10 @@ def test_growth_and_uniform_models_export(tmp_path, uniform):
 def test_cli_exports_a_sessions_recovered_model(tmp_path, capsys):
     from tiny_models import save_tiny
 
+    from cli import main as cli
     from engine.experiments.recovery.checkpoints import save_layer_weights
     from engine.models.loading import load_model
     from sessions.store import SessionStore
-    from tui import cli
 
     base = save_tiny(tmp_path / "tiny", "llama")
     loaded = load_model(str(base), device="cpu", dtype="float32")

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import engine.core.frozen_imports as frozen_imports
-from tui.cli import main
+from cli.main import main
 
 
 @pytest.fixture

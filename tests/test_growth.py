@@ -273,9 +273,9 @@ def test_settings_and_events_round_trip():
 
 
 def test_cli_parses_growth_flags(tmp_path):
+    from cli.flags import settings_from_args
+    from cli.main import build_parser
     from engine.registry import experiment
-    from tui.cli import build_parser
-    from tui.flags import settings_from_args
 
     def parsed(*flags):
         return settings_from_args(experiment("growth"), build_parser("growth").parse_args(["run", "growth", *flags]))
@@ -291,7 +291,7 @@ def test_cli_parses_growth_flags(tmp_path):
 
 def test_a_seed_count_past_any_run_is_one_line(capsys):
     """A count too large for range() (found by the property test) is refused like any bad flag."""
-    from tui.cli import main
+    from cli.main import main
 
     assert main(["run", "growth", "--preset", "tiny", "--seeds", "1" * 30]) == 2
     assert "--seeds 111111111111111111111111111111: must be" in capsys.readouterr().err

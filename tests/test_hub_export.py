@@ -204,10 +204,10 @@ def test_recovered_export_card(tokenizer, tmp_path):
 def test_push_to_hub_uploads_the_folder_to_a_stand_in(tmp_path, monkeypatch, capsys):
     """`anatomy-tui export ... --push-to-hub REPO` through huggingface_hub against a local stand-in
     of the Hub's API: the repository is made and every file of the export arrives intact."""
+    from cli import main as cli
     from engine.experiments.recovery.checkpoints import save_layer_weights
     from engine.models.loading import load_model
     from sessions.store import SessionStore
-    from tui import cli
 
     base = save_tiny(tmp_path / "tiny", "llama")
     loaded = load_model(str(base), device="cpu", dtype="float32")
@@ -266,8 +266,8 @@ def test_push_the_sessions_prune_export(tmp_path, monkeypatch, files, capsys):
     """`run prune --export DIR`, then `export SESSION --model pruned DIR --push-to-hub REPO`: the
     prune's folder arrives, its card given the session's lm-eval scores of that cut (a later
     `run evaluate`); another DIR is refused in one line."""
+    from cli import main as cli
     from sessions.store import SessionStore
-    from tui import cli
 
     base = save_tiny(tmp_path / "tiny", "llama")
     out = tmp_path / "cut"

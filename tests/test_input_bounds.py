@@ -29,6 +29,7 @@ import engine.data.eval_data
 import engine.data.text
 import engine.models.loading
 import engine.models.memory
+from cli.main import main
 from engine.core.errors import UserError
 from engine.core.files import TEXT_BUDGET, read_lines, short_path
 from engine.core.settings import MAX_INT, MAX_WINDOW
@@ -38,7 +39,6 @@ from engine.data.text import token_ids
 from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.registry import EXPERIMENTS
 from sessions.store import SessionStore
-from tui.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = ["--eval-set", "paper"]
@@ -77,7 +77,7 @@ def refused(argv: list[str], capsys) -> str:
 def cli(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """`anatomy-tui ARGV` as its own process (the installed entry point's module), this tree's code."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    return subprocess.run([sys.executable, "-m", "tui.cli", *argv], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "cli.main", *argv], capture_output=True, text=True, env=env,
                           cwd=cwd or ROOT, timeout=600)
 
 
@@ -543,7 +543,7 @@ def test_a_whole_run_on_a_200_mb_file_stays_as_small_as_on_a_small_one(tmp_path,
 def test_evaluate_prints_no_perplexity_protocol_line(capsys):
     from tui_fixtures import evaluate_doc
 
-    from tui.printers import print_result
+    from cli.printers import print_result
 
     print_result("evaluate", evaluate_doc())
     out = capsys.readouterr().out

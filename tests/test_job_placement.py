@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from tiny_models import tiny_model
 
+from cli.argv import job_argv
 from engine.core.errors import UserError
 from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.models.loading import LoadedModel
 from engine.models.memory import model_bytes, plan_run
 from engine.models.options import ModelOptions
-from tui.jobs import BackgroundJob, job_argv, job_options, job_placement
+from tui.jobs import BackgroundJob, job_options, job_placement
 
 
 def on_gpu(folder: Path, device: str = "cuda:0", dtype: str = "float16", device_map: str | None = None
@@ -134,8 +135,8 @@ def test_sweeps_started_as_jobs_take_every_visible_gpu(gpus, monkeypatch, tiny_f
 
     import torch
 
+    from cli.main import build_parser
     from engine.experiments.recovery.vocabulary import RecoverySettings
-    from tui.cli import build_parser
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     options = ModelOptions(str(tiny_folder), device="cuda", dtype="float16")  # a console's `auto` on a GPU
@@ -162,10 +163,10 @@ def test_a_job_pinned_to_one_device_is_not_sharded_so_run_accepts_it(device, mon
     was pinned, one process, not `--device=cuda:0 --shards=2`, which `run` refuses."""
     import torch
 
+    from cli.flags import model_options_from_args, settings_from_args
+    from cli.main import build_parser
+    from cli.shards import torchrun_world
     from engine.registry import experiment
-    from tui.cli import build_parser
-    from tui.flags import model_options_from_args, settings_from_args
-    from tui.runner import _world
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     options = ModelOptions(str(tiny_folder), device=device, dtype="float16")
@@ -173,4 +174,5 @@ def test_a_job_pinned_to_one_device_is_not_sharded_so_run_accepts_it(device, mon
     assert shards_of(argv) == [] and f"--device={device}" in argv
     args = build_parser("ablation").parse_args(argv[3:])
     entry = experiment("ablation")
-    assert _world(entry, args, model_options_from_args(args), settings_from_args(entry, args)) is None  # no refusal
+    assert torchrun_world(entry, args, model_options_from_args(args),
+                          settings_from_args(entry, args)) is None  # no refusal

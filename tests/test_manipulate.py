@@ -213,7 +213,7 @@ def test_cli_runs_into_the_session(tmp_path, isolated_home, short_texts):
 
     from tiny_models import save_tiny
 
-    from tui.cli import main
+    from cli.main import main
 
     folder = save_tiny(tmp_path / "tiny")
     out = tmp_path / "m.json"

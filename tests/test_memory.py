@@ -379,8 +379,8 @@ def test_run_loads_the_dtype_its_plan_names(tmp_path, monkeypatch, capsys):
 
     from tiny_models import save_tiny
 
+    from cli.main import main
     from sessions.store import SessionStore
-    from tui.cli import main
 
     folder = save_tiny(tmp_path / "tiny")
     real_plan = memory.plan_run

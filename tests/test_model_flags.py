@@ -1,4 +1,4 @@
-"""The model flags: one helper (tui/flags.py `model_flags`) gives a job's command, a resumed job's
+"""The model flags: one helper (cli/flags.py `model_flags`) gives a job's command, a resumed job's
 and the served console's the model options they run with, and each front end reads them back to
 the same options, for every field of ModelOptions (the values come from the dataclass fields, so a
 field added there and not passed on fails here). The export command reads ModelOptions' own
@@ -10,12 +10,12 @@ import argparse
 import dataclasses
 import shlex
 
+from cli.flags import flag_text, model_flags, model_options_from_args
+from cli.main import build_parser
 from engine.core.settings import FieldSpec
 from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.models.options import ModelOptions
 from sessions.store import SessionStore
-from tui.cli import build_parser
-from tui.flags import flag_text, model_flags, model_options_from_args
 
 # free-text fields: a value other than the default that the field accepts (a new free-text field
 # needs one here; a bool or a field with choices gets another value by itself)
@@ -56,14 +56,14 @@ def test_every_model_flag_comes_and_goes_back() -> None:
 
 
 def test_a_job_gets_the_consoles_model_options() -> None:
-    from tui.jobs import job_argv
+    from cli.argv import job_argv
 
     for options in (all_changed(), ModelOptions()):
         assert run_options(job_argv("ablation", AblationSettings(), options, "s", resume=False)) == options
 
 
 def test_a_resumed_job_gets_its_recorded_model_options_never_remote_code() -> None:
-    from tui.jobs import resume_argv
+    from cli.argv import resume_argv
 
     options = all_changed()
     session = SessionStore().create("r", model=options.model)
@@ -72,7 +72,7 @@ def test_a_resumed_job_gets_its_recorded_model_options_never_remote_code() -> No
 
 
 def test_the_served_console_gets_the_model_options() -> None:
-    from tui.launch import serve_command
+    from cli.launch import serve_command
 
     options = all_changed()
     args = build_parser().parse_args([*model_flags(options), "--session", "s"])
@@ -82,7 +82,7 @@ def test_the_served_console_gets_the_model_options() -> None:
 
 
 def test_export_reads_the_model_options_device_and_dtype() -> None:
-    from tui.commands.export import EXPORT_LOAD, LOAD_FLAGS
+    from cli.commands.export import EXPORT_LOAD, LOAD_FLAGS
 
     options = all_changed()
     flags = [flag_text(spec, getattr(options, spec.name)) for spec in ModelOptions.fields() if spec.name in LOAD_FLAGS]

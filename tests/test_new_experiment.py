@@ -20,6 +20,7 @@ from experiment_contract import contract_problems, figure_problems
 from in_process_workers import InProcessWorkers
 from throwaway import installed
 
+from cli.main import main
 from engine import registry
 from engine.core.codec import json_safe
 from engine.core.events import Progress, event_from_json, event_types
@@ -27,7 +28,6 @@ from engine.experiments.context import RunContext
 from engine.models import memory
 from engine.models.distributed import shard
 from sessions.store import SessionStore
-from tui.cli import main
 from tui.views import analyses
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +85,7 @@ def test_its_events_and_result_round_trip_through_the_core_codec(experiment) -> 
 
 
 def test_its_sweep_splits_over_workers_as_the_others_do(experiment) -> None:
-    from tui.runner import sharded_events
+    from cli.shards import sharded_events
 
     settings = experiment.settings_class()
     split = experiment.shard_plan(settings, 0)

@@ -13,6 +13,7 @@ import signal
 import pytest
 from test_signals import check_interrupted, check_resumed, resume_line, start, wait_for
 
+from cli.main import main
 from engine.core.codec import ABSENT, json_safe
 from engine.core.events import Cancelled, CancelToken, Message, Result
 from engine.experiments.ablation.run import run, run_ablation
@@ -21,7 +22,6 @@ from engine.experiments.context import RunContext
 from engine.models.loading import LoadedModel
 from sessions.job_runner import run_job
 from sessions.store import SessionStore
-from tui.cli import main
 from tui.screens.console import map_job_line
 from tui.state import JobView
 

@@ -77,7 +77,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 
 def cli(*args: str, home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ANATOMY_TUI_HOME": str(home), "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
 
 

@@ -87,7 +87,8 @@ SENTINEL = ("float16", "the one rule, changed by this test")
 def test_every_consumer_follows_the_one_rule(tmp_path, monkeypatch):
     """The rule changed in its one place (a dtype no machine here gets, a device that is always the
     CPU): the plan, the loader, the console's job, a training run and the cluster's task all follow."""
-    from tui.jobs import job_argv, job_options
+    from cli.argv import job_argv
+    from tui.jobs import job_options
 
     folder = save_tiny(tmp_path / "tiny")
     settings = AblationSettings(eval_set="paper")

@@ -1,6 +1,6 @@
 """No code from the current folder, nothing listening beyond loopback (issue 40). In a folder where
 a package of each of the project's names lies (its import writes a marker and exits 0, as a
-planted `tui/cli.py` once did, silently), the processes the project starts run the project's own
+planted `cli/main.py` once did, silently), the processes the project starts run the project's own
 code: a console job, the served console's per-connection command, the workers of `--shards 2`, a
 task on `--cluster local`. While the last two run, every socket their process tree listens on is
 read (psutil): each must be on loopback."""
@@ -18,12 +18,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from cli.argv import job_argv, typed
+from cli.flags import settings_from_args
+from cli.launch import serve_command
+from cli.main import build_parser, main
 from engine.registry import experiment
 from sessions.store import SessionStore
-from tui.cli import build_parser, main
-from tui.flags import settings_from_args
-from tui.jobs import job_argv, typed
-from tui.launch import serve_command
 
 PACKAGES = ("tui", "engine", "sessions", "anatomy_tui", "figures")
 TINY = ["run", "toy-depth", "--preset", "tiny", "--width", "8", "--outputs", "8", "--teacher-depth", "4",
@@ -124,10 +124,10 @@ def test_shards_started_in_a_planted_folder_run_this_project_on_loopback_only(pl
 
 
 def test_shard_workers_that_exit_0_without_a_result_fail_in_one_line(worker_env, monkeypatch, capsys):
-    """What a planted `tui/cli.py` once made of --shards: every worker exits 0, nothing written."""
-    import tui.runner
+    """What a planted `cli/main.py` once made of --shards: every worker exits 0, nothing written."""
+    import cli.shards
 
-    monkeypatch.setattr(tui.runner, "python_argv", lambda *options: [sys.executable, "-c", "pass"])
+    monkeypatch.setattr(cli.shards, "python_argv", lambda *options: [sys.executable, "-c", "pass"])
     assert main([*TINY, "--shards", "2", "--session", "empty"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert errors == ["anatomy-tui: error: the --shards workers exited without a result (rank 0 wrote none, and "

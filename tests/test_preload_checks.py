@@ -13,13 +13,13 @@ import pytest
 from tiny_models import save_tiny
 
 import engine.models.loading
+from cli.main import main
 from engine import registry
 from engine.core.errors import UserError
 from engine.core.files import read_lines
 from engine.core.settings import check_layers
 from engine.models.memory import ModelShape, plan_run, preview_model
 from sessions.store import SessionStore
-from tui.cli import main
 
 PAPER = ["--eval-set", "paper"]
 

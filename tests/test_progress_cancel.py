@@ -17,6 +17,8 @@ from lm_eval_tasks import write_task
 from test_signals import check_interrupted, check_resumed, resume_line, signal_after, start
 from tiny_models import tiny_model
 
+from cli.main import main
+from cli.progress import ProgressLines, progress_text
 from engine.core.events import Cancelled, Cancelling, CancelToken, Finished, Message, Pace, Progress, Result
 from engine.core.settings import Settings
 from engine.evaluation.perplexity import Evaluator, spread
@@ -30,8 +32,6 @@ from engine.models.loading import LoadedModel
 from engine.registry import EXPERIMENTS, Experiment, RunContext
 from sessions.job_runner import run_job
 from sessions.store import SessionStore
-from tui.cli import main
-from tui.runner import ProgressLines, progress_text
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

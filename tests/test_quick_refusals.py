@@ -16,7 +16,7 @@ from engine.models.preflight import config_shape, gguf_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = (
-    "import sys\nfrom tui.cli import main\n"
+    "import sys\nfrom cli.main import main\n"
     "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as stop:\n    code = stop.code\n"
     "print('heavy:', ','.join(m for m in ('torch', 'transformers') if m in sys.modules) or '-', 'exit:', code)\n"
 )

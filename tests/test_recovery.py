@@ -11,6 +11,7 @@ import torch
 from tiny_models import save_tiny
 from tui_fixtures import ablation_map, round_trips
 
+from cli import main as cli
 from engine.core.errors import UserError
 from engine.core.events import Cancelled, CancelToken, Result
 from engine.experiments.ablation.vocabulary import AblationMap, AblationRow
@@ -34,7 +35,6 @@ from engine.experiments.recovery.vocabulary import (
 from engine.registry import RunContext
 from sessions.job_runner import run_job
 from sessions.store import SessionStore
-from tui import cli
 
 TRAIN = "\n".join(f"The cat number {i} sat on the mat and looked at the dog for a while." for i in range(40))
 EVAL = ["The dog sat on the mat.", "A cat looked at the dog.", "Number seven sat for a while."]

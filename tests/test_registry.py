@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
+from cli.argv import job_argv, resume_argv
+from cli.flags import model_options_from_args, settings_from_args
+from cli.main import build_parser, main
 from engine.core.errors import UserError
 from engine.models.options import ModelOptions
 from engine.registry import EXPERIMENTS, experiment
-from tui.cli import build_parser, main
-from tui.flags import model_options_from_args, settings_from_args
-from tui.jobs import job_argv, resumable_job, resume_argv
+from tui.jobs import resumable_job
 
 NAMES = [entry.name for entry in EXPERIMENTS]
 
@@ -202,7 +203,7 @@ def test_a_model_that_fails_to_load_leaves_no_session(capsys, isolated_home):
 
 
 def test_help_and_the_cli_import_no_torch():
-    code = ("import sys\nfrom tui.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+    code = ("import sys\nfrom cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "False"

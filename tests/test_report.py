@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from engine import registry
 from engine.core.codec import json_safe
 from engine.experiments.ablation.vocabulary import AblationSettings
 from sessions.store import SessionStore
-from tui.cli import main
 
 pytestmark = pytest.mark.report
 
@@ -115,7 +115,7 @@ def read_only(folder: Path, monkeypatch) -> None:
     folder.chmod(0o555)
     if os.geteuid() == 0:  # root writes anywhere: the check is asked as an unprivileged user would be
         real = os.access
-        monkeypatch.setattr("tui.commands.report.os.access",
+        monkeypatch.setattr("cli.commands.report.os.access",
                             lambda path, mode: False if Path(path) == folder else real(path, mode))
 
 

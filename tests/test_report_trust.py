@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
+from cli.main import main
 from engine import registry
 from engine.core.codec import json_safe
 from engine.experiments.ablation.vocabulary import AblationSettings
 from sessions.store import SessionStore
-from tui.cli import main
 
 pytestmark = pytest.mark.report
 
@@ -213,7 +213,7 @@ def test_a_killed_reports_leftovers_go_on_the_next_run(isolated_home, tmp_path):
         (out / name).write_bytes(data)
     (out / ".report-templates").mkdir()  # and folders, however they are named
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    killed = subprocess.Popen([sys.executable, "-m", "tui.cli", "report", "demo", "--out", str(out)], cwd=ROOT,
+    killed = subprocess.Popen([sys.executable, "-m", "cli.main", "report", "demo", "--out", str(out)], cwd=ROOT,
                               env=env, stderr=subprocess.PIPE, text=True)
     for line in killed.stderr:  # killed as it draws the first figure
         if "drawing" in line:
@@ -249,7 +249,7 @@ def cli(args: list[str], **kwargs) -> subprocess.Popen:
 def test_without_matplotlib_it_is_one_line_naming_the_extra(isolated_home, tmp_path):
     small_session()
     script = ("import sys; sys.modules['matplotlib'] = None  # as if not installed\n"
-              "from tui.cli import main; sys.exit(main(sys.argv[1:]))")
+              "from cli.main import main; sys.exit(main(sys.argv[1:]))")
     process = cli([script, "report", "demo", "--out", str(tmp_path / "out")])
     err = process.communicate(timeout=120)[1].strip().splitlines()
     assert process.returncode == 2
@@ -266,7 +266,7 @@ def test_a_closed_pipe_ends_it_quietly_with_the_report_written(both, isolated_ho
     small_session()
     read, write = os.pipe()
     os.close(read)  # nothing will read what it prints
-    process = subprocess.Popen([sys.executable, "-m", "tui.cli", "report", "demo", "--out", str(tmp_path / "out")],
+    process = subprocess.Popen([sys.executable, "-m", "cli.main", "report", "demo", "--out", str(tmp_path / "out")],
                                cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=write,
                                stderr=write if both else subprocess.PIPE, text=True)
     os.close(write)

@@ -143,7 +143,7 @@ def test_load_runs_reports_missing_columns_and_drops_bad_rows(tmp_path) -> None:
 
 
 def test_cli_writes_the_documented_json(tmp_path, monkeypatch) -> None:
-    from tui.cli import main
+    from cli.main import main
 
     monkeypatch.setenv("ANATOMY_TUI_HOME", str(tmp_path / "home"))
     runs = synthetic_runs(noise=0.002, seed=4, n=60)
@@ -271,7 +271,7 @@ def test_paper_optimizer_reproduces_the_notebooks_alpha_l_on_chinchilla() -> Non
 
 
 def test_cli_optimizer_paper_and_a_bad_optimizer(tmp_path, monkeypatch, capsys) -> None:
-    from tui.cli import main
+    from cli.main import main
 
     monkeypatch.setenv("ANATOMY_TUI_HOME", str(tmp_path / "home"))
     runs = synthetic_runs(noise=0.002, seed=4, n=60)

@@ -59,7 +59,7 @@ class Served:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "ANATOMY_TUI_HOME": str(home)}
         with self.log.open("w") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tui.cli", "--serve", "--port", str(self.port),
+                [sys.executable, "-m", "cli.main", "--serve", "--port", str(self.port),
                  *(["--serve-token"] if token else [])],
                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
             )  # fmt: skip

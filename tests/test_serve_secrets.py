@@ -41,7 +41,7 @@ def served(isolated_home):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ANATOMY_TUI_HOME": str(isolated_home), "COLUMNS": "300"}
     with output.open("w") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tui.cli", "--serve", "--port", str(port), "--serve-token"],
+            [sys.executable, "-m", "cli.main", "--serve", "--port", str(port), "--serve-token"],
             cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     deadline = time.monotonic() + 60

@@ -3,7 +3,7 @@ that obey each field's declared rule; never a traceback, never exit 1.
 
 Registry-driven: the experiments, their fields and the rules come from engine.registry.EXPERIMENTS
 and the fields' `setting(...)` metadata. The run stops right after the settings and input checks
-(`tui.runner.SessionStore` is replaced by a stop), so no model loads and no session is made.
+(`cli.runner.SessionStore` is replaced by a stop), so no model loads and no session is made.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tui.runner
+import cli.runner
+from cli.main import main
 from engine.core.errors import UserError
 from engine.core.settings import FieldSpec
 from engine.registry import EXPERIMENTS
-from tui.cli import main
 
 NAMES = [entry.name for entry in EXPERIMENTS]
 BY = {entry.name: entry for entry in EXPERIMENTS}
@@ -122,7 +122,7 @@ def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
          ) -> tuple[int | None, list[str], Any]:
     """main(argv) stopped after validation: (exit code or None when validated, stderr lines, settings)."""
     seen: dict[str, Any] = {}
-    original = tui.runner.settings_from_args
+    original = cli.runner.settings_from_args
 
     def record(experiment: Any, args: Any) -> Any:
         seen["settings"] = made = original(experiment, args)
@@ -131,8 +131,8 @@ def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
     def stop() -> None:
         raise Validated
 
-    monkeypatch.setattr(tui.runner, "settings_from_args", record)
-    monkeypatch.setattr(tui.runner, "SessionStore", stop)
+    monkeypatch.setattr(cli.runner, "settings_from_args", record)
+    monkeypatch.setattr(cli.runner, "SessionStore", stop)
     capsys.readouterr()
     try:
         code: int | None = main(argv)

@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import pytest
 
+from cli.main import main
 from engine import registry
 from engine.core.errors import UserError
 from engine.core.events import Event, Message, Progress, Result, ResultDocument
@@ -32,7 +33,6 @@ from engine.models.options import ModelOptions
 from engine.registry import Experiment
 from sessions.job_runner import run_job
 from sessions.store import Session, SessionStore
-from tui.cli import main
 from tui.lab import Lab
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ def test_a_run_stopped_before_its_job_starts_says_so_and_exits_with_the_signal(m
         def loading(*args, stop=stop):
             raise stop
 
-        monkeypatch.setattr("tui.runner.run_command", loading)
+        monkeypatch.setattr("cli.runner.run_command", loading)
         assert main(["run", "toy-depth"]) == code
         assert capsys.readouterr().err.splitlines() == [line]
 
@@ -274,7 +274,7 @@ def test_an_error_every_worker_of_a_split_run_finds_is_said_once(monkeypatch, tm
 
     def failing(*exits: tuple[int, int]):
         def run(args):
-            raise ChildFailedError("tui.cli", {rank: ProcessFailure(rank, 100 + rank, code, str(reply) if rank else "")
+            raise ChildFailedError("cli.main", {rank: ProcessFailure(rank, 100 + rank, code, str(reply) if rank else "")
                                                for rank, code in exits})
         return run
 
@@ -292,7 +292,7 @@ def test_an_error_every_worker_of_a_split_run_finds_is_said_once(monkeypatch, tm
 def start(args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    return subprocess.Popen([sys.executable, "-m", "tui.cli", *args], cwd=ROOT, env=env, text=True,
+    return subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -417,7 +417,7 @@ def test_a_job_the_console_started_stops_on_sigterm_is_offered_and_its_resume_ma
     """The console's jobs run the same command: `kill PID` (SIGTERM) leaves it interrupted and offered,
     the offer's command finishes it and marks it resumed; the console's own cancel (SIGINT to the
     job's group) leaves it cancelled, as Ctrl-C does."""
-    from tui.flags import settings_from_flags
+    from cli.flags import settings_from_flags
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     lab = Lab(SessionStore(), ModelOptions())

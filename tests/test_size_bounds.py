@@ -82,7 +82,7 @@ def test_a_config_of_ten_million_layers_is_refused_in_seconds_by_a_fresh_process
     folder = edited(tiny_folder, tmp_path / "model", num_hidden_layers=10**7)
     env = {**os.environ, "ANATOMY_TUI_HOME": str(tmp_path / "home")}
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "run", "ablation", "--layers", "1", "--model", str(folder),
+    done = subprocess.run([sys.executable, "-m", "cli.main", "run", "ablation", "--layers", "1", "--model", str(folder),
                            *PAPER], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 import engine.disk.atomic
+from cli.main import main
 from engine.core.errors import UserError
 from engine.core.events import Finished, Progress, Result, Started
 from engine.disk.atomic import append_line, mount_point
 from sessions.job_runner import run_job
 from sessions.store import SessionError, SessionExists, SessionStore
-from tui.cli import main
 
 
 def _one_line(capsys) -> str:
@@ -416,7 +416,7 @@ async def test_the_console_given_a_sessions_folder_that_is_a_file_exits_with_its
     app = AnatomyApp(load_model=False)  # past the launch's check (the folder became a file since)
     async with app.run_test() as pilot:
         await pilot.pause()
-    assert app.return_code == 2 and not capsys.readouterr().err  # no traceback; tui/launch.py prints the line
+    assert app.return_code == 2 and not capsys.readouterr().err  # no traceback; cli/launch.py prints the line
     assert app.exit_line.startswith(f"anatomy-tui: error: sessions folder {home} is a file")
 
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from test_memory import fake_gpu_run, loaded_on_the_cpu
 
+from cli.flags import model_options_from_args
+from cli.main import build_parser, main
+from cli.shards import SHARDS_DONE
 from engine.models.loading import load_model
 from engine.models.options import ModelOptions
 from engine.models.precision import CUBLAS_WORKSPACE
 from sessions.store import SessionStore
-from tui.cli import build_parser, main
-from tui.flags import model_options_from_args
-from tui.runner import SHARDS_DONE
 
 
 def test_the_flags_parse_on_run_and_the_console_and_default_on():
@@ -64,8 +64,8 @@ def test_the_flags_are_recorded_in_the_job(tiny_folder):
 
 def test_jobs_and_shard_workers_get_the_flags(tiny_folder, monkeypatch, capsys):
     import engine.models.distributed
+    from cli.argv import job_argv, resume_argv
     from engine.experiments.ablation.vocabulary import AblationSettings
-    from tui.jobs import job_argv, resume_argv
 
     options = ModelOptions(str(tiny_folder), deterministic=False, tf32=False)
     argv = job_argv("ablation", AblationSettings(), options, "s", resume=False)
@@ -84,7 +84,7 @@ def test_jobs_and_shard_workers_get_the_flags(tiny_folder, monkeypatch, capsys):
 
 def workers_that_finish(launched: list, seen: Callable[[list[str], int], object]) -> Callable[..., int]:
     """torch's launcher faked: records `seen(argv, shards)`, and rank 0 says its result was written
-    (the file tui/runner.py names in SHARDS_DONE), as workers that finished do."""
+    (the file cli/runner.py names in SHARDS_DONE), as workers that finished do."""
     def launch(argv: list[str], shards: int, env: dict[str, str]) -> int:
         launched.append(seen(argv, shards))
         Path(env[SHARDS_DONE]).write_text("s", encoding="utf-8")

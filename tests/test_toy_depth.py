@@ -132,7 +132,7 @@ def test_bad_settings_are_user_errors() -> None:
 
 
 def test_cli_runs_a_micro_config(tmp_path, monkeypatch) -> None:
-    from tui.cli import main
+    from cli.main import main
 
     monkeypatch.setenv("ANATOMY_TUI_HOME", str(tmp_path / "home"))
     out = tmp_path / "toy.json"
@@ -205,7 +205,7 @@ def test_a_damaged_student_checkpoint_is_trained_again(tmp_path) -> None:
 
 
 def test_cli_resume_continues_a_session_and_refuses_changed_flags(tmp_path, monkeypatch, capsys) -> None:
-    from tui.cli import main
+    from cli.main import main
 
     monkeypatch.setenv("ANATOMY_TUI_HOME", str(tmp_path / "home"))
     flags = ["run", "toy-depth", "--preset", "tiny", "--width", "8", "--outputs", "8", "--teacher-depth", "4",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import main
 from engine.core.errors import UserError
 from engine.core.events import Message, Progress, Result
 from engine.core.process import job_identity_matches, process_identity
@@ -22,7 +23,6 @@ from engine.disk.atomic import atomic_write_json, check_writable_path
 from sessions.job_runner import run_job
 from sessions.store import SessionError, SessionStore
 from tui import jobs as jobs_module
-from tui.cli import main
 
 
 def one_error_line(capsys, after_a_run: bool = False) -> str:
@@ -108,7 +108,7 @@ def test_a_result_that_cannot_be_written_at_the_end_is_kept(capsys):
 def test_json_that_fails_at_the_end_says_where_the_result_is(tiny_folder, tmp_path, capsys, monkeypatch):
     out = tmp_path / "later"
     out.mkdir()  # as if it became a directory during the run: the check before it is skipped
-    monkeypatch.setattr("tui.runner.check_writable_path", lambda path, what: path)
+    monkeypatch.setattr("cli.runner.check_writable_path", lambda path, what: path)
     code = main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--session", "late2",
                  "--json", str(out), "--bootstrap", "20"])  # fmt: skip
     line = one_error_line(capsys, after_a_run=True)
@@ -456,7 +456,7 @@ def test_run_into_a_session_whose_result_file_is_a_link_refuses_and_leaves_the_t
     target, content, mode = planted(tmp_path)
     (session.path / "results" / "ablation.json").symlink_to(target)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "tui.cli", "run", "ablation", "--model", str(tiny_folder),
+    done = subprocess.run([sys.executable, "-m", "cli.main", "run", "ablation", "--model", str(tiny_folder),
                            "--eval-set", "paper", "--device", "cpu", "--session", "forged"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     err = done.stderr.strip().splitlines()

@@ -662,7 +662,7 @@ async def test_an_interrupted_job_offers_to_resume(isolated_home, monkeypatch) -
     from engine.experiments.growth.vocabulary import PRESETS
 
     session = demo_session(SessionStore())
-    hostile = ["/x/tui/cli.py", "run", "growth", "--model", "/evil", "--trust-remote-code"]
+    hostile = ["/x/cli/main.py", "run", "growth", "--model", "/evil", "--trust-remote-code"]
     session.write_job("growth-1", {"id": "growth-1", "experiment": "growth", "pid": 2**22 + 7, "argv": hostile,
                                    "settings": PRESETS["tiny"].to_dict(), "model": None,
                                    "status": "running", "started": 1.0})  # fmt: skip
@@ -700,7 +700,7 @@ def test_serve_command_runs_the_same_console() -> None:
     import argparse
     import shlex
 
-    from tui.launch import serve_command
+    from cli.launch import serve_command
 
     args = argparse.Namespace(model="m", device="cpu", dtype="auto", trust_remote_code=False, session="s",
                               resume=False, deterministic=False, cluster=None)  # fmt: skip

@@ -120,7 +120,7 @@ def _wait_for(name: str, *needles: str, limit: float = 60.0) -> str:
 def console_in_tmux(home: Path, flags: str, size: tuple[int, int]) -> Iterator[str]:
     """`anatomy-tui FLAGS` in a detached tmux session of this size; yields the session's name."""
     name = f"anatomy-tui-{os.getpid()}-{time.monotonic_ns()}"
-    command = f"cd {ROOT} && ANATOMY_TUI_HOME={home} TERM=xterm-256color {sys.executable} -m tui.cli {flags}"
+    command = f"cd {ROOT} && ANATOMY_TUI_HOME={home} TERM=xterm-256color {sys.executable} -m cli.main {flags}"
     subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", str(size[0]), "-y", str(size[1]), command],
                    check=True)
     try:

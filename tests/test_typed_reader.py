@@ -116,7 +116,7 @@ def test_a_result_missing_a_field_or_of_the_wrong_type_is_one_line_naming_file_a
 
 @pytest.mark.parametrize("entry", SAMPLES)
 def test_the_report_receives_each_result_as_its_dataclass(entry):
-    from tui.commands.report import entries
+    from cli.commands.report import entries
 
     sample = entry.sample()
     session = SessionStore().create("s", model="tiny")

@@ -1,1 +1,2 @@
-"""Front ends: the Textual console and the command line, both thin layers over the engine."""
+"""The console (Textual): a thin layer over the engine and the store; started by the command line
+(cli/launch.py), which it uses only to start a job (cli/argv.py, cli/flags.py)."""

@@ -119,7 +119,7 @@ class AnatomyApp(App[None]):
         try:
             name = self.lab.first_session(self.requested, self.resume)
         except SessionError as exc:  # the sessions folder is a file or cannot be written: its line, no traceback
-            self.exit_line = f"anatomy-tui: error: {exc}"  # printed by tui/launch.py once the screen is gone
+            self.exit_line = f"anatomy-tui: error: {exc}"  # printed by cli/launch.py once the screen is gone
             self.exit(return_code=2)
             return
         if name is not None:

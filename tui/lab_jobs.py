@@ -9,23 +9,14 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cli.argv import job_argv, resume_argv, typed
+from cli.flags import settings_from_flags
 from engine.core.errors import UserError
 from engine.core.events import CancelToken
 from engine.core.settings import Settings
 from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
-from tui.flags import settings_from_flags
-from tui.jobs import (
-    BackgroundJob,
-    job_argv,
-    job_options,
-    job_placement,
-    launch_job,
-    resumable_job,
-    resume_argv,
-    stop_job,
-    typed,
-)
+from tui.jobs import BackgroundJob, job_options, job_placement, launch_job, resumable_job, stop_job
 from tui.lab_base import NO_MODEL_IN_AN_ATLAS, LabBase
 
 

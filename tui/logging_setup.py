@@ -1,5 +1,5 @@
 """Where the console's log records go: to app.log in the open session, never to the terminal the
-console draws on. Set up where the process starts (`setup_logging`, from tui/launch.py); the session
+console draws on. Set up where the process starts (`setup_logging`, from cli/launch.py); the session
 file is known only once a session is opened (`log_to_file`), and transformers' own handler only once
 transformers is imported (`route_transformers_logs`, before the model loads). Each record is one line
 with its control characters escaped (`EscapedFormatter`): a session's text in a message (a job's

@@ -84,9 +84,9 @@ def experiment_work(
 
 def growth_preview_work(post: Post, flags: tuple[str, ...]) -> None:
     """The growth form's planned phases (torch is imported here, off the UI thread)."""
+    from cli.flags import settings_from_flags
     from engine.experiments.growth.design import planned_arms
     from engine.registry import BY_NAME
-    from tui.flags import settings_from_flags
 
     try:
         arms = planned_arms(settings_from_flags(BY_NAME["growth"], flags))  # type: ignore[arg-type]  # growth's row makes GrowthSettings

@@ -4,7 +4,7 @@ Pure computation on result documents (no store, no UI): which experiment runs ea
 merged table (one row per model, layer and criterion, with relative depth layer / (L - 1)), the
 criteria's agreement (Spearman per model), their consistency across models, their stability under
 other calibration texts, and the relative depths where every model's layers are critical or all
-redundant. `anatomy-tui atlas` (tui/commands/atlas.py) runs the measures into sessions and calls
+redundant. `anatomy-tui atlas` (cli/commands/atlas.py) runs the measures into sessions and calls
 these; `anatomy-tui compare` reads sessions or an atlas and prints them.
 
 Relative-depth bins: `n_bins` equal bins of [0, 1]; layer l of a model of L layers falls in bin

@@ -48,7 +48,7 @@ def read_lines(path: Path, what: str) -> list[str]:
 
 
 # OSErrors of a path a user gave (a name too long, no permission, a folder for a file, a loop of links):
-# the user's to fix, one line naming the path (tui/cli.py), never "the memory plan skipped"
+# the user's to fix, one line naming the path (cli/main.py), never "the memory plan skipped"
 PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.ELOOP,
                          errno.ENOENT, errno.EROFS})
 

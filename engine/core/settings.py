@@ -1,7 +1,7 @@
 """Settings: every number a user can change, declared once, on a dataclass field.
 
 A field made with `setting(...)` carries its help text, its allowed range or choices and its flag.
-From that one declaration come the command-line flags (`tui/cli.py`), the validation every front end
+From that one declaration come the command-line flags (`cli/main.py`), the validation every front end
 runs before a model loads, and the JSON form a job file stores (so a resume rebuilds settings from
 data, never from an argv). Values read back from a session file are untrusted: `from_dict` checks
 each one's type and range exactly as a flag would be checked.

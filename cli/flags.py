@@ -1,5 +1,5 @@
 """Command-line flags derived from Settings fields: one declaration (engine/core/settings.py), every
-front end's flags. Used by `tui/cli.py` for `anatomy-tui run` and by the console for the flags a
+front end's flags. Used by `cli/main.py` for `anatomy-tui run` and by the console for the flags a
 user types into a form (growth's), so both accept exactly the same words."""
 
 from __future__ import annotations

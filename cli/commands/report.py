@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from cli.argv import run_argv, typed
 from engine import registry
 from engine.atlas.table import AtlasDocument
 from engine.core.errors import UserError
@@ -46,7 +47,6 @@ from engine.disk.staging import staged
 from engine.models.options import ModelOptions
 from sessions.documents import Damaged, JobRecord, typed_result
 from sessions.store import Session
-from tui.jobs import run_argv, typed
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -459,7 +459,7 @@ def write_report(staging: Path, formats: Sequence[str], session: Session, found:
 
 def progress(line: str) -> None:
     """A line on stderr; a reader gone (`2>&1 | head -1`) stops the lines, never the report: the rest
-    go to the null device (the paths then printed on stdout end the command as tui/cli.py does)."""
+    go to the null device (the paths then printed on stdout end the command as cli/main.py does)."""
     try:
         say(line)
     except BrokenPipeError:

@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cli.flags import add_settings_arguments, cluster_arguments, flag_text, settings_from_flags
+from cli.flags import model_flags as flags_of_model
 from engine.atlas import table as A
 from engine.core.errors import UserError
 from engine.core.process import STOP_EXIT_CODES, exit_code, interruption, say
 from engine.data.text_settings import EvalTextSettings
 from engine.models.options import ModelOptions
 from engine.registry import experiment as experiment_named
-from tui.flags import add_settings_arguments, cluster_arguments, flag_text, settings_from_flags
-from tui.flags import model_flags as flags_of_model
 
 if TYPE_CHECKING:
     from engine.cluster import Cluster
@@ -146,7 +146,7 @@ def _builtin_text(eval_set: str, texts: Path) -> Path:
 
 def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     """Runs or reuses every measure of every model, then merges, saves and exports the atlas.
-    `run(argv)` is `anatomy-tui argv` (the exit code), handed in by tui/cli.py."""
+    `run(argv)` is `anatomy-tui argv` (the exit code), handed in by cli/main.py."""
     from engine.atlas.dataset import write_dataset
     from sessions.atlas import member_name, open_atlas
     from sessions.documents import ATLAS_RESULT
@@ -167,7 +167,7 @@ def main(args: argparse.Namespace, run: Callable[[list[str]], int]) -> int:
     runs = _Runs(args.name, run, store, state, cluster)
     try:
         _measure(args, spec, variants, texts, model_flags, members, store, state, runs)
-    except KeyboardInterrupt as stop:  # Ctrl-C, or a signal between two runs (stop_on_signals in tui/cli.py)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or a signal between two runs (stop_on_signals in cli/main.py)
         runs.stop(stop)
         return _interrupted(args.name, state, runs.doing, exit_code(stop))
     doc = merged(args.name, spec, variants, store, state)

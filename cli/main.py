@@ -14,13 +14,13 @@ import sys
 import typing
 from collections.abc import Sequence
 
+from cli.flags import add_settings_arguments, experiment_flags
 from engine import registry
 from engine.core.errors import UserError
 from engine.core.frozen_imports import one_job_process
 from engine.core.process import Stopped, exit_code, hand_to_launcher, say, stop_on_signals
 from engine.models.options import ModelOptions
 from sessions.store import SessionError
-from tui.flags import add_settings_arguments, experiment_flags
 
 
 def chosen_experiment(argv: Sequence[str]) -> str | None:
@@ -84,14 +84,14 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
     show = which.add_parser("show", help="one session's manifest, results and jobs")
     show.add_argument("name")
 
-    from tui.commands import export
+    from cli.commands import export
 
     exporting = commands.add_parser("export", help="save a session's recovered, growth or uniform model as a HF "
                                                    "folder; --push-to-hub uploads it (or the prune export)")
     export.add_arguments(exporting)
     exporting.set_defaults(handler=export.main)
 
-    from tui.commands import atlas, compare
+    from cli.commands import atlas, compare
 
     mapping = commands.add_parser("atlas", help="the same measures of many models on one protocol, merged on "
                                   "relative depth (resumable; exported as a dataset)")
@@ -102,7 +102,7 @@ def build_parser(experiment: str | None = None) -> argparse.ArgumentParser:
     compare.add_arguments(comparing)
     comparing.set_defaults(handler=compare.main)
 
-    from tui.commands import report
+    from cli.commands import report
 
     reporting = commands.add_parser("report", help="a session's results as figures (PNG, SVG), an HTML page, "
                                     "Markdown and one PDF: tables, settings, versions, reproducing commands")
@@ -137,7 +137,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if own_process and args.command in ("run", "atlas"):  # one headless job: engine/core/frozen_imports.py
             one_job_process()
         if args.command == "run":
-            from tui.runner import run_command
+            from cli.runner import run_command
 
             with stop_on_signals():  # SIGTERM, SIGHUP stop a run the way Ctrl-C does
                 return run_command(registry.BY_NAME[args.experiment], args, argv)
@@ -147,10 +147,10 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command in ("export", "compare", "report"):
             return int(args.handler(args) or 0)
         if args.command == "sessions":
-            from tui.commands.sessions import main as sessions_main
+            from cli.commands.sessions import main as sessions_main
 
             return sessions_main(args)
-        from tui.launch import launch
+        from cli.launch import launch
 
         return launch(args)
     except (UserError, SessionError) as exc:

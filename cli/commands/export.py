@@ -9,13 +9,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from cli.flags import add_settings_arguments
 from engine.core.errors import UserError
 from engine.disk.session_layout import GROWTH_MODELS
 from engine.experiments.session_models import (
     SAVED_ARMS,  # growth and uniform: their arm's folder under <session>/GROWTH_MODELS
 )
 from engine.models.options import ModelOptions
-from tui.flags import add_settings_arguments
 
 EXPORT_LOAD = ModelOptions(device="cpu")  # the base model loads on the CPU unless --device says otherwise
 LOAD_FLAGS = ("device", "dtype")  # of the model options, the ones export takes (--model is what to export)

@@ -14,10 +14,10 @@ from engine.core.errors import UserError
 def serve_command(args: argparse.Namespace) -> str:
     """The command textual-serve runs (through a shell) for each browser connection: this console,
     same flags, this project's code wherever the server was started (engine.core.process python_argv)."""
+    from cli.flags import model_flags, model_options_from_args
     from engine.core.process import python_argv
-    from tui.flags import model_flags, model_options_from_args
 
-    parts = [*python_argv("tui.cli"), *model_flags(model_options_from_args(args))]
+    parts = [*python_argv("cli.main"), *model_flags(model_options_from_args(args))]
     if args.cluster:
         parts += ["--cluster", args.cluster]
     if args.session:
@@ -100,9 +100,9 @@ def launch(args: argparse.Namespace) -> int:
             )
         server.serve()
         return 0
+    from cli.flags import model_options_from_args
     from tui.app import AnatomyApp
     from tui.console_settings import ConsoleSettings
-    from tui.flags import model_options_from_args
     from tui.logging_setup import setup_logging
 
     setup_logging()  # nothing logs to the terminal the console draws on

@@ -1,0 +1,75 @@
+"""Before a run's model loads: its memory plan, printed and checked against the device's free
+memory after what the model's config and tokenizer tell is checked; and the device the run asks for.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+from typing import TYPE_CHECKING
+
+from engine.core.errors import UserError
+from engine.core.process import say
+from engine.core.settings import Settings
+from engine.models.options import ModelOptions
+from engine.registry import Experiment
+
+if TYPE_CHECKING:
+    from engine.models.memory import MemoryPlan
+    from engine.models.placement import Hardware
+
+
+UNREADABLE_PATH = (errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM)  # no load would read it either
+
+
+def asked_device(options: ModelOptions | None, settings: Settings) -> str:
+    """The --device of the run: the model's, or the settings' own (toy-depth trains on its own)."""
+    return str(options.device if options is not None else getattr(settings, "device", "auto"))
+
+
+def memory_plan(experiment: Experiment, settings: Settings, options: ModelOptions, quiet: bool = False,
+                fits: bool = True, hardware: Hardware | None = None) -> MemoryPlan | None:
+    """The run's memory plan, printed and checked against the device's free memory before the
+    model loads (one line and exit 2 when it cannot fit), after what the model's config and
+    tokenizer can tell is checked (engine/models/preflight.py: layers, components, texts, export folder,
+    weight edits on offloaded layers); a config that cannot be read is one line too. A model that
+    cannot be planned without loading it (an unusual config) gets a one-line note and no plan.
+    `hardware`: where it will run when not this machine (a cluster's GPU: engine/cluster/resources.py)."""
+    from engine.models.memory import check_fits, free_memory, plan_run, preview_model
+    from engine.models.preflight import check_before_load
+
+    preview, plan, skipped = None, None, ""
+    try:
+        preview = preview_model(options.model, options.trust_remote_code)
+        plan = plan_run(options.model, settings, options.device, options.dtype, options.trust_remote_code,
+                        options.device_map, options.max_memory, preview, hardware)
+    except UserError:
+        raise
+    except OSError as exc:
+        if exc.errno in UNREADABLE_PATH and exc.filename:  # a --model path the user gave: one line (cli/main.py)
+            raise
+        skipped = _first_line(exc)
+    except (ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError,
+            struct.error) as exc:  # a damaged GGUF header: the load says so in its own words
+        lines = str(exc).strip().splitlines()
+        skipped = lines[0] if lines else type(exc).__name__
+    if preview is not None:  # what the config and tokenizer tell, even when no plan could be made
+        check_before_load(experiment.name, settings, preview, plan)
+    if plan is None:
+        if not quiet:
+            say(f"memory plan skipped ({skipped}); loading the model")
+        return None
+    if options.device_map is not None:  # spread over several devices: no single device to check against
+        if not quiet:
+            say(f"{plan.line()} in all, spread by --device-map {options.device_map}")
+        return plan
+    if not quiet:
+        say(plan.line())
+    if fits:  # against this machine's device (a cluster's task: against its nodes, engine/cluster/resources.py)
+        check_fits(plan, free_memory(plan.device), experiment.name)
+    return plan
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

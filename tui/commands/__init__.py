@@ -1,1 +1,0 @@
-"""`anatomy-tui sessions`; the `run` commands come from the experiment registry (tui/runner.py)."""
