@@ -4,6 +4,7 @@ short-transformers' block search, the `--proxies-only` map, and one map from a s
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ def proxy_map(model_name: str, evaluator: Evaluator, settings: AblationSettings,
     )
 
 
-def spearmans(layers: list[AblationRow]) -> dict[str, float]:
+def spearmans(layers: list[AblationRow]) -> dict[str, float | None]:
     """How well the cheap per-layer measures rank the layers like the ablation does (the angular
     distance over all tokens, `angular_distance`, and of the last token, the field's)."""
     degradations = [row.degradation_pct for row in layers]
@@ -50,7 +51,7 @@ def spearmans(layers: list[AblationRow]) -> dict[str, float]:
     return found
 
 
-def all_spearmans(layers: list[AblationRow], parts: list[AblationRow]) -> dict[str, float]:
+def all_spearmans(layers: list[AblationRow], parts: list[AblationRow]) -> dict[str, float | None]:
     """The whole layers' rankings, and with blocks each block kind's, keyed `<part>:<measure>`."""
     found = spearmans(layers)
     for part in PARTS:
@@ -66,7 +67,7 @@ def block_search(blocks: dict[int, np.ndarray]) -> dict[str, int]:
     return {str(n): int(np.argmin(values)) for n, values in blocks.items()}
 
 
-def merge_shards(docs: list[dict], settings: AblationSettings) -> dict:
+def merge_shards(docs: list[dict[str, Any]], settings: AblationSettings) -> dict[str, Any]:
     """One map from the maps of a split sweep (each over some layers): rows in layer order and the
     Spearman over all of them, so the numbers equal a serial run's."""
     maps = [AblationMap.from_json(doc) for doc in docs]
@@ -75,6 +76,9 @@ def merge_shards(docs: list[dict], settings: AblationSettings) -> dict:
                     key=lambda row: (row.layer, PARTS.index(row.part)))
     merged = dataclasses.replace(
         maps[0], seconds=max(part.seconds for part in maps), settings=settings, layers=layers,
-        spearman=all_spearmans(layers, blocks), **({"parts": blocks} if settings.parts() else {}),
+        spearman=all_spearmans(layers, blocks),
     )
-    return json_safe(merged)
+    if settings.parts():
+        merged = dataclasses.replace(merged, parts=blocks)
+    doc: dict[str, Any] = json_safe(merged)
+    return doc
