@@ -29,13 +29,14 @@ from typing import Any
 
 from engine.atlas.table import DEFAULT_BINS, MAIN, AtlasDocument, AtlasRow, build, rows_of, with_depth
 from engine.atlas.tasks import AtlasTasks, TaskRow, task_key
+from engine.core.codec import json_safe
 from engine.core.errors import UserError
 from engine.core.events import TaskState
 from engine.disk.atomic import atomic_write_json, read_json
+from sessions.documents import ATLAS_RESULT
 from sessions.store import Session, SessionError, SessionExists, SessionStore
 
 STATE = "state.json"
-ATLAS_RESULT = "atlas"
 
 
 def member_name(atlas: str, model: str, variant: str, taken: MutableMapping[str, str]) -> str:
@@ -72,13 +73,13 @@ def reusable(store: SessionStore, model: str, result: str, wanted: Mapping[str, 
             if not store.exists(name):
                 continue
             session = store.open(name)
-            if session.manifest.get("model") != model:
+            if session.header.model != model:
                 continue
-            doc = session.load_result(result)
+            found = session.result(result)  # the one reader: a result this version cannot read is not reused
         except (SessionError, UserError):
             continue
-        if doc is not None and doc.get("partial") is not True and same_settings(doc.get("settings"), wanted, free,
-                                                                                 defaults):
+        if found is not None and getattr(found, "partial", False) is not True and same_settings(
+                json_safe(getattr(found, "settings", None)), wanted, free, defaults):
             return session
     return None
 
@@ -131,9 +132,9 @@ def open_atlas(store: SessionStore, name: str, spec: dict[str, Any],
             say(f"atlas {name} was just made by another atlas command; this one adds to it")
     if session is None:
         session = store.open(name)
-        if session.manifest.get("settings", {}).get("atlas") != spec:
+        if session.header.settings.get("atlas") != spec:
             raise UserError(f"atlas {name} was started with other models, measures or texts "
-                            f"({json.dumps(session.manifest.get('settings', {}).get('atlas'))}); "
+                            f"({json.dumps(session.header.settings.get('atlas'))}); "
                             "run it with those, or choose another --name")
     path = session.checkpoint_dir(ATLAS_RESULT) / STATE
     return session, AtlasState(path, spec, saved_steps(path), session)
@@ -198,7 +199,8 @@ class AtlasWatch:
         interrupted: its job file says so (Session.jobs)."""
         for key, member, job in self.fold.jobs_under_way():
             session = self._member(member)
-            if session is not None and session.jobs().get(job, {}).get("status") == "interrupted":
+            record = session.job_records().get(job) if session is not None else None
+            if record is not None and record.status == "interrupted":
                 self.fold.gone(key)
 
     def _member(self, name: str) -> Session | None:
@@ -216,8 +218,7 @@ class AtlasWatch:
     def result(self) -> AtlasDocument | None:
         """The atlas's table once it is saved (results/atlas.json), None before; a damaged one is a
         one-line UserError or SessionError."""
-        doc = self.store.open(self.name).load_result(ATLAS_RESULT)
-        return None if doc is None else AtlasDocument.from_json(doc)
+        return _atlas_of(self.store.open(self.name))
 
 
 def atlas_tasks(store: SessionStore, name: str) -> list[TaskRow]:
@@ -230,10 +231,19 @@ PER_LAYER_RESULTS = ("ablation", "prune", "dynamics", "recovery")  # the results
 
 def saved_atlas(store: SessionStore, name: str) -> AtlasDocument:
     """The atlas document an atlas session holds (results/atlas.json)."""
-    doc = store.open(name).load_result(ATLAS_RESULT)
-    if doc is None:
+    found = _atlas_of(store.open(name))
+    if found is None:
         raise UserError(f"session {name} holds no atlas (results/atlas.json); run `anatomy-tui atlas` first")
-    return AtlasDocument.from_json(doc)
+    return found
+
+
+def _atlas_of(session: Session) -> AtlasDocument | None:
+    """results/atlas.json read by the one reader (sessions/documents.py); a damaged one is a
+    one-line SessionError naming the file and the field."""
+    found = session.result(ATLAS_RESULT)
+    if found is not None and not isinstance(found, AtlasDocument):
+        raise SessionError(f"session {session.name}: results/{ATLAS_RESULT}.json is not an atlas's table")
+    return found
 
 
 def compare_sessions(store: SessionStore, names: Sequence[str], n_bins: int = DEFAULT_BINS) -> AtlasDocument:
@@ -244,7 +254,7 @@ def compare_sessions(store: SessionStore, names: Sequence[str], n_bins: int = DE
     if n_bins < 1:
         raise UserError("--bins must be at least 1")
     opened = [store.open(name) for name in names]
-    models = [str(s.manifest.get("model", "")) or s.name for s in opened]
+    models = [s.header.model or s.name for s in opened]
     labels = [m if models.count(m) == 1 else f"{m} ({s.name})" for m, s in zip(models, opened, strict=True)]
     rows: list[AtlasRow] = []
     sessions: dict[str, dict[str, dict[str, str]]] = {}

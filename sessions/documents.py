@@ -16,7 +16,7 @@ from engine.core.codec import ABSENT, FieldError, from_doc
 from engine.core.errors import UserError
 from engine.core.events import Event, ResultDocument, event_from_json, result_class, upgrade_result
 from engine.core.process import valid_pid
-from engine.core.untrusted import MAX_DOCUMENT_BYTES, MAX_SMALL_BYTES, has_control, loads
+from engine.core.untrusted import MAX_DOCUMENT_BYTES, has_control, loads
 from engine.disk.atomic import read_json
 
 T = TypeVar("T")
@@ -151,23 +151,13 @@ def _damaged(where: str, exc: Exception) -> Damaged:
     return Damaged(where, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
-def read(cls: type[T], path: Path, where: str, root: Path | None = None, limit: int = MAX_SMALL_BYTES) -> T:
-    """The document in file `path` as `cls` (a manifest, a job record): `Damaged` when it cannot be
-    read, is not JSON or does not fit (never through a link, never a FIFO, never too large or deep)."""
-    try:
-        doc = read_json(path, root, limit)
-    except (OSError, ValueError, UserError) as exc:
-        raise Damaged(where, f"does not parse ({reason(exc)})") from None
-    return decode(cls, doc, where)
-
-
 def read_result(name: str, path: Path, where: str) -> Typed:
     """results/<name>.json as its class (`result_type`; a 0.1 session's fields renamed first), or
     `Damaged` naming the file and the field; a result no registered experiment writes is damage too."""
     try:
         doc = read_json(path, limit=MAX_DOCUMENT_BYTES)
     except (OSError, ValueError, UserError) as exc:
-        raise Damaged(where, f"does not parse ({reason(exc)})") from None
+        raise Damaged(where, f"damaged ({reason(exc)}); delete it and run again") from None
     return typed_result(name, doc, where)
 
 

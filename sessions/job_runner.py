@@ -51,11 +51,11 @@ def started_at(doc: Mapping[str, Any]) -> float:
 def resumed_job(session: Session, experiment: str) -> str | None:
     """The job a --resume run of `experiment` continues: the newest job of that experiment in the
     session, when it did not finish (None when there is none or it finished)."""
-    mine = [(job_id, doc) for job_id, doc in session.jobs().items() if doc.get("experiment") == experiment]
+    mine = [(job_id, job) for job_id, job in session.job_records().items() if job.experiment == experiment]
     if not mine:
         return None
-    job_id, doc = max(mine, key=lambda item: started_at(item[1]))
-    return job_id if doc.get("status") in UNFINISHED else None
+    job_id, job = max(mine, key=lambda item: item[1].started)
+    return job_id if job.status in UNFINISHED else None
 
 
 def _mark_resumed(session: Session, job_id: Any, by: str) -> None:
