@@ -21,7 +21,6 @@ from dataclasses import replace
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.core.events import decode_or_none, result_class
 from tui import console_view, event_index
 from tui.jobs import reap
 from tui.lab_jobs import LabJobs
@@ -49,7 +48,7 @@ class Lab(LabJobs, LabModel):
     def save_figures(self, names: tuple[str, ...]) -> None:
         """The publication figures (figures/) of these results, as PNG and SVG in the session's
         figures/ folder; says where, or why none was saved."""
-        drawable = [(name, cls) for name in names if name in self.state.results and (cls := result_class(name))]
+        drawable = [name for name in names if name in self.state.results]
         if self.session is None or not drawable:
             self.say("no result in this panel to draw yet", "warning")
             return
@@ -58,8 +57,8 @@ class Lab(LabJobs, LabModel):
         written = []
         try:
             folder = self.session.part(FIGURES)
-            for name, cls in drawable:
-                result = decode_or_none(cls, self.state.results[name])
+            for name in drawable:
+                result = self.state.typed.get(name)  # read as its class by the one reader when it came
                 if result is not None:
                     written += figures.save_figure(result, folder / name, ("png", "svg"))
         except (UserError, OSError) as exc:
