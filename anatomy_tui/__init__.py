@@ -23,7 +23,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from anatomy_tui.results import InputError, RunResult, one_line, plot, to_pandas, typed
 from anatomy_tui.stored import Session, open_session
@@ -124,7 +124,10 @@ def _default_model(progress: bool) -> Model:
 # settings ----------------------------------------------------------------------------------------
 
 
-def _checked(base: Settings, given: Mapping[str, Any]) -> Settings:
+S = TypeVar("S", bound=Settings)
+
+
+def _checked(base: S, given: Mapping[str, Any]) -> S:
     """`base` with the values `given` (Python values, or text read as the flag reads it), checked
     as the command line checks its flags; an unknown name or a bad value raises InputError."""
     specs = {spec.name: spec for spec in base.fields()}
