@@ -96,9 +96,9 @@ def to_pandas(what: RunResult | ResultDocument | Iterable[Event]) -> pandas.Data
     import pandas
 
     if isinstance(what, RunResult):
-        if what.partial:
+        if what.partial or what.result is None:  # cancelled before its result: the events it sent
             return to_pandas(event for event in what.events if event.kind.startswith(what.experiment + "."))
-        what = what.result  # type: ignore[assignment]  # the run's result document, read as one below
+        what = what.result
     if isinstance(what, ResultDocument):
         return pandas.DataFrame(what.tidy_rows())
     return pandas.DataFrame([{"kind": event.kind, **table_row(event)} for event in what])
