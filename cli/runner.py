@@ -100,10 +100,11 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
         if options is not None:
             if workers is not None:  # one worker per GPU (LOCAL_RANK), or the CPU
                 options = dataclasses.replace(options, device=workers.device)
-            streamed = bool(getattr(settings, "stream", False))  # read layer by layer: the run says its own plan
+            streamed = bool(getattr(settings, "stream", False))  # read layer by layer
             if streamed and options.device_map is not None:
                 raise UserError("--stream reads each layer onto one device; drop --device-map")
-            plan = None if streamed else memory_plan(experiment, settings, options, quiet=not main)
+            plan = memory_plan(experiment, settings, options, quiet=not main)  # --max-memory: a streamed budget too
+            streamed = streamed or (plan is not None and plan.stream is not None)  # or only streaming fits
             # the dtype the plan names and was checked in is the one that loads (the job file keeps `auto`)
             planned = dataclasses.replace(options, dtype=plan.dtype) if plan is not None else options
             if main and plan is not None and getattr(settings, "export", None):  # the whole model, written
@@ -113,9 +114,10 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
             if streamed:
                 from engine.models.streaming import open_streamed
 
-                loaded = open_streamed(planned.model, planned.device, planned.dtype, say, planned.trust_remote_code)
-            else:
-                loaded = planned.load(say)
+                loaded = open_streamed(planned.model, planned.device, planned.dtype, say, planned.trust_remote_code,
+                                       planned.max_memory)
+            else:  # a budget without a device map was the streamed plan's: the whole model fits it
+                loaded = (planned if planned.device_map else dataclasses.replace(planned, max_memory=None)).load(say)
             if main:
                 say(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
         context = RunContext(

@@ -126,3 +126,20 @@ def test_progress_says_the_layer_the_bytes_and_the_rate_while_a_read_is_slow(fol
     assert float(waiting[0][2]) > 0 and float(waiting[0][4]) > 0  # bytes and rate before layer 2 is in
     assert [e.unit for e in shown] == ["layers"] * len(shown)
     assert any(isinstance(e, Message) and e.text.startswith("streamed plan on cpu") for e in events)
+
+
+def test_the_command_line_streams_what_its_plan_chose_under_max_memory(folder, capsys):
+    """`run ablation --max-memory` below the whole model's plan but above the streamed one streams
+    (the run's own plan line comes from the wavefront); a budget below the minimum is one line."""
+    from cli.main import main
+
+    whole = plan(folder, method="skip", layers=(0,)).total
+    streamed = plan(folder, "cpu=1GiB", method="skip", layers=(0,), stream=True).stream.device_peak
+    common = ["run", "ablation", "--model", str(folder), "--device", "cpu", "--eval-set", "paper"]
+    assert main([*common, "--method", "skip", "--layers", "0", "--max-memory", kib((whole + streamed) // 2)]) == 0
+    assert "[info] streamed plan on cpu: 4 layers read once" in capsys.readouterr().err
+    assert main([*common, "--max-memory", "cpu=1GiB"]) == 0  # fits: the whole model, no stream
+    assert "[info] streamed plan" not in capsys.readouterr().err
+    assert main([*common, "--stream", "--max-memory", "cpu=100KiB"]) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert line.startswith("anatomy-tui: error: the streamed map needs at least")
