@@ -102,7 +102,7 @@ def result_doc(
     ratio = None
     if "growth_100" in arms and "uniform_100" in arms and arms["growth_100"].seconds > 0:
         ratio = arms["uniform_100"].seconds / arms["growth_100"].seconds
-    return json_safe(GrowthResult(
+    doc: dict[str, Any] = json_safe(GrowthResult(
         preset=settings.preset,
         params=plan.params,
         arms=arms,
@@ -119,3 +119,4 @@ def result_doc(
         settings=settings,
         paper=PAPER_RESULTS,
     ))  # fmt: skip
+    return doc
