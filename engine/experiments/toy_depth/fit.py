@@ -80,7 +80,7 @@ def result_doc(settings: ToyDepthSettings, preset: str, by_temperature: dict[str
                seconds: float) -> dict[str, Any]:
     """results/toy-depth.json from the fitted curves; `settings` as the run resolved them."""
     temperature = settings.temperatures[0]
-    return json_safe(ToyDepthResult(
+    doc: dict[str, Any] = json_safe(ToyDepthResult(
         preset=preset or "custom",
         regimes=by_temperature[f"{temperature:g}"],
         temperature=temperature,
@@ -89,6 +89,7 @@ def result_doc(settings: ToyDepthSettings, preset: str, by_temperature: dict[str
         settings=settings,
         seconds=seconds,
     ))
+    return doc
 
 
 def fit_line(regime: str, temperature: float, fit: ToyDepthCurve) -> str:
