@@ -53,7 +53,8 @@ class Profiles:
     def relative_update(self) -> np.ndarray:
         """|dh_l| / |h_l|: how much of the residual stream layer l rewrites."""
         inputs = np.concatenate([self.embedding_norm[:, None], self.norm[:, :-1]], axis=1)
-        return self.update_norm / inputs
+        ratio: np.ndarray = self.update_norm / inputs
+        return ratio
 
     def matrix(self, profile: str) -> np.ndarray:
         """The per-token angle profile PCA sees (degrees, not rescaled: all columns share a unit)."""
