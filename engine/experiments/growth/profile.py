@@ -14,7 +14,7 @@ covers is anti; otherwise it takes the most important class among its non-anti l
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from engine.core.errors import UserError
 from engine.experiments.ablation.vocabulary import AblationMap
@@ -71,7 +71,7 @@ def profile_from_ablation(ablation: AblationMap, n_layers: int) -> tuple[str, ..
     return check_profile(profile)
 
 
-def multipliers_dict(multipliers: Sequence[tuple[str, float]]) -> dict[str, float]:
+def multipliers_dict(multipliers: Iterable[tuple[str, float]]) -> dict[str, float]:
     found = dict(multipliers)
     missing = [c for c in CLASSES if c not in found]
     if missing:
