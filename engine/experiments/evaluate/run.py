@@ -85,8 +85,8 @@ def subject(name: str, settings: EvaluateSettings, context: RunContext) -> Itera
             yield Subject(name, name, f"the healed cut the session's prune run exported to {folder}",
                           other.model, other.tokenizer)
     elif name == "recovered":
-        folder = context.folder_of("recovery", LAYER_WEIGHTS)  # its row's reads_folders
-        weights = layer_weights(folder, loaded.name) if folder is not None else {}
+        saved = context.folder_of("recovery", LAYER_WEIGHTS)  # its row's reads_folders
+        weights = layer_weights(saved, loaded.name) if saved is not None else {}
         if not weights:
             raise UserError("variant recovered: no recovered layer of this model in the session "
                             "(anatomy-tui run recovery, or key i in the console)")
@@ -135,12 +135,14 @@ def _adapted(settings: EvaluateSettings, context: RunContext) -> Iterator[Subjec
     from engine.models.sources import safetensors_only
 
     loaded = context.needed_model("evaluate")
+    adapter = settings.adapter
+    assert adapter is not None  # the adapter subject is asked for with --adapter alone
     # peft has no use_safetensors: it reads adapter_model.safetensors when the folder has one, and
     # safetensors_only refuses a folder without it before peft could fall back to torch.load
-    safetensors_only(Path(settings.adapter), adapter=True, what=f"--adapter {settings.adapter}")
+    safetensors_only(Path(adapter), adapter=True, what=f"--adapter {adapter}")
     with removed(loaded.model, settings.remove) if settings.remove else contextlib.nullcontext():
         try:
-            peft_model = PeftModel.from_pretrained(loaded.model, settings.adapter)
+            peft_model = PeftModel.from_pretrained(loaded.model, adapter)
         except SafetensorError as exc:
             raise UserError(f"--adapter {settings.adapter}: adapter_model.safetensors is damaged or truncated "
                             f"({' '.join(str(exc).split())[:120]}); copy or export it again") from None
@@ -162,6 +164,7 @@ def _subjects(settings: EvaluateSettings) -> list[str]:
 @contextlib.contextmanager
 def _any_subject(name: str, settings: EvaluateSettings, context: RunContext) -> Iterator[Subject]:
     if name == "folder":
+        assert settings.folder is not None  # the folder subject is asked for with --folder alone
         with _loaded_folder(Path(settings.folder), context.model) as other:
             yield Subject("folder", f"folder {settings.folder}", f"the exported model in {settings.folder}",
                           other.model, other.tokenizer)
