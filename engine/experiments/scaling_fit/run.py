@@ -193,7 +193,7 @@ def run_scaling_fit(
         **_data_header(data, settings, n_excluded, n, "lm"),
         loss_function="huber" if delta is not None else "least_squares",
         huber_delta=delta,
-        params=best,
+        params={**best},  # as the result declares it: a value may be undefined
         objective=objective,
         depth_points=depth_points(best, data),
         profile=ScalingProfile(alpha_l=None if profile is None else [ProfilePoint(**point) for point in profile]),
@@ -295,7 +295,7 @@ def _run_paper(data: Runs, x: np.ndarray, y: np.ndarray, settings: ScalingFitSet
 
     best = natural(fit.params)
     objective = mean_squared_log_residual(best, data)
-    trajectory = []
+    trajectory: list[dict[str, float | None]] = []
     for step, p in fit.snapshots:
         doc = natural(p)
         trajectory.append({"step": step, **{key: doc[key] for key in ("alpha_m", "alpha_l", "alpha_D", "L0")},
@@ -306,7 +306,7 @@ def _run_paper(data: Runs, x: np.ndarray, y: np.ndarray, settings: ScalingFitSet
         **_data_header(data, settings, n_excluded, len(y), "paper"),
         loss_function="least_squares",
         huber_delta=None,
-        params=best,
+        params={**best},  # as the result declares it: a value may be undefined
         objective=objective,
         depth_points=depth_points(best, data),
         paper=PaperFit(
