@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import cast
 
 import torch
 
@@ -22,7 +23,7 @@ def neighbour_mean(stack: LayerStack, index: int) -> dict[str, torch.Tensor]:
     own = stack.matrices(index)  # neighbours may sit on another GPU: the mean is made where it goes
     means = {}
     for name in stack.matrix_names:  # summed in float32, cast once: half precision would round twice
-        total = sum(m[name].detach().to(own[name].device).float() for m in mats) / len(mats)
+        total = cast(torch.Tensor, sum(m[name].detach().to(own[name].device).float() for m in mats)) / len(mats)
         means[name] = total.to(own[name].dtype)
     return means
 
