@@ -94,7 +94,10 @@ def load_corpus(train_file: str | None = None) -> Corpus:
     text = corpus(Path(train_file) if train_file else None)
     train, val, source = text.train, text.heldout, text.source
     tokenizer = CharTokenizer.from_text(train + val)
-    as_ids = lambda text: torch.tensor(tokenizer.encode(text), dtype=torch.long)  # noqa: E731
+
+    def as_ids(part: str) -> torch.Tensor:
+        return torch.tensor(tokenizer.encode(part), dtype=torch.long)
+
     return Corpus(as_ids(train), as_ids(val), tokenizer, source)
 
 
