@@ -6,7 +6,7 @@ follows the log (tui/lab.py), atomically:
 
     {"format": FORMAT, "covers": C, "lines": [[start, end], ...], "sha256": H}
 
-`lines` are byte ranges of whole lines of the log before byte C (tui/state.py LineKeeper chooses
+`lines` are byte ranges of whole lines of the log before byte C (tui/line_keeper.py LineKeeper chooses
 them), in order; H is the SHA-256 of those lines' bytes followed by the GUARD bytes before C. Like
 every part of a session it is untrusted: JSON only, each field checked, each range a whole line of
 the log, and the hash must match the log as it is now. So it can only select lines the log says;
