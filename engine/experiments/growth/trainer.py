@@ -138,7 +138,8 @@ def train_arm(
     c = config
     device = torch.device(c.device)
     model = build_model(c.vocab_size, c.hidden_size, c.heads, plan.widths, c.seq_len + 1, seed, plan.uniform)
-    model.to(device)  # float32 parameters (the master weights); the forward runs under autocast
+    model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) loses the bound self
+    # float32 parameters (the master weights); the forward runs under autocast
     grow = GrowingModel(model, kept)
     trainer = Trainer(list(grow.named.values()), device, getattr(torch, c.dtype), lr=c.lr, clip=c.grad_clip,
                       betas=(0.9, 0.95), weight_decay=c.weight_decay, what=f"growth training of {plan.name}",
@@ -231,5 +232,6 @@ def train_arm(
     ]  # fmt: skip
     grow.set_active(kept)
     final = evaluate(model, val_set, trainer)
-    model.to("cpu")  # generation and saving read the final model on the host
+    model.to("cpu")  # type: ignore[arg-type]  # transformers' @wraps(Module.to) loses the bound self
+    # generation and saving read the final model on the host
     return ArmOutcome(final, seconds, step, step * tokens_per_step, stats, grow, curve)
