@@ -27,7 +27,7 @@ def layer_detail_text(state: SessionState, index: int | None) -> Text:
     row = state.ablation.get(index)
     name = layer_class(row) if row else ""
     text.append(f"Layer {index}", style="bold")
-    if name:
+    if row is not None and name:
         text.append(f"  {name}", style=class_style(name))
         if row.anti_within_noise:
             text.append("  (negative D within noise)", style="dim")
