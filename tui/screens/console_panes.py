@@ -106,8 +106,9 @@ def redraw_recovery(screen: Widget, state: SessionState, layer: int | None, form
     base = next((run.baseline_ppl for run in reversed(everything) if run.baseline_ppl), None)
     if base is None:
         base = state.ablation_baseline
-    refs = [("baseline", base)] if isinstance(base, (int, float)) else []
-    refs += [(name, base * k) for name, k in RATIO_LINES] if refs else []
+    refs: list[tuple[str, float]] = []
+    if isinstance(base, (int, float)):
+        refs = [("baseline", base), *((name, base * k) for name, k in RATIO_LINES)]
     budget = runs[-1].steps if runs and runs[-1].steps else form_steps
     plot.draw(
         curves,
