@@ -105,8 +105,6 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
                 raise UserError("--stream reads each layer onto one device; drop --device-map")
             plan = memory_plan(experiment, settings, options, quiet=not main)  # --max-memory: a streamed budget too
             streamed = streamed or (plan is not None and plan.stream is not None)  # or only streaming fits
-            # the dtype the plan names and was checked in is the one that loads (the job file keeps `auto`)
-            planned = dataclasses.replace(options, dtype=plan.dtype) if plan is not None else options
             if main and plan is not None and getattr(settings, "export", None):  # the whole model, written
                 check_free_space(settings.export, plan.weights, "--export")
             if main and plan is not None and plan.checkpoints and session is not None and experiment.resumable:
@@ -114,10 +112,11 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
             if streamed:
                 from engine.models.streaming import open_streamed
 
-                loaded = open_streamed(planned.model, planned.device, planned.dtype, say, planned.trust_remote_code,
-                                       planned.max_memory)
-            else:  # a budget without a device map was the streamed plan's: the whole model fits it
-                loaded = (planned if planned.device_map else dataclasses.replace(planned, max_memory=None)).load(say)
+                loaded = open_streamed(options.model, options.device, options.dtype, say, options.trust_remote_code,
+                                       options.max_memory)
+            else:  # `auto` resolved by the plan's one rule (placement.py); a budget without a device map was the
+                # streamed plan's: the whole model fits it
+                loaded = (options if options.device_map else dataclasses.replace(options, max_memory=None)).load(say)
             if main:
                 say(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
         context = RunContext(
