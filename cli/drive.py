@@ -46,7 +46,7 @@ def drive(
     spec = {**settings.to_dict(), "model": loaded.describe() if loaded is not None else None}
     if memory is not None:
         spec["memory_plan"] = memory
-    job = {"settings": settings.to_dict(), "model": options.to_dict() if options is not None else None,
+    job: dict[str, Any] = {"settings": settings.to_dict(), "model": options.to_dict() if options is not None else None,
            "resume": resume}
     kept: list[Result] = []  # a stopped run's partial Result (the ablation map's finished layers)
 
