@@ -5,7 +5,7 @@ adapter; and what each criterion's name means, in words, for the card."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,7 @@ from engine.experiments.prune.vocabulary import HEAD_AND_LAST, PruneCut, PruneEx
 from engine.export.folder import ADAPTER, save_model_folder
 from engine.export.mergekit_yaml import MERGEKIT_CONFIG, passthrough_yaml
 from engine.export.model_card import CardFacts, Perplexity, hub_id, model_card
-from engine.models.pruning import outputs_zeroed, removed, split_cut
+from engine.models.pruning import Cut, is_block_cut, outputs_zeroed, removed, split_cut
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard
@@ -157,9 +157,9 @@ def _card(result: PruneResult, point: PruneCut, loaded: LoadedModel, settings: P
     ))
 
 
-def adapter_folder(adapters: tempfile.TemporaryDirectory[str] | None, layers: Sequence[int]) -> Path | None:
+def adapter_folder(adapters: tempfile.TemporaryDirectory[str] | None, cut: Cut) -> Path | None:
     """Where LoRA healing saves the adapter of this cut, when the run exports adapters."""
-    return None if adapters is None else Path(adapters.name) / cut_name(layers)
+    return None if adapters is None else Path(adapters.name) / cut_name(cut)
 
 
 def export_cut(doc: PruneResult, best: tuple[float, PruneCut, CutWeights | None],
@@ -168,8 +168,9 @@ def export_cut(doc: PruneResult, best: tuple[float, PruneCut, CutWeights | None]
     """The chosen cut (healed: its trained layers' weights) saved with its card, the mergekit
     configuration of the cut and, after LoRA healing, the adapter (or only the adapter)."""
     final, point, weights = best
+    assert doc.exported is not None  # export_cut runs when the result names its folder
     cut = point_cut(point)
-    whole, alone = split_cut(cut) if point.blocks else (cut, ())
+    whole, alone = split_cut(cut) if is_block_cut(cut) else (cut, ())  # blocks: the point's, when it has them
     worth = " layers' worth of parameters in attention and MLP blocks" if point.blocks else " layers"
     reason = why(point.method, bool(point.blocks)) + (f"; of the criteria compared ({', '.join(doc.methods)}), "
                                                       f"its cut of {point.removed}{worth} gave the lowest perplexity")
