@@ -98,7 +98,7 @@ def to_pandas(what: RunResult | ResultDocument | Iterable[Event]) -> pandas.Data
     if isinstance(what, RunResult):
         if what.partial or what.result is None:  # cancelled before its result: the events it sent
             return to_pandas(event for event in what.events if event.kind.startswith(what.experiment + "."))
-        what = what.result
+        return to_pandas(what.result)
     if isinstance(what, ResultDocument):
         return pandas.DataFrame(what.tidy_rows())
     return pandas.DataFrame([{"kind": event.kind, **table_row(event)} for event in what])
