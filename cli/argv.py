@@ -39,8 +39,8 @@ def run_argv(experiment: str, settings: Settings, options: ModelOptions | None) 
     argv = [*python_argv("cli.main"), "run", experiment]
     base = entry.defaults()
     presets = entry.presets
-    preset = getattr(settings, "preset", None)
-    if presets and preset in presets:
+    preset: str | None = getattr(settings, "preset", None)
+    if presets and preset is not None and preset in presets:
         argv.append(f"--preset={preset}")
         base = presets[preset]
     for spec in settings.fields():
