@@ -61,8 +61,8 @@ def main(args: argparse.Namespace) -> int:
                             "with --push-to-hub REPO to upload it")
         prune = session.results()["prune"]
         cut = (prune.get("exported_point") or {}).get("layers") or []
-        variant = ("healed", None) if prune.get("heal") else ("pruned", f"pruned -{','.join(map(str, cut))}")
-        with_accuracy(folder, session.results().get("evaluate"), *variant, model=prune.get("model"))
+        variant, label = ("healed", None) if prune.get("heal") else ("pruned", f"pruned -{','.join(map(str, cut))}")
+        with_accuracy(folder, session.results().get("evaluate"), variant, label, model=prune.get("model"))
         return push(folder, args)
     check_export_folder(args.folder, args.force)
     results = session.results()
