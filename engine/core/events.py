@@ -194,7 +194,7 @@ class ResultDocument:
         document gives its own rows (a layer, a curve's point, a task); this default: one row of the
         top-level numbers, words and flags."""
         plain = (bool, int, float, str, type(None))
-        return [{f.name: value for f in dataclasses.fields(self)  # type: ignore[arg-type]
+        return [{f.name: value for f in dataclasses.fields(self)  # type: ignore[arg-type]  # each subclass is a dataclass
                  if isinstance(value := getattr(self, f.name), plain)}]
 
 
@@ -266,7 +266,7 @@ def upgrade_event(doc: dict[str, Any]) -> dict[str, Any]:
         return doc
     kind = doc.get("kind")
     _import_vocabularies()  # a version 1 kind need not name its command (`toy-depth-step`)
-    cls = _V1_KINDS.get(kind) or _EVENT_TYPES.get(kind)  # type: ignore[arg-type]
+    cls = _V1_KINDS.get(kind) or _EVENT_TYPES.get(kind)  # type: ignore[arg-type]  # no kind: no class
     if cls is None:
         return doc | {"v": EVENT_SCHEMA_VERSION}
     return cls.upgrade_v1(dict(doc)) | {"v": EVENT_SCHEMA_VERSION, "kind": cls.kind}
