@@ -16,7 +16,7 @@ from engine.core.events import Message, Progress, Result
 from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.models.loading import load_model
-from engine.models.memory import MemoryPlan, batch_widths, plan_run, text_lengths
+from engine.models.memory import MemoryPlan, StreamPlan, batch_widths, plan_run, text_lengths
 from engine.models.placement import CPU_ONLY
 from engine.models.streaming import LayerSource, open_streamed
 
@@ -35,13 +35,22 @@ def plan(folder, max_memory: str | None = None, **settings) -> MemoryPlan:
                     max_memory=max_memory, hardware=CPU_ONLY)
 
 
+def stream_plan(folder, max_memory: str, **settings) -> StreamPlan:
+    """The streamed part of a plan that streams (`stream=True` or a budget below the whole model)."""
+    chosen = plan(folder, max_memory, **settings).stream
+    assert chosen is not None
+    return chosen
+
+
 def streamed_run(folder, max_memory: str, **settings) -> tuple[list, LayerSource]:
     chosen = AblationSettings(eval_set="paper", **settings)
     loaded = open_streamed(str(folder), device="cpu", dtype="float32", max_memory=max_memory)
+    stream = loaded.stream
+    assert stream is not None  # open_streamed always gives its source
     try:
-        return list(run_ablation(loaded.model, loaded.tokenizer, chosen, stream=loaded.stream)), loaded.stream
+        return list(run_ablation(loaded.model, loaded.tokenizer, chosen, stream=stream)), stream
     finally:
-        loaded.stream.close()
+        stream.close()
 
 
 def kib(size: int) -> str:
@@ -71,6 +80,7 @@ def test_a_budget_below_the_minimum_is_one_line_before_any_read(folder):
         r"the streamed map needs at least [\d.]+ MiB on cpu for 4 layers and the branch states of 8 texts; "
         r"--max-memory allows 0\.1 MiB: raise it or map fewer texts", line), line
     loaded = open_streamed(str(folder), device="cpu", dtype="float32", max_memory="cpu=64KiB")
+    assert loaded.stream is not None  # open_streamed always gives its source
     with pytest.raises(UserError, match="needs at least"):  # the run itself, before it reads a tensor
         list(run_ablation(loaded.model, loaded.tokenizer, AblationSettings(eval_set="paper"), stream=loaded.stream))
     assert loaded.stream.bytes_read == 0 and not loaded.stream.reads
@@ -78,7 +88,7 @@ def test_a_budget_below_the_minimum_is_one_line_before_any_read(folder):
 
 
 def test_a_budget_for_a_few_texts_says_how_many_fit(folder):
-    streamed = plan(folder, "cpu=1GiB", stream=True).stream
+    streamed = stream_plan(folder, "cpu=1GiB", stream=True)
     between = kib((streamed.minimum + streamed.device_peak) // 2)
     with pytest.raises(UserError) as refused:
         plan(folder, between, stream=True)
@@ -90,7 +100,7 @@ def test_a_budget_for_a_few_texts_says_how_many_fit(folder):
 def test_a_streamed_run_holds_no_more_than_its_plan(folder):
     """The neighbour mean under a budget: the source's counters of layers and bytes held, and of
     the branch states, against the plan and against sizes counted here from the model itself."""
-    planned = plan(folder, "cpu=64MiB", stream=True).stream
+    planned = stream_plan(folder, "cpu=64MiB", stream=True)
     events, source = streamed_run(folder, "cpu=64MiB")
     assert [e for e in events if isinstance(e, Result)]
     loaded = load_model(str(folder), device="cpu", dtype="float32")
@@ -118,8 +128,9 @@ def test_progress_says_the_layer_the_bytes_and_the_rate_while_a_read_is_slow(fol
     events, source = streamed_run(folder, "cpu=64MiB", method="skip")
     shown = [e for e in events if isinstance(e, Progress) and e.phase == "streaming"]
     pattern = re.compile(r"streaming layer (\d) of 4 \(([\d.]+) (MB|GB) read, ([\d.e-]+) GB/s\)")
-    matches = [pattern.fullmatch(e.label) for e in shown]
-    assert all(matches), [e.label for e in shown]
+    found = [pattern.fullmatch(e.label) for e in shown]
+    assert all(found), [e.label for e in shown]
+    matches = [m for m in found if m is not None]  # all of them
     assert shown[0].done == 0 and matches[0][1] == "1"
     waiting = [m for e, m in zip(shown, matches, strict=True) if e.done == 2 and m[1] == "3"]
     assert waiting  # said during the slow read of layer 2 (the third), before it has run
@@ -134,7 +145,7 @@ def test_the_command_line_streams_what_its_plan_chose_under_max_memory(folder, c
     from cli.main import main
 
     whole = plan(folder, method="skip", layers=(0,)).total
-    streamed = plan(folder, "cpu=1GiB", method="skip", layers=(0,), stream=True).stream.device_peak
+    streamed = stream_plan(folder, "cpu=1GiB", method="skip", layers=(0,), stream=True).device_peak
     common = ["run", "ablation", "--model", str(folder), "--device", "cpu", "--eval-set", "paper"]
     assert main([*common, "--method", "skip", "--layers", "0", "--max-memory", kib((whole + streamed) // 2)]) == 0
     assert "[info] streamed plan on cpu: 4 layers read once" in capsys.readouterr().err
