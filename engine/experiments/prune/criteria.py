@@ -6,7 +6,7 @@ layers. Layers are indexed from 0 in the uncut model."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,7 +83,7 @@ def units_of(n_layers: int, blocks: bool) -> list[Any]:
 
 
 def greedy_ppl(model: Any, tokenizer: Any, texts: EvalSource, settings: PruneSettings, target: int,
-               cancel: CancelToken | None, batch_size: int) -> Iterator[Event]:
+               cancel: CancelToken | None, batch_size: int) -> Generator[Event, None, tuple[list[Any], list[float]]]:
     """SLEB: greedy removals, `target` layers (with --unit block: blocks until their parameters
     reach `target`). Returns (the order of removal, the first round's perplexity of each single
     removal, in `units_of` order). Each round builds the prefix cache of the model cut so far and
@@ -133,7 +133,13 @@ def criterion_layers(method: str, counts: Sequence[int], *, bi: np.ndarray, angu
         chosen = {}
         n_layers = len(bi)
         for n in counts:
-            distances = np.asarray(angular.distances(n) if method == "angular" else last_blocks[n], dtype=float)
+            if method == "angular":
+                assert angular is not None  # the angular criterion measures its distances (prune's run)
+                measured = angular.distances(n)
+            else:
+                assert last_blocks is not None  # angular_last's distances: prune's run passes them
+                measured = last_blocks[n]
+            distances = np.asarray(measured, dtype=float)
             if foldable:
                 distances = np.array([d if admissible(n_layers, start, n) else np.inf
                                       for start, d in enumerate(distances)])

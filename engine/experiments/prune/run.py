@@ -33,9 +33,11 @@ import contextlib
 import math
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
+import torch
 
 from engine.core.codec import json_safe
 from engine.core.errors import UserError
@@ -43,7 +45,7 @@ from engine.core.events import Event, Message, Progress, Result
 from engine.data.eval_data import comparable
 from engine.evaluation.accuracy import Harness
 from engine.evaluation.judging import CutJudge, accuracy_line
-from engine.evaluation.perplexity import Evaluator, TextScores
+from engine.evaluation.perplexity import Batch, Evaluator, TextScores
 from engine.evaluation.statistics import bootstrap_perplexity, spearman
 from engine.experiments.ablation.meters import InfluenceMeter, PartMeter
 from engine.experiments.ablation.vocabulary import AblationMap
@@ -79,8 +81,17 @@ from engine.experiments.prune.vocabulary import (
 )
 from engine.export.folder import check_export_folder
 from engine.models.anatomy import LayerStack
-from engine.models.families import PARTS
-from engine.models.pruning import Cut, cut_layers, cut_removed, layer_params, removed, removed_params, split_cut
+from engine.models.families import PARTS, Block
+from engine.models.pruning import (
+    Cut,
+    cut_layers,
+    cut_removed,
+    is_block_cut,
+    layer_params,
+    removed,
+    removed_params,
+    split_cut,
+)
 
 
 def cut_scores(evaluator: Evaluator, cut: Cut) -> TextScores:
@@ -146,7 +157,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     angular = AngularMeter(n, sorted({1, *counts})) if "angular" in methods and not blocks else None
     part_meter = PartMeter(stack, PARTS) if blocks else None
 
-    def observe(batch, index, layer_input, layer_output):
+    def observe(batch: Batch, index: int, layer_input: torch.Tensor, layer_output: torch.Tensor) -> None:
         influence(batch, index, layer_input, layer_output)
         if angular is not None:
             angular(batch, index, layer_input, layer_output)
@@ -163,24 +174,27 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     if judge is not None:
         yield Message(f"baseline accuracy: {accuracy_line(judge.baseline)}")
 
-    greedy: list = []
+    greedy: list[Any] = []  # layers, or (layer, part) blocks (greedy_ppl)
     single: list[float] = []
     if "ppl" in methods:
         target = math.ceil(layers_worth(model, counts[-1])) if blocks else counts[-1]
         greedy, single = yield from greedy_ppl(model, tokenizer, texts, settings, target, cancel,
                                                evaluator.batch_size)
     if blocks:  # each block's proxies, in units_of order
+        assert part_meter is not None  # measured with blocks
         proxies = part_meter.means()
-        scores = {m: np.array([proxies[b][i] for b in units_of(n, True)]) for m, i in PROXIES.items()}
+        scores: dict[str, np.ndarray | None] = {m: np.array([proxies[b][i] for b in units_of(n, True)])
+                                                for m, i in PROXIES.items()}
     else:
         scores = {"angular": angular.distances(1) if angular is not None else None, "bi": bi,
                   "angular_last": last_blocks[1]}
     scores |= {"ppl": np.array(single) if single else None, "last": None,
                "map": np.array([degradation[u] for u in units_of(n, blocks)]) if "map" in methods else None}
     for method in methods:
-        if scores[method] is not None:
-            yield PruneScores(method, [float(v) for v in scores[method]])
+        if (values := scores[method]) is not None:
+            yield PruneScores(method, [float(v) for v in values])
 
+    chosen: dict[str, Mapping[int, Cut]]
     if blocks:
         chosen = {m: block_cuts(model, block_order(m, n, proxies=proxies, greedy=greedy, degradation=degradation),
                                 counts) for m in methods}
@@ -195,9 +209,10 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
         if how is not None and label not in chosen:
             chosen[label] = criterion_layers(method, counts, bi=bi, angular=angular, greedy=greedy,
                                              degradation=degradation, last_blocks=last_blocks, foldable=True)
-    measured: dict[tuple, TextScores] = {}
-    healed: dict[tuple[int, ...], float] = {}
-    replaced: dict[tuple, CutWeights] = {}
+    # keyed by the cut, or a replaced cut's layers and how (as CutJudge is)
+    measured: dict[tuple[Any, ...], TextScores] = {}
+    healed: dict[Cut, float] = {}
+    replaced: dict[tuple[Any, ...], CutWeights] = {}
     curve: list[PruneCut] = []
     best_export: tuple[float, PruneCut, CutWeights | None] | None = None
     # LoRA healing of each cut that may be exported saves its adapter here, until the export copies it
@@ -209,8 +224,10 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
             if cancel is not None:
                 cancel.check()
             layers = chosen[label][count]
-            key = layers if how is None else (*layers, how)
+            key: tuple[Any, ...] = layers if how is None else (*layers, how)
             if key not in measured and how is not None:
+                assert not is_block_cut(layers)  # a replaced cut is a run of layers (criterion_layers)
+                assert calibration is not None  # read when --replace is given
                 began = time.perf_counter()
                 transform = estimate(model, calibration, layers[0], count, how, evaluator.batch_size, settings.seed,
                                      cancel)
@@ -240,18 +257,21 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
                                                                adapter=adapter) as weights:
                     healed_ppl = healed[layers] = evaluator.perplexity()
                     if judge is not None:
-                        judge.healed(model, layers)
+                        judge.healed(model, key)  # how is None: the key is the cut
             if how is not None:
                 healed_ppl = None  # ReplaceMe needs no training: its rows are not healed
-            whole = split_cut(layers)[0] if blocks else layers
-            params = removed_params(model, layers) if blocks else sum(sizes[i] for i in layers)
+            # --unit block's cuts are blocks (block_cuts), --unit layer's layers
+            block_cut: tuple[Block, ...] = layers if is_block_cut(layers) else ()
+            layer_cut: tuple[int, ...] = () if is_block_cut(layers) else layers
+            whole = split_cut(block_cut)[0] if blocks else layer_cut
+            params = removed_params(model, block_cut) if blocks else sum(sizes[i] for i in layer_cut)
             if blocks:
                 yield Message(f"{label} -{count} layers' worth ({layers_worth(model, count):.0f} parameters): "
                               f"blocks {cut_name(layers)} ({params} parameters)")
+            pruned: dict[str, Any] = {"blocks": [PrunedBlock(*b) for b in block_cut]} if blocks else {}
             point = PruneCut(method=label, removed=count, layers=list(whole), ppl=ppl, ci_low=low, ci_high=high,
                              healed_ppl=healed_ppl, **(judge.row(key, ppl, baseline) if judge is not None else {}),
-                             removed_params=params,
-                             **({"blocks": [PrunedBlock(*b) for b in layers]} if blocks else {}))
+                             removed_params=params, **pruned)
             if judge is not None:
                 yield Message(f"{label} -{count}: accuracy {accuracy_line(point.accuracy)}"
                               + (f"; {point.disagreement}" if point.disagreement else ""),
@@ -271,8 +291,9 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
     depth_fit = depth_law(n, ppl_points, settings.bootstrap, settings.seed) if "ppl" in methods and not blocks else None
     if "ppl" in methods and not blocks and depth_fit is None:
         yield Message("depth law: fewer than 4 usable points on the ppl curve; not fitted", "warning")
-    agreement = {m: spearman(scores[m], scores["ppl"]) for m in methods
-                 if m != "ppl" and scores["ppl"] is not None and scores[m] is not None}
+    ppl_scores = scores["ppl"]
+    agreement = {m: spearman(values, ppl_scores) for m in methods
+                 if m != "ppl" and ppl_scores is not None and (values := scores[m]) is not None}
     doc = PruneResult(
         model=loaded.name,
         baseline_ppl=baseline,
@@ -287,16 +308,16 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
                        "Spearman between each criterion's per-layer score (angular: distance over one "
                        "layer, all tokens; angular_last: the same, last token; bi: Block Influence; map: D%) "
                        "and the perplexity with that single layer removed (the ppl criterion's first round)",
-        scores={m: [float(v) for v in scores[m]] for m in methods if scores[m] is not None},
+        scores={m: [float(v) for v in values] for m in methods if (values := scores[m]) is not None},
         depth_fit=depth_fit,
         heal=(PruneHeal(steps=settings.heal_steps, what=settings.heal, train_source=healer.source,
                         train_blocks=len(healer.blocks)) if healer is not None else None),
         exported=exported,
-        exported_point=best_export[1] if exported else None,
+        exported_point=best_export[1] if exported and best_export is not None else None,
         seconds=time.perf_counter() - started,
         protocol=evaluator.protocol,
         **(judge.result() if judge is not None else {}),
     )
-    if exported is not None:
+    if exported is not None and best_export is not None:  # exported: a best cut was kept
         yield from export_cut(doc, best_export, loaded, settings, adapters)
     yield Result("prune", json_safe(doc))
