@@ -165,8 +165,10 @@ def test_the_types_a_document_may_use():
     """An int is fine for a float (1 for 1.0), None for any field (NaN is written as null), and the
     items of lists and dicts are checked too."""
     event = event_from_json(ablated(ppl=3, baseline_ppl=None, t=12))
+    assert isinstance(event, LayerAblated)
     assert event.ppl == 3 and event.baseline_ppl is None
-    assert event_from_json({"v": 2, "kind": "job.started", "experiment": "x", "spec": {"a": [1, "b"]}}).spec
+    started = event_from_json({"v": 2, "kind": "job.started", "experiment": "x", "spec": {"a": [1, "b"]}})
+    assert isinstance(started, Started) and started.spec
     for spec in ("not an object", [1], 5):
         with pytest.raises(TypeError):
             event_from_json({"v": 2, "kind": "job.started", "experiment": "x", "spec": spec})
@@ -307,17 +309,19 @@ def test_a_version_1_session_still_opens(isolated_home):
         "job.started", "ablation.layer", "job.progress", "job.result", "job.finished", "recovery.layer",
         "growth.phase", "toy-depth.step",
     ]  # fmt: skip
-    assert isinstance(events[0], Started) and events[1].layer == 0
+    assert isinstance(events[0], Started) and isinstance(events[1], LayerAblated) and events[1].layer == 0
     assert isinstance(events[5], RecoveryLayer) and events[5].layer == 1 and events[5].result.layer == 1
     assert isinstance(events[6], GrowthPhase) and events[6].phase_index == 0
     assert isinstance(events[7], StudentStep) and events[7].loss == 0.5
     saved = session.load_result("ablation")
+    assert saved is not None
     assert [(row["layer"], row["layer_class"]) for row in saved["layers"]] == [(0, "important"), (1, "important")]
     state = SessionState()
     state.set_result("ablation", saved)
     for event in events:
         state.apply(event)
-    renamed = {("layer" if k == "index" else "layer_class" if k == "class" else k): v for k, v in V1_ROW.items()}
+    renamed: dict[str, Any] = {("layer" if k == "index" else "layer_class" if k == "class" else k): v
+                               for k, v in V1_ROW.items()}
     assert state.ablation[1] == AblationRow(**renamed)
     assert state.difficulty[1].difficulty == 40.0
     assert state.growth.current["growth_100"].phase_index == 0
@@ -344,6 +348,7 @@ def test_results_of_older_versions_decode_without_what_they_lacked():
     doc["layers"] = [{k: v for k, v in row.items() if k not in ("angle_final", "progress", "lens_loss")}
                      for row in doc["layers"]]
     old = DynamicsResult.from_json(doc)
+    assert old.logit_lens is not None
     assert old.pca.sample is None and old.logit_lens.lens is None and old.layers[0].progress is None
 
 

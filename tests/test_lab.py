@@ -219,6 +219,7 @@ def test_a_cancelled_job_reads_cancelling_until_it_stops(monkeypatch):
     panel at once, and only its own word ends it."""
     lab, console, _ = make_lab(monkeypatch)
     monkeypatch.setattr("tui.lab_jobs.stop_job", lambda doc: True)
+    assert lab.session is not None  # make_lab opens one
     write_events(lab.session, [Started("recovery", {}, job="recovery-9", t=1.0)])
     doc = {"id": "recovery-9", "experiment": "recovery", "pid": 2**22 + 7, "status": "running", "started": 1.0}
     monkeypatch.setattr(lab.session, "jobs", lambda: {"recovery-9": doc})  # its process alive, as far as it says
@@ -241,6 +242,7 @@ def test_an_interrupted_job_is_offered_with_the_command_that_resumes_it(monkeypa
     lab, console, started = make_lab(monkeypatch)
     assert lab.resume_offer(asked=False) is None and console.told == []  # at start: nothing to say
     assert lab.resume_offer() is None and console.said("no interrupted job to resume")
+    assert lab.session is not None  # make_lab opens one
     lab.session.write_job("growth-1", {"id": "growth-1", "experiment": "growth", "pid": 2**22 + 7,
                                        "argv": ["--trust-remote-code"], "settings": PRESETS["tiny"].to_dict(),
                                        "model": None, "status": "running", "started": 1.0})  # fmt: skip
@@ -254,6 +256,7 @@ def test_an_interrupted_job_is_offered_with_the_command_that_resumes_it(monkeypa
 
 def test_a_job_of_another_model_is_not_resumed(monkeypatch):
     lab, console, _ = make_lab(monkeypatch)
+    assert lab.session is not None  # make_lab opens one
     lab.session.write_job("recovery-1", {"id": "recovery-1", "experiment": "recovery", "pid": 2**22 + 7,
                                          "settings": {}, "model": {"model": "/elsewhere"},
                                          "status": "running", "started": 1.0})  # fmt: skip
@@ -274,6 +277,7 @@ def test_a_job_is_known_by_its_recorded_experiment_not_by_its_id(monkeypatch):
     """A toy-depth job whose start the log lost: its experiment is its job file's, not 'toy'."""
     lab, _, _ = make_lab(monkeypatch)
     job = "toy-depth-20240101-120000-7"
+    assert lab.session is not None  # make_lab opens one
     write_events(lab.session, [Finished(status="done", job=job, t=1.0)])
     lab.session.write_job(job, {"id": job, "experiment": "toy-depth", "status": "done", "pid": 7})
     lab.poll()
@@ -304,15 +308,23 @@ def test_the_prompt_pane_models_this_session_has(monkeypatch, tmp_path):
     assert lab.variant("pruned", 0.5)[1].startswith("no prune result in this session yet")
     assert lab.variant("growth", 0.5) == (None, "no growth model in this session yet (run growth: key g)")
     lab.state.set_result("prune", prune_result([cut("bi", [1])], exported_point=cut("bi", [2, 4])))
-    assert lab.variant("pruned", 0.5)[0].layers == (2, 4)
+    assert _variant(lab, "pruned").layers == (2, 4)
+    assert lab.session is not None  # make_lab opens one
     saved = lab.session.path / "growth_models" / "uniform_100"
     saved.mkdir(parents=True)
     lab.state.set_result("growth", growth_doc({"uniform_100": str(saved)}))
-    assert lab.variant("uniform", 0.5)[0].path == saved
+    assert _variant(lab, "uniform").path == saved
     lab.state.set_result("growth", growth_doc({"uniform_100": str(tmp_path)}))  # a folder outside the session
     assert "is not inside session folder" in lab.variant("uniform", 0.5)[1]
     lab.toggle_mark(3)
-    assert lab.variant("modified", 0.5)[0].layers == (1,)
+    assert _variant(lab, "modified").layers == (1,)
+
+
+def _variant(lab: Lab, choice: str) -> Variant:
+    """The prompt pane's model `choice` (sigma 0.5), which this session has."""
+    variant, problem = lab.variant(choice, 0.5)
+    assert variant is not None, problem
+    return variant
 
 
 def test_block_marks_make_the_modified_model_and_come_back_with_the_session(monkeypatch):
@@ -325,7 +337,7 @@ def test_block_marks_make_the_modified_model_and_come_back_with_the_session(monk
     lab.toggle_block_mark(3, "attention")
     lab.toggle_block_mark(11, "mlp")
     assert console.said("modified model: L1 neighbour mean · L3.attn, L3.mlp, L11.mlp removed")
-    modified, noised = lab.variant("modified", 0.5)[0], lab.variant("noised", 0.5)[0]
+    modified, noised = _variant(lab, "modified"), _variant(lab, "noised")
     assert (modified.layers, modified.blocks) == ((1,), ((3, "attention"), (3, "mlp"), (11, "mlp")))
     assert (noised.layers, noised.blocks) == ((1,), ())  # the noised model noises whole layers only
     lab.toggle_block_mark(1, "mlp")  # a block of a layer marked whole: its mark takes the layer's place
@@ -351,6 +363,7 @@ def test_one_generation_at_a_time(monkeypatch):
     lab.model_loaded(stub_model(device="cpu", dtype="float32"))
     first = lab.new_generation()
     second = lab.new_generation()
+    assert first is not None and second is not None  # the model is loaded
     assert (first.run, second.run) == (1, 2) and first.stop.is_set() and not second.stop.is_set()
     assert not lab.current_generation(1) and lab.current_generation(2)
     lab.generation_done(1)  # an older run's end changes nothing
