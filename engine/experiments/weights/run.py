@@ -207,12 +207,20 @@ class Analysis:
         )
 
 
+def null_range(null: NullModel, key: str) -> tuple[float, float]:
+    """A null's [min, max] of one statistic, as `Analysis.null` computed it from its draws (never None:
+    None stands for a missing value only in a result read back)."""
+    low, high = null.range[key]
+    assert low is not None and high is not None
+    return low, high
+
+
 def reading(real: float, shuffled: NullModel, independent: NullModel, key: str) -> str:
     """One line: where the real value sits against the two nulls' ranges."""
-    low, high = independent.range[key]
+    low, high = null_range(independent, key)
     if low <= real <= high:
         return "indistinguishable from independent layers"
-    s_low, s_high = shuffled.range[key]
+    s_low, s_high = null_range(shuffled, key)
     if s_low <= real <= s_high:
         return "indistinguishable from a shuffled layer order (depth order adds nothing)"
     side = "above" if real > max(high, s_high) else "below" if real < min(low, s_low) else "between"
@@ -303,8 +311,9 @@ def run_weights(
             per_layer=per_layer,
         )
         fits[name] = fit
-        yield ComponentAnalysed(name, fit.r2_in_sample, fit.r2_loo, values["delta_corr_mean"],
-                                independent.delta_corr_mean)
+        null_delta = independent.delta_corr_mean
+        assert null_delta is not None  # the mean over the null's draws (null): a float
+        yield ComponentAnalysed(name, fit.r2_in_sample, fit.r2_loo, values["delta_corr_mean"], null_delta)
         yield Progress(step + 1, steps, "weights")
 
     rows: list[ParadoxRow] = []
