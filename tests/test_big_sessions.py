@@ -12,6 +12,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from typing import cast
 
 import pytest
 from tui_fixtures import T0, ablation_doc, demo_session, write_events
@@ -280,6 +281,7 @@ async def test_the_log_tab_shows_older_pages_on_demand(isolated_home):
     from textual.widgets import RichLog
 
     from tui.app import AnatomyApp
+    from tui.screens.console import ConsoleScreen
 
     session = demo_session(SessionStore())
     write_events(session, [Message(f"old line {n}", job="r", t=T0) for n in range(800)])
@@ -296,14 +298,15 @@ async def test_the_log_tab_shows_older_pages_on_demand(isolated_home):
         assert "[info] r: old line 0" not in "\n".join(live)  # beyond what the live view keeps
         await pilot.press("o")
         await pilot.pause()
-        assert app.screen.active_tab == "log" and "page 1 back" in app.screen.query_one("#log").border_title
+        console = cast(ConsoleScreen, app.screen)
+        assert console.active_tab == "log" and "page 1 back" in str(console.query_one("#log").border_title)
         await pilot.press("o", "o", "o", "o")
         await pilot.pause()
         text = "\n".join(str(line.text) for line in view.lines)
         assert "[info] r: old line 0" in text and "[info] r: old line 300" not in text
         await pilot.press("n", "n", "n", "n", "n")
         await pilot.pause()
-        assert app.screen.log_back == 0 and app.screen.query_one("#log").border_title == "Log"
+        assert console.log_back == 0 and app.screen.query_one("#log").border_title == "Log"
         assert [str(line.text) for line in view.lines][-3:] == live[-3:]
 
 
@@ -349,6 +352,7 @@ def test_soak_a_job_writing_as_fast_as_it_can_loses_and_reorders_nothing(isolate
     while writer.poll() is None:
         lab.poll()
         time.sleep(0.05)
+    assert writer.stdout is not None  # stdout=PIPE
     written = int(writer.stdout.read())
     lab.poll()
     while lab.offset < session.events_path.stat().st_size:
@@ -404,6 +408,7 @@ def test_the_soak_benchmark_checks_its_numbers_in_constant_memory():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
+    assert spec is not None and spec.loader is not None  # a .py file's location always has a loader
     soak = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(soak)
     sequence = soak.Sequence()

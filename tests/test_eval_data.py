@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from typing import Any
 
 import datasets
 import pytest
@@ -16,6 +17,7 @@ from tiny_models import byte_tokenizer, tiny_model
 
 from cli.main import main
 from engine.core.errors import UserError
+from engine.core.events import Result
 from engine.data.dataset_texts import DatasetSpec, load_texts
 from engine.data.eval_data import calibration_blocks, comparable, cut_windows, eval_source
 from engine.evaluation.perplexity import Evaluator
@@ -43,7 +45,7 @@ def _fresh_cache():
     load_texts.cache_clear()
 
 
-def write_all(folder) -> dict[str, str]:
+def write_all(folder) -> dict[str, Any]:
     """The same rows as a text file (a row a line), JSON lines and parquet."""
     lines = [row.rstrip("\n") for row in ROWS]
     txt, jsonl, parquet = folder / "wiki.txt", folder / "wiki.jsonl", folder / "wiki.parquet"
@@ -148,7 +150,8 @@ def _model_loss(model, ids: torch.Tensor, labels: torch.Tensor) -> tuple[float, 
 def papers_reference(model, tokenizer, texts, context: int) -> float:
     """The papers' loop (GPTQ/SLEB's eval): windows [i*ctx, (i+1)*ctx) of the one tokenized stream."""
     stream = tokenizer("\n\n".join(texts), return_tensors="pt").input_ids
-    total = count = 0
+    total: float = 0
+    count = 0
     for i in range(stream.shape[1] // context):
         window = stream[:, i * context : (i + 1) * context]
         nll, n = _model_loss(model, window, window.clone())
@@ -161,7 +164,8 @@ def sliding_reference(model, tokenizer, texts, context: int, stride: int) -> flo
     """Hugging Face's perplexity guide (docs/transformers perplexity), with exact token counts."""
     encodings = tokenizer("\n\n".join(texts), return_tensors="pt")
     seq_len = encodings.input_ids.size(1)
-    total = count = 0
+    total: float = 0
+    count = 0
     prev_end_loc = 0
     for begin_loc in range(0, seq_len, stride):
         end_loc = min(begin_loc + context, seq_len)
@@ -208,8 +212,10 @@ def test_sliding_window_equals_the_perplexity_guides_loop(tmp_path):
 def test_max_tokens_and_max_windows_bound_what_is_scored(tmp_path):
     paths = write_all(tmp_path)
     tokenizer = byte_tokenizer()
-    assert len(eval_source(tokenizer, settings(paths["txt"], context=32, max_windows=3)).windows.rows) == 3
+    windows = eval_source(tokenizer, settings(paths["txt"], context=32, max_windows=3)).windows
+    assert windows is not None and len(windows.rows) == 3
     bounded = eval_source(tokenizer, settings(paths["txt"], context=32, max_tokens=100))
+    assert bounded.windows is not None and bounded.protocol is not None  # a dataset's source has both
     assert len(bounded.windows.rows) == 3 and bounded.protocol.tokens == 3 * 31
     with pytest.raises(UserError, match="fewer than one window"):
         eval_source(tokenizer, settings(paths["txt"], context=4096))
@@ -235,9 +241,10 @@ def test_comparable_says_what_differs():
                      text_column="text", protocol="papers", context=2048, stride=None, windows=140, tokens=286580)
     assert comparable(a, a) is None
     b = EvalProtocol(**{**a.__dict__, "context": 4096, "windows": 70, "tokens": 286650})
-    line = comparable(a, b)
+    line, missing = comparable(a, b), comparable(a, None)
+    assert line is not None and missing is not None
     assert "context 2048 vs 4096" in line and "tokens" in line and "\n" not in line
-    assert "records no evaluation protocol" in comparable(a, None)
+    assert "records no evaluation protocol" in missing
 
 
 # --- settings and the command line ----------------------------------------------------------------
@@ -274,7 +281,8 @@ def test_run_ablation_on_a_dataset_records_its_protocol(tmp_path, tiny_folder, c
     assert doc.baseline_ppl == pytest.approx(papers_reference(model, byte_tokenizer(), paths["lines"], 48), rel=1e-5)
     assert doc.protocol.protocol == "papers" and doc.protocol.context == 48 and doc.protocol.dataset == paths["parquet"]
     assert doc.eval_texts == doc.protocol.windows and doc.eval_tokens == doc.protocol.tokens == 47 * doc.eval_texts
-    assert all(row.ci_low is not None and row.ci_low <= row.degradation_pct <= row.ci_high for row in doc.layers)
+    assert all(row.ci_low is not None and row.ci_high is not None and row.degradation_pct is not None
+               and row.ci_low <= row.degradation_pct <= row.ci_high for row in doc.layers)
     assert "papers' protocol" in capsys.readouterr().out
 
 
@@ -298,13 +306,16 @@ def test_prune_says_when_the_sessions_map_was_measured_another_way(tmp_path):
     events = list(experiment("prune").run(settings, context))
     warnings = [e.text for e in events if isinstance(e, Message) and e.level == "warning"]
     assert any("perplexities not comparable" in w and "protocol 'texts' vs 'papers'" in w for w in warnings)
+    assert isinstance(events[-1], Result)
     assert ablation.protocol.protocol == "texts" and events[-1].data["protocol"]["protocol"] == "papers"
 
 
 def run_ablation_doc(model, tokenizer) -> dict:
     from engine.experiments.ablation.run import run_ablation
 
-    return list(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", max_length=32)))[-1].data
+    result = list(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", max_length=32)))[-1]
+    assert isinstance(result, Result)
+    return result.data
 
 
 # --- long windows: the prefix cache in host memory --------------------------------------------------
@@ -340,6 +351,7 @@ def test_a_host_prefix_cache_goes_back_to_the_gpu(monkeypatch, tmp_path):
         model = tiny_model(seed=3).to("cuda:0")
         evaluator = Evaluator(model, tokenizer, source, batch_size=4, cache_on_host=True)
         evaluator.build_cache()
+        assert evaluator._layer_inputs is not None  # build_cache made them
         assert all((device_of(t) or torch.device("cpu")).type == "cpu" for t in evaluator._layer_inputs[0])
         got = [evaluator.perplexity(start) for start in range(4)]
     assert got == pytest.approx(expected, rel=1e-6)

@@ -21,6 +21,7 @@ SUMMARY = re.compile(r"SUMMARY (\d+) PASS, (\d+) FAIL, (\d+) SKIP in \d+ s")
 
 def _gpu_check():
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None  # a .py file's location always has a loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
