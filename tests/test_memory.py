@@ -37,6 +37,7 @@ def test_prefix_cache_estimate_is_the_cache_built(tokenizer, dtype, batch_size, 
     model = tiny_model("llama").to(getattr(torch, dtype))
     evaluator = Evaluator(model, tokenizer, TEXTS, batch_size, max_length)
     evaluator.build_cache()
+    assert evaluator._layer_inputs is not None  # build_cache filled it
     built = sum(t.numel() * t.element_size() for batch in evaluator._layer_inputs for t in batch)
     lengths = memory.text_lengths(tokenizer, TEXTS, max_length)
     plan = plan_memory(ModelShape.from_config(model.config), dtype, "cpu", lengths, batch_size)
@@ -113,6 +114,7 @@ def fake_nvml(monkeypatch, free_by_uuid: dict[str, int] | None):
         pass
 
     calls = []
+    known = free_by_uuid if free_by_uuid is not None else {}  # None: init raises before any look-up
 
     def init():
         if free_by_uuid is None:
@@ -120,14 +122,14 @@ def fake_nvml(monkeypatch, free_by_uuid: dict[str, int] | None):
         calls.append("init")
 
     def handle_by_uuid(uuid):
-        if uuid not in free_by_uuid:
+        if uuid not in known:
             raise NVMLError("Not Found")
         return uuid
 
     module = types.SimpleNamespace(
         NVMLError=NVMLError, nvmlInit=init, nvmlShutdown=lambda: calls.append("shutdown"),
         nvmlDeviceGetHandleByUUID=handle_by_uuid,
-        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(free=free_by_uuid[handle], total=16_000))
+        nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(free=known[handle], total=16_000))
     monkeypatch.setitem(sys.modules, "pynvml", module)
     return calls
 
@@ -249,6 +251,7 @@ def test_plan_run_reads_the_model_folder_and_the_settings_before_any_load(tmp_pa
     assert plan.weights == sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     evaluator = Evaluator(loaded.model, loaded.tokenizer, TEXTS, 2, 64)
     evaluator.build_cache()
+    assert evaluator._layer_inputs is not None  # build_cache filled it
     assert plan.prefix_cache == sum(t.numel() * t.element_size() for b in evaluator._layer_inputs for t in b)
     layer = sum(p.numel() for p in LayerStack(loaded.model).matrices(0).values())
     assert plan.training > memory.training_state_bytes(layer, "bfloat16") > 0
@@ -416,6 +419,7 @@ def test_prune_healing_is_planned_for_every_layer_it_trains(remove):
     twelve = ModelShape(**{**shape.__dict__, "n_layers": 12})
     settings = PruneSettings(remove=remove, heal_steps=5)
     training = settings.training_needs(twelve)
+    assert training is not None  # it heals
     most = max(len(neighbours_of_cuts(12, cut)) for count in remove for cut in every_cut(12, count))
     assert training.params == most * layer
     assert training.layers_with_graph == 12 - min(remove)  # the graph spans the cut model's layers
@@ -436,7 +440,8 @@ def test_prune_without_healing_plans_no_training_and_lora_its_adapters(tokenizer
     targets = sorted({path.rsplit(".", 1)[-1] for _, path in LayerStack(model).spec.matrices})
     adapted = get_peft_model(model, LoraConfig(r=4, target_modules=targets))
     adapters = sum(p.numel() for name, p in adapted.named_parameters() if "lora_" in name)
-    assert lora.training_needs(shape).params == adapters * (shape.n_layers - 1) // shape.n_layers
+    needs = lora.training_needs(shape)
+    assert needs is not None and needs.params == adapters * (shape.n_layers - 1) // shape.n_layers
     from engine.experiments.recovery.vocabulary import RecoverySettings
 
     recovery = RecoverySettings().training_needs(shape)

@@ -18,9 +18,15 @@ from engine.core.events import Message, Progress, Result
 from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings
 from engine.models.loading import load_model
-from engine.models.streaming import open_streamed
+from engine.models.streaming import LayerSource, StreamedModel, open_streamed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def source_of(streamed: StreamedModel) -> LayerSource:
+    """The layer source of a model open_streamed opened (which always gives one)."""
+    assert streamed.stream is not None
+    return streamed.stream
 
 
 def maps(folder, **settings):
@@ -30,7 +36,7 @@ def maps(folder, **settings):
     memory = [e for e in run_ablation(loaded.model, loaded.tokenizer, chosen) if isinstance(e, Result)][-1].data
     streamed = open_streamed(str(folder), device="cpu", dtype="float32")
     events = list(run_ablation(streamed.model, streamed.tokenizer, chosen, stream=streamed.stream))
-    streamed.stream.close()
+    source_of(streamed).close()
     return memory, [e for e in events if isinstance(e, Result)][-1].data, streamed.stream, events
 
 
@@ -119,7 +125,7 @@ def test_streamed_states_stay_float32_on_the_cpu(tmp_path):
     """The skeleton's buffers (rotary tables) are real and the weights arrive in the run's dtype."""
     folder = save_tiny(tmp_path / "llama", "llama")
     streamed = open_streamed(str(folder), device="cpu", dtype="bfloat16")
-    source = streamed.stream
+    source = source_of(streamed)
     assert all(p.device.type == "meta" for p in streamed.model.parameters())
     source.load(0)
     assert {p.dtype for p in streamed.model.model.layers[0].parameters()} == {torch.bfloat16}
@@ -141,23 +147,23 @@ def test_a_killed_streamed_map_resumes_from_its_last_checkpoint(tmp_path):
     state = tmp_path / "stream.safetensors"
     streamed = open_streamed(str(folder), device="cpu", dtype="float32")
     token = CancelToken()
-    events = run_ablation(streamed.model, streamed.tokenizer, chosen, token, stream=streamed.stream,
-                          stream_state=StreamCheckpoint(state, key, resume=False, every=2))
+    work = run_ablation(streamed.model, streamed.tokenizer, chosen, token, stream=streamed.stream,
+                        stream_state=StreamCheckpoint(state, key, resume=False, every=2))
     with pytest.raises(Cancelled):
-        for event in events:
+        for event in work:
             if isinstance(event, Progress) and event.phase == "streaming" and event.done == 3:
                 token.cancel()
-    streamed.stream.close()
+    source_of(streamed).close()
     assert state.is_file()
     again = open_streamed(str(folder), device="cpu", dtype="float32")
     events = list(run_ablation(again.model, again.tokenizer, chosen, stream=again.stream,
                                stream_state=StreamCheckpoint(state, key, resume=True, every=2)))
-    again.stream.close()
+    source_of(again).close()
     assert any(isinstance(e, Message) and e.text.startswith("resuming the streamed map after layer 1") for e in events)
     assert [e.done for e in events if isinstance(e, Progress) and e.phase == "streaming"] == [2, 3, 4]
-    read = set(again.stream.reads)
+    read = set(source_of(again).reads)
     assert not any(key.startswith("model.layers.0.") for key in read)
-    assert {key for key in read if key.startswith("model.layers.2.")} and max(again.stream.reads.values()) == 1
+    assert {key for key in read if key.startswith("model.layers.2.")} and max(source_of(again).reads.values()) == 1
     loaded = load_model(str(folder), device="cpu", dtype="float32")
     memory = [e for e in run_ablation(loaded.model, loaded.tokenizer, chosen) if isinstance(e, Result)][-1].data
     assert_same_map(memory, [e for e in events if isinstance(e, Result)][-1].data)
