@@ -188,6 +188,7 @@ async def test_the_compare_view_of_an_atlas_shows_its_measures_live_then_its_cur
     """The console opened on an atlas's session (no model of its own) opens its Compare view at
     once, before its table exists; a measure's progress and its end come in without reopening, and
     the curves when the atlas saves its table."""
+    from textual.widgets import DataTable
     from tui_fixtures import atlas_session
 
     from engine.atlas import table as A
@@ -204,7 +205,8 @@ async def test_the_compare_view_of_an_atlas_shows_its_measures_live_then_its_cur
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen.rows, "itself")
         screen = app.screen
-        table = screen.query_one("#compare-tasks")
+        assert isinstance(screen, CompareScreen)  # waited for above
+        table = screen.query_one("#compare-tasks", DataTable)
         assert app.lab.loaded is None and "atlas" in app.lab.model_status
         assert [table.get_row_at(i)[3] for i in range(table.row_count)] == ["running", "waiting"]
         assert "the table comes when the atlas ends" in str(screen.query_one("#compare-note").render())
@@ -226,7 +228,9 @@ async def test_the_compare_view_of_an_atlas_shows_its_measures_live_then_its_cur
         await wait_for(pilot, lambda: "damaged" in str(note.render()), "why the table does not read")
         assert table.row_count == 2 and not screen.query_one("#compare-plot").display
         done = atlas_session(store, "finished")  # an atlas's table, saved as the atlas saves it
-        atlas.save_result("atlas", done.load_result("atlas"))
+        table_doc = done.load_result("atlas")
+        assert table_doc is not None
+        atlas.save_result("atlas", table_doc)
         await wait_for(pilot, lambda: screen.criteria == ["d_pct", "block_influence", "angular_distance",
                                                           "removal_ppl"], "the curves")
         assert screen.query_one("#compare-plot").display and not screen.query_one("#compare-note").display

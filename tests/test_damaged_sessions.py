@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+from typing import cast
 
 import pytest
 from tui_fixtures import demo_session, write_events
@@ -86,7 +87,7 @@ def test_the_notebook_api_reads_the_events_around_a_deep_line():
     with open(session.events_path, "a") as handle:
         handle.write('{"v": 2, "kind": "job.message", "text": ' + DEEP + "}\n")
     write_events(session, [Message("after")])
-    events = anatomy_tui.open_session("log").events()
+    events = cast(list[Message], anatomy_tui.open_session("log").events())  # the log's two messages
     assert [event.text for event in events] == ["before", "after"]
 
 
@@ -102,7 +103,7 @@ def test_the_console_reads_past_an_event_line_larger_than_any_event_without_keep
         reads.append(len(data))
     assert offset == session.events_path.stat().st_size  # the line before, the long one, the line after
     assert reads[1] == 0 and max(reads) < 1 << 10  # the 65 MiB line was never returned
-    assert [event.text for event in session.events()] == ["before", "after"]
+    assert [cast(Message, event).text for event in session.events()] == ["before", "after"]
 
 
 def test_the_event_index_skips_a_deep_line_and_refuses_a_deep_index():
@@ -112,14 +113,17 @@ def test_the_event_index_skips_a_deep_line_and_refuses_a_deep_index():
     good = json.dumps(Message("kept").to_json()).encode() + b"\n"
     deep = DEEP.encode() + b"\n"
     lines = list(event_index.parsed(good + deep + good, 100))
-    assert [(span, event.text) for span, event in lines] == [
+    assert [(span, cast(Message, event).text) for span, event in lines] == [
         ((100, 100 + len(good)), "kept"), ((100 + len(good) + len(deep), 100 + 2 * len(good) + len(deep)), "kept")]
     (session.path / "events.index.json").write_text(DEEP)
     assert event_index.load(session) is None  # the whole log is folded instead
 
 
 def test_the_picker_lists_a_deep_session_as_damaged_and_opens_the_good_one(isolated_home):
+    from textual.widgets import DataTable
+
     from tui.app import AnatomyApp
+    from tui.screens.picker import SessionPicker
 
     good_and_bad("manifest")
 
@@ -127,10 +131,10 @@ def test_the_picker_lists_a_deep_session_as_damaged_and_opens_the_good_one(isola
         app = AnatomyApp(load_model=False)
         async with app.run_test(size=(120, 36)) as pilot:
             await pilot.pause()
-            table = app.screen.query_one("DataTable")
+            table = app.screen.query_one("DataTable", DataTable)
             rows = {str(table.get_row_at(i)[0]): [str(cell) for cell in table.get_row_at(i)]
                     for i in range(table.row_count)}
-            names = [info.name for info in app.screen.infos]
+            names = [info.name for info in cast(SessionPicker, app.screen).infos]
             table.move_cursor(row=names.index("good"))
             await pilot.press("enter")
             await pilot.pause()
@@ -142,6 +146,8 @@ def test_the_picker_lists_a_deep_session_as_damaged_and_opens_the_good_one(isola
 
 
 def test_the_picker_shows_a_forged_model_name_as_text_not_markup(isolated_home):
+    from textual.widgets import DataTable
+
     from tui.app import AnatomyApp
 
     store = SessionStore()
@@ -152,7 +158,7 @@ def test_the_picker_shows_a_forged_model_name_as_text_not_markup(isolated_home):
         app = AnatomyApp(load_model=False)
         async with app.run_test(size=(120, 36)) as pilot:
             await pilot.pause()
-            row = [str(cell) for cell in app.screen.query_one("DataTable").get_row_at(0)]
+            row = [str(cell) for cell in app.screen.query_one("DataTable", DataTable).get_row_at(0)]
             return row[1], app.is_running
 
     model, running = asyncio.run(scenario())
@@ -196,6 +202,7 @@ def test_output_into_a_pipe_with_no_reader_exits_141_saying_nothing():
     demo_session(SessionStore(), "s")
     child = subprocess.Popen([sys.executable, "-m", "cli.main", "sessions", "list"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None  # both PIPE
     child.stdout.close()  # the reader is gone before the command writes a byte
     assert child.wait(timeout=60) == 141
     assert child.stderr.read() == b""
@@ -252,13 +259,14 @@ def test_a_log_file_line_of_session_text_stays_one_escaped_line(tmp_path):
 @pytest.mark.anyio
 async def test_the_log_pane_shows_a_sessions_markup_and_escapes_as_text(isolated_home):
     from tui.app import AnatomyApp
+    from tui.screens.console import ConsoleScreen
 
     session = demo_session(SessionStore())
     write_events(session, [Message("[link=https://x]click[/] \x1b[2J", job="r")])
     app = AnatomyApp(session="demo", load_model=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("f7")  # the Log tab, whose view renders once shown
-        view = app.screen.log_view()
+        view = cast(ConsoleScreen, app.screen).log_view()
 
         async def written() -> None:
             while not view.lines:

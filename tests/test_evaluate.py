@@ -6,6 +6,7 @@ hand-worked cases; one-line errors."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from tui_fixtures import round_trips, task_score
 
 from engine.core.errors import UserError
-from engine.core.events import Result
+from engine.core.events import Event, Result
 from engine.evaluation.accuracy import without_machine_report
 from engine.evaluation.judging import agreement, disagreement
 from engine.experiments.context import RunContext
@@ -118,6 +119,7 @@ def test_evaluate_gives_lm_evals_numbers_for_the_original_and_a_cut(tokenizer, t
     assert [e.label for e in events if isinstance(e, ModelEvaluated)] == ["original", "pruned -1,2"]
     assert {row.samples for row in original.scores} == {6, 12}
     # the generation check: the original agrees with itself; the cut against the model built without the layers
+    assert original.generation is not None and pruned.generation is not None  # gen_tokens asked for both
     assert (original.generation.prefix_agreement, original.generation.token_agreement) == (1.0, 1.0)
     from engine.evaluation.accuracy import PROMPTS
     from engine.evaluation.generation import greedy_tokens
@@ -142,6 +144,12 @@ def test_evaluate_gives_lm_evals_numbers_for_the_original_and_a_cut(tokenizer, t
     same_numbers(other.models[0].scores, direct(model, tokenizer, tasks, ["tiny_qa"], batch_size=2, limit=12))
 
 
+def last_data(events: list[Event]) -> dict[str, Any]:
+    """The document of a run's last event, its result."""
+    assert isinstance(events[-1], Result)
+    return events[-1].data
+
+
 def json_of(result: EvaluateResult) -> dict:
     from engine.core.codec import json_safe
 
@@ -155,18 +163,18 @@ def test_prune_evaluate_tasks_puts_lm_evals_numbers_in_each_row(tokenizer, tasks
                              evaluate_tasks=("tiny_qa",), include_path=str(tasks), gen_tokens=4, gen_task=False)
     context = RunContext(model=loaded(model, tokenizer))
     events = list(experiment("prune").run(settings, context))
-    assert round_trips("prune", events[-1].data)
-    result = PruneResult.from_json(events[-1].data)
+    assert round_trips("prune", last_data(events))
+    result = PruneResult.from_json(last_data(events))
     same_numbers(result.baseline_accuracy, direct(model, tokenizer, tasks, ["tiny_qa"]))
     assert result.evaluation.tasks == ["tiny_qa"] and result.evaluation.batch_size == 1
     for row in result.curve:
         kept = [i for i in range(4) if i not in row.layers]
         same_numbers(row.accuracy, direct(smaller_llama(model, kept), tokenizer, tasks, ["tiny_qa"]))
-        assert row.healed_accuracy is None and row.generation.unit == "token"
+        assert row.healed_accuracy is None and row.generation is not None and row.generation.unit == "token"
         assert row.disagreement == disagreement(row.ppl, result.baseline_ppl, row.accuracy, result.baseline_accuracy)
     plain = list(experiment("prune").run(PruneSettings(eval_file=files[0], method="bi", remove=(1,), bootstrap=0),
                                          RunContext(model=loaded(model, tokenizer))))
-    assert "accuracy" not in plain[-1].data["curve"][0] and "evaluation" not in plain[-1].data  # only when asked
+    assert "accuracy" not in last_data(plain)["curve"][0] and "evaluation" not in last_data(plain)  # only when asked
 
 
 def test_agreement_on_hand_worked_cases():
@@ -180,13 +188,13 @@ def test_agreement_on_hand_worked_cases():
 
 def test_disagreement_on_hand_worked_cases():
     base = [task_score("a", 0.60), task_score("b", 0.50)]
-    assert disagreement(20.5, 20.0, [task_score("a", 0.50), task_score("b", 0.50)], base).startswith(
+    assert str(disagreement(20.5, 20.0, [task_score("a", 0.50), task_score("b", 0.50)], base)).startswith(
         "accuracy falls (a -10.0 points) while perplexity moves 2.5 %")
     assert disagreement(20.5, 20.0, [task_score("a", 0.58), task_score("b", 0.49)], base) is None  # both steady
-    assert disagreement(30.0, 20.0, [task_score("a", 0.58), task_score("b", 0.49)], base).startswith(
+    assert str(disagreement(30.0, 20.0, [task_score("a", 0.58), task_score("b", 0.49)], base)).startswith(
         "perplexity moves 50 % while no task's accuracy falls more than 5 points")
     assert disagreement(30.0, 20.0, [task_score("a", 0.40), task_score("b", 0.50)], base) is None  # both fall
-    assert disagreement(None, 20.0, [task_score("a", 0.60), task_score("b", 0.50)], base).startswith(
+    assert str(disagreement(None, 20.0, [task_score("a", 0.60), task_score("b", 0.50)], base)).startswith(
         "perplexity moves inf")
     assert disagreement(20.0, 20.0, [], base) is None
 
@@ -280,12 +288,13 @@ def test_embedded_model_gives_lm_evals_numbers(embedded, tasks):
                                 gen_task=False)
     context = RunContext(model=embedded)
     events = list(experiment("evaluate").run(settings, context))
-    result = EvaluateResult.from_json(events[-1].data)
+    result = EvaluateResult.from_json(last_data(events))
     original, pruned = result.models
     same_numbers(original.scores, direct(embedded.model, embedded.tokenizer, tasks, ["everyday_sense"], limit=8))
     from engine.models.pruning import removed
 
     with removed(embedded.model, [14, 15]):
         same_numbers(pruned.scores, direct(embedded.model, embedded.tokenizer, tasks, ["everyday_sense"], limit=8))
+    assert original.generation is not None  # gen_tokens=4
     assert pruned.n_layers == embedded.n_layers - 2 and original.generation.token_agreement == 1.0
     assert EVERYDAY.exists()
