@@ -12,7 +12,7 @@ import sys
 
 from tiny_models import byte_tokenizer, tiny_model
 
-from engine.core.events import Progress
+from engine.core.events import Progress, Result
 from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings, LayerAblated
 from engine.models.distributed import Workers, world_from_env
@@ -37,8 +37,10 @@ def main() -> None:
     with Workers(world) as workers:
         events = list(workers.sweep(run_shard, split.items, split.merge))
     if world.is_main:
+        result = events[-1]
+        assert isinstance(result, Result)  # a sweep ends with its result
         with open(out, "w", encoding="utf-8") as file:
-            json.dump({"kinds": [e.kind for e in events], "result": events[-1].data,
+            json.dump({"kinds": [e.kind for e in events], "result": result.data,
                        "last_progress": [[e.done, e.total] for e in events if isinstance(e, Progress)][-1]}, file)
 
 

@@ -59,8 +59,9 @@ def test_shares_partition_the_items_evenly(n, world):
 
 def test_world_from_env():
     env = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
-    assert world_from_env(env) == World(1, 4, 1, 2)
-    assert not world_from_env(env).is_main
+    world = world_from_env(env)
+    assert world == World(1, 4, 1, 2)
+    assert world is not None and not world.is_main
     assert world_from_env({}) is None
     assert world_from_env({"RANK": "0", "WORLD_SIZE": "1"}) is None
     with pytest.raises(UserError, match="integers"):
@@ -80,7 +81,9 @@ def test_workers_use_the_device_the_run_asked_for(device, taken, backend, monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))  # Hardware.read asks too
-    gpus, threads, backends = [], [], []
+    gpus: list[int] = []
+    threads: list[int] = []
+    backends: list[str] = []
     monkeypatch.setattr(torch.cuda, "set_device", gpus.append)
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
@@ -94,8 +97,10 @@ def test_workers_use_the_device_the_run_asked_for(device, taken, backend, monkey
 def test_merger_sums_progress_and_names_a_failed_worker():
     merger = _Merger()
     (first,) = merger.take(0, Progress(1, 2, "ablation"))
+    assert isinstance(first, Progress)
     assert (first.done, first.total, first.label) == (1, 2, "ablation")
     (summed,) = merger.take(1, Progress(2, 3, "ablation"))
+    assert isinstance(summed, Progress)
     assert (summed.done, summed.total) == (3, 5)
     assert list(merger.take(1, Result("ablation", {"layers": []}))) == []
     assert list(merger.take(1, _Done())) == [] and merger.finished == 1  # counted wherever it is read
@@ -155,7 +160,7 @@ def test_plans_split_layers_and_refuse_other_experiments():
     assert recovery.items == [(3, 0), (3, 1), (1, 0), (1, 1)]
     assert recovery.restrict([(1, 1), (3, 0), (1, 0)]).layers == (1, 3)
     with pytest.raises(UserError, match="dynamics does not split"):
-        experiment("dynamics").shard_plan(None, 4)
+        experiment("dynamics").shard_plan(experiment("dynamics").defaults(), 4)  # refused before its settings
 
 
 def test_a_split_manipulation_logs_why_its_layers_as_a_serial_run_does():
