@@ -7,10 +7,14 @@ import io
 import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from rich.console import Console
+from textual.coordinate import Coordinate
+from textual.message import Message
 from textual.widgets import Input
+from textual.widgets.data_table import ColumnKey
 from tui_fixtures import BASELINE, CURVE, MAP, cut, demo_session, prune_result, recovery_row
 
 from engine.core.process import pid_alive
@@ -18,6 +22,7 @@ from engine.experiments.ablation.vocabulary import AblationProxies
 from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.recovery.vocabulary import RecoveryLayer
 from engine.experiments.variants import pruned_layers
+from sessions.session import Session
 from sessions.store import SessionStore
 from tui import app as app_module
 from tui.app import AnatomyApp, ModelOptions
@@ -48,6 +53,18 @@ def tiny_app(folder: Path, session: str = "s", load_model: bool = True, auto_map
         session=session, options=ModelOptions(str(folder), "cpu", "float32"), load_model=load_model,
         console=ConsoleSettings(auto_map=auto_map),
     )
+
+
+def console_of(app: AnatomyApp) -> ConsoleScreen:
+    """The app's screen, where the test has the console on top (no modal open)."""
+    return cast(ConsoleScreen, app.screen)
+
+
+def stored(session: Session, name: str) -> dict[str, Any]:
+    """Result `name` of `session`, which the test's session holds."""
+    doc = session.load_result(name)
+    assert doc is not None
+    return doc
 
 
 async def until(pilot, predicate, limit: float = 120.0, what: str = "") -> None:
@@ -83,7 +100,7 @@ def test_log_bar_is_log_scaled() -> None:
 def test_state_replays_the_stored_session(isolated_home) -> None:
     session = demo_session(SessionStore())
     state = SessionState()
-    state.set_result("ablation", session.load_result("ablation"))
+    state.set_result("ablation", stored(session, "ablation"))
     for event in session.read_events(0)[0]:
         state.apply(event)
     assert [state.ablation[i].degradation_pct for i in range(6)] == [d for d, _, _ in MAP]
@@ -101,7 +118,7 @@ def test_layer_views_read_the_typed_rows(isolated_home) -> None:
     """The map and the detail draw from the ablation rows and recovery rows as the engine types them."""
     session = demo_session(SessionStore())
     state = SessionState()
-    state.set_result("ablation", session.load_result("ablation"))
+    state.set_result("ablation", stored(session, "ablation"))
     for event in session.read_events(0)[0]:
         state.apply(event)
     detail = layer_detail_text(state, 1).plain
@@ -138,7 +155,7 @@ async def test_layer_map_select_and_detail(isolated_home) -> None:
         await pilot.pause()
         table = app.screen.query_one(LayerMap)
         assert table.row_count == len(MAP)
-        assert [str(table.get_cell_at((i, 1))) for i in range(6)] == [
+        assert [str(table.get_cell_at(Coordinate(i, 1))) for i in range(6)] == [
             "critical",
             "important",
             "minor",
@@ -147,13 +164,13 @@ async def test_layer_map_select_and_detail(isolated_home) -> None:
             "critical",
         ]
         await pilot.press("down", "down")
-        assert app.screen.selected_layer == 2
+        assert console_of(app).selected_layer == 2
         await until(pilot, lambda: "Layer 2" in str(app.screen.query_one("#detail").render()), 5)
         await pilot.press("d")
         assert isinstance(app.screen, LayerDetailScreen)
         await pilot.press("escape")
         await pilot.press("f3")
-        assert app.screen.active_tab == "recovery"
+        assert console_of(app).active_tab == "recovery"
         assert app.state.recovery[0].points[-1] == (40.0, 21.5)
 
 
@@ -178,7 +195,8 @@ async def test_the_panes_out_of_view_are_built_after_the_first_paint(isolated_ho
     app = ReadyRecorder(session="demo", load_model=False)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.ready_at is not None, 10)
-        assert app.first_paint is not None and app.first_paint < app.ready_at  # painted first, then built
+        assert app.first_paint is not None and app.ready_at is not None
+        assert app.first_paint < app.ready_at  # painted first, then built
         screen = app.screen
         assert isinstance(screen, ConsoleScreen) and screen.built
         inside = {
@@ -243,7 +261,8 @@ async def test_the_console_comes_back_to_its_session_layer_tab_and_forms(isolate
         await pilot.pause()
         await pilot.press("q")
     store.create("cli-test", model="tiny")  # what `anatomy-tui run ... --session cli-test` leaves: the newest
-    assert store.most_recent().name == "cli-test"
+    recent = store.most_recent()
+    assert recent is not None and recent.name == "cli-test"
     for again in (AnatomyApp(resume=True, load_model=False), AnatomyApp(load_model=False)):
         async with again.run_test(size=SIZE) as pilot:
             await pilot.pause()
@@ -309,7 +328,7 @@ async def test_dashboard_switches_live_and_keeps_selection_and_inputs(isolated_h
     app = AnatomyApp(session="demo", load_model=False)
     async with app.run_test(size=(200, 50)) as pilot:
         await pilot.pause()
-        screen = app.screen
+        screen = console_of(app)
         assert screen.dashboard
         assert all(screen.query_one(f"#{tab}").display for tab in ("layers", "recovery", "growth", "prompt"))
         assert screen.query_one("#recovery").border_title == "Recovery"
@@ -318,7 +337,7 @@ async def test_dashboard_switches_live_and_keeps_selection_and_inputs(isolated_h
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
         assert not screen.dashboard and not screen.query_one("#recovery").display
-        assert app.screen.selected_layer == 2 and screen.query_one("#sigma", Input).value == "0.25"
+        assert console_of(app).selected_layer == 2 and screen.query_one("#sigma", Input).value == "0.25"
         await pilot.press("w")
         await pilot.pause()
         assert screen.dashboard  # forced, whatever the size
@@ -327,7 +346,7 @@ async def test_dashboard_switches_live_and_keeps_selection_and_inputs(isolated_h
         assert screen.has_class("-overlay") and screen.query_one("#analyses").display
         await pilot.press("f2")
         await pilot.pause()
-        assert not screen.has_class("-overlay") and app.screen.selected_layer == 2
+        assert not screen.has_class("-overlay") and console_of(app).selected_layer == 2
 
 
 # work in the console ------------------------------------------------------------------------------
@@ -343,7 +362,7 @@ async def test_map_in_console_then_reopen_shows_the_same(isolated_home, tiny_fol
         assert table.row_count == 4
         # columns widened as the numbers arrived: every D % value is shown whole
         widest = max(len(str(table.get_cell(str(i), "D %"))) for i in range(4))
-        assert table.columns["D %"].content_width >= widest
+        assert table.columns[ColumnKey("D %")].content_width >= widest
     again = tiny_app(tiny_folder, load_model=False)
     async with again.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -368,7 +387,7 @@ async def test_an_engine_error_becomes_a_notification(isolated_home, tiny_folder
         assert any("boom from the engine" in n.message for n in app._notifications)
         assert app.is_running
         await pilot.press("down")  # still answering keys
-        assert app.screen.selected_layer == 1
+        assert console_of(app).selected_layer == 1
     log_text = (isolated_home / "s" / "app.log").read_text()
     assert "boom from the engine" in log_text
 
@@ -400,7 +419,7 @@ async def test_keys_are_handled_while_a_job_runs_and_quit_asks(isolated_home, ti
     async with app.run_test(size=SIZE) as pilot:
         await map_running(app, pilot)
         await pilot.press("down", "down", "f4")
-        assert app.screen.selected_layer == 2 and app.screen.active_tab == "growth"
+        assert console_of(app).selected_layer == 2 and console_of(app).active_tab == "growth"
         await pilot.press("q")
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("n")
@@ -423,6 +442,7 @@ async def test_quitting_with_a_job_running_keeps_the_view(isolated_home, tiny_fo
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
         session = app.lab.session
+    assert session is not None
     view = load(session)
     assert (view.layer, view.tab) == (2, "growth")
 
@@ -446,12 +466,12 @@ async def test_cancel_says_cancelling_at_once(isolated_home, tiny_folder, monkey
         await loaded(pilot)
         await pilot.press("a")
         await until(pilot, lambda: app.state.running_jobs() and app.state.running_jobs()[0].experiment)
-        await until(pilot, lambda: "map in console" in app.screen.query_one("#layers").border_subtitle, 30,
+        await until(pilot, lambda: "map in console" in (app.screen.query_one("#layers").border_subtitle or ""), 30,
                     "the layer map's subtitle says the map runs in the console")
         await pilot.press("f2", "c")
         await pilot.pause()
         assert "cancelling" in str(app.screen.query_one(StatusLine).render())
-        assert "cancelling" in app.screen.query_one("#layers").border_subtitle
+        assert "cancelling" in (app.screen.query_one("#layers").border_subtitle or "")
         assert not release.is_set() and app.state.running_jobs()  # said before the map has stopped
         release.set()
         await app.workers.wait_for_complete()
@@ -510,7 +530,9 @@ async def test_marked_blocks_change_the_modified_column(isolated_home, tiny_fold
     def greedy() -> str:
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=app_module.GENERATE_TOKENS,
                              do_sample=False, pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
-        return tokenizer.decode(out[0, ids.shape[1]:].tolist())
+        text = tokenizer.decode(out[0, ids.shape[1]:].tolist())
+        assert isinstance(text, str)  # one sequence decodes to one string
+        return text
 
     original = greedy()
     with cut_removed(model, ((1, "attention"), (2, "mlp"))):
@@ -620,20 +642,21 @@ async def test_jobs_run_live_cancel_and_survive_the_console(isolated_home, tiny_
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         app.screen.query_one(
-            "#growth-flags"
+            "#growth-flags", Input
         ).value = "--preset tiny --steps 8 --eval-every 4 --arms growth_100,uniform_100 --gen-tokens 4"
         await pilot.press("g")
-        assert app.screen.active_tab == "growth"
+        assert console_of(app).active_tab == "growth"
         await pilot.press("f2", "down")
-        app.screen.query_one("#steps").value = "50000"  # minutes: the cancel, not the end, must stop it
+        app.screen.query_one("#steps", Input).value = "50000"  # minutes: the cancel, not the end, must stop it
         await pilot.press("i")
-        assert app.screen.active_tab == "recovery"
+        assert console_of(app).active_tab == "recovery"
         await until(pilot, lambda: app.state.recovery and len(app.state.recovery[-1].points) >= 2, 180)
         assert app.state.recovery[-1].layer == 1
         await pilot.press("c")
         await until(pilot, lambda: app.state.recovery[-1].status == "cancelled", 60)
         growth, recovery = app.lab.background
         assert (growth.experiment, recovery.experiment) == ("growth", "recovery")
+    assert recovery.process is not None and growth.process is not None  # both started as processes
     recovery.process.wait(30)
     deadline = time.monotonic() + 240
     while pid_alive(growth.pid) and time.monotonic() < deadline:
@@ -676,6 +699,7 @@ async def test_an_interrupted_job_offers_to_resume(isolated_home, monkeypatch) -
     app = AnatomyApp(session="demo", load_model=False)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 10)
+        assert isinstance(app.screen, ConfirmScreen)
         assert "growth-1" in app.screen.question and "--preset=tiny" in app.screen.question
         await pilot.press("y")
         await pilot.pause()
@@ -693,7 +717,7 @@ async def test_no_color_keeps_the_classes_readable(isolated_home, monkeypatch) -
         await pilot.pause()
         assert app.no_color
         table = app.screen.query_one(LayerMap)
-        assert str(table.get_cell_at((4, 1))) == "anti"  # the class is a word, not only a colour
+        assert str(table.get_cell_at(Coordinate(4, 1))) == "anti"  # the class is a word, not only a colour
 
 
 def test_serve_command_runs_the_same_console() -> None:
@@ -724,6 +748,7 @@ async def test_noised_and_recovered_models_in_the_prompt_pane(isolated_home, tin
         before = {k: v.clone() for k, v in app.loaded.model.state_dict().items()}
         stack = LayerStack(app.loaded.model)
         scrambled = {name: torch.randn_like(param) for name, param in stack.matrices(2).items()}
+        assert app.session is not None
         save_layer_weights(app.session.checkpoint_dir("recovery") / "weights", 2, scrambled, app.loaded.name)
         app.lab.toggle_mark(1)
         await pilot.press("f5")
@@ -760,12 +785,14 @@ async def test_the_model_worker_posts_model_loaded_and_the_status_line_shows_it(
 
     monkeypatch.setattr("engine.models.loading.load_model", fake_load)
     demo_session(SessionStore())
-    seen = []
+    seen: list[Message] = []
     app = AnatomyApp(session="demo", options=ModelOptions("stub-model", "cpu", "float32"))
     async with app.run_test(size=SIZE, message_hook=seen.append) as pilot:
         await until(pilot, lambda: app.loaded is stub and app._console() is not None, 10)
         await pilot.pause()
-        status = str(app._console().query_one(StatusLine).render())
+        console = app._console()
+        assert console is not None
+        status = str(console.query_one(StatusLine).render())
         assert "stub-model · cpu · float32 · 6 layers" in status
     assert asked == [("stub-model", "cpu", "float32")]
     assert [m.loaded for m in seen if isinstance(m, ModelLoaded)] == [stub]
@@ -783,7 +810,9 @@ async def test_a_failed_load_is_a_message_not_a_crash(isolated_home, monkeypatch
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: any("no such model folder" in t for _, t in app.state.log) and app._console(), 10)
         await pilot.pause()
-        assert "failed to load" in str(app._console().query_one(StatusLine).render())
+        console = app._console()
+        assert console is not None
+        assert "failed to load" in str(console.query_one(StatusLine).render())
         assert app.is_running and app.loaded is None
 
 
@@ -792,7 +821,7 @@ async def test_generation_streams_through_messages(isolated_home, tiny_folder) -
     older one in the queue); the last one is the column's text, and GenerationDone closes the run."""
     from tui.messages import GenerationDone, TextGenerated
 
-    seen = []
+    seen: list[Message] = []
     app = tiny_app(tiny_folder)
     async with app.run_test(size=SIZE, message_hook=seen.append) as pilot:
         await loaded(pilot)
@@ -834,7 +863,7 @@ async def test_the_noised_model_uses_the_sigma_of_the_request(isolated_home, tin
     async with app.run_test(size=SIZE) as pilot:
         await loaded(pilot)
         app.lab.toggle_mark(1)
-        app.screen.query_one("#sigma").value = "1.5"
+        app.screen.query_one("#sigma", Input).value = "1.5"
         await pilot.press("f5")
         right = app.screen.query(PromptColumn).last()
         right.query_one(Select).value = "noised"
@@ -844,7 +873,7 @@ async def test_the_noised_model_uses_the_sigma_of_the_request(isolated_home, tin
         await until(pilot, lambda: used, 10)  # the first column is generating
         await pilot.press("f1")  # a modal on top
         assert isinstance(app.screen, HelpScreen)
-        app.screen_stack[-2].query_one("#sigma").value = "3.0"  # and the form changed meanwhile
+        app.screen_stack[-2].query_one("#sigma", Input).value = "3.0"  # and the form changed meanwhile
         release.set()
         await app.workers.wait_for_complete()
         await pilot.pause()
@@ -907,7 +936,7 @@ async def test_quitting_during_the_first_model_load_does_not_wait_for_it(isolate
 def test_the_map_marks_the_layers_the_prune_run_removes(isolated_home) -> None:
     session = demo_session(SessionStore())
     state = SessionState()
-    state.set_result("ablation", session.load_result("ablation"))
+    state.set_result("ablation", stored(session, "ablation"))
     state.set_result("prune", prune_result([cut("bi", [1])], exported_point=cut("bi", [2, 4])))
     pruned = set(pruned_layers(state.result(PruneResult)))  # as LayerMap.show reads it
     assert pruned == {2, 4}
@@ -921,5 +950,6 @@ async def test_a_result_the_console_cannot_draw_is_reported_as_damage(isolated_h
     app = AnatomyApp(session="odd", load_model=False)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app._console(), 10)
+        assert app.session is not None
         assert any(line.startswith("result recovery cannot be shown") for line in app.session.damage)
         assert app.state.results["recovery"] == {"layers": [{"layer": 1}]}  # kept raw
