@@ -109,14 +109,14 @@ class BatchMeter:
         def joined(values: list[torch.Tensor]) -> torch.Tensor:
             return torch.stack([v.to(device) for v in values], dim=1)
 
-        return {
+        found = {
             "angle_state": joined(self.state),
             "angle_update": joined(self.update) if self.update else torch.zeros((n, 0)),
             "norm": joined(self.norm),
             "update_norm": joined(self.update_norm),
-            "embedding_norm": self.embedding_norm,
-            **trajectory(self.states),
         }
+        assert self.embedding_norm is not None  # set at layer 0, which a pass sees first (joined fails on none)
+        return {**found, "embedding_norm": self.embedding_norm, **trajectory(self.states)}
 
 
 def trajectory(states: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:

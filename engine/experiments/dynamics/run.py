@@ -124,9 +124,9 @@ def run_dynamics(
             clusters=clusters,
             sample=scatter_sample(clustering, settings.seed),
         ),
-        logit_lens=None if lens_losses is None else LensLosses(
+        logit_lens=None if lens is None or lens_losses is None else LensLosses(  # both, or neither
             lens=settings.lens,
-            loss=lens_losses,
+            loss=list(lens_losses),
             final_loss=lens_losses[-1],
             predicted_tokens=int(lens.count),
         ),

@@ -61,7 +61,7 @@ class GrowthLlamaForCausalLM(LlamaForCausalLM):
                     hidden_act=config.hidden_act,
                 )
             )
-        self.post_init()
+        self.post_init()  # type: ignore[no-untyped-call]  # transformers leaves post_init unannotated
 
 
 AutoConfig.register("growth_llama", GrowthLlamaConfig, exist_ok=True)

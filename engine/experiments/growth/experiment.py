@@ -17,6 +17,7 @@ gradient clip 1.0: 9.56 M parameters; the uniform baseline solves to FFN width 6
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,7 @@ def _run(
                 resume_arm = in_progress
             run = train_arm(
                 arm, seed, plan.train_config, plan.kept, corpus.train, val_set, cancel,
-                save=lambda arm_state, tensors, key=key: save(key, arm_state, tensors), resume=resume_arm,
+                save=functools.partial(save, key), resume=resume_arm,
             )  # fmt: skip
             outcome: ArmOutcome
             while True:
@@ -159,6 +160,7 @@ def _run(
                 "curve": outcome.curve, "generations": [],
             }  # fmt: skip
             if seed == settings.seeds[0]:
+                assert outcome.model is not None  # train_arm returns the model it trained
                 model = outcome.model.model
                 model.eval()
                 record["generations"] = [

@@ -109,7 +109,10 @@ def validate_phases(phases: Sequence[Phase], profile: Sequence[str]) -> tuple[Ph
                 raise UserError(f"{label}: layer {layer} is cloned from layer {source}, not trained yet")
         if trained:
             for layer in new:
-                sources.setdefault(layer, min(trained, key=lambda t, layer=layer: (abs(t - layer), t)))
+                def nearest(t: int, layer: int = layer) -> tuple[int, int]:
+                    return abs(t - layer), t
+
+                sources.setdefault(layer, min(trained, key=nearest))
         layers = tuple(sorted(set(phase.layers)))
         done.append(replace(phase, layers=layers, clone_from=tuple(sorted(sources.items()))))
         trained = sorted(set(phase.layers))

@@ -88,6 +88,7 @@ def run_recovery(
             yield RecoveryLayer(index, rows[index])
 
     def document(partial: bool) -> RecoveryResult:
+        marked: dict[str, Any] = {"partial": True} if partial else {}
         return RecoveryResult(
             model=model_name,
             baseline_ppl=sweep.baseline,
@@ -100,7 +101,7 @@ def run_recovery(
             resumed_layers=[index for index in layers if index not in todo],
             seconds=time.perf_counter() - started,
             protocol=sweep.evaluator.protocol,
-            **({"partial": True} if partial else {}),
+            **marked,
         )
 
     # stopped: the layers finished so far (a curve cut short is not a row), marked partial

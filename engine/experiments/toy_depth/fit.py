@@ -4,6 +4,7 @@ result from the shares of a split run."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from engine.experiments.toy_depth.vocabulary import ToyDepthCurve, ToyDepthResul
 
 
 def fit_depth_law(
-    depths: list[int], losses: list[list[float]], floor: bool, bootstrap: int, seed: int
+    depths: list[int], losses: Sequence[Sequence[float | None]], floor: bool, bootstrap: int, seed: int
 ) -> dict[str, Any]:
     """Fits L(l) = c / l^a (+ L0) to every (depth, seed) loss; 95 % interval of a from a two-level
     bootstrap: depths drawn with replacement, then each drawn depth's seeds with replacement."""
@@ -65,13 +66,14 @@ def fit_depth_law(
     return doc
 
 
-def group_fit(settings: ToyDepthSettings, losses: list[list[float]]) -> ToyDepthCurve:
-    """One (regime, temperature) curve: the losses of every depth and the fitted law."""
+def group_fit(settings: ToyDepthSettings, losses: Sequence[Sequence[float | None]]) -> ToyDepthCurve:
+    """One (regime, temperature) curve: the losses of every depth and the fitted law (a loss read back
+    from a worker's share is None where it was not finite)."""
     depths = sorted(set(settings.student_depths))
     return ToyDepthCurve(
         depths=depths,
-        loss=[float(np.mean(v)) for v in losses],
-        loss_per_seed=losses,
+        loss=[float(np.mean(np.asarray(v))) for v in losses],
+        loss_per_seed=[list(v) for v in losses],
         **fit_depth_law(depths, losses, settings.fit_floor, settings.bootstrap, settings.seed),
     )
 

@@ -118,8 +118,9 @@ def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
     if only is None:
         yield Result(name="toy-depth", data=result_doc(settings, preset, by_temperature, seconds))
     else:
-        share = ToyDepthShare(students=[(*key, value) for key, value in losses.items()], settings=settings,
-                              seconds=seconds)
+        students_done: list[tuple[str, float, int, list[float | None]]] = [
+            (regime, t, depth, list(value)) for (regime, t, depth), value in losses.items()]
+        share = ToyDepthShare(students=students_done, settings=settings, seconds=seconds)
         yield Result(name="toy-depth", data=json_safe(share))
 
 
@@ -136,7 +137,8 @@ def _student(teacher: Teacher, temperature: float, depth: int, settings: ToyDept
         yield Message(f"{regime} T={temperature:g} depth {depth}: restored from its checkpoint")
         yield StudentDone(regime=regime, temperature=temperature, depth=depth, losses=record["losses"],
                           loss=float(np.mean(record["losses"])), seconds=float(record["seconds"]))
-        return record["losses"]
+        restored: list[float] = record["losses"]
+        return restored
     if why not in ("", "absent"):
         yield Message(f"{regime} T={temperature:g} depth {depth}: checkpoint not used ({why}); training it again")
     save = None if checkpoint_dir is None else (lambda students: save_student(checkpoint_dir, name, students))
