@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from textual.widgets import DataTable
 
 from cli.main import main
 from engine.core.errors import UserError
@@ -113,7 +114,8 @@ def test_json_that_fails_at_the_end_says_where_the_result_is(tiny_folder, tmp_pa
                  "--json", str(out), "--bootstrap", "20"])  # fmt: skip
     line = one_error_line(capsys, after_a_run=True)
     assert code == 2 and "kept in session late2" in line
-    assert SessionStore().open("late2").load_result("ablation")["layers"]
+    doc = SessionStore().open("late2").load_result("ablation")
+    assert doc is not None and doc["layers"]
 
 
 # signals: only to a process proven to be the job -----------------------------------------------------------
@@ -212,7 +214,8 @@ def test_a_linked_part_of_a_session_is_refused(tmp_path, part, capsys):
     infos = {info.name: info for info in store.list()}
     assert not infos["linked"].openable and part in infos["linked"].damaged
     assert infos["good"].openable and infos["good"].damaged == ""
-    assert store.most_recent().name == "good"
+    recent = store.most_recent()
+    assert recent is not None and recent.name == "good"
     # a Session object opened before the link appeared never writes through it either
     with pytest.raises((SessionError, UserError)):
         if part == "results":
@@ -271,7 +274,8 @@ def test_a_bad_manifest_field_damages_only_that_session(change, fragment, capsys
     (bad.path / "manifest.json").write_text(text)
     infos = {info.name: info for info in store.list()}
     assert not infos["bad"].openable and fragment in infos["bad"].damaged
-    assert store.most_recent().name == "good"
+    recent = store.most_recent()
+    assert recent is not None and recent.name == "good"
     assert main(["sessions", "list"]) == 0
     listing = capsys.readouterr().out
     assert "bad" in listing and "DAMAGED" in listing and "good" in listing
@@ -293,7 +297,8 @@ def test_a_bad_job_file_is_reported_and_the_session_still_opens(pid, capsys):
     assert len(opened.damage) == 4 and all("\n" not in line for line in opened.damage)
     info = store.list()[0]
     assert info.openable and info.results == ["ablation"] and "jobs/bad.json" in info.damaged
-    assert store.most_recent().name == "jobs"
+    recent = store.most_recent()
+    assert recent is not None and recent.name == "jobs"
     assert main(["sessions", "list"]) == 0 and "damaged: " in capsys.readouterr().out
     assert main(["sessions", "show", "jobs"]) == 0
     shown = json.loads(capsys.readouterr().out)
@@ -375,6 +380,7 @@ def test_console_opens_a_damaged_session_with_a_notification(isolated_home):
 
 def test_picker_offers_a_session_with_damaged_parts_and_refuses_a_broken_one(isolated_home):
     from tui.app import AnatomyApp
+    from tui.screens.picker import SessionPicker
 
     store = SessionStore()
     broken = store.create("broken")
@@ -386,9 +392,11 @@ def test_picker_offers_a_session_with_damaged_parts_and_refuses_a_broken_one(iso
         app = AnatomyApp(load_model=False)
         async with app.run_test(size=(120, 36)) as pilot:
             await pilot.pause()
-            names = [info.name for info in app.screen.infos]
+            picker = app.screen
+            assert isinstance(picker, SessionPicker)  # no session named: the picker
+            names = [info.name for info in picker.infos]
             assert set(names) == {"broken", "partly"}
-            table = app.screen.query_one("DataTable")
+            table = picker.query_one("DataTable", DataTable)
             table.move_cursor(row=names.index("broken"))
             await pilot.press("enter")
             await pilot.pause()
@@ -576,7 +584,8 @@ def test_a_session_folder_that_is_a_link_is_refused(tiny_folder, tmp_path, capsy
             store.open(name)
     infos = {info.name: info for info in store.list()}
     assert not infos["alias"].openable and "symbolic link" in infos["alias"].damaged
-    assert infos["real"].openable and store.most_recent().name == "real"
+    recent = store.most_recent()
+    assert infos["real"].openable and recent is not None and recent.name == "real"
     monkeypatch.setattr("engine.models.options.ModelOptions.load", lambda *a, **k: pytest.fail("model loaded"))
     for name in ("alias", "away"):
         assert main(["run", "ablation", "--model", str(tiny_folder), "--session", name]) == 2
@@ -601,6 +610,7 @@ def test_evaluate_never_loads_a_growth_model_from_outside_the_session(tiny_folde
     inside_but_linked.parent.mkdir()
     inside_but_linked.symlink_to(outside, target_is_directory=True)
     doc = session.load_result("growth")
+    assert doc is not None
     doc["arms"]["uniform_100"]["model"] = str(inside_but_linked)
     session.save_result("growth", doc)
     monkeypatch.setattr("engine.experiments.growth.architecture.load_growth_model",

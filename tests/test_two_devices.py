@@ -12,6 +12,7 @@ fail them."""
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 import pytest
@@ -27,7 +28,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 SPLIT = ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
 # the second layout: the head back on cuda:0, layer 1 offloaded to disk between the GPUs (it computes on
 # cuda:0, its weights brought from disk at each forward, as accelerate's device_map "disk" does)
-OFFLOADED = {"layout": ["cuda:0", "disk", "cuda:1", "cuda:1"], "head": "cuda:0"}
+class Layout(TypedDict):
+    layout: list[str]
+    head: str
+
+
+OFFLOADED: Layout = {"layout": ["cuda:0", "disk", "cuda:1", "cuda:1"], "head": "cuda:0"}
 LAYERS = len(SPLIT)
 MATRICES = 7  # a tiny llama layer's q, k, v, o, gate, up, down
 LAYER_PARAMS = MATRICES + 2  # and its two norms
@@ -550,7 +556,11 @@ def test_a_cpu_copy_per_layer_and_batch_mutation_is_caught(monkeypatch, tokenize
     capture = LayerStack.capture
 
     def copying(self, observe, batch=None):
-        return capture(self, lambda b, i, x, y: (y.cpu(), observe(b, i, x, y)), batch)
+        def copied(b, i, x, y) -> None:
+            y.cpu()
+            observe(b, i, x, y)
+
+        return capture(self, copied, batch)
 
     monkeypatch.setattr(LayerStack, "capture", copying)
     settings = AblationSettings(method="mean", eval_set="paper", eval_batch_size=4)

@@ -32,14 +32,16 @@ import collections
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from types import FrameType
+from typing import Any, TypeVar, cast
 
 import torch
 from accelerate import dispatch_model
 from torch.overrides import TorchFunctionMode
 
 CPU = torch.device("cpu")
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 _TAG = "_virtual_device"
 _MOVES = {"to", "cuda", "cpu"}
 _CROSS_DEVICE = {"copy_", "__setitem__", "set_"}  # CUDA copies between devices in these
@@ -118,7 +120,7 @@ class VirtualDevices(TorchFunctionMode):
 
     def count(self, what: str) -> None:
         """One read or upload, with the engine line that made it (the innermost frame in engine/)."""
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None and "/engine/" not in frame.f_code.co_filename:
             frame = frame.f_back
         where = "elsewhere" if frame is None else (
@@ -178,6 +180,7 @@ class VirtualDevices(TorchFunctionMode):
 
     def _move(self, name: str, func, args, kwargs):
         source = device_of(args[0])
+        target: torch.device | None
         if name == "cpu":
             target = CPU
         elif name == "cuda":
@@ -256,9 +259,9 @@ class VirtualDevices(TorchFunctionMode):
         if indexed is None or len(args) < 2:
             return
         for index in tensors_in(args[1]):
-            if device_of(index) is None:
-                continue
             where = device_of(index)
+            if where is None:
+                continue
             if where.type != "cpu" and where != indexed:
                 raise DeviceMismatch(f"indices should be either on cpu or on the same device as the indexed "
                                      f"tensor ({indexed})")
@@ -295,8 +298,8 @@ def tensors_in(tree: Any, found: list[torch.Tensor] | None = None) -> list[torch
     return found
 
 
-def place(model: torch.nn.Module, devices: list[str], offload_dir: Any = None,
-          embedding: str | None = None, head: str | None = None) -> torch.nn.Module:
+def place(model: ModelT, devices: Sequence[str], offload_dir: Any = None,
+          embedding: str | None = None, head: str | None = None) -> ModelT:
     """Layers i on devices[i] ("cuda:0", "cuda:1", "disk"), the embedding on the first GPU (or on
     `embedding`: "disk" offloads it) and the final norm and head on the last (or on `head`), as
     accelerate's balanced map puts them; accelerate's hooks move activations between them. A
@@ -322,7 +325,8 @@ def place(model: torch.nn.Module, devices: list[str], offload_dir: Any = None,
     quiet = logging.getLogger("accelerate.big_modeling")  # it calls CPU-mapped modules offloaded
     level, quiet.level = quiet.level, logging.ERROR
     try:
-        model = dispatch_model(model, real, offload_dir=offload_dir, force_hooks=True)
+        # dispatch_model hooks the model it is given and returns that same model
+        model = cast(ModelT, dispatch_model(model, real, offload_dir=offload_dir, force_hooks=True))
     finally:
         quiet.setLevel(level)
     placed = {"": gpus[0], **virtual}  # the model's own hook: accelerate's main device, the first GPU of the map
@@ -337,7 +341,8 @@ def place(model: torch.nn.Module, devices: list[str], offload_dir: Any = None,
         if device != "disk" and name:
             for tensor in (*module.parameters(), *module.buffers()):
                 tag(tensor, execution)
-    model.hf_device_map = {name: (int(d.split(":")[1]) if d.startswith("cuda:") else d) for name, d in virtual.items()}
+    model.hf_device_map = {  # type: ignore[assignment]  # torch types Module.__setattr__ for tensors and modules only
+        name: (int(d.split(":")[1]) if d.startswith("cuda:") else d) for name, d in virtual.items()}
     return model
 
 
@@ -345,7 +350,7 @@ class VirtualGenerator(torch.Generator):
     """`torch.Generator(device="cuda:1")` on a CPU build: a CPU generator that says it is cuda:1."""
 
     def __new__(cls, device: Any = "cpu") -> VirtualGenerator:
-        generator = super().__new__(cls, "cpu")
+        generator = super().__new__(cls, "cpu")  # type: ignore[call-arg]  # torch's stubs omit Generator's device
         tag(generator, device)
         return generator
 
