@@ -4,6 +4,7 @@ drawn in, and each view's plot and summary present (or the line that says how to
 from __future__ import annotations
 
 import re
+from types import ModuleType
 
 import pytest
 from rich.color import Color as RichColor
@@ -101,9 +102,16 @@ def test_every_analysis_has_a_summary_not_the_raw_tree(name: str, module) -> Non
     assert "{'" not in text and "CMD" not in text  # a table, not the document; nothing missing
 
 
+def view_of(name: str) -> ModuleType:
+    """Experiment `name`'s analysis view, which it has."""
+    module = view(name)
+    assert module is not None, name
+    return module
+
+
 def summary_of(name: str) -> str:
     """The Analyses summary of experiment `name`'s sample, as text."""
-    return text_of(view(name).summary(experiment(name).sample(), "CMD"))
+    return text_of(view_of(name).summary(experiment(name).sample(), "CMD"))
 
 
 def test_the_scaling_fit_summary_gives_the_depth_exponent_with_both_intervals() -> None:
@@ -147,7 +155,7 @@ def test_results_written_before_the_plot_data_say_which_command_fills_them() -> 
     del old_dynamics["pca"]["sample"]
     for name, doc in (("scaling-fit", scaling_fit_doc(with_points=False)), ("dynamics", old_dynamics)):
         result = experiment(name).result_class.from_json(doc)
-        text = text_of(view(name).summary(result, "anatomy-tui run X --session s"))
+        text = text_of(view_of(name).summary(result, "anatomy-tui run X --session s"))
         assert "run:  anatomy-tui run X --session s" in text
 
 
@@ -180,8 +188,10 @@ async def test_the_analyses_pane_draws_each_view_and_hides_what_a_result_cannot_
         old = dynamics_doc()
         del old["pca"]["sample"]
         session.save_result("dynamics", old)
-        app.state.set_result("scaling-fit", session.load_result("scaling-fit"))
-        app.state.set_result("dynamics", session.load_result("dynamics"))
+        for name in ("scaling-fit", "dynamics"):
+            saved = session.load_result(name)
+            assert saved is not None
+            app.state.set_result(name, saved)
         app.redraw({"results"})
         await pilot.pause()
         assert not screen.query_one("#scaling-depth-plot").display and screen.query_one("#scaling-plot").display

@@ -81,8 +81,11 @@ PROTOCOL = EvalProtocol(dataset="builtin:full", config=None, split=None, revisio
 
 def proxy_sample() -> ablation.AblationProxyMap:
     full = ablation.sample()
-    rows = [ablation.ProxyRow(layer=r.layer, block_influence=r.block_influence, angular_distance=r.angular_distance,
-                              angular_last_token=2 * r.angular_distance) for r in full.layers]
+    rows: list[ablation.ProxyRow] = []
+    for r in full.layers:
+        assert r.block_influence is not None and r.angular_distance is not None  # the sample measures both
+        rows.append(ablation.ProxyRow(layer=r.layer, block_influence=r.block_influence,
+                                      angular_distance=r.angular_distance, angular_last_token=2 * r.angular_distance))
     return ablation.AblationProxyMap(model="tiny", baseline_ppl=20.0, eval_tokens=100, eval_texts=4, seconds=1.0,
                                      settings=full.settings, layers=rows, protocol=PROTOCOL,
                                      angular_blocks={}, angular_block_best={})

@@ -275,6 +275,7 @@ def test_push_the_sessions_prune_export(tmp_path, monkeypatch, files, capsys):
                      "--bootstrap", "0", "--eval-file", files[0], "--export", str(out)]) == 0
     session = SessionStore().open("lab")
     prune = session.load_result("prune")
+    assert prune is not None
     cut = ",".join(map(str, prune["exported_point"]["layers"]))
     scores = [{"task": "toy", "acc": 0.75, "acc_stderr": 0.1, "acc_norm": None, "acc_norm_stderr": None,
                "samples": 8, "metrics": {}}]

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tiny_models import byte_tokenizer
@@ -330,6 +331,7 @@ def test_bounds_read_only_the_beginning_of_a_one_line_file(tmp_path):
     one_line_file(path, 8 * MB)
     settings = AblationSettings(eval_dataset=str(path), context=64, max_windows=2)
     source = eval_source(byte_tokenizer(), settings)
+    assert source.windows is not None and source.protocol is not None  # a dataset's source has both
     assert len(source.windows.rows) == 2 and source.protocol.tokens == 2 * 63
     (loaded,) = [load_texts(str(path), "test", "text", engine.data.eval_data.stream_chars(settings))]
     assert not loaded.complete and sum(map(len, loaded.texts)) == engine.data.eval_data.stream_chars(settings) == 6144
@@ -350,8 +352,9 @@ def test_the_bounded_windows_equal_the_whole_texts_windows(tmp_path):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     tokenizer = byte_tokenizer()
     whole = tokenizer("\n\n".join(lines))["input_ids"]
-    for changes in ({"max_windows": 3}, {"max_tokens": 500}, {"max_windows": 4, "stride": 40},
-                    {"max_tokens": 300, "max_windows": 9}):
+    bounds: list[dict[str, Any]] = [{"max_windows": 3}, {"max_tokens": 500}, {"max_windows": 4, "stride": 40},
+                                    {"max_tokens": 300, "max_windows": 9}]  # settings fields
+    for changes in bounds:
         settings = AblationSettings(eval_dataset=str(path), context=128, **changes)
         load_texts.cache_clear()
         bounded = eval_source(tokenizer, settings).windows
