@@ -26,7 +26,8 @@ from engine.experiments.ablation.vocabulary import AblationRow
 from engine.experiments.prune.criteria import layers_worth
 from engine.experiments.prune.vocabulary import PruneSettings
 from engine.models import families
-from engine.models.anatomy import PARTS, LayerStack
+from engine.models.anatomy import LayerStack
+from engine.models.families import PARTS
 from engine.models.memory import ModelShape
 from engine.models.pruning import blocks_removed, removed_params, split_cut
 
@@ -79,7 +80,9 @@ def zeroed_mlp_model():
     """Tiny llama whose layer 2 MLP has a zero output projection: that block adds exactly nothing."""
     model = tiny_model("llama")
     with torch.no_grad():
-        LayerStack(model).part_output(2, "mlp").weight.zero_()
+        weight = LayerStack(model).part_output(2, "mlp").weight
+        assert isinstance(weight, torch.Tensor)  # a Linear's
+        weight.zero_()
     return model
 
 
@@ -229,4 +232,5 @@ def test_adjacent_healing_of_a_block_cut_is_planned_for_every_layer():
     shape = ModelShape.from_config(model.config)
     assert removed_params(model, [(i, "attention") for i in range(3)]) < layers_worth(model, 1)
     training = PruneSettings(unit="block", heal_steps=5, remove=(1,)).training_needs(shape)
+    assert training is not None  # heal_steps: it trains
     assert training.params == shape.n_layers * LAYER == shape.n_layers * shape.layer_params

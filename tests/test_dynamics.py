@@ -180,7 +180,7 @@ def test_clustering_recovers_known_synthetic_clusters():
     truth = np.repeat([0, 1, 2], [n for _, n in centres])
     c = cluster_profiles(matrix, components=5)
     assert c.k == 3
-    assert set(c.silhouette) == {2, 3, 4, 5, 6} and max(c.silhouette, key=c.silhouette.get) == 3
+    assert set(c.silhouette) == {2, 3, 4, 5, 6} and max(c.silhouette, key=c.silhouette.__getitem__) == 3
     np.testing.assert_array_equal(c.labels, truth)
     assert c.explained[0] > 0.9
 

@@ -46,6 +46,7 @@ def test_a_plan_with_its_own_sweep_runs_it(experiment, monkeypatch) -> None:
     context = RunContext(inputs={"other": {"x": 1}})
     settings = experiment.settings_class()
     events = list(sharded_events("letter-count", settings, context, InProcessWorkers(2)))  # type: ignore[arg-type]  # Workers, in-process
+    assert isinstance(events[-1], Result)
     assert ran == [(["a"], {"other": {"x": 1}})] and events[-1].data["total"] == 0
 
 
@@ -76,7 +77,7 @@ def _compared_names(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
+            operands: list[ast.AST] = [node.left, *node.comparators]
         elif isinstance(node, ast.match_case):
             operands = [node.pattern]
         else:

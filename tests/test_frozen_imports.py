@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Callable
+from types import ModuleType
 
 import pytest
 
@@ -79,7 +81,7 @@ def test_the_command_line_marks_its_process_and_main_called_from_python_does_not
 
 
 def test_a_run_imports_its_computation_and_transformers_model_code_frozen(tiny_folder, files, monkeypatch):
-    calls: list[tuple[object, ...]] = []
+    calls: list[tuple[str | Callable[[], ModuleType], ...]] = []  # a name, or an experiment's computation
     monkeypatch.setattr(frozen_imports, "import_frozen", lambda *modules: calls.append(modules))
     assert main(["run", "ablation", "--model", str(tiny_folder), "--eval-file", files[0], "--layers", "1"]) == 0
     assert main(["run", "toy-depth", "--preset", "tiny", "--steps", "2", "--student-depths", "2", "--seeds", "1",

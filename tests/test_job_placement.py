@@ -121,8 +121,8 @@ def test_a_job_goes_to_another_gpu_with_room_before_the_console_releases_its_mod
     assert job_placement("recovery", RecoverySettings(eval_set="paper"), options, loaded,
                          free_bytes=free["cuda:0"]) == "release"
     plan = plan_run(str(tiny_folder), one_run, "cpu", "float16")
-    assert other_gpu(plan, "cuda:2", 3, free.get) is None  # the busy GPU is never the other one
-    assert other_gpu(plan, "cuda", 3, free.get) == "cuda:2"
+    assert other_gpu(plan, "cuda:2", 3, free.__getitem__) is None  # the busy GPU is never the other one
+    assert other_gpu(plan, "cuda", 3, free.__getitem__) == "cuda:2"
 
 
 def shards_of(argv: list[str]) -> list[str]:

@@ -35,7 +35,9 @@ def _expected(stack: LayerStack, index: int, strategy: str, param, changed: set[
         t = (index - below) / (above - below)
         blend = {n: (1 - t) * mats[below][n] + t * mats[above][n] for n in mats[index]}
     else:
-        blend = mats[below if above is None else above]
+        nearest = below if above is None else above
+        assert nearest is not None  # some layer is kept
+        blend = mats[nearest]
     out = {}
     for name, w in mats[index].items():
         if strategy == "zero":
