@@ -53,7 +53,7 @@ Unit = tuple[int, str | None]  # (layer, None) for a whole layer, (layer, "atten
 
 
 def run_ablation(
-    model, tokenizer, settings: AblationSettings, cancel: CancelToken | None = None, model_name: str = "",
+    model: Any, tokenizer: Any, settings: AblationSettings, cancel: CancelToken | None = None, model_name: str = "",
     turns: ModelTurns | None = None, done: Mapping[Unit, AblationRow] | None = None,
     keep: Callable[[AblationRow], None] | None = None, stream: LayerSource | None = None,
     stream_state: StreamCheckpoint | None = None,
@@ -153,6 +153,7 @@ def run_ablation(
         ordered = [rows[unit] for unit in units if unit in rows]
         layers = [found for found in ordered if found.part is ABSENT]
         part_rows = [found for found in ordered if found.part is not ABSENT]
+        present: dict[str, Any] = {**({"parts": part_rows} if parts else {}), **({"partial": True} if partial else {})}
         return AblationMap(
             model=model_name,
             method=settings.method,
@@ -166,8 +167,7 @@ def run_ablation(
             protocol=evaluator.protocol,
             angular_blocks={str(k): [float(v) for v in values] for k, values in blocks.items()},
             angular_block_best=block_search(blocks),
-            **({"parts": part_rows} if parts else {}),
-            **({"partial": True} if partial else {}),
+            **present,
         )
 
     def measured() -> Iterator[Event]:
@@ -178,8 +178,10 @@ def run_ablation(
             finished = rows[(index, part)] = row(index, part, unit_scores)
             if keep is not None:
                 keep(finished)
+            assert finished.ppl is not None and finished.degradation_pct is not None  # row() measured both
+            named: dict[str, Any] = {"part": part} if part else {}
             yield LayerAblated(index, n, finished.ppl, baseline, finished.degradation_pct, finished.layer_class,
-                               **({"part": part} if part else {}))
+                               **named)
             yield pace.at(len(rows))
 
     yield from kept_on_stop(measured(), lambda: Result("ablation", json_safe(document(partial=True))) if rows else None)
@@ -210,7 +212,8 @@ def first_pass(evaluator: Evaluator, meter: InfluenceMeter, part_meter: PartMete
     return (yield from per_turn(turns, capture, functools.partial(evaluator.building, both, keep)))
 
 
-def shard_plan(settings: AblationSettings, n_layers: int, inputs: Mapping[str, dict], model_name: str) -> ShardPlan:
+def shard_plan(settings: AblationSettings, n_layers: int, inputs: Mapping[str, dict[str, Any]],
+               model_name: str) -> ShardPlan:
     """The registry's split (`--shards`): by layer, each share's layers through its settings (with
     --part, a layer's blocks go with it)."""
     if settings.proxies_only:

@@ -80,7 +80,7 @@ def recorded_calls(evaluator: Evaluator) -> tuple[list[torch.Tensor], list[list[
     for batch in evaluator.batches:
         seen: list[Call] = []
 
-        def record(module: Any, args: tuple, kwargs: dict, seen: list[Call] = seen) -> None:
+        def record(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], seen: list[Call] = seen) -> None:
             hidden = args[0] if args else kwargs.pop("hidden_states")
             if not seen:
                 firsts.append(hidden)
@@ -186,7 +186,8 @@ class Wavefront:
         def forward(hidden: torch.Tensor, b: int) -> torch.Tensor:
             args, kwargs = calls[b][j]
             output = layer(hidden, *args, **kwargs)
-            return output[0] if isinstance(output, tuple) else output
+            hidden_out: torch.Tensor = output[0] if isinstance(output, tuple) else output
+            return hidden_out
 
         for states in self.branches.values():  # in place: one batch's old state freed as its new one is made
             for b, hidden in enumerate(states):
