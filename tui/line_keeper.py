@@ -4,6 +4,7 @@ index, tui/event_index.py, writes them down so a large log opens fast)."""
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING, cast
 
 from engine.core.events import Event, Message, Progress
 from tui.state import (
@@ -17,6 +18,10 @@ from tui.state import (
     _arm_key,
     thin,
 )
+
+if TYPE_CHECKING:
+    from engine.experiments.growth.vocabulary import GrowthEval, GrowthStep
+    from engine.experiments.recovery.vocabulary import RecoveryPoint
 
 
 class LineKeeper:
@@ -47,7 +52,8 @@ class LineKeeper:
     def _fold(self, span: Span, event: Event) -> None:
         kind, state = event.kind, self.state
         if kind == RECOVERY_POINT:
-            key = (event.job, event.layer, event.repeat)
+            point = cast("RecoveryPoint", event)  # an event is read back as the class registered for its kind
+            key = (point.job, point.layer, point.repeat)
             before = self._points(key)
             state.apply(event)
             if self._points(key) is not before:  # a point was added (and the curve maybe thinned)
@@ -56,7 +62,8 @@ class LineKeeper:
         if kind in (GROWTH_STEP, GROWTH_EVAL):
             if state.growth is not self._growth:
                 self._growth, self._train, self._val, self._step = state.growth, {}, {}, {}
-            arm = _arm_key(event.arm, event.seed)
+            growth = cast("GrowthStep | GrowthEval", event)  # likewise, by its kind
+            arm = _arm_key(growth.arm, growth.seed)
             series, lines = (state.growth.train, self._train) if kind == GROWTH_STEP else (state.growth.val, self._val)
             before = series.get(arm)
             state.apply(event)

@@ -132,7 +132,7 @@ def print_parts(result: AblationMap) -> None:
             cells += [f"{row.degradation_pct:.1f}{label}", _interval(row), f"{row.block_influence:.3f}"]
         table.add_row(*cells)
     Console().print(table)
-    ranked = sorted(result.parts, key=lambda row: row.degradation_pct, reverse=True)
+    ranked = sorted(result.parts, key=_degradation, reverse=True)
     describe = lambda row: f"{row.part} {row.layer} {row.degradation_pct:+.1f}% {_interval(row)}".rstrip()  # noqa: E731
     print("most important blocks: " + "; ".join(describe(row) for row in ranked[:3]))
     print("least important blocks: " + "; ".join(describe(row) for row in ranked[-3:][::-1]))
@@ -140,3 +140,9 @@ def print_parts(result: AblationMap) -> None:
 
 def _interval(row: AblationRow) -> str:
     return "" if row.ci_low is None else f"[{row.ci_low:.1f}, {row.ci_high:.1f}]"
+
+
+def _degradation(row: AblationRow) -> float:
+    """A saved map's row's degradation (only a live row, from `LayerAblated`, may lack it)."""
+    assert row.degradation_pct is not None  # the saved map writes every row's degradation
+    return row.degradation_pct

@@ -122,6 +122,8 @@ def prune_curves(result: PruneResult) -> list[Curve]:
     base = float(result.baseline_ppl)
     by_method: dict[str, list[tuple[float, float]]] = {}
     for point in result.curve:
+        if point.ppl is None:  # the saved inf or nan: no point to draw
+            continue
         by_method.setdefault(point.method, [(0.0, base)]).append((float(point.removed), float(point.ppl)))
     return [Curve(method, sorted(points), METHOD_COLOURS.get(method, "white")) for method, points in by_method.items()]
 

@@ -87,7 +87,8 @@ def _profile(result: ScalingFitResult | None) -> list[ProfilePoint]:
 
 def profile_curves(result: ScalingFitResult) -> list[Curve]:
     """The objective against a_l, and vertical marks at the estimate and the 95 % interval."""
-    points = [(float(p.alpha_l), float(p.objective)) for p in _profile(result)]
+    points = [(float(p.alpha_l), float(p.objective)) for p in _profile(result)
+              if p.objective is not None]  # None: an objective saved as inf or nan, not drawn
     curves = [Curve("objective", points, "cyan")]
     if not points:
         return curves

@@ -55,7 +55,8 @@ def toy_curves(result: ToyDepthResult) -> list[Curve]:
     curves = []
     for index, (regime, fit) in enumerate(result.regimes.items()):
         colour = REGIME_COLOURS[index % len(REGIME_COLOURS)]
-        points = [(math.log10(d), math.log10(v)) for d, v in zip(fit.depths, fit.loss, strict=True) if v > 0]
+        points = [(math.log10(d), math.log10(v)) for d, v in zip(fit.depths, fit.loss, strict=True)
+              if v is not None and v > 0]  # None: a loss saved as inf or nan, not drawn
         curves.append(Curve(regime, points, colour, scatter=True))
         depths = [float(d) for d in fit.depths]
         line = [(math.log10(d), _fitted(fit, d)) for d in depths]
