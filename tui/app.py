@@ -276,10 +276,12 @@ class AnatomyApp(App[None]):
         (key r; at startup, unasked: only when the lab says so)."""
         offer = self.lab.resume_offer(asked)
         if offer is not None:
-            self.push_screen(
-                ConfirmScreen(offer.question),
-                callback=lambda yes: self.lab.launch(offer.experiment, offer.argv) if yes else None,
-            )
+
+            def answered(yes: bool | None) -> None:
+                if yes:
+                    self.lab.launch(offer.experiment, offer.argv)
+
+            self.push_screen(ConfirmScreen(offer.question), callback=answered)
 
     async def action_quit(self) -> None:
         busy = self.lab.running_in_console()

@@ -61,6 +61,7 @@ class ConsoleWork:
         run = lab.map_in_console()
         if run is None:
             return
+        assert lab.session is not None  # the lab answers a run only with a session open
         work = partial(experiment_work, self.post, lab.session, lab.loaded, lab.options, lab.turns,
                        run.name, run.settings, run.token, run.resume)
         self.in_thread(work, run.name, "experiment", run.description)
@@ -77,6 +78,7 @@ class ConsoleWork:
         generation = lab.new_generation()
         if generation is None:
             return
+        assert lab.session is not None  # the lab answers a generation only with a session open
         plan = GenerationPlan(
             run=generation.run,
             prompt=prompt,

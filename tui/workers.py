@@ -163,6 +163,7 @@ def _generate_column(post: Post, plan: GenerationPlan, column: Column) -> None:
             model = held.enter_context(applied(plan.loaded.model, variant))
             tokenizer = plan.loaded.tokenizer
         else:
+            assert variant.path is not None  # a saved arm's variant has its folder, else a problem (Lab.variant)
             model, tokenizer = plan.saved_models.get(variant.path)
         with out_of_memory_guard("generation", "stopping the job that holds the GPU, or --dtype float16"):
             generate_text(model, tokenizer, plan.prompt, plan.tokens, stop=plan.stop.is_set, on_text=show)

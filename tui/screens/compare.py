@@ -61,7 +61,7 @@ class CompareScreen(ModalScreen[None]):
 
     def __init__(self, shown: A.AtlasDocument | AtlasWatch) -> None:
         super().__init__()
-        self.watch = shown if isinstance(shown, AtlasWatch) else None
+        self.atlas_watch = shown if isinstance(shown, AtlasWatch) else None
         self.shown_name = shown.name
         self.doc: A.AtlasDocument | None = None
         self.criteria: list[str] = []
@@ -86,7 +86,7 @@ class CompareScreen(ModalScreen[None]):
             table.add_column(column, key=column)
         if self.doc is not None:
             self._take(self.doc)
-        if self.watch is not None:  # the first read now, so the view opens whole; the next ones off the UI thread
+        if self.atlas_watch is not None:  # the first read now, so the view opens whole; the next ones off the UI thread
             self.show_read(self._read())
             self.set_interval(REFRESH_SECONDS, self._refresh)
         self._title()
@@ -109,9 +109,9 @@ class CompareScreen(ModalScreen[None]):
 
     def _read(self) -> TasksRead:
         """The atlas's measures now and, until it came, its table (a thread worker's, or the first read)."""
-        assert self.watch is not None
+        assert self.atlas_watch is not None
         try:
-            return TasksRead(self.watch.tasks(), self.watch.result() if self.doc is None else None)
+            return TasksRead(self.atlas_watch.tasks(), self.atlas_watch.result() if self.doc is None else None)
         except (SessionError, UserError, OSError) as exc:  # the atlas's session gone, its table damaged
             return TasksRead(self.rows, None, str(exc))
 

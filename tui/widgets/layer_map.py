@@ -70,7 +70,8 @@ class LayerMap(DataTable):
     restore_row: int | None = None  # the layer to select once the map has that many rows (the console's view)
 
     def on_mount(self) -> None:
-        self.vertical_scrollbar.renderer = self.horizontal_scrollbar.renderer = WholeCells
+        for bar in (self.vertical_scrollbar, self.horizontal_scrollbar):
+            bar.renderer = WholeCells  # type: ignore[misc]  # a ClassVar to Textual's stubs; its docs set it per instance
         self.cursor_type = "row"
         self.zebra_stripes = False
         self.shown: tuple[str, ...] = self.COLUMNS
