@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +82,7 @@ def on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, opt
 
     def keep(change: CheckpointChange) -> None:
         nonlocal mirrored
+        assert folder is not None  # keep is passed to the cluster only with a checkpoint folder
         apply_checkpoint(folder, change)
         mirrored = True
 
@@ -98,6 +99,7 @@ def on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, opt
             if attempt > retries:
                 raise UserError(f"{label} failed: its worker died on each of {attempt} tries (last: {lost})") from None
             if mirrored:  # resumes the job that died (it then reads resumed)
+                assert folder is not None  # only keep, given a folder, sets mirrored
                 resume, mirrored = True, False
                 spec = dataclasses.replace(spec, resume=True, checkpoint=checkpoint_files(folder))
             tries, why = f"{attempt + 1} of {retries + 1}", f"its worker died ({lost})" + (
@@ -117,7 +119,7 @@ def on_cluster(cluster: Cluster, experiment: Experiment, settings: Settings, opt
     return 0
 
 
-def _after(first: list[Event], events: Iterator[Event]) -> Iterator[Event]:
+def _after(first: Sequence[Event], events: Iterator[Event]) -> Iterator[Event]:
     """`first`, then `events`: a generator still, so a stop between two events reaches the task's
     own (run_job passes it in: the task is cancelled)."""
     yield from first

@@ -95,6 +95,7 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
     with _workers(world, device) as workers, _claimed(store, session, args.session if main else None, main,
                                                       options, settings) as session:
         if cluster is not None:
+            assert session is not None  # a cluster's run has no torchrun world: it is the main one, with a session
             return on_cluster(cluster, experiment, settings, options, session, inputs, args, resume)
         loaded, plan = None, None
         if options is not None:
@@ -105,8 +106,9 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
                 raise UserError("--stream reads each layer onto one device; drop --device-map")
             plan = memory_plan(experiment, settings, options, quiet=not main)  # --max-memory: a streamed budget too
             streamed = streamed or (plan is not None and plan.stream is not None)  # or only streaming fits
-            if main and plan is not None and getattr(settings, "export", None):  # the whole model, written
-                check_free_space(settings.export, plan.weights, "--export")
+            export: str | None = getattr(settings, "export", None)  # prune's --export folder
+            if main and plan is not None and export:  # the whole model, written
+                check_free_space(export, plan.weights, "--export")
             if main and plan is not None and plan.checkpoints and session is not None and experiment.resumable:
                 check_free_space(session.path, plan.checkpoints, f"{experiment.name}'s checkpoints")
             if streamed:
