@@ -101,7 +101,9 @@ def to_pandas(what: RunResult | ResultDocument | Iterable[Event]) -> pandas.Data
         return to_pandas(what.result)
     if isinstance(what, ResultDocument):
         return pandas.DataFrame(what.tidy_rows())
-    return pandas.DataFrame([{"kind": event.kind, **table_row(event)} for event in what])
+    # the rest are events; named as such, since RunResult's __getattr__ keeps mypy from narrowing it away
+    events: Iterable[Event] = what
+    return pandas.DataFrame([{"kind": event.kind, **table_row(event)} for event in events])
 
 
 def plot(what: RunResult | ResultDocument) -> Figure:

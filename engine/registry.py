@@ -16,7 +16,7 @@ experiment).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -137,7 +137,7 @@ class Experiment:
 
         import_frozen(self.folder.computation, *(("transformers.modeling_utils",) if with_model else ()))
 
-    def run(self, settings: Settings, context: RunContext) -> Iterator[Event]:
+    def run(self, settings: Settings, context: RunContext) -> Generator[Event, None, None]:
         """The experiment's events, its context told which other experiments' folders it may read
         (`reads_folders`). Out of memory anywhere in it is one line naming the experiment and the
         flags to change, raised after the memory is given back (every front end, every worker)."""
