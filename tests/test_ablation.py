@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import pytest
@@ -75,7 +76,9 @@ def test_map_matches_direct_computation_and_restores(tokenizer, method):
                     if method == "zero":
                         param.zero_()
                     else:
-                        param.copy_(sum(direct_stack.matrices(i)[name] for i in neighbours) / len(neighbours))
+                        # a layer has one or two neighbours: their sum is a tensor
+                        total = cast(torch.Tensor, sum(direct_stack.matrices(i)[name] for i in neighbours))
+                        param.copy_(total / len(neighbours))
         expected = Evaluator(direct, tokenizer, texts).perplexity()
         assert math.isclose(row["ppl"], expected, rel_tol=1e-5)
         d = 100 * (expected - baseline) / baseline
@@ -109,7 +112,7 @@ def test_block_influence_matches_hidden_states(tiny_llama):
     texts = eval_texts(subset="paper")
     sums = np.zeros(4)
     count = 0
-    outputs = []
+    outputs: list[torch.Tensor] = []
     last_layer = LayerStack(model).layers[3]
     for text in texts:
         ids = torch.tensor([tokenizer(text)["input_ids"]])

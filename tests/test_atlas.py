@@ -110,6 +110,7 @@ def atlas_argv(families: dict[str, Path], evaluation: str, name: str = "tiny", *
 
 def table(home: Path, name: str = "tiny") -> list[dict]:
     doc = SessionStore(home).open(name).load_result("atlas")
+    assert doc is not None
     return doc["rows"]
 
 
@@ -230,8 +231,11 @@ def test_compare_two_sessions_of_one_model_layer_by_layer(tiny_folder, files, ca
     assert main(["compare", "fp", "skip"]) == 0
     out = capsys.readouterr().out
     store = SessionStore()
-    d = {name: [r["degradation_pct"] for r in store.open(name).load_result("ablation")["layers"]]
-         for name in ("fp", "skip")}
+    d: dict[str, list[float]] = {}
+    for name in ("fp", "skip"):
+        saved = store.open(name).load_result("ablation")
+        assert saved is not None
+        d[name] = [r["degradation_pct"] for r in saved["layers"]]
     assert "D% layer by layer:" in out
     lines = out[out.index("D% layer by layer:"):].splitlines()
     assert "tiny (fp)" in lines[1] and "tiny (skip)" in lines[1]  # one model: told apart by session
@@ -240,7 +244,7 @@ def test_compare_two_sessions_of_one_model_layer_by_layer(tiny_folder, files, ca
         assert int(cells[0]) == layer
         assert float(cells[1]) == pytest.approx(d["fp"][layer], rel=6e-3, abs=1e-3)
         assert float(cells[2]) == pytest.approx(d["skip"][layer], rel=6e-3, abs=1e-3)
-    ranks = {name: sorted(range(4), key=lambda i, v=values: v[i]) for name, values in d.items()}
+    ranks = {name: sorted(range(4), key=values.__getitem__) for name, values in d.items()}
     position = {name: [order.index(i) for i in range(4)] for name, order in ranks.items()}
     rho = 1 - 6 * sum((a - b) ** 2 for a, b in zip(position["fp"], position["skip"], strict=True)) / (4 * 15)
     said = next(line for line in lines if "Spearman tiny (fp) ~ tiny (skip)" in line)
@@ -296,7 +300,9 @@ def test_calibration_variants_give_each_criterion_its_stability(tiny_folder, tmp
     assert main(["atlas", "--models", str(tiny_folder), "--name", "cal", "--eval-file", str(evaluation),
                  "--calib-seeds", "1", "--calib-file", str(other), "--device", "cpu"]) == 0
     store = SessionStore()
-    doc = A.AtlasDocument.from_json(store.open("cal").load_result("atlas"))
+    saved = store.open("cal").load_result("atlas")
+    assert saved is not None
+    doc = A.AtlasDocument.from_json(saved)
     assert list(doc.variants) == [A.MAIN, "seed-1", "file-other-text"]
     half = (store.open("cal").path / "checkpoints" / "atlas" / "texts" / "seed-1.txt").read_text().splitlines()
     assert len(half) == 4 and set(half) <= set(texts)

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tiny_models import EVAL, save_tiny
@@ -28,7 +29,7 @@ from engine.cluster.resources import NodeShape, TaskResources, task_resources
 from engine.core.errors import UserError
 from engine.models.options import ModelOptions
 from sessions.atlas import atlas_tasks
-from sessions.store import SessionStore
+from sessions.store import Session, SessionStore
 
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("ray")]  # one worker of ./test runs them all: one Ray start
 
@@ -163,7 +164,9 @@ def test_the_console_starts_its_jobs_on_its_cluster(monkeypatch):
     assert argv[-4:] == ["--cluster", "auto", "--session", "demo"]
     assert lab.loaded is stub  # the job is not on this machine: the console keeps its model
     assert not flag(argv, "shards") and not flag(argv, "device=cuda")  # the model flags the console was given
-    lab.start_job("recovery", lab.settings_for("recovery", layers=(1,)), resume=True)  # its checkpoint goes along
+    settings = lab.settings_for("recovery", layers=(1,))
+    assert settings is not None
+    lab.start_job("recovery", settings, resume=True)  # its checkpoint goes along
     assert started[1][-5:] == ["--cluster", "auto", "--session", "demo", "--resume"]
 
 
@@ -200,6 +203,13 @@ def serial_long(families, long_eval, tmp_path_factory, one_thread) -> list[dict]
     """The serial atlas's table of `long_eval` (made once: the tables of the atlases on the cluster
     that are stopped, killed and resumed are each this one)."""
     return serial_table(families, long_eval, tmp_path_factory.mktemp("serial"))
+
+
+def result_of(session: Session, name: str) -> dict[str, Any]:
+    """The session's result `name`, which the run saved."""
+    result = session.load_result(name)
+    assert result is not None, f"{session.name}: no {name} result"
+    return result
 
 
 def events(home: Path, session: str) -> list[dict]:
@@ -239,8 +249,8 @@ def test_runs_on_the_cluster_get_their_gpus_and_stream_every_event_in_order(ray_
     for state in ("queued (1 GPU)", "placed on node", "running: ablation 4/4", "done"):
         assert f"llama · ablation: {state}" in err
     store = SessionStore(isolated_home)
-    layers = store.open("serial").load_result("ablation")["layers"]
-    assert store.open("one").load_result("ablation")["layers"] == layers
+    layers = result_of(store.open("serial"), "ablation")["layers"]
+    assert result_of(store.open("one"), "ablation")["layers"] == layers
     # every event of the serial run, in its order, nothing lost or added but the line of where it ran
     assert comparable(events(isolated_home, "one")) == comparable(events(isolated_home, "serial"))
     one = placements(events(isolated_home, "one"))
@@ -272,7 +282,12 @@ def test_a_checkpoint_the_driver_cannot_keep_stops_its_task(ray_cluster, familie
 
     cancelled: list[object] = []
     real = ray_cluster.cancel
-    monkeypatch.setattr(ray_cluster, "cancel", lambda ref, **kw: (cancelled.append(ref), real(ref, **kw)))
+
+    def cancel(ref, **kw):
+        cancelled.append(ref)
+        return real(ref, **kw)
+
+    monkeypatch.setattr(ray_cluster, "cancel", cancel)
     settings = BY_NAME["recovery"].defaults().override({"layers": (1,), "steps": 2, "eval_file": files[0],
                                                          "train_file": files[1]})
     spec = TaskSpec("recovery", settings.to_dict(), ModelOptions(str(families["llama"]), "cpu", "float32").to_dict(),
@@ -292,7 +307,7 @@ def atlas_argv(families: dict[str, Path], evaluation: str, name: str, *extra: st
 
 
 def table(home: Path, name: str) -> list[dict]:
-    return SessionStore(home).open(name).load_result("atlas")["rows"]
+    return result_of(SessionStore(home).open(name), "atlas")["rows"]
 
 
 def serial_table(families: dict[str, Path], evaluation: str, home: Path) -> list[dict]:
@@ -442,8 +457,11 @@ async def test_the_console_follows_its_job_on_the_cluster_live(ray_cluster, fami
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause()
         assert isinstance(app.screen, ConsoleScreen)
-        job = app.lab.start_job("ablation", app.lab.settings_for("ablation", eval_file=long_eval))
-        assert job is not None and job.argv[-4:] == ["--cluster", "auto", "--session", "live"]
+        settings = app.lab.settings_for("ablation", eval_file=long_eval)
+        assert settings is not None
+        job = app.lab.start_job("ablation", settings)
+        assert job is not None and job.process is not None  # a job in its own process
+        assert job.argv[-4:] == ["--cluster", "auto", "--session", "live"]
         panel = app.screen.query_one("#layers")
         worker = None
         try:
@@ -467,7 +485,7 @@ async def test_the_console_follows_its_job_on_the_cluster_live(ray_cluster, fami
         await until(pilot, lambda: "ablation" in app.state.results, 300)
         assert job.process.wait(60) == 0, job.log_path.read_text()[-3000:]
         await until(pilot, lambda: [view.status for view in app.state.jobs.values()] == ["done"])
-        saved = SessionStore(isolated_home).open("live").load_result("ablation")
+        saved = result_of(SessionStore(isolated_home).open("live"), "ablation")
         assert [row.ppl for _, row in sorted(app.state.ablation.items())] == [r["ppl"] for r in saved["layers"]]
         assert len(app.state.ablation) == n and panel.border_subtitle == ""  # the whole map, no map running
     ran = placements(events(isolated_home, "live"))
@@ -497,7 +515,7 @@ def test_a_run_stopped_by_sigterm_or_whose_worker_died_continues_from_its_checkp
               "--eval-every", "100", "--train-file", train, "--eval-file", evaluation]
     assert main([*common, "--session", "serial"]) == 0
     store = SessionStore(isolated_home)
-    serial = store.open("serial").load_result("recovery")
+    serial = result_of(store.open("serial"), "recovery")
 
     env = {**os.environ, "RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address, "PYTHONPATH": str(ROOT)}
     driver = subprocess.Popen([sys.executable, "-m", "cli.main", *common, "--session", "rs", "--cluster", "auto"],
@@ -522,7 +540,7 @@ def test_a_run_stopped_by_sigterm_or_whose_worker_died_continues_from_its_checkp
     capsys.readouterr()
     assert main([*common, "--session", "rs", "--cluster", "local", "--resume"]) == 0
     session = store.open("rs")
-    result = session.load_result("recovery")
+    result = result_of(session, "recovery")
     assert result["resumed_layers"] == [first]
     assert recovered(result) == recovered(serial)
     jobs = session.jobs()
@@ -543,6 +561,6 @@ def test_a_run_stopped_by_sigterm_or_whose_worker_died_continues_from_its_checkp
     assert re.search(r"recovery: retried \(2 of 2\): its worker died \(.+\); from its checkpoint\n",
                      capsys.readouterr().err)
     session = store.open("rk")
-    again = session.load_result("recovery")
+    again = result_of(session, "recovery")
     assert len(again["resumed_layers"]) == 1 and recovered(again) == recovered(serial)
     assert sorted(doc["status"] for doc in session.jobs().values()) == ["done", "resumed"]

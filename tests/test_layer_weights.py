@@ -43,7 +43,7 @@ def test_recovery_hands_over_each_recovered_layer(tiny_llama, texts):  # noqa: F
     model, tokenizer = tiny_llama
     stack = LayerStack(model)
     original = {i: {n: p.clone() for n, p in stack.matrices(i).items()} for i in (1, 2)}
-    kept = {}
+    kept: dict[int, dict[str, torch.Tensor]] = {}
     list(run_recovery(model, tokenizer, settings_for(texts, steps=3),
                       keep_weights=lambda index, tensors: kept.__setitem__(index, tensors)))
     assert sorted(kept) == [1, 2]
