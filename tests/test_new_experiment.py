@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from experiment_contract import contract_problems, figure_problems
@@ -23,7 +24,7 @@ from throwaway import installed
 from cli.main import main
 from engine import registry
 from engine.core.codec import json_safe
-from engine.core.events import Progress, event_from_json, event_types
+from engine.core.events import Message, Progress, Result, event_from_json, event_types
 from engine.experiments.context import RunContext
 from engine.models import memory
 from engine.models.distributed import shard
@@ -78,7 +79,7 @@ def test_it_runs_into_a_session_and_the_json_and_prints_through_its_view(experim
 
 
 def test_its_events_and_result_round_trip_through_the_core_codec(experiment) -> None:
-    word = event_types()["letter-count.word"](word="abc", letters=3)
+    word = cast(Any, event_types()["letter-count.word"])(word="abc", letters=3)  # a class of the throwaway package
     assert event_from_json(json.loads(json.dumps(word.to_json()))) == word
     doc = json_safe(experiment.sample())
     assert json.dumps(json_safe(experiment.result_class.from_json(doc))) == json.dumps(doc)
@@ -93,10 +94,10 @@ def test_its_sweep_splits_over_workers_as_the_others_do(experiment) -> None:
     shares = [shard(split.items, rank, 2) for rank in range(2)]
     assert shares == [["alpha", "delta", "epsilon"], ["beta", "gamma"]]  # snake order
     events = list(sharded_events("letter-count", settings, RunContext(), InProcessWorkers(2)))  # type: ignore[arg-type]  # Workers, in-process
-    assert events[0].text == "5 words"  # the plan's notes, logged first
+    assert cast(Message, events[0]).text == "5 words"  # the plan's notes, logged first
     progress = [event for event in events if isinstance(event, Progress)]
     assert (progress[-1].done, progress[-1].total) == (5, 5)  # summed over the workers
-    assert events[-1].data == list(experiment.run(settings, RunContext()))[-1].data
+    assert cast(Result, events[-1]).data == list(experiment.run(settings, RunContext()))[-1].data
 
 
 def test_its_settings_tell_the_memory_plan_what_it_trains(experiment) -> None:

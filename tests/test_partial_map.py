@@ -9,6 +9,8 @@ import dataclasses
 import json
 import os
 import signal
+from collections.abc import Generator
+from typing import cast
 
 import pytest
 from test_signals import check_interrupted, check_resumed, resume_line, start, wait_for
@@ -126,6 +128,7 @@ def test_a_fresh_run_forgets_an_older_checkpoint_and_a_damaged_one_says_what_to_
     stopping_after(run(settings, _context(loaded, tmp_path, token)), token, 1)
     assert list(json.loads((tmp_path / "layers.json").read_text())["layers"]) == ["1"]
     events = run(settings, _context(loaded, tmp_path))
+    assert isinstance(events, Generator)  # run is a generator function
     next(events)  # the first step writes the new run's (empty) checkpoint
     assert json.loads((tmp_path / "layers.json").read_text())["layers"] == {}
     events.close()
@@ -236,7 +239,8 @@ async def test_the_console_keeps_a_cancelled_map_as_partial_and_a_completes_it(i
 
     import engine.experiments.ablation.run as ablation_run
 
-    real, runs = ablation_run.run_ablation, []
+    real = ablation_run.run_ablation
+    runs: list[list[int]] = []
 
     def cancelled_after_two(model, tokenizer, settings, cancel=None, *args, **kwargs):
         runs.append([])
@@ -255,7 +259,7 @@ async def test_the_console_keeps_a_cancelled_map_as_partial_and_a_completes_it(i
         await until(pilot, lambda: len(app.state.jobs) == 1 and not app.state.running_jobs()
                     and "ablation" not in app.lab.cancels)
         subtitle = lambda: app.screen.query_one("#layers").border_subtitle  # noqa: E731
-        await until(pilot, lambda: subtitle().startswith("partial"), 30, "the Layers panel drawn as partial")
+        await until(pilot, lambda: (subtitle() or "").startswith("partial"), 30, "the Layers panel drawn as partial")
         assert [job.status for job in app.state.jobs.values()] == ["cancelled"]
         assert subtitle() == "partial: 2 of 4 layers · a completes it"
         kept = AblationMap.from_json(SessionStore().open("s").results()["ablation"])
@@ -294,12 +298,12 @@ def test_a_stopped_recovery_sweep_keeps_its_finished_layers_as_partial(tiny_llam
             events.append(event)
             if isinstance(event, RecoveryLayer):
                 token.cancel()
-    partial = RecoveryResult.from_json(events[-1].data)
+    partial = RecoveryResult.from_json(cast(Result, events[-1]).data)
     assert partial.partial is True and partial.partial_text() == "partial: 1 of 2 layers"
     assert [row.layer for row in partial.layers] == [1]
     for name in ("curve", "steps_to", "final_ppl", "train_loss", "difficulty"):  # not its times: those vary
         assert getattr(partial.layers[0], name) == getattr(full.layers[0], name), name
     resumed = list(run_recovery_entry(settings, _context(loaded_tiny(tiny_llama), tmp_path / "cp", resume=True)))
-    whole = RecoveryResult.from_json(resumed[-1].data)
+    whole = RecoveryResult.from_json(cast(Result, resumed[-1]).data)
     assert whole.partial is ABSENT and [row.layer for row in whole.layers] == [1, 2] and whole.resumed_layers == [1]
     assert [row.curve for row in whole.layers] == [row.curve for row in full.layers]

@@ -60,6 +60,7 @@ def test_cache_holds_one_copy_per_layer(tiny_llama):
     model, tokenizer = tiny_llama
     evaluator = Evaluator(model, tokenizer, TEXTS, batch_size=2)
     evaluator.build_cache()
+    assert evaluator._layer_inputs is not None  # build_cache filled it
     for batch, per_layer in zip(evaluator.batches, evaluator._layer_inputs, strict=True):
         assert len(per_layer) == len(evaluator.stack)
         assert all(h.shape[:2] == batch.input_ids.shape for h in per_layer)

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import shutil
 import socket
+from typing import cast
 
 import pytest
 from tiny_models import save_tiny
@@ -18,6 +19,8 @@ from engine import registry
 from engine.core.errors import UserError
 from engine.core.files import read_lines
 from engine.core.settings import check_layers
+from engine.experiments.ablation.vocabulary import AblationSettings
+from engine.experiments.recovery.vocabulary import RecoverySettings
 from engine.models.memory import ModelShape, plan_run, preview_model
 from sessions.store import SessionStore
 
@@ -165,7 +168,7 @@ def test_a_broken_config_is_one_line(breakage, message, tiny_folder, tmp_path, n
 def test_the_preview_reads_the_shape_the_plan_uses(tiny_folder):
     preview = preview_model(str(tiny_folder))
     assert (preview.shape.n_layers, preview.shape.hidden, preview.shape.family) == (4, 32, "llama")
-    settings = registry.experiment("ablation").settings_class(eval_set="paper")
+    settings = cast(type[AblationSettings], registry.experiment("ablation").settings_class)(eval_set="paper")
     assert plan_run(str(tiny_folder), settings, "cpu", "float32", preview=preview) == plan_run(
         str(tiny_folder), settings, "cpu", "float32")
 
@@ -209,14 +212,15 @@ def test_the_plan_names_disk_for_layers_offloaded_there(tiny_folder, capsys):
     (line,) = [line for line in err.splitlines() if line.startswith("memory plan")]
     assert line.startswith("memory plan over layers 0-2 cpu, 3 disk (float32): ") and " on cpu" not in line
     loaded = engine.models.loading.load_model(str(tiny_folder), device_map="auto", max_memory="cpu=200KB")
-    settings = registry.experiment("ablation").settings_class(eval_set="paper")
+    settings = cast(type[AblationSettings], registry.experiment("ablation").settings_class)(eval_set="paper")
     plan = plan_run(str(tiny_folder), settings, dtype="float32", device_map="auto", max_memory="cpu=200KB")
     assert list(plan.layer_devices) == loaded.layer_devices == ["cpu", "cpu", "cpu", "disk"]
     assert plan.offloaded_layers() == [3]
 
 
 def test_without_a_device_map_nothing_is_offloaded(tiny_folder):
-    settings = registry.experiment("recovery").settings_class(eval_set="paper", layers=(1,))
+    recovery = cast(type[RecoverySettings], registry.experiment("recovery").settings_class)
+    settings = recovery(eval_set="paper", layers=(1,))
     plan = plan_run(str(tiny_folder), settings, "cpu", "float32")
     assert plan.layer_devices == () and plan.offloaded_layers() == [] and plan.line().startswith("memory plan on cpu")
 

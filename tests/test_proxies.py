@@ -5,12 +5,14 @@ all-token mean this tool reported first; the block search; prune's `angular_last
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import pytest
 import torch
 from tiny_models import byte_tokenizer, tiny_model
 
+from engine.core.events import Result
 from engine.data.text import eval_texts
 from engine.evaluation.perplexity import Batch
 from engine.experiments.ablation.meters import InfluenceMeter
@@ -56,7 +58,7 @@ def test_the_map_reports_both_definitions_as_the_hidden_states_give_them():
     model, tokenizer = tiny_model("llama", seed=2), byte_tokenizer()
     texts = eval_texts(subset="paper")
     events = list(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", max_length=64)))
-    doc = events[-1].data
+    doc = cast(Result, events[-1]).data
     outputs = []
     handle = model.model.layers[-1].register_forward_hook(lambda m, a, out: outputs.append(out))
     per_text_last, per_text_all, counts = [], [], []

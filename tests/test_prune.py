@@ -75,7 +75,9 @@ def test_curve_equals_skipping_and_document_shape(tokenizer, files):
         assert point["ci_low"] <= point["ppl"] <= point["ci_high"] and point["healed_ppl"] is None
     by = {(p["method"], p["removed"]): p["layers"] for p in doc["curve"]}
     assert by[("map", 1)] == [2] and by[("map", 2)] == [1, 2] and by[("map", 3)] == [1, 2, 3]
-    bi = next(e.scores for e in events if isinstance(e, PruneScores) and e.method == "bi")
+    scores = next(e.scores for e in events if isinstance(e, PruneScores) and e.method == "bi")
+    bi = [score for score in scores if score is not None]
+    assert len(bi) == len(scores)  # bi scores every layer
     assert by[("bi", 2)] == sorted(np.argsort(bi)[:2].tolist())
     for count in (1, 2, 3):  # an angular cut is a block of consecutive layers
         for method in ("angular", "angular_last"):
@@ -254,6 +256,7 @@ def test_depth_fit_recovers_a_known_law():
     tokens = np.full(6, 10.0)
     points = [(30 - int(d), TextScores(tokens * (2.0 + 30.0 / d**1.2), tokens)) for d in depths]
     law = depth_law(30, points, 200, 0)
+    assert law is not None
     assert law.a == pytest.approx(1.2) and law.ci95 == pytest.approx([1.2, 1.2])
     assert "exploratory" in law.label and law.chinchilla.a_l == 1.2
     assert depth_law(30, points[:3], 200, 0) is None

@@ -3,9 +3,12 @@ cache; exact undo; one-line errors."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 from tiny_models import TINY_CONFIGS, tiny_model
+from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer
 
 from engine.core.errors import UserError
 from engine.models.anatomy import LayerStack
@@ -56,15 +59,20 @@ def test_generate_with_cache_after_removal(family):
     assert torch.equal(cached, ids)
 
 
+def attention_indices(model) -> list[int]:
+    """Each layer's attention's `layer_idx` (a gemma2 model's)."""
+    return [cast(Gemma2DecoderLayer, layer).self_attn.layer_idx for layer in LayerStack(model).layers]
+
+
 def test_sliding_layer_types_follow_their_layers():
     model = tiny_model("gemma2")
     before = list(model.config.layer_types)
     with removed(model, (1,)):
         assert list(model.config.layer_types) == [before[0], before[2], before[3]]
-        idx = [layer.self_attn.layer_idx for layer in LayerStack(model).layers]
+        idx = attention_indices(model)
         assert idx == [0, 1, 2]
     assert list(model.config.layer_types) == before
-    assert [layer.self_attn.layer_idx for layer in LayerStack(model).layers] == [0, 1, 2, 3]
+    assert attention_indices(model) == [0, 1, 2, 3]
 
 
 def test_qwen_sliding_window_threshold_follows_the_kept_layers(tmp_path):

@@ -146,14 +146,15 @@ def test_resume_command_never_trusts_the_job_file():
 
 def test_only_the_latest_interrupted_job_that_resumes_is_offered():
     dead = {"status": "interrupted"}
-    jobs = {
+    jobs: dict[str, dict[str, Any]] = {
         "growth-old": {**dead, "experiment": "growth", "started": 1.0},
         "growth-new": {"status": "done", "experiment": "growth", "started": 2.0},  # resumed since
         "prune-1": {**dead, "experiment": "prune", "started": 3.0},  # prune does not resume
         "bogus-1": {**dead, "experiment": "bogus", "started": "x"},
         "recovery-1": {**dead, "experiment": "recovery", "started": 0.5},
     }
-    assert resumable_job(jobs)[0] == "recovery-1"
+    offered = resumable_job(jobs)
+    assert offered is not None and offered[0] == "recovery-1"
     del jobs["recovery-1"]
     assert resumable_job(jobs) is None
 

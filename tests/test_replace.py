@@ -64,7 +64,7 @@ def test_a_linear_layer_is_replaced_exactly():
     stack = LayerStack(model)
     d = model.config.hidden_size
     a = 0.1 * torch.randn(d, d, generator=torch.Generator().manual_seed(1))
-    stash = {}
+    stash: dict[str, torch.Tensor] = {}
     output_projection(stack, 0).register_forward_hook(lambda module, args, output: stash.update(m=output))
     stack.layers[1].forward = lambda hidden_states, *args, **kwargs: hidden_states + stash["m"] @ a
     with torch.no_grad():
@@ -168,7 +168,7 @@ def test_heal_last_trains_only_the_head_and_the_last_three_kept_layers(tokenizer
     with removed(model, (5,)), healer.healed((5,), None, keep=True) as weights:
         changed = {name for name, p in everything.items() if not torch.equal(p, before[name])}
     assert changed == trained
-    assert set(weights.layers) == {2, 3, 4} and weights.head is not None
+    assert weights is not None and set(weights.layers) == {2, 3, 4} and weights.head is not None
     assert all(torch.equal(p, before[name]) for name, p in everything.items())  # restored exactly
     assert len(stack) == 6
 
@@ -193,7 +193,7 @@ def test_lm_eval_scores_the_task_by_exact_match_as_defined():
 
     answers = {item["question"]: item["answer"]
                for item in map(json.loads, GEN_DATA.read_text(encoding="utf-8").splitlines())}
-    given = []
+    given: list[tuple[str, str]] = []
 
     class Answering(LM):
         def generate_until(self, requests):

@@ -174,6 +174,7 @@ def test_the_chinchilla_data_ships_in_the_package_and_loads_without_the_workspac
     package = Path(engine.__file__).parent
     relative = default_csv().relative_to(package).as_posix()
     declared = re.search(r"^engine = \[(.*)\]$", (package.parent / "pyproject.toml").read_text(), re.M)
+    assert declared is not None
     globs = json.loads(f"[{declared.group(1)}]")  # [tool.setuptools.package-data]'s engine line
     assert any(fnmatch.fnmatch(relative, g) for g in globs)
     assert any(fnmatch.fnmatch("data/chinchilla/README.md", g) for g in globs)  # its source, named

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import cast
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_event_log_round_trip_and_torn_line():
         handle.write('{"v": 1, "kind": "progress", "job"')  # a write cut short by a crash
     events, offset = session.read_events()
     assert [type(e) for e in events] == [Progress, Message]
-    assert events[0].done == 1 and events[1].text == "hello"
+    assert cast(Progress, events[0]).done == 1 and cast(Message, events[1]).text == "hello"
     more, offset2 = session.read_events(offset)
     assert more == [] and offset2 == offset  # the torn line waits; it is never half-parsed
 
@@ -88,7 +89,7 @@ def test_run_job_saves_result_and_status():
         yield Result("thing", {"answer": 42})
 
     result = run_job(session, "thing", {"k": 1}, experiment(), job_id="job1")
-    assert result.data == {"answer": 42}
+    assert result is not None and result.data == {"answer": 42}
     assert session.load_result("thing") == {"answer": 42}
     assert session.jobs()["job1"]["status"] == "done"
     assert [type(e) for e in session.events()] == [Started, Progress, Result, Finished]
@@ -105,7 +106,7 @@ def test_failed_job_is_recorded():
     with pytest.raises(RuntimeError):
         run_job(session, "x", {}, experiment(), job_id="j")
     assert session.jobs()["j"]["status"] == "failed"
-    assert session.events()[-1].error == "RuntimeError: boom"
+    assert cast(Finished, session.events()[-1]).error == "RuntimeError: boom"
 
 
 def test_job_whose_process_died_reads_interrupted():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import cli.runner
 from cli.main import main
 from engine.core.errors import UserError
+from engine.core.events import Message
 from engine.core.settings import FieldSpec
 from engine.registry import EXPERIMENTS
 
@@ -349,7 +350,7 @@ def test_scaling_fit_says_which_rows_it_drops_and_strict_refuses_them(tmp_path, 
     runs = load_runs(path, settings)
     assert len(runs.loss) == len(GOOD_ROWS) and runs.n_rows == len(GOOD_ROWS) + len(BAD_ROWS)
     assert dict(runs.dropped) == {"text or an empty cell": 2, "NaN or inf": 2, "a zero or negative value": 2}
-    first = next(iter(run(settings, RunContext())))
+    first = cast(Message, next(iter(run(settings, RunContext()))))
     assert first.level == "warning" and "6 rows" in first.text and "2 with NaN or inf" in first.text, first
     code, err, _ = _run(["run", "scaling-fit", "--csv", str(path), "--strict"], monkeypatch, capsys)
     assert code == 2 and len(err) == 1 and "6 rows are not usable runs" in err[0] and "line 14" in err[0], err

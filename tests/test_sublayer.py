@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import cast
 
 import numpy as np
 import pytest
@@ -122,7 +123,9 @@ def test_zero_and_mean_edit_only_the_blocks_matrices(method):
                 if method == "zero":
                     param.zero_()
                 else:
-                    param.copy_(sum(stack.matrices(i)[name] for i in neighbours) / len(neighbours))
+                    total = sum(stack.matrices(i)[name] for i in neighbours)
+                    assert isinstance(total, torch.Tensor)  # a layer has neighbours
+                    param.copy_(total / len(neighbours))
         assert math.isclose(row["ppl"], direct_ppl(direct), rel_tol=1e-5), (index, row["part"])
 
 
@@ -168,12 +171,12 @@ def test_block_proxies_match_the_residual_stream(family):
                 with_kwargs=True))
             handles.append(layer.register_forward_hook(lambda m, a, out, i=index: seen.__setitem__(f"out{i}", out[0])))
             if family == "llama":
-                handles.append(layer.post_attention_layernorm.register_forward_pre_hook(
+                handles.append(layer.get_submodule("post_attention_layernorm").register_forward_pre_hook(
                     lambda m, a, i=index: seen.__setitem__(f"mid{i}", a[0][0])))
             else:
                 handles.append(layer.get_submodule(BLOCKS[family][0]).register_forward_hook(
                     lambda m, a, out, i=index: seen.__setitem__(f"attn{i}", out[0][0])))
-                handles.append(layer.mlp.register_forward_hook(
+                handles.append(layer.get_submodule("mlp").register_forward_hook(
                     lambda m, a, out, i=index: seen.__setitem__(f"mlp{i}", out[0])))
         model(input_ids=ids)
         for handle in handles:
@@ -208,7 +211,7 @@ def test_proxies_only_equal_the_maps_proxies(part):
     assert only == json_safe(AblationProxyMap.from_json(only))
     assert only["baseline_ppl"] == full["baseline_ppl"]
     assert only["angular_blocks"] == full["angular_blocks"] and only["angular_block_best"] == full["angular_block_best"]
-    keys = ("layer", "block_influence", "angular_distance", "angular_last_token")
+    keys: tuple[str, ...] = ("layer", "block_influence", "angular_distance", "angular_last_token")
     assert [{k: r[k] for k in keys} for r in only["layers"]] == [{k: r[k] for k in keys} for r in full["layers"]]
     if part == "layer":
         assert "parts" not in only
@@ -309,7 +312,7 @@ def test_embedded_blocks_of_one_layer_equal_the_replaced_forward(embedded):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     events = list(run_ablation(model, tokenizer, AblationSettings(eval_set="paper", method="skip", part="both",
                                                                   layers=(11,))))
-    doc = events[-1].data
+    doc = cast(Result, events[-1]).data
     layer = model.model.layers[11]
     evaluator = Evaluator(model, tokenizer, TEXTS)
     for row in doc["parts"]:

@@ -75,7 +75,7 @@ def test_jobs_and_shard_workers_get_the_flags(tiny_folder, monkeypatch, capsys):
     session = SessionStore().create("r", model=str(tiny_folder))
     doc = {"experiment": "recovery", "settings": {}, "model": options.to_dict()}
     assert "--no-deterministic" in resume_argv(doc, session)
-    launched = []
+    launched: list[list[str]] = []
     monkeypatch.setattr(engine.models.distributed, "launch", workers_that_finish(launched, lambda argv, shards: argv))
     assert main(["run", "ablation", "--model", str(tiny_folder), "--shards", "2", "--no-deterministic"]) == 0
     [workers] = launched
@@ -97,7 +97,7 @@ def test_shards_on_the_cpu_of_a_gpu_machine_are_not_counted_against_its_gpus(tin
     import engine.models.distributed
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    launched = []
+    launched: list[int] = []
     monkeypatch.setattr(engine.models.distributed, "launch", workers_that_finish(launched, lambda argv, shards: shards))
     assert main(["run", "ablation", "--model", str(tiny_folder), "--shards", "2", "--device", "cpu"]) == 0
     assert launched == [2]

@@ -5,12 +5,13 @@ naming the file and the field; the consumers receive the dataclass, never the di
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import pytest
 
 from engine import registry
 from engine.core.codec import json_safe
-from engine.core.events import Message
+from engine.core.events import Message, ResultDocument
 from sessions.documents import Damaged, JobRecord, Manifest, read_event
 from sessions.store import SessionError, SessionStore
 
@@ -81,7 +82,7 @@ def test_the_event_log_reads_back_as_event_classes_and_skips_a_damaged_line(capl
     with open(session.events_path, "a") as log:
         log.write(json.dumps({"v": 2, "kind": "job.message", "text": 3}) + "\n")
     events, _ = session.read_events()
-    assert [type(e) for e in events] == [Message] and events[0].text == "hello"
+    assert [type(e) for e in events] == [Message] and cast(Message, events[0]).text == "hello"
     warned = [r.getMessage() for r in caplog.records if "skipped an event" in r.getMessage()]
     assert len(warned) == 1
     _one_line(warned[0], "events.jsonl at byte", "'text'")
@@ -133,8 +134,9 @@ def test_the_console_state_receives_each_result_as_its_dataclass(entry):
     sample = entry.sample()
     state = SessionState()
     assert state.set_result(entry.writes, json_safe(sample)) == ""
-    assert type(state.typed[entry.writes]) is entry.result_class and state.typed[entry.writes] == sample
-    assert state.result(entry.result_class) == sample
+    result_class: type[ResultDocument] = entry.result_class
+    assert type(state.typed[entry.writes]) is result_class and state.typed[entry.writes] == sample
+    assert state.result(result_class) == sample
 
 
 def test_the_console_state_follows_job_records():

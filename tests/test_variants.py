@@ -5,6 +5,8 @@ on a sequential family and the parallel-residual ones."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 from test_sublayer import BLOCKS, Zeros
@@ -85,7 +87,7 @@ def no_hooks(model) -> bool:
 
 @pytest.mark.parametrize("family", ["llama", "gpt_neox", "phi"])  # sequential, and the two parallel-residual
 @pytest.mark.parametrize("block", [(1, "attention"), (2, "mlp")])
-def test_a_marked_block_is_the_sublayer_maps_skip_and_a_block_cut(family, block) -> None:
+def test_a_marked_block_is_the_sublayer_maps_skip_and_a_block_cut(family: str, block: tuple[int, str]) -> None:
     """The modified model with one block marked: the same logits as the sublayer map's skip and as
     a block cut of that block (exactly), as transformers' forward with the block's module replaced by
     zeros (a parallel layer keeps the other term); the original's logits, bit for bit, afterwards."""
@@ -216,9 +218,13 @@ def test_out_of_memory_in_a_prompt_column_is_said_there_and_the_others_go_on(mon
     """A console thread must not die with the allocator's traceback (which pins the tensors)."""
     import threading
 
+    from textual.message import Message
+
     import engine.evaluation.generation
     from engine.core.turns import ModelTurns
+    from engine.experiments.variants import SavedModels
     from engine.models.loading import LoadedModel
+    from sessions.session import Session
     from tui.messages import GenerationDone, TextGenerated
     from tui.workers import Column, GenerationPlan, generate_work
 
@@ -226,10 +232,11 @@ def test_out_of_memory_in_a_prompt_column_is_said_there_and_the_others_go_on(mon
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(engine.evaluation.generation, "generate_text", exhausted)
-    posted = []
+    posted: list[Message] = []
     loaded = LoadedModel(tiny_model("llama"), tokenizer, "tiny", "test", "cpu", "float32", "llama", 4)
     plan = GenerationPlan(1, "The cat", (Column("left", Variant("original")), Column("right", problem="no model")),
-                          4, loaded, ModelTurns(), threading.Event(), None, None)
+                          4, loaded, ModelTurns(), threading.Event(),
+                          cast(Session, None), cast(SavedModels, None))  # neither used: no column loads a model
     generate_work(posted.append, plan)
     texts = [m for m in posted if isinstance(m, TextGenerated)]
     assert [(m.column, m.note) for m in texts] == [
