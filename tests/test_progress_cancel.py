@@ -9,7 +9,7 @@ import itertools
 import json
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -252,7 +252,7 @@ def test_a_cancel_is_logged_at_once_and_the_job_ends_cancelled(tmp_path):
     assert run_job(session, "ablation", {}, events(), cancel=token) is None
     assert logged_at_cancel[0][-1] == Cancelling.kind  # written by the cancel, before the run saw it
     kinds = [event.kind for event in session.events()]
-    assert kinds[-2:] == [Cancelling.kind, Finished.kind] and session.events()[-1].status == "cancelled"
+    assert kinds[-2:] == [Cancelling.kind, Finished.kind] and cast(Finished, session.events()[-1]).status == "cancelled"
     assert next(iter(session.jobs().values()))["status"] == "cancelled"
     token.cancel()  # a cancel after the end writes nothing more
     assert [event.kind for event in session.events()] == kinds
@@ -315,7 +315,7 @@ def test_intermediate_steps_on_the_subset_and_the_first_and_last_on_every_text_e
         events = list(run_recovery(model, tokenizer, recovery_settings(texts, **changes), model_name="tiny"))
         points = [event for event in events if isinstance(event, RecoveryPoint)]
         (layer,) = [event for event in events if isinstance(event, RecoveryLayer)]
-        return points, layer.result.repeats[0], events[-1].data["baseline_ppl"]
+        return points, layer.result.repeats[0], cast(Result, events[-1]).data["baseline_ppl"]
 
     whole, whole_run, baseline = sweep(eval_every=2, eval_texts=10)
     part, part_run, _ = sweep(eval_every=2, eval_texts=4)

@@ -132,6 +132,7 @@ def test_budget_and_spearman_on_hand_rows():
         AblationRow(layer, 1.0, d, "minor") for layer, d in ((11, 7946.0), (14, 1.0), (17, 20.0), (20, 5.0))
     ]))
     result = versus_ablation(rows, ablation)
+    assert result is not None
     assert result.layers == 3 and result.difficulty == pytest.approx(1.0)
     assert versus_ablation(rows, None) is None
 
@@ -292,7 +293,8 @@ def test_cancelled_sweep_resumes_at_the_next_layer(tmp_path, texts):
     for a, b in zip(resumed["layers"], fresh["layers"], strict=True):
         assert a["layer"] == b["layer"] and a["steps_to"] == b["steps_to"]
         assert [p for _, p in a["curve"]] == pytest.approx([p for _, p in b["curve"]], rel=1e-6)
-    assert SessionStore().open("sweep").load_result("recovery")["layers"][1]["layer"] == 2
+    stored = SessionStore().open("sweep").load_result("recovery")
+    assert stored is not None and stored["layers"][1]["layer"] == 2
 
 
 def test_sweep_killed_in_its_first_layer_resumes_from_the_start(tmp_path, texts):
@@ -302,7 +304,8 @@ def test_sweep_killed_in_its_first_layer_resumes_from_the_start(tmp_path, texts)
     assert cli.main(cli_args(folder, texts, "--session", "fresh", "--resume", "--layers", "1",
                              "--steps", "2")) == 0
     session = SessionStore().open("fresh")
-    assert session.load_result("recovery")["resumed_layers"] == []
+    stored = session.load_result("recovery")
+    assert stored is not None and stored["resumed_layers"] == []
     path = session.path / "checkpoints/recovery/layers.json"
     state = json.loads(path.read_text())
     state["layers"] = {}

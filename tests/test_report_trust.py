@@ -215,6 +215,7 @@ def test_a_killed_reports_leftovers_go_on_the_next_run(isolated_home, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     killed = subprocess.Popen([sys.executable, "-m", "cli.main", "report", "demo", "--out", str(out)], cwd=ROOT,
                               env=env, stderr=subprocess.PIPE, text=True)
+    assert killed.stderr is not None  # stderr=PIPE
     for line in killed.stderr:  # killed as it draws the first figure
         if "drawing" in line:
             killed.send_signal(signal.SIGKILL)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import pytest
 
@@ -57,7 +57,7 @@ def test_sigterm_and_sighup_raise_stopped_once_and_the_old_handlers_come_back():
     assert (stop_signal(ValueError()), stop_signal(KeyboardInterrupt()), stop_signal(Stopped(signal.SIGHUP))) == (
         0, signal.SIGINT, signal.SIGHUP)
     assert type(interruption(signal.SIGINT)) is KeyboardInterrupt
-    assert interruption(signal.SIGTERM).name == "SIGTERM"
+    assert cast(Stopped, interruption(signal.SIGTERM)).name == "SIGTERM"
 
 
 def test_sigint_stops_a_run_even_where_the_process_was_started_with_it_ignored_and_blocked():
@@ -479,4 +479,5 @@ def test_sigterm_stops_an_atlas_as_interrupted_and_its_rerun_reuses_the_finished
     # the stopped map's partial result is not reused: the map resumes from its checkpoint
     assert f"{models[1]} · ablation (map) on main: resuming into session sig-qwen2" in err
     doc = SessionStore().open("sig").load_result("atlas")
+    assert doc is not None
     assert {row["model"] for row in doc["rows"]} == {str(m) for m in models}

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 from dataclasses import replace
+from typing import cast
 
 import numpy as np
 import pytest
@@ -226,7 +227,7 @@ def test_half_precision_students_follow_float32(dtype) -> None:
     micro = dataclasses.replace(MICRO, regimes=("tied",), bootstrap=0, steps=40)
     docs = {}
     for kind in ("float32", dtype):
-        result = list(run_toy_depth(dataclasses.replace(micro, device="cpu", dtype=kind)))[-1]
+        result = cast(Result, list(run_toy_depth(dataclasses.replace(micro, device="cpu", dtype=kind)))[-1])
         docs[kind] = json.loads(json.dumps(result.data))
     assert docs[dtype]["settings"]["dtype"] == dtype and docs[dtype]["settings"]["device"] == "cpu"
     full, half = docs["float32"]["regimes"]["tied"]["loss"], docs[dtype]["regimes"]["tied"]["loss"]
@@ -234,7 +235,7 @@ def test_half_precision_students_follow_float32(dtype) -> None:
 
 
 def test_auto_precision_is_recorded_resolved_and_bad_devices_are_one_line() -> None:
-    result = list(run_toy_depth(dataclasses.replace(MICRO, regimes=("tied",), bootstrap=0, steps=4)))[-1]
+    result = cast(Result, list(run_toy_depth(dataclasses.replace(MICRO, regimes=("tied",), bootstrap=0, steps=4)))[-1])
     if not torch.cuda.is_available():  # 'auto' is stored as what it resolved to
         assert result.data["settings"]["dtype"] == "float32" and result.data["settings"]["device"] == "cpu"
     with pytest.raises(UserError, match="--device cuda:x: must be auto, cpu, cuda or cuda:N"):
