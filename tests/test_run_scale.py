@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pytest
 import torch
 from in_process_workers import rank_zero_here
 
 from cli.main import build_parser, main
+from sessions.session import Session
 from sessions.store import SessionStore
+
+
+def stored(session: Session, result: str) -> dict[str, Any]:
+    """Result `result` of `session`, which the run before wrote."""
+    doc = session.load_result(result)
+    assert doc is not None
+    return doc
 
 
 def only_job(session: str) -> dict:
@@ -121,9 +130,9 @@ def test_two_shards_give_the_serial_map(tiny_folder, worker_env, capsys):
     assert serially([*argv, "--session", "serial"]) == 0
     store = SessionStore()
     sharded, serial = store.open("sharded"), store.open("serial")
-    assert sharded.load_result("ablation")["layers"] == serial.load_result("ablation")["layers"]
-    assert sharded.load_result("ablation")["spearman"] == serial.load_result("ablation")["spearman"]
-    assert sharded.load_result("ablation")["baseline_ppl"] == serial.load_result("ablation")["baseline_ppl"]
+    assert stored(sharded, "ablation")["layers"] == stored(serial, "ablation")["layers"]
+    assert stored(sharded, "ablation")["spearman"] == stored(serial, "ablation")["spearman"]
+    assert stored(sharded, "ablation")["baseline_ppl"] == stored(serial, "ablation")["baseline_ppl"]
     events = logged(sharded)
     assert sorted(e["layer"] for e in events if e["kind"] == "ablation.layer") == [0, 1, 2, 3]
     assert [e["kind"] for e in events][-2:] == ["job.result", "job.finished"]
@@ -147,7 +156,7 @@ def test_sharded_recovery_by_layer_and_repeat_resumes_the_missing_layers(tiny_fo
         assert main([*argv, "--layers", "0,1,2,3", "--session", "r", "--resume", "--shards", "2"]) == 0
     assert main([*argv, "--layers", "0,1,2,3", "--session", "fresh"]) == 0
     store = SessionStore()
-    resumed, fresh = store.open("r").load_result("recovery"), store.open("fresh").load_result("recovery")
+    resumed, fresh = stored(store.open("r"), "recovery"), stored(store.open("fresh"), "recovery")
     assert resumed["resumed_layers"] == [1, 2]
     assert [len(row["repeats"]) for row in resumed["layers"]] == [2, 2, 2, 2]  # (layer, repeat) runs joined again
     got, want = untimed(resumed["layers"]), untimed(fresh["layers"])
@@ -191,7 +200,7 @@ def test_two_shards_give_the_serial_manipulation_trials(tiny_folder, monkeypatch
         assert main([*argv, "--shards", "2", "--session", "sharded"]) == 0
     assert main([*argv, "--session", "serial"]) == 0
     store = SessionStore()
-    sharded, serial = store.open("sharded").load_result("manipulate"), store.open("serial").load_result("manipulate")
+    sharded, serial = stored(store.open("sharded"), "manipulate"), stored(store.open("serial"), "manipulate")
     assert len(serial["results"]) == 12 and serial["results"][-1]["together"]
     assert untimed(sharded) == untimed(serial)
     assert sum(e["kind"] == "manipulate.trial" for e in logged(store.open("sharded"))) == 12
