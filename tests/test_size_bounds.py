@@ -198,8 +198,9 @@ def test_an_export_to_a_dangling_link_is_refused_before_the_run(tiny_folder, tmp
     link = tmp_path / "out"
     link.symlink_to(tmp_path / "nowhere")
     line = export_refused(tiny_folder, link, capsys)
-    assert line.endswith(f"export folder {link} is a symbolic link to {tmp_path / 'nowhere'}, which does not exist; "
-                         "give a folder path, or remove the link")
+    # paths over 80 characters are cut in their middle (engine/core/files.py short_path): their ends are kept
+    assert line.startswith("anatomy-tui: error: export folder ") and "/out" in line and "/nowhere, which" in line
+    assert line.endswith("which does not exist; give a folder path, or remove the link")
 
 
 def test_an_export_under_a_dangling_link_or_a_file_is_refused_before_the_run(tiny_folder, tmp_path, nothing_built,
@@ -207,12 +208,13 @@ def test_an_export_under_a_dangling_link_or_a_file_is_refused_before_the_run(tin
     link, a_file = tmp_path / "link", tmp_path / "file"
     link.symlink_to(tmp_path / "nowhere")
     a_file.write_text("x")
+    # the line names the folder and the part of its path at fault (long paths cut in their middle), and why
     under_link = export_refused(tiny_folder, link / "out", capsys)
-    assert under_link.endswith(f"export folder {link / 'out'}: {link} is a symbolic link to nothing; give a path in a "
-                               "folder")
+    assert "export folder " in under_link
+    assert "/link" in under_link and under_link.endswith("is a symbolic link to nothing; give a path in a folder")
     under_file = export_refused(tiny_folder, a_file / "a" / "out", capsys)
-    assert under_file.endswith(f"export folder {a_file / 'a' / 'out'}: {a_file} is not a folder; give a path in a "
-                               "folder")
+    assert "export folder " in under_file
+    assert "/file" in under_file and under_file.endswith("is not a folder; give a path in a folder")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
