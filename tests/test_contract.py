@@ -24,6 +24,7 @@ def test_every_experiment_keeps_its_contract(name):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.report
 @pytest.mark.parametrize("name", NAMES)
 def test_every_experiment_draws_the_figure_it_declares(name):
     pytest.importorskip("matplotlib")

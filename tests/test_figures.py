@@ -26,6 +26,7 @@ from engine.experiments.ablation import vocabulary as ablation
 from engine.experiments.prune import vocabulary as prune
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.report  # matplotlib: CI fails a skip (tests/required_skips.py)
 
 
 @pytest.fixture

@@ -115,6 +115,7 @@ def test_without_a_view_it_prints_its_json_and_is_no_analysis(viewless, capsys) 
     assert "letter-count" not in [name for name, _ in analyses()]
 
 
+@pytest.mark.report
 def test_it_keeps_the_contract_every_experiment_keeps(experiment) -> None:
     pytest.importorskip("matplotlib")
     assert contract_problems(experiment) == [] and figure_problems(experiment) == []
@@ -125,6 +126,7 @@ def test_it_keeps_the_contract_every_experiment_keeps(experiment) -> None:
     ("frame", "letter-count: no frame declared (Contract.frame: its sample's tidy table, first columns and rows)"),
     ("view", "letter-count: no view (tui/views/letter_count.py)"),
 ])  # fmt: skip
+@pytest.mark.report
 def test_a_part_left_out_is_named_by_the_contract_check(tmp_path, part, said) -> None:
     pytest.importorskip("matplotlib")
     for entry in installed(tmp_path / "package", without=(part,)):

@@ -135,6 +135,7 @@ def test_shard_workers_that_exit_0_without_a_result_fail_in_one_line(worker_env,
 
 
 @pytest.mark.slow
+@pytest.mark.cluster
 @pytest.mark.xdist_group("ray")  # beside tests/test_cluster.py's Ray, never at the same time
 def test_cluster_local_started_in_a_planted_folder_runs_this_project_on_loopback_only(planted, tmp_path):
     pytest.importorskip("ray")

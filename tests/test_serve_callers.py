@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.browser  # textual-serve: CI fails a skip (tests/required_skips.py)
 pytest.importorskip("textual_serve", reason="textual-serve is not installed (pip install 'anatomy-tui[serve]')")
 
 ROOT = Path(__file__).resolve().parent.parent
