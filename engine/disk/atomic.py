@@ -199,8 +199,28 @@ def check_writable_path(path: Path | str, what: str = "output") -> Path:
     return target
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux's /proc); elsewhere set and put back."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _plain_mode(path: Path) -> int:
+    """The permissions a plain `open(path, "w")` leaves: an existing file's own, a new file
+    0666 less the umask (0644 under umask 022), never mkstemp's private 0600."""
+    with contextlib.suppress(OSError):
+        return stat.S_IMODE(os.stat(path).st_mode)
+    return 0o666 & ~_umask()
+
+
 def atomic_write(path: Path, write: Callable[[Path], object], what: str = "output") -> None:
-    """Calls `write(tmp_path)` and moves the finished file to `path` (a regular file or new path)."""
+    """Calls `write(tmp_path)` and moves the finished file to `path` (a regular file or new path),
+    with the permissions a plain write would leave it (`_plain_mode`)."""
     path = check_writable_path(path, what)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -210,6 +230,7 @@ def atomic_write(path: Path, write: Callable[[Path], object], what: str = "outpu
         write(tmp)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
+        os.chmod(tmp, _plain_mode(path))  # after the write: an existing read-only file's mode too
         check_writable_path(path, what)  # nothing else took the name while we wrote
         os.replace(tmp, path)
         _fsync_dir(path.parent)
