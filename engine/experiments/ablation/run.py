@@ -22,6 +22,7 @@ from engine.core.codec import ABSENT, from_doc, json_safe
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Pace, Result, kept_on_stop
 from engine.core.turns import Change, ModelTurns
+from engine.data.eval_data import EvalSource
 from engine.evaluation.perplexity import Batch, Evaluator, Scoring, TextScores, drained
 from engine.evaluation.statistics import bootstrap_degradation, degradation_pct, importance_class
 from engine.experiments.ablation.meters import InfluenceMeter, PartMeter
@@ -56,7 +57,7 @@ def run_ablation(
     model: Any, tokenizer: Any, settings: AblationSettings, cancel: CancelToken | None = None, model_name: str = "",
     turns: ModelTurns | None = None, done: Mapping[Unit, AblationRow] | None = None,
     keep: Callable[[AblationRow], None] | None = None, stream: LayerSource | None = None,
-    stream_state: StreamCheckpoint | None = None,
+    stream_state: StreamCheckpoint | None = None, source: EvalSource | None = None,
 ) -> Iterator[Event]:
     """The map. With `turns` (a model the console shares with its prompt pane) every forward is a
     turn of its own, and each layer is ablated inside the turn and put back before it ends, so
@@ -71,10 +72,11 @@ def run_ablation(
 
     With `stream` (a skeleton `model` and its layer source) the map is one streamed wavefront
     (engine/experiments/ablation/wavefront.py): the same rows, each weight read once; its state
-    kept in `stream_state` every few layers, from which a killed run resumes."""
+    kept in `stream_state` every few layers, from which a killed run resumes. `source`: the texts or
+    windows to score instead of the settings' (the depth family's held-out windows)."""
     settings.validate()
     started = time.perf_counter()
-    evaluator = Evaluator.for_settings(model, tokenizer, settings, cancel=cancel) if stream is None else \
+    evaluator = Evaluator.for_settings(model, tokenizer, settings, source, cancel) if stream is None else \
         streamed_evaluator(stream, tokenizer, settings, cancel)
     stack = evaluator.stack
     n = len(stack)
