@@ -69,9 +69,11 @@ def draw(result: AblationMap) -> Figure:
     fig = style.figure(height=1.55 * rows + 0.2)
     panels = fig.subfigures(rows, 1, squeeze=False)[:, 0] if rows > 1 else [fig]
     top = panels[0].subplots()
-    map_panel(top, result.layers, f"{result.model}: layer map ({result.method} ablation)")
-    present = [name for name in CLASSES if any(r.layer_class == name and not r.anti for r in result.layers)]
-    style.class_legend(top, present, any(r.anti for r in result.layers), loc="upper right", ncols=2)
+    partial = f", {text}" if (text := result.partial_text()) else ""  # a stopped run's map says so
+    map_panel(top, result.layers, f"{result.model}: layer map ({result.method} ablation{partial})")
+    drawn = [*result.layers, *parts]  # the blocks' bars take the same looks: one legend for both panels
+    present = [name for name in CLASSES if any(r.layer_class == name and not r.anti for r in drawn)]
+    style.class_legend(top, present, any(r.anti for r in drawn), loc="upper right", ncols=2)
     if parts:
         axes = panels[1].subplots(1, 2, sharey=True)
         for ax, part in zip(axes, ("attention", "mlp"), strict=True):

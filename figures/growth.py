@@ -27,7 +27,7 @@ def layer_bars(ax: Axes, start: float, steps: float, layers: Sequence[int], thic
                classes: Sequence[str]) -> None:
     for layer in layers:
         share = thickness[layer] if layer < len(thickness) else 1.0
-        look = style.class_look(classes[layer] if layer < len(classes) else None)
+        look = style.class_look(classes[layer]) if layer < len(classes) else style.NO_CLASS_LOOK
         ax.barh(layer, steps, left=start, height=0.85 * share, color=look.color, hatch=look.hatch,
                 edgecolor="black", linewidth=0.3)
 
@@ -64,6 +64,7 @@ def final_losses(ax: Axes, result: GrowthResult) -> None:
         arm = result.arms[name]
         ax.bar(index, arm.mean, yerr=arm.sd if arm.sd else None, label=name, **style.bar_look(index))
     ax.set_xticks(range(len(names)), names)
+    ax.legend(fontsize=5.5, ncols=max(len(names), 1), loc="upper right")
     means = [result.arms[n].mean for n in names]
     if means:
         ax.set_ylim(min(means) * 0.9, max(means) * 1.05)
@@ -88,7 +89,8 @@ def draw(result: GrowthResult) -> Figure:
     flat.set_title(f"uniform arm: FFN width {uniform}")
     flat.set_xlabel("optimizer step")
     flat.sharex(grown)
-    style.class_legend(grown, [c for c in CLASSES if c in classes], False, loc="upper left", ncols=4,
+    style.class_legend(grown, [c for c in CLASSES if c in classes], False, unclassed=True, loc="upper left", ncols=5,
+                       columnspacing=0.8, handlelength=1.4,
                        bbox_to_anchor=(0.0, 1.45), fontsize=5.5)
     if any(arm.curve for arm in result.arms.values()):
         loss_curves(losses, result)

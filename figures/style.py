@@ -77,6 +77,7 @@ CLASS_LOOK: dict[str, Look] = {
     "redundant": Look("#BBBBBB", "", "v"),
 }
 ANTI_LOOK = Look("#009E73", "\\\\\\\\", "*")  # an anti-layer: the model is better without it
+NO_CLASS_LOOK = Look("#FFFFFF", "", ".")  # a layer no importance profile classes (growth's uniform arm)
 
 
 def class_look(name: str | None) -> Look:
@@ -133,14 +134,14 @@ def interval_errors(values: Sequence[float], lows: Sequence[float | None],
                      [max(hi - v, 0.0) if hi is not None else 0.0 for v, hi in zip(values, highs, strict=True)]])
 
 
-def class_legend(ax: Axes, names: Sequence[str], anti: bool, **kwargs: Any) -> None:
-    """A legend of the importance classes present (their colour and hatch), and the anti-layer."""
-    handles = [Patch(facecolor=class_look(n).color, hatch=class_look(n).hatch, edgecolor="black", linewidth=0.4,
-                     label=n) for n in names]
-    if anti:
-        handles.append(Patch(facecolor=ANTI_LOOK.color, hatch=ANTI_LOOK.hatch, edgecolor="black", linewidth=0.4,
-                             label="anti-layer"))
-    ax.legend(handles=handles, **kwargs)
+def class_legend(ax: Axes, names: Sequence[str], anti: bool, unclassed: bool = False, **kwargs: Any) -> None:
+    """A legend of the importance classes present (their colour and hatch), the anti-layer, and
+    with `unclassed` the look of a layer without a class: every look drawn has its entry."""
+    looks = [(class_look(n), n) for n in names]
+    looks += [(ANTI_LOOK, "anti-layer")] if anti else []
+    looks += [(NO_CLASS_LOOK, "no class")] if unclassed else []
+    ax.legend(handles=[Patch(facecolor=look.color, hatch=look.hatch, edgecolor="black", linewidth=0.4, label=label)
+                       for look, label in looks], **kwargs)
 
 
 def nothing(ax: Axes, what: str) -> None:
