@@ -81,7 +81,8 @@ def redraw(screen: Widget, state: SessionState, dirty: set[str], layer: int | No
     if dirty & {Dirty.GROWTH, Dirty.RESULTS, Dirty.JOBS}:
         screen.query_one(GrowthTimeline).show(state.growth, state.growth_preview,
                                               state.shown_status(state.growth.job, state.growth.status))
-        screen.query_one(GrowthTable).show(state.growth_arms)
+        growth = state.growth  # a run under way or stopped: the table is an earlier run's
+        screen.query_one(GrowthTable).show(state.growth_arms, previous=bool(growth.job) and growth.status != "done")
         redraw_growth_plot(screen, state)
     if Dirty.RESULTS in dirty:
         show_analyses(screen, state, session_name)

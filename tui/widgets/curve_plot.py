@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from plotext._dict import color_codes  # plotext's colour names, the table textual-plotext reads too
 from rich.color import Color as RichColor
 from rich.markup import escape
+from rich.style import Style
+from rich.text import Text
+from textual.app import RenderResult
 from textual.color import Color
 from textual_plotext import PlotextPlot
 
@@ -42,24 +45,56 @@ def legend_colour(colour: PlotColour) -> str:
     return Color.from_rich_color(RichColor.from_ansi(colour_code(colour))).css
 
 
-def legend_markup(entries: Sequence[tuple[str, PlotColour]], width: int = 0) -> str:
-    """A one-line legend, each label after a line in its curve's colour (markup for a border subtitle);
-    with `width` (the cells it has), every label is cut by as much as it takes for all to show."""
-    labels = [label for label, _ in entries]
-    if width > 0:
-        longest = max(map(len, labels), default=0)
-        while longest > 1 and sum(len(label) + 5 for label in labels) - 2 > width:
-            longest -= 1
-            labels = [label if len(label) <= longest else label[: longest - 1] + "…" for label in labels]
-    return "  ".join(f"[{legend_colour(colour)}]━━[/] {escape(label)}"
-                     for label, (_, colour) in zip(labels, entries, strict=True))
+def legend_markup(entries: Sequence[tuple[str, PlotColour]]) -> str:
+    """A one-line legend, each label after a line in its curve's colour (markup for a border subtitle)."""
+    return "  ".join(f"[{legend_colour(colour)}]━━[/] {escape(label)}" for label, colour in entries)
+
+
+def legend_width(entries: Sequence[tuple[str, PlotColour]]) -> int:
+    """The cells `legend_markup`'s line takes."""
+    return sum(len(label) + 5 for label, _ in entries) - 2 if entries else 0
+
+
+def legend_rows(entries: Sequence[tuple[str, PlotColour]], width: int) -> list[Text]:
+    """The legend over as many rows of `width` cells as it takes, each entry whole on one row."""
+    rows: list[list[tuple[str, PlotColour]]] = [[]]
+    for entry in entries:
+        if rows[-1] and legend_width([*rows[-1], entry]) > width:
+            rows.append([])
+        rows[-1].append(entry)
+    return [Text("  ").join(Text.assemble(("━━", Style(color=RichColor.from_ansi(colour_code(colour)))), f" {label}")
+                            for label, colour in row) for row in rows]
 
 
 class CurvePlot(PlotextPlot):
     """Curves and reference lines; `log_y` plots log10(y) on a linear axis (plotext's log scale is
-    buggy) with ticks labelled in the original units. The legend sits under the plot, in the
-    bottom border, so it never hides a point; `xspan` fixes the x axis (a step budget) before the
+    buggy) with ticks labelled in the original units. The legend sits under the plot, so it never
+    hides a point: in the bottom border where it fits on one line, else on rows of its own under the
+    plot (a narrow terminal), never a label cut; `xspan` fixes the x axis (a step budget) before the
     data fills it."""
+
+    legend: Sequence[tuple[str, PlotColour]] = ()
+    legend_below: tuple[Text, ...] = ()
+
+    def place_legend(self) -> None:
+        """The legend in the bottom border (a cell of rule kept at each end) or, too long for it, below the plot."""
+        fits = self.size.width <= 0 or legend_width(self.legend) <= self.size.width - 2
+        self.border_subtitle = legend_markup(self.legend) if fits else ""
+        self.legend_below = () if fits else tuple(legend_rows(self.legend, self.size.width))
+        self.refresh()
+
+    def on_resize(self) -> None:
+        self.place_legend()
+
+    def render(self) -> RenderResult:
+        """The plot, in the rows the legend leaves it (textual-plotext's render, a smaller height)."""
+        if not self.legend_below:
+            return super().render()
+        width, height = self.size.width, max(1, self.size.height - len(self.legend_below))
+        self.plt.plotsize(width, height)
+        self.plt._set_size(width, height)  # as textual-plotext does (its issue 5)
+        self.plt.theme(self._get_plotext_theme_name(self.app.theme))
+        return Text("\n").join([Text.from_ansi(self.plt.build().rstrip("\n")), *self.legend_below])
 
     def draw(
         self,
@@ -109,6 +144,5 @@ class CurvePlot(PlotextPlot):
         entries = [(curve.label, curve.colour) for curve in curves if curve.points]
         if span is not None:
             entries += [(label, colour) for (label, _), colour in zip(references, REFERENCE_COLOURS, strict=False)]
-        # one entry per label, in the bottom border between its corners
-        self.border_subtitle = legend_markup(list(dict.fromkeys(entries)), self.size.width - 4)
-        self.refresh()
+        self.legend = list(dict.fromkeys(entries))  # one entry per label
+        self.place_legend()
