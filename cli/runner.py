@@ -106,8 +106,9 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
                 raise UserError("--stream reads each layer onto one device; drop --device-map")
             plan = memory_plan(experiment, settings, options, quiet=not main)  # --max-memory: a streamed budget too
             streamed = streamed or (plan is not None and plan.stream is not None)  # or only streaming fits
-            # the dtype the plan names and was checked in is the one that loads (the job file keeps `auto`)
-            planned = dataclasses.replace(options, dtype=plan.dtype) if plan is not None else options
+            # the placement the plan decided and was checked in (device, dtype and why) is the one that loads
+            # (the job file keeps `auto`)
+            placement = plan.placement if plan is not None else None
             export: str | None = getattr(settings, "export", None)  # prune's --export folder
             if main and plan is not None and export:  # the whole model, written
                 check_free_space(export, plan.weights, "--export")
@@ -116,12 +117,11 @@ def run_command(experiment: Experiment, args: argparse.Namespace, argv: Sequence
             if streamed:
                 from engine.models.streaming import open_streamed
 
-                loaded = open_streamed(planned.model, planned.device, planned.dtype, say, planned.trust_remote_code,
-                                       planned.max_memory)
+                loaded = open_streamed(options.model, options.device, options.dtype, say, options.trust_remote_code,
+                                       options.max_memory, placement)
             else:  # a budget without a device map was the streamed plan's: the whole model fits it
-                loaded = (planned if planned.device_map else dataclasses.replace(planned, max_memory=None)).load(say)
-            if plan is not None and loaded.placement is not None:  # why this dtype: the plan's reason, not "--dtype"
-                loaded.placement = dataclasses.replace(loaded.placement, why=plan.dtype_reason)
+                loaded = (options if options.device_map else dataclasses.replace(options, max_memory=None)).load(
+                    say, placement)
             if main:
                 say(f"model {loaded.name}: {loaded.n_layers} layers on {loaded.device} in {loaded.dtype_name}")
         context = RunContext(

@@ -138,12 +138,15 @@ def load_model(
     max_memory: str | None = None,
     deterministic: bool = True,
     tf32: bool = True,
+    placement: Placement | None = None,
 ) -> LoadedModel:
     """Loads a causal LM for experiments (eval mode, gradients off) and checks its family.
 
     `device_map` (auto, balanced, sequential) spreads the layers over every visible GPU, then the
     CPU and the disk, through accelerate; `max_memory` ('0=14GiB,1=14GiB,cpu=30GiB') caps each.
-    `deterministic` and `tf32` set up torch for the run on a GPU (`set_deterministic`, `enable_tf32`)."""
+    `deterministic` and `tf32` set up torch for the run on a GPU (`set_deterministic`, `enable_tf32`).
+    `placement`: decided before the load (the run's memory plan, `MemoryPlan.placement`), used as it is,
+    so the device, dtype and why the plan printed are the load's; None: decided here."""
     import torch
     from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
@@ -157,9 +160,8 @@ def load_model(
     location = source.location
     hardware = Hardware.read()
     flags = Flags(device, dtype, device_map, max_memory)
-    early = resolve_placement(flags, hardware)  # the device and budgets refused before any file is read
+    early = placement or resolve_placement(flags, hardware)  # the device and budgets refused before any file is read
     set_deterministic(early.device, deterministic)  # before the first cuBLAS call
-    placement = None
     try:
         if source.kind == "gguf":  # the GGUF's config chooses the dtype before dequantizing
             gguf = Path(location)
@@ -167,7 +169,7 @@ def load_model(
             config = AutoConfig.from_pretrained(where, **gguf_kwargs)
             check_sizes(config.to_dict(), source.display)  # before the dequantization builds the model
             LayerStack.check_family(config.model_type)
-            placement = model_placement(flags, config, hardware=hardware)
+            placement = placement or model_placement(flags, config, hardware=hardware)
             location = str(dequantized_folder(gguf, report, placement.dtype))
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
         check_sizes(config.to_dict(), source.display)  # before the model is built from it

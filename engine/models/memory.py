@@ -31,7 +31,7 @@ from engine.models.stream_plan import StreamPlan as StreamPlan
 from engine.models.stream_plan import budget_bytes as budget_bytes
 
 if TYPE_CHECKING:
-    from engine.models.placement import Hardware
+    from engine.models.placement import Hardware, Placement
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 MARGIN = 0.9  # plan at most 90 % of free memory: the allocator and CUDA context need the rest
@@ -70,6 +70,7 @@ class MemoryPlan:
     checkpoints: int = 0  # bytes the run's checkpoints hold at most, on the session's disk (checked before the load)
     host_cache: int = 0  # the prefix cache's bytes when it is kept in host memory (`place_prefix_cache`)
     stream: StreamPlan | None = None  # the run streams its layers (`--stream`, or a model over its budget)
+    placement: Placement | None = None  # the device, dtype and why decided here, handed to the load as they are
 
     @property
     def total(self) -> int:
@@ -329,7 +330,7 @@ def plan_run(name: str, settings: Any, device: str = "auto", dtype: str = "auto"
         plan = place_prefix_cache(plan, free_memory(chosen_device))
     placed = planned_layer_devices(preview.meta, placement) if device_map else ()
     plan = replace(plan, device=placement.device, dtype_reason=placement.why, layer_devices=tuple(placed),
-                   checkpoints=settings.checkpoint_params(shape) * BYTES[chosen_dtype])
+                   placement=placement, checkpoints=settings.checkpoint_params(shape) * BYTES[chosen_dtype])
     if streamable and local:
         streamed = streamed_plan(shape, chosen_dtype, chosen_device, batch_widths(lengths, batch_size), settings,
                                  max_memory, config)

@@ -86,14 +86,15 @@ class ModelOptions(Settings):
 
         parse_max_memory(self.max_memory)
 
-    def load(self, report: Callable[[str], None] = lambda _: None) -> Any:
-        """The loaded model (engine.models.loading.LoadedModel); imports torch."""
+    def load(self, report: Callable[[str], None] = lambda _: None, placement: Any = None) -> Any:
+        """The loaded model (engine.models.loading.LoadedModel); imports torch. `placement`: the memory
+        plan's (engine.models.placement.Placement), which the load takes as it is."""
         from engine.models.loading import load_model
 
         return load_model(self.model, device=self.device, dtype=self.dtype,
                           trust_remote_code=self.trust_remote_code, report=report,
                           device_map=self.device_map, max_memory=self.max_memory,
-                          deterministic=self.deterministic, tf32=self.tf32)
+                          deterministic=self.deterministic, tf32=self.tf32, placement=placement)
 
     def untrusted(self) -> ModelOptions:
         """These options as read from a file someone may have sent: never running a model's code."""

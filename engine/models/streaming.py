@@ -37,6 +37,8 @@ from engine.models.sources import MODEL_WEIGHTS
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from engine.models.placement import Placement
+
 # the groups besides the layers: the input embedding, the output head, and every other weight outside
 # the layers (final norm, position embeddings: small, held the whole run)
 INPUT, HEAD, OUTER = "input", "head", "outer"
@@ -316,10 +318,12 @@ class StreamedModel(LoadedModel):
 
 
 def open_streamed(name: str, device: str = "auto", dtype: str = "auto", report: Any = lambda _: None,
-                  trust_remote_code: bool = False, max_memory: str | None = None) -> StreamedModel:
+                  trust_remote_code: bool = False, max_memory: str | None = None,
+                  placement: Placement | None = None) -> StreamedModel:
     """The model `name` (a folder, a GGUF file through its dequantized cache, a hub id through its
     downloaded files) as a skeleton and its layer source, kept to the budget `max_memory` (--max-memory's
-    text; None: the memory free); no weight is read yet."""
+    text; None: the memory free); no weight is read yet. `placement`: the memory plan's, taken as it is
+    (as `load_model` takes it); None: decided here."""
     from transformers import AutoConfig, AutoTokenizer
 
     from engine.models.gguf_cache import dequantized_folder, gguf_config_source
@@ -329,20 +333,22 @@ def open_streamed(name: str, device: str = "auto", dtype: str = "auto", report: 
 
     source = resolve(name, report)
     flags = Flags(device, dtype)
-    device_name = resolve_placement(flags).device
+    device_name = (placement or resolve_placement(flags)).device
     location = source.location
     if source.kind == "gguf":
         where, gguf_kwargs = gguf_config_source(Path(location))
         config = AutoConfig.from_pretrained(where, **gguf_kwargs)
         LayerStack.check_family(config.model_type)
-        location = str(dequantized_folder(Path(location), report, model_placement(flags, config).dtype))
+        placement = placement or model_placement(flags, config)
+        location = str(dequantized_folder(Path(location), report, placement.dtype))
     elif source.kind == "hub":
         from huggingface_hub import snapshot_download
 
         location = snapshot_download(location, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"])
     config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
     LayerStack.check_family(config.model_type)
-    dtype_name = model_placement(flags, config, trust_remote_code).dtype
+    placement = placement or model_placement(flags, config, trust_remote_code)
+    dtype_name = placement.dtype
     torch_dtype = getattr(torch, dtype_name)
     model = skeleton_model(config, torch_dtype)
     tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
@@ -351,4 +357,4 @@ def open_streamed(name: str, device: str = "auto", dtype: str = "auto", report: 
     stream = LayerSource(model, Path(location), torch_dtype, torch.device(device_name), max_memory)
     stack = stream.stack
     return StreamedModel(model, tokenizer, source.display, location, device_name, dtype_name, stack.family,
-                         len(stack), ["stream"] * len(stack), stream=stream)
+                         len(stack), ["stream"] * len(stack), placement=placement, stream=stream)

@@ -93,8 +93,8 @@ class BatchMeter:
         delta = y - x
         if index == 0:
             self.embedding_norm = x.norm(dim=-1)
-            self.states.append(x)
-        self.states.append(y)
+            self.states.append(layer_input[keep])
+        self.states.append(layer_output[keep])  # in the run's dtype: trajectory() computes in float32
         self.state.append(angle_degrees(x, y))
         self.norm.append(y.norm(dim=-1))
         self.update_norm.append(delta.norm(dim=-1))
@@ -123,8 +123,8 @@ def trajectory(states: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
     """Where each state h_0..h_L ([N, H] each) sits on the way from h_0 to the final state h_L:
     the angle theta(h_l, h_L) and the progress s_l = <h_l - h_0, h_L - h_0> / |h_L - h_0|^2 (paper B's
     scripts). Both [N, L+1]; s_0 = 0 and s_L = 1 exactly (NaN where h_L = h_0), theta(h_L, h_L) = 0."""
-    final = states[-1]
-    states = [h.to(final.device) for h in states]  # a split model's layers sit on several GPUs
+    final = states[-1].float()
+    states = [h.to(final.device).float() for h in states]  # a split model's layers sit on several GPUs
     start = states[0]
     span = final - start
     scale = (span * span).sum(dim=-1)
@@ -149,8 +149,7 @@ def stream_profiles(
 ) -> Iterator[Progress | Profiles]:
     """Runs the batches one at a time through the model with hooks; yields Progress, then Profiles."""
     stack = LayerStack(model)
-    parts: dict[str, list[np.ndarray]] = {}
-    where: list[np.ndarray] = []
+    found: list[tuple[dict[str, np.ndarray], np.ndarray]] = []
     for b, batch in enumerate(batches):
         if cancel is not None:
             cancel.check()
@@ -166,10 +165,19 @@ def stream_profiles(
         with torch.no_grad(), stack.capture(observe, batch), (lens.attached() if lens else contextlib.nullcontext()):
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
                   logits_to_keep=1)
-        for name, value in meter.finish().items():
-            parts.setdefault(name, []).append(value.cpu().numpy().astype(np.float32))
-        rows, positions = torch.nonzero(keep.cpu(), as_tuple=True)
-        where.append(np.stack([batch.text_index[rows.numpy()], positions.numpy()], axis=1))
+        found.append(on_host(batch, meter))
         yield Progress(b + 1, len(batches), "dynamics")
-    joined = {name: np.concatenate(values) for name, values in parts.items()}
-    yield Profiles(where=np.concatenate(where).astype(np.int64), **joined)
+    yield joined(found)
+
+
+def on_host(batch: Batch, meter: BatchMeter) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """One batch's finished per-token arrays on the host, and where each token came from."""
+    values = {name: value.cpu().numpy().astype(np.float32) for name, value in meter.finish().items()}
+    rows, positions = torch.nonzero(meter.keep.cpu(), as_tuple=True)
+    return values, np.stack([batch.text_index[rows.numpy()], positions.numpy()], axis=1)
+
+
+def joined(found: Sequence[tuple[dict[str, np.ndarray], np.ndarray]]) -> Profiles:
+    """The batches' arrays (`on_host`, in batch order) as one Profiles."""
+    values = {name: np.concatenate([part[name] for part, _ in found]) for name in found[0][0]}
+    return Profiles(where=np.concatenate([where for _, where in found]).astype(np.int64), **values)

@@ -10,16 +10,14 @@ per-token profile matrix (tokens x layers floats, which PCA needs), never the hi
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from engine.core.codec import json_safe
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Result
-from engine.core.files import read_lines
-from engine.data.text import clip_text, corpus, heldout_texts
 from engine.evaluation.perplexity import tokenize_batches
+from engine.experiments.ablation.wavefront import close_after
 from engine.experiments.context import RunContext
 from engine.experiments.dynamics.clusters import (
     cluster_profiles,
@@ -31,6 +29,8 @@ from engine.experiments.dynamics.clusters import (
 )
 from engine.experiments.dynamics.lens import make_lens
 from engine.experiments.dynamics.profiles import Profiles, stream_profiles
+from engine.experiments.dynamics.streamed import streamed_evaluator, streamed_profiles
+from engine.experiments.dynamics.texts import dynamics_texts, select_texts
 from engine.experiments.dynamics.vocabulary import (
     CLUSTER_K,
     DynamicsLayer,
@@ -40,44 +40,35 @@ from engine.experiments.dynamics.vocabulary import (
     LensLosses,
 )
 from engine.models.anatomy import LayerStack
-
-
-def dynamics_texts(settings: DynamicsSettings) -> tuple[list[str], str]:
-    if settings.text_file:
-        return read_lines(Path(settings.text_file), "text file"), str(settings.text_file)
-    held = corpus()
-    return heldout_texts(held), f"held-out part of {held.source}"
-
-
-def select_texts(tokenizer: Any, texts: Sequence[str], max_tokens: int, max_length: int) -> list[str]:
-    """Texts in order until their tokens (each cut at max_length) reach max_tokens; at least one."""
-    chosen: list[str] = []
-    total = 0
-    for text in texts:
-        text = clip_text(tokenizer, text, max_length)  # a line of 60 MB: never tokenized whole to be truncated
-        n = len(tokenizer(text, truncation=True, max_length=max_length)["input_ids"])
-        if chosen and total + n > max_tokens:
-            break
-        chosen.append(text)
-        total += n
-    return chosen
+from engine.models.streaming import LayerSource, StreamedModel
 
 
 def run_dynamics(
-    model: Any, tokenizer: Any, settings: DynamicsSettings, cancel: CancelToken | None = None, model_name: str = ""
+    model: Any, tokenizer: Any, settings: DynamicsSettings, cancel: CancelToken | None = None, model_name: str = "",
+    stream: LayerSource | None = None,
 ) -> Iterator[Event]:
+    """The profiles, their layers' medians, PCA and clusters. With `stream` (a skeleton `model` and its
+    layer source) the profiles come from one streamed pass (engine/experiments/dynamics/streamed.py),
+    each weight read once: the same result."""
     settings.validate()
     started = time.perf_counter()
     all_texts, source = dynamics_texts(settings)
     texts = select_texts(tokenizer, all_texts, settings.max_tokens, settings.max_length)
     stack = LayerStack(model)
-    batches = tokenize_batches(tokenizer, texts, settings.eval_batch_size, settings.max_length, stack.input_device())
     n_layers = len(stack)
     lens = make_lens(model, n_layers, settings.lens) if settings.lens_on else None
+    if stream is None:
+        batches = tokenize_batches(tokenizer, texts, settings.eval_batch_size, settings.max_length,
+                                   stack.input_device())
+        passing: Iterator[Event | Profiles] = stream_profiles(model, batches, settings.include_first, lens, cancel)
+    else:
+        evaluator = streamed_evaluator(stream, tokenizer, texts, settings, cancel)
+        batches = evaluator.batches
+        passing = streamed_profiles(stream, evaluator, settings, lens)
     yield Message(f"{len(texts)} texts from {source}; first position "
                   f"{'included' if settings.include_first else 'excluded'}")
     profiles: Profiles | None = None
-    for item in stream_profiles(model, batches, settings.include_first, lens, cancel):
+    for item in passing:
         if isinstance(item, Profiles):
             profiles = item
         else:
@@ -137,4 +128,6 @@ def run_dynamics(
 def run(settings: DynamicsSettings, context: RunContext) -> Iterator[Event]:
     """The registry's entry: the context's model."""
     loaded = context.needed_model("dynamics")
-    yield from run_dynamics(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name)
+    stream = loaded.stream if isinstance(loaded, StreamedModel) else None
+    events = run_dynamics(loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name, stream)
+    yield from (events if stream is None else close_after(events, stream))

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.core.errors import UserError
 from engine.core.events import (
     Event,
     ResultDocument,
@@ -47,9 +48,34 @@ class DynamicsSettings(Settings):
                         "head) or last-block (its input through the last block, the final norm and head, as "
                         "paper B's scripts); last-block turns the lens on", choices=LENSES)
 
+    stream: bool = setting(False, "read the model from its safetensors layer by layer, each weight once, every "
+                           "batch's states advancing through the layer in memory (a model larger than memory; the "
+                           "same result)", resume_free=True)
+
     @property
     def lens_on(self) -> bool:
         return self.logit_lens or self.lens != "plain"
+
+    def check(self) -> None:
+        if self.stream and self.lens == "last-block":
+            raise UserError("--lens last-block runs the last layer on every layer's input, which a streamed pass "
+                            "(each layer read once, in order) no longer holds; use --lens plain or drop --stream")
+
+    def branches(self, n_layers: int) -> int:
+        """A streamed pass's states, in units of one set of hidden states of every text: the running
+        one and the L + 1 each token's trajectory keeps until the last layer (`BatchMeter.states`)."""
+        return n_layers + 2
+
+    def window(self) -> int:
+        """Layers a streamed pass holds while one computes."""
+        return 1
+
+    def eval_source(self, tokenizer: Any) -> list[str]:
+        """The texts the run reads (the memory plan's too): the file's or the held-out corpus's, up to
+        --max-tokens."""
+        from engine.experiments.dynamics.texts import dynamics_texts, select_texts
+
+        return select_texts(tokenizer, dynamics_texts(self)[0], self.max_tokens, self.max_length)
 
 
 @event("dynamics.layer", v1_fields={"index": "layer"})
