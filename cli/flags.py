@@ -5,7 +5,10 @@ user types into a form (growth's), so both accept exactly the same words."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Collection, Sequence
+import difflib
+import re
+import sys
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -110,8 +113,55 @@ def _shards(text: str) -> int:
     return count
 
 
-class _Parser(argparse.ArgumentParser):
-    """Reports a bad flag as a UserError instead of printing usage and exiting (a console form)."""
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's own rule: a value, not a flag
+
+
+def _is_flag(word: str) -> bool:
+    """Whether argparse reads `word` as a flag: a leading '-', not a negative number, no space."""
+    return word.startswith("-") and word != "-" and not NEGATIVE_NUMBER.match(word) and " " not in word
+
+
+class CheckedParser(argparse.ArgumentParser):
+    """A parser whose mistakes are caught where they are made, each a one-line UserError (never
+    argparse's usage block and exit): no abbreviated flags (`--layer 3` was taken for `--layers 3`),
+    and an unknown flag, command or experiment named, with the closest real one, before argparse
+    blames the word after it (`--sesion lab` said "invalid choice: 'lab'"). Its sub-commands'
+    parsers are of its class, so each checks its own words when argparse hands them over."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]  # one for
+                         namespace: Any = None) -> tuple[Any, list[str]]:  # typeshed's three overloads
+        self.check_words(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def check_words(self, words: Sequence[str]) -> None:
+        """This parser's words up to its sub-command: each flag one of its own (read with the value
+        it takes: the flags here take one or none), the sub-command one of its choices."""
+        commands = next((action for action in self._actions if action.nargs == argparse.PARSER), None)
+        index = 0
+        while index < len(words) and words[index] != "--":
+            word = words[index]
+            if _is_flag(word):
+                name = word.split("=", 1)[0]
+                action = self._option_string_actions.get(name)
+                if action is None:
+                    self._unknown("flag", name, name, self._option_string_actions)
+                values = action.nargs if isinstance(action.nargs, int) else 1
+                index += 1 + (0 if "=" in word else values)
+            elif commands is not None and isinstance(commands.choices, dict):
+                if word not in commands.choices:
+                    self._unknown(str(commands.dest).replace("_", " "), word, repr(word), commands.choices)
+                return  # the rest is the sub-command's: its own parser checks it
+            else:
+                index += 1  # a positional value (`sessions show NAME`)
+
+    def _unknown(self, what: str, word: str, shown: str, real: Iterable[str]) -> NoReturn:
+        for match in difflib.get_close_matches(word, list(real), n=1):
+            raise UserError(f"unknown {what} {shown}: did you mean {match}?")
+        raise UserError(f"unknown {what} {shown}" + (f" (see {self.prog} --help)" if self.add_help else ""))
 
     def error(self, message: str) -> NoReturn:
         raise UserError(message)
@@ -120,7 +170,7 @@ class _Parser(argparse.ArgumentParser):
 def settings_from_flags(experiment: Experiment, flags: Sequence[str]) -> Settings:
     """Settings from flags typed in a form, exactly as `anatomy-tui run NAME FLAGS` reads them
     (model and session flags are the console's own, so they are refused here)."""
-    parser = _Parser(prog=experiment.name, add_help=False)
+    parser = CheckedParser(prog=experiment.name, add_help=False)
     presets = experiment.presets
     if presets:
         parser.add_argument("--preset", default=experiment.preset, choices=sorted(presets))

@@ -53,6 +53,19 @@ def check_cluster(address: str | None) -> None:
         raise UserError(f"--cluster needs Ray: {INSTALL}")
 
 
+def check_model(model: str) -> None:
+    """The console's --model, before any screen or session: the check `run` makes before its load
+    (engine/models/preflight.py config_shape: the name resolved, the config's sizes, the tokenizer's
+    files), so a path that is not there is one line now, not a failed load in a session that names
+    it. The embedded default is not checked: the console fetches it where it is missing, saying so."""
+    from engine.models.sources import DEFAULT_MODEL
+
+    if model != DEFAULT_MODEL:
+        from engine.models.preflight import config_shape
+
+        config_shape(model)
+
+
 def check_port(port: int) -> None:
     """--serve's port: in range and free to listen on (textual-serve would fail with a traceback
     after printing its address). The probe binds as aiohttp does (SO_REUSEADDR), so a port still in
@@ -74,6 +87,10 @@ def launch(args: argparse.Namespace) -> int:
     SessionStore().check_home()  # a file or a read-only folder: one line before any screen (the console writes)
     check_session(args.session)
     check_cluster(args.cluster)
+    from cli.flags import model_options_from_args
+
+    options = model_options_from_args(args)
+    check_model(options.model)
     if args.serve_token and not args.serve:
         print("anatomy-tui: error: --serve-token goes with --serve", file=sys.stderr)
         return 2
@@ -100,7 +117,6 @@ def launch(args: argparse.Namespace) -> int:
             )
         server.serve()
         return 0
-    from cli.flags import model_options_from_args
     from tui.app import AnatomyApp
     from tui.console_settings import ConsoleSettings
     from tui.logging_setup import setup_logging
@@ -108,7 +124,6 @@ def launch(args: argparse.Namespace) -> int:
     setup_logging()  # nothing logs to the terminal the console draws on
 
     explicit = any(arg == "--model" or arg.startswith("--model=") for arg in sys.argv[1:])
-    options = model_options_from_args(args)
     app = AnatomyApp(session=args.session, resume=args.resume, options=options, model_explicit=explicit,
                      console=ConsoleSettings(cluster=args.cluster))
     app.run()

@@ -14,7 +14,7 @@ import sys
 import typing
 from collections.abc import Sequence
 
-from cli.flags import add_settings_arguments, experiment_flags
+from cli.flags import CheckedParser, add_settings_arguments, experiment_flags
 from engine import registry
 from engine.core.errors import UserError
 from engine.core.frozen_imports import one_job_process
@@ -39,8 +39,9 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """A usage mistake is one line and exit 2 like any bad value (argparse prints its usage block)."""
+class OneLineParser(CheckedParser):
+    """A usage mistake is one line and exit 2 like any bad value (argparse prints its usage block);
+    an unknown or abbreviated flag, command or experiment is named with the closest real one."""
 
     def error(self, message: str) -> typing.NoReturn:
         if "expected one argument" in message:  # argparse reads '-0.5,1' or '-inf' as a flag

@@ -242,7 +242,7 @@ PHASE_1E400 = '[{"name": "a", "layers": [0, 1, 2, 4, 5, 7, 8, 9, 10], "steps": 1
         (["manipulate", "--alphas", "0.5,nan"], "--alphas 0.5,nan"),
         (["manipulate", "--alphas=-inf"], "--alphas -inf"),
         (["manipulate", "--alphas", "-0.5,1"], "write a value that starts with '-' as --flag=VALUE"),
-        (["ablation", "--no-such-flag", "1"], "unrecognized arguments: --no-such-flag 1"),
+        (["ablation", "--no-such-flag", "1"], "unknown flag --no-such-flag"),
         (["toy-depth", "--lr", "nan"], "--lr nan"),
         (["toy-depth", "--lr", "inf"], "--lr inf"),
         (["toy-depth", "--temperatures", "1,inf"], "--temperatures 1,inf"),

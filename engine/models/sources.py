@@ -101,6 +101,9 @@ def resolve(name: str, report: Report = quiet) -> ModelSource:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise UserError(f"no such GGUF file: {path}; check the path")
+        with path.open("rb") as file:  # its first 4 bytes: a file that is no model, refused before any load
+            if file.read(4) != b"GGUF":
+                raise UserError(f"could not load {path.name}: not a GGUF file (it does not start with GGUF)")
         return ModelSource("gguf", str(path.resolve()), path.name)
     if path.is_dir():
         if not (path / "config.json").exists():
