@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from engine.core.events import Cancelling, Event, Message, Progress
+from engine.models.load_progress import duration  # the time left said alike by a run and a load
 
 
 def progress_text(event: Progress) -> str:
@@ -24,16 +25,8 @@ def progress_text(event: Progress) -> str:
         text += f", {event.rate:.3g} {event.unit or 'units'}/s"
     left = event.seconds_left
     if left is not None and event.done < event.total:
-        text += f", about {_duration(left)} left"
+        text += f", about {duration(left)} left"
     return text
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 class ProgressLines:

@@ -1,6 +1,8 @@
-"""The dequantized cache of GGUF files: a GGUF load dequantizes every tensor (about 15-20 s for
-SmolLM2), so the float weights are saved once as safetensors, a folder per file and dtype, and
-later loads read that folder instead. A staging folder left by a killed process is removed.
+"""The dequantized cache of GGUF files: a GGUF load parses the file's header and dequantizes every
+tensor (a minute of CPU for SmolLM2 on a busy 2-core machine, its percentage and time left said as it
+goes: engine/models/load_progress.py), so the float weights are saved once as safetensors, a folder
+per file and dtype, and later loads read that folder instead. A staging folder left by a killed
+process is removed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.process import pid_alive
+from engine.models.load_progress import DEQUANTIZE_LOOP, LoadProgress
 from engine.models.sources import Report, cache_home, quiet
 
 CACHE_FORMAT = 1  # bump when the cached folder layout changes
@@ -84,7 +87,8 @@ def clean_stale_staging(parent: Path, prefix: str = ".") -> list[Path]:
 
 def dequantized_folder(gguf: Path, report: Report = quiet, dtype: str = "float32") -> Path:
     """A folder of safetensors + config + tokenizer made from the GGUF file once, in the dtype the
-    run uses, then reused."""
+    run uses, then reused. Each step is said as it goes (`report`, a `LoadProgress` or any `Report`):
+    the tokenizer, then the tensors with their percentage and the time left, then the write."""
     folder = gguf_cache_dir(gguf, dtype)
     clean_stale_staging(folder.parent)
     if (folder / "config.json").exists():
@@ -92,10 +96,22 @@ def dequantized_folder(gguf: Path, report: Report = quiet, dtype: str = "float32
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    report(f"dequantizing {gguf.name} to {dtype} once (15-20 s for the embedded model); later loads read the cache")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    progress = report if isinstance(report, LoadProgress) else LoadProgress(report)
+    with progress.running():
+        progress.step(f"reading {gguf.name}'s tokenizer (once; later loads read the cache)")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        progress.step(f"dequantizing {gguf.name} to {dtype} (once)")
+        with progress.counting(DEQUANTIZE_LOOP, size=lambda tensor: tensor.n_bytes):
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                         dtype=getattr(torch, dtype))
+        progress.step(f"writing the float copy of {gguf.name} to the cache")
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        _write_copy(model, tokenizer, folder)
+    return folder
+
+
+def _write_copy(model: Any, tokenizer: Any, folder: Path) -> None:
+    """The copy written to a staging folder, then moved into place at once."""
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         (staging / STAGING_OWNER).write_text(str(os.getpid()))
@@ -107,7 +123,6 @@ def dequantized_folder(gguf: Path, report: Report = quiet, dtype: str = "float32
         shutil.rmtree(staging, ignore_errors=True)
         if not (folder / "config.json").exists():  # a concurrent loader may have won the race
             raise
-    return folder
 
 
 def _save_float_copy(model: Any, folder: Path) -> None:

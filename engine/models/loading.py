@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.core.errors import UserError
 from engine.models.gguf_cache import dequantized_folder, gguf_config_source
+from engine.models.load_progress import WEIGHTS_LOOP, LoadProgress
 from engine.models.placement import (
     Flags,
     Hardware,
@@ -147,6 +148,18 @@ def load_model(
     `deterministic` and `tf32` set up torch for the run on a GPU (`set_deterministic`, `enable_tf32`).
     `placement`: decided before the load (the run's memory plan, `MemoryPlan.placement`), used as it is,
     so the device, dtype and why the plan printed are the load's; None: decided here."""
+    progress = LoadProgress(report)
+    with progress.running():
+        return _load(name, progress, device, dtype, trust_remote_code, device_map, max_memory, deterministic,
+                     tf32, placement)
+
+
+def _load(name: str, progress: LoadProgress, device: str, dtype: str, trust_remote_code: bool,
+          device_map: str | None, max_memory: str | None, deterministic: bool, tf32: bool,
+          placement: Placement | None) -> LoadedModel:
+    """`load_model`, each step said through `progress` as it begins."""
+    source = resolve(name, progress)  # a name that is no model refused before the imports
+    progress.step("importing torch and transformers")
     import torch
     from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
@@ -156,7 +169,7 @@ def load_model(
     from engine.models.bounds import check_sizes, check_tokenizer_files, hub_folder
     from engine.models.oom import is_out_of_memory, release_memory
 
-    source = resolve(name, report)
+    report: Report = progress
     location = source.location
     hardware = Hardware.read()
     flags = Flags(device, dtype, device_map, max_memory)
@@ -166,11 +179,14 @@ def load_model(
         if source.kind == "gguf":  # the GGUF's config chooses the dtype before dequantizing
             gguf = Path(location)
             where, gguf_kwargs = gguf_config_source(gguf)
+            if gguf_kwargs:  # no dequantized copy yet: its header is parsed (seconds: the whole token list)
+                progress.step(f"reading {gguf.name}'s header")
             config = AutoConfig.from_pretrained(where, **gguf_kwargs)
             check_sizes(config.to_dict(), source.display)  # before the dequantization builds the model
             LayerStack.check_family(config.model_type)
             placement = placement or model_placement(flags, config, hardware=hardware)
-            location = str(dequantized_folder(gguf, report, placement.dtype))
+            location = str(dequantized_folder(gguf, progress, placement.dtype))
+        progress.step(f"reading {source.display}'s config")
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
         check_sizes(config.to_dict(), source.display)  # before the model is built from it
         folder = hub_folder(location) if source.kind == "hub" else Path(location)
@@ -185,10 +201,13 @@ def load_model(
         for line in dtype_warnings(placement.dtype, placement.device, hardware, config.model_type):
             report("warning: " + line)
         # straight onto the device, tensor by tensor: no full copy in host RAM first
-        model = AutoModelForCausalLM.from_pretrained(
-            location, dtype=getattr(torch, placement.dtype), trust_remote_code=trust_remote_code,
-            use_safetensors=True, **placement.load_kwargs(location, cache_home() / "offload"),
-        )
+        progress.step(f"reading the weights of {source.display} onto {placement.device} in {placement.dtype}")
+        with progress.counting(WEIGHTS_LOOP):
+            model = AutoModelForCausalLM.from_pretrained(
+                location, dtype=getattr(torch, placement.dtype), trust_remote_code=trust_remote_code,
+                use_safetensors=True, **placement.load_kwargs(location, cache_home() / "offload"),
+            )
+        progress.step(f"reading {source.display}'s tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
     except UserError:
         raise
