@@ -36,7 +36,7 @@ def parse(argv: list[str]):
 # what `anatomy-tui run NAME` runs with no flag: a few telling settings of each, as documented
 NO_FLAGS: dict[str, dict[str, Any]] = {
     "ablation": {"method": "mean", "layers": None, "part": "layer", "max_length": 256, "bootstrap": 0},
-    "recovery": {"layers": (11, 14, 17), "sigma": 0.5, "steps": 200, "lr": 1e-4, "repeats": 1, "batch_size": 4},
+    "recovery": {"layers": (11, 14, 17), "sigma": 0.5, "steps": None, "lr": 1e-4, "repeats": 1, "batch_size": 4},
     "growth": {"preset": "paper", "steps": 656, "hidden_size": 256, "profile_layers": 12,
                "arms": ("growth_100", "growth_50", "uniform_100")},
     "dynamics": {"max_tokens": 8192, "components": 10, "profile": "both", "clusters": 0},

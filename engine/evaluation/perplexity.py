@@ -34,6 +34,10 @@ def _nothing_around() -> contextlib.AbstractContextManager[object]:
     return contextlib.nullcontext()
 
 
+class _CacheDone(Exception):
+    """Stops a forward of `Evaluator.caching_up_to` once its deepest layer input is kept."""
+
+
 @dataclass
 class TextScores:
     """Per-text summed negative log-likelihood and predicted-token counts."""
@@ -308,9 +312,18 @@ class Evaluator:
                  around: Around = _nothing_around) -> Scoring:
         """`build_cache` as a pass that yields its Progress after each batch (`phase`, in texts)."""
         with out_of_memory_guard("building the prefix cache", OOM_ADVICE):
-            return (yield from self._build_cache(observe, keep, phase, around))
+            per_batch = yield from self._build_cache(observe, keep, phase, around)
+        return TextScores(self._gather(per_batch), self.tokens.copy())
 
-    def _build_cache(self, observe: LayerObserver | None, keep: bool, phase: str, around: Around) -> Scoring:
+    def caching_up_to(self, layer: int, phase: str = "prefix") -> Generator[Progress, None, None]:
+        """The prefix cache of layers 0..`layer` alone, each forward stopped once `layer`'s input is
+        kept (no layer above, no logits, no scores): for a run that knows its baseline already and
+        starts no deeper than `layer`. The inputs are those a full pass keeps, bit for bit."""
+        with out_of_memory_guard("building the prefix cache", OOM_ADVICE):
+            yield from self._build_cache(None, True, phase, _nothing_around, upto=layer)
+
+    def _build_cache(self, observe: LayerObserver | None, keep: bool, phase: str, around: Around,
+                     upto: int | None = None) -> Generator[Progress, None, list[torch.Tensor]]:
         inputs: list[list[torch.Tensor]] = []
         per_batch = []
         pace = Pace(phase, self.n_texts, "texts")
@@ -327,13 +340,15 @@ class Evaluator:
                     per_layer.append(layer_input.detach().to("cpu") if self.cache_on_host else layer_input.detach())
                 if observe is not None:
                     observe(batch, index, layer_input, layer_output)
+                if index == upto:
+                    raise _CacheDone
 
-            with torch.no_grad(), around(), self.stack.capture(hold, batch):
+            with torch.no_grad(), around(), self.stack.capture(hold, batch), contextlib.suppress(_CacheDone):
                 per_batch.append(self._forward_nll(batch))
             inputs.append(per_layer)
             yield pace.at(self._texts_through(b))
         self._layer_inputs = inputs if keep else None
-        return TextScores(self._gather(per_batch), self.tokens.copy())
+        return per_batch
 
     def drop_cache(self) -> None:
         self._layer_inputs = None

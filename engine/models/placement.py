@@ -174,6 +174,16 @@ def dtype_warnings(dtype: str, device: str, hardware: Hardware, model_type: str 
                      "prefer bfloat16 or float32")
     return found
 
+SHORT_RUN_SECONDS = 150.0  # on the CPU, a training run sized `auto` trains a layer about this long
+
+
+def training_budget_seconds(device: str) -> float | None:
+    """The rule for training runs sized `auto` (recovery's `--steps auto`): on the CPU about 2.5
+    minutes a layer, so a curve shows in minutes (the paper's 200 steps take hours there); None on
+    an accelerator, which runs the paper's settings. The one place this is decided."""
+    return SHORT_RUN_SECONDS if device.split(":")[0] == "cpu" else None
+
+
 
 class PlacementOptions(Protocol):
     """The flags a placement is resolved from (engine.models.options.ModelOptions has them)."""

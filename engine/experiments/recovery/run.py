@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,14 @@ from engine.experiments.recovery.checkpoints import checkpointed, weights_keeper
 from engine.experiments.recovery.shards import merge_shards, whole_layers
 from engine.experiments.recovery.summary import layer_row, over_layers
 from engine.experiments.recovery.sweep import KeepWeights, Sweep
-from engine.experiments.recovery.vocabulary import RecoveryLayer, RecoveryResult, RecoveryRow, RecoverySettings
+from engine.experiments.recovery.vocabulary import (
+    BASELINE_FILE,
+    PAPER_STEPS,
+    RecoveryLayer,
+    RecoveryResult,
+    RecoveryRow,
+    RecoverySettings,
+)
 from engine.experiments.sweep_checkpoint import CHECKPOINT_FILE, resumed
 from engine.models.anatomy import LayerStack
 from engine.models.distributed import ShardPlan, Workers
@@ -45,6 +52,8 @@ def run_recovery(
     ablation: AblationMap | None = None,
     keep_weights: KeepWeights = None,
     runs: Collection[tuple[int, int]] | None = None,
+    dtype_name: str = "",
+    baseline_file: Path | None = None,
 ) -> Iterator[Event]:
     """The sweep. `done_layers` are rows finished earlier with the same settings (--resume), as
     saved (JSON): those layers are not run again. `ablation` is the session's ablation map, for the
@@ -53,17 +62,26 @@ def run_recovery(
     Every run's numbers depend on its layer and repeat alone (`noise_seed`, `layer_inputs`), not on
     the runs made before it.
     `keep_weights(index, matrices)` receives each layer's recovered matrices (first repeat) before
-    the original weights are restored, so a front end can save them (the console's prompt pane)."""
+    the original weights are restored, so a front end can save them (the console's prompt pane).
+    `baseline_file` holds a baseline measured already (reused when its fingerprint, with the model's
+    name and `dtype_name`, is this run's), and this run's is kept there. `--steps auto` is settled
+    once the baseline pass has timed the model (`Sweep.sized`); a resumed one keeps its finished
+    layers' steps."""
     settings.validate()
     layers = settings.resolve_layers(len(LayerStack(model)))
     started = time.perf_counter()
-    sweep = Sweep(model, tokenizer, settings, cancel, keep_weights)
-    yield from sweep.baselines()
     done = [RecoveryRow.from_json(row) for row in done_layers]
     rows = {row.layer: row for row in done if row.layer in layers}
     todo = [index for index in layers if index not in rows]
+    if settings.steps is None and (kept := steps_of(rows.values())) is not None:
+        settings = replace(settings, steps=kept)
+    sweep = Sweep(model, tokenizer, settings, cancel, keep_weights, (model_name, dtype_name), baseline_file,
+                  max(todo or layers))
+    yield from sweep.baselines()
+    yield from sweep.sized()
+    settings = sweep.settings
     repeats = {index: [r for r in range(settings.repeats) if runs is None or (index, r) in runs] for index in todo}
-    sweep.steps_total = sum(map(len, repeats.values())) * settings.steps
+    sweep.steps_total = sum(map(len, repeats.values())) * settings.settled_steps
     sweep.pace = Pace("training", sweep.steps_total, "steps", "recovery")
     if rows:
         yield Message(f"resuming: layers {', '.join(map(str, rows))} already finished, skipped")
@@ -84,7 +102,7 @@ def run_recovery(
             for repeat in repeats[index]:
                 run = yield from sweep.recover(index, repeat, prefix)
                 made.append(run)
-            rows[index] = layer_row(index, made, settings.steps)
+            rows[index] = layer_row(index, made, settings.settled_steps)
             yield RecoveryLayer(index, rows[index])
 
     def document(partial: bool) -> RecoveryResult:
@@ -109,6 +127,12 @@ def run_recovery(
     yield Result("recovery", json_safe(document(False)))
 
 
+def steps_of(rows: Iterable[RecoveryRow]) -> int | None:
+    """The steps finished layers trained for (a run that did not diverge ran them all); None when
+    none tells."""
+    return next((run.steps_run for row in rows for run in row.repeats if run.status == "done"), None)
+
+
 def run(settings: RecoverySettings, context: RunContext) -> Iterator[Event]:
     """The sweep on the context's model; with a checkpoint folder every finished layer is kept
     there, and `context.resume` skips the layers an earlier sweep with the same key finished."""
@@ -121,6 +145,7 @@ def run(settings: RecoverySettings, context: RunContext) -> Iterator[Event]:
     events = run_recovery(
         loaded.model, loaded.tokenizer, settings, context.cancel, loaded.name,
         done_layers=list(state["layers"].values()), ablation=context.input(AblationMap), keep_weights=keep,
+        dtype_name=loaded.dtype_name, baseline_file=Path(folder) / BASELINE_FILE if folder is not None else None,
     )  # fmt: skip
     yield from events if folder is None else checkpointed(events, Path(folder) / CHECKPOINT_FILE, state)
 
@@ -132,7 +157,10 @@ def shard_plan(settings: RecoverySettings, n_layers: int, inputs: Mapping[str, d
                ) -> ShardPlan:
     """Every (layer, repeat) run is a unit; a share's layers reach it through its settings; the
     merge makes the comparisons across layers again over all (the Spearman with the session's
-    ablation map); `sharded_sweep` runs the split."""
+    ablation map); `sharded_sweep` runs the split. Workers cannot each time their own `--steps
+    auto`: a split sweep runs the paper's steps unless given others."""
+    if settings.steps is None:
+        settings = replace(settings, steps=PAPER_STEPS)
     runs = [(layer, repeat) for layer in settings.resolve_layers(n_layers) for repeat in range(settings.repeats)]
     merge = functools.partial(merge_shards, settings=settings, ablation=inputs.get(AblationMap.name))
 

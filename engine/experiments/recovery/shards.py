@@ -25,7 +25,8 @@ def whole_layers(events: Iterable[Event], settings: RecoverySettings) -> Iterato
             got.update({run.repeat: run for run in event.result.repeats})
             if len(got) < settings.repeats:
                 continue
-            event = RecoveryLayer(event.layer, layer_row(event.layer, [got[r] for r in sorted(got)], settings.steps))
+            made = [got[r] for r in sorted(got)]
+            event = RecoveryLayer(event.layer, layer_row(event.layer, made, settings.settled_steps))
         yield event
 
 

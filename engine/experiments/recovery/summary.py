@@ -161,7 +161,7 @@ def over_layers(ordered: list[RecoveryRow], settings: RecoverySettings, ablation
         "ranking": ranking(ordered),
         "spearman_vs_ablation": vs_ablation.difficulty if vs_ablation else None,
         "versus_ablation": vs_ablation,
-        "budget": training_budget(ordered, settings.steps),
+        "budget": training_budget(ordered, settings.settled_steps),
         "seconds_per_step": float(np.mean(run_seconds)) if run_seconds else None,
     }
 

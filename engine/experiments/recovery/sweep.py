@@ -5,24 +5,33 @@ the last step, `--eval-texts`/`--eval-every auto`), its weights put back exactly
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Pace
+from engine.disk.atomic import atomic_write_json, read_json
 from engine.evaluation.perplexity import Evaluator
 from engine.experiments.recovery.summary import summarise_run
 from engine.experiments.recovery.vocabulary import (
+    PAPER_STEPS,
+    KnownBaseline,
     RecoveryBaseline,
     RecoveryPoint,
     RecoveryRepeat,
     RecoverySettings,
     RecoveryStart,
+    baseline_fingerprint,
 )
 from engine.models.anatomy import LayerStack, execution_device
+from engine.models.placement import training_budget_seconds
 from engine.training.trainer import (
     FINE_TUNE_ADVICE,
     FINE_TUNE_SCALE,
@@ -81,13 +90,61 @@ def auto_eval_every(settings: RecoverySettings, eval_seconds: float, step_second
         return settings.eval_every
     if step_seconds <= 0 or eval_seconds <= 1.5 * step_seconds:
         return 1
-    return max(1, min(settings.steps, round(eval_seconds / step_seconds)))
+    return max(1, min(settings.settled_steps, round(eval_seconds / step_seconds)))
+
+
+MIN_AUTO_STEPS = 5
+
+
+def training_step_estimate(settings: RecoverySettings, layer_tokens: float, seconds: float, layers_trained: int
+                           ) -> float | None:
+    """A training step's seconds, from the rate the evaluation pass just measured (`layer_tokens`
+    token-layers in `seconds`): its batch's tokens through the layers trained, forward and backward
+    (BACKWARD_COST forwards); None when nothing was timed."""
+    if layer_tokens <= 0 or seconds <= 0:
+        return None
+    return BACKWARD_COST * settings.batch_size * settings.block_size * layers_trained * seconds / layer_tokens
+
+
+def auto_steps(budget: float | None, step_seconds: float | None) -> int:
+    """`--steps auto`: the paper's on an accelerator (no budget), else as many steps as fit the
+    budget at the estimated step time with its evaluations (AUTO_EVAL_SHARE of a step each), at
+    least MIN_AUTO_STEPS and at most the paper's."""
+    if budget is None:
+        return PAPER_STEPS
+    if not step_seconds:
+        return MIN_AUTO_STEPS
+    fit = int(budget / (step_seconds * (1 + AUTO_EVAL_SHARE)))
+    return max(MIN_AUTO_STEPS, min(PAPER_STEPS, fit))
+
+
+def read_known_baseline(path: Path, fingerprint: str) -> tuple[KnownBaseline | None, str]:
+    """The baseline kept at `path` when it was measured on what `fingerprint` says (read as untrusted,
+    never through a link), else None and why (nothing when there is no file)."""
+    if not path.exists():
+        return None, ""
+    try:
+        known = KnownBaseline.from_json(read_json(path))
+    except (OSError, ValueError, TypeError) as exc:
+        return None, f"{path.name} ignored ({exc}); the baseline is measured again"
+    if known.fingerprint != fingerprint:
+        return None, (f"the baseline {known.measured_by} measured was on another model, precision, device or "
+                      "texts; measured again")
+    return known, ""
+
+
+def keep_baseline(path: Path, known: KnownBaseline) -> Iterator[Event]:
+    """Writes the baseline for the next run (atomically); a folder that cannot take it is said, not fatal."""
+    try:
+        atomic_write_json(path, dataclasses.asdict(known), "the recovery baseline")
+    except (OSError, UserError) as exc:
+        yield Message(f"the baseline was not kept for the next run: {exc}", "warning")
 
 
 def evaluated(step: int, every: int, settings: RecoverySettings) -> bool:
     """Whether step `step` (1..steps) of a run is evaluated: every `every`-th and the last; with
     --eval-every auto also the first (whose times choose `every`)."""
-    return step % every == 0 or step == settings.steps or (step == 1 and settings.eval_every is None)
+    return step % every == 0 or step == settings.settled_steps or (step == 1 and settings.eval_every is None)
 
 
 class Sweep:
@@ -96,10 +153,15 @@ class Sweep:
 
     def __init__(
         self, model: Any, tokenizer: Any, settings: RecoverySettings, cancel: CancelToken | None,
-        keep_weights: KeepWeights,
+        keep_weights: KeepWeights, identity: tuple[str, str] = ("", ""), baseline_file: Path | None = None,
+        deepest: int = 0,
     ) -> None:
         self.model = model
         self.settings = settings
+        self.identity = identity  # the model's name and precision (LoadedModel.dtype_name): the baseline's fingerprint
+        self.baseline_file = baseline_file  # a baseline measured already is read there, and this one's kept
+        self.deepest = deepest  # the deepest layer the sweep noises: a known baseline's cache stops there
+        self.step_estimate: float | None = None  # seconds a training step of the deepest layer should take
         self.cancel = cancel
         self.keep_weights = keep_weights
         blocks, self.train_source = settings.training_blocks(tokenizer)
@@ -117,15 +179,53 @@ class Sweep:
 
     def baselines(self) -> Iterator[Event]:
         """The model's perplexity before any noise on every text (building the prefix cache), with
-        its progress, sent as soon as it is known; and the subset's, from the same scores."""
-        scores = yield from self.evaluator.building(phase="baseline")
-        self.baseline = scores.perplexity
-        if not self.settings.prefix_cache:
-            self.evaluator.drop_cache()
-        self.subset = self.evaluator.subset(self.subset_texts)
-        self.subset_baseline = scores.of(self.subset.chosen).perplexity
+        its progress, sent as soon as it is known; and the subset's, from the same scores. A baseline
+        measured already on the same model, precision, device and texts (`baseline_file`, its
+        fingerprint checked) is taken instead: the cache is built only up to the deepest layer, with
+        no logits, and only the subset is scored, from there. A measured one is kept there."""
+        fingerprint = baseline_fingerprint(*self.identity, str(self.stack.input_device()), self.evaluator.protocol)
+        known = None
+        if self.baseline_file is not None and self.settings.prefix_cache:
+            known, note = read_known_baseline(self.baseline_file, fingerprint)
+            if note:
+                yield Message(note, "warning")
+        began = time.perf_counter()
+        if known is None:
+            scores = yield from self.evaluator.building(phase="baseline")
+            self.baseline = scores.perplexity
+            layers_run = len(self.stack)
+            if not self.settings.prefix_cache:
+                self.evaluator.drop_cache()
+            self.subset = self.evaluator.subset(self.subset_texts)
+            self.subset_baseline = scores.of(self.subset.chosen).perplexity
+            how = ""
+            if self.baseline_file is not None:
+                yield from keep_baseline(self.baseline_file, KnownBaseline(fingerprint, self.baseline, "recovery"))
+        else:
+            yield from self.evaluator.caching_up_to(self.deepest, phase="prefix")
+            self.baseline = known.baseline_ppl
+            layers_run = self.deepest + 1
+            self.subset = self.evaluator.subset(self.subset_texts)
+            whole = self.subset is self.evaluator  # every text: its baseline is the known one
+            self.subset_baseline = self.baseline if whole else self.subset.perplexity(self.deepest)
+            how = f", as {known.measured_by} measured it (same model, precision, device and texts): no baseline pass"
+        self.step_estimate = training_step_estimate(self.settings, self.evaluator.n_tokens * layers_run,
+                                                    time.perf_counter() - began, len(self.stack) - self.deepest)
         yield RecoveryBaseline(self.baseline, self.evaluator.n_texts, self.subset.n_texts, self.every or 0)
-        yield Message(f"baseline perplexity {self.baseline:.4g} on {self.evaluator.n_texts} texts")
+        yield Message(f"baseline perplexity {self.baseline:.4g} on {self.evaluator.n_texts} texts{how}")
+
+    def sized(self) -> Iterator[Event]:
+        """`--steps auto` settled for this device (engine/models/placement.py), said with how to ask
+        for the paper's steps; nothing when the steps were given."""
+        if self.settings.steps is not None:
+            return
+        budget = training_budget_seconds(str(self.stack.input_device()))
+        steps = auto_steps(budget, self.step_estimate)
+        self.settings = replace(self.settings, steps=steps)
+        if budget is not None:
+            took = f"a training step takes about {self.step_estimate:.1f} s here" if self.step_estimate else "untimed"
+            yield Message(f"--steps auto on the CPU: {steps} steps a layer ({took}, about "
+                          f"{budget / 60:.1f} minutes a layer); the paper's settings: --steps {PAPER_STEPS}")
 
     def _start(self, index: int) -> int:
         return index if self.settings.prefix_cache else 0
@@ -194,13 +294,13 @@ class Sweep:
             after = yield from self.evaluate(index)
             curve = [[0, after]]
             everything, part = self.evaluator.n_texts, self.subset.n_texts
-            yield RecoveryStart(index, repeat, after, baseline, settings.steps)
+            yield RecoveryStart(index, repeat, after, baseline, settings.settled_steps)
             yield RecoveryPoint(index, repeat, 0, None, after, after / baseline, everything)
             params = list(self.stack.matrices(index).values())
             with Trainer(params, execution_device(self.stack.layers[index]), params[0].dtype, lr=settings.lr,
                          init_scale=FINE_TUNE_SCALE, what=f"recovery training of layer {index}",
                          advice=FINE_TUNE_ADVICE) as trainer:
-                for step in range(1, settings.steps + 1):
+                for step in range(1, settings.settled_steps + 1):
                     if self.cancel is not None:
                         self.cancel.check()
                     step_began = time.perf_counter()
@@ -209,7 +309,7 @@ class Sweep:
                     value = float(loss.detach())
                     if not math.isfinite(value):
                         status, diverged_at = "diverged", step
-                        self.steps_done += settings.steps - step + 1  # the progress bar still ends full
+                        self.steps_done += settings.settled_steps - step + 1  # the progress bar still ends full
                         yield Message(f"layer {index}: training loss {value} at step {step}; stopped", "warning")
                         break
                     trainer.step(loss)
@@ -218,7 +318,7 @@ class Sweep:
                     self.steps_done += 1
                     yield self.pace.at(self.steps_done)
                     if evaluated(step, self.every or 1, settings):
-                        if step == settings.steps:
+                        if step == settings.settled_steps:
                             ppl = yield from self.evaluate(index)
                             ratio, texts = ppl / baseline, everything
                         else:

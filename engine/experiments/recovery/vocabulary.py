@@ -3,6 +3,10 @@ keeps, the `recovery.*` curve events, and results/recovery.json (RecoveryResult)
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +21,7 @@ from engine.experiments.contract import Contract, FigureShape, Frame
 from engine.models.memory import ModelShape, Training
 
 PAPER_LAYERS = (11, 14, 17)
+PAPER_STEPS = 200
 
 
 THRESHOLDS = (2.0, 1.5, 1.1)
@@ -27,12 +32,15 @@ DIFFICULTY_THRESHOLD = 1.1  # difficulty = steps to get below 1.1x the baseline
 
 @dataclass(frozen=True)
 class RecoverySettings(TrainTextSettings, EvalTextSettings):
-    """Defaults follow the paper (A5): sigma 0.5, AdamW lr 1e-4, 200 steps, layers 11, 14, 17."""
+    """Defaults follow the paper (A5): sigma 0.5, AdamW lr 1e-4, layers 11, 14, 17, and on a GPU 200
+    steps; `steps` auto is sized for the device (engine/models/placement.py training_budget_seconds)."""
 
     layers: tuple[int, ...] | None = setting(PAPER_LAYERS, "layers to noise and recover, in this order",
                                              low=0, none_word="all", resume_free=True)
     sigma: float = setting(0.5, "noise = sigma * std(W) per matrix", above=0)
-    steps: int = setting(200, "fine-tuning steps per layer", low=1)
+    steps: int | None = setting(
+        None, f"fine-tuning steps per layer (auto: the paper's {PAPER_STEPS} on a GPU; on the CPU as many as fit about "
+        "2.5 minutes a layer at the step time estimated from the first evaluation pass)", low=1, none_word="auto")
     lr: float = setting(1e-4, "AdamW learning rate", above=0)
     eval_every: int | None = setting(
         None, "evaluate every N steps (auto: every step, or every few when one evaluation costs more than a "
@@ -46,6 +54,14 @@ class RecoverySettings(TrainTextSettings, EvalTextSettings):
     seed: int = setting(0, "seed for noise and batch order", low=0, high=MAX_SEED)
     prefix_cache: bool = setting(True, "start at the noised layer from cached inputs (off only to measure "
                                  "the straightforward version)", cli=False, resume_free=True)
+
+    @property
+    def settled_steps(self) -> int:
+        """The steps each layer trains, once `--steps auto` is settled (by the sweep, before any
+        training, for its device: engine/experiments/recovery/sweep.py `Sweep.sized`)."""
+        if self.steps is None:
+            raise ValueError("--steps auto is settled by the sweep before it trains")
+        return self.steps
 
     def check(self) -> None:
         if self.layers is not None and not self.layers:
@@ -73,6 +89,35 @@ class RecoverySettings(TrainTextSettings, EvalTextSettings):
         `export --model recovered` read them)."""
         layers = shape.n_layers if self.layers is None else min(len(set(self.layers)), shape.n_layers)
         return layers * shape.layer_matrices  # a layer out of range is refused by the checks before the load
+
+
+BASELINE_FILE = "baseline.json"  # in recovery's checkpoint folder: the baseline a later run reuses
+
+
+@dataclass(frozen=True)
+class KnownBaseline:
+    """checkpoints/recovery/baseline.json: a baseline perplexity measured already (by a recovery run,
+    or the console's layer map) and the fingerprint of what it was measured on; a run whose own
+    fingerprint is the same skips its baseline pass. Read as untrusted: checked field by field."""
+
+    fingerprint: str
+    baseline_ppl: float
+    measured_by: str  # "recovery", "the console's layer map"
+
+    @classmethod
+    def from_json(cls, doc: Any) -> KnownBaseline:
+        known: KnownBaseline = from_doc(cls, doc)
+        if not (math.isfinite(known.baseline_ppl) and known.baseline_ppl >= 1.0):
+            raise ValueError(f"baseline_ppl {known.baseline_ppl} is no perplexity")
+        return known
+
+
+def baseline_fingerprint(model: str, dtype: str, device: str, protocol: EvalProtocol | Mapping[str, Any]) -> str:
+    """What a baseline perplexity depends on, hashed: the model, its precision, the kind of device,
+    and the evaluation protocol (the texts or windows, their count, context and scored tokens)."""
+    shown = protocol if isinstance(protocol, Mapping) else dataclasses.asdict(protocol)
+    text = json.dumps([model, dtype, device.split(":")[0], dict(shown)], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @event("recovery.baseline")
