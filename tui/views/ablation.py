@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from engine.experiments.ablation.vocabulary import AblationMap, AblationProxyMap, AblationRow
+from tui.views._tables import WholeConsole
 
 
 def print_result(doc: dict[str, Any]) -> None:
@@ -31,7 +31,7 @@ def print_result(doc: dict[str, Any]) -> None:
         table.add_row(str(row.layer), f"{row.ppl:.2f}", f"{row.degradation_pct:.1f}", ci, label,
                       f"{row.block_influence:.3f}", f"{row.angular_distance:.3f}",
                       *((f"{row.angular_last_token:.3f}",) if last else ()))
-    Console().print(table)
+    WholeConsole().print(table)
     if result.parts:
         print_parts(result)
     print(_spearman_line(result))
@@ -109,7 +109,7 @@ def print_proxies(result: AblationProxyMap) -> None:
     for row in sorted([*result.layers, *(result.parts or ())], key=lambda r: (r.layer, r.part or "")):
         table.add_row(str(row.layer), row.part or "layer", f"{row.block_influence:.3f}", f"{row.angular_distance:.3f}",
                       f"{row.angular_last_token:.3f}")
-    Console().print(table)
+    WholeConsole().print(table)
 
 
 def print_parts(result: AblationMap) -> None:
@@ -131,7 +131,7 @@ def print_parts(result: AblationMap) -> None:
             label = " anti" if row.anti else " anti?" if row.anti_within_noise else ""
             cells += [f"{row.degradation_pct:.1f}{label}", _interval(row), f"{row.block_influence:.3f}"]
         table.add_row(*cells)
-    Console().print(table)
+    WholeConsole().print(table)
     ranked = sorted(result.parts, key=_degradation, reverse=True)
     describe = lambda row: f"{row.part} {row.layer} {row.degradation_pct:+.1f}% {_interval(row)}".rstrip()  # noqa: E731
     print("most important blocks: " + "; ".join(describe(row) for row in ranked[:3]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
@@ -15,6 +15,7 @@ from textual.widget import Widget
 from engine.experiments.dynamics.vocabulary import DynamicsResult, Quartiles, TokenCluster
 from tui.views import Analysis, decoded
 from tui.views._format import fmt
+from tui.views._tables import WholeConsole
 from tui.widgets.curve_plot import Curve, CurvePlot, PlotColour
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def _spread(q: Quartiles) -> str:
 
 def print_result(doc: dict[str, Any]) -> None:
     result = DynamicsResult.from_json(doc)
-    console = Console()
+    console = WholeConsole()
     table = Table(title=Text(f"{result.model}  {result.tokens} tokens, first position {result.first_token}  "
                              "(degrees: median [q1-q3])"))
     columns = ["layer", "theta(h, h')", "theta(dh, dh')", "|h'|", "|dh|/|h|"]

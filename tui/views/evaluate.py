@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -14,6 +14,7 @@ from engine.evaluation.accuracy import GenerationCheck, LmEvalProtocol, TaskScor
 from engine.experiments.evaluate.vocabulary import EvaluateResult
 from tui.views import Analysis
 from tui.views._format import fmt
+from tui.views._tables import WholeConsole
 
 ANALYSIS = Analysis("Zero-shot accuracy (lm-eval), original vs variants", place=7)
 
@@ -74,7 +75,7 @@ def table(result: EvaluateResult) -> Table:
 
 def print_result(doc: dict[str, Any]) -> None:
     result = EvaluateResult.from_json(doc)
-    console = Console()
+    console = WholeConsole()
     console.print(table(result))
     console.print(protocol_line(result.protocol, result.gen_tokens), highlight=False)
     for row in result.models:

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from engine.experiments.growth.vocabulary import GrowthResult
+from tui.views._tables import WholeConsole
 
 
 def print_result(doc: dict[str, Any]) -> None:
     """The comparison, the budget table and the generations side by side."""
     result = GrowthResult.from_json(doc)
-    console = Console()
+    console = WholeConsole()
     params = result.params
     console.print(
         f"parameters: growth {params['growth']:,}  uniform {params['uniform']:,} "

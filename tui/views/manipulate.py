@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console, JustifyMethod
+from rich.console import JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
 from engine.experiments.manipulate.vocabulary import ManipulateResult
 from tui.palette import class_style
 from tui.views import Analysis
+from tui.views._tables import WholeConsole
 
 ANALYSIS = Analysis("Weight manipulation strategies", place=2)
 SAMPLE_WIDTH = 70
@@ -42,7 +43,7 @@ def summary(result: ManipulateResult, command: str = "") -> Table:
 
 def print_result(doc: dict[str, Any]) -> None:
     result = ManipulateResult.from_json(doc)
-    console = Console()
+    console = WholeConsole()
     console.print(f"{result.model}  prompt {result.prompt!r}", highlight=False)
     console.print(summary(result))
     console.print(f"baseline sample: {result.baseline_sample!r}", highlight=False)

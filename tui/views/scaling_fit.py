@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.containers import Horizontal
@@ -17,6 +17,7 @@ from engine.core.codec import ABSENT
 from engine.experiments.scaling_fit.vocabulary import ProfilePoint, ScalingFitResult
 from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval
+from tui.views._tables import WholeConsole
 from tui.widgets.curve_plot import Curve, CurvePlot
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def figures(result: ScalingFitResult) -> Group:
 
 
 def print_result(doc: dict[str, Any]) -> None:
-    Console().print(figures(ScalingFitResult.from_json(doc)))
+    WholeConsole().print(figures(ScalingFitResult.from_json(doc)))
 
 
 def summary(result: ScalingFitResult, command: str) -> Any:

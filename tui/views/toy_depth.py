@@ -8,13 +8,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.table import Table
 from textual.widget import Widget
 
 from engine.experiments.toy_depth.vocabulary import ToyDepthCurve, ToyDepthResult
 from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval
+from tui.views._tables import WholeConsole
 from tui.widgets.curve_plot import Curve, CurvePlot
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def summary(result: ToyDepthResult, command: str = "") -> Table:
 
 
 def print_result(doc: dict[str, Any]) -> None:
-    Console().print(summary(ToyDepthResult.from_json(doc)))
+    WholeConsole().print(summary(ToyDepthResult.from_json(doc)))
 
 
 def _fitted(fit: ToyDepthCurve, depth: float) -> float | None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from engine.experiments.weights.vocabulary import WeightsResult, WeightStats
 from tui.views import Analysis
 from tui.views._format import fmt
+from tui.views._tables import WholeConsole
 
 ANALYSIS = Analysis("Weight statistics and their null models", place=1)
 
@@ -57,4 +58,4 @@ def summary(result: WeightsResult, command: str = "") -> Group:
 
 
 def print_result(doc: dict[str, Any]) -> None:
-    Console().print(summary(WeightsResult.from_json(doc)))
+    WholeConsole().print(summary(WeightsResult.from_json(doc)))
