@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
@@ -14,6 +14,7 @@ from textual.widget import Widget
 from engine.experiments.prune.vocabulary import PruneCut, PruneResult
 from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval
+from tui.views._tables import WholeConsole
 from tui.views.evaluate import agreement_cell, score_cell
 from tui.widgets.curve_plot import Curve, CurvePlot
 
@@ -72,7 +73,7 @@ def accuracy_notes(result: PruneResult) -> list[Text]:
 
 def print_result(doc: dict[str, Any]) -> None:
     result = PruneResult.from_json(doc)
-    console = Console()
+    console = WholeConsole()
     table = Table(title=f"{result.model}  baseline PPL {result.baseline_ppl:.2f}  (layers removed by each criterion)")
     tasks = [score.task for score in result.baseline_accuracy or []]
     for column in ("criterion", "removed", "layers", "PPL", "95% CI", "healed", *tasks):

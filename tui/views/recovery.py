@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 from engine.experiments.recovery.vocabulary import RecoveryResult
 from tui.views._format import fmt
+from tui.views._tables import WholeConsole
 
 
 def _steps(value: int | None) -> str:
@@ -38,7 +38,7 @@ def print_result(doc: dict[str, Any]) -> None:
             fmt(row.best_ppl, ".2f", "-"), fmt(row.final_ppl, ".2f", "-"),
             fmt(row.final_ratio, ".2f", "-"), "yes" if row.improved_over_baseline else "no",
         )  # fmt: skip
-    console = Console()
+    console = WholeConsole()
     console.print(table)
     budget = result.budget
     console.print(f"hardest first: {', '.join(map(str, result.ranking))}", highlight=False)
