@@ -5,9 +5,13 @@ Growth panel never shows an old run's table as the new run's."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import subprocess
 
 import pytest
 from test_tui import until
+from test_tui_terminal import _wait_for, console_in_tmux
+from tiny_models import save_tiny
 from tui_fixtures import (
     BASELINE,
     CURVE,
@@ -15,15 +19,18 @@ from tui_fixtures import (
     dashboard_session,
     deep_session,
     growth_doc,
+    growth_events,
+    uniform_and_eval_events,
     write_events,
 )
 
 from engine.core.codec import json_safe
-from engine.core.events import Event, Started
+from engine.core.events import Event, Finished, Started
 from engine.experiments.ablation.vocabulary import AblationMap, AblationSettings
 from engine.experiments.growth.design import planned_arms
 from engine.experiments.growth.vocabulary import PRESETS, GrowthPhase, GrowthPlan, GrowthResult, GrowthStep
 from engine.experiments.recovery.vocabulary import RecoveryPoint, RecoveryStart
+from sessions.session import Session
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
 
@@ -48,12 +55,18 @@ def assert_shown(app: AnatomyApp, *needles: str) -> None:
     assert not missing, f"not on the {app.size.width}x{app.size.height} screen: {missing}\n" + "\n".join(rows)
 
 
-async def test_the_layer_maps_own_line_shows_under_a_map_longer_than_the_screen(isolated_home) -> None:
-    """A stopped map of 8 of 30 layers: its line ('a completes it') sits under the map in the tabs."""
+def partial_session() -> Session:
+    """A stopped map: the first 8 rows of a run set to map 30 layers."""
     session = deep_session(SessionStore())
-    deep = AblationMap.from_json(session.load_result("ablation") or {})  # its first 8 rows, of a run set to map 30
+    deep = AblationMap.from_json(session.load_result("ablation") or {})
     session.save_result("ablation", json_safe(dataclasses.replace(
         deep, layers=deep.layers[:8], settings=AblationSettings(layers=tuple(range(30))), partial=True)))
+    return session
+
+
+async def test_the_layer_maps_own_line_shows_under_a_map_longer_than_the_screen(isolated_home) -> None:
+    """A stopped map of 8 of 30 layers: its line ('a completes it') sits under the map in the tabs."""
+    partial_session()
     app = AnatomyApp(session="deep", load_model=False)
     async with app.run_test(size=SMALL) as pilot:
         await until(pilot, lambda: "partial" in str(app.screen.query_one("#layers").border_subtitle), 10)
@@ -172,3 +185,24 @@ async def test_the_prompt_pane_fits(isolated_home) -> None:
         await pilot.pause()
         assert_shown(app, "type a prompt and press Enter (F9 stops)", "original", "modified (x/t/m marks)",
                      "nothing marked")
+
+
+@pytest.mark.slow
+@pytest.mark.terminal
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/run installs it)")
+def test_a_real_80x24_terminal_shows_the_map_line_and_the_whole_table(isolated_home, tmp_path) -> None:
+    """In tmux at 80x24: the partial map's line under the map, then (F4) the widest final table with
+    every number whole and nothing cut."""
+    session = partial_session()
+    write_events(session, [*growth_events(upto=30), *uniform_and_eval_events(),
+                           Finished(status="done", job="growth-1", t=T0 + 31)])
+    session.save_result("growth", three_seeds())
+    folder = save_tiny(tmp_path / "tiny")
+    with console_in_tmux(isolated_home, f"--session deep --model {folder} --device cpu --dtype float32",
+                         SMALL) as name:
+        _wait_for(name, "partial: 8 of 30 layers · a completes it", "D% (log)")
+        subprocess.run(["tmux", "send-keys", "-t", name, "F4"], check=True)
+        screen = _wait_for(name, "final comparison (n=3 seeds)", "growth_100  step 30/30")
+        assert all(number in screen for number in ("1.5000", "2.5000", "0.2500", "52,345")), screen
+        assert not any("…" in row for row in screen.splitlines()[1:]), screen  # the status line cuts the model's path
+        subprocess.run(["tmux", "send-keys", "-t", name, "C-q"], check=True)
