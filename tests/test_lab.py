@@ -289,6 +289,7 @@ def test_a_job_is_known_by_its_recorded_experiment_not_by_its_id(monkeypatch):
 
 def test_running_jobs_say_where_they_run(monkeypatch):
     lab, _, _ = make_lab(monkeypatch)
+    lab.cancels["ablation"] = CancelToken()  # the console runs a map itself
     lab.state.apply(Started("ablation", {}, job="ablation-1", t=1.0))  # its job file: no pid yet
     lab.state.apply(Started("recovery", {}, job="recovery-2", t=1.0))
     lab.state.jobs["recovery-2"].pid = 2**22 + 7

@@ -154,3 +154,30 @@ def test_a_resumed_auto_sweep_keeps_the_steps_its_finished_layers_ran(settings, 
     ran = first[-1].data["settings"]["steps"]  # type: ignore[attr-defined]
     resumed = sweep(auto, tmp_path / "baseline.json", done_layers=done)
     assert resumed[-1].data["settings"]["steps"] == ran and not said(resumed, "--steps auto")  # type: ignore[attr-defined]
+
+
+def test_the_consoles_map_hands_its_baseline_to_the_recovery_job_it_starts(settings, tmp_path, monkeypatch,
+                                                                           isolated_home):
+    """The map measured the baseline of the same texts on the same model, precision and device: the
+    console writes it, with that fingerprint, where the recovery job it starts reads it, and the
+    job skips its baseline pass; the number is the map's."""
+    from test_lab import make_lab
+
+    from engine.experiments.ablation.run import run_ablation
+    from engine.experiments.ablation.vocabulary import AblationSettings
+    from sessions.job_runner import run_job
+
+    lab, _, _ = make_lab(monkeypatch)
+    assert lab.session is not None  # make_lab opens one
+    model = tiny_model("llama")
+    mapped = AblationSettings(eval_file=settings.eval_file, layers=(1,))
+    spec = {"model": {"name": "tiny", "dtype": "float32", "device": "cpu"}}
+    run_job(lab.session, "ablation", spec, run_ablation(model, byte_tokenizer(), mapped, model_name="tiny"))
+    lab.poll()
+    assert lab.state.ablation_map is not None
+    assert lab.inject(1, 3.0, 4, 1e-2) is not None
+    file = lab.session.checkpoint_dir("recovery") / "baseline.json"
+    events = list(run_recovery(model, byte_tokenizer(), settings, model_name="tiny", dtype_name="float32",
+                               baseline_file=file))
+    assert said(events, "as the console's layer map measured it")
+    assert events[-1].data["baseline_ppl"] == lab.state.ablation_map.baseline_ppl  # type: ignore[attr-defined]

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cli.argv import shards_flag
+from engine.core.errors import UserError
 from engine.core.process import job_identity_matches, pid_alive
 from engine.core.settings import Settings
-from engine.disk.atomic import unlinked
+from engine.disk.atomic import open_unlinked, unlinked
 from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
 from sessions.job_runner import started_at
@@ -33,13 +34,16 @@ if TYPE_CHECKING:
 
 @dataclass
 class BackgroundJob:
-    """A job this console started; `pid` is also its process group id."""
+    """A job this console started; `pid` is also its process group id. `starting` names the entry
+    the console shows for it until its process writes its job file and first event (its model loads
+    first), "" after (tui/lab_jobs.py `LabJobs.adopt_started`)."""
 
     experiment: str
     pid: int
     log_path: Path
     argv: list[str]
     process: subprocess.Popen | None = None
+    starting: str = ""
 
     def alive(self) -> bool:
         if self.process is not None:
@@ -143,6 +147,30 @@ def stop_job(doc: dict[str, Any], sig: int = signal.SIGINT) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def interrupt(job: BackgroundJob) -> bool:
+    """Ctrl-C (SIGINT) to the process group of a job this console launched and has not reaped (so
+    its pid is still that job's): how a job is cancelled before it has written its job file, while
+    its model loads."""
+    if not isinstance(job.process, subprocess.Popen) or job.process.poll() is not None:
+        return False
+    try:
+        os.killpg(job.pid, signal.SIGINT)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def last_line(path: Path) -> str:
+    """The last line a job wrote to its log (why it ended before it began), "" when none."""
+    try:
+        with open_unlinked(path) as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
+            lines = log.read().decode("utf-8", "replace").strip().splitlines()
+    except (OSError, UserError):
+        return ""
+    return lines[-1].strip() if lines else ""
 
 
 def reap(jobs: list[BackgroundJob]) -> None:

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from engine.core.errors import UserError
+from sessions.documents import JobRecord
 from tui import console_view, event_index
 from tui.jobs import reap
 from tui.lab_jobs import LabJobs
@@ -159,6 +160,7 @@ class Lab(LabJobs, LabModel):
                 end, behind = span[1], True
                 break
         self.offset = end
+        self.adopt_started(log_read=not behind)
         stale = not behind and time.monotonic() - self.index_written >= INDEX_IDLE_SECONDS
         if self.offset - self.indexed >= INDEX_EVERY or (stale and self.offset > self.indexed):
             self.write_index()
@@ -180,13 +182,22 @@ class Lab(LabJobs, LabModel):
             self.released_for = self.released_options = None
             self.say("the job that needed the GPU finished: reloading the console's model")
             self.load_model()
-        if self.session is not None:
-            self.state.follow_job_files(self.session.job_records())
+        if self.session is not None:  # a job still starting has no job file yet: its own process stands for it
+            starting = {job.starting: JobRecord(status="running", experiment=job.experiment, pid=job.pid)
+                        for job in self.background if job.starting and job.alive()}
+            self.state.follow_job_files({**self.session.job_records(), **starting})
 
     def running_jobs(self) -> list[tuple[JobView, str]]:
-        """The running jobs, each with where it runs, for the status line."""
+        """The running jobs, each with where it runs, for the status line: its pid says (a job this
+        console launched has its pid from the start); a job whose job file is not read yet runs in
+        the console only when the console runs one of its experiment."""
         me = os.getpid()
-        return [(job, "in console" if job.pid in (None, me) else "own process") for job in self.state.running_jobs()]
+
+        def where(job: JobView) -> str:
+            here = job.pid == me if job.pid is not None else job.experiment in self.cancels
+            return "in console" if here else "own process"
+
+        return [(job, where(job)) for job in self.state.running_jobs()]
 
     def log_page(self, back: int) -> list[tuple[str, str]]:
         """Page `back` of the Log tab's lines read from the event log (tui/log_pager.py), oldest

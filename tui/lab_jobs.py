@@ -5,6 +5,7 @@ console releases its model; cancelling them, and the command that resumes an int
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,8 +17,22 @@ from engine.core.events import CancelToken
 from engine.core.settings import Settings
 from engine.models.options import ModelOptions
 from engine.registry import BY_NAME
-from tui.jobs import BackgroundJob, job_options, job_placement, launch_job, resumable_job, stop_job
+from tui.jobs import (
+    BackgroundJob,
+    interrupt,
+    job_options,
+    job_placement,
+    last_line,
+    launch_job,
+    resumable_job,
+    stop_job,
+)
 from tui.lab_base import NO_MODEL_IN_AN_ATLAS, LabBase
+from tui.state import Dirty, GrowthView, JobView, RecoveryRun
+
+log = logging.getLogger("anatomy_tui.console")
+
+STARTING = "starting: loading the model in its own process"  # a job's word until its process writes its own
 
 
 @dataclass(frozen=True)
@@ -95,10 +110,37 @@ class LabJobs(LabBase):
         settings = self.settings_for("ablation")
         return self.start_job("ablation", settings) if settings is not None else None
 
-    def inject(self, layer: int, sigma: float, steps: int, lr: float) -> BackgroundJob | None:
-        """Noise `layer` and let it recover, as its own process."""
+    def inject(self, layer: int, sigma: float, steps: int | None, lr: float) -> BackgroundJob | None:
+        """Noise `layer` and let it recover, as its own process (`steps` None: auto, sized for the device),
+        handed the baseline the session's layer map measured."""
         settings = self.settings_for("recovery", layers=(layer,), sigma=sigma, steps=steps, lr=lr)
-        return self.start_job("recovery", settings) if settings is not None else None
+        if settings is None:
+            return None
+        self.hand_over_baseline()
+        return self.start_job("recovery", settings)
+
+    def hand_over_baseline(self) -> None:
+        """The layer map's baseline perplexity, written where a recovery job reads it (its checkpoint
+        folder's baseline.json) with the fingerprint of what the map measured it on (the model,
+        precision and device its job recorded, and its evaluation protocol): a job on the same skips
+        its own baseline pass, any other measures it (engine/experiments/recovery/sweep.py)."""
+        from engine.core.codec import ABSENT
+        from engine.disk.atomic import atomic_write_json
+        from engine.experiments.recovery.vocabulary import BASELINE_FILE, baseline_fingerprint
+
+        shown = self.state.ablation_map
+        maps = [self.state.specs.get(job.id, {}) for job in self.state.jobs.values() if job.experiment == "ablation"]
+        model = maps[-1].get("model") if maps else None
+        if self.session is None or shown is None or shown.protocol is ABSENT or not isinstance(model, dict):
+            return
+        try:
+            fingerprint = baseline_fingerprint(str(model["name"]), str(model["dtype"]), str(model["device"]),
+                                               shown.protocol)
+            atomic_write_json(self.session.checkpoint_dir("recovery") / BASELINE_FILE,
+                              {"fingerprint": fingerprint, "baseline_ppl": shown.baseline_ppl,
+                               "measured_by": "the console's layer map"}, "the map's baseline")
+        except (KeyError, OSError, UserError, ValueError) as exc:  # the job measures it then
+            log.info("the map's baseline was not handed over: %s", exc)
 
     def growth(self, flags: tuple[str, ...]) -> BackgroundJob | None:
         """A growth run with the growth form's flags, as its own process."""
@@ -139,7 +181,7 @@ class LabJobs(LabBase):
             return None
         if placement.startswith("cuda"):
             self.say(f"the {experiment} job runs on {placement}: {self.loaded.device} holds the console's model")
-        job = self.launch(experiment, argv)
+        job = self.launch(experiment, argv, settings)
         if placement == "release":
             self.released_for = job
         return job
@@ -163,13 +205,86 @@ class LabJobs(LabBase):
         self._status_changed()
         return True
 
-    def launch(self, experiment: str, argv: list[str]) -> BackgroundJob | None:
+    def launch(self, experiment: str, argv: list[str], settings: Settings | None = None) -> BackgroundJob | None:
+        """Starts the job as its own process and shows it at once (`show_starting`)."""
         if self.session is None:
             return None
         job = launch_job(self.session, experiment, argv)
         self.background.append(job)
+        self.show_starting(job, settings)
         self.say(f"started {experiment} as its own process (pid {job.pid}); log: {job.log_path.name}")
         return job
+
+    def show_starting(self, job: BackgroundJob, settings: Settings | None) -> None:
+        """A job just launched is in the status line (its own process: its pid is known) and in its
+        panel at once (recovery's runs with their settings, a new growth run), saying it is starting,
+        long before its process has loaded the model and written its first event."""
+        job.starting = f"{job.experiment}-starting-{job.pid}"
+        doing = STARTING if BY_NAME[job.experiment].needs_model else "starting its own process"
+        state = self.state
+        state.jobs[job.starting] = JobView(job.starting, job.experiment, label=doing, pid=job.pid)
+        if job.experiment == "recovery" and settings is not None:  # its vocabulary stays unimported until it runs
+            values: Any = settings
+            state.recovery += [RecoveryRun(job.starting, layer, sigma=values.sigma, steps=values.steps, lr=values.lr)
+                               for layer in values.layers or ()]
+        if job.experiment == "growth":
+            state.growth = GrowthView(job=job.starting, status="running")
+        state.dirty.update({Dirty.JOBS, Dirty.LAYERS, Dirty.RECOVERY, Dirty.GROWTH})
+
+    def adopt_started(self, log_read: bool = True) -> None:
+        """A job this console launched has written its job file and its first event: its starting
+        entry becomes that job (found by its process group, as the job file records it), with its
+        pid, its cancel and its panels' runs. One whose process ended before that reads cancelled
+        (when asked to) or failed with its log's last line; judged only once the event log is read to
+        its end (`log_read`), so a job whose first events are still unread is not."""
+        waiting = {job.pid: job for job in self.background if job.starting}
+        if not waiting or self.session is None:
+            return
+        kinds = {job.experiment for job in waiting.values()}
+        shown = {job.starting for job in waiting.values()}
+        fresh = [view for view in self.state.running_jobs()
+                 if view.experiment in kinds and view.id not in shown and view.pid in (None, *waiting)]
+        records = self.session.job_records() if fresh or not log_read else {}
+        for view in fresh:
+            record = records.get(view.id)
+            pids = (view.pid,) if record is None else (record.pid, record.pgid)
+            found = next((waiting.pop(pid) for pid in pids if pid in waiting), None)
+            if found is not None:
+                self._adopt(found, view)
+        if log_read:
+            for job in waiting.values():
+                if not job.alive():
+                    self._never_started(job)
+
+    def _adopt(self, job: BackgroundJob, view: JobView) -> None:
+        state, key = self.state, job.starting
+        job.starting = ""
+        shown = state.jobs.pop(key, None)
+        view.pid = view.pid or job.pid
+        view.cancelling = view.cancelling or bool(shown and shown.cancelling)
+        begun = {(run.layer, run.repeat) for run in state.recovery if run.job == view.id}
+        state.recovery = [run for run in state.recovery if run.job != key or (run.layer, run.repeat) not in begun]
+        for run in state.recovery:
+            if run.job == key:
+                run.job = view.id
+        if state.growth.job == key:
+            state.growth.job = view.id
+        state.dirty.update({Dirty.JOBS, Dirty.LAYERS, Dirty.RECOVERY, Dirty.GROWTH})
+
+    def _never_started(self, job: BackgroundJob) -> None:
+        key = job.starting
+        job.starting = ""
+        shown = self.state.jobs.get(key)
+        status = "cancelled" if shown is not None and shown.cancelling else "failed"
+        why = last_line(job.log_path)
+        if shown is not None:
+            shown.error = why
+        self.state.mark_job(key, status)
+        for run in self.state.recovery:
+            if run.job == key:
+                run.status = status
+        self.say(f"{job.experiment} {status} before it began{': ' + why if why else ''} (log: {job.log_path.name})",
+                 "warning" if status == "cancelled" else "error")
 
     def cancel(self, experiment: str) -> None:
         """Cancels the running jobs of `experiment`: in the console through the cancel flag, in their
@@ -186,6 +301,8 @@ class LabJobs(LabBase):
             mine = doc.get("experiment") == experiment and doc.get("status") == "running"
             if mine and doc.get("pid") != me and stop_job(doc):
                 cancelled.append(job_id)
+        cancelled += [job.starting for job in self.background  # no job file yet: its model is loading
+                      if job.experiment == experiment and job.starting and interrupt(job)]
         self.state.cancelling(cancelled)
         self.say(f"cancelling {', '.join(cancelled)}" if cancelled else f"no {experiment} job is running")
 

@@ -147,9 +147,10 @@ class Notice(ForTheLab):
 
 
 class InjectRequested(Message):
-    """Noise `layer` with `sigma` and let it recover for `steps` at `lr` (the recovery form)."""
+    """Noise `layer` with `sigma` and let it recover for `steps` at `lr` (the recovery form; `steps`
+    None: auto, sized for the device)."""
 
-    def __init__(self, layer: int, sigma: float, steps: int, lr: float) -> None:
+    def __init__(self, layer: int, sigma: float, steps: int | None, lr: float) -> None:
         super().__init__()
         self.layer = layer
         self.sigma = sigma

@@ -365,14 +365,16 @@ class ConsoleScreen(Screen[None]):
         values: dict[str, float] = {}
         for name in RECOVERY_FORM:
             raw = self.query_one(f"#{name}", Input).value.strip()
+            if name == "steps" and raw == "auto":  # sized for the device by the run
+                continue
             try:
                 values[name] = int(raw) if name == "steps" else float(raw)
             except ValueError:
-                self.post_message(Notice(f"{name} must be a number, not {raw!r}", "error"))
+                self.post_message(Notice(f"{name} must be a number{' or auto' * (name == 'steps')}, not {raw!r}",
+                                         "error"))
                 return
-        self.post_message(
-            InjectRequested(self.selected_layer, values["sigma"], int(values["steps"]), values["lr"])
-        )
+        steps = int(values["steps"]) if "steps" in values else None
+        self.post_message(InjectRequested(self.selected_layer, values["sigma"], steps, values["lr"]))
 
     def growth_flags(self) -> tuple[str, ...]:
         """The growth form's flags, split like a shell would; ValueError if they do not parse."""

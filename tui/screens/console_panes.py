@@ -19,6 +19,7 @@ from textual.widgets import Input, Label, RichLog, Static
 from engine.registry import BY_NAME
 from tui.state import Dirty, SessionState
 from tui.views import analyses, analyses_widgets, show_analyses
+from tui.views.recovery import waiting_line
 from tui.widgets.curve_plot import Curve, CurvePlot
 from tui.widgets.growth_timeline import GrowthTable, GrowthTimeline
 from tui.widgets.prompt_column import PromptColumn
@@ -39,7 +40,7 @@ def pane_children() -> dict[str, list[Widget]]:
                 Label("sigma (x std of W)"),
                 Input(declared["sigma"], id="sigma", type="number"),
                 Label("steps"),
-                Input(declared["steps"], id="steps", type="integer"),
+                Input(declared["steps"], id="steps", placeholder="auto, or a number"),
                 Label("lr"),
                 Input(declared["lr"], id="lr"),
                 Static("", id="recovery-info"),
@@ -76,7 +77,7 @@ def redraw(screen: Widget, state: SessionState, dirty: set[str], layer: int | No
            session_name: str) -> None:
     """The deferred panes' part of the screen's redraw of `dirty`; `layer` is the map's selection,
     `form_steps` the recovery form's step budget."""
-    if dirty & {Dirty.RECOVERY, Dirty.LAYERS, Dirty.SELECTION}:
+    if dirty & {Dirty.RECOVERY, Dirty.LAYERS, Dirty.SELECTION, Dirty.JOBS}:  # JOBS: a run's pass before its points
         redraw_recovery(screen, state, layer, form_steps)
     if dirty & {Dirty.GROWTH, Dirty.RESULTS, Dirty.JOBS}:
         screen.query_one(GrowthTimeline).show(state.growth, state.growth_preview,
@@ -127,7 +128,7 @@ def redraw_recovery(screen: Widget, state: SessionState, layer: int | None, form
         info.update(Text(f"{hint}: set sigma, steps, lr and press i", style="dim"))
     else:
         last = current.points[-1] if current.points else None
-        now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else "waiting for the first point"
+        now = f"step {last[0]:g}: ppl {last[1]:,.2f}" if last else waiting_line(state.jobs.get(current.job))
         info.update(f"{current.label} {state.shown_status(current.job, current.status)}\n{now}")
 
 

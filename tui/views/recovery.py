@@ -1,5 +1,5 @@
 """The recovery result as `anatomy-tui run recovery` prints it (the console draws its curves on the
-Recovery tab)."""
+Recovery tab), and what a run says there before its first point."""
 
 from __future__ import annotations
 
@@ -9,8 +9,22 @@ from rich import box
 from rich.table import Table
 
 from engine.experiments.recovery.vocabulary import RecoveryResult
+from tui.panel_records import JobView
 from tui.views._format import fmt
 from tui.views._tables import WholeConsole
+
+
+def waiting_line(job: JobView | None) -> str:
+    """What a recovery run says before its first point: its job's own word while its process starts
+    (`starting: loading the model in its own process`), then the pass under way with its count
+    (`baseline: texts 12/48`), `cancelling…` once asked to stop."""
+    if job is not None and job.cancelling:
+        return "cancelling…"
+    if job is None or not job.label:
+        return "waiting for the first point"
+    if not job.total:
+        return job.label
+    return f"{job.label}: {' '.join(filter(None, (job.unit, f'{job.done}/{job.total}')))}"
 
 
 def _steps(value: int | None) -> str:
