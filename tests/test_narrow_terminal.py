@@ -16,6 +16,7 @@ from tui_fixtures import (
     BASELINE,
     CURVE,
     T0,
+    analyses_session,
     dashboard_session,
     deep_session,
     growth_doc,
@@ -25,7 +26,7 @@ from tui_fixtures import (
 )
 
 from engine.core.codec import json_safe
-from engine.core.events import Event, Finished, Started
+from engine.core.events import Event, Finished, Message, Started
 from engine.experiments.ablation.vocabulary import AblationMap, AblationSettings
 from engine.experiments.growth.design import planned_arms
 from engine.experiments.growth.vocabulary import PRESETS, GrowthPhase, GrowthPlan, GrowthResult, GrowthStep
@@ -33,6 +34,7 @@ from engine.experiments.recovery.vocabulary import RecoveryPoint, RecoveryStart
 from sessions.session import Session
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
+from tui.views import analyses
 
 SMALL = (80, 24)
 pytestmark = pytest.mark.anyio
@@ -185,6 +187,37 @@ async def test_the_prompt_pane_fits(isolated_home) -> None:
         await pilot.pause()
         assert_shown(app, "type a prompt and press Enter (F9 stops)", "original", "modified (x/t/m marks)",
                      "nothing marked")
+
+
+async def test_the_analyses_pane_cuts_nothing(isolated_home) -> None:
+    """Every analysis scrolled through at 80 columns: each title shown, no cell, header or legend
+    cut (a table too wide wraps or folds its cells, as `anatomy-tui run` prints them)."""
+    analyses_session(SessionStore())
+    app = AnatomyApp(session="map", load_model=False)
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("f6")
+        await pilot.pause()
+        pane = app.screen.query_one("#analyses")
+        seen: list[str] = []
+        while True:
+            seen += screen_rows(app)[3:-1]  # below the status line and the tabs, above the footer
+            if pane.scroll_y >= pane.max_scroll_y:
+                break
+            await pilot.press("pagedown")
+            await pilot.pause()
+        assert [title for _, view in analyses() if not any((title := view.ANALYSIS.title) in row for row in seen)] == []
+        assert [row for row in seen if "…" in row] == []
+
+
+async def test_a_long_log_line_wraps_whole(isolated_home) -> None:
+    session = dashboard_session(SessionStore(), "map")
+    long = "the texts are read again " + "and again " * 12 + "until the last word: END"
+    write_events(session, [Message(long, job="recovery-1", t=T0)])
+    app = AnatomyApp(session="map", load_model=False)
+    async with app.run_test(size=SMALL) as pilot:
+        await pilot.press("f7")
+        await pilot.pause()
+        assert_shown(app, "recovery-1: the texts are read again", "until the last word: END")
 
 
 @pytest.mark.slow

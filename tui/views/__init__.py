@@ -33,7 +33,8 @@ from textual.widgets import Static
 
 from engine import registry
 from engine.core.events import ResultDocument, decode_or_none
-from tui.widgets.result_view import ResultView
+from tui.views._tables import tables_in, whole
+from tui.widgets.result_view import ResultView, Summary
 
 if TYPE_CHECKING:
     from tui.state import SessionState
@@ -97,7 +98,21 @@ def show_analyses(pane: Widget, state: SessionState, session: str) -> None:
         show = getattr(found, "show", None)
         if show is not None:
             show(pane, state)
+        summary = getattr(found, "summary", None)
         pane.query_one(f"#result-{name}", ResultView).show(
-            state.results.get(name), rerun_command(name, session), getattr(found, "summary", None),
+            state.results.get(name), rerun_command(name, session), summary and kept_whole(summary),
             registry.experiment(name).result_class,
         )
+
+
+def kept_whole(summary: Summary) -> Summary:
+    """`summary` with its tables keeping every value whole, as `anatomy-tui run` prints them
+    (tui/views/_tables.py): in a narrow pane a cell wraps or folds, never cut."""
+
+    def whole_summary(result: Any, command: str) -> Any:
+        drawn = summary(result, command)
+        for table in tables_in(drawn):
+            whole(table)
+        return drawn
+
+    return whole_summary

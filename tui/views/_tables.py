@@ -29,13 +29,13 @@ def whole(table: Table) -> Table:
     return table
 
 
-def _tables(renderable: Any) -> Iterator[Table]:
+def tables_in(renderable: Any) -> Iterator[Table]:
     """The tables in a renderable, those inside a Group too."""
     if isinstance(renderable, Table):
         yield renderable
     elif isinstance(renderable, Group):
         for inner in renderable.renderables:
-            yield from _tables(inner)
+            yield from tables_in(inner)
 
 
 class WholeConsole(Console):
@@ -44,7 +44,7 @@ class WholeConsole(Console):
     so each value stays on one line whatever COLUMNS says."""
 
     def print(self, *objects: Any, **kwargs: Any) -> None:
-        tables = [whole(table) for item in objects for table in _tables(item)]
+        tables = [whole(table) for item in objects for table in tables_in(item)]
         if tables and not self.is_terminal:
             unbounded = self.options.update_width(10**6)
             needed = max(Measurement.get(self, unbounded, table).maximum for table in tables)
