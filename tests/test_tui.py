@@ -812,7 +812,7 @@ async def test_a_failed_load_is_a_message_not_a_crash(isolated_home, monkeypatch
         await pilot.pause()
         console = app._console()
         assert console is not None
-        assert "failed to load" in str(console.query_one(StatusLine).render())
+        assert "nowhere could not load: OSError: no such model folder" in str(console.query_one(StatusLine).render())
         assert app.is_running and app.loaded is None
 
 

@@ -191,7 +191,11 @@ class AnatomyApp(App[None]):
 
     @on(ModelFailed)
     def model_failed(self, message: ModelFailed) -> None:
-        self.lab.model_failed(message.error)
+        """The model could not load: why, and a field for another model (the session keeps the one chosen)."""
+        from tui.screens.model_choice import ModelChoice  # here: needed only when a load fails
+
+        reason = self.lab.model_failed(message.error)
+        self.push_screen(ModelChoice(self.lab.options.model, reason, self.lab.choose_model))
         self.start_growth_preview()
 
     # the event log, a few times a second ---------------------------------------------------------

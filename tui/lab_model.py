@@ -55,10 +55,33 @@ class LabModel(LabBase):
             self.model_status = f"model: {text}"
             self._status_changed()
 
-    def model_failed(self, error: str) -> None:
-        self.model_status = "model: failed to load (see Log)"
+    def model_failed(self, error: str) -> str:
+        """The load failed: the status line says why, in one line (the whole error goes to the log);
+        returns that line, for the offer of another model."""
+        lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+        reason = lines[0] if lines else "no reason given"
+        self.model_status = f"model: {self.options.model} could not load: {reason}"
         self.say(f"loading {self.options.model} failed: {error}", "error")
         self._status_changed()
+        return reason
+
+    def choose_model(self, name: str) -> str:
+        """Another model for this session (after one that could not load), kept in its manifest so it
+        reopens with it, and loaded now; or, where `name` names no model (a path that is not there),
+        why, at once and nothing changed."""
+        from engine.models.sources import DEFAULT_MODEL, resolve
+
+        if name != DEFAULT_MODEL:  # the embedded model's wheel is found (or fetched) by the load
+            try:
+                resolve(name)
+            except UserError as exc:
+                return str(exc)
+        self.options = replace(self.options, model=name)
+        if self.session is not None:
+            self.session.update_manifest(model=name)
+        self.say(f"this session's model is now {name}")
+        self.load_model()
+        return ""
 
     def growth_preview_wanted(self) -> bool:
         """Whether the growth panel still wants the phases its form would run (none drawn yet)."""

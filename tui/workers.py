@@ -54,7 +54,7 @@ def load_model_work(post: Post, options: ModelOptions) -> None:
         loaded = options.load(report)
     except Exception as exc:
         log.exception("loading %s failed", options.model)
-        post(ModelFailed(f"{type(exc).__name__}: {exc}"))
+        post(ModelFailed(str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"))
         return
     post(ModelLoaded(loaded))
 

@@ -98,9 +98,10 @@ def dequantized_folder(gguf: Path, report: Report = quiet, dtype: str = "float32
 
     progress = report if isinstance(report, LoadProgress) else LoadProgress(report)
     with progress.running():
-        progress.step(f"reading {gguf.name}'s tokenizer (once; later loads read the cache)")
+        progress.step(f"reading {gguf.name}'s tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        progress.step(f"dequantizing {gguf.name} to {dtype} (once)")
+        progress(f"dequantizing {gguf.name} to {dtype} once; later loads read the copy")
+        progress.step(f"dequantizing {gguf.name}")
         with progress.counting(DEQUANTIZE_LOOP, size=lambda tensor: tensor.n_bytes):
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                          dtype=getattr(torch, dtype))
