@@ -5,8 +5,10 @@ screen or session, by the same check `run` makes."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,9 +49,20 @@ def test_an_abbreviated_flag_is_refused(argv, expected, nothing_starts, capsys):
     assert error_line(capsys) == expected
 
 
+def parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """A parser and every sub-parser under it."""
+    yield parser
+    for action in parser._actions:
+        if action.nargs == argparse.PARSER and isinstance(action.choices, dict):
+            for sub in action.choices.values():
+                yield from parsers(sub)
+
+
 def test_the_parser_itself_takes_no_abbreviation():
     """argparse's own matching is off too, for every parser and sub-parser the command builds."""
     parser = build_parser("ablation")
+    every = list(parsers(parser))
+    assert len(every) > 10 and not any(each.allow_abbrev for each in every)
     with pytest.raises(UserError):
         parser.parse_args(["--resum"])
     with pytest.raises(UserError):
