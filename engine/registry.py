@@ -27,6 +27,7 @@ from engine.core.settings import Settings
 from engine.disk.atomic import atomic_write_bytes
 from engine.experiments import (
     ablation,
+    depth_family,
     dynamics,
     evaluate,
     growth,
@@ -166,6 +167,9 @@ EXPERIMENTS: list[Experiment] = [
     Experiment("toy-depth", "teacher-student toy models: student loss against depth, fitted a_l", toy_depth,
                needs_model=False, resumable=True, long=True, preset="tiny", shardable=True,
                oom_advice="a smaller --batch-size or --width, or --device cpu"),
+    Experiment("depth-family", "train a family of small LMs over depths on a corpus: fitted a_l, each member's map",
+               depth_family, needs_model=False, resumable=True, long=True,
+               oom_advice="a smaller --batch-size, --context or --widths, or --device cpu"),
     Experiment("weights", "weight predictability (Ridge R², LOO), delta correlation, nulls, R²-PPL paradox",
                weights, oom_advice="--no-paradox, fewer --components, or a smaller --eval-batch-size"),
     Experiment("manipulate", "zero, clone, blend, low-rank SVD blend, scale layers: perplexity, samples", manipulate,

@@ -80,7 +80,7 @@ class DepthFamilySettings(Settings):
     tokens: tuple[int, ...] = setting((163_840,), "training tokens per member (steps = tokens / (batch x context))",
                                       low=1)
     seeds: tuple[int, ...] = setting((0, 1), "seeds: one member per seed in each cell", low=0, high=MAX_SEED)
-    model: str | None = setting(None, "take the architecture (config) and tokenizer of this Hugging Face model "
+    base_model: str | None = setting(None, "take the architecture (config) and tokenizer of this Hugging Face model "
                                 "name or folder, its depth and width replaced by the grid's (default: a Llama-"
                                 "style decoder and a character tokenizer)", flag="--model")
     corpus: str | None = setting(None, "the text: a local .txt (one text a line), .jsonl, .parquet file or "
@@ -88,10 +88,10 @@ class DepthFamilySettings(Settings):
                                  "every tenth text held out (default: the package's text, pydoc topics, every "
                                  "fifth topic held out)")
     text_column: str = setting("text", "the column of --corpus that holds the text")
-    heads: int = setting(4, "attention heads", low=1)
-    ffn_ratio: float = setting(4.0, "MLP width as a multiple of the hidden size", above=0)
     context: int = setting(64, "tokens per training and held-out window", low=2, high=MAX_WINDOW, why=WINDOW_WHY)
     batch_size: int = setting(16, "windows per step", low=1)
+    heads: int = setting(4, "attention heads", low=1)
+    ffn_ratio: float = setting(4.0, "MLP width as a multiple of the hidden size", above=0)
     lr: float = setting(3e-3, "peak AdamW learning rate", above=0)
     warmup_frac: float = setting(0.05, "share of each member's steps warming up linearly, then cosine decay to 0",
                                  low=0, below=1)
@@ -106,7 +106,8 @@ class DepthFamilySettings(Settings):
     bootstrap: int = setting(1000, "bootstrap resamples of the members for a_l's interval", low=0)
     max_hours: float | None = setting(None, "refuse a plan whose estimate exceeds this many hours", above=0,
                                       none_word="none")
-    threads: int = setting(0, "torch CPU threads (0: torch's default)", low=0, resume_free=True)
+    threads: int = setting(1, "torch CPU threads (one is fastest for these small matrices; 0: torch's default)",
+                           low=0, resume_free=True)
     device: str = device_setting(TRAIN_DEVICE_HELP)
     dtype: str = dtype_setting("forward precision; the weights and AdamW stay float32 (mixed precision)")
 

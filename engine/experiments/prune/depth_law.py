@@ -7,33 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.evaluation.depth_law import fit_depth
 from engine.evaluation.perplexity import TextScores
 from engine.experiments.prune.vocabulary import CHINCHILLA_A_L, DepthLaw
-
-A_GRID = np.linspace(0.01, 10.0, 1999)  # exponents tried; powerfit's bound, 0.005 apart
-
-
-def fit_depth(depths: np.ndarray, losses: np.ndarray) -> dict[str, np.ndarray]:
-    """Least-squares fits of L = c / l^a + L0 (c, L0 >= 0), one per row of `losses` (R, N).
-
-    For a fixed a the model is linear in (c, L0), so each a on a fine grid is solved in closed
-    form and the best a kept: exact up to the grid, and a thousand bootstrap refits cost one
-    array operation (powerfit's iterative fit is built for many more parameters)."""
-    y = np.atleast_2d(losses)
-    x = depths[None, :] ** -A_GRID[:, None]  # (G, N)
-    xm, ym = x.mean(axis=1), y.mean(axis=1)
-    centred = x - xm[:, None]
-    c = np.einsum("gn,rn->rg", centred, y) / (centred**2).sum(axis=1)
-    floor = ym[:, None] - c * xm[None, :]
-    through_zero = floor < 0  # L0 would be negative: fit with L0 = 0
-    c = np.where(through_zero, np.einsum("gn,rn->rg", x, y) / (x**2).sum(axis=1), c)
-    floor = np.where(through_zero, 0.0, floor)
-    flat = c < 0  # loss falls with depth removed: no depth term
-    c, floor = np.where(flat, 0.0, c), np.where(flat, ym[:, None], floor)
-    sse = ((c[:, :, None] * x[None] + floor[:, :, None] - y[:, None, :]) ** 2).sum(axis=2)
-    best = sse.argmin(axis=1)
-    rows = np.arange(y.shape[0])
-    return {"a": A_GRID[best], "c": c[rows, best], "L0": floor[rows, best]}
 
 
 def depth_law(n_layers: int, points: Sequence[tuple[int, TextScores]], resamples: int,
