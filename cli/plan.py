@@ -35,7 +35,7 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
     weight edits on offloaded layers); a config that cannot be read is one line too. A model that
     cannot be planned without loading it (an unusual config) gets a one-line note and no plan.
     `hardware`: where it will run when not this machine (a cluster's GPU: engine/cluster/resources.py)."""
-    from engine.models.memory import check_fits, free_memory, plan_run, preview_model
+    from engine.models.memory import MARGIN, check_fits, free_memory, plan_run, preview_model
     from engine.models.preflight import check_before_load
 
     preview, plan, skipped = None, None, ""
@@ -66,8 +66,25 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
     if not quiet:
         say(plan.line())
     if fits:  # against this machine's device (a cluster's task: against its nodes, engine/cluster/resources.py)
-        check_fits(plan, free_memory(plan.device), experiment.name)
+        free = free_memory(plan.device)
+        if plan.stream is None and not hasattr(settings, "stream") and plan.weights > MARGIN * free:
+            raise UserError(whole_model_refusal(experiment.name, settings, plan, free))
+        check_fits(plan, free, experiment.name)
     return plan
+
+
+def whole_model_refusal(name: str, settings: Settings, plan: MemoryPlan, free: int) -> str:
+    """The line for a run that needs the whole model in memory (it does not stream: it edits, trains,
+    exports or generates) on a device that cannot hold its weights: what does stream, and what else fits
+    (an offloaded layer only where the run neither trains nor edits weights: docs/gpus.md)."""
+    from engine.registry import EXPERIMENTS
+
+    streamed = ", ".join(entry.name for entry in EXPERIMENTS if "stream" in entry.settings_class.__dataclass_fields__)
+    offload = "" if plan.training or settings.edits_weights() else \
+        ", or --device-map auto (layers offloaded to the CPU and disk)"
+    return (f"{name} loads the whole model ({plan.weights / 1e9:.2f} GB in {plan.dtype}) but {free / 1e9:.2f} GB is "
+            f"free on {plan.device}; streamed: {streamed} (--stream) read it layer by layer; for {name}: a device "
+            f"with room, --dtype float16{offload}")
 
 
 def _first_line(exc: BaseException) -> str:

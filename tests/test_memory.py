@@ -388,8 +388,10 @@ def test_run_loads_the_dtype_its_plan_names(tmp_path, monkeypatch, capsys):
     folder = save_tiny(tmp_path / "tiny")
     real_plan = memory.plan_run
 
-    def bfloat16_plan(*args, **kwargs):
-        return dataclasses.replace(real_plan(*args, **kwargs), dtype="bfloat16")
+    def bfloat16_plan(*args, **kwargs):  # the plan's placement is what the load takes (cli/runner.py)
+        plan = real_plan(*args, **kwargs)
+        placement = dataclasses.replace(plan.placement, dtype="bfloat16")
+        return dataclasses.replace(plan, dtype="bfloat16", placement=placement)
 
     monkeypatch.setattr(memory, "plan_run", bfloat16_plan)
     assert main(["run", "ablation", "--model", str(folder), "--eval-set", "paper", "--session", "d"]) == 0

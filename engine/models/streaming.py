@@ -294,6 +294,14 @@ class LayerSource:
             self.free(group)
 
 
+def layer_forward(layer: nn.Module, hidden: torch.Tensor, call: tuple[tuple[Any, ...], dict[str, Any]]) -> torch.Tensor:
+    """A decoder layer run on `hidden` with the other arguments the model's own forward handed it
+    (`call`: recorded, engine/experiments/ablation/wavefront.py `recorded_calls`); its hidden output."""
+    args, kwargs = call
+    output = layer(hidden, *args, **kwargs)
+    return cast(torch.Tensor, output[0] if isinstance(output, tuple) else output)
+
+
 def _numel(shape: Any) -> int:
     count = 1
     for size in shape:

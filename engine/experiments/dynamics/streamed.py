@@ -22,7 +22,7 @@ from engine.experiments.dynamics.lens import LogitLens
 from engine.experiments.dynamics.profiles import BatchMeter, Profiles, joined, keep_mask, on_host
 from engine.experiments.dynamics.vocabulary import DynamicsSettings
 from engine.models.memory import batch_widths, text_lengths
-from engine.models.streaming import HEAD, INPUT, OUTER, LayerSource
+from engine.models.streaming import HEAD, INPUT, OUTER, LayerSource, layer_forward
 
 
 def streamed_evaluator(stream: LayerSource, tokenizer: Any, texts: Sequence[str], settings: DynamicsSettings,
@@ -59,9 +59,7 @@ def streamed_profiles(stream: LayerSource, evaluator: Evaluator, settings: Dynam
         layer = stack.layers[j]
         with torch.no_grad():
             for b, batch in enumerate(batches):
-                args, kwargs = calls[b][j]
-                output = layer(states[b], *args, **kwargs)
-                output = output[0] if isinstance(output, tuple) else output
+                output = layer_forward(layer, states[b], calls[b][j])
                 meters[b](j, states[b], output)
                 if lens is not None:
                     lens.observe(batch, j, states[b], output)
