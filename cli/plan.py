@@ -80,11 +80,12 @@ def whole_model_refusal(name: str, settings: Settings, plan: MemoryPlan, free: i
     from engine.registry import EXPERIMENTS
 
     streamed = ", ".join(entry.name for entry in EXPERIMENTS if "stream" in entry.settings_class.__dataclass_fields__)
-    offload = "" if plan.training or settings.edits_weights() else \
-        ", or --device-map auto (layers offloaded to the CPU and disk)"
+    fits = ["a device with room", *(["--dtype float16"] if plan.dtype == "float32" else []),
+            *([] if plan.training or settings.edits_weights() else
+              ["--device-map auto (layers offloaded to the CPU and disk)"])]
     return (f"{name} loads the whole model ({plan.weights / 1e9:.2f} GB in {plan.dtype}) but {free / 1e9:.2f} GB is "
-            f"free on {plan.device}; streamed: {streamed} (--stream) read it layer by layer; for {name}: a device "
-            f"with room, --dtype float16{offload}")
+            f"free on {plan.device}; streamed: {streamed} (--stream) read it layer by layer; for {name}: "
+            f"{', or '.join(fits)}")
 
 
 def _first_line(exc: BaseException) -> str:
