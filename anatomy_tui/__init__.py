@@ -188,9 +188,9 @@ class _Bar:
             with warnings.catch_warnings():  # without ipywidgets: the text bar, no warning
                 warnings.simplefilter("ignore")
                 from tqdm.auto import tqdm
-            self.bar = tqdm(total=event.total, initial=event.done, desc=label, file=sys.stderr)
+            self.bar = tqdm(total=event.total, initial=event.done, desc=label, file=sys.stderr, unit=event.unit or "it")
             return
-        self.bar.total = event.total
+        self.bar.total, self.bar.unit = event.total, event.unit or "it"  # `12/48 [..., 4.00texts/s]`
         self.bar.n = event.done
         self.bar.set_description(label, refresh=False)
         self.bar.refresh()

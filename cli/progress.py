@@ -13,16 +13,16 @@ from engine.models.load_progress import duration  # the time left said alike by 
 
 
 def progress_text(event: Progress) -> str:
-    """A progress event in words: `baseline: 12/48 texts, 3.1 texts/s, about 12 s left`."""
+    """A progress event in words, the pass and what it counts: `baseline: texts 12/48, 3.1/s, about
+    12 s left`, `ablation: layers and blocks 45/90` (the count as `Progress.count` spells it)."""
     what = event.label or event.phase
     if event.phase and event.phase not in what:
         what = f"{what} ({event.phase})"
-    if event.total <= 0 and not event.unit:
+    if not event.count:
         return what
-    count = f"{event.done}/{event.total}" if event.total > 0 else f"{event.done}"
-    text = f"{what}: {count} {event.unit}".rstrip()
+    text = f"{what}: {event.count}"
     if event.rate:
-        text += f", {event.rate:.3g} {event.unit or 'units'}/s"
+        text += f", {event.rate:.3g}/s"
     left = event.seconds_left
     if left is not None and event.done < event.total:
         text += f", about {duration(left)} left"

@@ -246,7 +246,7 @@ def test_runs_on_the_cluster_get_their_gpus_and_stream_every_event_in_order(ray_
     assert main([*common, "--device", "cpu", "--session", "serial"]) == 0
     assert main([*common, "--session", "one", "--cluster", "local"]) == 0
     err = capsys.readouterr().err
-    for state in ("queued (1 GPU)", "placed on node", "running: ablation 4/4", "done"):
+    for state in ("queued (1 GPU)", "placed on node", "running: ablation: layers 4/4", "done"):
         assert f"llama · ablation: {state}" in err
     store = SessionStore(isolated_home)
     layers = result_of(store.open("serial"), "ablation")["layers"]

@@ -166,7 +166,7 @@ def test_recovery_says_its_baseline_batch_by_batch_and_sends_it_before_training(
 def test_progress_in_words_and_plain_lines_each_phase_its_end_and_every_tenth():
     event = Progress(12, 48, "baseline", phase="baseline", unit="texts", rate=4.0)
     assert event.seconds_left == 9.0
-    assert progress_text(event) == "baseline: 12/48 texts, 4 texts/s, about 9 s left"
+    assert progress_text(event) == "baseline: texts 12/48, 4/s, about 9 s left"
     assert progress_text(Progress(0, 0, "recovery: starting", phase="starting")) == "recovery: starting"
     lines = ProgressLines()
     shown = [lines.line(Progress(done, 100, "recovery", phase="training", unit="steps")) for done in range(101)]
@@ -183,8 +183,8 @@ def test_the_command_line_prints_each_phase_as_a_plain_line_when_not_a_terminal(
                  "--eval-file", evaluation, "--eval-batch-size", "2", "--eval-texts", "4"]) == 0
     err = capsys.readouterr().err.splitlines()
     progress = [line for line in err if line.startswith("[progress] ")]
-    assert progress[:2] == ["[progress] recovery: starting", "[progress] baseline: 0/10 texts"]
-    assert "[progress] evaluation: 0/10 texts" in progress  # after the noise, every text
+    assert progress[:2] == ["[progress] recovery: starting", "[progress] baseline: texts 0/10"]
+    assert "[progress] evaluation: texts 0/10" in progress  # after the noise, every text
     assert any(line.startswith("[info] baseline perplexity ") for line in err)
 
 

@@ -200,7 +200,7 @@ def _events(generator: Any, say: Callable[[str], None],
             step = PROGRESS_STEPS * event.done // event.total
             if step != shown:
                 shown = step
-                progress = f"{event.label + ' ' if event.label else ''}{event.done}/{event.total}"
+                progress = f"{event.label + ': ' if event.label else ''}{event.count}"  # `ablation: layers 3/30`
                 yield _told(say, "running", progress, f"running: {progress}")
         if isinstance(event, Result):
             yield _told(say, "done", "", "done")

@@ -314,12 +314,22 @@ class Started(Event):
     spec: dict[str, Any]
 
 
+def count_text(done: int, total: int, unit: str) -> str:
+    """A count as every front end says it, its unit first: `texts 40/48`, `layers 3/30` (`40 texts`
+    while the total is not known; "" before anything is counted)."""
+    if total > 0:
+        return f"{unit} {done}/{total}".lstrip()
+    return f"{done} {unit}".rstrip() if done else ""
+
+
 @event("job.progress", v1_kind="progress")
 class Progress(Event):
     """Progress of a job: `done` of `total` `unit`s (texts, batches, steps, layers; total 0 while
     not known) in its `phase` (starting, baseline, training, evaluation, ...), with a short label and
     the `rate` measured in this phase (units a second; null before one unit is done), from which a
-    front end draws a bar and the time left (`seconds_left`)."""
+    front end draws a bar and the time left (`seconds_left`). Every Progress that counts names its
+    unit (`texts`, `layers`; `layers and blocks` for a map of each layer and its blocks), said before
+    the count: `baseline: texts 40/48` (`count`)."""
 
     done: int
     total: int
@@ -327,6 +337,11 @@ class Progress(Event):
     phase: str = ""
     unit: str = ""
     rate: float | None = None
+
+    @property
+    def count(self) -> str:
+        """Its count in words, `texts 40/48` (`count_text`)."""
+        return count_text(self.done, self.total, self.unit)
 
     @property
     def seconds_left(self) -> float | None:

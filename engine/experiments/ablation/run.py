@@ -117,10 +117,11 @@ def run_ablation(
             model_name, evaluator, settings, time.perf_counter() - started, baseline, (influence, angular, blocks),
             block_proxies)))
         return
+    counted = "layers and blocks" if parts else "layers"  # --part: each layer, then its blocks (3 a layer: both)
     if rows:
-        yield Message(f"resuming: {len(rows)} of {len(units)} {'rows' if parts else 'layers'} already finished "
+        yield Message(f"resuming: {len(rows)} of {len(units)} {counted} already finished "
                       f"({', '.join(unit_name(unit) for unit in rows)}), skipped")
-    pace = Pace("ablation", len(units), "layers", first=len(rows))
+    pace = Pace("ablation", len(units), counted, first=len(rows))
     yield pace.at(len(rows))
 
     def row(index: int, part: str | None, unit_scores: TextScores) -> AblationRow:

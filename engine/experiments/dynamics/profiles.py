@@ -166,7 +166,7 @@ def stream_profiles(
             model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
                   logits_to_keep=1)
         found.append(on_host(batch, meter))
-        yield Progress(b + 1, len(batches), "dynamics")
+        yield Progress(b + 1, len(batches), "dynamics", unit="batches")
     yield joined(found)
 
 

@@ -205,7 +205,7 @@ def run(settings: EvaluateSettings, context: RunContext) -> Iterator[Event]:
     rows: list[EvaluatedModel] = []
     for index, name in enumerate(names):
         context.cancel.check()
-        yield Progress(index, len(names), f"evaluate: {name}")
+        yield Progress(index, len(names), f"evaluate: {name}", phase="evaluation", unit="models")
         began = time.perf_counter()
         with _any_subject(name, settings, context) as found:
             scores = harness.scores(found.model, found.tokenizer)
@@ -220,7 +220,7 @@ def run(settings: EvaluateSettings, context: RunContext) -> Iterator[Event]:
                              seconds=time.perf_counter() - began)
         rows.append(row)
         yield ModelEvaluated(row.variant, row.label, scores, check)
-    yield Progress(len(names), len(names), "evaluate")
+    yield Progress(len(names), len(names), "evaluate", phase="evaluation", unit="models")
     protocol = harness.protocol()
     earlier = context.input(EvaluateResult)
     kept, note = _kept_rows(earlier, loaded.name, protocol, settings.gen_tokens, {row.label for row in rows})

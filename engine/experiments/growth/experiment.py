@@ -153,7 +153,8 @@ def _run(
                 if isinstance(event, GrowthStep):
                     done_steps += 1
                     if event.step % 10 == 0 or event.step == event.total_steps:
-                        yield Progress(done_steps, total_steps, f"{name} seed {seed} {event.phase}")
+                        yield Progress(done_steps, total_steps, f"{name} seed {seed} {event.phase}", phase="training",
+                                       unit="steps")
             record = {
                 "arm": name, "seed": seed, "val_loss": outcome.val_loss, "seconds": outcome.seconds,
                 "tokens_per_s": outcome.tokens_per_s, "steps": outcome.steps, "phases": outcome.phase_stats,

@@ -205,7 +205,7 @@ def run_manipulation(
     plan = [trial for k, trial in enumerate(trials(settings, layers)) if only is None or k in only]
     baseline = evaluator.build_cache().perplexity
     baseline_sample = generate_text(model, tokenizer, settings.prompt, settings.sample_tokens)
-    yield Progress(0, len(plan), "manipulate")
+    yield Progress(0, len(plan), "manipulate", unit="trials")
     rows = []
     for done, (group, strategy, param) in enumerate(plan, start=1):
         if cancel is not None:
@@ -217,7 +217,7 @@ def run_manipulation(
         rows.append(ManipulateRow(layers=list(group), strategy=strategy, param=param, ppl=ppl,
                                   degradation_pct=d, sample=sample, together=len(group) > 1))
         yield TrialDone(group, strategy, param, ppl, baseline, d, sample)
-        yield Progress(done, len(plan), "manipulate")
+        yield Progress(done, len(plan), "manipulate", unit="trials")
     doc = ManipulateResult(
         model=model_name,
         baseline_ppl=baseline,

@@ -116,7 +116,7 @@ def greedy_ppl(model: Any, tokenizer: Any, texts: EvalSource, settings: PruneSet
             first = trial
         best = int(np.argmin([p if math.isfinite(p) else math.inf for p in trial]))
         order.append(rest[best])
-        yield Progress(reached(), target, "prune: ppl greedy search")
+        yield Progress(reached(), target, "prune: ppl greedy search", unit="parameters" if blocks else "layers")
         yield Message(f"ppl round {len(order)}: remove {'block' if blocks else 'layer'} {cut_name((rest[best],))} "
                       f"(PPL {trial[best]:.3f})")
     return order, first

@@ -278,7 +278,7 @@ def run(settings: PruneSettings, context: RunContext) -> Iterator[Event]:
                               "warning" if point.disagreement else "info")
             curve.append(point)
             yield PrunePoint(label, count, list(whole), ppl, baseline, low, high, healed_ppl)
-            yield Progress(m_index * len(counts) + c_index + 1, total, f"prune: {label}")
+            yield Progress(m_index * len(counts) + c_index + 1, total, f"prune: {label}", unit="cuts")
             final = healed_ppl if healed_ppl is not None else ppl
             wanted = settings.export_method in (None, label)
             if (count == export_count and wanted and math.isfinite(final)

@@ -156,7 +156,7 @@ def run_scaling_fit(
         return
 
     # 1. the fit itself: many random restarts in one batch
-    yield Progress(0, 3, "restarts")
+    yield Progress(0, 3, "restarts", unit="stages")
     fit = powerfit.fit_batched(u, y, np.ones(n), powerfit.random_starts(rng, settings.restarts, 3, y),
                                delta=delta, cancel=cancel)
     best_theta, best_obj = powerfit.best_per_group(fit, 1)
@@ -168,7 +168,7 @@ def run_scaling_fit(
                   f"{near} restarts reach it")
 
     # 2. bootstrap: resample runs with replacement (multiplicity weights), restart from the optimum + random
-    yield Progress(1, 3, "bootstrap")
+    yield Progress(1, 3, "bootstrap", unit="stages")
     t0 = time.perf_counter()
     boot_params, boot_valid = _bootstrap(u, y, centre, best_theta, settings, rng, cancel)
     boot_seconds = time.perf_counter() - t0
@@ -177,14 +177,14 @@ def run_scaling_fit(
                    seconds=boot_seconds)
 
     # 3. held-out error over random splits
-    yield Progress(2, 3, "held-out splits")
+    yield Progress(2, 3, "held-out splits", unit="stages")
     heldout = _heldout(u, y, best_theta, settings, rng, cancel)
     objective = mean_squared_log_residual(best, data)
     profile, profile_ci = None, None
     if delta is None:
         profile = profile_alpha_l(u, y, best_theta, rng, cancel)
         profile_ci = profile_interval(profile, objective, n)
-    yield Progress(3, 3, "done")
+    yield Progress(3, 3, "done", unit="stages")
 
     shape = optimal_shape(best, settings.budgets)
     ratios = [b["alpha_l"] / b["alpha_m"] for b in boot_params if b["alpha_m"] > 0]
@@ -275,7 +275,7 @@ def _run_paper(data: Runs, x: np.ndarray, y: np.ndarray, settings: ScalingFitSet
     """Paper B's notebook procedure: Adam from its fixed start for `steps` steps, features in its
     units. Its answer depends on `steps` (the objective is nearly flat along a_l), so snapshots along
     the way are reported too."""
-    yield Progress(0, 1, f"Adam, {settings.steps} steps")
+    yield Progress(0, 1, f"Adam, {settings.steps} steps", unit="fits")
     record = tuple(sorted({s for s in (1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000, 500000)
                            if s < settings.steps} | {settings.steps}))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -301,7 +301,7 @@ def _run_paper(data: Runs, x: np.ndarray, y: np.ndarray, settings: ScalingFitSet
         trajectory.append({"step": step, **{key: doc[key] for key in ("alpha_m", "alpha_l", "alpha_D", "L0")},
                            "objective": mean_squared_log_residual(doc, data)})
     yield FitStage(stage="fit", values=best, seconds=time.perf_counter() - started)
-    yield Progress(1, 1, "done")
+    yield Progress(1, 1, "done", unit="fits")
     result = ScalingFitResult(
         **_data_header(data, settings, n_excluded, len(y), "paper"),
         loss_function="least_squares",

@@ -97,7 +97,7 @@ def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
     wanted = [student for student in students(settings) if only is None or student in only]
     losses: dict[Student, list[float]] = {}
     by_temperature: dict[str, dict[str, ToyDepthCurve]] = {}
-    yield Progress(0, len(wanted), "students")
+    yield Progress(0, len(wanted), "students", unit="students")
     for regime in dict.fromkeys(regime for regime, _, _ in wanted):
         generator = torch.Generator().manual_seed(settings.seed)
         teacher = Teacher(regime, settings, generator).to(settings.device)
@@ -109,7 +109,7 @@ def _run(settings: ToyDepthSettings, preset: str, cancel: CancelToken | None,
                     continue
                 losses[regime, temperature, depth] = yield from _student(
                     teacher, temperature, depth, settings, eval_x, cancel, checkpoint_dir)
-                yield Progress(len(losses), len(wanted), f"{regime} T={temperature:g} depth {depth}")
+                yield Progress(len(losses), len(wanted), f"{regime} T={temperature:g} depth {depth}", unit="students")
             if only is None:
                 fit = group_fit(settings, [losses[regime, temperature, depth] for depth in depths])
                 by_temperature.setdefault(f"{temperature:g}", {})[regime] = fit

@@ -44,6 +44,7 @@ from engine.experiments.weights.vocabulary import (
 )
 from engine.models.anatomy import LayerStack
 
+WEIGHTS_UNIT = "analyses"  # each component's, then with --paradox the predicted weights put in the model
 SUMMARY_KEYS = ("r2_in_sample", "r2_loo", "cosine_loo", "delta_corr_mean", "delta_corr_sd")  # WeightStats' fields
 
 
@@ -273,7 +274,7 @@ def run_weights(
     components: dict[str, WeightsComponent] = {}
     fits: dict[str, Fit] = {}
     steps = len(names) + (1 if settings.paradox else 0)
-    yield Progress(0, steps, "weights")
+    yield Progress(0, steps, "weights", unit=WEIGHTS_UNIT)
     for step, name in enumerate(names):
         if cancel is not None:
             cancel.check()
@@ -314,14 +315,14 @@ def run_weights(
         null_delta = independent.delta_corr_mean
         assert null_delta is not None  # the mean over the null's draws (null): a float
         yield ComponentAnalysed(name, fit.r2_in_sample, fit.r2_loo, values["delta_corr_mean"], null_delta)
-        yield Progress(step + 1, steps, "weights")
+        yield Progress(step + 1, steps, "weights", unit=WEIGHTS_UNIT)
 
     rows: list[ParadoxRow] = []
     baseline, protocol = None, ABSENT
     if settings.paradox:
         yield Message("paradox: putting predicted weights into the model")
         rows, baseline, protocol = yield from _paradox(model, tokenizer, stack, names, fits, analysis, settings, cancel)
-        yield Progress(steps, steps, "weights")
+        yield Progress(steps, steps, "weights", unit=WEIGHTS_UNIT)
     doc = WeightsResult(
         model=model_name,
         family=stack.family,
