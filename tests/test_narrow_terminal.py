@@ -9,6 +9,7 @@ import shutil
 import subprocess
 
 import pytest
+from rich.text import Text
 from test_tui import until
 from test_tui_terminal import _wait_for, console_in_tmux
 from tiny_models import save_tiny
@@ -34,7 +35,10 @@ from engine.experiments.recovery.vocabulary import RecoveryPoint, RecoveryStart
 from sessions.session import Session
 from sessions.store import SessionStore
 from tui.app import AnatomyApp
+from tui.state import GrowthView
 from tui.views import analyses
+from tui.widgets.curve_plot import legend_rows
+from tui.widgets.growth_timeline import comparison_table, timeline_text
 
 SMALL = (80, 24)
 pytestmark = pytest.mark.anyio
@@ -218,6 +222,56 @@ async def test_a_long_log_line_wraps_whole(isolated_home) -> None:
         await pilot.press("f7")
         await pilot.pause()
         assert_shown(app, "recovery-1: the texts are read again", "until the last word: END")
+
+
+def tiny_plan_view() -> GrowthView:
+    arms = planned_arms(PRESETS["tiny"])
+    assert arms is not None
+    return GrowthView(plan=GrowthPlan(arms=arms, seeds=[0], params={}, profile=[], batch_tokens=64))
+
+
+# the first phase's name at each width (its rows: indent, name column, length, bar, network, count):
+# 47 the full row; 40 and 38 without the length, a 4-cell bar; 30 indented by one, the names cut to 7
+# cells; 24 the
+# network under the name, which is whole again
+FIRST_PHASE = {47: "  gastrulation    116 ", 40: "  gastrulation  ····", 38: "  gastrulation  ····",
+               30: " gastru… ····", 24: " gastrulation  ···· 2L"}  # fmt: skip
+
+
+@pytest.mark.parametrize("width", sorted(FIRST_PHASE, reverse=True))
+def test_the_timeline_fits_its_width_with_its_drawings_whole(width: int) -> None:
+    """The tiny preset's rows are 47 cells at full size: narrower, no row is longer than `width` and
+    each phase's network drawing (twelve cells) is still whole on one row."""
+    rows = timeline_text(tiny_plan_view(), width=width).plain.splitlines()
+    assert max(map(len, rows)) <= width, rows
+    for drawing in ("····■■······", "·■■·■■······", "·■■·■■··■■··", "·■■·■■·■■■■·", "■■■■■■■■■■■■"):
+        assert any(drawing in row for row in rows), (drawing, rows)
+    assert rows[1].startswith(FIRST_PHASE[width]), rows[1]
+
+
+def test_too_few_rows_show_the_phase_each_arm_is_in() -> None:
+    view = tiny_plan_view()
+    view.step["growth_100"] = 130
+    rows = timeline_text(view, width=40, height=8).plain.splitlines()
+    assert [row.split("  ")[0] for row in rows[::2]] == ["growth_100", "growth_50", "uniform_100"]
+    assert "phase 1/6" in rows[0] and rows[1].startswith("  gastrulation")  # no phase event yet: its first
+    assert len(rows) == 6
+
+
+def test_a_table_too_wide_for_any_column_set_becomes_a_line_per_arm() -> None:
+    arms = GrowthResult.from_json(three_seeds()).arms
+    text = comparison_table(arms, width=20)
+    assert isinstance(text, Text)
+    assert text.plain.splitlines()[1:] == [
+        "growth_100: val loss 1.5000  ± sd 0.2500  s 1234.5  tok/s 52,345",
+        "uniform_100: val loss 2.5000  ± sd 0.2500  s 1234.5  tok/s 52,345",
+    ]
+
+
+def test_a_legend_too_long_for_its_width_goes_on_rows_each_label_whole() -> None:
+    entries = [("baseline", "white"), ("2x", "red"), ("1.5x", "orange"), ("1.1x", "orange+")]
+    assert [row.plain for row in legend_rows(entries, 24)] == ["━━ baseline  ━━ 2x", "━━ 1.5x  ━━ 1.1x"]
+    assert [row.plain for row in legend_rows(entries, 36)] == ["━━ baseline  ━━ 2x  ━━ 1.5x  ━━ 1.1x"]
 
 
 @pytest.mark.slow
