@@ -230,9 +230,8 @@ def tiny_plan_view() -> GrowthView:
     return GrowthView(plan=GrowthPlan(arms=arms, seeds=[0], params={}, profile=[], batch_tokens=64))
 
 
-# the first phase's name at each width (its rows: indent, name column, length, bar, network, count):
-# 47 the full row; 40 and 38 without the length, a 4-cell bar; 30 indented by one, the names cut to 7
-# cells; 24 the
+# the first phase's row at each width (indent, name column, length, bar, network, count): 47 the full
+# row; 40 and 38 without the length, a 4-cell bar; 30 indented by one, the names cut to 7 cells; 24 the
 # network under the name, which is whole again
 FIRST_PHASE = {47: "  gastrulation    116 ", 40: "  gastrulation  ····", 38: "  gastrulation  ····",
                30: " gastru… ····", 24: " gastrulation  ···· 2L"}  # fmt: skip
