@@ -71,7 +71,7 @@ class ModelOptions(Settings):
     trust_remote_code: bool = setting(False, "allow a hub model's own code (off by default)")
     device_map: str | None = setting(None, "spread the layers over every visible GPU, then CPU and disk "
                                      "(accelerate)", choices=DEVICE_MAPS, none_word="none")
-    max_memory: str | None = setting(None, "with --device-map, or a streamed map (run ablation): memory each "
+    max_memory: str | None = setting(None, "with --device-map, or a streamed run (ablation, dynamics): memory each "
                                      "device may take, e.g. 0=14GiB,1=14GiB,cpu=30GiB", none_word="none")
     deterministic: bool = setting(True, "on a GPU, deterministic kernels (torch.use_deterministic_algorithms), so "
                                   "resumes and shards give the serial run's bits; off: faster, equal within "
