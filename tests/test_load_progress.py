@@ -116,3 +116,31 @@ def test_a_step_is_said_again_every_few_seconds_while_it_lasts():
 def test_the_time_left_is_the_measured_rate_over_what_is_left(done, elapsed, expected):
     step = LoadStep("dequantizing", started=0.0, done=done * 10.0, total=20.0, count=done, items=2)
     assert step.text(elapsed) == f"dequantizing: {expected}"
+
+
+def test_a_cold_gguf_load_parses_its_header_once_and_copies_it_exactly(tmp_path, monkeypatch):
+    """The header parsed once for the config, the tokenizer, the model's config and its tensors
+    (four parses before), and the copy's tensors equal to transformers' own load of the file."""
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.models.loading import load_model
+
+    monkeypatch.setenv("ANATOMY_TUI_CACHE", str(tmp_path / "cache"))
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    fresh = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="tiny.gguf", dtype=torch.float32).state_dict()
+    parsed: list[str] = []
+    reader = gguf.GGUFReader
+
+    def counted(where, mode="r"):
+        parsed.append(str(where))
+        return reader(where, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    loaded = load_model(str(path), device="cpu", dtype="float32")
+    assert len(parsed) == 1 and gguf.GGUFReader is counted  # and put back
+    copy = loaded.model.state_dict()
+    assert fresh.keys() == copy.keys()
+    for name, tensor in fresh.items():
+        assert torch.equal(tensor, copy[name]), name

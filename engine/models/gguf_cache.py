@@ -7,10 +7,14 @@ process is removed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,38 @@ def gguf_config_source(gguf: Path) -> tuple[str, dict[str, Any]]:
     when there is one, else the file itself (`gguf_file=`)."""
     copy = dequantized_copy(gguf)
     return (str(copy), {}) if copy is not None else (str(gguf.parent), {"gguf_file": gguf.name})
+
+
+_reading = threading.Lock()  # one load at a time shares its parsed headers
+
+
+@contextmanager
+def headers_read_once() -> Iterator[None]:
+    """For the duration, each GGUF file's header is parsed once: transformers parses it again for
+    the config, the tokenizer, the model's config and its tensors (each parse reads the whole token
+    list: seconds), and builds the tensor-name table once per submodule (hundreds of times); both
+    come from the `gguf` package, looked up when called, so they are memoized there. Re-entrant; a
+    second load at the same time parses on its own."""
+    import gguf
+
+    if not _reading.acquire(blocking=False):
+        yield
+        return
+    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[str, Any] = {}
+
+    def read_once(path: Any, mode: str = "r") -> Any:
+        key = f"{os.path.realpath(path)}:{mode}"
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.cache(names)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, names
+        _reading.release()
 
 
 STAGING_OWNER = ".owner"  # the pid of the process writing a staging folder
@@ -97,7 +133,7 @@ def dequantized_folder(gguf: Path, report: Report = quiet, dtype: str = "float32
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     progress = report if isinstance(report, LoadProgress) else LoadProgress(report)
-    with progress.running():
+    with progress.running(), headers_read_once():
         progress.step(f"reading {gguf.name}'s tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         progress(f"dequantizing {gguf.name} to {dtype} once; later loads read the copy")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.core.errors import UserError
-from engine.models.gguf_cache import dequantized_folder, gguf_config_source
+from engine.models.gguf_cache import dequantized_folder, gguf_config_source, headers_read_once
 from engine.models.load_progress import WEIGHTS_LOOP, LoadProgress
 from engine.models.placement import (
     Flags,
@@ -181,11 +181,12 @@ def _load(name: str, progress: LoadProgress, device: str, dtype: str, trust_remo
             where, gguf_kwargs = gguf_config_source(gguf)
             if gguf_kwargs:  # no dequantized copy yet: its header is parsed (seconds: the whole token list)
                 progress.step(f"reading {gguf.name}'s header")
-            config = AutoConfig.from_pretrained(where, **gguf_kwargs)
-            check_sizes(config.to_dict(), source.display)  # before the dequantization builds the model
-            LayerStack.check_family(config.model_type)
-            placement = placement or model_placement(flags, config, hardware=hardware)
-            location = str(dequantized_folder(gguf, progress, placement.dtype))
+            with headers_read_once():  # the header parsed here is the dequantization's too
+                config = AutoConfig.from_pretrained(where, **gguf_kwargs)
+                check_sizes(config.to_dict(), source.display)  # before the dequantization builds the model
+                LayerStack.check_family(config.model_type)
+                placement = placement or model_placement(flags, config, hardware=hardware)
+                location = str(dequantized_folder(gguf, progress, placement.dtype))
         progress.step(f"reading {source.display}'s config")
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
         check_sizes(config.to_dict(), source.display)  # before the model is built from it
