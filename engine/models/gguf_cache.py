@@ -65,8 +65,9 @@ def headers_read_once() -> Iterator[None]:
     list: seconds), and builds the tensor-name table once per submodule (hundreds of times); both
     come from the `gguf` package, looked up when called, so they are memoized there. Re-entrant; a
     second load at the same time parses on its own."""
-    import gguf
+    import gguf as gguf_module
 
+    gguf: Any = gguf_module  # its attributes are swapped for the duration
     if not _reading.acquire(blocking=False):
         yield
         return
