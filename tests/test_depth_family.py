@@ -97,7 +97,8 @@ def test_a_resumed_member_ends_where_an_uninterrupted_one_ends(corpus: Path, tmp
     assert resumed.curve == straight.curve and resumed.heldout_loss == straight.heldout_loss
 
 
-def _numbers(result: Result) -> dict[str, Any]:
+def _numbers(result: Any) -> dict[str, Any]:
+    assert isinstance(result, Result)
     doc = DepthFamilyResult.from_json(result.data)
     assert doc.fit is not None
     return {"losses": [(m.name, m.heldout_loss, m.curve) for m in doc.members], "a": doc.fit.alpha_l,
