@@ -175,6 +175,8 @@ def _load(name: str, progress: LoadProgress, device: str, dtype: str, trust_remo
     flags = Flags(device, dtype, device_map, max_memory)
     early = placement or resolve_placement(flags, hardware)  # the device and budgets refused before any file is read
     set_deterministic(early.device, deterministic)  # before the first cuBLAS call
+    # the first config read imports transformers' code for the model's family too (a second or more)
+    progress.step(f"reading {source.display}'s config and transformers' code for it")
     try:
         if source.kind == "gguf":  # the GGUF's config chooses the dtype before dequantizing
             gguf = Path(location)
@@ -187,7 +189,6 @@ def _load(name: str, progress: LoadProgress, device: str, dtype: str, trust_remo
                 LayerStack.check_family(config.model_type)
                 placement = placement or model_placement(flags, config, hardware=hardware)
                 location = str(dequantized_folder(gguf, progress, placement.dtype))
-        progress.step(f"reading {source.display}'s config")
         config = AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
         check_sizes(config.to_dict(), source.display)  # before the model is built from it
         folder = hub_folder(location) if source.kind == "hub" else Path(location)
