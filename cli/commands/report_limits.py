@@ -48,8 +48,9 @@ def lists(doc: Any) -> Iterator[tuple[str, list[Any]]]:
 def size_problem(name: str, doc: Any) -> str:
     """Why a result holds more than the model it names can have ("" when it does not): more layers
     than any model, more layer rows than its layers (a part map: two per layer), a row of a layer it
-    lacks, a list longer than RECORDS_PER_LAYER records per layer or MAX_POINTS numbers, a model
-    name longer than a path. What the report draws and prints is bounded by these."""
+    lacks, a list longer than RECORDS_PER_LAYER records per layer or MAX_POINTS numbers (or points of
+    a curve over training steps), a model name longer than a path. What the report draws and prints
+    is bounded by these."""
     if not isinstance(doc, dict):
         return ""  # the class's decoding says what is wrong with it
     depth = stated_layers(doc)
@@ -72,7 +73,8 @@ def size_problem(name: str, doc: Any) -> str:
             return f"a row of layer {wrong} in '{key}', which its model of {depth} layers lacks"
     for where, items in lists(doc):
         records = bool(items) and isinstance(items[0], dict)
-        limit = RECORDS_PER_LAYER * depth if records else MAX_POINTS
+        steps = records and "step" in items[0]  # a curve of training steps: as long as its budget, not its depth
+        limit = RECORDS_PER_LAYER * depth if records and not steps else MAX_POINTS
         if len(items) > limit:
             return (f"{len(items)} {'rows' if records else 'values'} in '{where}', more than a model of {depth} "
                     f"layers gives (at most {limit})")

@@ -55,15 +55,27 @@ def cell(value: Any) -> str:
 
 def scalar(value: Any) -> bool:
     """A value one cell shows: a number, a text, or a list or mapping of those."""
-    plain = (str, int, float, bool, type(None))
-    return isinstance(value, plain) or (isinstance(value, (list, tuple)) and all(isinstance(v, plain) for v in value)) \
-        or (isinstance(value, dict) and all(isinstance(v, plain) for v in value.values()))
+    return isinstance(value, PLAIN) or (isinstance(value, (list, tuple)) and all(isinstance(v, PLAIN) for v in value)) \
+        or (isinstance(value, dict) and all(isinstance(v, PLAIN) for v in value.values()))
+
+
+PLAIN = (str, int, float, bool, type(None))
+
+
+def flat(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A record with the numbers and words of each record nested in it that is more than one cell
+    beside its own (`anatomy.mean_angle`: a member's anatomy summary in the members' table)."""
+    inner = {f"{k}.{name}": v for k, value in row.items() if isinstance(value, dict) and not scalar(value)
+             for name, v in value.items() if isinstance(v, PLAIN)}
+    return {**row, **inner}
 
 
 def rows_table(title: str, rows: Sequence[Mapping[str, Any]], key: str | None = None,
                keys: Sequence[str] = ()) -> Table:
-    """A table of flat records: one column per scalar field any of them has (`key` first, from `keys`)."""
-    columns = list(dict.fromkeys(k for row in rows for k, v in row.items() if scalar(v)))
+    """A table of records: one column per scalar field any of them, or a record nested in them, has
+    (`key` first, from `keys`)."""
+    rows = [flat(row) for row in rows[:ROW_LIMIT]] + list(rows[ROW_LIMIT:])
+    columns = list(dict.fromkeys(k for row in rows[:ROW_LIMIT] for k, v in row.items() if scalar(v)))
     header = ([key] if key else []) + columns
     body = [([keys[i]] if key else []) + [cell(row.get(c)) for c in columns] for i, row in enumerate(rows[:ROW_LIMIT])]
     if len(rows) > ROW_LIMIT:
@@ -80,16 +92,26 @@ def tables(doc: Mapping[str, Any]) -> list[Table]:
     if summary:
         found.append(("summary", ["field", "value"], summary))
     for key, value in doc.items():
-        if key in skip:
-            continue
-        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            found.append(rows_table(key, value))
-        elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
-            found.append(rows_table(key, list(value.values()), key="name", keys=list(value)))
+        if key not in skip:
+            found += parts(key, value)
     for key in ("settings", "protocol"):
         if isinstance(doc.get(key), dict):
             found.append((key, ["field", "value"], [[k, cell(v)] for k, v in doc[key].items()]))
     return found
+
+
+def parts(key: str, value: Any) -> list[Table]:
+    """The tables of one field: a list of records, a mapping of records (a row each, named), or a
+    record that is more than one cell (a fit: its scalars, then each list of records in it, `fit.loo`)."""
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return [rows_table(key, value)]
+    if not isinstance(value, dict) or not value or scalar(value):
+        return []
+    if all(isinstance(v, dict) for v in value.values()):
+        return [rows_table(key, list(value.values()), key="name", keys=list(value))]
+    found = [(key, ["field", "value"], [[k, cell(v)] for k, v in value.items() if scalar(v)])]
+    return found + [rows_table(f"{key}.{k}", v) for k, v in value.items()
+                    if isinstance(v, list) and v and all(isinstance(item, dict) for item in v)]
 
 
 # the three formats ------------------------------------------------------------------------------
