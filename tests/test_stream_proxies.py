@@ -60,3 +60,22 @@ def test_a_dynamics_plan_over_its_budget_streams(tmp_path):
     assert (streamed.held, streamed.branches, streamed.texts) == (2, 4 + 2, 2)
     chosen = planned(f"cpu={(streamed.device_peak + whole.total) // 2 // 1024}KiB")
     assert chosen.stream is not None and chosen.line().startswith("streamed plan on cpu: 4 layers read once")
+
+
+def test_streamed_proxies_with_the_neighbour_mean_hold_one_layer(tmp_path):
+    """The proxies remove nothing, so the default method's neighbours are never read beside the layer:
+    the source holds one decoder layer at a time, and the plan counts one layer and the one read ahead
+    (a window of 3 and one ahead, 4, before)."""
+    folder = save_tiny(tmp_path / "llama", "llama")
+    chosen = AblationSettings(eval_set="paper", proxies_only=True, stream=True)
+    assert chosen.method == "mean"
+    plan = plan_run(str(folder), chosen, "cpu", "float32", max_memory="cpu=1GiB", hardware=CPU_ONLY).stream
+    assert plan is not None and plan.held == 2
+    streamed = open_streamed(str(folder), device="cpu", dtype="float32")
+    source = streamed.stream
+    assert source is not None
+    results = [e for e in run_ablation(streamed.model, streamed.tokenizer, chosen, stream=source)
+               if isinstance(e, Result)]
+    source.close()
+    assert results[-1].name == "ablation-proxies"
+    assert source.peak_layers == 1

@@ -39,7 +39,6 @@ from engine.experiments.ablation.wavefront import (
     StreamCheckpoint,
     Wavefront,
     close_after,
-    reach_of,
     streamed_evaluator,
     unit_name,
 )
@@ -104,7 +103,7 @@ def run_ablation(
                                      keep=settings.prefix_cache and not settings.proxies_only)
     else:
         front = Wavefront(evaluator, stream, [] if settings.proxies_only else [u for u in units if u not in rows],
-                          removal, reach_of(settings.method), stream_state)
+                          removal, settings.reach(), stream_state)
         base = yield from front.run(meter, part_meter)
         score = front.score
     baseline = base.perplexity

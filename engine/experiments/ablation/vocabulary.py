@@ -54,9 +54,14 @@ class AblationSettings(EvalTextSettings):
         units = 0 if self.proxies_only else len(set(self.layers or range(n_layers))) * (1 + len(self.parts()))
         return 1 + units
 
+    def reach(self) -> int:
+        """Layers on each side a streamed map holds beside the one computing: those a unit's removal
+        reads (the neighbour mean's neighbours); none for the proxies alone, which remove nothing."""
+        return 0 if self.proxies_only else reach_of(self.method)
+
     def window(self) -> int:
         """Layers a streamed map holds while one computes: the ablated one and those its removal reads."""
-        return 2 * reach_of(self.method) + 1
+        return 2 * self.reach() + 1
 
     def check_against(self, shape: ModelShape) -> None:
         check_layers(self.layers or (), shape.n_layers, "--layers")
