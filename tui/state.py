@@ -26,6 +26,7 @@ from engine.core.events import (
     Started,
 )
 from sessions.documents import Damaged, JobRecord, typed_result
+from tui.depth_family_records import FamilyView
 from tui.panel_records import MAX_POINTS, GrowthView, JobView, RecoveryRun, layer_class, thin
 
 __all__ = ["MAX_POINTS", "Dirty", "GrowthView", "JobView", "RecoveryRun", "SessionState", "Span", "layer_class",
@@ -92,6 +93,7 @@ class SessionState:
         self.growth_arms: dict[str, GrowthArm] = {}
         self.growth_preview: tuple[str, dict[str, Any]] | None = None  # (flags, planned arms) before a run
         self.dynamics: list[DynamicsRow] = []
+        self.family = FamilyView()  # the latest depth-family run, live (tui/depth_family_records.py)
         self.results: dict[str, dict[str, Any]] = {}  # as written (the Analyses pane's trees show them)
         self.typed: dict[str, ResultDocument | AtlasDocument] = {}  # the same, read as their classes
         self.jobs: dict[str, JobView] = {}
@@ -335,6 +337,11 @@ class SessionState:
         self.growth.arm_done[_arm_key(event.arm, event.seed)] = event
         self.dirty.add(Dirty.GROWTH)
 
+    # the depth family ------------------------------------------------------------------------
+    def _family(self, event: Event) -> None:
+        self.family.apply(event)
+        self.dirty.add(Dirty.RESULTS)  # its view in the Analyses pane draws the curves and the table
+
     def add_log(self, level: str, text: str) -> None:
         self.log.append((level, text))
         self.new_log.append((level, text))
@@ -402,6 +409,8 @@ _HANDLERS: dict[str, Callable[[SessionState, Any], None]] = {
     GROWTH_EVAL: SessionState._growth_eval,
     "growth.phase_end": SessionState._growth_phase_end,
     "growth.arm_done": SessionState._growth_arm_done,
+    **dict.fromkeys(("depth-family.plan", "depth-family.step", "depth-family.member", "depth-family.fit"),
+                    SessionState._family),
 }
 # the results whose contents the panels draw (the others are kept as they are, for the Analyses views)
 _RESULT_HANDLERS: dict[str, Callable[[SessionState, Any], None]] = {
