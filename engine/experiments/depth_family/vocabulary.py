@@ -77,7 +77,7 @@ class DepthFamilySettings(Settings):
     depths: tuple[int, ...] = setting((1, 2, 4, 8), "layers of the members (at least three depths)", low=1,
                                       high=256)
     widths: tuple[int, ...] = setting((64,), "hidden sizes of the members (a multiple of --heads)", low=8)
-    tokens: tuple[int, ...] = setting((163_840,), "training tokens per member (steps = tokens / (batch x context))",
+    tokens: tuple[int, ...] = setting((327_680,), "training tokens per member (steps = tokens / (batch x context))",
                                       low=1)
     seeds: tuple[int, ...] = setting((0, 1), "seeds: one member per seed in each cell", low=0, high=MAX_SEED)
     base_model: str | None = setting(None, "take the architecture (config) and tokenizer of this Hugging Face model "
@@ -89,7 +89,7 @@ class DepthFamilySettings(Settings):
                                  "fifth topic held out)")
     text_column: str = setting("text", "the column of --corpus that holds the text")
     context: int = setting(64, "tokens per training and held-out window", low=2, high=MAX_WINDOW, why=WINDOW_WHY)
-    batch_size: int = setting(16, "windows per step", low=1)
+    batch_size: int = setting(8, "windows per step", low=1)
     heads: int = setting(4, "attention heads", low=1)
     ffn_ratio: float = setting(4.0, "MLP width as a multiple of the hidden size", above=0)
     lr: float = setting(3e-3, "peak AdamW learning rate", above=0)
