@@ -120,6 +120,12 @@ def info(app: AnatomyApp) -> str:
     return str(app.screen.query_one("#recovery-info").render())
 
 
+def timeline(app: AnatomyApp) -> str:
+    from tui.widgets.growth_timeline import GrowthTimeline
+
+    return str(app.screen.query_one(GrowthTimeline).render())
+
+
 def status(app: AnatomyApp) -> str:
     return str(app.screen.query_one(StatusLine).render())
 
@@ -129,22 +135,22 @@ async def test_i_shows_the_job_starting_then_its_first_pass_then_its_curve(isola
     dashboard_session(SessionStore(), "map")
     app = AnatomyApp(session="map", load_model=False)
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.screen.query_one("#recovery-info") is not None, 10)
+        await until(pilot, lambda: bool(app.screen.query("#recovery-info")), 30, "the panes built")
         await pilot.press("down", "down", "down", "f3", "i")
-        await until(pilot, lambda: bool(sleepers), 10, "the job launched")
+        await until(pilot, lambda: bool(sleepers), 30, "the job launched")
         await pilot.pause()
         assert "L3 σ=0.5" in info(app) and STARTING in info(app)  # at once, not "no run yet"
         assert "(own process)" in status(app) and "in console" not in status(app)
         recovery_job(app.lab, "recovery-1", sleepers[0].pid)
-        await until(pilot, lambda: "baseline: texts 12/48" in info(app), 10, "the first pass in the panel")
+        await until(pilot, lambda: "baseline: texts 12/48" in info(app), 30, "the first pass in the panel")
         assert "(own process)" in status(app)
         write_events(app.lab.session, [RecoveryStart(3, 0, 90.0, 20.0, 10, job="recovery-1", t=2.0),  # type: ignore[arg-type]
                                        RecoveryPoint(3, 0, 0, None, 90.0, 4.5, 48, job="recovery-1", t=2.0)])
-        await until(pilot, lambda: "step 0: ppl 90.00" in info(app), 10, "the curve's first point")
+        await until(pilot, lambda: "step 0: ppl 90.00" in info(app), 30, "the curve's first point")
         await pilot.press("c")  # the job file proves the process: SIGINT to its group
         await pilot.pause()
         assert "cancelling" in status(app) and "cancelling" in info(app)
-        await until(pilot, lambda: not sleepers[0].alive(), 10, "the job stopped")
+        await until(pilot, lambda: not sleepers[0].alive(), 30, "the job stopped")
 
 
 @pytest.mark.anyio
@@ -154,14 +160,14 @@ async def test_cancelling_a_job_still_loading_its_model_says_so_at_once(isolated
     dashboard_session(SessionStore(), "map")
     app = AnatomyApp(session="map", load_model=False)
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.screen.query_one("#recovery-info") is not None, 10)
+        await until(pilot, lambda: bool(app.screen.query("#recovery-info")), 30, "the panes built")
         await pilot.press("down", "f3", "i")
-        await until(pilot, lambda: bool(sleepers) and "ready" in sleepers[0].log_path.read_text(), 20,
+        await until(pilot, lambda: bool(sleepers) and "ready" in sleepers[0].log_path.read_text(), 60,
                     "the job's process under way")
         await pilot.press("c")
         await pilot.pause()
         assert "cancelling" in status(app) and "cancelling" in info(app)
-        await until(pilot, lambda: "cancelled" in info(app), 15, "the job read cancelled once it ended")
+        await until(pilot, lambda: "cancelled" in info(app), 30, "the job read cancelled once it ended")
         assert "no jobs running" in status(app)
 
 
@@ -172,18 +178,20 @@ async def test_every_job_the_console_starts_is_shown_and_cancelled_at_once(isola
     dashboard_session(SessionStore(), "map")
     app = AnatomyApp(session="map", load_model=False)
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.screen.query_one("#recovery-info") is not None, 10)
+        await until(pilot, lambda: bool(app.screen.query("#recovery-info")), 30, "the panes built")
         await pilot.press(tab, key)
-        await until(pilot, lambda: bool(sleepers) and "ready" in sleepers[0].log_path.read_text(), 20,
+        await until(pilot, lambda: bool(sleepers) and "ready" in sleepers[0].log_path.read_text(), 60,
                     "the job's process under way")
         assert experiment in status(app) and "(own process)" in status(app)
         if experiment == "ablation":  # the layer map's own line
             assert "map own process: starting" in (app.screen.query_one("#layers").border_subtitle or "")
+        else:  # the growth panel, not "no growth run in this session yet"
+            await until(pilot, lambda: "starting its own process" in timeline(app), 15, "the growth panel says so")
         await pilot.press("c")
         await pilot.pause()
         assert "cancelling" in status(app)
         if experiment == "ablation":
             assert "cancelling" in (app.screen.query_one("#layers").border_subtitle or "")
-        await until(pilot, lambda: "no jobs running" in status(app), 15, "the job ended")
+        await until(pilot, lambda: "no jobs running" in status(app), 30, "the job ended")
         assert app.lab.state.jobs and all(job.status == "cancelled" for job in app.lab.state.jobs.values())
 

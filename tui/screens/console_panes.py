@@ -80,9 +80,11 @@ def redraw(screen: Widget, state: SessionState, dirty: set[str], layer: int | No
     if dirty & {Dirty.RECOVERY, Dirty.LAYERS, Dirty.SELECTION, Dirty.JOBS}:  # JOBS: a run's pass before its points
         redraw_recovery(screen, state, layer, form_steps)
     if dirty & {Dirty.GROWTH, Dirty.RESULTS, Dirty.JOBS}:
-        screen.query_one(GrowthTimeline).show(state.growth, state.growth_preview,
-                                              state.shown_status(state.growth.job, state.growth.status))
         growth = state.growth  # a run under way or stopped: the table is an earlier run's
+        status = state.shown_status(growth.job, growth.status)
+        if growth.job and growth.plan is None and status == "running":  # before its plan: what its job says
+            status = waiting_line(state.jobs.get(growth.job))
+        screen.query_one(GrowthTimeline).show(growth, state.growth_preview, status)
         screen.query_one(GrowthTable).show(state.growth_arms, previous=bool(growth.job) and growth.status != "done")
         redraw_growth_plot(screen, state)
     if Dirty.RESULTS in dirty:

@@ -82,6 +82,8 @@ def timeline_text(growth: GrowthView, preview: tuple[str, dict[str, Any]] | None
     head = Text()
     if status == "cancelling":
         head.append("cancelling: the run stops at its next step\n", style="bold yellow")
+    if not arms and growth.job and status:  # a run started and not planned yet: what its job says (starting)
+        return Text(status, style="dim")
     if not arms and preview is not None:
         flags, arms = preview
         head.append(f"planned ({flags}); key g starts it\n", style="dim")
