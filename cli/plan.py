@@ -4,8 +4,10 @@ memory after what the model's config and tokenizer tell is checked; and the devi
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import struct
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.core.errors import UserError
@@ -17,6 +19,8 @@ from engine.registry import Experiment
 if TYPE_CHECKING:
     from engine.models.memory import MemoryPlan
     from engine.models.placement import Hardware
+    from engine.models.shape import ModelShape
+    from engine.models.stream_plan import StreamPlan
 
 
 UNREADABLE_PATH = (errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM)  # no load would read it either
@@ -55,6 +59,8 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
         skipped = lines[0] if lines else type(exc).__name__
     if preview is not None:  # what the config and tokenizer tell, even when no plan could be made
         check_before_load(experiment.name, settings, preview, plan)
+    if plan is not None and preview is not None and plan.stream is not None and hasattr(settings, "cuts"):
+        plan = dataclasses.replace(plan, stream=cut_reads(plan.stream, preview.shape, settings.cuts()))
     if plan is None:
         if not quiet:
             say(f"memory plan skipped ({skipped}); loading the model")
@@ -67,10 +73,26 @@ def memory_plan(experiment: Experiment, settings: Settings, options: ModelOption
         say(plan.line())
     if fits:  # against this machine's device (a cluster's task: against its nodes, engine/cluster/resources.py)
         free = free_memory(plan.device)
-        if plan.stream is None and not hasattr(settings, "stream") and plan.weights > MARGIN * free:
+        if not streamable(settings) and (plan.stream is not None or plan.weights > MARGIN * free):
             raise UserError(whole_model_refusal(experiment.name, settings, plan, free))
         check_fits(plan, free, experiment.name)
     return plan
+
+
+def streamable(settings: Settings) -> bool:
+    """Whether the run can read its model layer by layer: a `stream` setting, and no lm-eval task
+    (evaluate's --tasks load the whole model; its perplexity streams)."""
+    return hasattr(settings, "stream") and not getattr(settings, "tasks", ())
+
+
+def cut_reads(stream: StreamPlan, shape: ModelShape, cuts: Sequence[Sequence[int]]) -> StreamPlan:
+    """The plan of passes that read only the kept layers (evaluate --stream: a pass per variant, the
+    removed layers never): its layers and bytes those reads, the weights outside the layers once.
+    Each layer's bytes are its share of the checkpoint's (the plan's own layer-0 estimate)."""
+    reads = sum(shape.n_layers - len(set(cut)) for cut in cuts)
+    outer = shape.params - shape.n_layers * shape.layer_params
+    return dataclasses.replace(stream, layers=reads,
+                               read_bytes=stream.read_bytes * (outer + reads * shape.layer_params) // shape.params)
 
 
 def whole_model_refusal(name: str, settings: Settings, plan: MemoryPlan, free: int) -> str:
@@ -81,6 +103,7 @@ def whole_model_refusal(name: str, settings: Settings, plan: MemoryPlan, free: i
 
     streamed = ", ".join(entry.name for entry in EXPERIMENTS if "stream" in entry.settings_class.__dataclass_fields__)
     fits = ["a device with room", *(["--dtype float16"] if plan.dtype == "float32" else []),
+            *(["--stream without --tasks (the perplexity only)"] if hasattr(settings, "stream") else []),
             *([] if plan.training or settings.edits_weights() else
               ["--device-map auto (layers offloaded to the CPU and disk)"])]
     return (f"{name} loads the whole model ({plan.weights / 1e9:.2f} GB in {plan.dtype}) but {free / 1e9:.2f} GB is "

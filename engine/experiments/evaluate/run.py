@@ -31,6 +31,7 @@ from engine.disk.session_layout import LAYER_WEIGHTS
 from engine.evaluation.accuracy import PROMPTS, Harness
 from engine.evaluation.judging import continuations, generation_check
 from engine.experiments.context import RunContext
+from engine.experiments.evaluate.streamed import streamed_run
 from engine.experiments.evaluate.vocabulary import (
     EvaluatedModel,
     EvaluateResult,
@@ -40,6 +41,7 @@ from engine.experiments.evaluate.vocabulary import (
 from engine.experiments.growth.vocabulary import GrowthResult
 from engine.experiments.prune.vocabulary import PruneResult
 from engine.experiments.session_models import layer_weights, pruned_layers, saved_model_path
+from engine.models.streaming import StreamedModel
 
 
 @dataclass
@@ -198,6 +200,9 @@ def run(settings: EvaluateSettings, context: RunContext) -> Iterator[Event]:
     settings.validate()
     started = time.perf_counter()
     loaded = context.needed_model("evaluate")
+    if isinstance(loaded, StreamedModel):  # --stream, or only streaming fits: the perplexity, streamed
+        yield from streamed_run(settings, context, loaded)
+        return
     harness = Harness(settings.tasks, settings.batch_size, settings)
     names = _subjects(settings)
     reference = (continuations(loaded.model, loaded.tokenizer, settings.gen_tokens)

@@ -33,11 +33,17 @@ class EvaluateSettings(LmEvalSettings):
                                           "session's prune cut", low=0)
     folder: str | None = setting(None, "also evaluate this exported Hugging Face model folder")
     adapter: str | None = setting(None, "also evaluate the loaded model with this PEFT adapter folder")
-    batch_size: int = setting(1, "lm-eval batch size (fixed, and recorded: lm-eval's scores move with it)", low=1)
+    batch_size: int = setting(1, "lm-eval batch size (fixed, and recorded: lm-eval's scores move with it); with "
+                                 "--stream the perplexity's", low=1)
+    stream: bool = setting(False, "no lm-eval: the perplexity of the original or of the cut (--variants pruned "
+                           "--remove LAYERS) on the built-in texts, the model read from its safetensors layer by "
+                           "layer, each kept layer once (a model larger than memory)", resume_free=True)
 
     def check(self) -> None:
         if len(set(self.variants)) != len(self.variants):
             raise UserError("--variants: each variant once")
+        if self.stream:
+            self.check_streamed()
         from engine.models.sources import safetensors_only
 
         for flag, value in (("--folder", self.folder), ("--adapter", self.adapter)):
@@ -51,8 +57,32 @@ class EvaluateSettings(LmEvalSettings):
         """Before the model loads: a task to run (the defaults name none, so `run evaluate` alone
         says what it needs)."""
         super().check_inputs()
-        if not self.tasks:
+        if not self.tasks and not self.stream:
             raise UserError("--tasks: name at least one lm-eval task, e.g. --tasks piqa,arc_easy")
+
+    def check_streamed(self) -> None:
+        """--stream scores the perplexity of a model the pass reads: the original or its cut."""
+        if self.tasks:
+            raise UserError("lm-eval tasks do not stream (each request would be a branch of the pass): drop "
+                            "--tasks for the perplexity streamed, or drop --stream to load the whole model")
+        others = [f"--variants {v}" for v in self.variants if v not in ("original", "pruned")]
+        others += [flag for flag, value in (("--folder", self.folder), ("--adapter", self.adapter)) if value]
+        if others:
+            raise UserError(f"{', '.join(others)}: not streamed (a model other than the checkpoint or its cut); "
+                            "with --stream: --variants original,pruned")
+
+    def branches(self, n_layers: int) -> int:
+        """A streamed pass's states, in units of one set of hidden states of every text: the running ones."""
+        return 1
+
+    def window(self) -> int:
+        """Layers a streamed pass holds while one computes."""
+        return 1
+
+    def cuts(self) -> list[tuple[int, ...]]:
+        """With --stream: the layers each variant's pass leaves unread (the original none, the pruned
+        one --remove; an empty --remove is the session's prune cut, known when the run starts)."""
+        return [() if variant == "original" else self.remove for variant in self.variants]
 
     def check_against(self, shape: Any) -> None:
         """--remove against the model's depth, from its config before the load (engine/models/preflight.py)."""
@@ -85,6 +115,7 @@ class EvaluatedModel:
     scores: list[TaskScore]
     generation: GenerationCheck | None
     seconds: float
+    perplexity: float | None = None  # --stream: on the built-in texts (no lm-eval scores then)
 
 
 @result("evaluate")
