@@ -144,3 +144,15 @@ def test_a_cold_gguf_load_parses_its_header_once_and_copies_it_exactly(tmp_path,
     assert fresh.keys() == copy.keys()
     for name, tensor in fresh.items():
         assert torch.equal(tensor, copy[name]), name
+
+
+def test_a_headless_run_says_its_loads_steps_on_stderr(tiny_folder, capsys):
+    """`anatomy-tui run` says what its load does, step by step, before the run's own lines."""
+    from cli.main import main
+
+    assert main(["run", "ablation", "--model", str(tiny_folder), "--eval-set", "paper", "--layers", "1"]) == 0
+    err = capsys.readouterr().err
+    steps = ["importing torch and transformers…", "reading tiny's config and transformers' code for it…",
+             "reading the weights of tiny onto cpu in", "reading tiny's tokenizer…"]
+    places = [err.find(step) for step in steps]
+    assert -1 not in places and places == sorted(places), err
