@@ -18,8 +18,10 @@ from engine.experiments.depth_family.vocabulary import AnatomyRow, DepthFamilyRe
 from figures import style
 
 BAND_EXPONENTS = 41  # exponents drawn across a_l's interval for its band
-ANATOMY = (("redundant_share", "share of redundant layers"), ("mean_angle", "mean angle (degrees)"),
-           ("neighbour_similarity", "neighbour similarity"))
+# each anatomy summary, its axis label, and the range it can take (a t interval of two members can pass it)
+ANATOMY = (("redundant_share", "share of redundant layers", (0.0, 1.0)),
+           ("mean_angle", "mean angle (degrees)", (0.0, 180.0)),
+           ("neighbour_similarity", "neighbour similarity", (-1.0, 1.0)))
 OTHER_CELL = "0.6"  # members outside the fitted width and budget
 
 
@@ -42,14 +44,15 @@ def refit(fit: DepthFit, alpha: float) -> tuple[float, float]:
 
 
 def band(fit: DepthFit, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """The envelope of the fitted curve and of the curves refitted at each a_l of its 95 % interval;
-    None without an interval."""
+    """The envelope of the fitted curve and of the curves of the law (c_l, L0 >= 0, as the fit
+    holds them) refitted at each a_l of its 95 % interval; None without an interval."""
     if fit.ci95 is None or not all(style.finite(v) for v in fit.ci95):
         return None
     curves = [fit.c_l / grid**fit.alpha_l + fit.L0]
     for alpha in np.linspace(fit.ci95[0], fit.ci95[1], BAND_EXPONENTS):
         c_l, floor = refit(fit, float(alpha))
-        curves.append(c_l / grid**alpha + floor)
+        if c_l >= 0 and floor >= 0:
+            curves.append(c_l / grid**alpha + floor)
     stacked = np.vstack(curves)
     return stacked.min(axis=0), stacked.max(axis=0)
 
@@ -104,7 +107,7 @@ def loss_panel(ax: Axes, result: DepthFamilyResult) -> None:
     ax.set_xlabel("depth l (layers)")
     ax.set_ylabel("held-out loss")
     drawn, labels = ax.get_legend_handles_labels()
-    ax.legend(handles=[*drawn, *handles], labels=[*labels, *(h.get_label() for h in handles)], loc="upper right",
+    ax.legend(handles=[*drawn, *handles], labels=[*labels, *(h.get_label() for h in handles)], loc="best",
               fontsize=5)
 
 
@@ -137,15 +140,18 @@ def curves_panel(ax: Axes, members: Sequence[Member]) -> None:
 
 
 def anatomy_panel(ax: Axes, rows: Sequence[AnatomyRow], members: Sequence[Member], key: str, label: str,
-                  legend: bool) -> None:
-    """Each member's value (small points) and each depth's mean with its 95 % interval."""
+                  bounds: tuple[float, float], legend: bool) -> None:
+    """Each member's value (small points) and each depth's mean with its 95 % interval, drawn within
+    the range the quantity can take."""
     points = [(m.depth, v) for m in members if m.anatomy is not None and style.finite(v := getattr(m.anatomy, key))]
     if points:
         ax.plot(*zip(*points, strict=True), linestyle="none", color="0.55", marker=".", label="members")
     means = [(row.depth, v, getattr(row, f"{key}_ci")) for row in rows if style.finite(v := getattr(row, key))]
     if means:
         depths, values, cis = zip(*means, strict=True)
-        errors = style.interval_errors(values, [c[0] if c else None for c in cis], [c[1] if c else None for c in cis])
+        low, high = bounds
+        errors = style.interval_errors(values, [max(c[0], low) if c else None for c in cis],
+                                       [min(c[1], high) if c else None for c in cis])
         ax.errorbar(depths, values, yerr=errors, color=style.PALETTE[0], marker="o", markersize=3)
     if not points and not means:
         style.nothing(ax, "no anatomy in this result (--no-anatomy)")
@@ -163,9 +169,9 @@ def draw(result: DepthFamilyResult) -> Figure:
     grid = fig.add_gridspec(2, 6)
     loss_panel(fig.add_subplot(grid[0, :3]), result)
     curves_panel(fig.add_subplot(grid[0, 3:]), result.members)
-    for index, (key, label) in enumerate(ANATOMY):
+    for index, (key, label, bounds) in enumerate(ANATOMY):
         anatomy_panel(fig.add_subplot(grid[1, 2 * index:2 * index + 2]), result.anatomy_by_depth, result.members,
-                      key, label, legend=index == 0)
+                      key, label, bounds, legend=index == 0)
     partial = " (partial: a stopped run's finished members)" if result.partial is True else ""
     fig.suptitle(f"depth family: {len(result.members)} members{partial}", fontsize=7)
     return fig

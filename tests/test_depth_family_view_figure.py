@@ -114,3 +114,14 @@ def test_a_family_without_a_fit_or_anatomy_still_draws_its_members(figures):
     assert "partial" in fig._suptitle.get_text()
     assert len([line for line in fig.axes[1].get_lines() if line.get_marker() == "."]) == 2
     assert all(not ax.containers for ax in fig.axes[2:])
+
+
+def test_an_interval_past_what_a_share_can_take_is_drawn_within_it(figures):
+    """Two members' t interval of a share can run from -0.96 to 2.21 (a real CPU family's depth 4):
+    the bar stops at 0 and 1."""
+    rows = [dataclasses.replace(row, redundant_share=0.625, redundant_share_ci=[-0.96, 2.21])
+            for row in sample().anatomy_by_depth]
+    fig = figures.figure_for(dataclasses.replace(sample(), anatomy_by_depth=rows))
+    (bars,) = fig.axes[2].containers
+    spans = [segment[:, 1] for segment in bars.lines[2][0].get_segments()]
+    assert [(min(s), max(s)) for s in spans] == [(0.0, 1.0)] * 4
