@@ -36,7 +36,7 @@ def test_default_texts_parse_back_to_the_defaults(entry) -> None:
 
 def test_small_float_defaults_read_as_typed() -> None:
     texts = BY_NAME["recovery"].default_texts()
-    assert (texts["lr"], texts["sigma"], texts["steps"]) == ("1e-4", "0.5", "200")
+    assert (texts["lr"], texts["sigma"], texts["steps"]) == ("1e-4", "0.5", "auto")  # steps: sized for the device
 
 
 async def test_the_forms_hold_the_settings_defaults(isolated_home) -> None:
@@ -48,9 +48,8 @@ async def test_the_forms_hold_the_settings_defaults(isolated_home) -> None:
         await pilot.pause()
         form = {name: app.screen.query_one(f"#{name}", Input).value for name in ("sigma", "steps", "lr")}
         growth = app.screen.query_one("#growth-flags", Input).value
-    assert form == {"sigma": "0.5", "steps": "200", "lr": "1e-4"}  # as declared (the look is unchanged)
+    assert form == {"sigma": "0.5", "steps": "auto", "lr": "1e-4"}  # as declared (the look is unchanged)
     defaults = RecoverySettings()
-    assert (float(form["sigma"]), int(form["steps"]), float(form["lr"])) == (defaults.sigma, defaults.steps,
-                                                                               defaults.lr)
+    assert (float(form["sigma"]), None, float(form["lr"])) == (defaults.sigma, defaults.steps, defaults.lr)
     assert growth == "--preset tiny"
     assert settings_from_flags(BY_NAME["growth"], shlex.split(growth)) == BY_NAME["growth"].presets["tiny"]
