@@ -239,3 +239,20 @@ def test_a_budget_over_the_training_text_and_a_plan_over_max_hours_are_refused(c
     monkeypatch.setattr(members, "free_memory", lambda device: 10_000)
     with pytest.raises(UserError, match="member l1-w16-t768-s0 needs about"):
         next(e for e in run_family(micro(corpus)) if isinstance(e, MemberStep))
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma2"])
+def test_a_model_s_config_and_tokenizer_make_the_family(corpus: Path, tmp_path: Path, family: str):
+    """--model: its architecture resized to each member (head size, key-value heads and the per-layer
+    pattern follow the width and depth), its tokenizer for every member."""
+    from tiny_models import save_tiny
+
+    folder = save_tiny(tmp_path / family, family)
+    settings = micro(corpus, base_model=str(folder), depths=(1, 2, 3), anatomy=False, bootstrap=0)
+    last = list(run_family(settings))[-1]
+    assert isinstance(last, Result)
+    doc = DepthFamilyResult.from_json(last.data)
+    assert doc.recipe.architecture == {"qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[family]
+    assert doc.recipe.tokenizer == f"{folder}'s tokenizer" and [m.depth for m in doc.members] == [1, 2, 3]
+    assert all(math.isfinite(m.heldout_loss) for m in doc.members)
+    assert doc.members[0].params < doc.members[1].params < doc.members[2].params
