@@ -40,6 +40,8 @@ class JobView:
     done: int = 0
     total: int = 0
     label: str = ""
+    phase: str = ""  # of its latest progress: "streaming" while a streamed map's wavefront reads its layers
+    unit: str = ""  # what it counts (texts, layers, steps); "" when its progress names none
     error: str = ""
     pid: int | None = None
     cancelling: bool = False  # asked to stop (key c), still running until its own word or its process ends

@@ -29,14 +29,21 @@ from sessions.documents import Damaged, JobRecord, typed_result
 from tui.depth_family_records import FamilyView
 from tui.panel_records import MAX_POINTS, GrowthView, JobView, RecoveryRun, layer_class, thin
 
-__all__ = ["MAX_POINTS", "Dirty", "GrowthView", "JobView", "RecoveryRun", "SessionState", "Span", "layer_class",
-           "log_line", "thin"]  # the panels' records (tui/panel_records.py) are imported from here too
+# the panels' records (tui/panel_records.py) are imported from here too
+__all__ = ["MAX_POINTS", "Dirty", "GrowthView", "JobView", "RecoveryRun", "SessionState", "Span", "count_text",
+           "job_progress", "layer_class", "layer_list", "log_line", "thin"]
 
 if TYPE_CHECKING:
     from engine.atlas.table import (
         AtlasDocument,  # an experiment's vocabulary is imported with its first event or result, never to paint
     )
-    from engine.experiments.ablation.vocabulary import AblationMap, AblationProxies, AblationRow, LayerAblated
+    from engine.experiments.ablation.vocabulary import (
+        AblationMap,
+        AblationProxies,
+        AblationRow,
+        LayerAblated,
+        LayerProxies,
+    )
     from engine.experiments.dynamics.vocabulary import DynamicsResult, DynamicsRow
     from engine.experiments.growth.vocabulary import (
         GrowthArm,
@@ -87,6 +94,7 @@ class SessionState:
         self.ablation_baseline: float | None = None
         self.ablation_layers: int | None = None  # depth told by the live events
         self.proxies: AblationProxies | None = None  # the first pass's Block Influence and angles
+        self.passed: dict[int, tuple[float, float]] = {}  # a streamed map's, as its wavefront passes each layer
         self.recovery: list[RecoveryRun] = []
         self.difficulty: dict[int, RecoveryRow] = {}
         self.growth = GrowthView()
@@ -168,21 +176,24 @@ class SessionState:
         if event.experiment == "growth":
             self.growth = GrowthView(job=event.job, status="running")
             self.dirty.add(Dirty.GROWTH)
+        if event.experiment == "ablation":  # a new map: the layer map and its detail say it runs
+            self.passed = {}
+            self.dirty.add(Dirty.LAYERS)
 
     def _progress(self, event: Progress) -> None:
         view = self.jobs.get(event.job)
         if view is not None:
             view.done, view.total, view.label = event.done, event.total, event.label
+            view.phase, view.unit = event.phase, event.unit
             self.dirty.add(Dirty.JOBS)
+            if view.experiment == "ablation":  # the layer map's line and its detail show the map's progress
+                self.dirty.add(Dirty.LAYERS)
 
     def _message(self, event: Message) -> None:
         self.add_log(*log_line(event))
 
     def _cancelling(self, event: Cancelling) -> None:
-        view = self.jobs.get(event.job)
-        if view is not None and view.status == "running":
-            view.label = "cancelling"
-            self.dirty.add(Dirty.JOBS)
+        self.cancelling([event.job])  # its own word: shown as the key c shows it
         self.add_log("warning", f"{event.job} cancelling: it stops at its next forward")
 
     def _result(self, event: Result) -> None:
@@ -205,6 +216,8 @@ class SessionState:
         view = self._job(job)
         view.status = status
         self.dirty.add(Dirty.JOBS)
+        if view.experiment == "ablation":  # the layer map and its detail stop saying it runs
+            self.dirty.add(Dirty.LAYERS)
         for run in self.recovery:
             if run.job == job and run.status == "running":
                 run.status = status
@@ -257,14 +270,29 @@ class SessionState:
             self.ablation_baseline = event.baseline_ppl
         self.dirty.update({Dirty.LAYERS, Dirty.RECOVERY})
 
+    def _layer_proxies(self, event: LayerProxies) -> None:
+        self.passed[event.layer] = (event.block_influence, event.angular_distance)
+        self.ablation_layers = event.n_layers
+        self.dirty.add(Dirty.LAYERS)
+
     def proxy(self, layer: int) -> tuple[float | None, float | None]:
-        """(Block Influence, angular distance) of a layer: the map's, else the first pass's."""
+        """(Block Influence, angular distance) of a layer: the map's, else the first pass's, else
+        the streamed wavefront's as it passed the layer."""
         row = self.ablation.get(layer)
         if row is not None and row.block_influence is not None:
             return row.block_influence, row.angular_distance
         if self.proxies is not None and layer < len(self.proxies.block_influence):
             return self.proxies.block_influence[layer], self.proxies.angular_distance[layer]
-        return None, None
+        return self.passed.get(layer, (None, None))
+
+    def map_job(self) -> JobView | None:
+        """The running layer map's job (in the console or its own process), if one runs."""
+        return next((job for job in self.running_jobs() if job.experiment == "ablation"), None)
+
+    def wavefront(self) -> int | None:
+        """The layer a running streamed map reads now; None when no map streams its layers."""
+        job = self.map_job()
+        return job.done if job is not None and job.phase == "streaming" and job.done < job.total else None
 
     def recovering(self) -> set[int]:
         """The layers a recovery run is working on now."""
@@ -370,6 +398,35 @@ class SessionState:
 Span = tuple[int, int]  # one line of the event log: [start, end) in bytes, its newline included
 
 
+def count_text(job: JobView) -> str:
+    """A job's count with its unit, `layers 12/30` ("12/30" without one, "" before its first count)."""
+    return f"{job.unit} {job.done}/{job.total}".lstrip() if job.total else ""
+
+
+def layer_list(layers: Iterable[int]) -> str:
+    """0-3,7: runs of consecutive layers as ranges."""
+    runs: list[list[int]] = []
+    for layer in sorted(layers):
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def job_progress(job: JobView) -> str:
+    """Where a job is, as the panels say it: its count, `cancelling` once asked to stop, and a streamed
+    map's wavefront by the layer numbers the map shows (from 0) with the bytes and rate its progress
+    line ends with: `streaming: wavefront at layer 12, layers 12/30 passed (1.2 GB read, 0.8 GB/s)`."""
+    if job.cancelling:
+        return "cancelling"
+    if job.phase != "streaming":
+        return count_text(job)
+    reading = job.label[job.label.rfind("("):] if job.label.endswith(")") else ""
+    front = f"wavefront at layer {job.done}, " if job.done < job.total else ""
+    return f"streaming: {front}layers {job.done}/{job.total} passed {reading}".rstrip()
+
+
 def log_line(event: Message | Finished) -> tuple[str, str]:
     """(level, text) of the log panel's line for a message or a job's end."""
     if isinstance(event, Message):
@@ -400,6 +457,7 @@ _HANDLERS: dict[str, Callable[[SessionState, Any], None]] = {
     Finished.kind: SessionState._finished,
     "ablation.layer": SessionState._ablation_layer,
     "ablation.proxies": SessionState._ablation_proxies,
+    "ablation.layer_proxies": SessionState._layer_proxies,
     "recovery.start": SessionState._recovery_start,
     RECOVERY_POINT: SessionState._recovery_point,
     "recovery.layer": SessionState._recovery_layer,

@@ -44,7 +44,7 @@ from tui.messages import (
 )
 from tui.screens.console_keys import ACTIONS, FOOTER, binding_action
 from tui.screens.layer_detail import LayerDetailScreen
-from tui.state import Dirty, JobView, SessionState
+from tui.state import Dirty, JobView, SessionState, job_progress
 from tui.widgets.layer_detail import LayerDetail
 from tui.widgets.layer_map import LayerMap
 from tui.widgets.prompt_column import PromptColumn
@@ -84,11 +84,12 @@ TITLES = {"layers": "Layer map", "recovery": "Recovery", "growth": "Growth", "pr
 
 
 def map_job_line(jobs: list[tuple[JobView, str]], shown: AblationMap | None = None) -> str:
-    """The layer map's own line of its running map: how far, and `cancelling` once asked to stop;
-    with none running, a partial map (a stopped run's) says so and how to complete it."""
+    """The layer map's own line of its running map: how far (a streamed map's wavefront: the layer it
+    reads, the bytes read and the rate), and `cancelling` once asked to stop; with none running, a
+    partial map (a stopped run's) says so and how to complete it."""
     for job, where in jobs:
         if job.experiment == "ablation":
-            state = "cancelling" if job.cancelling else f"{job.done}/{job.total} · c cancels"
+            state = "cancelling" if job.cancelling else f"{job_progress(job) or 'starting'} · c cancels"
             return f"map {where}: {state}"
     if shown is not None and shown.partial is True:
         return f"{shown.partial_text()} · a completes it"

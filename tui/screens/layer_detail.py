@@ -23,3 +23,9 @@ class LayerDetailScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="detail-screen"):
             yield Static(layer_detail_text(self.state, self.index))
+
+    def on_mount(self) -> None:
+        self.set_interval(0.5, self.redraw)  # live: a running map's progress and rows, as the panels show them
+
+    def redraw(self) -> None:
+        self.query_one(Static).update(layer_detail_text(self.state, self.index))

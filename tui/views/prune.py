@@ -12,6 +12,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from engine.experiments.prune.vocabulary import PruneCut, PruneResult
+from tui.state import layer_list
 from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval
 from tui.views._tables import WholeConsole
@@ -26,22 +27,11 @@ METHOD_COLOURS = {"angular": "cyan", "angular_last": "blue", "bi": "magenta", "p
                   "last": "red", "angular+linear": "cyan+", "angular_last+linear": "blue+"}
 
 
-def _layer_list(layers: list[int]) -> str:
-    """0-3,7: runs of consecutive layers as ranges."""
-    runs: list[list[int]] = []
-    for layer in sorted(layers):
-        if runs and layer == runs[-1][-1] + 1:
-            runs[-1].append(layer)
-        else:
-            runs.append([layer])
-    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-
-
 def cut_text(point: PruneCut) -> str:
     """A point's cut: its layers as runs, or with --unit block its blocks (`14a,15m`; a layer that
     lost both, its number)."""
     if not point.blocks:
-        return _layer_list(point.layers)
+        return layer_list(point.layers)
     alone = [b for b in point.blocks if b.layer not in point.layers]
     cells = [(layer, str(layer)) for layer in point.layers] + [(b.layer, f"{b.layer}{b.part[0]}") for b in alone]
     return ",".join(text for _, text in sorted(cells))

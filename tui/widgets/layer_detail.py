@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tui.palette import class_style
-from tui.state import SessionState, layer_class
+from tui.state import SessionState, job_progress, layer_class, layer_list
 
 _ROW_FIELDS = (
     ("ppl", "perplexity ablated", "{:,.2f}"),
@@ -32,9 +32,12 @@ def layer_detail_text(state: SessionState, index: int | None) -> Text:
         if row.anti_within_noise:
             text.append("  (negative D within noise)", style="dim")
     text.append("\n")
-    if row is None:
+    running = running_map_text(state, index)
+    if running:
+        text.append(running)
+    elif row is None:
         text.append("ablation: not measured yet (press a to compute the map)\n", style="dim")
-    else:
+    if row is not None:
         method = state.ablation_map.method if state.ablation_map else ""
         base = state.ablation_baseline
         if base is not None:
@@ -43,6 +46,10 @@ def layer_detail_text(state: SessionState, index: int | None) -> Text:
             value = getattr(row, key)
             if value is not None:
                 text.append(f"{label:>20}  {fmt.format(value)}\n")
+    if row is None or row.block_influence is None:  # a live row's (or no row's) proxies, as the map's row shows them
+        for label, value in zip(("Block Influence", "angular distance"), state.proxy(index), strict=True):
+            if value is not None:
+                text.append(f"{label:>20}  {value:.4f}\n")
     runs = [run for run in state.recovery if run.layer == index]
     if not runs:
         text.append("recovery: no run on this layer yet (tab Recovery, key i)\n", style="dim")
@@ -57,6 +64,26 @@ def layer_detail_text(state: SessionState, index: int | None) -> Text:
                     f"{key:>20}  {value if not isinstance(value, float) else f'{value:.4g}'}\n", style="dim"
                 )
     return text
+
+
+def running_map_text(state: SessionState, index: int) -> str:
+    """What a running map says of itself and of layer `index`: its progress (`ablation: running,
+    layers 12/30`), the layers measured already, and for a streamed map its wavefront; "" when no
+    map runs."""
+    job = state.map_job()
+    if job is None:
+        return ""
+    lines = [f"ablation: {'cancelling' if job.cancelling else 'running, ' + (job_progress(job) or 'starting')}"]
+    measured = sorted(state.ablation)
+    lines.append(f"measured: layers {layer_list(measured)} ({len(measured)} of {state.n_layers or '?'})" if measured
+                 else "measured: no layer yet")
+    front = state.wavefront()
+    if front is not None:
+        lines.append(f"wavefront at layer {front}: Block Influence and angle known below it, perplexities at the end")
+    if index not in state.ablation:
+        lines.append("this layer: passed, its perplexity comes at the end" if index in state.passed
+                     else "this layer: not measured yet, the running map reaches it")
+    return "".join(f"{line}\n" for line in lines)
 
 
 class LayerDetail(Static):

@@ -3,7 +3,8 @@ Block Influence, and recovery difficulty once known. Arrows or the mouse select 
 with parts (`run ablation --part`) shows each layer's attention and MLP D% beside the whole
 layer's, each coloured by its own class. The marks of the prompt pane's modified model are drawn
 where they apply: a layer marked whole beside its number, a marked block in its block's column
-(shown for the mark even before a map with parts)."""
+(shown for the mark even before a map with parts). While a streamed map runs, its wavefront is
+marked (») on the layer it reads, and the layers it passed show their proxies before their D%."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ class LayerMap(DataTable):
     RECOVERING = "⟳"  # beside the layer number while that layer recovers
     PRUNED = "✂"  # beside the layer number of a layer the session's prune run removes
     MARKED = "✕"  # beside the layer number, or in its block's column, marked for the modified model
+    WAVEFRONT = "»"  # beside the layer number of the layer a streamed map's wavefront reads now
     restore_row: int | None = None  # the layer to select once the map has that many rows (the console's view)
 
     def on_mount(self) -> None:
@@ -96,7 +98,8 @@ class LayerMap(DataTable):
         recovering = state.recovering()
         pruned = set(pruned_layers(state.result(PruneResult)))
         columns = self.columns_for(state, marks)
-        rows = [self._cells(state, index, index in recovering, index in pruned, index in marks.layers)
+        front = state.wavefront()
+        rows = [self._cells(state, index, index in recovering, index in pruned, index in marks.layers, front)
                 for index in range(count)]
         if columns != self.COLUMNS:
             at = self.COLUMNS.index("D %") + 1
@@ -136,9 +139,12 @@ class LayerMap(DataTable):
 
     @staticmethod
     def _cells(state: SessionState, index: int, recovering: bool = False, pruned: bool = False,
-               marked: bool = False) -> list[Text | str]:
+               marked: bool = False, front: int | None = None) -> list[Text | str]:
+        """A layer's row; `front` is the layer a streamed map's wavefront reads now: that layer says
+        `reading`, the layers it passed `passed` (their proxies known, their perplexities at the end)."""
         info = state.ablation.get(index)
         name = layer_class(info) if info else ""
+        waiting = "reading" if index == front else "passed" if index in state.passed else "?"
         style = class_style(name)
         d = info.degradation_pct if info else None
         low, high = (info.ci_low, info.ci_high) if info else (None, None)
@@ -146,8 +152,8 @@ class LayerMap(DataTable):
         bi, angle = state.proxy(index)
         return [
             Text(f"{index}{LayerMap.RECOVERING if recovering else ''}{LayerMap.PRUNED if pruned else ''}"
-                 f"{LayerMap.MARKED if marked else ''}", style=style),
-            Text(name or "?", style=style),
+                 f"{LayerMap.MARKED if marked else ''}{LayerMap.WAVEFRONT if index == front else ''}", style=style),
+            Text(name or waiting, style="bold" if index == front else style),
             log_bar(d, style=style),
             Text(pct(d), style=style, justify="right"),
             f"{low:,.0f}..{high:,.0f}" if known else "",

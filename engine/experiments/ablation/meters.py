@@ -106,6 +106,12 @@ class InfluenceMeter:
             blocks[n] = (torch.arccos(cos) / math.pi).mean(dim=1).cpu().numpy()
         return blocks
 
+    def layer_means(self, index: int) -> tuple[float, float]:
+        """(Block Influence, angular distance) of layer `index` once every batch has passed it: a
+        streamed map's live proxies (one host copy per layer)."""
+        influence, angular, count = self.sums[index].tolist()
+        return influence / count, angular / count
+
     def means(self) -> tuple[np.ndarray, np.ndarray]:
         """One host copy at the end, after gathering the sums on one device."""
         if not self.sums:

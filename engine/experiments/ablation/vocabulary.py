@@ -1,5 +1,6 @@
-"""The layer map's words: AblationSettings (method, bootstrap, layers), the `ablation.layer` and
-`ablation.proxies` events, and results/ablation.json (AblationMap, a row per layer). Torch-free."""
+"""The layer map's words: AblationSettings (method, bootstrap, layers), the `ablation.layer`,
+`ablation.proxies` and `ablation.layer_proxies` events, and results/ablation.json (AblationMap, a
+row per layer). Torch-free."""
 
 from __future__ import annotations
 
@@ -99,6 +100,17 @@ class AblationProxies(Event):
     block_influence: list[float]
     angular_distance: list[float]
     baseline_ppl: float
+
+
+@event("ablation.layer_proxies")
+class LayerProxies(Event):
+    """One layer's Block Influence and angular distance as a streamed map's wavefront passes it
+    (its perplexities come only at the end), so the console shows each layer's proxies live."""
+
+    layer: int
+    n_layers: int
+    block_influence: float
+    angular_distance: float
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ import torch
 from engine.core.errors import UserError
 from engine.core.events import CancelToken, Event, Message, Progress
 from engine.evaluation.perplexity import Batch, Evaluator, TextScores, drained
+from engine.experiments.ablation.meters import InfluenceMeter
+from engine.experiments.ablation.vocabulary import LayerProxies
 from engine.experiments.ablation.vocabulary import reach_of as reach_of
 from engine.models.anatomy import LayerStack
 from engine.models.memory import FIXED_EVAL_BATCH, ModelShape, StreamPlan, batch_widths, plan_stream, text_lengths
@@ -131,7 +133,7 @@ class Wavefront:
                         f"read, {rate:.3g} GB/s)", phase="streaming", unit="layers",
                         rate=(done - self._start) / seconds if seconds > 0 and done > self._start else None)
 
-    def run(self, meter: Callable[..., None], part_meter: Any) -> Generator[Event, None, TextScores]:
+    def run(self, meter: InfluenceMeter, part_meter: Any) -> Generator[Event, None, TextScores]:
         """Every branch through every layer; the baseline's scores (the clean branch's) at the end.
         `meter` (and `part_meter`, with --part) see each layer's clean input and output as the
         in-memory map's first pass shows them."""
@@ -149,6 +151,8 @@ class Wavefront:
             start, self.clean, self.branches = restored
             left = f"layers {start} to {n - 1} to read" if start < n else "no layer left to read"
             yield Message(f"resuming the streamed map after layer {start - 1} (its checkpoint): {left}")
+            for j in range(start):  # the layers passed before the checkpoint: their proxies, as if passed now
+                yield LayerProxies(j, n, *meter.layer_means(j))
         began, read_before, self._start = time.perf_counter(), stream.bytes_read, start
         yield self._progress(start, start, began, read_before)
         for j in range(start, n):
@@ -172,6 +176,7 @@ class Wavefront:
             if j == start:
                 yield Message(f"layer {j} read and run in {seconds:.2f} s: about {seconds * (n - j):.0f} s for "
                               f"the {n - j} layers")
+            yield LayerProxies(j, n, *meter.layer_means(j))  # the console shows them as the wavefront passes
             yield self._progress(j, j + 1, began, read_before)
         for index in range(n):
             stream.free(index)
