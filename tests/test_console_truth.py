@@ -233,3 +233,22 @@ def test_the_streamed_map_tells_each_layers_proxies_as_its_wavefront_passes(tmp_
     for event in (e for e in events if isinstance(e, LayerProxies)):
         assert event.block_influence == pytest.approx(want[event.layer]["block_influence"], rel=1e-5)
         assert event.angular_distance == pytest.approx(want[event.layer]["angular_distance"], rel=1e-5)
+
+
+def test_the_consoles_map_job_streams_when_its_plan_says_so(isolated_home, tiny_folder) -> None:
+    """`b` starts the map as the command a user would type, with the console's model flags, its
+    --max-memory too, and no --stream of its own: that command's plan streams the map by itself when
+    the whole model does not fit the budget while the streamed map does (here 6 MiB: the in-memory
+    plan needs about 10, the streamed one about 5), so the console sees its wavefront."""
+    from cli.argv import job_argv
+    from cli.main import main
+    from engine.models.options import ModelOptions
+    from sessions.store import SessionStore
+
+    options = ModelOptions(str(tiny_folder), device="cpu", dtype="float32", max_memory="cpu=6MiB")
+    argv = job_argv("ablation", AblationSettings(eval_set="paper"), options, "s", False)
+    assert "--max-memory=cpu=6MiB" in argv and "--stream" not in argv
+    assert main(argv[argv.index("run"):]) == 0
+    events = SessionStore().open("s").events()
+    assert [e.layer for e in events if isinstance(e, LayerProxies)] == [0, 1, 2, 3]
+    assert any(isinstance(e, Progress) and e.phase == "streaming" for e in events)
