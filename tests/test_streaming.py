@@ -16,7 +16,7 @@ from cli.main import main
 from engine.core.errors import UserError
 from engine.core.events import Message, Progress, Result
 from engine.experiments.ablation.run import run_ablation
-from engine.experiments.ablation.vocabulary import AblationSettings
+from engine.experiments.ablation.vocabulary import AblationSettings, LayerProxies
 from engine.models.loading import load_model
 from engine.models.streaming import LayerSource, StreamedModel, open_streamed
 
@@ -161,6 +161,7 @@ def test_a_killed_streamed_map_resumes_from_its_last_checkpoint(tmp_path):
     source_of(again).close()
     assert any(isinstance(e, Message) and e.text.startswith("resuming the streamed map after layer 1") for e in events)
     assert [e.done for e in events if isinstance(e, Progress) and e.phase == "streaming"] == [2, 3, 4]
+    assert [e.layer for e in events if isinstance(e, LayerProxies)] == [0, 1, 2, 3]  # below its checkpoint: told again
     read = set(source_of(again).reads)
     assert not any(key.startswith("model.layers.0.") for key in read)
     assert {key for key in read if key.startswith("model.layers.2.")} and max(source_of(again).reads.values()) == 1
