@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event
+from engine.core.events import CancelToken, Event, Progress
 from engine.experiments.depth_family.text import FamilyText
 from engine.experiments.depth_family.vocabulary import CurvePoint, DepthFamilySettings, MemberSpec, MemberStep
 from engine.experiments.growth.architecture import build_model
@@ -221,7 +221,8 @@ def train_member(spec: MemberSpec, settings: DepthFamilySettings, text: FamilyTe
 
 def _report(spec: MemberSpec, settings: DepthFamilySettings, step: int, total: int, values: Sequence[float],
             curve: list[CurvePoint], heldout: float | None) -> Generator[Event, None, None]:
-    """The steps since the last report: a MemberStep each, the last carrying the held-out loss."""
+    """The steps since the last report: a MemberStep each, the last carrying the held-out loss, then
+    the member's progress (a line on the command line's stderr)."""
     first = step - len(values) + 1
     for at, value in enumerate(values, first):
         held = heldout if at == step else None
@@ -229,6 +230,7 @@ def _report(spec: MemberSpec, settings: DepthFamilySettings, step: int, total: i
         yield MemberStep(member=spec.name, depth=spec.depth, width=spec.width, tokens=spec.tokens, seed=spec.seed,
                          step=at, steps=total, train_loss=float(value), heldout_loss=held,
                          lr=learning_rate(at - 1, total, settings.lr, settings.warmup_frac))
+    yield Progress(step, total, spec.name, phase="member", unit="steps")
 
 
 def step_seconds(settings: DepthFamilySettings, spec: MemberSpec, config: Any, text: FamilyText,
