@@ -93,8 +93,10 @@ def test_run_evaluate_stream_scores_the_cut_as_in_memory_reading_the_kept_tensor
     out = tmp_path / "evaluate.json"
     assert main(["run", "evaluate", "--model", str(folder), "--device", "cpu", "--dtype", "float32", "--stream",
                  "--variants", "pruned", "--remove", "1", "--json", str(out)]) == 0
-    err = capsys.readouterr().err
+    printed = capsys.readouterr()
+    err = printed.err
     assert "streamed plan on cpu: 3 layers read once" in err
+    assert "llama: perplexity" in printed.out and "perplexity on the built-in texts, streamed" in printed.out
     read = re.search(r"pruned -1: perplexity [0-9.]+ on 48 built-in texts, streamed \(([0-9,]+) bytes read", err)
     assert read is not None and int(read.group(1).replace(",", "")) == kept
     row = json.loads(out.read_text())["models"][0]

@@ -47,6 +47,9 @@ def agreement_cell(check: GenerationCheck | None) -> str:
 
 
 def protocol_line(protocol: LmEvalProtocol, gen_tokens: int) -> Text:
+    if not protocol.tasks:  # evaluate --stream: the perplexity alone (engine/experiments/evaluate/streamed.py)
+        return Text(f"perplexity on the built-in texts, streamed, batch size {protocol.batch_size}; no lm-eval task, "
+                    "no generation check", style="italic")
     shots = ", ".join(f"{task} {n}" for task, n in protocol.n_shot.items()) or "each task's own"
     limit = "all items" if protocol.limit is None else f"limit {protocol.limit:g}"
     check = (f"generation check: {gen_tokens} greedy tokens per prompt, agreement with the original "
@@ -60,15 +63,18 @@ def table(result: EvaluateResult) -> Table:
     tasks = list(dict.fromkeys(score.task for row in result.models for score in row.scores))
     original = next((row for row in result.models if row.variant == "original"), None)
     base = {score.task: score for score in original.scores} if original is not None else {}
-    grid = Table(title=f"{result.model}: accuracy % ± stderr / acc_norm % (change from the original, points)")
+    grid = Table(title=f"{result.model}: accuracy % ± stderr / acc_norm % (change from the original, points)"
+                 if tasks else f"{result.model}: perplexity")
     grid.add_column("model")
     grid.add_column("layers", justify="right")
-    for task in tasks:
+    perplexity = any(row.perplexity is not None for row in result.models)  # --stream's
+    for task in [*tasks, *(["perplexity"] if perplexity else [])]:
         grid.add_column(task, justify="right")
     grid.add_column("generation agreement", justify="right")
     for row in result.models:
         scores = {score.task: score for score in row.scores}
-        grid.add_row(row.label, str(row.n_layers), *(score_cell(scores.get(t), base.get(t)) for t in tasks),
+        ppl = ["-" if row.perplexity is None else f"{row.perplexity:.4g}"] if perplexity else []
+        grid.add_row(row.label, str(row.n_layers), *(score_cell(scores.get(t), base.get(t)) for t in tasks), *ppl,
                      agreement_cell(row.generation))
     return grid
 
