@@ -36,6 +36,10 @@ Bounds, and why:
 - two GPUs or more: --device-map balanced against one GPU (ablation, dynamics, weights, prune) and
   --shards 2 against the serial map within 1e-5 relative, and the console's map and recovery jobs
   (the command the console builds, with --shards) against serial runs.
+- the streamed map (issue 42, benchmarks/streamed_gpu.py): a random Llama twice a 3 GiB budget
+  written to disk, mapped streamed under that budget and in memory: each tensor read once, equal
+  maps (1e-3 relative in bfloat16), the device peak within the budget; the disk's GB/s, the GPU's
+  share of the wall time and the wall ratio as INFO lines.
 """
 
 from __future__ import annotations
@@ -565,6 +569,29 @@ def figures(check: Check) -> None:
         oom_figure(check, experiment, flags)
 
     two_gpus(check, settings, maps["float32"])
+    streamed_figures(check)
+
+
+def streamed_figures(check: Check) -> None:
+    """Issue 42's streamed map on the card, a model twice its budget (benchmarks/streamed_gpu.py): its
+    lines, counted as this check's."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "streamed_gpu.py"), "--device", check.args.device,
+               "--work", str(check.work), "--timeout", str(check.args.timeout),
+               *(["--quick"] if check.args.quick else [])]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3 * check.args.timeout)
+    except subprocess.TimeoutExpired:
+        check.verdict("streamed map", False, f"timed out after {3 * check.args.timeout} s", "runs to the end")
+        return
+    for line in done.stdout.splitlines():
+        status, _, text = line.partition(" ")
+        if status == "INFO":
+            check.info(text)
+        elif status in ("PASS", "FAIL"):
+            check._line(status, text)
+    if done.returncode not in (0, 1) or not done.stdout:
+        said = (done.stderr.strip().splitlines() or [""])[-1][:160]
+        check.verdict("streamed map", False, f"exited {done.returncode}: {said}", "runs to the end")
 
 
 def _evaluation_batches(run: Run) -> int:

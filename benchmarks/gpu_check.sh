@@ -5,7 +5,8 @@
 # Exit code 1 when a figure failed. Under 10 minutes on one card with the embedded model.
 #   benchmarks/gpu_check.sh [--device cuda:0] [--quick] [--model smollm2-135m|FOLDER] [--timeout 600]
 # Dry run without a GPU (GPU-only figures print SKIP): benchmarks/gpu_check.sh --device cpu --quick
-# The figures and their bounds: benchmarks/gpu_check.py; how runs are measured: benchmarks/gpu_probe.py.
+# The figures and their bounds: benchmarks/gpu_check.py; how runs are measured: benchmarks/gpu_probe.py;
+# its last entry, the streamed map of a model twice a budget (issue 42): benchmarks/streamed_gpu.py.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, not an installed copy
