@@ -23,7 +23,13 @@ from tui.views import depth_family
 from tui.views.depth_family import FamilyPanel, FamilyPlot
 
 JOB = "depth-family-1"
-SPEC: dict[str, Any] = dict(width=64, tokens=163_840, job=JOB)
+TOKENS = sample().settings.tokens[0]
+SPEC: dict[str, Any] = dict(width=64, tokens=TOKENS, job=JOB)
+
+
+def name(depth: int, seed: int = 0) -> str:
+    """A member's name as the sample's plan has it."""
+    return f"l{depth}-w64-t{TOKENS}-s{seed}"
 
 
 def step(member: str, depth: int, at: int, loss: float, heldout: float | None = None) -> MemberStep:
@@ -63,10 +69,10 @@ def text_of(table: Any) -> str:
 async def test_member_lines_and_the_table_fill_in_from_the_events(anyio_backend) -> None:
     state = started_state()
     for at, loss in ((1, 4.0), (2, 3.5), (3, 3.2)):
-        state.apply(step("l1-w64-t163840-s0", 1, at, loss, 3.3 if at == 3 else None))
-    state.apply(done("l1-w64-t163840-s0", 1, 3.3, 1))
-    state.apply(step("l2-w64-t163840-s0", 2, 1, 3.9))
-    state.apply(step("l2-w64-t163840-s0", 2, 2, 3.1, 3.0))
+        state.apply(step(name(1), 1, at, loss, 3.3 if at == 3 else None))
+    state.apply(done(name(1), 1, 3.3, 1))
+    state.apply(step(name(2), 2, 1, 3.9))
+    state.apply(step(name(2), 2, 2, 3.1, 3.0))
     assert Dirty.RESULTS in state.take_dirty()  # the Analyses pane is redrawn
     app = ViewApp()
     async with app.run_test(size=(120, 80)) as pilot:
@@ -81,10 +87,10 @@ async def test_member_lines_and_the_table_fill_in_from_the_events(anyio_backend)
                                                                                   ("l=2", [(2.0, 3.0)])]
         table = app.query_one("#family-done", Static).content
         assert isinstance(table, Table) and table.row_count == 1
-        assert "members finished: 1 of 8" in text_of(table) and "l1-w64-t163840-s0" in text_of(table)
+        assert "members finished: 1 of 8" in text_of(table) and name(1) in text_of(table)
         assert "plan: 8 members" in str(app.query_one("#family-lines", Static).content)
 
-        state.apply(done("l2-w64-t163840-s0", 2, 3.0, 2))
+        state.apply(done(name(2), 2, 3.0, 2))
         state.apply(FamilyFit(alpha_l=1.07, ci95=[0.8, 1.4], c_l=1.5, L0=2.0, loo_rmse=0.01, weakly_identified=True,
                               job=JOB))
         depth_family.show(app.screen, state)
@@ -96,7 +102,7 @@ async def test_member_lines_and_the_table_fill_in_from_the_events(anyio_backend)
 
 def test_a_resumed_member_continues_its_curve_and_a_new_run_starts_it_again() -> None:
     state = started_state()
-    member = "l1-w64-t163840-s0"  # one the plan has: its curve kept across the resumed job's plan
+    member = name(1)  # one the plan has: its curve kept across the resumed job's plan
     for at in (1, 2, 3):
         state.apply(step(member, 1, at, 5.0 - at))
     state.apply(done(member, 1, 2.0, 1))
@@ -112,7 +118,7 @@ def test_a_resumed_member_continues_its_curve_and_a_new_run_starts_it_again() ->
 @pytest.mark.anyio
 async def test_once_finished_the_summary_has_the_members_and_a_selector_shows_any_members_map(anyio_backend):
     state = started_state()
-    state.apply(step("l1-w64-t163840-s0", 1, 1, 4.0))
+    state.apply(step(name(1), 1, 1, 4.0))
     state.apply(Finished(status="done", job=JOB))
     state.set_result("depth-family", json_safe(sample()))
     app = ViewApp()
@@ -144,4 +150,4 @@ def test_the_headless_print_is_the_views(capsys) -> None:
     print_result("depth-family", json_safe(sample()))
     out = capsys.readouterr().out
     assert "a_l = 1.10 [0.90, 1.35]" in out and "paper B (Chinchilla runs): a_l = 1.2 [0.9, 1.5]" in out
-    assert out.count("l8-w64-t163840-s") == 2
+    assert out.count(name(8, 0)) == out.count(name(8, 1)) == 1

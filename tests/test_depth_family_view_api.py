@@ -39,11 +39,12 @@ def test_the_fit_is_one_row_and_the_anatomy_a_row_per_depth(family):
 
 def test_each_points_row_carries_its_member(family):
     curves = family.to_pandas("members.curve")
-    assert len(curves) == 8 * 3  # the sample: steps 0, 80 and 160 of each member
+    assert len(curves) == 8 * 3  # the sample: its first, middle and last step of each member
     first = curves[(curves["depth"] == 1) & (curves["seed"] == 0)]
     loss = 2.0 + 1.5 * 0.99
-    assert first["step"].tolist() == [0, 80, 160]
-    assert first["heldout_loss"].tolist() == pytest.approx([loss + 2.1 / (1 + s / 20) for s in (0, 80, 160)])
+    steps = sample().members[0].steps
+    assert first["step"].tolist() == [0, steps // 2, steps]
+    assert first["heldout_loss"].tolist() == pytest.approx([loss + 2.1 / (1 + s / 20) for s in (0, steps // 2, steps)])
     maps = family.to_pandas("members.anatomy.map")
     assert len(maps) == 2 * (1 + 2 + 4 + 8)  # a row per layer of every member
     deepest = maps[(maps["depth"] == 8) & (maps["seed"] == 1)]

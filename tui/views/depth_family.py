@@ -22,7 +22,7 @@ from engine.experiments.depth_family.vocabulary import DepthFamilyResult, Member
 from tui.depth_family_records import FamilyView, Points
 from tui.views import Analysis, decoded
 from tui.views._format import fmt, interval
-from tui.views._tables import WholeConsole
+from tui.views._tables import WholeConsole, whole
 from tui.widgets.curve_plot import Curve, CurvePlot, PlotColour
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ class FamilyPanel(Vertical):
         total = len(family.plan.members) if family.plan is not None else len(family.done)
         done = self.query_one("#family-done", Static)
         done.display = running  # once finished, the summary below has the members
-        done.update(done_table(list(family.done.values()), total) if running else "")
+        done.update(whole(done_table(list(family.done.values()), total)) if running else "")  # cells fold, never cut
         mapped = {m.name: m for m in members if m.anatomy is not None}
         select = self.query_one("#family-member", Select)
         select.display = bool(mapped)
@@ -212,7 +212,7 @@ class FamilyPanel(Vertical):
 
     def on_select_changed(self, event: Select.Changed) -> None:
         member = self.members.get(str(event.value))
-        self.query_one("#family-map", Static).update(map_table(member) if member is not None else "")
+        self.query_one("#family-map", Static).update(whole(map_table(member)) if member is not None else "")
 
 
 def plots() -> list[Widget]:
