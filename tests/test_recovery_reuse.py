@@ -156,11 +156,14 @@ def test_a_resumed_auto_sweep_keeps_the_steps_its_finished_layers_ran(settings, 
     assert resumed[-1].data["settings"]["steps"] == ran and not said(resumed, "--steps auto")  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("mapped_in, said_then", [("float32", "as the console's layer map measured it"),
+                                                   ("bfloat16", "another model, precision")])
 def test_the_consoles_map_hands_its_baseline_to_the_recovery_job_it_starts(settings, tmp_path, monkeypatch,
-                                                                           isolated_home):
+                                                                           isolated_home, mapped_in, said_then):
     """The map measured the baseline of the same texts on the same model, precision and device: the
     console writes it, with that fingerprint, where the recovery job it starts reads it, and the
-    job skips its baseline pass; the number is the map's."""
+    job skips its baseline pass; the number is the map's. A map its job recorded in another
+    precision is not taken."""
     from test_lab import make_lab
 
     from engine.experiments.ablation.run import run_ablation
@@ -171,7 +174,7 @@ def test_the_consoles_map_hands_its_baseline_to_the_recovery_job_it_starts(setti
     assert lab.session is not None  # make_lab opens one
     model = tiny_model("llama")
     mapped = AblationSettings(eval_file=settings.eval_file, layers=(1,))
-    spec = {"model": {"name": "tiny", "dtype": "float32", "device": "cpu"}}
+    spec = {"model": {"name": "tiny", "dtype": mapped_in, "device": "cpu"}}
     run_job(lab.session, "ablation", spec, run_ablation(model, byte_tokenizer(), mapped, model_name="tiny"))
     lab.poll()
     assert lab.state.ablation_map is not None
@@ -179,5 +182,6 @@ def test_the_consoles_map_hands_its_baseline_to_the_recovery_job_it_starts(setti
     file = lab.session.checkpoint_dir("recovery") / "baseline.json"
     events = list(run_recovery(model, byte_tokenizer(), settings, model_name="tiny", dtype_name="float32",
                                baseline_file=file))
-    assert said(events, "as the console's layer map measured it")
-    assert events[-1].data["baseline_ppl"] == lab.state.ablation_map.baseline_ppl  # type: ignore[attr-defined]
+    assert said(events, said_then)
+    if mapped_in == "float32":
+        assert events[-1].data["baseline_ppl"] == lab.state.ablation_map.baseline_ppl  # type: ignore[attr-defined]

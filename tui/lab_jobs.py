@@ -129,9 +129,11 @@ class LabJobs(LabBase):
         from engine.experiments.recovery.vocabulary import BASELINE_FILE, baseline_fingerprint
 
         shown = self.state.ablation_map
-        maps = [self.state.specs.get(job.id, {}) for job in self.state.jobs.values() if job.experiment == "ablation"]
-        model = maps[-1].get("model") if maps else None
-        if self.session is None or shown is None or shown.protocol is ABSENT or not isinstance(model, dict):
+        ended = [self.state.specs.get(job.id, {}) for job in self.state.jobs.values()
+                 if job.experiment == "ablation" and job.status != "running"]  # the map shown is the last one ended
+        model = ended[-1].get("model") if ended else None
+        if self.session is None or shown is None or shown.protocol is ABSENT or not isinstance(model, dict) \
+                or model.get("name") != shown.model:
             return
         try:
             fingerprint = baseline_fingerprint(str(model["name"]), str(model["dtype"]), str(model["device"]),
@@ -279,10 +281,7 @@ class LabJobs(LabBase):
         why = last_line(job.log_path)
         if shown is not None:
             shown.error = why
-        self.state.mark_job(key, status)
-        for run in self.state.recovery:
-            if run.job == key:
-                run.status = status
+        self.state.mark_job(key, status)  # and its runs in the panels
         self.say(f"{job.experiment} {status} before it began{': ' + why if why else ''} (log: {job.log_path.name})",
                  "warning" if status == "cancelled" else "error")
 
