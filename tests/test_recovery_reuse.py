@@ -185,3 +185,15 @@ def test_the_consoles_map_hands_its_baseline_to_the_recovery_job_it_starts(setti
     assert said(events, said_then)
     if mapped_in == "float32":
         assert events[-1].data["baseline_ppl"] == lab.state.ablation_map.baseline_ppl  # type: ignore[attr-defined]
+
+
+def test_the_step_estimate_counts_the_output_head_in_layers():
+    """A small model's head costs several layers' work; counted from the config by hand."""
+    from engine.experiments.recovery.sweep import head_in_layers
+    from engine.models.anatomy import LayerStack
+
+    model = tiny_model("llama")
+    c = model.config
+    kv = c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
+    layer = 2 * c.hidden_size**2 + 2 * c.hidden_size * kv + 3 * c.hidden_size * c.intermediate_size
+    assert head_in_layers(model, LayerStack(model), 1) == pytest.approx(c.vocab_size * c.hidden_size / layer)

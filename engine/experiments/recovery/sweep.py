@@ -96,14 +96,22 @@ def auto_eval_every(settings: RecoverySettings, eval_seconds: float, step_second
 MIN_AUTO_STEPS = 5
 
 
-def training_step_estimate(settings: RecoverySettings, layer_tokens: float, seconds: float, layers_trained: int
+def training_step_estimate(settings: RecoverySettings, layer_tokens: float, seconds: float, layers_trained: float
                            ) -> float | None:
     """A training step's seconds, from the rate the evaluation pass just measured (`layer_tokens`
-    token-layers in `seconds`): its batch's tokens through the layers trained, forward and backward
-    (BACKWARD_COST forwards); None when nothing was timed."""
+    token-layers in `seconds`): its batch's tokens through the layers trained (and the output head,
+    counted in layers), forward and backward (BACKWARD_COST forwards); None when nothing was timed."""
     if layer_tokens <= 0 or seconds <= 0:
         return None
     return BACKWARD_COST * settings.batch_size * settings.block_size * layers_trained * seconds / layer_tokens
+
+
+def head_in_layers(model: Any, stack: LayerStack, index: int) -> float:
+    """The output head's weights as a number of layer `index`'s (a small model's head costs several
+    layers' work: 49152 x 576 against about 3.5M a layer in SmolLM2-135M)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    layer = sum(param.numel() for param in stack.matrices(index).values())
+    return head.weight.numel() / layer if head is not None and layer else 0.0
 
 
 def auto_steps(budget: float | None, step_seconds: float | None) -> int:
@@ -189,11 +197,12 @@ class Sweep:
             known, note = read_known_baseline(self.baseline_file, fingerprint)
             if note:
                 yield Message(note, "warning")
+        head = head_in_layers(self.model, self.stack, self.deepest)
         began = time.perf_counter()
         if known is None:
             scores = yield from self.evaluator.building(phase="baseline")
+            seconds, layers_run = time.perf_counter() - began, len(self.stack) + head
             self.baseline = scores.perplexity
-            layers_run = len(self.stack)
             if not self.settings.prefix_cache:
                 self.evaluator.drop_cache()
             self.subset = self.evaluator.subset(self.subset_texts)
@@ -203,14 +212,14 @@ class Sweep:
                 yield from keep_baseline(self.baseline_file, KnownBaseline(fingerprint, self.baseline, "recovery"))
         else:
             yield from self.evaluator.caching_up_to(self.deepest, phase="prefix")
+            seconds, layers_run = time.perf_counter() - began, self.deepest + 1
             self.baseline = known.baseline_ppl
-            layers_run = self.deepest + 1
             self.subset = self.evaluator.subset(self.subset_texts)
             whole = self.subset is self.evaluator  # every text: its baseline is the known one
             self.subset_baseline = self.baseline if whole else self.subset.perplexity(self.deepest)
             how = f", as {known.measured_by} measured it (same model, precision, device and texts): no baseline pass"
-        self.step_estimate = training_step_estimate(self.settings, self.evaluator.n_tokens * layers_run,
-                                                    time.perf_counter() - began, len(self.stack) - self.deepest)
+        self.step_estimate = training_step_estimate(self.settings, self.evaluator.n_tokens * layers_run, seconds,
+                                                    len(self.stack) - self.deepest + head)
         yield RecoveryBaseline(self.baseline, self.evaluator.n_texts, self.subset.n_texts, self.every or 0)
         yield Message(f"baseline perplexity {self.baseline:.4g} on {self.evaluator.n_texts} texts{how}")
 
