@@ -256,3 +256,18 @@ def test_a_model_s_config_and_tokenizer_make_the_family(corpus: Path, tmp_path: 
     assert doc.recipe.tokenizer == f"{folder}'s tokenizer" and [m.depth for m in doc.members] == [1, 2, 3]
     assert all(math.isfinite(m.heldout_loss) for m in doc.members)
     assert doc.members[0].params < doc.members[1].params < doc.members[2].params
+
+
+def test_the_full_law_is_fitted_where_widths_and_budgets_vary():
+    from engine.experiments.depth_family.fit import full_law
+
+    template = sample().members[0]
+    grid = [(m, depth, d) for m in (32, 64, 128) for depth in (1, 2, 4, 8) for d in (1e5, 1e6)]
+    members = [dataclasses.replace(template, width=m, depth=depth, tokens=int(d), name=f"l{depth}-w{m}-t{int(d)}",
+                                   heldout_loss=4.0 / m**0.5 + 2.0 / depth**0.8 + 50.0 / d**0.3 + 1.5)
+               for m, depth, d in grid]
+    law, note = full_law(members, 0)
+    assert law is not None and law.n_points == 24 and "scaling-fit" in note
+    assert law.params["alpha_l"] == pytest.approx(0.8, abs=0.02)
+    assert law.params["alpha_m"] == pytest.approx(0.5, abs=0.02)
+    assert full_law(sample().members, 0) == (None, "one width and one token budget: the depth term alone")
