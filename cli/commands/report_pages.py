@@ -74,10 +74,11 @@ def rows_table(title: str, rows: Sequence[Mapping[str, Any]], key: str | None = 
                keys: Sequence[str] = ()) -> Table:
     """A table of records: one column per scalar field any of them, or a record nested in them, has
     (`key` first, from `keys`)."""
-    rows = [flat(row) for row in rows[:ROW_LIMIT]] + list(rows[ROW_LIMIT:])
-    columns = list(dict.fromkeys(k for row in rows[:ROW_LIMIT] for k, v in row.items() if scalar(v)))
+    records = [flat(row) for row in rows]
+    columns = list(dict.fromkeys(k for row in records for k, v in row.items() if scalar(v)))
     header = ([key] if key else []) + columns
-    body = [([keys[i]] if key else []) + [cell(row.get(c)) for c in columns] for i, row in enumerate(rows[:ROW_LIMIT])]
+    body = [([keys[i]] if key else []) + [cell(row.get(c)) for c in columns]
+            for i, row in enumerate(records[:ROW_LIMIT])]
     if len(rows) > ROW_LIMIT:
         title += f" (first {ROW_LIMIT} of {len(rows)})"
     return title, header, body
