@@ -81,7 +81,8 @@ def detail_plain(app) -> str:
 async def test_the_detail_knows_a_running_map(isolated_home, tiny_folder, monkeypatch) -> None:
     """While the map runs (rows 0 and 1 of 4 measured), `d` on layer 3 says the map runs, how far
     (`layers 2/4`), which layers it measured, and the Block Influence and angle the layer's row in
-    the map shows; never "not measured yet (press a ...)". Layer 1's live row shows its proxies too."""
+    the map shows; never "not measured yet (press a ...)". Layer 1's live row shows its proxies too;
+    an open `d` screen follows the map to its end."""
     gate = Gate()
     monkeypatch.setattr("engine.experiments.ablation.run.run_ablation", half_a_map(gate))
     app = tiny_app(tiny_folder)
@@ -103,9 +104,13 @@ async def test_the_detail_knows_a_running_map(isolated_home, tiny_folder, monkey
         beside = str(console_of(app).query_one(LayerDetail).render())
         assert "Layer 1  important" in beside and "Block Influence  0.2500" in beside  # the live row's proxies
         assert "ablation: running, layers 2/4" in beside
+        await pilot.press("d")  # open while the map ends: the screen follows it
         gate.release.set()
         await app.workers.wait_for_complete()
         await until(pilot, lambda: not app.state.running_jobs(), 30, "the map ended")
+        await until(pilot, lambda: "running" not in detail_plain(app), 5, "the d screen redrawn")
+        assert "Layer 1  important" in detail_plain(app)
+        await pilot.press("escape")
         await pilot.pause()
         assert "running" not in str(console_of(app).query_one(LayerDetail).render())
 
