@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Progress
+from engine.core.events import CancelToken, Event, Message, Progress
 from engine.experiments.depth_family.text import FamilyText
 from engine.experiments.depth_family.vocabulary import CurvePoint, DepthFamilySettings, MemberSpec, MemberStep
 from engine.experiments.growth.architecture import build_model
@@ -187,6 +187,8 @@ def train_member(spec: MemberSpec, settings: DepthFamilySettings, text: FamilyTe
     heldout = list(text.heldout.split(settings.batch_size))
     total = member_steps(settings, spec.tokens)
     step, seconds, curve = _restore(model, trainer, folder) if folder is not None and resume else (0, 0.0, [])
+    if step:
+        yield Message(f"{spec.name}: continued from its checkpoint at step {step} of {total}")
     losses: list[torch.Tensor] = []
     clock = Stopwatch(device)
     with trainer:
