@@ -126,13 +126,13 @@ def curves_panel(ax: Axes, members: Sequence[Member]) -> None:
         train = [(p.step, p.train_loss) for p in member.curve if style.finite(p.train_loss)]
         held = [(p.step, p.heldout_loss) for p in member.curve if style.finite(p.heldout_loss)]
         if train:
-            ax.plot(*zip(*train, strict=True), color=colour, linewidth=0.4, alpha=0.35)
+            ax.plot(*zip(*train, strict=True), color=colour, linewidth=0.3, alpha=0.2)
         if held:
             ax.plot(*zip(*held, strict=True), color=colour, linestyle=dash, marker=".", markersize=2)
     handles = [Line2D([], [], color=colour, label=f"l = {depth}") for depth, colour in colours.items()]
     handles += [Line2D([], [], color="black", linestyle=style.series(i)["linestyle"], label=f"seed {seed}")
                 for i, seed in enumerate(seeds)] if len(seeds) > 1 else []
-    handles.append(Line2D([], [], color="black", linewidth=0.4, alpha=0.35, label="training loss (faint)"))
+    handles.append(Line2D([], [], color="black", linewidth=0.6, alpha=0.4, label="training loss (faint)"))
     ax.legend(handles=handles, loc="upper right", fontsize=5, ncols=2)
     ax.set_title(f"members' curves ({len(members)})")
     ax.set_xlabel("training step")
