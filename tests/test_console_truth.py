@@ -257,3 +257,28 @@ def test_the_consoles_map_job_streams_when_its_plan_says_so(isolated_home, tiny_
     events = SessionStore().open("s").events()
     assert [e.layer for e in events if isinstance(e, LayerProxies)] == [0, 1, 2, 3]
     assert any(isinstance(e, Progress) and e.phase == "streaming" for e in events)
+
+
+def test_a_new_map_over_a_whole_one_counts_only_its_own_rows() -> None:
+    """A session's whole map (6 layers) and a new map started over it: the detail counts only the
+    rows the new map measured, says a layer still to come shows the previous map's row, and a layer
+    its wavefront passed shows the new Block Influence, not the previous map's."""
+    from tui_fixtures import ablation_doc
+
+    from engine.core.events import Started
+    from tui.state import SessionState
+    from tui.widgets.layer_detail import layer_detail_text
+
+    state = SessionState()
+    state.set_result("ablation", ablation_doc())
+    old = state.ablation[1].block_influence
+    state.apply(Started("ablation", {}, job="j"))
+    state.apply(Progress(1, 6, "streaming layer 1 of 6 (1.0 MB read, 0.5 GB/s)", phase="streaming", unit="layers",
+                         job="j"))
+    state.apply(LayerProxies(0, 6, 0.75, 0.4, job="j"))
+    state.apply(LayerAblated(5, 6, 30.0, 20.0, 50.0, "important", job="j"))
+    text = layer_detail_text(state, 1).plain
+    assert "measured: layers 5 (1 of 6)" in text and "wavefront at layer 1" in text
+    assert "this layer: the previous map's row below, until the running map measures it again" in text
+    assert f"{old:.4f}" in text  # the previous map's row, as the map shows it
+    assert state.proxy(0) == (0.75, 0.4) and "this layer: passed" in layer_detail_text(state, 0).plain

@@ -24,14 +24,15 @@ from engine.core.events import (
     Result,
     ResultDocument,
     Started,
+    count_text,
 )
 from sessions.documents import Damaged, JobRecord, typed_result
 from tui.depth_family_records import FamilyView
 from tui.panel_records import MAX_POINTS, GrowthView, JobView, RecoveryRun, layer_class, thin
 
 # the panels' records (tui/panel_records.py) are imported from here too
-__all__ = ["MAX_POINTS", "Dirty", "GrowthView", "JobView", "RecoveryRun", "SessionState", "Span", "count_text",
-           "job_progress", "layer_class", "layer_list", "log_line", "thin"]
+__all__ = ["MAX_POINTS", "Dirty", "GrowthView", "JobView", "RecoveryRun", "SessionState", "Span", "job_progress",
+           "layer_class", "layer_list", "log_line", "thin"]
 
 if TYPE_CHECKING:
     from engine.atlas.table import (
@@ -95,6 +96,7 @@ class SessionState:
         self.ablation_layers: int | None = None  # depth told by the live events
         self.proxies: AblationProxies | None = None  # the first pass's Block Influence and angles
         self.passed: dict[int, tuple[float, float]] = {}  # a streamed map's, as its wavefront passes each layer
+        self.previous: set[int] = set()  # rows of the whole map on record while a new map measures them again
         self.recovery: list[RecoveryRun] = []
         self.difficulty: dict[int, RecoveryRow] = {}
         self.growth = GrowthView()
@@ -142,6 +144,7 @@ class SessionState:
         self.ablation = {row.layer: row for row in result.layers}
         self.ablation_parts = {(row.layer, row.part): row for row in result.parts or ()}
         self.ablation_baseline = result.baseline_ppl
+        self.previous = set()
         self.dirty.add(Dirty.LAYERS)
 
     def _recovery_result(self, result: RecoveryResult) -> None:
@@ -178,6 +181,8 @@ class SessionState:
             self.dirty.add(Dirty.GROWTH)
         if event.experiment == "ablation":  # a new map: the layer map and its detail say it runs
             self.passed = {}
+            whole = self.ablation_map is None or self.ablation_map.partial is not True  # a partial one it goes on
+            self.previous = set(self.ablation) if whole else set()
             self.dirty.add(Dirty.LAYERS)
 
     def _progress(self, event: Progress) -> None:
@@ -258,6 +263,7 @@ class SessionState:
             self.ablation_parts[(event.layer, event.part)] = row
         else:
             self.ablation[event.layer] = row
+            self.previous.discard(event.layer)
         if self.ablation_baseline is None:
             self.ablation_baseline = event.baseline_ppl
         self.ablation_layers = event.n_layers
@@ -276,14 +282,16 @@ class SessionState:
         self.dirty.add(Dirty.LAYERS)
 
     def proxy(self, layer: int) -> tuple[float | None, float | None]:
-        """(Block Influence, angular distance) of a layer: the map's, else the first pass's, else
-        the streamed wavefront's as it passed the layer."""
+        """(Block Influence, angular distance) of a layer: a streamed map's as its wavefront passed
+        the layer (the newest), else the map's, else its first pass's."""
+        if layer in self.passed:
+            return self.passed[layer]
         row = self.ablation.get(layer)
         if row is not None and row.block_influence is not None:
             return row.block_influence, row.angular_distance
         if self.proxies is not None and layer < len(self.proxies.block_influence):
             return self.proxies.block_influence[layer], self.proxies.angular_distance[layer]
-        return self.passed.get(layer, (None, None))
+        return None, None
 
     def map_job(self) -> JobView | None:
         """The running layer map's job (in the console or its own process), if one runs."""
@@ -398,11 +406,6 @@ class SessionState:
 Span = tuple[int, int]  # one line of the event log: [start, end) in bytes, its newline included
 
 
-def count_text(job: JobView) -> str:
-    """A job's count with its unit, `layers 12/30` ("12/30" without one, "" before its first count)."""
-    return f"{job.unit} {job.done}/{job.total}".lstrip() if job.total else ""
-
-
 def layer_list(layers: Iterable[int]) -> str:
     """0-3,7: runs of consecutive layers as ranges."""
     runs: list[list[int]] = []
@@ -421,7 +424,7 @@ def job_progress(job: JobView) -> str:
     if job.cancelling:
         return "cancelling"
     if job.phase != "streaming":
-        return count_text(job)
+        return count_text(job.done, job.total, job.unit)
     reading = job.label[job.label.rfind("("):] if job.label.endswith(")") else ""
     front = f"wavefront at layer {job.done}, " if job.done < job.total else ""
     return f"streaming: {front}layers {job.done}/{job.total} passed {reading}".rstrip()

@@ -74,15 +74,18 @@ def running_map_text(state: SessionState, index: int) -> str:
     if job is None:
         return ""
     lines = [f"ablation: {'cancelling' if job.cancelling else 'running, ' + (job_progress(job) or 'starting')}"]
-    measured = sorted(state.ablation)
+    measured = sorted(set(state.ablation) - state.previous)
     lines.append(f"measured: layers {layer_list(measured)} ({len(measured)} of {state.n_layers or '?'})" if measured
                  else "measured: no layer yet")
     front = state.wavefront()
     if front is not None:
         lines.append(f"wavefront at layer {front}: Block Influence and angle known below it, perplexities at the end")
-    if index not in state.ablation:
-        lines.append("this layer: passed, its perplexity comes at the end" if index in state.passed
-                     else "this layer: not measured yet, the running map reaches it")
+    if index in state.passed and index not in measured:
+        lines.append("this layer: passed, its perplexity comes at the end")
+    elif index in state.previous:
+        lines.append("this layer: the previous map's row below, until the running map measures it again")
+    elif index not in state.ablation:
+        lines.append("this layer: not measured yet, the running map reaches it")
     return "".join(f"{line}\n" for line in lines)
 
 

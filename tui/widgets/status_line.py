@@ -6,7 +6,8 @@ from rich.text import Text
 from textual import events
 from textual.widgets import Static
 
-from tui.state import JobView, count_text
+from engine.core.events import count_text
+from tui.state import JobView
 
 FULL, NO_BAR, SHORT = 0, 1, 2  # how much of a job the status line says: less only where the width asks
 
@@ -25,7 +26,7 @@ def job_text(job: JobView, where: str, detail: int = FULL) -> Text:
     text = Text(f" {job.experiment}", style="bold")
     if job.total:
         bar = f" {text_bar(job.done, job.total)}" if detail == FULL else ""
-        text.append(f"{bar} {count_text(job) if detail < SHORT else f'{job.done}/{job.total}'}")
+        text.append(f"{bar} {count_text(job.done, job.total, job.unit if detail < SHORT else '')}")
     if job.cancelling:
         text.append(" cancelling", style="bold yellow")
     text.append(f" ({where})", style="dim")
