@@ -232,6 +232,7 @@ class LabJobs(LabBase):
         if job.experiment == "growth":
             state.growth = GrowthView(job=job.starting, status="running")
         state.dirty.update({Dirty.JOBS, Dirty.LAYERS, Dirty.RECOVERY, Dirty.GROWTH})
+        self._status_changed()  # drawn now, not at the next poll
 
     def adopt_started(self, log_read: bool = True) -> None:
         """A job this console launched has written its job file and its first event: its starting
