@@ -390,6 +390,7 @@ def test_run_loads_the_dtype_its_plan_names(tmp_path, monkeypatch, capsys):
 
     def bfloat16_plan(*args, **kwargs):  # the plan's placement is what the load takes (cli/runner.py)
         plan = real_plan(*args, **kwargs)
+        assert plan.placement is not None
         placement = dataclasses.replace(plan.placement, dtype="bfloat16")
         return dataclasses.replace(plan, dtype="bfloat16", placement=placement)
 
