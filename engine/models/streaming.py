@@ -14,8 +14,9 @@ states its run reports, so a streamed run can show it read each weight once and 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
-import mmap
+import sys
 import threading
 import time
 from collections import Counter
@@ -44,17 +45,12 @@ INPUT, HEAD, OUTER = "input", "head", "outer"
 Group = int | str  # a decoder layer's index, INPUT, HEAD or OUTER
 
 
-def host_tensor(shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
-    """An empty tensor for a weight read from the checkpoint: pinned (for a GPU's queued copy), or in
-    its own anonymous memory map, whose pages go back to the system the moment the weight is freed.
-    glibc's heap would keep a freed layer for the next one and hand it back only when trimmed, and a
-    trim after every layer (measured: 6 s of a 60-layer map, and as much again in page faults) also
-    gives back the heap pages every branch's next forward writes to."""
-    size = _numel(shape) * dtype.itemsize
-    if pinned or size == 0:
-        return torch.empty(shape, dtype=dtype, pin_memory=pinned)
-    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # counted as anonymous (RssAnon)
-    return torch.frombuffer(memory, dtype=dtype).view(shape)
+def release_host_memory() -> None:
+    """glibc keeps freed buffers of a layer's size in its arenas; malloc_trim hands them back to the
+    system, so the resident memory follows the window, not the largest layer ever read."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def checkpoint_files(folder: Path) -> dict[str, Path]:
@@ -234,8 +230,10 @@ class LayerSource:
                 for slot in slots:
                     stored = handle.get_tensor(slot.key)
                     size = stored.numel() * stored.element_size()
-                    tensor = host_tensor(stored.shape, slot.dtype, self.device.type == "cuda")
-                    tensor.copy_(stored)  # own memory, not pages of the file's mapping
+                    # own memory, not pages of the file's mapping; on a GPU pinned for the queued copy, cast
+                    # straight into it (one host copy, not a cast copy and then its pinned copy)
+                    tensor = torch.empty(stored.shape, dtype=slot.dtype, pin_memory=self.device.type == "cuda")
+                    tensor.copy_(stored)
                     del stored
                     found.append((slot, tensor))
                     with self._lock:
@@ -268,6 +266,7 @@ class LayerSource:
                 self._set(name, empty)
         self.held.discard(group)
         self.held_bytes -= self.group_bytes(group)
+        release_host_memory()
 
     def _set(self, name: str, value: nn.Parameter) -> None:
         owner, _, leaf = name.rpartition(".")
