@@ -118,10 +118,10 @@ def redraw_recovery(screen: Widget, state: SessionState, layer: int | None, form
         curves,
         refs,
         title="eval perplexity while the layer recovers",
-        xlabel="step",
+        xlabel="step" if budget else "step (auto: known when the run starts)",
         ylabel="ppl",
         log_y=True,
-        xspan=(0.0, float(budget)) if budget else None,
+        xspan=(0.0, float(budget or 1)),  # the baseline and its ratios drawn before any run, auto steps too
     )
     current = runs[-1] if runs else None
     if current is None:
