@@ -185,8 +185,10 @@ def test_anatomy_by_depth_has_student_t_intervals_over_members():
     # two values 0.2 and 0.4: mean 0.3, sd 0.1414, t(0.975, 1) = 12.706: half-width 1.2706
     from engine.experiments.depth_family.anatomy import mean_interval
 
-    mean, ci = mean_interval([0.2, 0.4])
+    mean, ci = mean_interval([0.2, 0.4], (-10.0, 10.0))
     assert mean == pytest.approx(0.3) and ci == pytest.approx([0.3 - 1.2706, 0.3 + 1.2706], abs=1e-3)
+    # a share's interval stays within [0, 1]: the same half-width cut at the bounds
+    assert mean_interval([0.2, 0.4], (0.0, 1.0))[1] == pytest.approx([0.0, 1.0])
 
 
 def test_each_member_gets_its_map_and_angles(corpus: Path):

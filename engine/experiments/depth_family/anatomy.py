@@ -71,15 +71,16 @@ def member_anatomy(model: Any, tokenizer: Any, source: EvalSource, settings: Dep
         if known_update else None)
 
 
-def mean_interval(values: Sequence[float]) -> tuple[float | None, list[float] | None]:
-    """The mean and its 95 % Student-t interval (None with fewer than two values)."""
+def mean_interval(values: Sequence[float], bounds: tuple[float, float]) -> tuple[float | None, list[float] | None]:
+    """The mean and its 95 % Student-t interval (None with fewer than two values), kept within the
+    measure's possible `bounds`: two seeds' shares 0 and 0.6 give a t interval below 0 otherwise."""
     if not values:
         return None, None
     mean = float(np.mean(values))
     if len(values) < 2:
         return mean, None
     half = float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / math.sqrt(len(values)))
-    return mean, [mean - half, mean + half]
+    return mean, [max(mean - half, bounds[0]), min(mean + half, bounds[1])]
 
 
 def anatomy_by_depth(members: Sequence[Member]) -> list[AnatomyRow]:
@@ -89,9 +90,10 @@ def anatomy_by_depth(members: Sequence[Member]) -> list[AnatomyRow]:
         found = [m.anatomy for m in members if m.depth == depth and m.anatomy is not None]
         if not found:
             continue
-        share = mean_interval([a.redundant_share for a in found])
-        angle = mean_interval([a.mean_angle for a in found if a.mean_angle is not None])
-        similar = mean_interval([a.neighbour_similarity for a in found if a.neighbour_similarity is not None])
+        share = mean_interval([a.redundant_share for a in found], (0.0, 1.0))
+        angle = mean_interval([a.mean_angle for a in found if a.mean_angle is not None], (0.0, 180.0))
+        similar = mean_interval([a.neighbour_similarity for a in found if a.neighbour_similarity is not None],
+                                (-1.0, 1.0))
         rows.append(AnatomyRow(depth=depth, members=len(found), redundant_share=share[0], redundant_share_ci=share[1],
                                mean_angle=angle[0], mean_angle_ci=angle[1], neighbour_similarity=similar[0],
                                neighbour_similarity_ci=similar[1]))
