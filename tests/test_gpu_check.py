@@ -47,7 +47,8 @@ def test_cpu_dry_run_on_a_tiny_model(tmp_path):
         assert {f"map {dtype} baseline", f"map {dtype} D% Spearman", f"map {dtype} finite layers"} <= set(figures)
     assert {"map twice (float32)", "recovery twice (float16)", "float16 recovery loss scale",
             "prune float16 healing", "prune float32 healing", "run --help before torch",
-            "--layers 99 refused before torch"} <= set(figures)
+            "--layers 99 refused before torch", "streamed bytes read",
+            "streamed map equals in memory (float32)"} <= set(figures)  # benchmarks/streamed_gpu.py's, relayed
     skipped = {line.split(" ", 1)[1].split(":", 1)[0] for line in lines if line.startswith("SKIP")}
     assert skipped == {"map twice (float32)", "recovery twice (float16)", "map float32 baseline",
                        "map float32 D% Spearman", "peak/plan map float32", "peak/plan map float16",
