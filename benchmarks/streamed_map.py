@@ -1,6 +1,6 @@
 """The streamed ablation map against the in-memory one (issue 42), on the CPU in float32.
 
-    python3 benchmarks/streamed_map.py [--quick] [--depth 60] [--threads 1] [--rounds 2]
+    python3 benchmarks/streamed_map.py [--quick] [--depth 60] [--threads 1] [--rounds 2] [--together]
 
 The embedded model is saved as bfloat16 safetensors, and a deeper one made of its layers repeated
 (`--depth`); `--quick` uses a tiny Llama instead. Each map runs in a fresh process (load or open,
@@ -8,7 +8,9 @@ then the map, neighbour mean, the paper's 10 texts): wall time, peak resident an
 (RssAnon sampled every 5 ms, less what the process held before the model), bytes read from the
 checkpoint against its file size, and whether the two maps agree (largest relative difference of a
 row's perplexity, classes equal). `--rounds` pairs alternate their order (in memory first, then
-streamed first) on a shared machine; `--threads` torch threads in each map.
+streamed first) on a shared machine, or with `--together` each pair's maps run at once, sharing its
+load (a load that moves between two maps run one after the other moved the 60-layer ratio by 1.5x);
+`--threads` torch threads in each map.
 """
 
 from __future__ import annotations
@@ -127,22 +129,27 @@ def deeper(source: Path, folder: Path, depth: int) -> Path:
     return folder
 
 
-def measure(folder: Path, threads: int, rounds: int) -> None:
+def measure(folder: Path, threads: int, rounds: int, together: bool) -> None:
     size = (folder / "model.safetensors").stat().st_size
     print(f"{folder.name}: file {size / 1e6:.1f} MB")
     ratios = []
     for round_ in range(rounds):
+        order = ("memory", "stream") if round_ % 2 == 0 else ("stream", "memory")
         runs = {}
-        for mode in ("memory", "stream") if round_ % 2 == 0 else ("stream", "memory"):
-            done = subprocess.run([sys.executable, __file__, "--child", mode, str(folder), "--threads", str(threads)],
-                                  check=True, capture_output=True, text=True)
-            runs[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        for batch in [order] if together else [(mode,) for mode in order]:
+            started = {mode: subprocess.Popen([sys.executable, __file__, "--child", mode, str(folder), "--threads",
+                                               str(threads)], stdout=subprocess.PIPE, text=True) for mode in batch}
+            for mode, process in started.items():
+                out, _ = process.communicate()
+                if process.returncode:
+                    raise SystemExit(f"the {mode} map exited {process.returncode}")
+                runs[mode] = json.loads(out.strip().splitlines()[-1])
         memory, stream = runs["memory"], runs["stream"]
         worst = max(abs(a[0] - b[0]) / a[0] for a, b in zip(memory["rows"], stream["rows"], strict=True))
         same = all(a[1] == b[1] for a, b in zip(memory["rows"], stream["rows"], strict=True))
         ratios.append(stream["seconds"] / memory["seconds"])
-        print(f"  round {round_ + 1} ({'in memory first' if round_ % 2 == 0 else 'streamed first'}), "
-              f"{len(memory['rows'])} layers")
+        how = "side by side" if together else "in memory first" if round_ % 2 == 0 else "streamed first"
+        print(f"  round {round_ + 1} ({how}), {len(memory['rows'])} layers")
         print(f"    in memory: {memory['seconds']:.1f} s, peak anonymous {memory['peak_anon'] / 2**20:.0f} MiB")
         print(f"    streamed:  {stream['seconds']:.1f} s, peak anonymous {stream['peak_anon'] / 2**20:.0f} MiB, "
               f"read {stream['bytes_read']:,} bytes of {size:,} ({stream['bytes_read'] / size:.4f} of the file)")
@@ -157,16 +164,20 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=60, help="layers of the deeper model (0: none)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in each map")
     parser.add_argument("--rounds", type=int, default=2, help="pairs of maps, their order alternating")
+    parser.add_argument("--together", action="store_true",
+                        help="start each pair's two maps at once, so they share the machine's load")
     parser.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(*args.child, args.threads)
+        mode, folder = args.child
+        child(mode, folder, args.threads)
         return
     with tempfile.TemporaryDirectory() as tmp:
         base = bfloat16_copy(Path(tmp) / ("tiny-bf16" if args.quick else "smollm2-135m-bf16"), args.quick)
-        measure(base, args.threads, args.rounds)
+        measure(base, args.threads, args.rounds, args.together)
         if args.depth:
-            measure(deeper(base, Path(tmp) / f"{base.name}-x{args.depth}", args.depth), args.threads, args.rounds)
+            measure(deeper(base, Path(tmp) / f"{base.name}-x{args.depth}", args.depth), args.threads, args.rounds,
+                    args.together)
 
 
 if __name__ == "__main__":
