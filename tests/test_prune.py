@@ -246,8 +246,8 @@ def test_half_precision_healing_trains_float32_masters_and_restores(tokenizer, f
 
 
 def test_depth_fit_recovers_a_known_law():
-    from engine.evaluation.perplexity import TextScores
     from engine.evaluation.depth_law import fit_depth
+    from engine.evaluation.perplexity import TextScores
     from engine.experiments.prune.depth_law import depth_law
 
     depths = np.array([30.0, 29, 28, 26, 22, 18])
