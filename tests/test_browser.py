@@ -70,9 +70,12 @@ def test_console_in_chromium(isolated_home, tmp_path) -> None:
                     assert time.monotonic() < deadline, "the server never answered"
                     time.sleep(0.3)
             wait_for_log(app_log, "layer map: 6 rows")
-            page.wait_for_timeout(1000)
-            before = page.screenshot(path=str(tmp_path / "layers.png"))
+            wait_for_log(app_log, "loading tiny failed:")  # the demo's model is no model: the console asks for
+            page.wait_for_timeout(1000)                      # another (tui/screens/model_choice.py)
             page.mouse.click(800, 450)
+            page.keyboard.press("Escape")  # on without a model
+            page.wait_for_timeout(500)
+            before = page.screenshot(path=str(tmp_path / "layers.png"))
             page.keyboard.press("F3")
             wait_for_log(app_log, "panel: recovery")
             page.wait_for_timeout(1000)

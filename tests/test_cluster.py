@@ -258,7 +258,7 @@ def test_runs_on_the_cluster_get_their_gpus_and_stream_every_event_in_order(ray_
     # the states the lines said, in the session too (the console's Compare view of an atlas reads them)
     states = task_states(events(isolated_home, "one"))
     assert states[:2] == [("queued", "1 GPU"), ("placed", one[0].removeprefix("running on the cluster: "))]
-    assert states[-2:] == [("running", "ablation 4/4"), ("done", "")] and {s for s, _ in states[2:-1]} == {"running"}
+    assert states[-2:] == [("running", "ablation: layers 4/4"), ("done", "")] and {s for s, _ in states[2:-1]} == {"running"}
 
     # a device-mapped model's task (both GPUs of one node): the atlas stopped by SIGTERM below
 
@@ -481,7 +481,7 @@ async def test_the_console_follows_its_job_on_the_cluster_live(ray_cluster, fami
             if worker is not None:
                 os.kill(worker, signal.SIGCONT)
         n = app.state.n_layers
-        assert 0 < shown < n and re.fullmatch(r"map own process: \d+/\d+ · c cancels", line), (shown, n, line)
+        assert 0 < shown < n and re.fullmatch(r"map own process: layers \d+/\d+ · c cancels", line), (shown, n, line)
         await until(pilot, lambda: "ablation" in app.state.results, 300)
         assert job.process.wait(60) == 0, job.log_path.read_text()[-3000:]
         await until(pilot, lambda: [view.status for view in app.state.jobs.values()] == ["done"])

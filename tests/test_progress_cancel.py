@@ -266,7 +266,8 @@ def test_the_console_state_shows_a_cancelling_job_until_it_ends():
     state.apply(Started("ablation", {}, job="j"))
     state.apply(Progress(3, 10, "ablation", phase="ablation", unit="layers", job="j"))
     state.apply(Cancelling(job="j"))
-    assert (state.jobs["j"].status, state.jobs["j"].label) == ("running", "cancelling")
+    assert (state.jobs["j"].status, state.jobs["j"].cancelling) == ("running", True)
+    assert state.shown_status("j", "running") == "cancelling"  # as the panels and the status line say it
     assert state.log[-1] == ("warning", "j cancelling: it stops at its next forward")
     state.apply(Finished("cancelled", job="j"))
     assert state.jobs["j"].status == "cancelled"

@@ -86,8 +86,21 @@ class CurvePlot(PlotextPlot):
     def on_resize(self) -> None:
         self.place_legend()
 
+    log_range: tuple[float, float] | None = None  # log10 of the lowest and highest y drawn (log_y)
+
+    def label_log_ticks(self, height: int) -> None:
+        """Log-y ticks labelled in the original units, as many as the plot's rows can show apart: more
+        ticks than rows are dropped by plotext in an order that changes from process to process."""
+        if self.log_range is None:
+            return
+        low, high = self.log_range
+        count = 5 if height >= 16 else 3 if height >= 10 else 2
+        ticks = [low + (high - low) * i / (count - 1) for i in range(count)] if high > low else [low]
+        self.plt.yticks(ticks, [f"{10**t:,.3g}" for t in ticks])
+
     def render(self) -> RenderResult:
         """The plot, in the rows the legend leaves it (textual-plotext's render, a smaller height)."""
+        self.label_log_ticks(self.size.height - len(self.legend_below))
         if not self.legend_below:
             return super().render()
         width, height = self.size.width, max(1, self.size.height - len(self.legend_below))
@@ -129,10 +142,7 @@ class CurvePlot(PlotextPlot):
             else:
                 plt.plot(xs, ys, color=colour_code(curve.colour), marker="braille")
         ys_all = [y(v) for curve in curves for _, v in curve.points] + [y(v) for _, v in references]
-        if log_y and ys_all:
-            low, high = min(ys_all), max(ys_all)
-            ticks = [low + (high - low) * i / 4 for i in range(5)] if high > low else [low]
-            plt.yticks(ticks, [f"{10**t:,.3g}" for t in ticks])
+        self.log_range = (min(ys_all), max(ys_all)) if log_y and ys_all else None
         span = xspan
         if span is None and xs_all:
             low, high = min(xs_all), max(xs_all)
