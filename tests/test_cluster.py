@@ -258,7 +258,8 @@ def test_runs_on_the_cluster_get_their_gpus_and_stream_every_event_in_order(ray_
     # the states the lines said, in the session too (the console's Compare view of an atlas reads them)
     states = task_states(events(isolated_home, "one"))
     assert states[:2] == [("queued", "1 GPU"), ("placed", one[0].removeprefix("running on the cluster: "))]
-    assert states[-2:] == [("running", "ablation: layers 4/4"), ("done", "")] and {s for s, _ in states[2:-1]} == {"running"}
+    assert states[-2:] == [("running", "ablation: layers 4/4"), ("done", "")]
+    assert {s for s, _ in states[2:-1]} == {"running"}
 
     # a device-mapped model's task (both GPUs of one node): the atlas stopped by SIGTERM below
 
