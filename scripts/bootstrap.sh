@@ -12,9 +12,13 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=".bootstrap-stamp"
 want="$($PY -c 'import sys; print(sys.executable)') $(sha256sum pyproject.toml | cut -c1-16)"
-# the check finds the packages without importing them (importing torch alone takes seconds)
+# the check finds the packages without importing them (importing torch alone takes seconds), from /
+# so that this folder is not on the path: the installed `engine` must be this checkout's (an editable
+# install of another clone of the project would otherwise pass for it)
+here="$(pwd -P)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
-   && $PY -c "import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ('engine', 'torch'))))" 2>/dev/null; then
+   && (cd / && $PY -c "import importlib.util as u, os, sys; e = u.find_spec('engine')
+sys.exit(not (e and e.origin and u.find_spec('torch') and os.path.realpath(e.origin).startswith(sys.argv[1] + os.sep)))" "$here") 2>/dev/null; then
   exit 0
 fi
 if [ "${1:-}" = "--check" ]; then

@@ -65,6 +65,18 @@ def test_a_failed_install_step_shows_pips_words(tmp_path):
     assert not (tmp_path / ".bootstrap-stamp").exists()
 
 
+def test_an_install_of_another_clone_is_not_taken_for_this_ones(tmp_path):
+    """The stamp matches, torch and an `engine` are importable, but that `engine` is another
+    checkout's (this test's project, installed editable): the copy installs itself, as a second clone
+    of the project must, instead of running the other clone's code."""
+    script, python = install_copy(tmp_path)
+    env = clean_env(PYTHON=str(python))
+    first = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert first.returncode == 0 and (tmp_path / ".bootstrap-stamp").is_file(), first.stderr
+    again = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0 and "anatomy-tui: installing the project" in again.stderr, again.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("configured", [True, False])
 def test_no_benchmark_warning_before_the_first_test(tmp_path, configured):
