@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+case "$PY" in */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; esac  # PYTHON=.venv/bin/python: kept after a cd
 stamp=".bootstrap-stamp"
 want="$($PY -c 'import sys; print(sys.executable)') $(sha256sum pyproject.toml | cut -c1-16)"
 # the check finds the packages without importing them (importing torch alone takes seconds), from /
