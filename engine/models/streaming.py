@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from engine.core.errors import UserError
+from engine.core.events import Progress
 from engine.models.anatomy import LayerStack
 from engine.models.loading import LoadedModel
 from engine.models.sources import MODEL_WEIGHTS
@@ -367,3 +368,30 @@ def open_streamed(name: str, device: str = "auto", dtype: str = "auto", report: 
     stack = stream.stack
     return StreamedModel(model, tokenizer, source.display, location, device_name, dtype_name, stack.family,
                          len(stack), ["stream"] * len(stack), placement=placement, stream=stream)
+
+
+def _size(size: float) -> str:
+    return f"{size / 1e9:.3f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
+
+
+@dataclass
+class PassProgress:
+    """A streamed pass's progress, the one wording every streamed run uses: `streaming layer j of L
+    (bytes read, GB/s)`, the rates measured from the pass's start (a resumed pass starts past 0)."""
+
+    stream: LayerSource
+    n: int
+    start: int = 0
+    began: float = 0.0
+    read_before: int = 0
+
+    def __post_init__(self) -> None:
+        self.began, self.read_before = time.perf_counter(), self.stream.bytes_read
+
+    def at(self, reading: int, done: int) -> Progress:
+        """`reading`: the layer being read (from 0); `done`: the layers passed."""
+        seconds = time.perf_counter() - self.began
+        rate = (self.stream.bytes_read - self.read_before) / max(seconds, 1e-9) / 1e9
+        return Progress(done, self.n, f"streaming layer {min(reading + 1, self.n)} of {self.n} "
+                        f"({_size(self.stream.bytes_read)} read, {rate:.3g} GB/s)", phase="streaming", unit="layers",
+                        rate=(done - self.start) / seconds if seconds > 0 and done > self.start else None)

@@ -25,14 +25,14 @@ from typing import Any
 import torch
 
 from engine.core.errors import UserError
-from engine.core.events import CancelToken, Event, Message, Progress
+from engine.core.events import CancelToken, Event, Message
 from engine.evaluation.perplexity import Batch, Evaluator, TextScores, drained
 from engine.experiments.ablation.meters import InfluenceMeter
 from engine.experiments.ablation.vocabulary import LayerProxies
 from engine.experiments.ablation.vocabulary import reach_of as reach_of
 from engine.models.anatomy import LayerStack
 from engine.models.memory import FIXED_EVAL_BATCH, ModelShape, StreamPlan, batch_widths, plan_stream, text_lengths
-from engine.models.streaming import HEAD, INPUT, OUTER, LayerSource
+from engine.models.streaming import HEAD, INPUT, OUTER, LayerSource, PassProgress
 
 Unit = tuple[int, str | None]
 Call = tuple[tuple[Any, ...], dict[str, Any]]  # a decoder layer's arguments besides its input
@@ -118,20 +118,11 @@ class Wavefront:
             self.forks.setdefault(unit[0], []).append(unit)
         self.branches: dict[Unit, list[torch.Tensor]] = {}
         self.clean: list[torch.Tensor] = []
-        self._start = 0  # the first layer this run reads (a resumed run's is past 0)
 
     def plan(self, batches: Sequence[Batch]) -> StreamPlan:
         """What the run will hold and read, from its batches as tokenized."""
         return source_plan(self.stream, [(int(b.input_ids.shape[0]), int(b.input_ids.shape[1])) for b in batches],
                            1 + len(self.units), 2 * self.reach + 1)
-
-    def _progress(self, layer: int, done: int, began: float, read_before: int) -> Progress:
-        """`streaming layer j of L (bytes read, GB/s)`: the rate is the bytes read since `began`."""
-        n, seconds = len(self.stack), time.perf_counter() - began
-        rate = (self.stream.bytes_read - read_before) / max(seconds, 1e-9) / 1e9
-        return Progress(done, n, f"streaming layer {min(layer + 1, n)} of {n} ({_size(self.stream.bytes_read)} "
-                        f"read, {rate:.3g} GB/s)", phase="streaming", unit="layers",
-                        rate=(done - self._start) / seconds if seconds > 0 and done > self._start else None)
 
     def run(self, meter: InfluenceMeter, part_meter: Any) -> Generator[Event, None, TextScores]:
         """Every branch through every layer; the baseline's scores (the clean branch's) at the end.
@@ -153,8 +144,8 @@ class Wavefront:
             yield Message(f"resuming the streamed map after layer {start - 1} (its checkpoint): {left}")
             for j in range(start):  # the layers passed before the checkpoint: their proxies, as if passed now
                 yield LayerProxies(j, n, *meter.layer_means(j))
-        began, read_before, self._start = time.perf_counter(), stream.bytes_read, start
-        yield self._progress(start, start, began, read_before)
+        progress = PassProgress(stream, len(self.stack), start)
+        yield progress.at(start, start)
         for j in range(start, n):
             if evaluator.cancel is not None:
                 evaluator.cancel.check()
@@ -162,7 +153,7 @@ class Wavefront:
             for index in window:
                 stream.prefetch(index)
                 while not stream.ready(index, 1.0):  # a slow read says its bytes every second
-                    yield self._progress(j, j, began, read_before)
+                    yield progress.at(j, j)
                 stream.load(index)
             stream.prefetch(j + self.reach + 1 if j + self.reach + 1 < n else HEAD)
             with torch.no_grad():
@@ -172,12 +163,12 @@ class Wavefront:
             stream.free(j - self.reach)
             if self.checkpoint is not None and ((j + 1) % self.checkpoint.every == 0 or j + 1 == n):
                 self.checkpoint.save(j + 1, self.clean, self.branches, meter, part_meter)
-            seconds = time.perf_counter() - began
+            seconds = time.perf_counter() - progress.began
             if j == start:
                 yield Message(f"layer {j} read and run in {seconds:.2f} s: about {seconds * (n - j):.0f} s for "
                               f"the {n - j} layers")
             yield LayerProxies(j, n, *meter.layer_means(j))  # the console shows them as the wavefront passes
-            yield self._progress(j, j + 1, began, read_before)
+            yield progress.at(j, j + 1)
         for index in range(n):
             stream.free(index)
         stream.load(HEAD)
@@ -282,10 +273,6 @@ class StreamCheckpoint:
             part_meter.sums = {(int(name[6:].split(":")[0]), name.split(":")[1]): value.to(device)
                                for name, value in saved.items() if name.startswith("parts.")}
         return next_layer, clean, branches
-
-
-def _size(size: float) -> str:
-    return f"{size / 1e9:.3f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
 
 
 def close_after(events: Iterator[Event], stream: LayerSource) -> Iterator[Event]:

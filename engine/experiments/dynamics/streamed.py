@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from engine.core.events import CancelToken, Event, Message, Progress
+from engine.core.events import CancelToken, Event, Message
 from engine.evaluation.perplexity import Evaluator
 from engine.experiments.ablation.wavefront import recorded_calls, source_plan
 from engine.experiments.dynamics.lens import LogitLens
 from engine.experiments.dynamics.profiles import BatchMeter, Profiles, joined, keep_mask, on_host
 from engine.experiments.dynamics.vocabulary import DynamicsSettings
 from engine.models.memory import batch_widths, text_lengths
-from engine.models.streaming import HEAD, INPUT, OUTER, LayerSource, layer_forward
+from engine.models.streaming import HEAD, INPUT, OUTER, LayerSource, PassProgress, layer_forward
 
 
 def streamed_evaluator(stream: LayerSource, tokenizer: Any, texts: Sequence[str], settings: DynamicsSettings,
@@ -49,7 +49,8 @@ def streamed_profiles(stream: LayerSource, evaluator: Evaluator, settings: Dynam
     if lens is None or not stream.tied:
         stream.free(INPUT)
     meters = [BatchMeter(keep_mask(batch.attention_mask, settings.include_first)) for batch in batches]
-    yield _progress(stream, 0, n)
+    progress = PassProgress(stream, n)
+    yield progress.at(0, 0)
     for j in range(n):
         if evaluator.cancel is not None:
             evaluator.cancel.check()
@@ -67,10 +68,5 @@ def streamed_profiles(stream: LayerSource, evaluator: Evaluator, settings: Dynam
         stream.note_states(sum(state.numel() * state.element_size() for state in states)
                            + sum(kept.numel() * kept.element_size() for meter in meters for kept in meter.states))
         stream.free(j)
-        yield _progress(stream, j + 1, n)
+        yield progress.at(j + 1, j + 1)
     yield joined([on_host(batch, meter) for batch, meter in zip(batches, meters, strict=True)])
-
-
-def _progress(stream: LayerSource, done: int, n: int) -> Progress:
-    return Progress(done, n, f"streaming layer {min(done + 1, n)} of {n} ({stream.bytes_read / 1e9:.3f} GB read)",
-                    phase="streaming", unit="layers")
